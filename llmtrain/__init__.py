@@ -1,0 +1,1 @@
+"""llmtrain: hybrid-parallel LLM pretraining on PaddlePaddle."""
