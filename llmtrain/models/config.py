@@ -1,0 +1,82 @@
+"""Model configuration: the `model` config group (`conf/model/*.yaml`).
+
+    python llmtrain/pretrain.py model=llama-tiny model.num_layers=4
+
+One dataclass describes the whole decoder family; GPT-2 style and Llama style
+are presets of the switches below (see `conf/model/gpt-tiny.yaml`,
+`conf/model/llama-tiny.yaml`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    """Human-readable preset name (`gpt-tiny`, `llama-7b`, ...); used in run names."""
+
+    family: str = "decoder"
+    """Model family: `decoder` (causal LM, GPT/Llama style). The objective follows the family."""
+
+    hidden_size: int = MISSING
+    """Width of the residual stream, h."""
+
+    num_layers: int = MISSING
+    """Number of transformer blocks, L."""
+
+    num_heads: int = MISSING
+    """Attention (query) heads. hidden_size must be divisible by it."""
+
+    num_kv_heads: Optional[int] = None
+    """Key/value heads for grouped-query attention; None means num_heads (plain MHA)."""
+
+    ffn_hidden_size: int = MISSING
+    """Inner width of the feed-forward block (per gate/up projection for SwiGLU)."""
+
+    vocab_size: Optional[int] = None
+    """Rows of the embedding table. None: taken from the tokenizer (already padded to a multiple of 128)."""
+
+    max_position_embeddings: int = 2048
+    """Longest sequence the model supports (size of the learned position table; RoPE cache length)."""
+
+    position: str = "learned"
+    """Position encoding: `learned` (GPT-2 absolute table) or `rope` (rotary, Llama)."""
+
+    rope_theta: float = 10000.0
+    """RoPE base frequency (position=rope only)."""
+
+    norm: str = "layernorm"
+    """Normalisation: `layernorm` (GPT-2, with bias) or `rmsnorm` (Llama, no bias)."""
+
+    norm_eps: float = 1e-5
+    """Epsilon of every norm layer."""
+
+    activation: str = "gelu_tanh"
+    """Feed-forward activation: `gelu_tanh` (GPT-2's tanh approximation), `gelu` (exact erf), or `swiglu` (Llama: gate, up, down)."""
+
+    bias: bool = True
+    """Whether linear layers carry a bias (GPT-2 yes, Llama no)."""
+
+    tie_embeddings: bool = True
+    """Share the input embedding table with the output projection."""
+
+    init_std: float = 0.02
+    """Standard deviation of the normal initialisation; output projections of each block use init_std / sqrt(2 L) (GPT-2)."""
+
+    attention: str = "auto"
+    """Attention kernel: `auto` (flash attention on GPU, math path on CPU), `flash`, or `math`."""
+
+    init_from: Optional[str] = None
+    """PaddleNLP checkpoint directory (config.json + weights) to start from instead of random init."""
+
+    def kv_heads(self) -> int:
+        """Number of key/value heads actually used."""
+        return self.num_kv_heads or self.num_heads
+
+    def head_dim(self) -> int:
+        """Per-head width, hidden_size / num_heads."""
+        return self.hidden_size // self.num_heads

@@ -1,0 +1,157 @@
+"""Building blocks of the decoder: norms, rotary embedding, attention, feed-forward.
+
+    python -m pytest tests/models -q
+
+All code here is single-device code: widths that tensor parallelism splits come
+from the `Roles` factory (`llmtrain/models/roles.py`), which also tells how many
+heads live on this rank.
+"""
+from __future__ import annotations
+
+import math
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from llmtrain.models.config import ModelConfig
+from llmtrain.models.roles import Roles
+
+
+class RMSNorm(nn.Layer):
+    """y = x / sqrt(mean(x^2) + eps) * w, computed in fp32 (Llama)."""
+
+    def __init__(self, hidden_size: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
+
+    def forward(self, x):  # x [b, s, h]
+        x32 = x.astype("float32")
+        var = x32.pow(2).mean(-1, keepdim=True)  # [b, s, 1]
+        return (x32 * paddle.rsqrt(var + self.eps)).astype(self.weight.dtype) * self.weight
+
+
+def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
+    """The configured norm (`layernorm` or `rmsnorm`); never split across ranks."""
+    if cfg.norm == "layernorm":
+        norm = nn.LayerNorm(hidden_size, epsilon=cfg.norm_eps)
+    elif cfg.norm == "rmsnorm":
+        norm = RMSNorm(hidden_size, cfg.norm_eps)
+    else:
+        raise ValueError(f"model.norm={cfg.norm!r}: expected 'layernorm' or 'rmsnorm'")
+    for p in norm.parameters():
+        p.llm_split_axis = None
+    norm.weight.llm_init = "ones"
+    return norm
+
+
+class Rotary:
+    """Rotary position embedding, rotate-half form (as PaddleNLP/HF Llama)."""
+
+    def __init__(self, head_dim: int, theta: float):
+        self.head_dim = head_dim
+        self.theta = theta
+        self._cache: dict = {}
+
+    def cos_sin(self, seq_len: int, dtype):
+        key = (seq_len, str(dtype))
+        if key not in self._cache:
+            inv_freq = 1.0 / (self.theta ** (paddle.arange(0, self.head_dim, 2, dtype="float32") / self.head_dim))
+            t = paddle.arange(seq_len, dtype="float32")
+            freqs = paddle.outer(t, inv_freq)  # [s, d/2]
+            emb = paddle.concat([freqs, freqs], axis=-1)  # [s, d]
+            cos = emb.cos().astype(dtype)[None, :, None, :]  # [1, s, 1, d]
+            sin = emb.sin().astype(dtype)[None, :, None, :]
+            self._cache[key] = (cos, sin)
+        return self._cache[key]
+
+    def apply(self, x):  # x [b, s, heads, d]
+        cos, sin = self.cos_sin(x.shape[1], x.dtype)
+        x1, x2 = x.chunk(2, axis=-1)
+        rotated = paddle.concat([-x2, x1], axis=-1)
+        return x * cos + rotated * sin
+
+
+def math_attention(q, k, v):
+    """Causal softmax attention. q [b, s, nh, d], k/v [b, s, nkv, d] -> [b, s, nh, d]."""
+    nh, nkv = q.shape[2], k.shape[2]
+    if nkv != nh:  # grouped-query: each kv head serves nh / nkv query heads
+        k = paddle.repeat_interleave(k, nh // nkv, axis=2)
+        v = paddle.repeat_interleave(v, nh // nkv, axis=2)
+    q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))  # [b, nh, s, d]
+    s = q.shape[2]
+    scores = paddle.matmul(q, k, transpose_y=True).astype("float32") / math.sqrt(q.shape[-1])  # [b, nh, s, s]
+    causal = paddle.triu(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=1)
+    probs = F.softmax(scores + causal, axis=-1).astype(v.dtype)
+    return paddle.matmul(probs, v).transpose([0, 2, 1, 3])  # [b, s, nh, d]
+
+
+def flash_causal_attention(q, k, v):
+    """GPU only: Paddle's flash attention (handles GQA natively). Shapes as math_attention."""
+    from paddle.nn.functional.flash_attention import flash_attention
+
+    out, _ = flash_attention(q, k, v, causal=True)
+    return out
+
+
+def choose_attention(kind: str):
+    """`auto` picks flash attention on GPU and the math path elsewhere."""
+    if kind == "auto":
+        kind = "flash" if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu") else "math"
+    if kind == "flash":
+        return flash_causal_attention
+    if kind == "math":
+        return math_attention
+    raise ValueError(f"model.attention={kind!r}: expected 'auto', 'flash' or 'math'")
+
+
+class Attention(nn.Layer):
+    """Multi-head / grouped-query self-attention; q, k, v column-split, out row-split."""
+
+    def __init__(self, cfg: ModelConfig, roles: Roles):
+        super().__init__()
+        tp = roles.tp_degree
+        self.head_dim = cfg.head_dim()
+        self.local_heads = cfg.num_heads // tp
+        self.local_kv_heads = cfg.kv_heads() // tp
+        h, d = cfg.hidden_size, self.head_dim
+        self.q_proj = roles.column_linear(h, cfg.num_heads * d, cfg.bias)
+        self.k_proj = roles.column_linear(h, cfg.kv_heads() * d, cfg.bias)
+        self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, cfg.bias)
+        self.o_proj = roles.row_linear(cfg.num_heads * d, h, cfg.bias)
+        self.o_proj.weight.llm_residual_out = True
+        self.rotary = Rotary(d, cfg.rope_theta) if cfg.position == "rope" else None
+        self.attend = choose_attention(cfg.attention)
+
+    def forward(self, x):  # x [b, s, h]
+        q = self.q_proj(x).reshape([0, 0, self.local_heads, self.head_dim])  # [b, s, nh/tp, d]
+        k = self.k_proj(x).reshape([0, 0, self.local_kv_heads, self.head_dim])  # [b, s, nkv/tp, d]
+        v = self.v_proj(x).reshape([0, 0, self.local_kv_heads, self.head_dim])
+        if self.rotary is not None:
+            q, k = self.rotary.apply(q), self.rotary.apply(k)
+        out = self.attend(q, k, v)  # [b, s, nh/tp, d]
+        return self.o_proj(out.reshape([0, 0, self.local_heads * self.head_dim]))  # [b, s, h]
+
+
+class FeedForward(nn.Layer):
+    """GeLU MLP (up, down) or SwiGLU (gate, up, down); up/gate column-split, down row-split."""
+
+    def __init__(self, cfg: ModelConfig, roles: Roles):
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.ffn_hidden_size
+        self.kind = cfg.activation
+        if self.kind not in ("gelu", "gelu_tanh", "swiglu"):
+            raise ValueError(f"model.activation={self.kind!r}: expected 'gelu', 'gelu_tanh' or 'swiglu'")
+        if self.kind == "swiglu":
+            self.gate_proj = roles.column_linear(h, f, cfg.bias)
+        self.up_proj = roles.column_linear(h, f, cfg.bias)
+        self.down_proj = roles.row_linear(f, h, cfg.bias)
+        self.down_proj.weight.llm_residual_out = True
+
+    def forward(self, x):  # x [b, s, h]
+        if self.kind == "swiglu":
+            inner = F.silu(self.gate_proj(x)) * self.up_proj(x)  # [b, s, f/tp]
+        else:
+            inner = F.gelu(self.up_proj(x), approximate=self.kind == "gelu_tanh")
+        return self.down_proj(inner)

@@ -1,0 +1,54 @@
+"""Parameter counts and model FLOPs per token (DESIGN.md §3), from the config alone.
+
+    python -c "from llmtrain.models.size import *; ..."
+
+Counting from the config (not from local parameters) gives the same figures on
+every rank and layout.
+"""
+from __future__ import annotations
+
+from llmtrain.models.config import ModelConfig
+
+
+def block_parameters(cfg: ModelConfig) -> int:
+    """Parameters of one transformer block."""
+    h, f, d = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_dim()
+    q, kv = cfg.num_heads * d, cfg.kv_heads() * d
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv + h if cfg.bias else 0)
+    n_proj = 3 if cfg.activation == "swiglu" else 2
+    mlp = n_proj * h * f + (((n_proj - 1) * f + h) if cfg.bias else 0)
+    norm = h * (2 if cfg.norm == "layernorm" else 1)
+    return attn + mlp + 2 * norm
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """All parameters of the model (a tied table counted once)."""
+    h, v = cfg.hidden_size, cfg.vocab_size
+    total = v * h + cfg.num_layers * block_parameters(cfg)
+    if cfg.position == "learned":
+        total += cfg.max_position_embeddings * h
+    total += h * (2 if cfg.norm == "layernorm" else 1)
+    if not cfg.tie_embeddings:
+        total += v * h
+    return total
+
+
+def flops_parameters(cfg: ModelConfig) -> int:
+    """N of 6N: all parameters except the input lookup tables (word and position);
+    the output projection (V x h) counts whether tied or not."""
+    n = parameter_count(cfg) - cfg.vocab_size * cfg.hidden_size
+    if cfg.position == "learned":
+        n -= cfg.max_position_embeddings * cfg.hidden_size
+    if not cfg.tie_embeddings:
+        return n  # the separate head table is still in n
+    return n + cfg.vocab_size * cfg.hidden_size
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+    """Training FLOPs per token, 6 N + 12 L h s (forward + backward; PaLM/torchtitan form).
+
+    Causal attention is NOT halved here (the 12 L h s term counts the full
+    s x s score matrix), and activation recompute is not counted, so MFU from
+    this figure is comparable with PaLM's and torchtitan's.
+    """
+    return 6.0 * flops_parameters(cfg) + 12.0 * cfg.num_layers * cfg.hidden_size * seq_len

@@ -1,0 +1,166 @@
+"""Resolve and validate the parallel layout and the batch arithmetic, before any work.
+
+    layout = resolve_layout(cfg.parallel, cfg.train, world_size)   # raises ConfigError
+    check_model_fits(layout, cfg.model)
+
+Every problem found is listed in one `ConfigError` whose lines name the config
+fields and their numbers (torchtitan's `ParallelDims._validate` idea).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from llmtrain.parallel.config import ParallelConfig
+from llmtrain.train.config import TrainConfig
+
+AXES = ("dp", "pp", "sharding", "tp")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message lists every problem found."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass
+class Layout:
+    """Degrees and batch sizes after validation; identical on every rank."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    sharding: int = 1
+    sharding_stage: int = 1
+    pp_schedule: str = "1f1b"
+    virtual_pp: int = 1
+    order: list = field(default_factory=lambda: list(AXES))
+    name: str = "single"
+    global_batch: int = 1
+    """Samples per optimizer step over all ranks."""
+    micro_batch: int = 1
+    """Samples per forward/backward on one rank."""
+    grad_accum: int = 1
+    """Micro-batches per step on one rank (= the pipeline's accumulate_steps)."""
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.sharding
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks reading different data: dp x sharding."""
+        return self.dp * self.sharding
+
+    @property
+    def distributed(self) -> bool:
+        return self.world > 1
+
+
+def _resolve_batch(train: TrainConfig, data_parallel: int, layout_desc: str, problems: list[str]):
+    g, m, a = train.global_batch_size, train.micro_batch_size, train.grad_accum
+    for fname, val in (("global_batch_size", g), ("micro_batch_size", m), ("grad_accum", a)):
+        if val is not None and val < 1:
+            problems.append(f"train.{fname}={val}: must be >= 1")
+            return None
+    d = data_parallel
+    given = f"train.global_batch_size={g}, train.micro_batch_size={m}, train.grad_accum={a}, data-parallel ranks {layout_desc}={d}"
+    if g is None and m is None and a is None:
+        problems.append("train.global_batch_size, train.micro_batch_size and train.grad_accum are all null: give at least one")
+        return None
+    if g is None:
+        m, a = m or 1, a or 1
+        return m * a * d, m, a
+    if m is not None and a is not None:
+        if g != m * a * d:
+            problems.append(f"{given}: global batch must equal micro x accum x data-parallel = {m} x {a} x {d} = {m * a * d}")
+            return None
+        return g, m, a
+    if m is not None:
+        if g % (m * d):
+            problems.append(f"{given}: global batch {g} is not divisible by micro x data-parallel = {m} x {d} = {m * d}")
+            return None
+        return g, m, g // (m * d)
+    a = a or 1
+    if g % (a * d):
+        problems.append(f"{given}: global batch {g} is not divisible by accum x data-parallel = {a} x {d} = {a * d}")
+        return None
+    return g, g // (a * d), a
+
+
+def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world_size: int) -> Layout:
+    """Degrees from `parallel` (None = one device) checked against the world size, plus batch sizes."""
+    p = parallel or ParallelConfig(name="single")
+    problems: list[str] = []
+    for axis in ("dp", "tp", "pp", "sharding", "virtual_pp"):
+        if getattr(p, axis) < 1:
+            problems.append(f"parallel.{axis}={getattr(p, axis)}: must be >= 1")
+    if problems:
+        raise ConfigError(problems)
+    degrees = f"parallel.dp={p.dp} x parallel.tp={p.tp} x parallel.pp={p.pp} x parallel.sharding={p.sharding}"
+    if p.world() != world_size:
+        hint = "" if parallel is not None else f" (no +parallel= given means one process; add e.g. +parallel=dp{world_size})"
+        problems.append(f"{degrees} = {p.world()} processes, but the job has {world_size}{hint}")
+    if sorted(p.order) != sorted(AXES):
+        problems.append(f"parallel.order={list(p.order)}: must be a permutation of {list(AXES)}")
+    if p.sharding_stage not in (1, 2, 3):
+        problems.append(f"parallel.sharding_stage={p.sharding_stage}: must be 1, 2 or 3")
+    if p.sharding_stage in (2, 3) and p.sharding == 1:
+        problems.append(f"parallel.sharding_stage={p.sharding_stage} with parallel.sharding=1: ZeRO needs a sharding degree > 1")
+    if p.sharding_stage in (2, 3) and p.pp > 1:
+        problems.append(
+            f"parallel.sharding_stage={p.sharding_stage} with parallel.pp={p.pp}: Paddle's pipeline runs sharding only "
+            "through fleet's stage-1 sharding optimizer; use sharding_stage=1 with pipeline parallelism"
+        )
+    if p.pp_schedule not in ("1f1b", "interleaved"):
+        problems.append(f"parallel.pp_schedule={p.pp_schedule!r}: expected '1f1b' or 'interleaved'")
+    if p.pp_schedule == "interleaved":
+        if p.pp <= 2:
+            problems.append(f"parallel.pp_schedule=interleaved with parallel.pp={p.pp}: Paddle's interleaved schedule needs pp > 2")
+        if p.virtual_pp < 2:
+            problems.append(f"parallel.pp_schedule=interleaved with parallel.virtual_pp={p.virtual_pp}: needs virtual_pp >= 2")
+    elif p.virtual_pp != 1:
+        problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
+    batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
+    if batch is not None and p.pp_schedule == "interleaved" and batch[2] % p.pp:
+        problems.append(
+            f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
+        )
+    if problems:
+        raise ConfigError(problems)
+    g, m, a = batch
+    return Layout(
+        dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
+        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=list(p.order), name=p.name,
+        global_batch=g, micro_batch=m, grad_accum=a,
+    )
+
+
+def check_model_fits(layout: Layout, model) -> None:
+    """Model widths divisible by tp, layers splittable into pp x virtual stages."""
+    problems: list[str] = []
+    tp = layout.tp
+    if model.hidden_size % model.num_heads:
+        problems.append(f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads={model.num_heads}")
+    kv = model.num_kv_heads or model.num_heads
+    if model.num_heads % kv:
+        problems.append(f"model.num_heads={model.num_heads} is not divisible by model.num_kv_heads={kv}")
+    checks = [
+        ("model.num_heads", model.num_heads),
+        ("model.num_kv_heads", kv),
+        ("model.ffn_hidden_size", model.ffn_hidden_size),
+        ("model.vocab_size (padded)", model.vocab_size),
+    ]
+    for fname, val in checks:
+        if val % tp:
+            problems.append(f"{fname}={val} is not divisible by parallel.tp={tp}")
+    stages = layout.pp * layout.virtual_pp
+    if model.num_layers % stages:
+        problems.append(
+            f"model.num_layers={model.num_layers} cannot be split evenly into parallel.pp={layout.pp} x "
+            f"parallel.virtual_pp={layout.virtual_pp} = {stages} pipeline stages"
+        )
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,105 @@
+"""Turn a validated `Layout` into `fleet.DistributedStrategy` and start fleet.
+
+    topo = init_distributed(layout, seed)   # every rank, before building the model
+
+On CPU the stand-ins of `llmtrain.parallel.cpu_backend` are installed first
+(gloo collectives in place of GPU-only kernels); on GPU nothing is patched.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import paddle
+import paddle.distributed as dist
+
+from llmtrain.parallel.layout import Layout
+
+FLEET_AXIS = {"dp": "dp", "pp": "pp", "sharding": "sharding", "tp": "mp"}
+
+
+def build_strategy(layout: Layout, seed: int):
+    """The fleet strategy for `layout`: hybrid degrees and order, pipeline micro-batching, TP init seed."""
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    order = [FLEET_AXIS[a] for a in layout.order]
+    order.insert(order.index("mp"), "sep")  # fleet's grid always has a (here trivial) sep axis
+    strategy.hybrid_configs = {
+        "dp_degree": layout.dp,
+        "mp_degree": layout.tp,
+        "pp_degree": layout.pp,
+        "sharding_degree": layout.sharding,
+        "order": order,
+    }
+    strategy.pipeline_configs = {
+        "accumulate_steps": layout.grad_accum,
+        "micro_batch_size": layout.micro_batch,
+    }
+    strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+    return strategy
+
+
+@dataclass
+class Topology:
+    """Where this process sits in the layout."""
+
+    rank: int = 0
+    world: int = 1
+    data_rank: int = 0
+    """Index among data-parallel readers (dp x sharding); tp/pp peers share it."""
+    data_world: int = 1
+    tp_rank: int = 0
+    pp_rank: int = 0
+    sharding_rank: int = 0
+    hcg: Optional[Any] = None
+    """fleet's HybridCommunicateGroup (None on a single process)."""
+    on_cpu: bool = True
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.hcg is None or self.pp_rank == self.hcg.get_pipe_parallel_world_size() - 1
+
+    def data_group(self):
+        """Groups over which data-parallel quantities (tokens, loss) are summed: dp then sharding."""
+        if self.hcg is None:
+            return []
+        groups = []
+        if self.hcg.get_data_parallel_world_size() > 1:
+            groups.append(self.hcg.get_data_parallel_group())
+        if self.hcg.get_sharding_parallel_world_size() > 1:
+            groups.append(self.hcg.get_sharding_parallel_group())
+        return groups
+
+
+def world_size_from_env() -> int:
+    """Processes in the job, as the launcher says (1 when run directly)."""
+    return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+
+
+def init_distributed(layout: Layout, seed: int) -> Topology:
+    """fleet.init(is_collective=True) with our strategy (skipped on a single process)."""
+    on_cpu = paddle.get_device() == "cpu"
+    if not layout.distributed:
+        return Topology(on_cpu=on_cpu)
+    from paddle.distributed import fleet
+
+    if on_cpu:
+        from llmtrain.parallel import cpu_backend
+
+        cpu_backend.install()
+    fleet.init(is_collective=True, strategy=build_strategy(layout, seed))
+    hcg = fleet.get_hybrid_communicate_group()
+    dp_rank, sh_rank = hcg.get_data_parallel_rank(), hcg.get_sharding_parallel_rank()
+    return Topology(
+        rank=dist.get_rank(),
+        world=dist.get_world_size(),
+        data_rank=dp_rank * layout.sharding + sh_rank,
+        data_world=layout.data_parallel,
+        tp_rank=hcg.get_model_parallel_rank(),
+        pp_rank=hcg.get_stage_id(),
+        sharding_rank=sh_rank,
+        hcg=hcg,
+        on_cpu=on_cpu,
+    )

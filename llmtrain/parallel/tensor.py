@@ -1,0 +1,59 @@
+"""Tensor-parallel plan: the `Roles` factory backed by fleet's Megatron-style layers.
+
+    roles = TensorParallelRoles(hcg)      # after fleet.init with mp_degree > 1
+    model = build_model(cfg.model, roles)
+
+q/k/v and gate/up are `ColumnParallelLinear` (outputs split, not gathered), o and
+down are `RowParallelLinear` (inputs split, outputs all-reduced), the word table
+is a `VocabParallelEmbedding`, and the loss is `ParallelCrossEntropy` on
+vocabulary-split logits, so the full [b, s, V] logits never exist on one rank.
+On CPU the collectives inside these layers are served by
+`llmtrain.parallel.cpu_backend`; on GPU they are fleet's own kernels.
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.nn as nn
+
+from llmtrain.models.roles import Roles, tag_split
+
+
+class TensorParallelRoles(Roles):
+    """Megatron-style tensor parallelism through `paddle.distributed.fleet.meta_parallel`."""
+
+    def __init__(self, hcg):
+        from paddle.distributed.fleet import meta_parallel as mpu
+
+        self._mpu = mpu
+        self.group = hcg.get_model_parallel_group()
+        self.tp_degree = hcg.get_model_parallel_world_size()
+        self.tp_rank = hcg.get_model_parallel_rank()
+        self._ce = None
+
+    def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
+        layer = self._mpu.ColumnParallelLinear(in_features, out_features, has_bias=bias, gather_output=False)
+        return tag_split(layer, weight_axis=1, bias_axis=0)  # weight [in, out/tp], bias [out/tp]
+
+    def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
+        layer = self._mpu.RowParallelLinear(in_features, out_features, has_bias=bias, input_is_parallel=True)
+        return tag_split(layer, weight_axis=0, bias_axis=None)  # weight [in/tp, out], bias [out]
+
+    def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
+        return tag_split(self._mpu.VocabParallelEmbedding(vocab_size, hidden_size), weight_axis=0)  # [V/tp, h]
+
+    def output_linear(self, hidden_size: int, vocab_size: int) -> nn.Layer:
+        layer = self._mpu.ColumnParallelLinear(hidden_size, vocab_size, has_bias=False, gather_output=False)
+        return tag_split(layer, weight_axis=1)  # weight [h, V/tp]
+
+    def tied_logits(self, hidden: paddle.Tensor, embedding_weight: paddle.Tensor) -> paddle.Tensor:
+        from paddle.distributed.fleet.layers.mpu import mp_ops
+
+        # identity forward, all-reduce of d(hidden) backward: every rank's vocab slice contributes
+        hidden = mp_ops._c_identity(hidden, group=self.group)  # [b, s, h]
+        return paddle.matmul(hidden, embedding_weight, transpose_y=True)  # [b, s, V/tp]
+
+    def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+        if self._ce is None:
+            self._ce = self._mpu.ParallelCrossEntropy()
+        loss = self._ce(logits.astype("float32"), labels.unsqueeze(-1))  # [b, s, 1]
+        return loss.squeeze(-1)

@@ -1,0 +1,83 @@
+"""Global-norm gradient clipping that also records the norm it used, for logging.
+
+    clip = GlobalNormClip(1.0)            # given to the optimizer
+    optimizer = fleet.distributed_optimizer(optimizer)
+    clip = install_recording_clip(optimizer)   # under tp/pp/sharding fleet wraps it; swap in a recorder
+    ... optimizer.step(); clip.last_norm        # fp32 scalar tensor, the global norm over all ranks
+
+Single device and pure data parallel (grads already all-reduced by
+`paddle.DataParallel`): `GlobalNormClip` computes the norm itself. Under tensor,
+pipeline or sharding parallelism fleet replaces the clip with
+`HybridParallelClipGrad`, which all-reduces partial sums over the mp, pp and
+sharding groups (counting tp-split parameters on every rank, replicated ones
+once, a tied table on its first stage only); `RecordingHybridClip` keeps that
+logic and stores the result. Either way the logged grad_norm is the norm of
+the whole model's gradient, equal to the single-process one.
+"""
+from __future__ import annotations
+
+import paddle
+
+NO_CLIP = 1e30  # clip_norm used when clipping is disabled: the scale is exactly 1 in fp32
+
+
+class GlobalNormClip(paddle.nn.ClipGradByGlobalNorm):
+    """ClipGradByGlobalNorm with fleet's formula, scale = c / (max(norm, c) + 1e-6), recording `last_norm`."""
+
+    def __init__(self, clip_norm: float):
+        super().__init__(clip_norm if clip_norm > 0 else NO_CLIP)
+        self.last_norm = None
+
+    @paddle.no_grad()
+    def _dygraph_clip(self, params_grads):
+        squares = [
+            (g.astype("float32") ** 2).sum()
+            for p, g in params_grads
+            if g is not None and getattr(p, "need_clip", True)
+        ]
+        if not squares:
+            return params_grads
+        norm = paddle.sqrt(paddle.stack(squares).sum())
+        self.last_norm = norm
+        scale = self.clip_norm / (paddle.maximum(norm, paddle.to_tensor(self.clip_norm, "float32")) + 1e-6)
+        for p, g in params_grads:
+            if g is not None and getattr(p, "need_clip", True):
+                g.multiply_(scale.astype(g.dtype))
+        return params_grads
+
+
+def _hybrid_clip_class():
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+        HybridParallelClipGrad,
+    )
+
+    class RecordingHybridClip(HybridParallelClipGrad):
+        """fleet's hybrid clip, storing sqrt(sum of squares) after its cross-group all-reduces."""
+
+        def _global_norm(self, global_norm_var_dist, global_norm_var_not_dist):
+            super()._global_norm(global_norm_var_dist, global_norm_var_not_dist)
+            self.last_norm = paddle.sqrt(global_norm_var_dist + global_norm_var_not_dist)
+
+    return HybridParallelClipGrad, RecordingHybridClip
+
+
+def install_recording_clip(optimizer):
+    """Return the clip object whose `last_norm` holds the step's global norm.
+
+    Walks fleet's optimizer wrappers; where fleet installed a
+    `HybridParallelClipGrad`, replaces it with an equivalent recording subclass.
+    """
+    hybrid_cls, recording_cls = _hybrid_clip_class()
+    opt, found = optimizer, None
+    while opt is not None:
+        clip = getattr(opt, "_grad_clip", None) if "_grad_clip" in getattr(opt, "__dict__", {}) else None
+        if isinstance(clip, hybrid_cls) and not isinstance(clip, recording_cls):
+            new = recording_cls(clip._clip, clip._hcg, clip.split_norm_comm, clip._timers)
+            new.last_norm = None
+            opt._grad_clip = found = new
+        elif isinstance(clip, (GlobalNormClip, recording_cls)):
+            found = found or clip
+        opt = opt.__dict__.get("_inner_opt")
+    if found is None:
+        raise RuntimeError("no global-norm clip found on the optimizer; build it with GlobalNormClip")
+    return found

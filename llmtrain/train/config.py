@@ -1,0 +1,84 @@
+"""Training and optimizer configuration: the `train` and `optim` config groups.
+
+    python llmtrain/pretrain.py train.max_steps=100 train.global_batch_size=32 optim.lr=6e-4
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 20
+    """Optimizer steps to run (the run ends after step max_steps)."""
+
+    global_batch_size: Optional[int] = 8
+    """Samples per optimizer step over all data-parallel ranks, G = micro_batch_size x grad_accum x (dp x sharding)."""
+
+    micro_batch_size: Optional[int] = None
+    """Samples per forward/backward on one rank (the pipeline's micro-batch). None: derived from the others."""
+
+    grad_accum: Optional[int] = None
+    """Micro-batches accumulated per step on each rank (the pipeline's accumulate_steps). None: derived."""
+
+    log_interval: int = 1
+    """Write a metrics line (metrics.jsonl, progress bar, VisualDL) every this many steps."""
+
+    eval_interval: int = 0
+    """Evaluate on the validation split every this many steps; 0 disables."""
+
+    eval_batches: int = 4
+    """Validation micro-batches per evaluation."""
+
+    amp: str = "none"
+    """Mixed precision: `none` (fp32), `bf16` or `fp16` (AMP O2: low-precision weights, fp32 master weights; fp16 adds a GradScaler).
+    On CPU Paddle's AMP is a no-op: the O2 code path runs in fp32 and a warning says so."""
+
+    recompute: bool = False
+    """Activation recompute of every transformer block (non-reentrant form)."""
+
+    peak_tflops: Optional[float] = None
+    """Peak dense TFLOP/s of one device for MFU. None: 989 on H100/H200 (bf16), a measured matmul peak on CPU, else unknown (mfu null)."""
+
+    progress_bar: bool = True
+    """Show a tqdm progress bar with the metrics on rank 0."""
+
+    visualdl: bool = True
+    """Log metrics to VisualDL under <run.dir>/visualdl on rank 0."""
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adamw"
+    """Optimizer: `adamw` (decoupled weight decay, none on norms and biases)."""
+
+    lr: float = 3e-4
+    """Peak learning rate, reached at the end of warmup."""
+
+    min_lr: float = 3e-5
+    """Learning rate at the end of the decay."""
+
+    warmup_steps: int = 2
+    """Linear warmup from 0 to lr over this many steps."""
+
+    decay_steps: Optional[int] = None
+    """Steps (counted from 0, warmup included) over which lr decays to min_lr; None: train.max_steps."""
+
+    schedule: str = "cosine"
+    """Decay shape after warmup: `cosine`, `linear` or `constant`."""
+
+    weight_decay: float = 0.1
+    """Decoupled weight decay for matrices and embeddings (not norms and biases)."""
+
+    beta1: float = 0.9
+    """AdamW beta1."""
+
+    beta2: float = 0.95
+    """AdamW beta2."""
+
+    eps: float = 1e-8
+    """AdamW epsilon."""
+
+    clip_grad: float = 1.0
+    """Clip gradients to this global L2 norm (over all ranks); 0 disables clipping (the norm is still logged)."""

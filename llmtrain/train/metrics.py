@@ -1,0 +1,168 @@
+"""Token-throughput accounting and the metrics line (DESIGN.md §3).
+
+    meter = Meter(run_dir, topo, flops_per_token, peak, ...)
+    meter.update(step, out, lr, step_time, data_wait)   # every step; writes on log steps
+
+Definitions (also in DESIGN.md §3):
+- tokens: loss-bearing target tokens (sum of loss_mask: padding and masked-out
+  positions excluded), summed over all data-parallel and sharding ranks, never
+  multiplied by tp or pp. `tokens` is this step's count, `tokens_total` the exact
+  running sum since step 0 (restored from checkpoints).
+- tokens_per_sec = tokens in the logging window / wall seconds of the window;
+  tokens_per_sec_per_device = tokens_per_sec / world size.
+- tflops_per_device = tokens_per_sec_per_device x FLOPs per token / 1e12, with
+  FLOPs per token = 6 N + 12 L h s (`llmtrain.models.size.flops_per_token`;
+  causal attention not halved, recompute not counted).
+- mfu = tflops_per_device x 1e12 / peak FLOP/s of one device (null if unknown).
+- loss: mean over micro-batches and data ranks of each micro-batch's mean token
+  loss; grad_norm: global L2 norm of the gradient before clipping.
+- step_time, data_wait_time: seconds per step, averaged over the window.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Optional
+
+import paddle
+import paddle.distributed as dist
+
+from llmtrain.train.step import StepOutput
+
+
+class Meter:
+    def __init__(
+        self,
+        run_dir: str,
+        topo,
+        flops_per_token: float,
+        peak: Optional[float],
+        log_interval: int,
+        max_steps: int,
+        start_step: int = 0,
+        tokens_total: int = 0,
+        progress_bar: bool = True,
+        visualdl: bool = True,
+    ):
+        self.topo = topo
+        self.flops_per_token = flops_per_token
+        self.peak = peak
+        self.log_interval = max(1, log_interval)
+        self.tokens_total = tokens_total
+        self.is_writer = topo.rank == 0
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._window_tokens = 0
+        self._window_steps = 0
+        self._window_data_wait = 0.0
+        self._window_start = time.perf_counter()
+        self.last: dict = {}
+        self._bar = self._vdl = None
+        if self.is_writer:
+            _truncate_after(self.path, start_step)
+            if progress_bar:
+                from tqdm import tqdm
+
+                self._bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+            if visualdl:
+                from visualdl import LogWriter
+
+                self._vdl = LogWriter(logdir=os.path.join(run_dir, "visualdl"))
+
+    def reset_window(self) -> None:
+        """Start a new timing window (after evaluation or checkpointing, which are not training time)."""
+        self._window_start = time.perf_counter()
+        self._window_tokens = self._window_steps = 0
+        self._window_data_wait = 0.0
+
+    def _reduce(self, values: list[float]) -> list[float]:
+        """Sum over the data-parallel groups (dp, then sharding)."""
+        t = paddle.to_tensor(values, dtype="float64")
+        for group in self.topo.data_group():
+            dist.all_reduce(t, group=group)
+        return t.tolist()
+
+    def update(self, step: int, out: StepOutput, lr: float, data_wait: float, extra: Optional[dict] = None) -> Optional[dict]:
+        """Account one finished step (1-based `step`); on log steps write and return the record."""
+        self._window_tokens += out.tokens
+        self._window_steps += 1
+        self._window_data_wait += data_wait
+        if step % self.log_interval and step != getattr(self, "_final_step", -1):
+            if self._bar is not None:
+                self._bar.update(1)
+            return None
+        loss_local = float(out.loss)  # syncs the device: the window's work is done
+        window_seconds = time.perf_counter() - self._window_start
+        loss_sum, window_tokens, step_tokens = self._reduce([loss_local, self._window_tokens, out.tokens])
+        data_world = self.topo.data_world
+        self.tokens_total += int(round(window_tokens))
+        tps = window_tokens / window_seconds
+        tps_dev = tps / self.topo.world
+        tflops = tps_dev * self.flops_per_token / 1e12
+        rec = {
+            "step": step,
+            "loss": loss_sum / data_world,
+            "lr": lr,
+            "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
+            "tokens": int(round(step_tokens)),
+            "tokens_total": self.tokens_total,
+            "tokens_per_sec": tps,
+            "tokens_per_sec_per_device": tps_dev,
+            "step_time": window_seconds / self._window_steps,
+            "data_wait_time": self._window_data_wait / self._window_steps,
+            "tflops_per_device": tflops,
+            "mfu": None if not self.peak else tflops * 1e12 / self.peak,
+        }
+        rec.update(extra or {})
+        self.last = rec
+        if self.is_writer:
+            self._write(rec)
+        self.reset_window()
+        return rec
+
+    def set_final_step(self, step: int) -> None:
+        """Always log the last step, whatever the interval."""
+        self._final_step = step
+
+    def write_event(self, rec: dict) -> None:
+        """A non-step record (evaluation) in metrics.jsonl and VisualDL."""
+        if self.is_writer:
+            self._write(rec, bar=False)
+
+    def _write(self, rec: dict, bar: bool = True) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        if self._vdl is not None:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self._vdl.add_scalar(tag=f"train/{k}" if "eval" not in k else k, value=v, step=rec["step"])
+        if self._bar is not None and bar:
+            self._bar.update(rec["step"] - self._bar.n)
+            post = {"loss": f"{rec['loss']:.4f}", "tok/s": f"{rec['tokens_per_sec']:.0f}"}
+            if rec.get("mfu") is not None:
+                post["mfu"] = f"{100 * rec['mfu']:.1f}%"
+            self._bar.set_postfix(post)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._vdl is not None:
+            self._vdl.close()
+
+
+def _truncate_after(path: str, step: int) -> None:
+    """On resume from `step`, drop records of later steps (they are about to be redone)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+
+
+def read_metrics(path: str) -> list[dict]:
+    """All records of a metrics.jsonl file."""
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

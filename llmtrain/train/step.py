@@ -1,0 +1,110 @@
+"""One optimizer step over this rank's micro-batches: accumulate, clip, update.
+
+    runner = StepRunner(model, loss_fn, optimizer, scheduler, clip, amp, pipeline=False)
+    out = runner.run(micro_batches)     # StepOutput(loss, tokens, grad_norm)
+
+Flat models (one device, dp, tp, sharding): each micro-batch's mean token loss
+is divided by the number of micro-batches and back-propagated; under
+`paddle.DataParallel` all but the last micro-batch run inside `no_sync()`, so
+gradients are all-reduced once per step. Pipeline models: the micro-batches are
+concatenated and handed to `PipelineParallel.train_batch`, whose schedule runs
+them as its own micro-batches (accumulate_steps = grad_accum) and steps the
+optimizer and scheduler itself.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+from llmtrain.train.amp import AmpPlan
+
+
+@dataclass
+class StepOutput:
+    loss: paddle.Tensor
+    """Mean loss of this rank's micro-batches (fp32 scalar tensor; not yet averaged over data ranks)."""
+    tokens: int
+    """Loss-bearing target tokens this rank consumed in the step (sum of loss_mask)."""
+    grad_norm: paddle.Tensor
+    """Global gradient norm before clipping (over all ranks and groups)."""
+
+
+def to_tensors(mb: dict):
+    """numpy micro-batch -> (input_ids [m, s] int64, (labels [m, s] int64, loss_mask [m, s] fp32))."""
+    ids = paddle.to_tensor(mb["input_ids"], dtype="int64")
+    labels = paddle.to_tensor(mb["labels"], dtype="int64")
+    mask = paddle.to_tensor(mb["loss_mask"], dtype="float32")
+    return ids, (labels, mask)
+
+
+class StepRunner:
+    def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None):
+        self.model = model
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.clip = clip
+        self.amp = amp
+        self.pipeline = pipeline
+        self.scaler = scaler
+        self.can_skip_sync = isinstance(model, paddle.DataParallel)
+
+    def run(self, micro_batches: list[dict]) -> StepOutput:
+        tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
+        if self.pipeline:
+            loss = self._run_pipeline(micro_batches)
+        else:
+            loss = self._run_flat(micro_batches)
+        return StepOutput(loss=loss, tokens=tokens, grad_norm=self.clip.last_norm)
+
+    def _run_flat(self, micro_batches):
+        self.model.train()
+        n = len(micro_batches)
+        losses = []
+        for i, mb in enumerate(micro_batches):
+            ids, labels = to_tensors(mb)
+            skip_sync = self.can_skip_sync and i < n - 1
+            with self.model.no_sync() if skip_sync else contextlib.nullcontext():
+                with self.amp.autocast():
+                    logits = self.model(ids)  # [m, s, V/tp]
+                    loss = self.loss_fn(logits, labels)  # fp32 scalar
+                scaled = loss / n
+                if self.scaler is not None:
+                    scaled = self.scaler.scale(scaled)
+                scaled.backward()
+            losses.append(loss.detach())
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.clear_grad()
+        self.scheduler.step()
+        return paddle.stack(losses).mean()
+
+    def _run_pipeline(self, micro_batches):
+        ids = np.concatenate([mb["input_ids"] for mb in micro_batches])  # [accum * m, s]
+        batch = {k: np.concatenate([mb[k] for mb in micro_batches]) for k in ("input_ids", "labels", "loss_mask")}
+        ids, labels = to_tensors(batch)
+        with self.amp.autocast():
+            loss = self.model.train_batch([ids, labels], optimizer=self.optimizer, lr_scheduler=self.scheduler, scaler=self.scaler)
+        return loss.detach().astype("float32").reshape([])
+
+    @paddle.no_grad()
+    def evaluate(self, micro_batches: list[dict]) -> paddle.Tensor:
+        """Mean loss over validation micro-batches (this rank's share)."""
+        self.model.eval()
+        losses = []
+        for mb in micro_batches:
+            ids, labels = to_tensors(mb)
+            with self.amp.autocast():
+                if self.pipeline:
+                    loss = self.model.eval_batch([ids, labels], compute_loss=True)
+                else:
+                    loss = self.loss_fn(self.model(ids), labels)
+            losses.append(loss.astype("float32").reshape([]))
+        self.model.train()
+        return paddle.stack(losses).mean()
