@@ -79,3 +79,55 @@ def init_parameters(
         if list(value.shape) != list(param.shape):
             raise ValueError(f"init of {name}: slice shape {list(value.shape)} != parameter shape {list(param.shape)}")
         param.set_value(paddle.to_tensor(value, dtype=param.dtype, place=param.place))
+
+
+class StateMismatch(ValueError):
+    """Checkpoint keys or shapes do not match the model; the message lists them all."""
+
+
+@paddle.no_grad()
+def load_full_state(
+    named_params: Iterable[tuple[str, paddle.Tensor]],
+    state,
+    tp_rank: int = 0,
+    tp_degree: int = 1,
+    source: str = "checkpoint",
+) -> None:
+    """Set parameters from full (unsplit) tensors keyed by canonical name, slicing for this tp rank.
+
+    `state` maps canonical names to numpy arrays (or anything `np.asarray` takes).
+    Missing keys and shape mismatches stop with the complete list; keys of the
+    state that this rank does not hold are ignored here (under pipeline
+    parallelism a rank holds only its stages) — callers check unexpected keys
+    against the whole model (`expected_names`).
+    """
+    named_params = list(named_params)
+    missing = [n for n, _ in named_params if n not in state]
+    shaped = []
+    for name, param in named_params:
+        if name in state:
+            want = full_shape(param, tp_degree)
+            have = list(np.shape(state[name]))
+            if want != have:
+                shaped.append(f"{name}: {source} has {have}, model needs {want}")
+    if missing or shaped:
+        lines = [f"{source} does not fit the model:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if shaped:
+            lines.append(f"  mis-shaped ({len(shaped)}):\n    " + "\n    ".join(shaped))
+        raise StateMismatch("\n".join(lines))
+    for name, param in named_params:
+        value = local_slice(np.asarray(state[name], dtype=np.float32), param, tp_rank, tp_degree)
+        param.set_value(paddle.to_tensor(np.ascontiguousarray(value), dtype=param.dtype, place=param.place))
+
+
+def expected_names(cfg: ModelConfig) -> list[str]:
+    """Canonical parameter names of the whole model (every stage), in model order."""
+    from llmtrain.models import build_model
+
+    with paddle.LazyGuard():
+        model = build_model(cfg)
+    from llmtrain.models.decoder import canonical_parameters
+
+    return [n for n, _ in canonical_parameters(model)]
