@@ -1,0 +1,76 @@
+"""Run fleet's hybrid parallelism (dp, tp, pp, sharding) on CPU processes over gloo.
+
+Use, in the entry script, before `fleet.init`:
+
+    from llmtrain.parallel import cpu_backend
+    cpu_backend.install()          # True on CPU (stand-ins installed), False elsewhere
+    fleet.init(is_collective=True, strategy=strategy)
+
+then launch with `python -m paddle.distributed.launch --nproc_per_node N script.py`.
+
+`install()` is a no-op returning False unless `paddle.get_device() == "cpu"`, so the GPU
+path never sees any of this. On CPU it checks `paddle.__version__` (the stand-ins patch
+private functions of exactly paddlepaddle 3.3.1 and refuse any other release) and then
+replaces, once per process:
+
+  gloo_groups      collective._new_process_group_impl       private store per gloo group
+  mp_ops           fleet mp_ops._c_identity/_c_concat/_c_split/_mp_allreduce/
+                   _c_softmax_with_cross_entropy             PyLayers over gloo collectives
+  tensor_parallel  hybrid_parallel_util.broadcast_input_data  no "gpu:N" on CPU
+                   ParallelEnv.device_id                      unset on CPU builds
+  pipeline_p2p     p2p_communication.initialize_p2p_groups, _batched_p2p_ops, _p2p_ops,
+                   SendRecvMeta.send_meta/recv_meta           ordered per-direction channels
+  sharding         GroupShardedOptimizerStage2/GroupShardedStage3 constructor gates,
+                   group_sharded_parallel, storage cvt_to_device, GroupShardedClipGrad
+                   (ZeRO stages 2 and 3 on CPU; see sharding.py for what is and is not
+                   covered)
+
+Each module's docstring says which Paddle function it replaces, why, and what the GPU
+path does instead. `installed_patches()` lists the replaced attributes.
+
+Strategy notes for CPU (nothing is required; these are facts the trainer may log):
+  * pipeline partial send/recv across tp ranks is always disabled on CPU (pipeline_p2p);
+  * `mp_configs.mp_async_allreduce` must stay False (its fused linear calls the raw
+    c_identity kernel); `install()` cannot see the strategy, `check_strategy()` can.
+"""
+
+from __future__ import annotations
+
+import paddle
+
+from . import gloo_groups, mp_ops, pipeline_p2p, tensor_parallel
+from .patching import installed as installed_patches
+from .version import TESTED_PADDLE_VERSION, check_paddle_version
+
+__all__ = ["install", "is_installed", "installed_patches", "check_strategy", "TESTED_PADDLE_VERSION"]
+
+_INSTALLED = False
+
+
+def install() -> bool:
+    """Install every CPU stand-in; idempotent. Returns True if active, False off-CPU."""
+    global _INSTALLED
+    if paddle.get_device() != "cpu":
+        return False
+    if _INSTALLED:
+        return True
+    check_paddle_version()
+    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p):
+        module.install_patches()
+    _INSTALLED = True
+    return True
+
+
+def is_installed() -> bool:
+    return _INSTALLED
+
+
+def check_strategy(strategy) -> None:
+    """Raise ValueError for strategy options the CPU backend cannot honour."""
+    mp_configs = strategy.hybrid_configs["mp_configs"]
+    if mp_configs.mp_async_allreduce:
+        raise ValueError(
+            "hybrid_configs.mp_configs.mp_async_allreduce=True is GPU-only: its fused "
+            "column-parallel linear calls the c_identity kernel directly, which has no "
+            "CPU implementation. Leave it False on CPU."
+        )
