@@ -50,6 +50,8 @@ class Topology:
     data_rank: int = 0
     """Index among data-parallel readers (dp x sharding); tp/pp peers share it."""
     data_world: int = 1
+    dp_rank: int = 0
+    """Rank in the (pure) data-parallel group."""
     tp_rank: int = 0
     pp_rank: int = 0
     sharding_rank: int = 0
@@ -97,6 +99,7 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         world=dist.get_world_size(),
         data_rank=dp_rank * layout.sharding + sh_rank,
         data_world=layout.data_parallel,
+        dp_rank=dp_rank,
         tp_rank=hcg.get_model_parallel_rank(),
         pp_rank=hcg.get_stage_id(),
         sharding_rank=sh_rank,

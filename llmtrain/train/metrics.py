@@ -52,6 +52,7 @@ class Meter:
         self.tokens_total = tokens_total
         self.is_writer = topo.rank == 0
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        self._pending_tokens = 0  # local tokens not yet folded into tokens_total
         self._window_tokens = 0
         self._window_steps = 0
         self._window_data_wait = 0.0
@@ -84,6 +85,7 @@ class Meter:
 
     def update(self, step: int, out: StepOutput, lr: float, data_wait: float, extra: Optional[dict] = None) -> Optional[dict]:
         """Account one finished step (1-based `step`); on log steps write and return the record."""
+        self._pending_tokens += out.tokens
         self._window_tokens += out.tokens
         self._window_steps += 1
         self._window_data_wait += data_wait
@@ -93,9 +95,12 @@ class Meter:
             return None
         loss_local = float(out.loss)  # syncs the device: the window's work is done
         window_seconds = time.perf_counter() - self._window_start
-        loss_sum, window_tokens, step_tokens = self._reduce([loss_local, self._window_tokens, out.tokens])
+        loss_sum, pending, window_tokens, step_tokens = self._reduce(
+            [loss_local, self._pending_tokens, self._window_tokens, out.tokens]
+        )
         data_world = self.topo.data_world
-        self.tokens_total += int(round(window_tokens))
+        self.tokens_total += int(round(pending))
+        self._pending_tokens = 0
         tps = window_tokens / window_seconds
         tps_dev = tps / self.topo.world
         tflops = tps_dev * self.flops_per_token / 1e12
@@ -119,6 +124,18 @@ class Meter:
             self._write(rec)
         self.reset_window()
         return rec
+
+    def tokens_total_exact(self) -> int:
+        """tokens_total including the not-yet-logged steps of the current window (a collective)."""
+        (pending,) = self._reduce([self._pending_tokens])
+        self.tokens_total += int(round(pending))
+        self._pending_tokens = 0
+        return self.tokens_total
+
+    def reduce_mean(self, value: float) -> float:
+        """Mean of a per-data-rank value over the data-parallel ranks (a collective)."""
+        (total,) = self._reduce([value])
+        return total / self.topo.data_world
 
     def set_final_step(self, step: int) -> None:
         """Always log the last step, whatever the interval."""

@@ -1,0 +1,23 @@
+"""Checkpoint configuration: the `checkpoint` section of the root config.
+
+    python llmtrain/pretrain.py checkpoint.interval=100 checkpoint.keep_last=3 checkpoint.resume=auto
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class CheckpointConfig:
+    interval: int = 0
+    """Save every this many steps (0: only at the end and on SIGTERM/SIGINT)."""
+
+    keep_last: int = 2
+    """Keep this many complete checkpoints; older ones are deleted only after a newer one is complete (0 keeps all)."""
+
+    resume: str = "auto"
+    """`auto`: continue from the newest complete checkpoint under <run.dir>/checkpoints if any;
+    `none`: start fresh (existing checkpoints are left alone); or a path to a step_<N> directory."""
+
+    save_final: bool = True
+    """Save a checkpoint after the last step."""

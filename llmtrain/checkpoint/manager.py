@@ -1,0 +1,307 @@
+"""Atomic, verifiable, layout-free checkpoints: save, prune, resume.
+
+    ckpt = Checkpointer(cfg, layout, topo, built, data, tokenizer)
+    state = ckpt.resume()            # newest complete checkpoint, any layout; skips corrupt ones
+    ckpt.save(step, tokens_total)    # every rank writes its shard in parallel
+
+Layout of `<run.dir>/checkpoints/step_<N>/`:
+    rank_<r>.safetensors   this rank's tensors (see `shards.py` for the keys)
+    rank_<r>.json          their metadata (global shape, split axis, offset)
+    rank_<r>.rng           this rank's RNG states (our own pickle, inside the run dir)
+    manifest.json          step, tokens, data state, LR schedule, layout, config,
+                           tokenizer identity, and size + sha256 of every file
+Atomicity: all ranks write into `.tmp-step_<N>`, fsync, rank 0 writes the
+manifest last, fsyncs, and renames the directory. A directory without a valid
+manifest, with a missing or truncated file or a checksum mismatch is reported
+and skipped, never loaded; old checkpoints are deleted only after a newer one
+is complete. All ranks must see one filesystem (one node, or shared storage).
+"""
+from __future__ import annotations
+
+import glob
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+from llmtrain.checkpoint.shards import ShardIndex, collect_shard
+from llmtrain.models.init import load_full_state, local_slice
+from llmtrain.utils.log import log0, log_all
+
+FORMAT = "llmtrain-checkpoint-1"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass
+class ResumeState:
+    step: int = 0
+    tokens_total: int = 0
+    path: Optional[str] = None
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: str) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def list_checkpoints(root: str) -> list[tuple[int, str]]:
+    """(step, path) of every step_<N> directory under root, newest first."""
+    out = []
+    for path in glob.glob(os.path.join(root, "step_*")):
+        m = STEP_DIR.match(os.path.basename(path))
+        if m and os.path.isdir(path):
+            out.append((int(m.group(1)), path))
+    return sorted(out, reverse=True)
+
+
+def verify_files(ckpt_dir: str, names: Optional[list[str]] = None) -> list[str]:
+    """Problems with a checkpoint directory (empty list: complete and intact).
+
+    Checks the manifest exists and parses, and for each listed file (all, or
+    `names`) that it exists, has the recorded size and sha256."""
+    manifest_path = os.path.join(ckpt_dir, "manifest.json")
+    if not os.path.exists(manifest_path):
+        return [f"{ckpt_dir}: no manifest.json (save did not finish)"]
+    try:
+        with open(manifest_path) as f:
+            manifest = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        return [f"{manifest_path}: unreadable ({e})"]
+    if manifest.get("format") != FORMAT:
+        return [f"{manifest_path}: format {manifest.get('format')!r}, expected {FORMAT!r}"]
+    problems = []
+    for name, info in manifest["files"].items():
+        if names is not None and name not in names:
+            continue
+        path = os.path.join(ckpt_dir, name)
+        if not os.path.exists(path):
+            problems.append(f"{path}: missing")
+        elif os.path.getsize(path) != info["size"]:
+            problems.append(f"{path}: {os.path.getsize(path)} bytes, manifest says {info['size']} (truncated?)")
+        elif _sha256(path) != info["sha256"]:
+            problems.append(f"{path}: sha256 mismatch")
+    return problems
+
+
+class Checkpointer:
+    def __init__(self, cfg, layout, topo, built, data, tokenizer=None):
+        self.cfg = cfg
+        self.layout = layout
+        self.topo = topo
+        self.built = built
+        self.data = data
+        self.tokenizer = tokenizer
+        self.root = os.path.join(cfg.run.dir, "checkpoints")
+        self.last_saved_step = -1
+
+    # ---- collectives (no-ops on one process) ----
+    def _barrier(self) -> None:
+        if self.topo.world > 1:
+            dist.barrier()
+
+    def _all_ok(self, ok: bool) -> bool:
+        if self.topo.world == 1:
+            return ok
+        t = paddle.to_tensor([0 if ok else 1], dtype="int32")
+        dist.all_reduce(t)  # sum of failures
+        return int(t) == 0
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.interval
+        return every > 0 and step % every == 0
+
+    # ---- save ----
+    def save(self, step: int, tokens_total: int) -> str:
+        """Write step_<step> atomically; returns its path."""
+        final = os.path.join(self.root, f"step_{step}")
+        tmp = os.path.join(self.root, f".tmp-step_{step}")
+        if self.topo.rank == 0:
+            os.makedirs(self.root, exist_ok=True)
+            if os.path.exists(tmp):
+                shutil.rmtree(tmp)
+            os.makedirs(tmp)
+        self._barrier()
+        rank = self.topo.rank
+        tensors, meta = collect_shard(self.built, self.topo, self.layout)
+        files = {}
+        stem = os.path.join(tmp, f"rank_{rank:05d}")
+        from safetensors.numpy import save_file
+
+        save_file(tensors, stem + ".safetensors")
+        _write_json(stem + ".json", {"rank": rank, "tensors": meta})
+        paddle.save(
+            {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+            stem + ".rng",
+        )
+        for ext in (".safetensors", ".json", ".rng"):
+            path = stem + ext
+            _fsync_file(path)
+            files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+        _write_json(stem + ".files", files)
+        self._barrier()
+        if rank == 0:
+            all_files = {}
+            for listing in sorted(glob.glob(os.path.join(tmp, "rank_*.files"))):
+                with open(listing) as f:
+                    all_files.update(json.load(f))
+                os.remove(listing)
+            manifest = self._manifest(step, tokens_total, all_files)
+            _write_json(os.path.join(tmp, "manifest.json"), manifest)
+            _fsync_dir(tmp)
+            if os.path.exists(final):  # an older save of the same step (a resumed run redoing it)
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync_dir(self.root)
+            self._prune(step)
+            log0(f"checkpoint saved: {final} ({sum(v['size'] for v in all_files.values()) / 1e6:.1f} MB)")
+        self._barrier()
+        self.last_saved_step = step
+        return final
+
+    def _manifest(self, step: int, tokens_total: int, files: dict) -> dict:
+        from omegaconf import OmegaConf
+
+        sched = self.built.scheduler.state_dict()
+        scaler = self.built.scaler.state_dict() if self.built.scaler is not None else None
+        return {
+            "format": FORMAT,
+            "step": step,
+            "tokens_total": int(tokens_total),
+            "data": self.data.state_dict(),
+            "scheduler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in sched.items()},
+            "scaler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in (scaler or {}).items()} or None,
+            "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
+            "world": self.topo.world,
+            "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
+            "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
+            "tokenizer": self.tokenizer.identity() if self.tokenizer is not None else None,
+            "files": files,
+        }
+
+    def _prune(self, newest: int) -> None:
+        keep = self.cfg.checkpoint.keep_last
+        if keep <= 0:
+            return
+        complete = [(s, p) for s, p in list_checkpoints(self.root) if s <= newest and not verify_files(p, names=[])]
+        for s, path in complete[keep:]:
+            shutil.rmtree(path, ignore_errors=True)
+            log0(f"checkpoint deleted (keep_last={keep}): {path}")
+
+    # ---- resume ----
+    def _candidates(self) -> list[str]:
+        how = self.cfg.checkpoint.resume
+        if how == "none":
+            return []
+        if how == "auto":
+            for tmp in glob.glob(os.path.join(self.root, ".tmp-step_*")):
+                log0(f"ignoring incomplete checkpoint {tmp} (a save was interrupted)")
+            return [p for _, p in list_checkpoints(self.root)]
+        if not os.path.isdir(how):
+            raise FileNotFoundError(f"checkpoint.resume={how}: no such checkpoint directory")
+        return [how]
+
+    def _verify_shared(self, path: str) -> bool:
+        """Every rank checks a share of the files; all agree on the verdict."""
+        problems = verify_files(path, names=[])  # manifest only
+        if not problems:
+            with open(os.path.join(path, "manifest.json")) as f:
+                names = sorted(json.load(f)["files"])
+            mine = names[self.topo.rank :: self.topo.world]
+            problems = verify_files(path, names=mine)
+            if not problems:
+                expected = {os.path.basename(p) for p in glob.glob(os.path.join(path, "rank_*"))}
+                listed = set(names)
+                if expected - listed and self.topo.rank == 0:
+                    problems.append(f"{path}: files not in the manifest: {sorted(expected - listed)}")
+        for p in problems:
+            log_all(f"checkpoint problem: {p}")
+        return self._all_ok(not problems)
+
+    def resume(self) -> ResumeState:
+        """Load the newest complete checkpoint (reporting and skipping bad ones); fresh state if none."""
+        for path in self._candidates():
+            if not self._verify_shared(path):
+                if self.cfg.checkpoint.resume not in ("auto",):
+                    raise RuntimeError(f"checkpoint.resume={path}: the checkpoint is incomplete or corrupt (see above)")
+                log0(f"skipping corrupt or incomplete checkpoint {path}")
+                continue
+            return self.load(path)
+        return ResumeState()
+
+    def load(self, path: str) -> ResumeState:
+        with open(os.path.join(path, "manifest.json")) as f:
+            manifest = json.load(f)
+        index = ShardIndex(path)
+        b, tp, tp_rank = self.built, self.layout.tp, self.topo.tp_rank
+        # model
+        state = {}
+        for name, _ in b.named_params:
+            full = index.full(f"model/{name}")
+            if full is not None:
+                state[name] = full
+        load_full_state(b.named_params, state, tp_rank, tp, source=path)
+        # optimizer: accumulators keyed by this run's parameter var names, cut for this layout
+        opt_state: dict = {"master_weights": {}}
+        for name, param in b.named_params:
+            for key in index.keys(f"optim/{name}/"):
+                acc = key.rsplit("/", 1)[1]
+                full = index.full(key)
+                value = local_slice(full, param, tp_rank, tp) if full.ndim == len(param.shape) else full
+                tensor = paddle.to_tensor(np.ascontiguousarray(value))
+                if acc == "master":
+                    opt_state["master_weights"][param.name] = tensor
+                else:
+                    opt_state[f"{param.name}_{acc}_0"] = tensor
+        if not opt_state["master_weights"]:
+            del opt_state["master_weights"]
+        sched = manifest["scheduler"]
+        opt_state["LR_Scheduler"] = sched
+        b.optimizer.set_state_dict(opt_state)
+        b.scheduler.set_state_dict(sched)
+        if b.scaler is not None and manifest.get("scaler"):
+            b.scaler.load_state_dict(manifest["scaler"])
+        self.data.load_state_dict(manifest["data"])
+        rng_path = os.path.join(path, f"rank_{self.topo.rank:05d}.rng")
+        if manifest["world"] == self.topo.world and os.path.exists(rng_path):
+            rng = paddle.load(rng_path)
+            paddle.set_rng_state(rng["paddle"])
+            np.random.set_state(rng["numpy"])
+            random.setstate(rng["python"])
+        index.close()
+        log0(
+            f"resumed from {path}: step {manifest['step']}, {manifest['tokens_total']} tokens, "
+            f"written under {manifest['layout']} (world {manifest['world']}), now {self.layout.name} (world {self.topo.world})"
+        )
+        self.last_saved_step = manifest["step"]
+        return ResumeState(step=manifest["step"], tokens_total=manifest["tokens_total"], path=path)

@@ -1,0 +1,138 @@
+"""What each rank writes into a checkpoint, and how any layout reads it back.
+
+    tensors, meta = collect_shard(built, topo, layout)      # save side
+    index = ShardIndex(ckpt_dir); index.full("model/layers.0.attn.q_proj.weight")   # load side
+
+Format (ours, layout-free): every tensor is stored under a canonical key —
+`model/<param>` or `optim/<param>/<accumulator>` (`moment1`, `moment2`,
+`beta1_pow_acc`, `beta2_pow_acc`, `master`) — as the slice this rank holds,
+with its global shape, the split axis and the offset of the slice along it.
+A tensor replicated over data-parallel, sharding or tensor-parallel ranks is
+written once (by its owner); a tp-split tensor by each tp rank of data rank 0;
+sharded (ZeRO-1) optimizer state by the rank that owns it. Loading assembles
+the full tensor from its pieces and cuts this rank's slice for the new layout,
+so a checkpoint resumes under any dp/tp/pp/sharding mix.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Optional
+
+import numpy as np
+import paddle
+
+from llmtrain.models.init import full_shape
+
+ACCUMULATORS = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc", "moment2_max")
+
+
+def _np32(t) -> np.ndarray:
+    return np.ascontiguousarray(t.astype("float32").numpy() if t.dtype != paddle.float32 else t.numpy())
+
+
+def _owns_replica(param, topo, tp_degree: int) -> bool:
+    """True if this rank is the one that writes `param` (or its tp slice)."""
+    if getattr(param, "is_firstly_shared", True) is False:
+        return False  # the tied table's copy on a later pipeline stage
+    if getattr(param, "llm_split_axis", None) is None and topo.tp_rank != 0:
+        return False  # replicated over tp ranks: tp rank 0 writes it
+    return True
+
+
+def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int) -> dict:
+    axis = getattr(param, "llm_split_axis", None)
+    if axis is not None and len(arr_shape) != len(param.shape):
+        axis = None  # a per-parameter scalar (beta pow) is never split
+    gshape = full_shape(param, tp_degree) if axis is not None else list(arr_shape)
+    offset = topo.tp_rank * int(arr_shape[axis]) if axis is not None else 0
+    return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
+
+
+def optimizer_state(optimizer) -> dict:
+    """The optimizer's local state dict (accumulators by var name, master_weights, LR_Scheduler)."""
+    return optimizer.state_dict()
+
+
+def collect_shard(built, topo, layout) -> tuple[dict, dict]:
+    """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes."""
+    tensors, meta = {}, {}
+    first_data_rank = topo.dp_rank == 0
+    opt_state = optimizer_state(built.optimizer)
+    masters = opt_state.get("master_weights", {}) or {}
+    for name, param in built.named_params:
+        if not _owns_replica(param, topo, layout.tp):
+            continue
+        if first_data_rank and topo.sharding_rank == 0:
+            key = f"model/{name}"
+            arr = _np32(param)
+            tensors[key] = arr
+            meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
+        if not first_data_rank:
+            continue  # optimizer state is identical across dp replicas; sharding owners write their part
+        for acc in ACCUMULATORS:
+            var = opt_state.get(f"{param.name}_{acc}_0")
+            if var is None:
+                continue
+            key = f"optim/{name}/{acc}"
+            arr = _np32(var)
+            tensors[key] = arr
+            meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
+        if param.name in masters:
+            key = f"optim/{name}/master"
+            arr = _np32(masters[param.name])
+            tensors[key] = arr
+            meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
+    return tensors, meta
+
+
+class ShardIndex:
+    """All pieces of a checkpoint directory, assembled into full tensors on demand."""
+
+    def __init__(self, ckpt_dir: str):
+        from safetensors import safe_open
+
+        self.dir = ckpt_dir
+        self.pieces: dict[str, list] = {}
+        self._open = {}
+        self._safe_open = safe_open
+        for meta_path in sorted(glob.glob(os.path.join(ckpt_dir, "rank_*.json"))):
+            tensor_file = meta_path[: -len(".json")] + ".safetensors"
+            with open(meta_path) as f:
+                for key, piece in json.load(f)["tensors"].items():
+                    self.pieces.setdefault(key, []).append((tensor_file, key, piece))
+
+    def has(self, key: str) -> bool:
+        return key in self.pieces
+
+    def keys(self, prefix: str = "") -> list[str]:
+        return [k for k in self.pieces if k.startswith(prefix)]
+
+    def _read(self, path: str, key: str) -> np.ndarray:
+        if path not in self._open:
+            self._open[path] = self._safe_open(path, framework="numpy")
+        return self._open[path].get_tensor(key)
+
+    def full(self, key: str) -> Optional[np.ndarray]:
+        """The whole (unsplit) tensor stored under `key`, or None if absent."""
+        pieces = self.pieces.get(key)
+        if not pieces:
+            return None
+        first = pieces[0][2]
+        if first["axis"] is None:
+            return self._read(pieces[0][0], key)
+        out = np.empty(first["global_shape"], dtype=np.float32)
+        covered = 0
+        for path, k, piece in pieces:
+            part = self._read(path, k)
+            index = [slice(None)] * out.ndim
+            index[piece["axis"]] = slice(piece["offset"], piece["offset"] + part.shape[piece["axis"]])
+            out[tuple(index)] = part
+            covered += part.shape[piece["axis"]]
+        if covered != out.shape[first["axis"]]:
+            raise ValueError(f"{self.dir}: pieces of {key} cover {covered} of {out.shape[first['axis']]} rows along axis {first['axis']}")
+        return out
+
+    def close(self) -> None:
+        self._open.clear()

@@ -1,0 +1,87 @@
+"""Decoder shapes, causality, parameter counts, layout-independent init."""
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+from llmtrain.models import build_model
+from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.init import init_parameters, initial_value, local_slice
+from llmtrain.models.size import flops_parameters, flops_per_token, parameter_count
+
+
+@pytest.fixture(params=["tiny_gpt", "tiny_llama"])
+def cfg(request):
+    return request.getfixturevalue(request.param)
+
+
+def _model(cfg, seed=7):
+    m = build_model(cfg)
+    init_parameters(canonical_parameters(m), cfg, seed)
+    m.eval()
+    return m
+
+
+def test_shapes_and_parameter_count(cfg):
+    m = _model(cfg)
+    ids = paddle.randint(0, cfg.vocab_size, [3, 11])
+    assert m(ids).shape == [3, 11, cfg.vocab_size]
+    assert sum(int(p.size) for p in m.parameters()) == parameter_count(cfg)
+
+
+def test_causality(cfg):
+    """Changing token t never changes the logits at positions before t."""
+    m = _model(cfg)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, cfg.vocab_size, size=(2, 16))
+    base = m(paddle.to_tensor(ids)).numpy()
+    for t in (0, 5, 15):
+        changed = ids.copy()
+        changed[:, t] = (changed[:, t] + 1) % cfg.vocab_size
+        out = m(paddle.to_tensor(changed)).numpy()
+        np.testing.assert_array_equal(out[:, :t], base[:, :t])
+        assert np.abs(out[:, t:] - base[:, t:]).max() > 0
+
+
+def test_init_depends_only_on_seed_and_name(cfg):
+    a, b = _model(cfg, seed=3), _model(cfg, seed=3)
+    for (na, pa), (nb, pb) in zip(canonical_parameters(a), canonical_parameters(b)):
+        assert na == nb
+        np.testing.assert_array_equal(pa.numpy(), pb.numpy())
+    c = _model(cfg, seed=4)
+    diffs = [np.abs(pa.numpy() - pc.numpy()).max() for (_, pa), (_, pc) in zip(canonical_parameters(a), canonical_parameters(c))]
+    assert max(diffs) > 0
+
+
+def test_tp_slices_tile_the_full_tensor(tiny_llama):
+    """The slices two tp ranks keep concatenate to the single-device tensor."""
+    m = _model(tiny_llama, seed=5)
+    for name, p in canonical_parameters(m):
+        p.llm_split_axis = 1 if name.endswith("q_proj.weight") else getattr(p, "llm_split_axis", None)
+        if name.endswith("q_proj.weight"):
+            full = initial_value(name, p, tiny_llama, 5, tp_degree=1)
+            halves = [local_slice(full, p, r, 2) for r in range(2)]
+            np.testing.assert_array_equal(np.concatenate(halves, axis=1), p.numpy())
+
+
+def test_residual_projections_are_scaled(tiny_gpt):
+    m = _model(tiny_gpt)
+    named = dict(canonical_parameters(m))
+    q = named["layers.0.attn.q_proj.weight"].numpy().std()
+    o = named["layers.0.attn.o_proj.weight"].numpy().std()
+    assert abs(q - 0.02) < 0.004
+    assert abs(o - 0.02 / np.sqrt(2 * tiny_gpt.num_layers)) < 0.003
+    assert np.all(named["layers.0.attn_norm.weight"].numpy() == 1)
+    assert np.all(named["layers.0.attn.q_proj.bias"].numpy() == 0)
+
+
+def test_flops_per_token_counts_output_projection(tiny_gpt, tiny_llama):
+    for c in (tiny_gpt, tiny_llama):
+        n = flops_parameters(c)
+        # tied or not, the V x h output projection is in N; the input tables are not
+        table = c.vocab_size * c.hidden_size
+        pos = c.max_position_embeddings * c.hidden_size if c.position == "learned" else 0
+        expect = parameter_count(c) - pos + (table if c.tie_embeddings else 0) - table
+        assert n == expect
+        assert flops_per_token(c, 128) == 6 * n + 12 * c.num_layers * c.hidden_size * 128

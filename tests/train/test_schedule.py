@@ -1,0 +1,35 @@
+"""Warmup + cosine / linear / constant schedule."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from llmtrain.train.config import OptimConfig
+from llmtrain.train.schedule import WarmupDecay, lr_at
+
+
+def test_warmup_then_cosine_to_min():
+    c = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=4, schedule="cosine")
+    assert [lr_at(s, c, 14) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(4, c, 14) == pytest.approx(1.0)
+    assert lr_at(9, c, 14) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert lr_at(14, c, 14) == pytest.approx(0.1)
+    assert lr_at(100, c, 14) == pytest.approx(0.1)
+
+
+def test_linear_and_constant_and_decay_steps():
+    lin = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=0, schedule="linear", decay_steps=10)
+    assert lr_at(5, lin, 1000) == pytest.approx(0.5)
+    const = OptimConfig(lr=0.3, warmup_steps=2, schedule="constant")
+    assert lr_at(50, const, 10) == 0.3
+
+
+def test_paddle_scheduler_follows_lr_at():
+    c = OptimConfig(lr=2.0, min_lr=0.2, warmup_steps=3)
+    s = WarmupDecay(c, max_steps=10)
+    seen = []
+    for _ in range(12):
+        seen.append(s.get_lr())
+        s.step()
+    assert seen == pytest.approx([lr_at(i, c, 10) for i in range(12)])
