@@ -1,0 +1,13 @@
+"""Interoperability with PaddleNLP checkpoints (GPT and Llama).
+
+    from llmtrain.interop import read_paddlenlp_checkpoint, write_paddlenlp_checkpoint
+
+Reading and writing need only paddle, numpy and safetensors; `paddlenlp` itself is
+used by the tests (tests/interop) to prove that the numbers agree.
+"""
+from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig
+from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint, write_paddlenlp_checkpoint
+from llmtrain.interop.tensor_files import CheckpointFileError
+
+__all__ = ["read_paddlenlp_checkpoint", "write_paddlenlp_checkpoint", "CheckpointMismatch", "UnsupportedConfig",
+           "CheckpointFileError"]

@@ -1,0 +1,116 @@
+"""Bookkeeping for name mapping: which source tensors were used, missing, mis-shaped or unknown.
+
+    src = SourceTensors(tensors, origin, "ckpt/")
+    w = src.take("llama.norm.weight", [h])      # None (and recorded) if absent or mis-shaped
+    src.check()                                  # raises CheckpointMismatch listing every problem
+
+A family mapping (`gpt.py`, `llama.py`) takes every tensor it understands; what is
+left over is *unexpected* and reported with the file it came from — nothing is
+dropped silently. Problems are collected, not raised one at a time, so the user
+sees the whole list at once.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from llmtrain.models.init import StateMismatch
+
+
+class CheckpointMismatch(StateMismatch):
+    """A PaddleNLP checkpoint does not fit its config (or our model); the message lists every key."""
+
+
+class UnsupportedConfig(ValueError):
+    """A PaddleNLP config (or one of ours) that the other side cannot compute; the message names the field."""
+
+
+class SourceTensors:
+    """The tensors of one checkpoint, keyed by PaddleNLP name, with use tracking."""
+
+    def __init__(self, tensors: dict[str, np.ndarray], origin: dict[str, str], source: str):
+        self.tensors = tensors
+        self.origin = origin
+        self.source = source
+        self.used: set[str] = set()
+        self.missing: list[str] = []
+        self.misshaped: list[str] = []
+        self.ignored: dict[str, str] = {}
+        self.problems: list[str] = []
+
+    def has(self, key: str) -> bool:
+        return key in self.tensors
+
+    def where(self, key: str) -> str:
+        return self.origin.get(key, self.source)
+
+    def take(self, key: str, shape: list[int]) -> Optional[np.ndarray]:
+        """The tensor `key` if present with `shape`; otherwise None, and the problem is recorded."""
+        if key not in self.tensors:
+            self.missing.append(key)
+            return None
+        self.used.add(key)
+        arr = self.tensors[key]
+        if list(arr.shape) != list(shape):
+            self.misshaped.append(f"{key} ({self.where(key)}): has {list(arr.shape)}, config needs {list(shape)}")
+            return None
+        return arr
+
+    def ignore(self, key: str, reason: str) -> None:
+        """Mark `key` as understood but not loaded (e.g. a buffer that we recompute), with the reason."""
+        self.used.add(key)
+        self.ignored[key] = reason
+
+    def problem(self, message: str) -> None:
+        """Record a problem that is not a plain missing/mis-shaped key (e.g. an inconsistent tie)."""
+        self.problems.append(message)
+
+    def unexpected(self) -> list[str]:
+        return sorted(k for k in self.tensors if k not in self.used)
+
+    def check(self) -> None:
+        """Raise `CheckpointMismatch` with every missing, mis-shaped, unexpected key and problem."""
+        unexpected = self.unexpected()
+        if not (self.missing or self.misshaped or unexpected or self.problems):
+            return
+        lines = [f"PaddleNLP checkpoint {self.source} does not fit its config.json / our model:"]
+        if self.missing:
+            lines.append(f"  missing keys ({len(self.missing)}): {', '.join(self.missing)}")
+        if self.misshaped:
+            lines.append(f"  mis-shaped ({len(self.misshaped)}):\n    " + "\n    ".join(self.misshaped))
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}):\n    "
+                         + "\n    ".join(f"{k} ({self.where(k)})" for k in unexpected))
+        for p in self.problems:
+            lines.append(f"  {p}")
+        raise CheckpointMismatch("\n".join(lines))
+
+
+def check_canonical(state: dict, shapes: dict[str, list[int]], source: str) -> None:
+    """`state` (canonical name -> array) has exactly the names of `shapes`, each with that shape."""
+    missing = [n for n in shapes if n not in state]
+    unexpected = sorted(n for n in state if n not in shapes)
+    shaped = [f"{n}: {source} has {list(np.shape(state[n]))}, model needs {shapes[n]}"
+              for n in shapes if n in state and list(np.shape(state[n])) != shapes[n]]
+    if missing or unexpected or shaped:
+        lines = [f"{source} does not fit the model:"]
+        if missing:
+            lines.append(f"  missing keys ({len(missing)}): {', '.join(missing)}")
+        if unexpected:
+            lines.append(f"  unexpected keys ({len(unexpected)}): {', '.join(unexpected)}")
+        if shaped:
+            lines.append(f"  mis-shaped ({len(shaped)}):\n    " + "\n    ".join(shaped))
+        raise CheckpointMismatch("\n".join(lines))
+
+
+def model_shapes(cfg) -> dict[str, list[int]]:
+    """Canonical name -> full shape of every parameter of the model `cfg` builds (no memory allocated)."""
+    import paddle
+
+    from llmtrain.models import build_model
+    from llmtrain.models.decoder import canonical_parameters
+
+    with paddle.LazyGuard():
+        model = build_model(cfg)
+    return {name: [int(s) for s in p.shape] for name, p in canonical_parameters(model)}

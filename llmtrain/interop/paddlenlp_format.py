@@ -1,0 +1,164 @@
+"""PaddleNLP checkpoint directories in and out: `config.json` + weights (+ tokenizer files).
+
+    from llmtrain.interop import read_paddlenlp_checkpoint, write_paddlenlp_checkpoint
+    cfg, state, meta = read_paddlenlp_checkpoint("ckpt/")          # state: canonical name -> fp32 numpy
+    load_full_state(canonical_parameters(build_model(cfg)), state)
+    write_paddlenlp_checkpoint(cfg, state, "out/", safetensors=True, tokenizer_dir="tokenizers/zh")
+    # paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("out/") gives our logits
+
+Families: GPT (`gpt.py`) and Llama (`llama.py`), detected from `model_type` or
+`architectures`; each module documents the numerics it reproduces. Reading checks
+that every tensor of the file is used, every tensor the config needs is present
+and has its shape, and raises one `CheckpointMismatch` with the whole list
+otherwise. Writing is atomic: a hidden temporary directory beside `out_dir`,
+fsync, then a rename; a crash leaves either no `out_dir` or a complete one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Optional
+
+import numpy as np
+
+from llmtrain.interop import gpt, llama
+from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
+from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
+                                           find_weight_files, fsync_tree, read_tensors, write_pdparams,
+                                           write_safetensors)
+from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokenizer_files
+from llmtrain.models.config import ModelConfig
+
+FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama.")}
+
+
+def detect_family(c: dict, source: str) -> str:
+    """`gpt` or `llama` from config.json's `model_type`, else from its `architectures`."""
+    model_type = c.get("model_type")
+    if model_type in FAMILIES:
+        return model_type
+    for arch in c.get("architectures") or []:
+        for family, prefix in (("gpt", "GPT"), ("llama", "Llama")):
+            if arch.startswith(prefix):
+                return family
+    raise UnsupportedConfig(f"{source}: model_type={model_type!r}, architectures={c.get('architectures')!r}: "
+                            "only PaddleNLP GPT and Llama checkpoints are supported")
+
+
+def read_config(ckpt_dir: str) -> dict:
+    """config.json of a checkpoint directory, as a dict."""
+    path = os.path.join(ckpt_dir, "config.json")
+    if not os.path.isfile(path):
+        legacy = os.path.join(ckpt_dir, "model_config.json")
+        hint = (f" ({legacy} exists: the pre-2.5 format; load it with PaddleNLP and save_pretrained again)"
+                if os.path.isfile(legacy) else "")
+        raise CheckpointFileError(f"{path} not found{hint}")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as e:
+        raise CheckpointFileError(f"{path}: not valid JSON ({e})") from e
+
+
+def _add_base_prefix(tensors: dict, origin: dict, prefix: str) -> bool:
+    """A bare base-model state dict (`GPTModel`/`LlamaModel`: no `gpt.`/`llama.`) gets the prefix; True if it did."""
+    if any(k.startswith(prefix) for k in tensors):
+        return False
+    for k in list(tensors):
+        if not k.startswith("lm_head."):
+            tensors[prefix + k] = tensors.pop(k)
+            origin[prefix + k] = origin.pop(k)
+    return True
+
+
+def read_paddlenlp_checkpoint(ckpt_dir: str, pickle_warning: bool = True,
+                              name: Optional[str] = None) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
+    """(ModelConfig, canonical state as fp32 numpy, meta) of a PaddleNLP GPT or Llama checkpoint directory.
+
+    pickle_warning: print that a `.pdparams` pickle can run code before loading one;
+        pass False only for directories inside the run directory (our own files).
+    name: `ModelConfig.name` of the result (default `paddlenlp-<dir name>`).
+    meta: family, architectures, the config.json dict, files read, format
+        (`safetensors`/`pdparams`), sharded, stored dtype, notes on mapping decisions,
+        ignored buffers with reasons, and the tokenizer model found beside the weights.
+    """
+    c = read_config(ckpt_dir)
+    family = detect_family(c, ckpt_dir)
+    module, prefix = FAMILIES[family]
+    name = name or f"paddlenlp-{os.path.basename(os.path.normpath(ckpt_dir))}"
+    cfg, notes = module.config_from_paddlenlp(c, name, os.path.join(ckpt_dir, "config.json"))
+
+    files, kind = find_weight_files(ckpt_dir)
+    dtype = dtype_of_config(c)
+    tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", pickle_warning=pickle_warning)
+    if _add_base_prefix(tensors, origin, prefix):
+        notes.append(f"base-model state dict (no '{prefix}' prefix): read as if prefixed")
+
+    src = SourceTensors(tensors, origin, ckpt_dir)
+    state, cfg, more_notes = module.to_canonical(src, cfg)
+    src.check()
+    check_canonical(state, model_shapes(cfg), f"mapping of {ckpt_dir}")  # our mapping covers the model exactly
+    meta = dict(family=family, architectures=c.get("architectures"), config=c, files=files, format=kind,
+                sharded=os.path.basename(files[0]) not in (SAFE_SINGLE, PICKLE_SINGLE),
+                dtype=dtype or "float32", notes=notes + more_notes, ignored=dict(src.ignored),
+                tokenizer_model=find_tokenizer_model(ckpt_dir))
+    return cfg, state, meta
+
+
+def _as_fp32(value) -> np.ndarray:
+    """A numpy array or paddle Tensor (any float dtype, bf16 included) as fp32 numpy."""
+    if hasattr(value, "place"):  # paddle.Tensor
+        return value.astype("float32").numpy()
+    return np.asarray(value, dtype=np.float32)
+
+
+def family_of(cfg: ModelConfig) -> str:
+    """The PaddleNLP family our config is written as: learned positions -> GPT, RoPE -> Llama."""
+    return "gpt" if cfg.position == "learned" else "llama"
+
+
+def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
+                               tokenizer_dir: Optional[str] = None, overwrite: bool = False) -> dict:
+    """Write `state` (canonical name -> full tensor) as a PaddleNLP checkpoint directory; returns what was written.
+
+    safetensors: `model.safetensors` (else the pickled `model_state.pdparams`), fp32 either way.
+    tokenizer_dir: our SentencePiece tokenizer directory (or `.model` file) to include, loadable
+        by both our `load_tokenizer` and PaddleNLP's `AutoTokenizer` (see `tokenizer_files.py`).
+    overwrite: replace an existing `out_dir` (the old one is removed only after the new one is in place).
+    """
+    out_dir = os.path.normpath(out_dir)
+    if os.path.exists(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+    family = family_of(model_cfg)
+    module, _ = FAMILIES[family]
+    config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
+    state = {k: _as_fp32(v) for k, v in state.items()}
+    check_canonical(state, model_shapes(model_cfg), "state to export")
+    tensors = module.from_canonical(state, model_cfg)
+    config["dtype"] = "float32"
+
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        if tokenizer_dir is not None:
+            config.update(write_tokenizer_files(tokenizer_dir, tmp, model_cfg.vocab_size))
+        weights = SAFE_SINGLE if safetensors else PICKLE_SINGLE
+        (write_safetensors if safetensors else write_pdparams)(tensors, os.path.join(tmp, weights))
+        with open(os.path.join(tmp, "config.json"), "w") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        fsync_tree(tmp)
+        if os.path.exists(out_dir):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+            os.rename(out_dir, os.path.join(old, "x"))
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dict(family=family, out_dir=out_dir, files=sorted(os.listdir(out_dir)), config=config, notes=notes)

@@ -1,0 +1,208 @@
+"""Weight files of a PaddleNLP checkpoint directory: find, read (to fp32 numpy), write.
+
+    from llmtrain.interop.tensor_files import find_weight_files, read_tensors
+    files, kind = find_weight_files("ckpt/")            # [".../model.safetensors"], "safetensors"
+    tensors, origin = read_tensors(files, kind, bf16_bits=False)
+
+What PaddleNLP 2.8.1 `save_pretrained` writes (measured):
+  - `model.safetensors` (metadata `{"format": "np"}`), or `model_state.pdparams` (pickle, `paddle.save`);
+  - sharded: `model-0000i-of-0000n.safetensors` + `model.safetensors.index.json`, or
+    `model_state-0000i-of-0000n.pdparams` + `model_state.pdparams.index.json`,
+    the index mapping every tensor name to its file under `weight_map`;
+  - bfloat16 weights go into safetensors as dtype `U16` (the raw bf16 bits, since
+    numpy has no bfloat16) and `config.json` says `"dtype": "bfloat16"`; files from
+    other tools may say `BF16`. Both become fp32 here.
+
+Safetensors are preferred when both kinds exist: a pickled `.pdparams` can run code
+when loaded, so `read_tensors` warns when it unpickles one from outside the run
+directory (the caller says which: `pickle_warning`).
+
+The safetensors reader is our own (8-byte header length, JSON header, raw
+little-endian data) so that BF16/U16 need no framework and a truncated file is
+reported with its name instead of crashing later.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Optional
+
+import numpy as np
+
+from llmtrain.utils.log import log0
+
+SAFE_SINGLE = "model.safetensors"
+SAFE_INDEX = "model.safetensors.index.json"
+PICKLE_SINGLE = "model_state.pdparams"
+PICKLE_INDEX = "model_state.pdparams.index.json"
+
+_SAFE_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
+    "U16": np.uint16, "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U8": np.uint8, "BOOL": np.bool_,
+}
+
+
+class CheckpointFileError(ValueError):
+    """A weight file or index is absent, truncated or malformed; the message names the file."""
+
+
+def find_weight_files(ckpt_dir: str) -> tuple[list[str], str]:
+    """The weight files to read and their kind (`safetensors` or `pdparams`), safetensors first."""
+    def index_files(index_name: str) -> list[str]:
+        index_path = os.path.join(ckpt_dir, index_name)
+        try:
+            with open(index_path) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (OSError, ValueError, KeyError) as e:
+            raise CheckpointFileError(f"{index_path}: not a readable shard index with a 'weight_map' ({e})") from e
+        names = sorted(set(weight_map.values()))
+        absent = [n for n in names if not os.path.isfile(os.path.join(ckpt_dir, n))]
+        if absent:
+            raise CheckpointFileError(f"{index_path} lists shard files that do not exist: {', '.join(absent)}")
+        return [os.path.join(ckpt_dir, n) for n in names]
+
+    for name, kind, sharded in ((SAFE_SINGLE, "safetensors", False), (SAFE_INDEX, "safetensors", True),
+                                (PICKLE_SINGLE, "pdparams", False), (PICKLE_INDEX, "pdparams", True)):
+        if os.path.isfile(os.path.join(ckpt_dir, name)):
+            return (index_files(name) if sharded else [os.path.join(ckpt_dir, name)]), kind
+    present = sorted(os.listdir(ckpt_dir)) if os.path.isdir(ckpt_dir) else []
+    tp_split = [n for n in present if ".tp" in n and n.endswith((".pdparams", ".safetensors"))]
+    hint = (" It holds tensor-parallel split files (" + ", ".join(tp_split) + "): merge them into one "
+            "model with PaddleNLP first (load with its tensor_parallel_degree, save unified).") if tp_split else ""
+    raise CheckpointFileError(
+        f"{ckpt_dir}: no weights found (looked for {SAFE_SINGLE}, {SAFE_INDEX}, {PICKLE_SINGLE}, {PICKLE_INDEX}; "
+        f"directory has: {', '.join(present) or 'nothing'}).{hint}")
+
+
+def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 stored as uint16 bit patterns -> float32 (exact: bf16 is the top half of fp32)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _to_fp32(arr: np.ndarray, is_bf16: bool, where: str) -> np.ndarray:
+    """A weight as contiguous fp32; uint16 is accepted only as bfloat16 bits."""
+    if arr.dtype == np.uint16:
+        if not is_bf16:
+            raise CheckpointFileError(
+                f"{where}: uint16 tensor but neither the file (BF16) nor config.json (dtype=bfloat16) says it holds "
+                "bfloat16 bits")
+        return bf16_bits_to_fp32(arr)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise CheckpointFileError(f"{where}: dtype {arr.dtype} is not a floating-point weight")
+    return np.array(arr, dtype=np.float32)  # a copy: never a view into a mapped file
+
+
+def read_safetensors(path: str, bf16_bits: bool) -> dict[str, np.ndarray]:
+    """name -> fp32 array of one safetensors file; `bf16_bits`: U16 tensors hold bfloat16 (PaddleNLP's way)."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointFileError(f"{path}: truncated safetensors file ({size} bytes)")
+        (n,) = struct.unpack("<Q", head)
+        if 8 + n > size:
+            raise CheckpointFileError(f"{path}: header length {n} exceeds the file size {size}")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as e:
+            raise CheckpointFileError(f"{path}: unreadable safetensors header ({e})") from e
+    header.pop("__metadata__", None)
+    data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + n) if size > 8 + n else np.zeros(0, np.uint8)
+    out = {}
+    for name, info in header.items():
+        where = f"{path}: tensor {name!r}"
+        dtype = _SAFE_DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            raise CheckpointFileError(f"{where}: unsupported dtype {info.get('dtype')!r}")
+        start, end = info["data_offsets"]
+        shape = [int(s) for s in info["shape"]]
+        if end > data.size or end - start != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize:
+            raise CheckpointFileError(f"{where}: data offsets {start}..{end} do not fit shape {shape} "
+                                      f"{info['dtype']} in a data section of {data.size} bytes (truncated file?)")
+        arr = np.frombuffer(data[start:end], dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+        out[name] = _to_fp32(arr, bf16_bits or info["dtype"] == "BF16", where)
+    return out
+
+
+def read_pdparams(path: str, bf16_bits: bool) -> dict[str, np.ndarray]:
+    """name -> fp32 array of one pickled `paddle.save` state dict (may run code: see the module docstring)."""
+    import paddle
+
+    try:
+        state = paddle.load(path)
+    except Exception as e:  # noqa: BLE001 - paddle raises many kinds on a bad pickle
+        raise CheckpointFileError(f"{path}: cannot load ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict):
+        raise CheckpointFileError(f"{path}: expected a dict of tensors, found {type(state).__name__}")
+    out = {}
+    for name, value in state.items():
+        where = f"{path}: tensor {name!r}"
+        if isinstance(value, paddle.Tensor):
+            is_bf16 = value.dtype == paddle.bfloat16
+            value = value.astype("float32").numpy() if is_bf16 or value.dtype == paddle.float16 else value.numpy()
+        elif not isinstance(value, np.ndarray):
+            raise CheckpointFileError(f"{where}: not a tensor ({type(value).__name__})")
+        out[name] = _to_fp32(value, bf16_bits, where)
+    return out
+
+
+def read_tensors(files: list[str], kind: str, bf16_bits: bool = False,
+                 pickle_warning: bool = True) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """All tensors of the weight files as fp32 numpy, and the file each name came from.
+
+    A name present in two files is an error (a corrupt shard set). `pickle_warning`
+    prints the pickle warning before unpickling; the caller turns it off for files
+    inside its own run directory.
+    """
+    tensors: dict[str, np.ndarray] = {}
+    origin: dict[str, str] = {}
+    for path in files:
+        if kind == "pdparams":
+            if pickle_warning:
+                log0(f"WARNING: {path} is a pickle (.pdparams); unpickling a file can run arbitrary code. "
+                     "Load only checkpoints you trust, or convert them to safetensors.")
+            part = read_pdparams(path, bf16_bits)
+        else:
+            part = read_safetensors(path, bf16_bits)
+        for name, arr in part.items():
+            if name in tensors:
+                raise CheckpointFileError(f"tensor {name!r} is in both {origin[name]} and {path}")
+            tensors[name], origin[name] = arr, path
+    return tensors, origin
+
+
+def write_safetensors(tensors: dict[str, np.ndarray], path: str) -> None:
+    """One safetensors file with PaddleNLP's metadata (`format: np`), as `from_pretrained` expects."""
+    from safetensors.numpy import save_file
+
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, path, metadata={"format": "np"})
+
+
+def write_pdparams(tensors: dict[str, np.ndarray], path: str) -> None:
+    """One `paddle.save` state dict of tensors, as PaddleNLP's `save_pretrained` writes it."""
+    import paddle
+
+    paddle.save({k: paddle.to_tensor(np.ascontiguousarray(v)) for k, v in tensors.items()}, path)
+
+
+def fsync_tree(root: str) -> None:
+    """fsync every file under `root`, then the directories (so a rename publishes complete data)."""
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fd = os.open(dirpath, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def dtype_of_config(cfg: dict) -> Optional[str]:
+    """The weight dtype `config.json` declares (`dtype`, or HF's `torch_dtype`), if any."""
+    return cfg.get("dtype") or cfg.get("torch_dtype")
