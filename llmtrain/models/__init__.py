@@ -16,7 +16,11 @@ def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool
         from llmtrain.models.decoder import DecoderLM
 
         return DecoderLM(cfg, roles, recompute)
-    raise ValueError(f"model.family={cfg.family!r}: expected 'decoder'")
+    if cfg.family == "encoder":
+        from llmtrain.models.encoder import EncoderMLM
+
+        return EncoderMLM(cfg, roles, recompute)
+    raise ValueError(f"model.family={cfg.family!r}: expected 'decoder' or 'encoder'")
 
 
 def model_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False):
@@ -25,4 +29,8 @@ def model_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False):
         from llmtrain.models.decoder import decoder_stages
 
         return decoder_stages(cfg, roles, recompute)
-    raise ValueError(f"model.family={cfg.family!r}: expected 'decoder'")
+    if cfg.family == "encoder":
+        from llmtrain.models.encoder import encoder_stages
+
+        return encoder_stages(cfg, roles, recompute)
+    raise ValueError(f"model.family={cfg.family!r}: expected 'decoder' or 'encoder'")

@@ -20,7 +20,8 @@ class ModelConfig:
     """Human-readable preset name (`gpt-tiny`, `llama-7b`, ...); used in run names."""
 
     family: str = "decoder"
-    """Model family: `decoder` (causal LM, GPT/Llama style). The objective follows the family."""
+    """Model family: `decoder` (causal LM, GPT/Llama style; objective: next token) or `encoder`
+    (bidirectional, ERNIE/BERT style; objective: masked LM). The objective follows the family."""
 
     hidden_size: int = MISSING
     """Width of the residual stream, h."""
@@ -60,6 +61,21 @@ class ModelConfig:
 
     bias: bool = True
     """Whether linear layers carry a bias (GPT-2 yes, Llama no)."""
+
+    norm_position: str = "pre"
+    """Where each block normalises: `pre` (x + f(norm(x)), GPT-2/Llama) or `post` (norm(x + f(x)), BERT/ERNIE)."""
+
+    type_vocab_size: int = 0
+    """Token-type (segment) embedding rows (encoder only; ERNIE 3.0: 4). 0: none."""
+
+    task_type_vocab_size: int = 0
+    """ERNIE 3.0 task-type embedding rows (`use_task_id`); 0: none."""
+
+    task_id: int = 0
+    """Task id fed to the task-type embedding when task_type_vocab_size > 0."""
+
+    pad_token_id: int = 0
+    """Encoder only: positions holding this id are masked out of attention when no mask is given."""
 
     tie_embeddings: bool = True
     """Share the input embedding table with the output projection."""

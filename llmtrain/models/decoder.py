@@ -74,7 +74,8 @@ class TiedHead(nn.Layer):
 
 
 class Block(nn.Layer):
-    """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(x))."""
+    """Transformer block. Pre-norm: x + attn(norm(x)), then + mlp(norm(x)); post-norm
+    (BERT/ERNIE): norm(x + attn(x)), then norm(x + mlp(x)). Causal for the decoder family."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles, recompute: bool = False, prefix: str = "layers.0"):
         super().__init__()
@@ -84,19 +85,25 @@ class Block(nn.Layer):
         self.mlp_norm = build_norm(cfg, cfg.hidden_size)
         self.mlp = FeedForward(cfg, roles)
         self.recompute = recompute
+        if cfg.norm_position not in ("pre", "post"):
+            raise ValueError(f"model.norm_position={cfg.norm_position!r}: expected 'pre' or 'post'")
+        self.pre_norm = cfg.norm_position == "pre"
 
-    def _forward(self, x):  # [b, s, h]
-        x = x + self.attn(self.attn_norm(x))
-        return x + self.mlp(self.mlp_norm(x))
+    def _forward(self, x, mask=None):  # x [b, s, h]
+        if self.pre_norm:
+            x = x + self.attn(self.attn_norm(x), mask)
+            return x + self.mlp(self.mlp_norm(x))
+        x = self.attn_norm(x + self.attn(x, mask))
+        return self.mlp_norm(x + self.mlp(x))
 
-    def forward(self, x):
+    def forward(self, x, mask=None):
         if self.recompute and self.training:
             from paddle.distributed.fleet.utils import recompute
 
             # use_reentrant=False: the reentrant form drops parameter grads when
             # every input has stop_gradient=True (DESIGN.md §1).
-            return recompute(self._forward, x, use_reentrant=False)
-        return self._forward(x)
+            return recompute(self._forward, x, mask, use_reentrant=False)
+        return self._forward(x, mask)
 
 
 class FinalNorm(nn.Layer):

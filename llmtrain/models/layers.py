@@ -73,8 +73,11 @@ class Rotary:
         return x * cos + rotated * sin
 
 
-def math_attention(q, k, v):
-    """Causal softmax attention. q [b, s, nh, d], k/v [b, s, nkv, d] -> [b, s, nh, d]."""
+def math_attention(q, k, v, causal: bool = True, mask=None):
+    """Softmax attention. q [b, s, nh, d], k/v [b, s, nkv, d] -> [b, s, nh, d].
+
+    causal: position t attends to positions <= t. mask: optional additive [b, 1, 1, s]
+    (0 keep, large negative drop), for padding in the bidirectional encoder."""
     nh, nkv = q.shape[2], k.shape[2]
     if nkv != nh:  # grouped-query: each kv head serves nh / nkv query heads
         k = paddle.repeat_interleave(k, nh // nkv, axis=2)
@@ -82,17 +85,23 @@ def math_attention(q, k, v):
     q, k, v = (t.transpose([0, 2, 1, 3]) for t in (q, k, v))  # [b, nh, s, d]
     s = q.shape[2]
     scores = paddle.matmul(q, k, transpose_y=True).astype("float32") / math.sqrt(q.shape[-1])  # [b, nh, s, s]
-    causal = paddle.triu(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=1)
-    probs = F.softmax(scores + causal, axis=-1).astype(v.dtype)
+    if causal:
+        scores = scores + paddle.triu(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=1)
+    if mask is not None:
+        scores = scores + mask.astype("float32")
+    probs = F.softmax(scores, axis=-1).astype(v.dtype)
     return paddle.matmul(probs, v).transpose([0, 2, 1, 3])  # [b, s, nh, d]
 
 
-def flash_causal_attention(q, k, v):
-    """GPU only: Paddle's flash attention (handles GQA natively). Shapes as math_attention."""
-    from paddle.nn.functional.flash_attention import flash_attention
+def flash_attention_gpu(q, k, v, causal: bool = True, mask=None):
+    """GPU only: Paddle's flash attention (handles GQA natively); with a padding mask,
+    Paddle's scaled_dot_product_attention. Shapes as math_attention."""
+    if mask is None:
+        from paddle.nn.functional.flash_attention import flash_attention
 
-    out, _ = flash_attention(q, k, v, causal=True)
-    return out
+        out, _ = flash_attention(q, k, v, causal=causal)
+        return out
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)
 
 
 def choose_attention(kind: str):
@@ -100,7 +109,7 @@ def choose_attention(kind: str):
     if kind == "auto":
         kind = "flash" if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu") else "math"
     if kind == "flash":
-        return flash_causal_attention
+        return flash_attention_gpu
     if kind == "math":
         return math_attention
     raise ValueError(f"model.attention={kind!r}: expected 'auto', 'flash' or 'math'")
@@ -112,6 +121,7 @@ class Attention(nn.Layer):
     def __init__(self, cfg: ModelConfig, roles: Roles):
         super().__init__()
         tp = roles.tp_degree
+        self.causal = cfg.family == "decoder"
         self.head_dim = cfg.head_dim()
         self.local_heads = cfg.num_heads // tp
         self.local_kv_heads = cfg.kv_heads() // tp
@@ -124,13 +134,13 @@ class Attention(nn.Layer):
         self.rotary = Rotary(d, cfg.rope_theta) if cfg.position == "rope" else None
         self.attend = choose_attention(cfg.attention)
 
-    def forward(self, x):  # x [b, s, h]
+    def forward(self, x, mask=None):  # x [b, s, h]; mask [b, 1, 1, s] additive or None
         q = self.q_proj(x).reshape([0, 0, self.local_heads, self.head_dim])  # [b, s, nh/tp, d]
         k = self.k_proj(x).reshape([0, 0, self.local_kv_heads, self.head_dim])  # [b, s, nkv/tp, d]
         v = self.v_proj(x).reshape([0, 0, self.local_kv_heads, self.head_dim])
         if self.rotary is not None:
             q, k = self.rotary.apply(q), self.rotary.apply(k)
-        out = self.attend(q, k, v)  # [b, s, nh/tp, d]
+        out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
         return self.o_proj(out.reshape([0, 0, self.local_heads * self.head_dim]))  # [b, s, h]
 
 

@@ -55,6 +55,14 @@ class Roles:
         """Untied LM head: [b, s, h] -> logits [b, s, V / tp] (vocab split, not gathered)."""
         return tag_split(nn.Linear(hidden_size, vocab_size, bias_attr=False), None)
 
+    def vocab_parallel_bias(self, layer: nn.Layer, vocab_size: int) -> paddle.Tensor:
+        """An output bias over the vocabulary, split like the logits: [V / tp], zeros."""
+        bias = layer.create_parameter([vocab_size // self.tp_degree], is_bias=True)
+        bias.llm_split_axis = 0 if self.tp_degree > 1 else None
+        if self.tp_degree > 1:
+            bias.is_distributed = True  # fleet: a split tensor (norm counted per rank, never broadcast over mp)
+        return bias
+
     def tied_logits(self, hidden: paddle.Tensor, embedding_weight: paddle.Tensor) -> paddle.Tensor:
         """Tied LM head: hidden [b, s, h] x table [V / tp, h]^T -> logits [b, s, V / tp]."""
         return paddle.matmul(hidden, embedding_weight, transpose_y=True)

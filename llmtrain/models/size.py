@@ -21,24 +21,37 @@ def block_parameters(cfg: ModelConfig) -> int:
     return attn + mlp + 2 * norm
 
 
+def _input_tables(cfg: ModelConfig) -> int:
+    """Parameters of the input lookup tables: word, learned position, token type, task type."""
+    h = cfg.hidden_size
+    n = cfg.vocab_size * h
+    if cfg.position == "learned" or cfg.family == "encoder":
+        n += cfg.max_position_embeddings * h
+    if cfg.family == "encoder":
+        n += (cfg.type_vocab_size + cfg.task_type_vocab_size) * h
+    return n
+
+
 def parameter_count(cfg: ModelConfig) -> int:
     """All parameters of the model (a tied table counted once)."""
     h, v = cfg.hidden_size, cfg.vocab_size
-    total = v * h + cfg.num_layers * block_parameters(cfg)
-    if cfg.position == "learned":
-        total += cfg.max_position_embeddings * h
-    total += h * (2 if cfg.norm == "layernorm" else 1)
+    norm = h * (2 if cfg.norm == "layernorm" else 1)
+    total = _input_tables(cfg) + cfg.num_layers * block_parameters(cfg)
+    if cfg.family == "encoder":
+        total += norm  # embedding norm
+        total += norm if cfg.norm_position == "pre" else 0  # final norm
+        total += h * h + h + norm + v  # MLM transform, its norm, output bias
+    else:
+        total += norm  # final norm
     if not cfg.tie_embeddings:
         total += v * h
     return total
 
 
 def flops_parameters(cfg: ModelConfig) -> int:
-    """N of 6N: all parameters except the input lookup tables (word and position);
+    """N of 6N: all parameters except the input lookup tables (word, position, types);
     the output projection (V x h) counts whether tied or not."""
-    n = parameter_count(cfg) - cfg.vocab_size * cfg.hidden_size
-    if cfg.position == "learned":
-        n -= cfg.max_position_embeddings * cfg.hidden_size
+    n = parameter_count(cfg) - _input_tables(cfg)
     if not cfg.tie_embeddings:
         return n  # the separate head table is still in n
     return n + cfg.vocab_size * cfg.hidden_size
@@ -49,6 +62,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
     Causal attention is NOT halved here (the 12 L h s term counts the full
     s x s score matrix), and activation recompute is not counted, so MFU from
-    this figure is comparable with PaLM's and torchtitan's.
+    this figure is comparable with PaLM's and torchtitan's. These are FLOPs per
+    *processed* position; the trainer multiplies by positions/s, not by
+    loss-bearing tokens/s (they differ for masked LM and fine-tuning).
     """
     return 6.0 * flops_parameters(cfg) + 12.0 * cfg.num_layers * cfg.hidden_size * seq_len

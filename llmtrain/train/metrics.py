@@ -10,9 +10,12 @@ Definitions (also in DESIGN.md §3):
   running sum since step 0 (restored from checkpoints).
 - tokens_per_sec = tokens in the logging window / wall seconds of the window;
   tokens_per_sec_per_device = tokens_per_sec / world size.
-- tflops_per_device = tokens_per_sec_per_device x FLOPs per token / 1e12, with
+- tflops_per_device = positions_per_sec_per_device x FLOPs per token / 1e12, with
   FLOPs per token = 6 N + 12 L h s (`llmtrain.models.size.flops_per_token`;
-  causal attention not halved, recompute not counted).
+  causal attention not halved, recompute not counted). Positions are the input
+  tokens processed; for packed pretraining they equal the loss-bearing tokens,
+  for masked LM (15% bear loss) and fine-tuning (prompts bear none) they are
+  more, and model FLOPs follow positions, not loss-bearing tokens.
 - mfu = tflops_per_device x 1e12 / peak FLOP/s of one device (null if unknown).
 - loss: mean over micro-batches and data ranks of each micro-batch's mean token
   loss; grad_norm: global L2 norm of the gradient before clipping.
@@ -54,6 +57,7 @@ class Meter:
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._pending_tokens = 0  # local tokens not yet folded into tokens_total
         self._window_tokens = 0
+        self._window_positions = 0
         self._window_steps = 0
         self._window_data_wait = 0.0
         self._window_start = time.perf_counter()
@@ -73,7 +77,7 @@ class Meter:
     def reset_window(self) -> None:
         """Start a new timing window (after evaluation or checkpointing, which are not training time)."""
         self._window_start = time.perf_counter()
-        self._window_tokens = self._window_steps = 0
+        self._window_tokens = self._window_steps = self._window_positions = 0
         self._window_data_wait = 0.0
 
     def _reduce(self, values: list[float]) -> list[float]:
@@ -87,6 +91,7 @@ class Meter:
         """Account one finished step (1-based `step`); on log steps write and return the record."""
         self._pending_tokens += out.tokens
         self._window_tokens += out.tokens
+        self._window_positions += out.positions
         self._window_steps += 1
         self._window_data_wait += data_wait
         if step % self.log_interval and step != getattr(self, "_final_step", -1):
@@ -95,15 +100,15 @@ class Meter:
             return None
         loss_local = float(out.loss)  # syncs the device: the window's work is done
         window_seconds = time.perf_counter() - self._window_start
-        loss_sum, pending, window_tokens, step_tokens = self._reduce(
-            [loss_local, self._pending_tokens, self._window_tokens, out.tokens]
+        loss_sum, pending, window_tokens, window_positions, step_tokens = self._reduce(
+            [loss_local, self._pending_tokens, self._window_tokens, self._window_positions, out.tokens]
         )
         data_world = self.topo.data_world
         self.tokens_total += int(round(pending))
         self._pending_tokens = 0
         tps = window_tokens / window_seconds
         tps_dev = tps / self.topo.world
-        tflops = tps_dev * self.flops_per_token / 1e12
+        tflops = window_positions / window_seconds / self.topo.world * self.flops_per_token / 1e12
         rec = {
             "step": step,
             "loss": loss_sum / data_world,

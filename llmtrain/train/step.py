@@ -28,6 +28,8 @@ class StepOutput:
     """Mean loss of this rank's micro-batches (fp32 scalar tensor; not yet averaged over data ranks)."""
     tokens: int
     """Loss-bearing target tokens this rank consumed in the step (sum of loss_mask)."""
+    positions: int
+    """Input positions this rank processed (micro x seq x accum): what model FLOPs scale with."""
     grad_norm: paddle.Tensor
     """Global gradient norm before clipping (over all ranks and groups)."""
 
@@ -54,11 +56,12 @@ class StepRunner:
 
     def run(self, micro_batches: list[dict]) -> StepOutput:
         tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
+        positions = int(sum(np.asarray(mb["input_ids"]).size for mb in micro_batches))
         if self.pipeline:
             loss = self._run_pipeline(micro_batches)
         else:
             loss = self._run_flat(micro_batches)
-        return StepOutput(loss=loss, tokens=tokens, grad_norm=self.clip.last_norm)
+        return StepOutput(loss=loss, tokens=tokens, positions=positions, grad_norm=self.clip.last_norm)
 
     def _run_flat(self, micro_batches):
         self.model.train()

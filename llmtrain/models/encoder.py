@@ -1,0 +1,138 @@
+"""ERNIE 3.0 / BERT style bidirectional encoder with a tied masked-LM head, single-device code.
+
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=ernie-tiny +parallel=tp2
+
+Same construction rules as the decoder (`decoder.py`): widths that tensor
+parallelism splits come from the `Roles` factory, and the model is an ordered
+stage list the pipeline can cut: embedding, L blocks (post-norm for ERNIE),
+[final norm when pre-norm], MLM transform (dense, GeLU, LayerNorm), the tied
+word table as output projection, and the vocabulary-split output bias.
+
+Attention is bidirectional. Padding is masked only when an `attention_mask`
+is passed (single-device and tp use); pretraining feeds packed sequences
+without padding, so every layout computes the same thing.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from llmtrain.models.config import ModelConfig
+from llmtrain.models.decoder import Block, FinalNorm, LMHead, LMLoss, StageSpec, TiedHead, tied_logits
+from llmtrain.models.layers import build_norm
+from llmtrain.models.roles import Roles, tag_split
+
+
+class EncoderEmbedding(nn.Layer):
+    """ids [b, s] -> norm(word + position + token type + task type) [b, s, h]."""
+
+    def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
+        super().__init__()
+        self.llm_prefix = prefix
+        self.roles = roles
+        self.task_id = cfg.task_id
+        self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
+        self.pos = tag_split(nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size), None)
+        self.token_type = None
+        if cfg.type_vocab_size > 0:
+            self.token_type = tag_split(nn.Embedding(cfg.type_vocab_size, cfg.hidden_size), None)
+        self.task_type = None
+        if cfg.task_type_vocab_size > 0:
+            self.task_type = tag_split(nn.Embedding(cfg.task_type_vocab_size, cfg.hidden_size), None)
+        self.norm = build_norm(cfg, cfg.hidden_size)
+
+    @property
+    def shared_weight(self):
+        return self.word.weight
+
+    def forward(self, input_ids, token_type_ids=None):  # [b, s] int64
+        x = self.word(input_ids) + self.pos(paddle.arange(input_ids.shape[1], dtype="int64"))[None]
+        if self.token_type is not None:
+            if token_type_ids is None:
+                token_type_ids = paddle.zeros_like(input_ids)
+            x = x + self.token_type(token_type_ids)
+        if self.task_type is not None:
+            x = x + self.task_type(paddle.full_like(input_ids, self.task_id))
+        return self.norm(x)
+
+
+class MLMTransform(nn.Layer):
+    """The MLM head's transform: [b, s, h] -> norm(gelu(dense(x))) [b, s, h] (replicated, small)."""
+
+    def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_head"):
+        super().__init__()
+        self.llm_prefix = prefix
+        self.dense = tag_split(nn.Linear(cfg.hidden_size, cfg.hidden_size), None)
+        self.approximate = cfg.activation == "gelu_tanh"
+        self.norm = build_norm(cfg, cfg.hidden_size)
+
+    def forward(self, x):
+        return self.norm(F.gelu(self.dense(x), approximate=self.approximate))
+
+
+class MLMBias(nn.Layer):
+    """Adds the output bias to vocabulary-split logits: [b, s, V/tp] + [V/tp]."""
+
+    def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_bias"):
+        super().__init__()
+        self.llm_prefix = prefix
+        self.bias = roles.vocab_parallel_bias(self, cfg.vocab_size)
+
+    def forward(self, logits):
+        return logits + self.bias
+
+
+def encoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[StageSpec]:
+    """The encoder as an ordered stage list (see `decoder_stages`)."""
+
+    def spec(prefix, cls, **kw):
+        return StageSpec(prefix, cls, dict(cfg=cfg, roles=roles, prefix=prefix, **kw.pop("extra", {})), **kw)
+
+    tied = cfg.tie_embeddings
+    stages = [spec("embed", EncoderEmbedding, shared_key="embed" if tied else None)]
+    stages += [spec(f"layers.{i}", Block, extra=dict(recompute=recompute)) for i in range(cfg.num_layers)]
+    if cfg.norm_position == "pre":
+        stages.append(spec("final_norm", FinalNorm))
+    stages.append(spec("mlm_head", MLMTransform))
+    stages.append(spec("embed", TiedHead, shared_key="embed", forward_func=tied_logits) if tied else spec("lm_head", LMHead))
+    stages.append(spec("mlm_bias", MLMBias))
+    return stages
+
+
+class EncoderMLM(nn.Layer):
+    """Encoder + masked-LM head on one device (or tp via `roles`).
+
+    forward(input_ids [b, s], token_type_ids=None, attention_mask=None) -> logits [b, s, V/tp];
+    attention_mask: [b, s] with 1 keep / 0 pad, or an additive [b, 1, 1, s].
+    Loss: `self.loss_fn(logits, (labels, loss_mask))`, loss_mask 1 at masked positions.
+    """
+
+    def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
+        super().__init__()
+        roles = roles or Roles()
+        self.cfg = cfg
+        self.embed = EncoderEmbedding(cfg, roles)
+        self.layers = nn.LayerList([Block(cfg, roles, recompute, prefix=f"layers.{i}") for i in range(cfg.num_layers)])
+        self.final_norm = FinalNorm(cfg, roles) if cfg.norm_position == "pre" else None
+        self.mlm_head = MLMTransform(cfg, roles)
+        self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
+        self.mlm_bias = MLMBias(cfg, roles)
+        self.loss_fn = LMLoss(roles)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None):
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask
+            if mask.ndim == 2:  # [b, s] 1 keep / 0 pad -> additive [b, 1, 1, s]
+                mask = ((1.0 - mask.astype("float32")) * -1e4)[:, None, None, :]
+        x = self.embed(input_ids, token_type_ids)
+        for block in self.layers:
+            x = block(x, mask)
+        if self.final_norm is not None:
+            x = self.final_norm(x)
+        x = self.mlm_head(x)
+        logits = tied_logits(self.embed, x) if self.lm_head is None else self.lm_head(x)
+        return self.mlm_bias(logits)
