@@ -4,8 +4,9 @@
 
 What PaddleNLP's GPT computes, read from `paddlenlp/transformers/gpt/modeling.py`,
 and the ModelConfig that reproduces it:
-  - pre-norm blocks (`normalize_before=True`; post-norm is rejected), LayerNorm with
-    epsilon hard-coded to 1e-5 everywhere: `layer_norm_eps` in config.json is not read;
+  - pre-norm blocks, or post-norm with `normalize_before=false` (norm1/norm2 after each
+    residual add) — our `norm_position`; the final `decoder.norm` is applied in both;
+  - LayerNorm epsilon hard-coded to 1e-5 everywhere: `layer_norm_eps` in config.json is not read;
   - the MLP calls `F.gelu(x, approximate=True)` (tanh form) whatever `hidden_activation`
     says; any value other than "gelu" makes PaddleNLP itself fail, so we reject it;
   - attention scores are q k^T scaled by (scale_qk_coeff * d)^-1/2 then by scale_qk_coeff,
@@ -42,8 +43,6 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
     bad = []
     if g["hidden_activation"] != "gelu":
         bad.append(f"hidden_activation={g['hidden_activation']!r} (PaddleNLP's GPT MLP only runs gelu, tanh form)")
-    if not g["normalize_before"]:
-        bad.append("normalize_before=false (post-norm blocks; our decoder is pre-norm)")
     if float(g["scale_qk_coeff"]) != 1.0:
         bad.append(f"scale_qk_coeff={g['scale_qk_coeff']} (scores scaled by sqrt(coeff/d), not 1/sqrt(d))")
     if g["hidden_size"] % g["num_attention_heads"]:
@@ -57,14 +56,15 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
         name=name, hidden_size=g["hidden_size"], num_layers=g["num_hidden_layers"],
         num_heads=g["num_attention_heads"], num_kv_heads=None, ffn_hidden_size=g["intermediate_size"],
         vocab_size=g["vocab_size"], max_position_embeddings=g["max_position_embeddings"], position="learned",
-        norm="layernorm", norm_eps=LN_EPS, activation="gelu_tanh", bias=True, tie_embeddings=True,
+        norm="layernorm", norm_eps=LN_EPS, norm_position="pre" if g["normalize_before"] else "post",
+        activation="gelu_tanh", bias=True, tie_embeddings=True,
         init_std=float(g["initializer_range"]))
     return cfg, notes
 
 
 def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     """config.json fields for `GPTForCausalLM` computing what `cfg` computes, and notes."""
-    bad = []
+    bad = [] if cfg.family == "decoder" else [f"model.family={cfg.family!r} (GPTForCausalLM is a decoder)"]
     for field, want in (("position", "learned"), ("norm", "layernorm"), ("activation", "gelu_tanh")):
         if getattr(cfg, field) != want:
             bad.append(f"model.{field}={getattr(cfg, field)!r} (PaddleNLP's GPT has {want!r})")
@@ -82,7 +82,7 @@ def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
         hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
         intermediate_size=cfg.ffn_hidden_size, max_position_embeddings=cfg.max_position_embeddings,
         seq_length=cfg.max_position_embeddings, hidden_activation="gelu", layer_norm_eps=LN_EPS,
-        normalize_before=True, scale_qk_coeff=1.0, initializer_range=cfg.init_std,
+        normalize_before=cfg.norm_position == "pre", scale_qk_coeff=1.0, initializer_range=cfg.init_std,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,  # our model has no dropout
         fuse_attention_qkv=False, fuse_attention_ffn=False, tie_word_embeddings=True)
     return out, notes

@@ -79,8 +79,9 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
 
 def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     """config.json fields for `LlamaForCausalLM` computing what `cfg` computes, and notes."""
-    bad = []
-    for field, want in (("position", "rope"), ("norm", "rmsnorm"), ("activation", "swiglu")):
+    bad = [] if cfg.family == "decoder" else [f"model.family={cfg.family!r} (LlamaForCausalLM is a decoder)"]
+    for field, want in (("position", "rope"), ("norm", "rmsnorm"), ("activation", "swiglu"),
+                        ("norm_position", "pre")):
         if getattr(cfg, field) != want:
             bad.append(f"model.{field}={getattr(cfg, field)!r} (PaddleNLP's Llama has {want!r})")
     if cfg.bias:

@@ -82,7 +82,8 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, pickle_warning: bool = True,
     name: `ModelConfig.name` of the result (default `paddlenlp-<dir name>`).
     meta: family, architectures, the config.json dict, files read, format
         (`safetensors`/`pdparams`), sharded, stored dtype, notes on mapping decisions,
-        ignored buffers with reasons, and the tokenizer model found beside the weights.
+        ignored buffers with reasons, warnings printed (the pickle warning), and the
+        tokenizer model found beside the weights.
     """
     c = read_config(ckpt_dir)
     family = detect_family(c, ckpt_dir)
@@ -92,7 +93,9 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, pickle_warning: bool = True,
 
     files, kind = find_weight_files(ckpt_dir)
     dtype = dtype_of_config(c)
-    tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", pickle_warning=pickle_warning)
+    warnings: list[str] = []
+    tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", pickle_warning=pickle_warning,
+                                   warnings=warnings)
     if _add_base_prefix(tensors, origin, prefix):
         notes.append(f"base-model state dict (no '{prefix}' prefix): read as if prefixed")
 
@@ -102,7 +105,7 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, pickle_warning: bool = True,
     check_canonical(state, model_shapes(cfg), f"mapping of {ckpt_dir}")  # our mapping covers the model exactly
     meta = dict(family=family, architectures=c.get("architectures"), config=c, files=files, format=kind,
                 sharded=os.path.basename(files[0]) not in (SAFE_SINGLE, PICKLE_SINGLE),
-                dtype=dtype or "float32", notes=notes + more_notes, ignored=dict(src.ignored),
+                dtype=dtype or "float32", notes=notes + more_notes, ignored=dict(src.ignored), warnings=warnings,
                 tokenizer_model=find_tokenizer_model(ckpt_dir))
     return cfg, state, meta
 

@@ -148,21 +148,24 @@ def read_pdparams(path: str, bf16_bits: bool) -> dict[str, np.ndarray]:
     return out
 
 
-def read_tensors(files: list[str], kind: str, bf16_bits: bool = False,
-                 pickle_warning: bool = True) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+def read_tensors(files: list[str], kind: str, bf16_bits: bool = False, pickle_warning: bool = True,
+                 warnings: Optional[list] = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors of the weight files as fp32 numpy, and the file each name came from.
 
     A name present in two files is an error (a corrupt shard set). `pickle_warning`
-    prints the pickle warning before unpickling; the caller turns it off for files
-    inside its own run directory.
+    prints the pickle warning before unpickling (and appends it to `warnings`); the
+    caller turns it off for files inside its own run directory.
     """
     tensors: dict[str, np.ndarray] = {}
     origin: dict[str, str] = {}
     for path in files:
         if kind == "pdparams":
             if pickle_warning:
-                log0(f"WARNING: {path} is a pickle (.pdparams); unpickling a file can run arbitrary code. "
-                     "Load only checkpoints you trust, or convert them to safetensors.")
+                msg = (f"WARNING: {path} is a pickle (.pdparams); unpickling a file can run arbitrary code. "
+                       "Load only checkpoints you trust, or convert them to safetensors.")
+                log0(msg)
+                if warnings is not None:
+                    warnings.append(msg)
             part = read_pdparams(path, bf16_bits)
         else:
             part = read_safetensors(path, bf16_bits)

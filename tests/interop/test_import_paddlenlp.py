@@ -26,6 +26,7 @@ def llama(**kw):
 CASES = {
     "gpt": (gpt, {}),
     "gpt-fused-qkv": (gpt, dict(fuse_attention_qkv=True)),
+    "gpt-post-norm": (gpt, dict(normalize_before=False)),
     "llama-mha": (llama, {}),
     "llama-gqa": (llama, dict(num_key_value_heads=2, rope_theta=5000.0, rms_norm_eps=1e-5)),
     "llama-mqa-fused": (llama, dict(num_key_value_heads=1, fuse_attention_qkv=True, fuse_attention_ffn=True)),
