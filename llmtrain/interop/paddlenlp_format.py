@@ -73,12 +73,12 @@ def _add_base_prefix(tensors: dict, origin: dict, prefix: str) -> bool:
     return True
 
 
-def read_paddlenlp_checkpoint(ckpt_dir: str, pickle_warning: bool = True,
+def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False,
                               name: Optional[str] = None) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
     """(ModelConfig, canonical state as fp32 numpy, meta) of a PaddleNLP GPT or Llama checkpoint directory.
 
-    pickle_warning: print that a `.pdparams` pickle can run code before loading one;
-        pass False only for directories inside the run directory (our own files).
+    trusted: the directory is inside the run directory (our own files). Otherwise loading a
+        pickled `.pdparams` first prints a warning that unpickling can run code.
     name: `ModelConfig.name` of the result (default `paddlenlp-<dir name>`).
     meta: family, architectures, the config.json dict, files read, format
         (`safetensors`/`pdparams`), sharded, stored dtype, notes on mapping decisions,
@@ -94,7 +94,7 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, pickle_warning: bool = True,
     files, kind = find_weight_files(ckpt_dir)
     dtype = dtype_of_config(c)
     warnings: list[str] = []
-    tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", pickle_warning=pickle_warning,
+    tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", pickle_warning=not trusted,
                                    warnings=warnings)
     if _add_base_prefix(tensors, origin, prefix):
         notes.append(f"base-model state dict (no '{prefix}' prefix): read as if prefixed")

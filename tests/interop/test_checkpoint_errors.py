@@ -140,7 +140,7 @@ def test_pickle_warning_is_printed_unless_turned_off(tmp_path):
     write_pdparams(t, os.path.join(ckpt, "model_state.pdparams"))
     _, _, meta = read_paddlenlp_checkpoint(ckpt)
     assert len(meta["warnings"]) == 1 and "pickle" in meta["warnings"][0] and "arbitrary code" in meta["warnings"][0]
-    _, state, meta = read_paddlenlp_checkpoint(ckpt, pickle_warning=False)
+    _, state, meta = read_paddlenlp_checkpoint(ckpt, trusted=True)
     assert meta["warnings"] == [] and meta["format"] == "pdparams"
 
 

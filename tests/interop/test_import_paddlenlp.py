@@ -42,7 +42,7 @@ def test_import_matches_paddlenlp(case, safe, tmp_path):
     ref = build(**kw)
     randomize_paddlenlp(ref, seed=len(case))
     ref.save_pretrained(str(tmp_path), safe_serialization=safe)
-    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), pickle_warning=False)
+    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), trusted=True)
     assert meta["format"] == ("safetensors" if safe else "pdparams")
     ids = token_ids(cfg.vocab_size)
     assert_close(our_logits(cfg, state, ids), paddlenlp_logits(ref, ids), case)
@@ -76,7 +76,7 @@ def test_sharded_index_loads(build, safe, tmp_path):
     ref.save_pretrained(str(tmp_path), safe_serialization=safe, max_shard_size="10KB")
     index = "model.safetensors.index.json" if safe else "model_state.pdparams.index.json"
     assert (tmp_path / index).is_file()
-    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), pickle_warning=False)
+    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), trusted=True)
     assert meta["sharded"] and len(meta["files"]) > 1
     ids = token_ids(cfg.vocab_size)
     assert_close(our_logits(cfg, state, ids), paddlenlp_logits(ref, ids), f"sharded {build.__name__}")
@@ -89,7 +89,7 @@ def test_bf16_checkpoint_reads_as_fp32(safe, tmp_path):
 
     ref = LlamaForCausalLM.from_config(LlamaConfig(**{**TINY, "intermediate_size": 48}), dtype="bfloat16")
     ref.save_pretrained(str(tmp_path), safe_serialization=safe)
-    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), pickle_warning=False)
+    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), trusted=True)
     assert meta["dtype"] == "bfloat16"
     want = ref.llama.layers[0].self_attn.q_proj.weight.astype("float32").numpy()
     got = state["layers.0.attn.q_proj.weight"]
