@@ -1,0 +1,95 @@
+"""`python -m llmtrain.export`: one of our checkpoints -> a PaddleNLP directory with our logits.
+
+    python -m pytest tests/interop/test_export_cli.py -q
+
+The checkpoint is written here in the on-disk format of `llmtrain/checkpoint` (rank
+files + manifest with sizes and sha256), as two tensor-parallel ranks would write
+it, so the test exercises reassembly without launching a training run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+
+import pytest
+from interop_helpers import assert_close, our_logits, paddlenlp_logits, random_state, token_ids
+from safetensors.numpy import save_file
+
+from llmtrain.checkpoint.manager import FORMAT
+from llmtrain.export import main
+from llmtrain.models.config import ModelConfig
+
+# the real package (dev extra); a missing paddlenlp fails these tests rather than skipping them
+from paddlenlp.transformers import AutoModelForCausalLM  # noqa: E402
+
+CFG = ModelConfig(name="llama-t", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, ffn_hidden_size=48,
+                  vocab_size=128, max_position_embeddings=64, position="rope", norm="rmsnorm", norm_eps=1e-6,
+                  activation="swiglu", bias=False, tie_embeddings=False)
+SPLIT = {"attn.q_proj.weight": 1, "mlp.down_proj.weight": 0}  # column / row split across the 2 "tp ranks"
+
+
+def write_our_checkpoint(step_dir, cfg, state, tokenizer_sha=None):
+    os.makedirs(step_dir)
+    files = {}
+    for rank in range(2):
+        tensors, meta = {}, {}
+        for name, full in state.items():
+            axis = next((a for suffix, a in SPLIT.items() if name.endswith(suffix)), None)
+            if axis is None and rank == 1:
+                continue  # replicated: tp rank 0 writes it
+            part = full if axis is None else full.take(range(rank * full.shape[axis] // 2,
+                                                             (rank + 1) * full.shape[axis] // 2), axis=axis)
+            key = f"model/{name}"
+            tensors[key] = part
+            meta[key] = {"name": name, "global_shape": list(full.shape), "axis": axis,
+                         "offset": 0 if axis is None else rank * part.shape[axis]}
+        stem = os.path.join(step_dir, f"rank_{rank:05d}")
+        save_file(tensors, stem + ".safetensors")
+        json.dump({"rank": rank, "tensors": meta}, open(stem + ".json", "w"))
+    for name in sorted(os.listdir(step_dir)):
+        data = open(os.path.join(step_dir, name), "rb").read()
+        files[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest = {"format": FORMAT, "step": 6, "model": dataclasses.asdict(cfg), "files": files,
+                "tokenizer": {"sha256": tokenizer_sha} if tokenizer_sha else None}
+    json.dump(manifest, open(os.path.join(step_dir, "manifest.json"), "w"))
+
+
+def test_export_cli_from_run_directory(tmp_path, capsys):
+    state = random_state(CFG, seed=4)
+    write_our_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_6"), CFG, state)
+    os.makedirs(tmp_path / "run" / "checkpoints" / "step_9")  # an unfinished newer save: skipped
+    out = str(tmp_path / "exported")
+    assert main(["--checkpoint", str(tmp_path / "run"), "--output", out, "--safetensors"]) == 0
+    assert "step_6" in capsys.readouterr().out
+    ref = AutoModelForCausalLM.from_pretrained(out)
+    ids = token_ids(CFG.vocab_size, seed=2)
+    assert_close(our_logits(CFG, state, ids), paddlenlp_logits(ref, ids), "exported checkpoint")
+
+
+def test_export_cli_refuses_corrupt_checkpoint_and_wrong_tokenizer(tmp_path, capsys):
+    step = str(tmp_path / "step_6")
+    write_our_checkpoint(step, CFG, random_state(CFG, seed=4), tokenizer_sha="0" * 64)
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    import sentencepiece as spm
+
+    (tmp_path / "c.txt").write_text("人民日报 社论 今天 北京 天气\n" * 40, encoding="utf-8")
+    spm.SentencePieceTrainer.train(input=str(tmp_path / "c.txt"), model_prefix=str(tok / "tokenizer"),
+                                   vocab_size=16, minloglevel=2, byte_fallback=False)
+    assert main(["--checkpoint", step, "--output", str(tmp_path / "o"), "--tokenizer", str(tok)]) == 1
+    assert "is not the one checkpoint" in capsys.readouterr().err
+
+    with open(os.path.join(step, "rank_00001.safetensors"), "r+b") as f:
+        f.truncate(100)
+    assert main(["--checkpoint", step, "--output", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err
+    assert "incomplete or corrupt" in err and "rank_00001.safetensors" in err
+    assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.parametrize("fmt", ["hf"])
+def test_export_cli_unknown_format_is_rejected(fmt, tmp_path):
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(tmp_path), "--output", str(tmp_path / "o"), "--format", fmt])
