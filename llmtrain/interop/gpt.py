@@ -92,6 +92,7 @@ def split_fused_qkv(w: np.ndarray, heads: int, head_dim: int) -> list[np.ndarray
     """GPT `qkv_proj` weight [h, 3*nh*d] (or bias [3*nh*d]) -> q, k, v, each [h, nh*d] (or [nh*d]).
 
     Columns are grouped per head as (q_h, k_h, v_h), each d wide."""
+    w = np.asarray(w)
     lead = w.shape[:-1]
     per_head = w.reshape(*lead, heads, 3, head_dim)  # [.., nh, 3, d]
     return [np.ascontiguousarray(per_head[..., :, j, :].reshape(*lead, heads * head_dim)) for j in range(3)]

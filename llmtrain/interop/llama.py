@@ -104,6 +104,7 @@ def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
 def split_fused_qkv(w: np.ndarray, heads: int, kv_heads: int, head_dim: int) -> list[np.ndarray]:
     """Llama `qkv_proj` [h, nh*d + 2*nkv*d] -> q [h, nh*d], k [h, nkv*d], v [h, nkv*d]."""
     g = heads // kv_heads
+    w = np.asarray(w)
     grouped = w.reshape(w.shape[0], kv_heads, g + 2, head_dim)  # [h, nkv, g+2, d]
     q = grouped[:, :, :g, :].reshape(w.shape[0], heads * head_dim)  # query head index = kv * g + j
     k = grouped[:, :, g, :].reshape(w.shape[0], kv_heads * head_dim)
@@ -147,6 +148,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
         if src.has(p + "mlp.gate_up_fused_proj.weight"):
             fused = src.take(p + "mlp.gate_up_fused_proj.weight", [h, 2 * f])
             if fused is not None:
+                fused = np.asarray(fused)
                 state[f"{c}mlp.gate_proj.weight"] = np.ascontiguousarray(fused[:, :f])
                 state[f"{c}mlp.up_proj.weight"] = np.ascontiguousarray(fused[:, f:])
         else:
@@ -168,7 +170,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
     if src.has("lm_head.weight"):
         head = src.take("lm_head.weight", [h, v])
         word = state.get("embed.word.weight")
-        if tie and head is not None and word is not None and not np.array_equal(head, word.T):
+        if tie and head is not None and word is not None and not np.array_equal(head, np.asarray(word).T):
             tie = False
             notes.append("tie_word_embeddings=true but lm_head.weight differs from the embedding: PaddleNLP 2.8.1 "
                          "computes with the separate lm_head.weight, so we import an untied model")

@@ -73,13 +73,17 @@ def _add_base_prefix(tensors: dict, origin: dict, prefix: str) -> bool:
     return True
 
 
-def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False,
-                              name: Optional[str] = None) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
+def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Optional[str] = None,
+                              lazy: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
     """(ModelConfig, canonical state as fp32 numpy, meta) of a PaddleNLP GPT or Llama checkpoint directory.
 
     trusted: the directory is inside the run directory (our own files). Otherwise loading a
         pickled `.pdparams` first prints a warning that unpickling can run code.
     name: `ModelConfig.name` of the result (default `paddlenlp-<dir name>`).
+    lazy: for safetensors, state values are array-likes over the memory-mapped files
+        (`.shape` now, fp32 data on `np.asarray`), so `load_full_state` holds one full
+        tensor at a time and a pipeline rank reads only its stages. Fused or tied
+        tensors are still materialised while mapping. A pickle is always read whole.
     meta: family, architectures, the config.json dict, files read, format
         (`safetensors`/`pdparams`), sharded, stored dtype, notes on mapping decisions,
         ignored buffers with reasons, warnings printed (the pickle warning), and the
@@ -95,7 +99,7 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False,
     dtype = dtype_of_config(c)
     warnings: list[str] = []
     tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", pickle_warning=not trusted,
-                                   warnings=warnings)
+                                   warnings=warnings, lazy=lazy)
     if _add_base_prefix(tensors, origin, prefix):
         notes.append(f"base-model state dict (no '{prefix}' prefix): read as if prefixed")
 

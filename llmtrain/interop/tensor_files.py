@@ -81,21 +81,48 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def _check_weight_dtype(dtype: np.dtype, is_bf16: bool, where: str) -> None:
+    """Weights are floating point; uint16 only as bfloat16 bits."""
+    if dtype == np.uint16 and not is_bf16:
+        raise CheckpointFileError(
+            f"{where}: uint16 tensor but neither the file (BF16) nor config.json (dtype=bfloat16) says it holds "
+            "bfloat16 bits")
+    if dtype != np.uint16 and not np.issubdtype(dtype, np.floating):
+        raise CheckpointFileError(f"{where}: dtype {dtype} is not a floating-point weight")
+
+
 def _to_fp32(arr: np.ndarray, is_bf16: bool, where: str) -> np.ndarray:
     """A weight as contiguous fp32; uint16 is accepted only as bfloat16 bits."""
+    _check_weight_dtype(arr.dtype, is_bf16, where)
     if arr.dtype == np.uint16:
-        if not is_bf16:
-            raise CheckpointFileError(
-                f"{where}: uint16 tensor but neither the file (BF16) nor config.json (dtype=bfloat16) says it holds "
-                "bfloat16 bits")
         return bf16_bits_to_fp32(arr)
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise CheckpointFileError(f"{where}: dtype {arr.dtype} is not a floating-point weight")
     return np.array(arr, dtype=np.float32)  # a copy: never a view into a mapped file
 
 
-def read_safetensors(path: str, bf16_bits: bool) -> dict[str, np.ndarray]:
-    """name -> fp32 array of one safetensors file; `bf16_bits`: U16 tensors hold bfloat16 (PaddleNLP's way)."""
+class LazyArray:
+    """One tensor of a memory-mapped safetensors file, converted to fp32 only when `np.asarray` asks.
+
+    Has `.shape`, so shape checks (`np.shape`) read nothing; a loader that slices each
+    parameter for its rank holds one full tensor at a time instead of the whole model."""
+
+    def __init__(self, raw: np.ndarray, is_bf16: bool, where: str):
+        self.raw, self.is_bf16, self.where = raw, is_bf16, where
+        self.shape = tuple(raw.shape)
+        self.ndim = raw.ndim
+        self.dtype = np.dtype(np.float32)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = _to_fp32(self.raw, self.is_bf16, self.where)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"LazyArray({self.where}, shape={list(self.shape)})"
+
+
+def read_safetensors(path: str, bf16_bits: bool, lazy: bool = False) -> dict[str, np.ndarray]:
+    """name -> fp32 array of one safetensors file; `bf16_bits`: U16 tensors hold bfloat16 (PaddleNLP's way).
+
+    lazy: return `LazyArray`s over the memory-mapped file instead (dtype checked now, data read later)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -122,7 +149,12 @@ def read_safetensors(path: str, bf16_bits: bool) -> dict[str, np.ndarray]:
             raise CheckpointFileError(f"{where}: data offsets {start}..{end} do not fit shape {shape} "
                                       f"{info['dtype']} in a data section of {data.size} bytes (truncated file?)")
         arr = np.frombuffer(data[start:end], dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
-        out[name] = _to_fp32(arr, bf16_bits or info["dtype"] == "BF16", where)
+        is_bf16 = bf16_bits or info["dtype"] == "BF16"
+        if lazy:
+            _check_weight_dtype(arr.dtype, is_bf16, where)
+            out[name] = LazyArray(arr, is_bf16, where)
+        else:
+            out[name] = _to_fp32(arr, is_bf16, where)
     return out
 
 
@@ -149,8 +181,10 @@ def read_pdparams(path: str, bf16_bits: bool) -> dict[str, np.ndarray]:
 
 
 def read_tensors(files: list[str], kind: str, bf16_bits: bool = False, pickle_warning: bool = True,
-                 warnings: Optional[list] = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                 warnings: Optional[list] = None, lazy: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """All tensors of the weight files as fp32 numpy, and the file each name came from.
+
+    lazy: safetensors tensors come as `LazyArray`s (a pickle is always loaded whole).
 
     A name present in two files is an error (a corrupt shard set). `pickle_warning`
     prints the pickle warning before unpickling (and appends it to `warnings`); the
@@ -168,7 +202,7 @@ def read_tensors(files: list[str], kind: str, bf16_bits: bool = False, pickle_wa
                     warnings.append(msg)
             part = read_pdparams(path, bf16_bits)
         else:
-            part = read_safetensors(path, bf16_bits)
+            part = read_safetensors(path, bf16_bits, lazy)
         for name, arr in part.items():
             if name in tensors:
                 raise CheckpointFileError(f"tensor {name!r} is in both {origin[name]} and {path}")

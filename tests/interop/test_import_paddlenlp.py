@@ -104,3 +104,27 @@ def test_safetensors_preferred_over_pdparams(tmp_path):
     assert (tmp_path / "model_state.pdparams").is_file() and (tmp_path / "model.safetensors").is_file()
     _, _, meta = read_paddlenlp_checkpoint(str(tmp_path))
     assert meta["format"] == "safetensors"
+
+
+def test_lazy_read_gives_the_same_state_and_loads(tmp_path):
+    """lazy=True (memory-mapped, converted on use) is what a big model under tp/pp needs; same numbers."""
+    import numpy as np
+
+    from llmtrain.models import build_model
+    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.init import load_full_state
+
+    ref = llama(num_key_value_heads=2, fuse_attention_qkv=True)
+    randomize_paddlenlp(ref, seed=9)
+    ref.save_pretrained(str(tmp_path), safe_serialization=True)
+    cfg, eager, _ = read_paddlenlp_checkpoint(str(tmp_path))
+    cfg2, lazy, _ = read_paddlenlp_checkpoint(str(tmp_path), lazy=True)
+    assert cfg == cfg2 and eager.keys() == lazy.keys()
+    assert not isinstance(lazy["layers.0.mlp.up_proj.weight"], np.ndarray)  # really deferred
+    for k in eager:
+        assert np.array_equal(np.asarray(lazy[k]), eager[k]), k
+    model = build_model(cfg2)
+    load_full_state(canonical_parameters(model), lazy)
+    ids = token_ids(cfg.vocab_size)
+    model.eval()
+    assert_close(model(ids).numpy(), paddlenlp_logits(ref, ids), "lazy")
