@@ -30,6 +30,7 @@ from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, Checkpoin
                                            write_safetensors)
 from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokenizer_files
 from llmtrain.models.config import ModelConfig
+from llmtrain.utils.log import log0
 
 FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama.")}
 
@@ -107,6 +108,8 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Option
     state, cfg, more_notes = module.to_canonical(src, cfg)
     src.check()
     check_canonical(state, model_shapes(cfg), f"mapping of {ckpt_dir}")  # our mapping covers the model exactly
+    for note in notes + more_notes:
+        log0(f"{ckpt_dir}: {note}")
     meta = dict(family=family, architectures=c.get("architectures"), config=c, files=files, format=kind,
                 sharded=os.path.basename(files[0]) not in (SAFE_SINGLE, PICKLE_SINGLE),
                 dtype=dtype or "float32", notes=notes + more_notes, ignored=dict(src.ignored), warnings=warnings,
