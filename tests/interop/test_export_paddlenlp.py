@@ -126,3 +126,15 @@ def test_llama_export_refuses_what_paddlenlp_llama_cannot_compute(change, field,
     with pytest.raises(UnsupportedConfig, match=f"model.{field}"):
         write_paddlenlp_checkpoint(cfg, {}, str(tmp_path / "x"))
     assert not os.listdir(tmp_path)
+
+
+def test_state_may_be_paddle_tensors_of_any_float_dtype(tmp_path):
+    """A live model's parameters (e.g. bf16 after AMP O2 decoration) export as their exact fp32 values."""
+    import paddle
+
+    cfg = CASES["llama-gqa"]
+    state = {k: paddle.to_tensor(v).astype("bfloat16") for k, v in random_state(cfg, 0).items()}
+    write_paddlenlp_checkpoint(cfg, state, str(tmp_path / "e"))
+    _, back, _ = read_paddlenlp_checkpoint(str(tmp_path / "e"))
+    for k, t in state.items():
+        assert np.array_equal(back[k], t.astype("float32").numpy()), k
