@@ -33,7 +33,7 @@ def import_initial_state(cfg):
     from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
 
     inside_run = os.path.abspath(src).startswith(os.path.abspath(cfg.run.dir) + os.sep)
-    model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run)
+    model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run, lazy=True)
     vocab = cfg.model.vocab_size
     model_cfg.attention = cfg.model.attention
     model_cfg.init_from = src
