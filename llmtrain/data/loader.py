@@ -1,0 +1,271 @@
+"""Training batches: config -> tokenizer, blended packed samples -> this data rank's micro-batches.
+
+    python -m llmtrain.data.loader --data conf/data/pd1998.yaml --seed 1234 --samples 64000 [seq_len=256 ...]
+
+(the command builds every packing index a run of that many samples needs, ahead
+of time, and prints what the data holds; the trainer uses :class:`PretrainData`.)
+
+    data = PretrainData(cfg.data, seed=cfg.seed, global_batch_size=G, micro_batch_size=m,
+                        dp_rank=r, dp_world=W, consumed_samples=0)
+    mbs = data.next_step()   # G // (m*W) micro-batches for this data rank, each a dict of numpy arrays:
+                             #   input_ids int64 [m, seq_len], labels int64 [m, seq_len],
+                             #   loss_mask float32 [m, seq_len], sample_ids int64 [m]
+
+Order (see :mod:`llmtrain.data.sampler`): step ``s`` holds global samples
+``[consumed, consumed + G)`` of the blended stream, a function of (seed, data,
+G) only; data rank ``r`` takes the contiguous share ``[r*G/W, (r+1)*G/W)``.
+``consumed_samples`` is all a checkpoint needs; ``load_state_dict`` accepts one
+written under any data-parallel size. Tokens for the loss (DESIGN.md §3) are
+``loss_mask.sum()``; samples are fully packed, so that is ``m * seq_len`` unless
+``eod_mask_loss`` is on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from llmtrain.data.blend import Blend
+from llmtrain.data.indexed import IndexedDataset
+from llmtrain.data.packing import PackedSplit, parse_split
+from llmtrain.data.sampler import StepSampler
+from llmtrain.tokenizer import load_tokenizer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CREATE_HINT = ("create it with `python -m llmtrain.data.preprocess --input CORPUS --tokenizer DIR "
+               "--output-prefix PREFIX` (the default corpus: `scripts/prepare_default_corpus.sh`)")
+
+
+def resolve_path(path: str) -> str:
+    """Absolute path of ``path``: as given, else against the launch directory, else the repo root."""
+    if os.path.isabs(path):
+        return path
+    bases = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.utils import get_original_cwd
+
+        if HydraConfig.initialized():
+            bases.append(get_original_cwd())
+    except ImportError:  # hydra is optional for the data tools
+        pass
+    bases += [os.getcwd(), str(REPO_ROOT)]
+    for b in bases:
+        cand = os.path.join(b, path)
+        if os.path.exists(cand) or os.path.exists(cand + ".idx"):
+            return cand
+    return os.path.join(bases[0], path)
+
+
+class SampleStream:
+    """One split (train/valid/test) of several prefixes, blended: global id -> tokens."""
+
+    def __init__(self, datasets: list[IndexedDataset], split: str, split_spec: str, seq_len: int, seed: int,
+                 weights, cache_dir: str | None, fingerprints: list[str]):
+        self.seq_len = seq_len
+        self.parts = [PackedSplit(ds, split, parse_split(split_spec, len(ds))[split], seq_len, seed,
+                                  resolve_path(cache_dir) if cache_dir else None, fp)
+                      for ds, fp in zip(datasets, fingerprints)]
+        sizes = np.array([p.samples_per_epoch for p in self.parts], dtype=np.float64)
+        w = np.asarray(weights if weights is not None else sizes, dtype=np.float64)
+        w = np.where(sizes > 0, w, 0.0)  # a prefix with no sample in this split cannot be drawn
+        if w.sum() <= 0:
+            raise ValueError(f"no {split} samples: with data.split={split_spec!r} and data.seq_len={seq_len} "
+                             + ", ".join(f"{p.ds.prefix} has {p.n_tokens} {split} tokens" for p in self.parts))
+        self.blend = Blend(w)
+        self._lock = threading.Lock()
+
+    def get_many(self, ids: np.ndarray) -> np.ndarray:
+        """[n, seq_len + 1] int64 tokens of global sample ids [n]."""
+        d, k = self.blend.locate(ids.ravel())
+        out = np.empty((len(d), self.seq_len + 1), dtype=np.int64)
+        with self._lock:
+            for i in range(len(d)):
+                out[i] = self.parts[d[i]].get(k[i])
+        return out
+
+    def epochs_needed(self, n_samples: int) -> list[int]:
+        """Epochs of each prefix that the first ``n_samples`` global samples touch."""
+        P = self.blend.period
+        full, rest = divmod(int(n_samples), P)
+        counts = full * self.blend.quota + np.bincount(self.blend.pattern[:rest], minlength=len(self.parts))
+        return [int(-(-c // p.samples_per_epoch)) if c else 0 for c, p in zip(counts, self.parts)]
+
+
+class PretrainData:
+    """Tokenizer plus the layout-independent stream of training micro-batches (see module doc)."""
+
+    def __init__(self, cfg, seed: int, global_batch_size: int, micro_batch_size: int, dp_rank: int = 0,
+                 dp_world: int = 1, consumed_samples: int = 0):
+        self.cfg, self.seed = cfg, int(seed)
+        self.seq_len = int(cfg.seq_len)
+        if self.seq_len <= 0:
+            raise ValueError(f"data.seq_len={self.seq_len}: must be positive")
+        self.sampler = StepSampler(global_batch_size, micro_batch_size, dp_rank, dp_world)
+        self.global_batch_size, self.micro_batch_size = int(global_batch_size), int(micro_batch_size)
+        self.tokenizer = load_tokenizer(resolve_path(cfg.tokenizer))
+        prefixes = list(cfg.prefixes)
+        if not prefixes:
+            raise ValueError("data.prefixes is empty: give at least one MMIDIDX prefix")
+        weights = None if cfg.weights is None else [float(w) for w in cfg.weights]
+        if weights is not None and len(weights) != len(prefixes):
+            raise ValueError(f"data.weights has {len(weights)} entries for {len(prefixes)} data.prefixes")
+        self.datasets = []
+        for p in prefixes:
+            path = resolve_path(p)
+            for ext in (".bin", ".idx"):
+                if not os.path.isfile(path + ext):
+                    raise FileNotFoundError(f"data prefix {p!r}: {path + ext} does not exist; {CREATE_HINT}")
+            self.datasets.append(IndexedDataset(path))
+            self._check_tokenizer(path)
+        fps = [ds.fingerprint() for ds in self.datasets]
+        self.fingerprint = hashlib.sha256(json.dumps(
+            [fps, weights, self.seq_len, str(cfg.split), self.seed]).encode()).hexdigest()[:16]
+        args = (str(cfg.split), self.seq_len, self.seed, weights, cfg.cache_dir, fps)
+        self.train = SampleStream(self.datasets, "train", *args)
+        self._valid_args = args
+        self._valid = None
+        self._valid_cache: dict = {}
+        self.eod_mask_loss = bool(getattr(cfg, "eod_mask_loss", False))
+        self.consumed_samples = int(consumed_samples)
+        self.data_wait_time = 0.0
+        self.prefetch = max(0, int(getattr(cfg, "num_workers", 1)))
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="data-prefetch") if self.prefetch else None
+        self._pending: collections.deque = collections.deque()  # (consumed_samples, future)
+
+    def _check_tokenizer(self, prefix: str) -> None:
+        meta_path = prefix + ".meta.json"
+        if not os.path.isfile(meta_path):
+            return  # foreign (Megatron / PaddleNLP) data: nothing recorded to compare
+        with open(meta_path, encoding="utf-8") as f:
+            made_with = json.load(f).get("tokenizer", {})
+        if made_with.get("sha256") and made_with["sha256"] != self.tokenizer.sha256:
+            raise ValueError(f"{prefix} was preprocessed with tokenizer {made_with.get('name')!r} "
+                             f"(sha256 {made_with['sha256'][:12]}), but data.tokenizer={self.cfg.tokenizer!r} "
+                             f"is {self.tokenizer.name!r} (sha256 {self.tokenizer.sha256[:12]})")
+
+    # ------------------------------------------------------------------ batches
+    @property
+    def accumulation_steps(self) -> int:
+        return self.sampler.accumulation
+
+    def _batch(self, tokens: np.ndarray, ids: np.ndarray) -> dict:
+        """tokens [m, seq_len + 1] -> the micro-batch dict."""
+        input_ids = np.ascontiguousarray(tokens[:, :-1])  # [m, seq_len]
+        labels = np.ascontiguousarray(tokens[:, 1:])  # [m, seq_len]
+        loss_mask = np.ones(input_ids.shape, dtype=np.float32)  # [m, seq_len]
+        if self.eod_mask_loss:
+            loss_mask[input_ids == self.tokenizer.eod_id] = 0.0
+        return {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask,
+                "sample_ids": np.asarray(ids, dtype=np.int64)}
+
+    def step_batches(self, consumed_samples: int) -> list[dict]:
+        """This rank's micro-batches of the step that starts after ``consumed_samples`` (no state change)."""
+        ids = self.sampler.rank_ids(consumed_samples)  # [accumulation, m]
+        tokens = self.train.get_many(ids.ravel())  # [accumulation * m, seq_len + 1]
+        m = self.micro_batch_size
+        return [self._batch(tokens[a * m:(a + 1) * m], ids[a]) for a in range(len(ids))]
+
+    def next_step(self) -> list[dict]:
+        """Micro-batches of the next step for this data rank; advances ``consumed_samples`` by G."""
+        t0 = time.perf_counter()
+        c = self.consumed_samples
+        if self._pending and self._pending[0][0] == c:
+            mbs = self._pending.popleft()[1].result()
+        else:
+            self._pending.clear()
+            mbs = self.step_batches(c)
+        self.consumed_samples = c + self.global_batch_size
+        if self._pool is not None:
+            nxt = self._pending[-1][0] + self.global_batch_size if self._pending else self.consumed_samples
+            while len(self._pending) < self.prefetch:
+                self._pending.append((nxt, self._pool.submit(self.step_batches, nxt)))
+                nxt += self.global_batch_size
+        self.data_wait_time = time.perf_counter() - t0
+        return mbs
+
+    def valid_batches(self, n_batches: int, micro_batch_size: int | None = None) -> list[dict]:
+        """The first ``n_batches`` micro-batches of the validation stream: identical on every rank and layout."""
+        m = int(micro_batch_size or self.micro_batch_size)
+        key = (int(n_batches), m)
+        if key not in self._valid_cache:
+            if self._valid is None:
+                self._valid = SampleStream(self.datasets, "valid", *self._valid_args)
+            ids = np.arange(n_batches * m, dtype=np.int64).reshape(n_batches, m)
+            tokens = self._valid.get_many(ids.ravel())
+            self._valid_cache = {key: [self._batch(tokens[i * m:(i + 1) * m], ids[i]) for i in range(n_batches)]}
+        return self._valid_cache[key]
+
+    # ------------------------------------------------------------------ checkpointing
+    def state_dict(self) -> dict:
+        return {"consumed_samples": self.consumed_samples, "global_batch_size": self.global_batch_size,
+                "seed": self.seed, "seq_len": self.seq_len, "data_fingerprint": self.fingerprint,
+                "tokenizer": self.tokenizer.identity()["sha256"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue after ``state["consumed_samples"]`` (any dp size, any micro-batch size)."""
+        if state.get("data_fingerprint") not in (None, self.fingerprint):
+            warnings.warn(f"resuming on different data, weights, seq_len, split or seed (fingerprint "
+                          f"{state['data_fingerprint']} -> {self.fingerprint}): the sample order changes")
+        self._pending.clear()
+        self.consumed_samples = int(state["consumed_samples"])
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def summary(self) -> str:
+        lines = [f"tokenizer {self.tokenizer.name}: vocab_size {self.tokenizer.vocab_size} "
+                 f"({self.tokenizer.sp_vocab_size} pieces), eod {self.tokenizer.eod_id}"]
+        for part, w in zip(self.train.parts, self.train.blend.weights):
+            lines.append(f"{part.ds.prefix}: weight {w:.3f}, {part.ds.n_docs} documents, "
+                         f"train {part.n_docs} docs / {part.n_tokens} tokens / {part.samples_per_epoch} "
+                         f"samples per epoch of {self.seq_len + 1} tokens")
+        return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    from llmtrain.data.config import load_data_config
+
+    p = argparse.ArgumentParser(description="Build the packing indices of a data config ahead of a run.")
+    p.add_argument("--data", required=True, help="a conf/data/*.yaml file")
+    p.add_argument("--seed", type=int, required=True, help="the run's seed (root config `seed`)")
+    p.add_argument("--samples", type=int, default=0,
+                   help="training samples the run will consume (train.max_steps x global batch size)")
+    p.add_argument("overrides", nargs="*", help="data config overrides, e.g. seq_len=256")
+    a = p.parse_args(argv)
+    cfg = load_data_config(a.data, a.overrides)
+    t0 = time.time()
+    data = PretrainData(cfg, a.seed, 1, 1)
+    print(data.summary())
+    epochs = data.train.epochs_needed(max(a.samples, 1))
+    for part, n in zip(data.train.parts, epochs):
+        for e in range(max(n, 1)):
+            files, built = part.build(e)
+            print(f"  train epoch {e}: {'built' if built else 'cached'} {files['sample'].parent}/"
+                  f"{part.cache_name(e)}.*.npy")
+    valid = SampleStream(data.datasets, "valid", *data._valid_args)
+    for part in valid.parts:
+        if part.samples_per_epoch:
+            files, built = part.build(0)
+            print(f"  valid epoch 0: {'built' if built else 'cached'} {part.cache_name(0)}")
+    first = data.step_batches(0)[0]["input_ids"][0]
+    print(f"done in {time.time() - t0:.1f} s; first sample starts: {data.tokenizer.decode(first[:40])!r}")
+    data.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
