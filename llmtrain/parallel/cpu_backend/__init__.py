@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import paddle
 
-from . import gloo_groups, mp_ops, pipeline_p2p, tensor_parallel
+from . import gloo_groups, mp_ops, pipeline_p2p, sharding, tensor_parallel
 from .patching import installed as installed_patches
 from .version import TESTED_PADDLE_VERSION, check_paddle_version
 
@@ -55,7 +55,7 @@ def install() -> bool:
     if _INSTALLED:
         return True
     check_paddle_version()
-    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p):
+    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding):
         module.install_patches()
     _INSTALLED = True
     return True

@@ -1,0 +1,61 @@
+"""ZeRO-2 / ZeRO-3 worker: Paddle's group_sharded_parallel on CPU through the CPU backend.
+
+Run (the tests do this; LAYOUT is "zero2" or "zero3", see common.ZERO_LAYOUTS):
+    PYTHONPATH=<repo> python -m paddle.distributed.launch --nproc_per_node 2 \
+        tests/parallel/cpu_backend_scripts/zero_worker.py LAYOUT OUT_DIR
+
+fleet.init with data parallel over all ranks (Paddle's documented setup for
+group_sharded_parallel), wraps common.WideMLP and Adam + ClipGradByGlobalNorm with
+`paddle.distributed.sharding.group_sharded_parallel(level="os_g" | "p_g_os")`, trains
+ZERO_STEPS steps (each rank its row block of the batch) and writes OUT_DIR/rank<r>.npz:
+losses, the full parameters after training (stage 3 gathers them with
+get_all_parameters) and the optimizer-state bytes this rank holds.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import numpy as np
+import paddle
+from paddle.distributed import fleet
+
+import common
+from llmtrain.parallel import cpu_backend
+
+
+def main(layout_name: str, out_dir: str) -> None:
+    assert cpu_backend.install(), "CPU backend must install on a CPU device"
+    layout = common.ZERO_LAYOUTS[layout_name]
+    fleet.init(is_collective=True)
+    rank, world = paddle.distributed.get_rank(), paddle.distributed.get_world_size()
+    assert world == layout["sharding"]
+
+    model = common.WideMLP()
+    opt = common.zero_optimizer(model.parameters())
+    # segment_size=0: stage 3 slices every parameter (the default keeps small ones whole)
+    extra = {"segment_size": 0} if layout["level"] == "p_g_os" else {}
+    # Looked up on the module at call time: a name imported before install() would
+    # still be Paddle's GPU-only original.
+    sharded = paddle.distributed.sharding.group_sharded_parallel
+    model, opt, _ = sharded(model, opt, level=layout["level"], **extra)
+
+    out: dict[str, np.ndarray] = {}
+    for step, (x, y) in enumerate(common.zero_batches()):
+        xs, ys = (paddle.to_tensor(common.dp_slice(a, rank, world)) for a in (x, y))
+        loss = model(xs, ys)
+        loss.backward()
+        opt.step()
+        opt.clear_grad()
+        out[f"loss/{step}"] = loss.numpy()
+    out["optimizer_state_bytes"] = np.array(common.optimizer_state_bytes(opt))
+    if layout["level"] == "p_g_os":
+        model.get_all_parameters()
+    for name, p in model._layer.named_parameters():
+        out[f"param/{name}"] = p.numpy()
+    np.savez(os.path.join(out_dir, f"rank{rank}.npz"), **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])
