@@ -147,19 +147,18 @@ def expand_inputs(inputs: Iterable[str], fmt: str = "auto") -> tuple[list[Source
         for m in matches:
             if os.path.isdir(m) and _is_saved_dataset(m):
                 sources.append(Source(m, "hf_disk"))
-            elif os.path.isdir(m):
+            elif os.path.isdir(m):  # every file below, in sorted path order (like `find | sort`)
+                found = []
                 for root, dirs, files in os.walk(m):
-                    dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                    dirs[:] = [d for d in dirs if not d.startswith(".")]
                     if _is_saved_dataset(root):
-                        sources.append(Source(root, "hf_disk"))
+                        found.append((root, Source(root, "hf_disk")))
                         dirs[:] = []
                         continue
-                    for f in sorted(files):
-                        if f.startswith("."):
-                            continue
-                        p = os.path.join(root, f)
-                        src = _classify(p, fmt)
-                        (sources.append(src) if src else skipped.append(p))
+                    found += [(os.path.join(root, f), _classify(os.path.join(root, f), fmt))
+                              for f in files if not f.startswith(".")]
+                for p, src in sorted(found, key=lambda x: x[0]):
+                    (sources.append(src) if src else skipped.append(p))
             else:
                 src = _classify(m, fmt)
                 if src is None:

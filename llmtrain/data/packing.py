@@ -142,10 +142,7 @@ class PackedSplit:
     def epoch_index(self, epoch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Memory-mapped (doc_idx, sample_idx, shuffle_idx) of ``epoch``, built if needed."""
         if epoch not in self._epochs:
-            if self.samples_per_epoch <= 0:
-                raise ValueError(f"{self.ds.prefix} ({self.split} split, documents {self.doc_range}): "
-                                 f"{self.n_tokens} tokens, fewer than seq_len + 1 = {self.seq_len + 1}; "
-                                 f"change data.split or data.seq_len")
+            self._check_nonempty()
             files, _ = self.build(epoch)
             self._epochs[epoch] = tuple(np.load(files[k], mmap_mode="r") for k in ("doc", "sample", "shuffle"))
             while len(self._epochs) > 2:
@@ -153,8 +150,15 @@ class PackedSplit:
         self._epochs.move_to_end(epoch)
         return self._epochs[epoch]
 
+    def _check_nonempty(self) -> None:
+        if self.samples_per_epoch <= 0:
+            raise ValueError(f"{self.ds.prefix} ({self.split} split, documents {self.doc_range}): "
+                             f"{self.n_tokens} tokens, fewer than seq_len + 1 = {self.seq_len + 1}; "
+                             f"change data.split or data.seq_len")
+
     def get(self, k: int) -> np.ndarray:
         """[seq_len + 1] int64 tokens of stream sample ``k``."""
+        self._check_nonempty()
         epoch, i = divmod(int(k), self.samples_per_epoch)
         doc_idx, sample_idx, shuffle_idx = self.epoch_index(epoch)
         s = int(shuffle_idx[i])

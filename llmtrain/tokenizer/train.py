@@ -128,6 +128,10 @@ def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bp
                                        **options)
     except RuntimeError as e:
         msg = str(e)
+        if "too high" in msg:
+            raise SystemExit(f"tokenizer training failed: {msg.split(']')[-1].strip()}\n"
+                             f"The corpus is too small for --vocab-size {vocab_size} {model_type} pieces: "
+                             f"lower --vocab-size or give more text.") from None
         if "required_chars" in msg or "Vocabulary size" in msg:
             raise SystemExit(f"tokenizer training failed: {msg.split(']')[-1].strip()}\n"
                              f"The corpus needs more distinct characters than --vocab-size {vocab_size} "

@@ -1,0 +1,152 @@
+"""Preprocessing: MMIDIDX files that PaddleNLP reads, parallel == serial, report, merge, word boundaries."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from llmtrain.data.corpus import ParseOptions
+from llmtrain.data.indexed import IndexedDataset, IndexedWriter, merge
+from llmtrain.data.preprocess import main, preprocess
+
+
+def test_tokens_decode_to_documents_with_one_eod_each(prefix, pd_records, tokenizer):
+    ds = IndexedDataset(prefix)
+    assert ds.dtype == np.uint16 and ds.n_docs == len(pd_records) == len(ds)
+    assert (ds.doc_idx == np.arange(len(ds) + 1)).all()
+    for i, rec in enumerate(pd_records):
+        toks = ds[i]
+        assert toks[-1] == tokenizer.eod_id and (toks[:-1] != tokenizer.eod_id).all()
+        assert tokenizer.decode(toks[:-1]) == rec["text"]
+        assert tokenizer.unk_id not in toks
+    meta = json.load(open(prefix + ".meta.json"))
+    assert meta["tokenizer"]["sha256"] == tokenizer.sha256 and meta["documents"] == len(pd_records)
+
+
+def test_paddlenlp_reader_reads_our_files_and_we_read_theirs(prefix, tmp_path):
+    from paddlenlp.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
+
+    ours = IndexedDataset(prefix)
+    theirs = MMapIndexedDataset(prefix, skip_warmup=True)
+    assert len(theirs) == len(ours)
+    assert theirs._index.dtype == np.uint16
+    assert (np.asarray(theirs.sizes) == ours.sizes).all()
+    assert (np.asarray(theirs.doc_idx) == ours.doc_idx).all()
+    for i in (0, 1, len(ours) - 1):
+        assert (theirs[i] == ours[i]).all()
+        part, _ = theirs.get(i, offset=3, length=5)
+        assert (part == ours.get(i, 3, 5)).all()
+    # a file written by PaddleNLP's builder (int32, sentence items, multi-item documents)
+    out = str(tmp_path / "pnlp")
+    builder = MMapIndexedDatasetBuilder(out + ".bin", dtype=np.int32)
+    docs = [[np.array([70000, 2, 3]), np.array([4, 5])], [np.array([6])]]
+    for doc in docs:
+        for sent in doc:
+            builder.add_item(sent)
+        builder.end_document()
+    builder.finalize(out + ".idx")
+    got = IndexedDataset(out)
+    assert got.dtype == np.int32 and list(got.sizes) == [3, 2, 1] and list(got.doc_idx) == [0, 2, 3]
+    assert list(got[0]) == [70000, 2, 3] and list(got.get(1, 1)) == [5]
+    # and our int32 writer (vocabularies above 65536) is read back by PaddleNLP
+    w = IndexedWriter(str(tmp_path / "ours32"), np.int32)
+    w.add_documents(np.array([70000, 1, 2, 99999]), np.array([3, 1]))
+    w.finalize()
+    back = MMapIndexedDataset(str(tmp_path / "ours32"), skip_warmup=True)
+    assert list(back[0]) == [70000, 1, 2] and list(back[1]) == [99999]
+
+
+def test_token_dtype_follows_padded_vocab(tokenizer):
+    import copy
+
+    big = copy.copy(tokenizer)
+    assert tokenizer.dtype == np.uint16
+    big.vocab_size = 65536
+    assert big.dtype == np.uint16
+    big.vocab_size = 65536 + 128
+    assert big.dtype == np.int32
+
+
+def test_workers_give_identical_files_and_a_report(corpus_file, tokenizer_dir, tmp_path, capfd):
+    messy = tmp_path / "messy.jsonl"
+    messy.write_text('{"text": "好"}\n{oops\n{"text": ""}\n', encoding="utf-8")
+    serial, parallel = str(tmp_path / "w0"), str(tmp_path / "w2")
+    args = ["--input", str(corpus_file), str(messy), "--tokenizer", str(tokenizer_dir), "--chunk-mb", "0.01",
+            "--progress", "off"]
+    assert main(args + ["--output-prefix", serial, "--workers", "0"]) == 0
+    assert main(args + ["--output-prefix", parallel, "--workers", "2"]) == 0
+    for ext in (".bin", ".idx"):
+        assert open(serial + ext, "rb").read() == open(parallel + ext, "rb").read()
+    err = capfd.readouterr().err
+    assert "61 documents" in err and "bad records: 2" in err
+    assert f"{messy}:2" in err and f"{messy}:3" in err and "malformed_json" in err and "empty" in err
+    meta = json.load(open(parallel + ".meta.json"))
+    assert meta["bad_records"]["counts"] == {"empty": 1, "malformed_json": 1}
+    assert meta["bad_records"]["first"]["malformed_json"][0].startswith(f"{messy}:2")
+
+
+def test_strict_fails_with_file_and_line_and_leaves_nothing(tokenizer_dir, tmp_path, capfd):
+    messy = tmp_path / "messy.jsonl"
+    messy.write_text('{"text": "好"}\n{"text": "好"}\n{"text": 5}\n', encoding="utf-8")
+    out = str(tmp_path / "strict")
+    rc = main(["--input", str(messy), "--tokenizer", str(tokenizer_dir), "--output-prefix", out, "--strict",
+               "--workers", "1", "--progress", "off"])
+    assert rc == 2
+    assert f"{messy}:3: bad record (non_string_field" in capfd.readouterr().err
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("strict")]
+
+
+def test_merge_of_shards_equals_one_pass(corpus_file, tokenizer_dir, tmp_path, pd_records):
+    lines = open(corpus_file, encoding="utf-8").read().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_text("".join(lines[:25]), encoding="utf-8")
+    (tmp_path / "b.jsonl").write_text("".join(lines[25:]), encoding="utf-8")
+    opt = ParseOptions(words_key="words")
+    kw = dict(workers=0, opt=opt, word_boundaries="gold", progress=False)
+    for name in ("a", "b"):
+        preprocess([str(tmp_path / f"{name}.jsonl")], str(tokenizer_dir), str(tmp_path / name), **kw)
+    preprocess([str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")], str(tokenizer_dir),
+               str(tmp_path / "whole"), **kw)
+    assert main(["merge", "--inputs", str(tmp_path / "a"), str(tmp_path / "b"),
+                 "--output-prefix", str(tmp_path / "merged")]) == 0
+    for ext in (".bin", ".idx", ".wbd"):
+        assert (tmp_path / f"merged{ext}").read_bytes() == (tmp_path / f"whole{ext}").read_bytes()
+    assert json.load(open(tmp_path / "merged.meta.json"))["documents"] == len(pd_records)
+    with pytest.raises(ValueError, match="different dtypes"):
+        w = IndexedWriter(str(tmp_path / "i32"), np.int32)
+        w.add_documents(np.array([1, 2]), np.array([2]))
+        w.finalize()
+        merge([str(tmp_path / "a"), str(tmp_path / "i32")], str(tmp_path / "bad"))
+
+
+def test_gold_word_boundaries_align_with_tokens(prefix, pd_records, tokenizer):
+    ds = IndexedDataset(prefix)
+    wbd = ds.side("wbd")
+    assert len(wbd) == len(ds.tokens)
+    hits = total = 0
+    for i, rec in enumerate(pd_records):
+        toks = ds[i][:-1]
+        s = int(ds.starts[i])
+        flags = np.asarray(wbd[s: s + len(toks) + 1])
+        assert flags[-1] == 1  # the EOD
+        tok_starts = np.concatenate([[0], np.cumsum(tokenizer.token_nbytes[toks])[:-1]])
+        word_starts = np.concatenate([[0], np.cumsum([len(w.encode()) for w in rec["words"]])[:-1]])
+        assert (flags[:-1] == np.isin(tok_starts, word_starts)).all()
+        hits += np.isin(word_starts, tok_starts).sum()
+        total += len(word_starts)
+        # decoding the token runs between flags gives whole words or word groups, never half a word
+        starts = np.flatnonzero(flags[:-1])
+        units = [tokenizer.decode(toks[a:b]) for a, b in zip(starts, list(starts[1:]) + [len(toks)])]
+        assert "".join(units) == rec["text"]
+    assert hits / total > 0.9  # almost every gold word starts at a token boundary
+
+
+def test_jieba_word_boundaries(corpus_file, tokenizer_dir, tmp_path):
+    out = str(tmp_path / "jb")
+    preprocess([str(corpus_file)], str(tokenizer_dir), out, workers=0, word_boundaries="jieba", progress=False)
+    ds = IndexedDataset(out)
+    wbd = ds.side("wbd")
+    assert len(wbd) == len(ds.tokens) and set(np.unique(wbd)) <= {0, 1}
+    assert all(wbd[int(s)] == 1 for s in ds.starts)  # every document starts a word
+    assert 0.3 < wbd.mean() < 1.0
