@@ -6,12 +6,13 @@
     write_paddlenlp_checkpoint(cfg, state, "out/", safetensors=True, tokenizer_dir="tokenizers/zh")
     # paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("out/") gives our logits
 
-Families: GPT (`gpt.py`) and Llama (`llama.py`), detected from `model_type` or
-`architectures`; each module documents the numerics it reproduces. Reading checks
-that every tensor of the file is used, every tensor the config needs is present
-and has its shape, and raises one `CheckpointMismatch` with the whole list
-otherwise. Writing is atomic: a hidden temporary directory beside `out_dir`,
-fsync, then a rename; a crash leaves either no `out_dir` or a complete one.
+Families: GPT (`gpt.py`), Llama (`llama.py`) and ERNIE (`ernie.py`, our encoder family),
+detected from `model_type` or `architectures`; each module documents the numerics it
+reproduces (ERNIE: `ErnieForMaskedLM.from_pretrained("out/")`). Reading checks that every
+tensor of the file is used, every tensor the config needs is present and has its shape,
+and raises one `CheckpointMismatch` with the whole list otherwise. Writing is atomic: a
+hidden temporary directory beside `out_dir`, fsync, then a rename; a crash leaves either
+no `out_dir` or a complete one.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop import gpt, llama
+from llmtrain.interop import ernie, gpt, llama
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, fsync_tree, read_tensors, write_pdparams,
@@ -32,11 +33,11 @@ from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokeniz
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
-FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama.")}
+FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie.")}
 
 
 def detect_family(c: dict, source: str) -> str:
-    """`gpt` or `llama` from config.json's `model_type`, else from its `architectures`."""
+    """`gpt`, `llama` or `ernie` from config.json's `model_type`, else from its `architectures`."""
     model_type = c.get("model_type")
     if model_type in FAMILIES:
         return model_type
@@ -44,8 +45,10 @@ def detect_family(c: dict, source: str) -> str:
         for family, prefix in (("gpt", "GPT"), ("llama", "Llama")):
             if arch.startswith(prefix):
                 return family
+        if arch in ernie.ARCHITECTURES:  # exact: ErnieM, ErnieGram, ErnieCtm... are other models
+            return "ernie"
     raise UnsupportedConfig(f"{source}: model_type={model_type!r}, architectures={c.get('architectures')!r}: "
-                            "only PaddleNLP GPT and Llama checkpoints are supported")
+                            "only PaddleNLP GPT, Llama and ERNIE checkpoints are supported")
 
 
 def read_config(ckpt_dir: str) -> dict:
@@ -105,7 +108,8 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Option
         notes.append(f"base-model state dict (no '{prefix}' prefix): read as if prefixed")
 
     src = SourceTensors(tensors, origin, ckpt_dir)
-    state, cfg, more_notes = module.to_canonical(src, cfg)
+    extra = {"architectures": c.get("architectures")} if family == "ernie" else {}  # a base ErnieModel has no head
+    state, cfg, more_notes = module.to_canonical(src, cfg, **extra)
     src.check()
     check_canonical(state, model_shapes(cfg), f"mapping of {ckpt_dir}")  # our mapping covers the model exactly
     for note in notes + more_notes:
@@ -113,7 +117,7 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Option
     meta = dict(family=family, architectures=c.get("architectures"), config=c, files=files, format=kind,
                 sharded=os.path.basename(files[0]) not in (SAFE_SINGLE, PICKLE_SINGLE),
                 dtype=dtype or "float32", notes=notes + more_notes, ignored=dict(src.ignored), warnings=warnings,
-                tokenizer_model=find_tokenizer_model(ckpt_dir))
+                tokenizer_model=find_tokenizer_model(ckpt_dir), wordpiece_vocab=ernie.find_wordpiece_vocab(ckpt_dir))
     return cfg, state, meta
 
 
@@ -125,7 +129,9 @@ def _as_fp32(value) -> np.ndarray:
 
 
 def family_of(cfg: ModelConfig) -> str:
-    """The PaddleNLP family our config is written as: learned positions -> GPT, RoPE -> Llama."""
+    """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT, RoPE -> Llama."""
+    if cfg.family == "encoder":
+        return "ernie"
     return "gpt" if cfg.position == "learned" else "llama"
 
 
@@ -154,7 +160,8 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
         if tokenizer_dir is not None:
-            config.update(write_tokenizer_files(tokenizer_dir, tmp, model_cfg.vocab_size))
+            config.update(ernie.write_tokenizer(tokenizer_dir, tmp, model_cfg) if family == "ernie"
+                          else write_tokenizer_files(tokenizer_dir, tmp, model_cfg.vocab_size))
         weights = SAFE_SINGLE if safetensors else PICKLE_SINGLE
         (write_safetensors if safetensors else write_pdparams)(tensors, os.path.join(tmp, weights))
         with open(os.path.join(tmp, "config.json"), "w") as f:
