@@ -10,7 +10,10 @@ word table as output projection, and the vocabulary-split output bias.
 
 Attention is bidirectional. Padding is masked only when an `attention_mask`
 is passed (single-device and tp use); pretraining feeds packed sequences
-without padding, so every layout computes the same thing.
+without padding, so every layout computes the same thing. The word embedding
+is zero at `pad_token_id` (Paddle's `nn.Embedding(padding_idx=...)` lookup, as
+PaddleNLP's ERNIE builds its table; see `llmtrain/interop/ernie.py`); the row
+itself is still the tied output projection of that id.
 """
 from __future__ import annotations
 
@@ -27,13 +30,14 @@ from llmtrain.models.roles import Roles, tag_split
 
 
 class EncoderEmbedding(nn.Layer):
-    """ids [b, s] -> norm(word + position + token type + task type) [b, s, h]."""
+    """ids [b, s] -> norm(word + position + token type + task type) [b, s, h]; word is 0 at pad_token_id."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
         self.llm_prefix = prefix
         self.roles = roles
         self.task_id = cfg.task_id
+        self.pad_token_id = cfg.pad_token_id
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
         self.pos = tag_split(nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size), None)
         self.token_type = None
@@ -49,7 +53,11 @@ class EncoderEmbedding(nn.Layer):
         return self.word.weight
 
     def forward(self, input_ids, token_type_ids=None):  # [b, s] int64
-        x = self.word(input_ids) + self.pos(paddle.arange(input_ids.shape[1], dtype="int64"))[None]
+        word = self.word(input_ids)  # [b, s, h]
+        # padding_idx semantics (PaddleNLP ERNIE): the lookup gives zeros at the padding id and no gradient
+        # reaches that row through the lookup; the tied output projection still uses the row.
+        word = word * (input_ids != self.pad_token_id).astype(word.dtype).unsqueeze(-1)  # [b, s, h]
+        x = word + self.pos(paddle.arange(input_ids.shape[1], dtype="int64"))[None]
         if self.token_type is not None:
             if token_type_ids is None:
                 token_type_ids = paddle.zeros_like(input_ids)
