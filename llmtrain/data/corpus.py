@@ -92,6 +92,7 @@ class Parsed:
     words: list[list[str]] | None = None
     hashes: list[int] | None = None
     bad: list[tuple[str, int, str]] = field(default_factory=list)  # (kind, line, detail)
+    nbytes: int = 0  # UTF-8 bytes of the accepted texts
 
 
 @dataclass
@@ -277,10 +278,28 @@ def _accept(out: Parsed, opt: ParseOptions, text, words, line: int, raw_words: b
         return out.bad.append(("invalid_utf8", line, f"lone surrogate at character {e.start}"))
     out.texts.append(text)
     out.lines.append(line)
+    out.nbytes += len(data)
     if out.words is not None:
         out.words.append([w for w in words if w])
     if out.hashes is not None:
         out.hashes.append(fingerprint(data))
+
+
+def _decode_lines(payload: bytes, first_line: int, bad: list) -> list[str | None]:
+    """Lines of a chunk as str (decoded in one call); undecodable lines become None + a bad record."""
+    try:
+        lines: list[str | None] = payload.decode("utf-8").split("\n")
+    except UnicodeDecodeError:
+        lines = []
+        for i, raw in enumerate(payload.split(b"\n")):
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as e:
+                bad.append(("invalid_utf8", first_line + i, f"byte {e.start}"))
+                lines.append(None)
+    if lines and lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def parse_chunk(chunk: Chunk, opt: ParseOptions) -> Parsed:
@@ -293,19 +312,14 @@ def parse_chunk(chunk: Chunk, opt: ParseOptions) -> Parsed:
         for i, text in enumerate(texts):
             _accept(out, opt, text, words[i] if want_words else None, chunk.first_line + i, want_words)
         return out
-    raw_lines = chunk.payload.split(b"\n")
-    if raw_lines and raw_lines[-1] == b"":
-        raw_lines.pop()
+    lines = _decode_lines(chunk.payload, chunk.first_line, out.bad)
     if chunk.fmt == "jsonl":
-        for i, raw in enumerate(raw_lines):
-            line = chunk.first_line + i
-            if not raw.strip():
-                out.bad.append(("blank_line", line, ""))
+        for i, s in enumerate(lines):
+            if s is None:
                 continue
-            try:
-                s = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                out.bad.append(("invalid_utf8", line, f"byte {e.start}"))
+            line = chunk.first_line + i
+            if not s.strip():
+                out.bad.append(("blank_line", line, ""))
                 continue
             try:
                 rec = json.loads(s)
@@ -317,33 +331,29 @@ def parse_chunk(chunk: Chunk, opt: ParseOptions) -> Parsed:
                 continue
             _accept(out, opt, rec.get(opt.key), rec.get(opt.words_key) if want_words else None,
                     line, want_words)
-        return out
-    # plain text: decode line by line so one bad line is one bad record; in "para" mode
-    # a paragraph with an undecodable line is counted once (as invalid_utf8) and skipped
-    para = opt.text_mode == "para"
-    cur: list[str] | None = []
-    start = 0
-    for i, raw in enumerate(raw_lines):
-        line = chunk.first_line + i
-        try:
-            s = raw.decode("utf-8").rstrip("\r")
-        except UnicodeDecodeError as e:
-            out.bad.append(("invalid_utf8", line, f"byte {e.start}"))
-            if para:
+    elif opt.text_mode == "line":
+        for i, s in enumerate(lines):
+            if s is not None:
+                _accept(out, opt, s.rstrip("\r"), None, chunk.first_line + i, False)
+    else:  # "para": blank-line separated; a paragraph with an undecodable line is counted once
+        cur: list[str] | None = []  # None: the current paragraph had an invalid line
+        start = 0
+        for i, s in enumerate(lines):
+            line = chunk.first_line + i
+            if s is None:
                 cur = None
-            continue
-        if not para:
-            _accept(out, opt, s, None, line, False)
-        elif not s.strip():
-            if cur:
-                _accept(out, opt, "\n".join(cur), None, start, False)
-            cur = []
-        elif cur is not None:
-            if not cur:
-                start = line
-            cur.append(s)
-    if para and cur:
-        _accept(out, opt, "\n".join(cur), None, start, False)
+            elif not s.strip():
+                if cur:
+                    _accept(out, opt, "\n".join(cur), None, start, False)
+                cur = []
+            elif cur is not None:
+                if not cur:
+                    start = line
+                cur.append(s.rstrip("\r"))
+        if cur:
+            _accept(out, opt, "\n".join(cur), None, start, False)
+    if len(out.bad) > 1:
+        out.bad.sort(key=lambda b: b[1])
     return out
 
 

@@ -93,8 +93,7 @@ def encode_chunk(chunk: Chunk) -> Encoded:
             words = seg.words(text, p.words[i] if p.words is not None else None)
             start = int(eod_pos[i]) - len(x)
             wbd[start: start + len(x)] = word_start_flags(tok, x, text, words)
-    text_bytes = sum(len(t.encode("utf-8")) for t in p.texts)
-    return Encoded(chunk.label, tokens, lengths, np.asarray(p.lines, dtype=np.int64), text_bytes,
+    return Encoded(chunk.label, tokens, lengths, np.asarray(p.lines, dtype=np.int64), p.nbytes,
                    chunk.nbytes, p.bad, p.hashes, wbd)
 
 
