@@ -8,7 +8,8 @@
 #   2. WORKDIR/tokenizer/                       SentencePiece BPE, 16000 pieces, byte fallback
 #   3. WORKDIR/pd1998_text_document.{bin,idx}   MMIDIDX tokens (+ .wbd gold word starts, .meta.json)
 #   4. WORKDIR/index-cache/                     packing indices for conf/data/pd1998.yaml (seed 1234)
-# Uses `python` from PATH (activate the virtual environment first).
+# Uses `python` from PATH (activate the virtual environment first). PD1998_VOCAB=N changes the
+# number of pieces (default 16000; the corpus needs at least ~4500 at coverage 0.9995).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -181,7 +181,13 @@ class IndexedDataset:
         return int(self.sizes.sum(dtype=np.int64))
 
     def side(self, name: str) -> np.ndarray:
-        """[n_tokens] values of side file ``PREFIX.<name>`` aligned with ``self.tokens``."""
+        """[n_tokens] values of side file ``PREFIX.<name>`` aligned with ``self.tokens`` (memory-mapped once)."""
+        cache = self.__dict__.setdefault("_side", {})
+        if name not in cache:
+            cache[name] = self._open_side(name)
+        return cache[name]
+
+    def _open_side(self, name: str) -> np.ndarray:
         path = f"{self.prefix}.{name}"
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path} does not exist; re-run preprocess with --word-boundaries")

@@ -86,14 +86,19 @@ class SampleStream:
         self.blend = Blend(w)
         self._lock = threading.Lock()
 
-    def get_many(self, ids: np.ndarray) -> np.ndarray:
-        """[n, seq_len + 1] int64 tokens of global sample ids [n]."""
+    def get_many(self, ids: np.ndarray, side: str | None = None):
+        """[n, seq_len + 1] int64 tokens of global sample ids [n]; with ``side="wbd"`` also the
+        [n, seq_len + 1] side-file values (word-start flags) at the same positions."""
         d, k = self.blend.locate(ids.ravel())
         out = np.empty((len(d), self.seq_len + 1), dtype=np.int64)
+        extra = np.empty((len(d), self.seq_len + 1), dtype=np.uint8) if side else None
         with self._lock:
             for i in range(len(d)):
-                out[i] = self.parts[d[i]].get(k[i])
-        return out
+                if side:
+                    out[i], extra[i] = self.parts[d[i]].get(k[i], side)
+                else:
+                    out[i] = self.parts[d[i]].get(k[i])
+        return out if side is None else (out, extra)
 
     def epochs_needed(self, n_samples: int) -> list[int]:
         """Epochs of each prefix that the first ``n_samples`` global samples touch."""

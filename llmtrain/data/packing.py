@@ -156,25 +156,34 @@ class PackedSplit:
                              f"{self.n_tokens} tokens, fewer than seq_len + 1 = {self.seq_len + 1}; "
                              f"change data.split or data.seq_len")
 
-    def get(self, k: int) -> np.ndarray:
-        """[seq_len + 1] int64 tokens of stream sample ``k``."""
+    def segments(self, k: int) -> list[tuple[int, int]]:
+        """(first element in ``PREFIX.bin``, length) of the pieces of stream sample ``k``."""
         self._check_nonempty()
         epoch, i = divmod(int(k), self.samples_per_epoch)
         doc_idx, sample_idx, shuffle_idx = self.epoch_index(epoch)
         s = int(shuffle_idx[i])
         (p0, o0), (p1, o1) = sample_idx[s], sample_idx[s + 1]
         p0, o0, p1, o1 = int(p0), int(o0), int(p1), int(o1)
+        starts, sizes = self.ds.starts, self.ds.sizes
         if p0 == p1:
-            out = self.ds.get(int(doc_idx[p0]), o0, o1 - o0 + 1)
-        else:
-            parts = [self.ds.get(int(doc_idx[p0]), o0)]
-            parts += [self.ds[int(doc_idx[p])] for p in range(p0 + 1, p1)]
-            parts.append(self.ds.get(int(doc_idx[p1]), 0, o1 + 1))
-            out = np.concatenate(parts)
+            return [(int(starts[doc_idx[p0]]) + o0, o1 - o0 + 1)]
+        segs = [(int(starts[doc_idx[p0]]) + o0, int(sizes[doc_idx[p0]]) - o0)]
+        segs += [(int(starts[doc_idx[p]]), int(sizes[doc_idx[p]])) for p in range(p0 + 1, p1)]
+        segs.append((int(starts[doc_idx[p1]]), o1 + 1))
+        return segs
+
+    def get(self, k: int, side: str | None = None):
+        """[seq_len + 1] int64 tokens of stream sample ``k``; with ``side="wbd"`` also the
+        [seq_len + 1] values of that side file at the same positions."""
+        segs = self.segments(k)
+        out = np.concatenate([self.ds.tokens[a: a + n] for a, n in segs]).astype(np.int64)
         if len(out) != self.seq_len + 1:  # an index that does not match the data
             raise RuntimeError(f"{self.ds.prefix}: sample {k} has {len(out)} tokens, expected {self.seq_len + 1}; "
                                f"delete {self.cache_dir} and rebuild")
-        return out.astype(np.int64)
+        if side is None:
+            return out
+        values = self.ds.side(side)
+        return out, np.concatenate([values[a: a + n] for a, n in segs])
 
 
 def main(argv=None) -> int:

@@ -104,3 +104,15 @@ def test_blend_ratios_and_no_sample_skipped():
     assert set(d) == {0, 2}
     with pytest.raises(ValueError, match="blend weights"):
         Blend([0, 0])
+
+
+def test_side_file_values_follow_the_sample(prefix):
+    ds = IndexedDataset(prefix)
+    ps = PackedSplit(ds, "train", (0, ds.n_docs), 64, 5)
+    wbd = ds.side("wbd")
+    for k in range(0, ps.samples_per_epoch, 7):
+        tokens, flags = ps.get(k, side="wbd")
+        assert (tokens == ps.get(k)).all() and flags.dtype == np.uint8 and len(flags) == 65
+        segs = ps.segments(k)
+        assert (flags == np.concatenate([wbd[a: a + n] for a, n in segs])).all()
+        assert (tokens == np.concatenate([ds.tokens[a: a + n] for a, n in segs])).all()

@@ -150,3 +150,20 @@ def test_jieba_word_boundaries(corpus_file, tokenizer_dir, tmp_path):
     assert len(wbd) == len(ds.tokens) and set(np.unique(wbd)) <= {0, 1}
     assert all(wbd[int(s)] == 1 for s in ds.starts)  # every document starts a word
     assert 0.3 < wbd.mean() < 1.0
+
+
+def test_tables_and_hf_datasets_through_worker_processes(tmp_path, pd_records, tokenizer_dir, tokenizer):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    texts = [r["text"] for r in pd_records[:20]]
+    pq.write_table(pa.table({"content": texts[:10] + [None]}), tmp_path / "a.parquet")
+    datasets.Dataset.from_dict({"content": texts[10:]}).save_to_disk(str(tmp_path / "saved"))
+    out = str(tmp_path / "tables")
+    report = preprocess([str(tmp_path / "a.parquet"), str(tmp_path / "saved")], str(tokenizer_dir), out,
+                        workers=2, opt=ParseOptions(key="content"), progress=False)
+    assert report.documents == 20 and report.bad.counts == {"missing_field": 1}
+    assert report.bad.examples["missing_field"][0].startswith(f"{tmp_path / 'a.parquet'}:11")
+    ds = IndexedDataset(out)
+    assert [tokenizer.decode(ds[i][:-1]) for i in range(20)] == texts
