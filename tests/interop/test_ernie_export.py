@@ -37,7 +37,8 @@ CASES = {
     "no-bias-no-types": ModelConfig(name="no-bias-no-types", **{**ENC, "bias": False, "type_vocab_size": 0}),
 }
 # special tokens first, as ERNIE vocabularies have them ([PAD]=0); Chinese characters, English word pieces
-VOCAB = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] + list("人民日报社论坚持改革开放发展经济中华共和国成立年北京天气") \
+VOCAB = ["[PAD]", "[CLS]", "[SEP]", "[MASK]", "[UNK]"] \
+    + list("人民日报社论坚持改革开放发展经济中华共和国成立年北京天气") \
     + ["的", "，", "。", "paddle", "##nl", "##p", "load", "##s", "this", "model", "1949", "12"]
 
 
@@ -136,3 +137,33 @@ def test_export_refuses_what_paddlenlp_ernie_cannot_compute(change, field, tmp_p
         write_paddlenlp_checkpoint(cfg, {}, str(tmp_path / "x"))
     assert "PaddleNLP ERNIE" in str(e.value)
     assert not os.listdir(tmp_path)
+
+
+def test_export_with_our_sentencepiece_tokenizer(tmp_path):
+    """An encoder pretrained with our SentencePiece tokenizer ships it as PaddleNLP's SentencePiece wrapper;
+    its padding id must be the model's pad_token_id."""
+    from llmtrain.tokenizer import load_tokenizer
+    from llmtrain.tokenizer.train import train
+
+    lines = ["人民日报社论：坚持改革开放，发展社会主义市场经济。", "今天北京天气晴，气温 12 度。",
+             "中华人民共和国成立于1949年。"]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines * 50) + "\n", encoding="utf-8")
+    tok_dir = str(tmp_path / "tok")
+    train([str(tmp_path / "corpus.txt")], vocab_size=360, output=tok_dir)
+    ours = load_tokenizer(tok_dir)
+    cfg = dataclasses.replace(CASES["tiny"], vocab_size=ours.vocab_size, pad_token_id=ours.pad_id)
+    state = random_state(cfg, 3)
+    write_paddlenlp_checkpoint(cfg, state, str(tmp_path / "out"), tokenizer_dir=tok_dir)
+    c = json.load(open(tmp_path / "out" / "config.json"))
+    assert c["pad_token_id"] == ours.pad_id and c["architectures"] == ["ErnieForMaskedLM"]
+    theirs = AutoTokenizer.from_pretrained(str(tmp_path / "out"))
+    for text in lines:
+        assert theirs(text)["input_ids"] == ours.encode(text), text
+    ids, types, _ = inputs(cfg, seed=2)
+    assert_close(ours_logits(ours_from(cfg, state), ids, types),
+                 theirs_logits(ErnieForMaskedLM.from_pretrained(str(tmp_path / "out")), ids, types), "sp export")
+
+    with pytest.raises(UnsupportedConfig, match=f"padding id {ours.pad_id} but model.pad_token_id=7"):
+        write_paddlenlp_checkpoint(dataclasses.replace(cfg, pad_token_id=7), state, str(tmp_path / "bad"),
+                                   tokenizer_dir=tok_dir)
+    assert not (tmp_path / "bad").exists()
