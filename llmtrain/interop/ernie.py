@@ -111,7 +111,8 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
         num_heads=g["num_attention_heads"], num_kv_heads=None, ffn_hidden_size=g["intermediate_size"],
         vocab_size=g["vocab_size"], max_position_embeddings=g["max_position_embeddings"], position="learned",
         norm="layernorm", norm_eps=LN_EPS, norm_position="post", activation="gelu", bias=True,
-        type_vocab_size=int(g["type_vocab_size"]), task_type_vocab_size=int(g["task_type_vocab_size"]) if use_task else 0,
+        type_vocab_size=int(g["type_vocab_size"]),
+        task_type_vocab_size=int(g["task_type_vocab_size"]) if use_task else 0,
         task_id=int(g["task_id"]) if use_task else 0, pad_token_id=pad,
         tie_embeddings=bool(g["tie_word_embeddings"]), init_std=float(g["initializer_range"]))
     return cfg, notes
@@ -239,8 +240,9 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, architectures=None) -> tu
 def _head_to_canonical(src: SourceTensors, cfg: ModelConfig, state: dict) -> None:
     """The MLM head of an ErnieForMaskedLM / ErnieForPretraining checkpoint into `state`."""
     h, v = cfg.hidden_size, cfg.vocab_size
-    for ours, theirs in (("mlm_head.dense", "cls.predictions.transform"), ("mlm_head.norm", "cls.predictions.layer_norm")):
-        for part, shape in (("weight", [h, h] if ours == "mlm_head.dense" else [h]), ("bias", [h])):
+    for ours, theirs, shape_w in (("mlm_head.dense", "cls.predictions.transform", [h, h]),
+                                  ("mlm_head.norm", "cls.predictions.layer_norm", [h])):
+        for part, shape in (("weight", shape_w), ("bias", [h])):
             arr = src.take(f"{theirs}.{part}", shape)
             if arr is not None:
                 state[f"{ours}.{part}"] = arr
