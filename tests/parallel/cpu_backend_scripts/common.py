@@ -133,6 +133,7 @@ class TPParallel(nn.Layer):
 # each take one equal row block of the batch.
 HYBRID_LAYOUTS = {
     "tp2": dict(dp=1, mp=2, sharding=1, opt="sgd"),
+    "dp2": dict(dp=2, mp=1, sharding=1, opt="adam"),  # the two-node test
     "dp2tp2": dict(dp=2, mp=2, sharding=1, opt="adam"),
     "sharding2": dict(dp=1, mp=1, sharding=2, opt="adam"),
     "sharding2dp2": dict(dp=2, mp=1, sharding=2, opt="adam"),
