@@ -32,40 +32,18 @@ import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 
 from llmtrain.data.blend import Blend
 from llmtrain.data.indexed import IndexedDataset
 from llmtrain.data.packing import PackedSplit, parse_split
+from llmtrain.data.paths import resolve_path
 from llmtrain.data.sampler import StepSampler
 from llmtrain.tokenizer import load_tokenizer
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CREATE_HINT = ("create it with `python -m llmtrain.data.preprocess --input CORPUS --tokenizer DIR "
                "--output-prefix PREFIX` (the default corpus: `scripts/prepare_default_corpus.sh`)")
-
-
-def resolve_path(path: str) -> str:
-    """Absolute path of ``path``: as given, else against the launch directory, else the repo root."""
-    if os.path.isabs(path):
-        return path
-    bases = []
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.utils import get_original_cwd
-
-        if HydraConfig.initialized():
-            bases.append(get_original_cwd())
-    except ImportError:  # hydra is optional for the data tools
-        pass
-    bases += [os.getcwd(), str(REPO_ROOT)]
-    for b in bases:
-        cand = os.path.join(b, path)
-        if os.path.exists(cand) or os.path.exists(cand + ".idx"):
-            return cand
-    return os.path.join(bases[0], path)
 
 
 class SampleStream:

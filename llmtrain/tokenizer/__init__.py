@@ -121,8 +121,14 @@ class Tokenizer:
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) or a ``.model`` file."""
-    p = Path(path)
+    """Load a tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) or a ``.model`` file.
+
+    A relative path is resolved against the launch directory, then the repository root
+    (:func:`llmtrain.data.paths.resolve_path`).
+    """
+    from llmtrain.data.paths import resolve_path
+
+    p = Path(resolve_path(path))
     if p.is_dir():
         model, meta_file = p / MODEL_FILE, p / META_FILE
         if not model.is_file():
