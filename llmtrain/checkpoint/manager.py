@@ -22,6 +22,7 @@ import glob
 import hashlib
 import json
 import os
+import pickle
 import random
 import re
 import shutil
@@ -135,7 +136,7 @@ class Checkpointer:
             return ok
         t = paddle.to_tensor([0 if ok else 1], dtype="int32")
         dist.all_reduce(t)  # sum of failures
-        return int(t) == 0
+        return int(t.item()) == 0
 
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint.interval
@@ -160,10 +161,8 @@ class Checkpointer:
 
         save_file(tensors, stem + ".safetensors")
         _write_json(stem + ".json", {"rank": rank, "tensors": meta})
-        paddle.save(
-            {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
-            stem + ".rng",
-        )
+        with open(stem + ".rng", "wb") as f:  # our own pickle, read back only from inside the run directory
+            pickle.dump({"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}, f)
         for ext in (".safetensors", ".json", ".rng"):
             path = stem + ext
             _fsync_file(path)
@@ -294,7 +293,8 @@ class Checkpointer:
         self.data.load_state_dict(manifest["data"])
         rng_path = os.path.join(path, f"rank_{self.topo.rank:05d}.rng")
         if manifest["world"] == self.topo.world and os.path.exists(rng_path):
-            rng = paddle.load(rng_path)
+            with open(rng_path, "rb") as f:
+                rng = pickle.load(f)
             paddle.set_rng_state(rng["paddle"])
             np.random.set_state(rng["numpy"])
             random.setstate(rng["python"])

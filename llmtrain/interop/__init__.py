@@ -1,4 +1,4 @@
-"""Interoperability with PaddleNLP checkpoints (GPT and Llama).
+"""Interoperability with PaddleNLP checkpoints (GPT, Llama and ERNIE).
 
     from llmtrain.interop import read_paddlenlp_checkpoint, write_paddlenlp_checkpoint
 

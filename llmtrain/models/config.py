@@ -75,7 +75,8 @@ class ModelConfig:
     """Task id fed to the task-type embedding when task_type_vocab_size > 0."""
 
     pad_token_id: int = 0
-    """Encoder only: positions holding this id are masked out of attention when no mask is given."""
+    """Encoder only: the word embedding is zero at this id (Paddle's `padding_idx`, as PaddleNLP's ERNIE).
+    Attention masks only what an explicit `attention_mask` says (PaddleNLP also masks pad ids by default)."""
 
     tie_embeddings: bool = True
     """Share the input embedding table with the output projection."""

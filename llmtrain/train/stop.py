@@ -37,5 +37,5 @@ class StopRequest:
             return self.requested
         t = paddle.to_tensor([1 if self.requested else 0], dtype="int32")
         dist.all_reduce(t)
-        self.requested = int(t) > 0
+        self.requested = int(t.item()) > 0
         return self.requested

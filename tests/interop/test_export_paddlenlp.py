@@ -107,7 +107,6 @@ def test_write_is_atomic_and_refuses_to_clobber(tmp_path):
     (dict(norm_eps=1e-6), "norm_eps"),
     (dict(activation="gelu"), "activation"),
     (dict(num_kv_heads=2), "num_kv_heads"),
-    (dict(family="encoder"), "family"),
 ])
 def test_gpt_export_refuses_what_paddlenlp_gpt_cannot_compute(change, field, tmp_path):
     cfg = dataclasses.replace(CASES["gpt"], **change)
