@@ -107,6 +107,9 @@ class IndexedWriter:
         write_index(self.prefix + ".idx.tmp", self.dtype, sizes, np.arange(len(sizes) + 1))
         for name in ("bin", *self.side):
             os.replace(f"{self.prefix}.{name}.tmp", f"{self.prefix}.{name}")
+        for name in SIDE_FILES:  # a side file of an earlier run would not match these tokens
+            if name not in self.side and os.path.exists(f"{self.prefix}.{name}"):
+                os.remove(f"{self.prefix}.{name}")
         os.replace(self.prefix + ".idx.tmp", self.prefix + ".idx")
 
     def abort(self) -> None:

@@ -132,12 +132,15 @@ def _results(chunks, workers: int, init_args: tuple):
     ctx = mp.get_context("forkserver")  # safe even if the caller has threads (fork is not)
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init_args) as pool:
         window: collections.deque = collections.deque()
-        for chunk in chunks:
-            window.append(pool.submit(encode_chunk, chunk))
-            if len(window) >= 2 * workers + 2:
+        try:
+            for chunk in chunks:
+                window.append(pool.submit(encode_chunk, chunk))
+                if len(window) >= 2 * workers + 2:
+                    yield window.popleft().result()
+            while window:
                 yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
+        finally:  # stopped early (strict mode, Ctrl-C): drop the chunks not started yet
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: int | None = None,
@@ -147,7 +150,8 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
     """Tokenize ``inputs`` into ``output_prefix``; return the report (raises BadRecordError if strict)."""
     from tqdm import tqdm
 
-    workers = os.cpu_count() or 1 if workers is None else workers
+    if workers is None:
+        workers = os.cpu_count() or 1
     tok = load_tokenizer(tokenizer)
     if word_boundaries == "gold" and not opt.words_key:
         raise ValueError("--word-boundaries gold needs --words-key (the field with the word list)")
@@ -165,8 +169,9 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
     t0 = last = time.time()
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=(None if progress is None else not progress),
                desc=os.path.basename(output_prefix), dynamic_ncols=True)
+    results = _results(chunks, workers, (tokenizer, opt, word_boundaries))
     try:
-        for r in _results(chunks, workers, (tokenizer, opt, word_boundaries)):
+        for r in results:
             for kind, line, detail in r.bad:
                 report.bad.add(kind, r.label, line, detail)
             tokens, lengths, wbd = r.tokens, r.lengths, r.wbd
@@ -196,6 +201,7 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
                                     refresh=False)
                 last = now
     except BaseException:
+        results.close()
         bar.close()
         writer.abort()
         raise
