@@ -34,7 +34,9 @@ def assert_close(what: str, got, expected) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout, nproc", [("pp2", 2), ("pp4_vpp", 4), ("dp2pp2", 4), ("tp2pp2", 4)])
+@pytest.mark.parametrize(
+    "layout, nproc", [("pp2", 2), ("pp4_vpp", 4), ("pp4_vpp_overlap", 4), ("dp2pp2", 4), ("tp2pp2", 4)]
+)
 def test_pipeline_matches_single_process(layout, nproc, tmp_path):
     spec = common.PP_LAYOUTS[layout]
     eval_batch = common.pp_eval_batch(spec) if spec["tied"] else None

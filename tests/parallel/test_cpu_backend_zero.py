@@ -1,10 +1,12 @@
-"""ZeRO stages 2 and 3 (Paddle's group_sharded_parallel) on 2 CPU processes vs. one process.
+"""ZeRO stages 2 and 3 (Paddle's group-sharded classes) on 2 CPU processes vs. one process.
 
 Run: pytest tests/parallel/test_cpu_backend_zero.py   (~15 s on 2 cores)
 
 tests/parallel/cpu_backend_scripts/zero_worker.py wraps common.WideMLP and Adam with
-global-norm clipping (active: clip 0.3 < grad norm) with level "os_g" (stage 2) or
-"p_g_os" (stage 3, every parameter sliced). Losses and full parameters after training
+global-norm clipping (active: clip 0.3 < grad norm) in GroupShardedOptimizerStage2 +
+GroupShardedStage2 built without a device argument (stage 2), or with
+paddle.distributed.sharding.group_sharded_parallel(level="p_g_os", segment_size=0)
+(stage 3, every parameter sliced). Losses and full parameters after training
 must equal the single-process run (fp32, atol 1e-5), and each rank must hold about half
 of the single-process optimizer state (stage 2 exactly partitions it).
 """

@@ -20,18 +20,24 @@ replaces, once per process:
                    ParallelEnv.device_id                      unset on CPU builds
   pipeline_p2p     p2p_communication.initialize_p2p_groups, _batched_p2p_ops, _p2p_ops,
                    SendRecvMeta.send_meta/recv_meta           ordered per-direction channels
-  sharding         GroupShardedOptimizerStage2/GroupShardedStage3 constructor gates,
-                   group_sharded_parallel, storage cvt_to_device, GroupShardedClipGrad
-                   (ZeRO stages 2 and 3 on CPU; see sharding.py for what is and is not
-                   covered)
+  sharding         GroupShardedOptimizerStage2/GroupShardedStage2/GroupShardedStage3
+                   constructors (device gate, "cpu" default), ParamStorage's param copy,
+                   storage cvt_to_device, GroupShardedClipGrad._dygraph_clip,
+                   group_sharded_parallel                     ZeRO stages 2 and 3 on CPU
 
 Each module's docstring says which Paddle function it replaces, why, and what the GPU
 path does instead. `installed_patches()` lists the replaced attributes.
 
-Strategy notes for CPU (nothing is required; these are facts the trainer may log):
-  * pipeline partial send/recv across tp ranks is always disabled on CPU (pipeline_p2p);
-  * `mp_configs.mp_async_allreduce` must stay False (its fused linear calls the raw
-    c_identity kernel); `install()` cannot see the strategy, `check_strategy()` can.
+Notes for the trainer on CPU:
+  * call `check_strategy(strategy)` before `fleet.init`: `mp_configs.mp_async_allreduce`
+    must stay False (its fused linear calls the raw c_identity kernel);
+  * pipeline partial send/recv across tp ranks is always disabled on CPU (pipeline_p2p),
+    whatever `pipeline_configs.enable_partial_send_recv` says; results are identical;
+  * `group_sharded_parallel` must be looked up after install() (module attribute, or an
+    import inside the function): a name imported earlier is Paddle's GPU-only original;
+  * ParallelCrossEntropy with mp degree 1 returns None in Paddle (CPU and GPU alike):
+    use a plain cross entropy when tp == 1;
+  * group_sharded offload=True is refused on CPU (nothing to offload to).
 """
 
 from __future__ import annotations

@@ -6,19 +6,24 @@ Use: installed by `llmtrain.parallel.cpu_backend.install()`. Afterwards fleet's
 combined with dp / tp / sharding. Nothing to call by hand.
 
 Why Paddle's p2p cannot run on gloo (3.3.1, fleet/meta_parallel/pp_utils/
-p2p_communication.py):
+p2p_communication.py), measured on 2 CPU processes:
   * the default batched path calls `process_group.send_on_calc_stream` /
-    `recv_on_calc_stream` (and `*_partial_*` + `all_gather_partial` when tp > 1);
-    gloo does not implement the calc-stream or partial variants;
-  * gloo's send/recv are synchronous rendezvous (a send returns only once the peer
-    posted the matching recv; measured: two ranks that both send first time out), so
-    the NCCL-style "post all four ops, then wait" batch deadlocks when run in order;
-  * gloo matches a send to a recv by a per-process-group tag counter that every op on
-    the group advances. All p2p (and the shape/dtype "meta" messages) go through the
+    `recv_on_calc_stream`, and with tp > 1 `send_partial_on_calc_stream` /
+    `recv_partial_on_calc_stream` + `all_gather_partial_on_calc_stream`; ProcessGroupGloo
+    raises NotImplementedError ("does not support send with sync_op and use_calc_stream
+    flag") for all of them;
+  * gloo's send/recv are synchronous rendezvous (a send returns only once the peer posted
+    the matching recv; two ranks that both send first time out), and `isend` is no
+    different (ProcessGroupGloo runs every task inline), so the NCCL-style "post all four
+    ops, then wait" batch deadlocks when run in order;
+  * gloo matches a send to a recv by a per-process-group tag counter that every op on the
+    group advances. Paddle sends all p2p (and the shape/dtype "meta" messages) over the
     whole pipe group; a middle stage that talks to both neighbours advances its counter
-    for both, so for pp > 2 tags stop matching and recvs pair with the wrong sends.
-    (This is also why, with tp2 x pp2, a stage could receive input ids instead of
-    activations: partial send/recv and meta messages shared one tag stream.)
+    for both, so for pp > 2 the tags stop matching and a recv can pair with the wrong
+    message. The earlier prototype's tp2 x pp2 symptom (a stage received input ids instead
+    of activations) is consistent with exactly that: several message kinds sharing one
+    tag stream. PipelineParallel itself does not broadcast inputs across tp ranks in
+    3.3.1 (every tp rank of the first stage gets the batch from the caller).
 
 What we do instead: every pipeline link a->b gets two dedicated 2-rank gloo groups,
 one per direction, used by nothing else. On the sending rank a background thread per

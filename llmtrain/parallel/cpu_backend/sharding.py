@@ -23,10 +23,12 @@ stops them is a handful of device checks, each replaced below by one small stand
    parses `int(paddle.get_device().split(":")[1])` (for offload's `.cuda(dev_id)`).
    Stand-in: run Paddle's constructor with the module's `core` answering
    `is_compiled_with_cuda() -> True` and its `paddle.get_device()` answering "cpu:0",
-   for the duration of the constructor only (a view; nothing else is changed). We
-   checked that in these two modules `is_compiled_with_cuda` is read only by the
-   assertion and `paddle.get_device` only by the id parse and GroupShardedClipGrad's
-   device string (handled by 3). `offload=True` is refused on CPU: it means "keep the
+   for the duration of the constructor only (module-level views; every other attribute
+   is forwarded, nothing outside the two modules is touched). We checked that in these
+   two modules `is_compiled_with_cuda` is read only by the assertion, and
+   `paddle.get_device` only by stage 2's id parse, GroupShardedClipGrad's device string
+   (see 3) and stage 3's DEV/DEV_ID globals, which come out "cpu"/0 -- the same values
+   its own "cpu" branch produces. `offload=True` is refused on CPU: it means "keep the
    optimizer on the host while training on a device", which has no meaning here.
 2. `group_sharded_storage.cvt_to_device` copies a host buffer to "the" accelerator and
    raises on a CPU build. On CPU the buffer is already where training happens: returned
@@ -44,6 +46,11 @@ stops them is a handful of device checks, each replaced below by one small stand
    are copied ("Tensor not initialized yet"). Stand-in: copy first (Paddle's own function
    with convert_gpu=False), then free the parameter's storage -- the same end state.
 
+6. `GroupShardedStage2.__init__` (and the two constructors of 1) default to
+   device="gpu" (evaluated when Paddle is imported); the gradient storages then run
+   `device_guard(..., "gpu")`, i.e. `paddle.set_device("gpu:0")`, which fails on a CPU
+   build. Stand-in: the same constructor with the default device "cpu".
+
 Import-order caveat: `from paddle.distributed.sharding import group_sharded_parallel`
 executed BEFORE install() binds Paddle's original function; call it as
 `paddle.distributed.sharding.group_sharded_parallel(...)` or import it after install().
@@ -51,7 +58,9 @@ executed BEFORE install() binds Paddle's original function; call it as
 
 Deviation from the GPU path to know about: none in the math (same collectives, same
 order, fp32 on CPU). ZeRO memory savings are real: each rank keeps optimizer state for
-its own shard only (measured by the tests: per-rank state bytes ~ 1/k).
+its own shard only (tests/parallel/test_cpu_backend_zero.py: per-rank Adam state is
+1/2 of the single-process state at k=2, exactly for stage 2, +5% alignment padding for
+stage 3).
 """
 
 from __future__ import annotations
@@ -126,6 +135,21 @@ def _stage2_optimizer_init(
             self, params, optim, group=group, offload=offload, device=device,
             pretrain_sync_models=pretrain_sync_models, dp_group=dp_group, **kw,
         )
+
+
+def _stage2_init(
+    self, layer, sharding_optimizer, group=None, sync_buffers=False, buffer_max_size=2**23,
+    auto_refresh_trainable=True, device="cpu", dp_group=None,
+):
+    """CPU stand-in for `GroupShardedStage2.__init__` (item 6 of the docstring).
+
+    Same signature with `device` defaulting to "cpu" instead of "gpu".
+    """
+    original(GroupShardedStage2, "__init__")(
+        self, layer, sharding_optimizer, group=group, sync_buffers=sync_buffers,
+        buffer_max_size=buffer_max_size, auto_refresh_trainable=auto_refresh_trainable,
+        device=device, dp_group=dp_group,
+    )
 
 
 def _stage3_init(
@@ -262,6 +286,7 @@ def group_sharded_parallel(
 
 def install_patches() -> None:
     replace(GroupShardedOptimizerStage2, "__init__", _stage2_optimizer_init)
+    replace(GroupShardedStage2, "__init__", _stage2_init)
     replace(GroupShardedStage3, "__init__", _stage3_init)
     replace(storage_module, "cvt_to_device", cvt_to_device)
     replace(storage_module.ParamStorage, "_add_param_as_view", _add_param_as_view)

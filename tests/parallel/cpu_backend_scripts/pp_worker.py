@@ -34,6 +34,8 @@ def init_fleet(layout: dict):
         "pp_degree": layout["pp"],
     }
     strategy.pipeline_configs = {"accumulate_steps": layout["acc"], "micro_batch_size": layout["mb"]}
+    if layout.get("overlap"):
+        strategy.hybrid_configs["pp_configs"].overlap_p2p_comm = True
     fleet.init(is_collective=True, strategy=strategy)
     return fleet.get_hybrid_communicate_group()
 

@@ -6,7 +6,8 @@ Run (the tests do this; LAYOUT is "zero2" or "zero3", see common.ZERO_LAYOUTS):
 
 fleet.init with data parallel over all ranks (Paddle's documented setup for
 group_sharded_parallel), wraps common.WideMLP and Adam + ClipGradByGlobalNorm with
-`paddle.distributed.sharding.group_sharded_parallel(level="os_g" | "p_g_os")`, trains
+GroupShardedOptimizerStage2 + GroupShardedStage2 (zero2, no device argument) or
+`paddle.distributed.sharding.group_sharded_parallel(level="p_g_os")` (zero3), trains
 ZERO_STEPS steps (each rank its row block of the batch) and writes OUT_DIR/rank<r>.npz:
 losses, the full parameters after training (stage 3 gathers them with
 get_all_parameters) and the optimizer-state bytes this rank holds.
@@ -20,6 +21,10 @@ import sys
 import numpy as np
 import paddle
 from paddle.distributed import fleet
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_stage2 import (
+    GroupShardedOptimizerStage2,
+)
+from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 
 import common
 from llmtrain.parallel import cpu_backend
@@ -34,12 +39,16 @@ def main(layout_name: str, out_dir: str) -> None:
 
     model = common.WideMLP()
     opt = common.zero_optimizer(model.parameters())
-    # segment_size=0: stage 3 slices every parameter (the default keeps small ones whole)
-    extra = {"segment_size": 0} if layout["level"] == "p_g_os" else {}
-    # Looked up on the module at call time: a name imported before install() would
-    # still be Paddle's GPU-only original.
-    sharded = paddle.distributed.sharding.group_sharded_parallel
-    model, opt, _ = sharded(model, opt, level=layout["level"], **extra)
+    if layout["level"] == "os_g":
+        # Stage 2 through the classes, without a device argument (CPU default).
+        opt = GroupShardedOptimizerStage2(params=opt._parameter_list, optim=opt)
+        model = GroupShardedStage2(model, opt)
+    else:
+        # Stage 3 through the public entry point. Looked up on the module at call time:
+        # a name imported before install() would still be Paddle's GPU-only original.
+        # segment_size=0: slice every parameter (the default keeps small ones whole).
+        sharded = paddle.distributed.sharding.group_sharded_parallel
+        model, opt, _ = sharded(model, opt, level=layout["level"], segment_size=0)
 
     out: dict[str, np.ndarray] = {}
     for step, (x, y) in enumerate(common.zero_batches()):
