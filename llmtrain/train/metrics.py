@@ -98,7 +98,7 @@ class Meter:
             if self._bar is not None:
                 self._bar.update(1)
             return None
-        loss_local = float(out.loss)  # syncs the device: the window's work is done
+        loss_local = float(out.loss.numpy().reshape(-1)[0])  # syncs the device: the window's work is done
         window_seconds = time.perf_counter() - self._window_start
         loss_sum, pending, window_tokens, window_positions, step_tokens = self._reduce(
             [loss_local, self._pending_tokens, self._window_tokens, self._window_positions, out.tokens]
@@ -113,7 +113,7 @@ class Meter:
             "step": step,
             "loss": loss_sum / data_world,
             "lr": lr,
-            "grad_norm": None if out.grad_norm is None else float(out.grad_norm),
+            "grad_norm": None if out.grad_norm is None else float(out.grad_norm.numpy().reshape(-1)[0]),
             "tokens": int(round(step_tokens)),
             "tokens_total": self.tokens_total,
             "tokens_per_sec": tps,
