@@ -185,8 +185,12 @@ def _line_chunks(src: Source, text_mode: str, chunk_bytes: int) -> Iterator[Chun
     para = src.fmt == "text" and text_mode == "para"
     line, carry = 1, b""
     with open_binary(src) as f:
+        first = True
         while True:
             block = f.read(chunk_bytes)
+            if first and block.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not text
+                block = block[3:]
+            first = False
             buf = carry + block if carry else block
             if not block:
                 if buf:

@@ -152,3 +152,14 @@ def test_normalisation_and_dedup(tmp_path):
     assert docs == ["ABC123 全角", "abcdef", "重复"]  # the third is a duplicate of the first after folding
     assert bad.counts == {"duplicate": 2} and bad.total == 0
     assert Normalizer(nfkc=True)("ｶﾞ①") == "ガ1"
+
+
+def test_byte_order_mark_and_crlf(tmp_path):
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + '{"text": "甲"}\r\n\r\n{"text": "乙"}\r\n'.encode())
+    bad = BadRecords()
+    assert [d.text for d in iter_documents([str(path)], bad=bad)] == ["甲", "乙"]
+    assert bad.counts == {"blank_line": 1}
+    txt = tmp_path / "bom.txt"
+    txt.write_bytes(b"\xef\xbb\xbf" + "甲\r\n乙\r\n".encode())
+    assert [d.text for d in iter_documents([str(txt)])] == ["甲", "乙"]
