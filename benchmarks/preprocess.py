@@ -190,9 +190,12 @@ def table(rows: list[dict], cols: list[str]) -> str:
 
 
 def section(pre, info, idx, host, argv) -> str:
+    by = {r["variant"]: r for r in pre}
+    two = by["llmtrain.data.preprocess, 2 workers"]["MB/s"] / by["raw SentencePiece, 2 threads"]["MB/s"]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     return f"""## Preprocessing
 
-Measured by `python benchmarks/preprocess.py {' '.join(argv)}` on {host}.
+Measured by `python benchmarks/preprocess.py {' '.join(argv)}` on {host}; load average {load:.2f} at the end.
 Same text for every row: the embedded People's Daily corpus as `{{"text": ...}}` jsonl repeated to
 {info['text_MB']} MB of UTF-8 text ({info['documents']:,} documents, {info['tokens']:,} tokens with
 `tokenizers/pd1998-bpe16k`); best of {info['repeats']} interleaved runs. Every variant writes the same
@@ -204,8 +207,9 @@ tokens (checked). "ratio to limit" = MB/s per worker / raw single-thread Sentenc
 
 Start-up of a `preprocess` run (forkserver pool, worker imports, tokenizer load), measured on a one-document
 input: {info['startup_s'][1]} s with 1 worker, {info['startup_s'][2]} s with 2; "ratio without start-up"
-subtracts it, which is what a corpus of many GB sees. The machine is shared with other jobs: compare rows
-of one run, not runs.
+subtracts it, which is what a corpus of many GB sees. With 2 processes on 2 cores our main process (reading,
+writing) competes with the workers; in this run 2 workers reach {two:.2f} of raw SentencePiece's 2-thread
+throughput. The machine is shared with other jobs (see the load averages): compare rows of one run, not runs.
 
 Sample index (`llmtrain.data.packing`, document/sample/shuffle indices of one epoch) of a synthetic
 corpus (log-normal document lengths): numpy build alone, the cached build (`.idx` fingerprint, build,

@@ -58,7 +58,9 @@ def load_data_config(path: str | None = None, overrides: list[str] | None = None
     """``DataConfig`` from a yaml file of the ``data`` group plus ``key=value`` overrides (validated)."""
     cfg = OmegaConf.structured(DataConfig)
     if path:
-        cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+        group = OmegaConf.load(path)
+        group.pop("defaults", None)  # Hydra's `defaults: [base]` names this very schema
+        cfg = OmegaConf.merge(cfg, group)
     if overrides:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     return cfg
