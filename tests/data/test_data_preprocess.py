@@ -167,3 +167,26 @@ def test_tables_and_hf_datasets_through_worker_processes(tmp_path, pd_records, t
     assert report.bad.examples["missing_field"][0].startswith(f"{tmp_path / 'a.parquet'}:11")
     ds = IndexedDataset(out)
     assert [tokenizer.decode(ds[i][:-1]) for i in range(20)] == texts
+
+
+def test_streaming_keeps_a_bounded_window_of_chunks(corpus_file, tokenizer_dir):
+    """Memory stays flat: the reader runs at most 2 * workers + 2 chunks ahead of the writer."""
+    from llmtrain.data.corpus import expand_inputs, iter_chunks
+    from llmtrain.data.preprocess import _results
+
+    src = expand_inputs([str(corpus_file)])[0][0]
+    chunks = list(iter_chunks(src, ParseOptions(), chunk_bytes=4096))
+    assert len(chunks) > 20
+    pulled = []
+
+    def reader():
+        for c in chunks:
+            pulled.append(c)
+            yield c
+
+    results = _results(reader(), 2, (str(tokenizer_dir), ParseOptions(), None))
+    for i in range(5):
+        next(results)
+        assert len(pulled) <= i + 1 + 2 * 2 + 2
+    results.close()
+    assert len(pulled) < len(chunks)
