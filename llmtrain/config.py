@@ -73,3 +73,20 @@ def register_configs() -> None:
 def to_config(cfg) -> Config:
     """The composed DictConfig as a typed `Config` object (all interpolations resolved)."""
     return OmegaConf.to_object(cfg)
+
+
+def compose_config(overrides=(), config_dir: Optional[str] = None):
+    """The root config composed exactly as `llmtrain/pretrain.py` would, without running it.
+
+        cfg = compose_config(["model=llama-tiny", "+parallel=tp2", "train.max_steps=5"])
+    """
+    import os
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_configs()
+    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=config_dir):
+        return compose(config_name="config", overrides=list(overrides))

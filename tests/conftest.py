@@ -15,15 +15,51 @@ os.environ.setdefault("FLAGS_cudnn_deterministic", "1")
 
 def compose(overrides=()):
     """The root config composed with Hydra's compose API, as llmtrain/pretrain.py would see it."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
+    from llmtrain.config import compose_config
 
-    from llmtrain.config import register_configs
+    return compose_config(overrides)
 
-    register_configs()
-    with initialize_config_dir(version_base="1.3", config_dir=os.path.join(REPO, "conf")):
-        return hydra_compose(config_name="config", overrides=list(overrides))
 
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory):
+    """A real tiny training set: 80 People's Daily articles, a 2500-piece BPE tokenizer (2560 rows padded), MMIDIDX files.
+
+    Returns {"tokenizer": dir, "prefix": path prefix}."""
+    import json
+
+    from llmtrain.data.corpus import ParseOptions
+    from llmtrain.data.embedded import records
+    from llmtrain.data.preprocess import preprocess
+    from llmtrain.tokenizer.train import main as train_tokenizer
+
+    root = tmp_path_factory.mktemp("tiny_corpus")
+    jsonl = root / "pd.jsonl"
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for r in records(limit=80):
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tok = root / "tokenizer"
+    assert train_tokenizer(["--input", str(jsonl), "--vocab-size", "2500", "--output", str(tok),
+                            "--character-coverage", "0.995"]) == 0
+    prefix = str(root / "pd_text_document")
+    preprocess([str(jsonl)], str(tok), prefix, workers=0, opt=ParseOptions(words_key="words"),
+               word_boundaries="gold", progress=False)
+    return {"tokenizer": str(tok), "prefix": prefix}
+
+
+def tiny_overrides(corpus: dict, run_dir: str, model: str = "gpt", steps: int = 8) -> list[str]:
+    """Hydra overrides for a seconds-long run of a tiny GPT or Llama on `corpus`."""
+    arch = {
+        "gpt": ["model=gpt-tiny", "model.max_position_embeddings=64"],
+        "llama": ["model=llama-tiny", "model.num_kv_heads=2"],
+        "ernie": ["model=ernie-tiny", "model.max_position_embeddings=64"],
+    }[model]
+    return arch + [
+        "model.hidden_size=32", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=64",
+        f"data.prefixes=[{corpus['prefix']}]", f"data.tokenizer={corpus['tokenizer']}", "data.seq_len=32",
+        "data.num_workers=0", f"train.max_steps={steps}", "train.global_batch_size=8", "train.micro_batch_size=2",
+        "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none",
+        "optim.lr=1e-3", "optim.warmup_steps=2", f"run.dir={run_dir}",
+    ]
 
 @pytest.fixture
 def tiny_gpt():

@@ -80,11 +80,23 @@ def world_size_from_env() -> int:
     return int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
 
 
+_ACTIVE: dict = {}
+
+
 def init_distributed(layout: Layout, seed: int) -> Topology:
-    """fleet.init(is_collective=True) with our strategy (skipped on a single process)."""
+    """fleet.init(is_collective=True) with our strategy (skipped on a single process).
+
+    A second call in the same process with the same degrees and batch layout
+    returns the same topology (several runs in one launch, as the parity tests do);
+    another layout is refused, since fleet's groups cannot be rebuilt."""
     on_cpu = paddle.get_device() == "cpu"
     if not layout.distributed:
         return Topology(on_cpu=on_cpu)
+    key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch)
+    if _ACTIVE:
+        if _ACTIVE["key"] != key:
+            raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
+        return _ACTIVE["topo"]
     from paddle.distributed import fleet
 
     if on_cpu:
@@ -94,7 +106,7 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
     fleet.init(is_collective=True, strategy=build_strategy(layout, seed))
     hcg = fleet.get_hybrid_communicate_group()
     dp_rank, sh_rank = hcg.get_data_parallel_rank(), hcg.get_sharding_parallel_rank()
-    return Topology(
+    topo = Topology(
         rank=dist.get_rank(),
         world=dist.get_world_size(),
         data_rank=dp_rank * layout.sharding + sh_rank,
@@ -106,3 +118,5 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         hcg=hcg,
         on_cpu=on_cpu,
     )
+    _ACTIVE.update(key=key, topo=topo)
+    return topo

@@ -1,0 +1,79 @@
+"""Test helper: run `llmtrain/pretrain.py` (or the multi-run worker) on N CPU processes.
+
+    run_launch(["llmtrain/pretrain.py", "+parallel=dp2", ...], nproc=2, log_dir=tmp)
+
+One free master port per launch, one OpenMP thread per worker, the repository on
+PYTHONPATH; on failure the AssertionError carries the tail of every worker log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 400
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), e.get("PYTHONPATH", "")) if p)
+    e.setdefault("OMP_NUM_THREADS", "1")
+    e.setdefault("MKL_NUM_THREADS", "1")
+    e.pop("PADDLE_TRAINERS_NUM", None)
+    return e
+
+
+def logs(log_dir: Path, tail: int = 60) -> str:
+    parts = []
+    for p in sorted(Path(log_dir).glob("workerlog.*")):
+        lines = p.read_text(errors="replace").splitlines()[-tail:]
+        parts.append(f"----- {p}\n" + "\n".join(lines))
+    return "\n".join(parts)
+
+
+def launch_cmd(script_and_args: list[str], nproc: int, log_dir: Path, master: str | None = None,
+               nnodes: int = 1, rank: int = 0) -> list[str]:
+    if nproc == 0:  # plain single process, no launcher
+        return [sys.executable, *script_and_args]
+    return [
+        sys.executable, "-m", "paddle.distributed.launch", "--master", master or f"127.0.0.1:{free_port()}",
+        "--nnodes", str(nnodes), "--rank", str(rank), "--nproc_per_node", str(nproc), "--log_dir", str(log_dir),
+        *script_and_args,
+    ]
+
+
+def run_launch(script_and_args: list[str], nproc: int, log_dir: Path, timeout: int = TIMEOUT_S,
+               expect_ok: bool = True) -> subprocess.CompletedProcess:
+    """Run to completion; nproc=0 runs the script directly (one process, no launcher)."""
+    log_dir = Path(log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = launch_cmd(script_and_args, nproc, log_dir)
+    proc = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    if expect_ok and proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)}\nexit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{logs(log_dir)}"
+        )
+    return proc
+
+
+def run_many(runs: list[list[str]], nproc: int, workdir: Path) -> None:
+    """Several override lists through tests/e2e/multirun_worker.py in one launch."""
+    spec = Path(workdir) / "runs.json"
+    spec.parent.mkdir(parents=True, exist_ok=True)
+    spec.write_text(json.dumps([{"overrides": r} for r in runs]))
+    run_launch([str(REPO / "tests/e2e/multirun_worker.py"), str(spec)], nproc, Path(workdir) / "log")
+
+
+def metrics(run_dir) -> list[dict]:
+    with open(Path(run_dir) / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f if line.strip()]
