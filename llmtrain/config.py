@@ -90,3 +90,56 @@ def compose_config(overrides=(), config_dir: Optional[str] = None):
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=config_dir):
         return compose(config_name="config", overrides=list(overrides))
+
+
+_CHOICES = {
+    "model.family": ("decoder", "encoder"),
+    "model.position": ("learned", "rope"),
+    "model.norm": ("layernorm", "rmsnorm"),
+    "model.activation": ("gelu", "gelu_tanh", "swiglu"),
+    "model.norm_position": ("pre", "post"),
+    "model.attention": ("auto", "flash", "math"),
+    "train.amp": ("none", "bf16", "fp16"),
+    "optim.name": ("adamw",),
+    "optim.schedule": ("cosine", "linear", "constant"),
+}
+
+
+def check_config(cfg: Config) -> None:
+    """Value checks that need no hardware or files; raises ConfigError listing every problem."""
+    from llmtrain.parallel.layout import ConfigError
+
+    problems = []
+
+    def get(path):
+        obj = cfg
+        for part in path.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    for path, allowed in _CHOICES.items():
+        if get(path) not in allowed:
+            problems.append(f"{path}={get(path)!r}: expected one of {', '.join(allowed)}")
+    positive = ["model.hidden_size", "model.num_layers", "model.num_heads", "model.ffn_hidden_size",
+                "model.max_position_embeddings", "train.max_steps", "train.log_interval", "data.seq_len"]
+    for path in positive:
+        if get(path) <= 0:
+            problems.append(f"{path}={get(path)}: must be > 0")
+    for path in ("optim.lr", "optim.min_lr", "optim.weight_decay", "optim.clip_grad", "optim.warmup_steps",
+                 "train.eval_interval", "checkpoint.interval", "checkpoint.keep_last"):
+        if get(path) < 0:
+            problems.append(f"{path}={get(path)}: must be >= 0")
+    if cfg.optim.min_lr > cfg.optim.lr:
+        problems.append(f"optim.min_lr={cfg.optim.min_lr} > optim.lr={cfg.optim.lr}")
+    if cfg.data.seq_len > cfg.model.max_position_embeddings:
+        problems.append(
+            f"data.seq_len={cfg.data.seq_len} > model.max_position_embeddings={cfg.model.max_position_embeddings}"
+        )
+    if cfg.model.position == "rope" and cfg.model.hidden_size % cfg.model.num_heads == 0:
+        if (cfg.model.hidden_size // cfg.model.num_heads) % 2:
+            problems.append(f"model.position=rope needs an even head dim; hidden_size/num_heads = "
+                            f"{cfg.model.hidden_size}/{cfg.model.num_heads} is odd")
+    if cfg.model.family == "encoder" and cfg.model.position != "learned":
+        problems.append("model.family=encoder uses learned positions: set model.position=learned")
+    if problems:
+        raise ConfigError(problems)

@@ -19,7 +19,7 @@ if __package__ in (None, ""):  # run as a file: import the repo's package, not s
 
 import hydra
 
-from llmtrain.config import register_configs, to_config
+from llmtrain.config import check_config, register_configs, to_config
 
 register_configs()
 
@@ -41,7 +41,8 @@ def pretrain(dcfg) -> dict:
     from llmtrain.train.peak import peak_flops
 
     cfg = to_config(dcfg)
-    # 1. degrees and batch arithmetic: checked before any work
+    # 1. values, degrees and batch arithmetic: checked before any work
+    check_config(cfg)
     layout = resolve_layout(cfg.parallel, cfg.train, world_size_from_env())
     # 2. tokenizer fixes the vocabulary; the model must fit the layout
     tokenizer = load_tokenizer(cfg.data.tokenizer)
