@@ -7,7 +7,9 @@ PipelineParallel / PipelineParallelWithInterleave, llmtrain.parallel.cpu_backend
 installed) and compares the losses train_batch returns and every block's parameters
 after training with common.Block run in sequence on one process (fp32, atol 1e-5).
 "pp2" also checks eval_batch and a SharedLayerDesc-tied embedding (grads of the two
-copies are summed across stages, so both copies must equal the single table).
+copies are summed across stages, so both copies must equal the single table); "pp4_vpp"
+runs 1F1B with eval_batch and then the interleaved schedule on 4 processes;
+"pp4_vpp_overlap" the interleaved schedule with overlap_p2p_comm (unbatched p2p).
 """
 
 from __future__ import annotations
@@ -66,6 +68,18 @@ def test_pipeline_matches_single_process(layout, nproc, tmp_path):
     for step in range(spec["steps"]):  # data parallel: the mean of the dp ranks' losses
         mean = np.mean([losses[f"loss/{step}"] for losses in dp_losses.values()])
         assert abs(mean - scalar(ref[f"loss/{step}"])) <= ATOL, f"{layout} step {step}"
+
+    if spec.get("also_1f1b"):  # the same blocks through plain 1F1B first, with eval_batch
+        ref_eval = common.pp_reference_run(
+            spec["blocks"], common.pp_global_batches(spec), common.PP_LR, common.pp_eval_batch(spec)
+        )
+        for rank, got in results.items():
+            stage = int(got["coord/dp_mp_stage"][2])
+            held = sorted(int(k.split("/")[1][5:]) for k in got if k.startswith("1f1b/block") and k.endswith("up.weight"))
+            per_stage = spec["blocks"] // spec["pp"]
+            assert held == list(range(stage * per_stage, (stage + 1) * per_stage)), (rank, held)
+            for key in (k for k in got if k.startswith("1f1b/")):
+                assert_close(f"1F1B rank {rank} {key}", got[key], ref_eval[key[len("1f1b/"):]])
 
     if spec["tied"]:
         tied = common.tied_reference_run(spec["blocks"], common.tied_global_batches(spec), common.PP_LR)

@@ -355,8 +355,9 @@ PP_LR = 0.1
 PP_LAYOUTS = {
     # 1F1B on pp2, plus eval_batch and a SharedLayerDesc-tied embedding model
     "pp2": dict(dp=1, mp=1, pp=2, blocks=4, acc=4, mb=2, virtual=1, steps=3, tied=True),
-    # interleaved schedule: 8 blocks = 4 stages x 2 virtual chunks, acc >= 2 * pp
-    "pp4_vpp": dict(dp=1, mp=1, pp=4, blocks=8, acc=8, mb=1, virtual=2, steps=2, tied=False),
+    # 1F1B (+ eval_batch) on pp4, then the interleaved schedule: 8 blocks = 4 stages x 2
+    # virtual chunks, acc >= 2 * pp
+    "pp4_vpp": dict(dp=1, mp=1, pp=4, blocks=8, acc=8, mb=1, virtual=2, steps=2, tied=False, also_1f1b=True),
     # the same with overlap_p2p_comm: the unbatched isend/irecv path with deferred waits
     "pp4_vpp_overlap": dict(dp=1, mp=1, pp=4, blocks=8, acc=8, mb=1, virtual=2, steps=2, tied=False,
                             overlap=True),

@@ -8,7 +8,9 @@ Builds a PipelineLayer of common.Block (Column/RowParallelLinear inside when mp 
 trains `steps` train_batch calls with SGD and writes OUT_DIR/rank<r>.npz: the loss
 train_batch returned at every step, the parameters of the blocks this rank holds, and
 for "pp2" also the eval_batch loss and a SharedLayerDesc-tied embedding model's losses
-and both stages' copies of the tied table.
+and both stages' copies of the tied table. Layouts with `also_1f1b` first train the same
+blocks with the plain 1F1B schedule (keys prefixed "1f1b/", with eval_batch) and then
+with the interleaved one, in one job.
 """
 
 from __future__ import annotations
@@ -53,10 +55,11 @@ def train(model, opt, batches, dp_rank, dp) -> list[np.ndarray]:
     return losses
 
 
-def run_blocks(layout: dict, hcg, out: dict) -> None:
+def run_blocks(layout: dict, hcg, out: dict, virtual: int, prefix: str = "", evaluate: bool = False) -> None:
+    """Train the Block pipeline; keys of `out` get `prefix` (several models in one job)."""
     kwargs = {}
-    if layout["virtual"] > 1:
-        kwargs = dict(seg_method="layer:Block", num_virtual_pipeline_stages=layout["virtual"])
+    if virtual > 1:
+        kwargs = dict(seg_method="layer:Block", num_virtual_pipeline_stages=virtual)
     pipe = PipelineLayer(
         layers=block_descs(layout, hcg), loss_fn=nn.MSELoss(), topology=hcg.topology(), **kwargs
     )
@@ -64,12 +67,12 @@ def run_blocks(layout: dict, hcg, out: dict) -> None:
     opt = fleet.distributed_optimizer(paddle.optimizer.SGD(common.PP_LR, parameters=model.parameters()))
     dp_rank, dp = hcg.get_data_parallel_rank(), layout["dp"]
     for step, loss in enumerate(train(model, opt, common.pp_global_batches(layout), dp_rank, dp)):
-        out[f"loss/{step}"] = loss
-    if layout["tied"]:
+        out[f"{prefix}loss/{step}"] = loss
+    if evaluate:
         x, y = common.pp_eval_batch(layout)
         data = [paddle.to_tensor(common.dp_slice(a, dp_rank, dp)) for a in (x, y)]
-        out["eval/loss"] = model.eval_batch(data, compute_loss=True).numpy()
-    out.update(common.block_params(pipe))
+        out[f"{prefix}eval/loss"] = model.eval_batch(data, compute_loss=True).numpy()
+    out.update({prefix + k: v for k, v in common.block_params(pipe).items()})
 
 
 def run_tied(layout: dict, hcg, out: dict) -> None:
@@ -100,7 +103,9 @@ def main(layout_name: str, out_dir: str) -> None:
             [hcg.get_data_parallel_rank(), hcg.get_model_parallel_rank(), hcg.get_stage_id()]
         )
     }
-    run_blocks(layout, hcg, out)
+    if layout["virtual"] > 1 and layout.get("also_1f1b"):
+        run_blocks(layout, hcg, out, virtual=1, prefix="1f1b/", evaluate=True)
+    run_blocks(layout, hcg, out, virtual=layout["virtual"], evaluate=layout["tied"])
     if layout["tied"]:
         run_tied(layout, hcg, out)
     np.savez(os.path.join(out_dir, f"rank{paddle.distributed.get_rank()}.npz"), **out)
