@@ -11,6 +11,6 @@ source scripts/env.sh
 bash scripts/prepare_default_corpus.sh work/pd1998
 python -m paddle.distributed.launch --nproc_per_node 2 --log_dir work/logs/quickstart \
     llmtrain/pretrain.py +parallel=dp2 run.dir=work/runs/quickstart checkpoint.resume=none \
-    train.max_steps=300 train.global_batch_size=16 train.micro_batch_size=8 data.seq_len=128 \
-    optim.lr=1e-3 optim.min_lr=1e-4 optim.warmup_steps=20 train.log_interval=10 checkpoint.interval=100 "$@"
+    train.max_steps=200 train.global_batch_size=16 train.micro_batch_size=8 data.seq_len=128 \
+    optim.lr=3e-3 optim.min_lr=3e-4 optim.warmup_steps=20 train.log_interval=5 checkpoint.interval=100 "$@"
 echo "done: work/runs/quickstart (metrics.jsonl, loss_curve.png, checkpoints/)"

@@ -17,8 +17,10 @@ Definitions (also in DESIGN.md §3):
   for masked LM (15% bear loss) and fine-tuning (prompts bear none) they are
   more, and model FLOPs follow positions, not loss-bearing tokens.
 - mfu = tflops_per_device x 1e12 / peak FLOP/s of one device (null if unknown).
-- loss: mean over micro-batches and data ranks of each micro-batch's mean token
-  loss; grad_norm: global L2 norm of the gradient before clipping.
+- loss: mean over the steps of the logging window (one step when
+  log_interval=1) of the step loss, itself the mean over micro-batches and data
+  ranks of each micro-batch's mean token loss; grad_norm: global L2 norm of the
+  logged step's gradient before clipping.
 - step_time, data_wait_time: seconds per step, averaged over the window.
 """
 from __future__ import annotations
@@ -58,6 +60,7 @@ class Meter:
         self._pending_tokens = 0  # local tokens not yet folded into tokens_total
         self._window_tokens = 0
         self._window_positions = 0
+        self._window_loss = None  # sum of step losses in the window, kept on device (no sync per step)
         self._window_steps = 0
         self._window_data_wait = 0.0
         self._window_start = time.perf_counter()
@@ -78,6 +81,7 @@ class Meter:
         """Start a new timing window (after evaluation or checkpointing, which are not training time)."""
         self._window_start = time.perf_counter()
         self._window_tokens = self._window_steps = self._window_positions = 0
+        self._window_loss = None
         self._window_data_wait = 0.0
 
     def _reduce(self, values: list[float]) -> list[float]:
@@ -92,13 +96,15 @@ class Meter:
         self._pending_tokens += out.tokens
         self._window_tokens += out.tokens
         self._window_positions += out.positions
+        loss = out.loss.detach().astype("float32").reshape([])
+        self._window_loss = loss if self._window_loss is None else self._window_loss + loss
         self._window_steps += 1
         self._window_data_wait += data_wait
         if step % self.log_interval and step != getattr(self, "_final_step", -1):
             if self._bar is not None:
                 self._bar.update(1)
             return None
-        loss_local = float(out.loss.numpy().reshape(-1)[0])  # syncs the device: the window's work is done
+        loss_local = float(self._window_loss) / self._window_steps  # syncs the device: the window's work is done
         window_seconds = time.perf_counter() - self._window_start
         loss_sum, pending, window_tokens, window_positions, step_tokens = self._reduce(
             [loss_local, self._pending_tokens, self._window_tokens, self._window_positions, out.tokens]
