@@ -87,3 +87,12 @@ def test_check_strategy_rejects_gpu_only_mp_async_allreduce():
         cpu_backend.check_strategy(strategy)
     strategy.hybrid_configs = {"mp_degree": 2, "mp_configs": {"mp_async_allreduce": False}}
     cpu_backend.check_strategy(strategy)
+
+
+def test_check_strategy_rejects_dualpipev():
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"pp_degree": 2, "pp_configs": {"use_dualpipev": True}}
+    with pytest.raises(ValueError, match="use_dualpipev"):
+        cpu_backend.check_strategy(strategy)

@@ -30,7 +30,9 @@ path does instead. `installed_patches()` lists the replaced attributes.
 
 Notes for the trainer on CPU:
   * call `check_strategy(strategy)` before `fleet.init`: `mp_configs.mp_async_allreduce`
-    must stay False (its fused linear calls the raw c_identity kernel);
+    must stay False (its fused linear calls the raw c_identity kernel) and
+    `pp_configs.use_dualpipev` too (its batch_isend_irecv is not routed through the
+    CPU channels);
   * pipeline partial send/recv across tp ranks is always disabled on CPU (pipeline_p2p),
     whatever `pipeline_configs.enable_partial_send_recv` says; results are identical;
   * `group_sharded_parallel` must be looked up after install() (module attribute, or an
@@ -79,4 +81,12 @@ def check_strategy(strategy) -> None:
             "hybrid_configs.mp_configs.mp_async_allreduce=True is GPU-only: its fused "
             "column-parallel linear calls the c_identity kernel directly, which has no "
             "CPU implementation. Leave it False on CPU."
+        )
+    if strategy.hybrid_configs["pp_configs"].use_dualpipev:
+        raise ValueError(
+            "hybrid_configs.pp_configs.use_dualpipev=True is not supported on CPU: the "
+            "DualPipeV schedule sends through paddle.distributed.batch_isend_irecv on the "
+            "whole pipe group, which gloo runs synchronously with one shared tag stream "
+            "(see llmtrain/parallel/cpu_backend/pipeline_p2p.py). Use 1F1B or the "
+            "interleaved schedule."
         )

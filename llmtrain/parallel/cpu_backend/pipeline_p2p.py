@@ -47,6 +47,7 @@ installed and the original NCCL calc-stream batch p2p runs.
 
 from __future__ import annotations
 
+import atexit
 import json
 import queue
 import threading
@@ -75,7 +76,9 @@ class _Handle:
         return self._done.is_set()
 
     def wait(self, timeout=None) -> bool:
-        self._done.wait()
+        """Block until done (or `timeout` seconds: then False); True when completed."""
+        if not self._done.wait(timeout):
+            return False
         if self._error is not None:
             raise RuntimeError(f"pipeline p2p {self._what} failed") from self._error
         return True
@@ -103,10 +106,19 @@ class _Channel:
             self._thread.start()
         return handle
 
+    def stop(self, timeout: float) -> None:
+        """Let the thread finish queued work and exit (used at interpreter exit)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout)
+
     def _serve(self) -> None:
         pg = self._group.process_group
         while True:
-            tensor, handle = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                return
+            tensor, handle = item
             try:
                 if self._sending:
                     pg.send(tensor, self._peer_in_group, True)
@@ -140,7 +152,13 @@ class _Links:
                 if me == b:
                     channels["prev", "recv"] = _Channel(forward, a, False, f"p2p {a}->{b} next")
                     channels["prev", "send"] = _Channel(backward, a, True, f"p2p {b}->{a} prev")
+        self.stop()  # threads of links built for an earlier hcg
         self.hcg, self.channels = hcg, channels
+
+    def stop(self) -> None:
+        """Stop every channel thread (at exit, or when a new hcg replaces the links)."""
+        for channel in self.channels.values():
+            channel.stop(timeout=2.0)
 
     def submit(self, direction: str, role: str, tensors) -> list[_Handle]:
         if tensors is None:
@@ -151,6 +169,7 @@ class _Links:
 
 
 _LINKS = _Links()
+atexit.register(_LINKS.stop)  # let the channel threads end before interpreter teardown
 
 
 def _submit_all(tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_recv_next):
