@@ -181,10 +181,13 @@ def _submit_all(tensor_send_prev, tensor_recv_prev, tensor_send_next, tensor_rec
 
 
 def initialize_p2p_groups(hcg, enable_partial_send_recv=True, enable_timer=False):
-    """CPU stand-in for `p2p_communication.initialize_p2p_groups`.
+    """CPU stand-in for `p2p_communication.initialize_p2p_groups` (called by
+    `PipelineParallel.__init__` on every rank).
 
-    Runs Paddle's initialisation with partial send/recv disabled (see module docstring)
-    and builds the per-direction channels once per hybrid communicate group.
+    GPU: Paddle's function only records hcg, the partial send/recv flag and timers. Here:
+    the same with partial send/recv forced off (see module docstring), then the
+    per-direction channel groups are built once per hybrid communicate group (collective:
+    every rank constructs its PipelineParallel, so all ranks create them in one order).
     """
     original(p2p, "initialize_p2p_groups")(hcg, False, enable_timer)
     if _LINKS.hcg is not hcg and hcg.get_pipe_parallel_world_size() > 1:
@@ -240,7 +243,11 @@ def send_meta(self, tensor, group, reverse=False, broadcast=False):
 
 
 def recv_meta(self, group, reverse=False, broadcast=False):
-    """CPU stand-in for `SendRecvMeta.recv_meta`; fills the same `recv_*_message` fields."""
+    """CPU stand-in for `SendRecvMeta.recv_meta`; fills the same `recv_*_message` fields.
+
+    GPU: two `paddle.distributed.recv` calls on the pipe group. Here: the JSON written by
+    `send_meta`, read from the channel of the matching direction.
+    """
     if broadcast:
         return original(p2p.SendRecvMeta, "recv_meta")(self, group, reverse, broadcast)
     direction = "next" if reverse else "prev"
