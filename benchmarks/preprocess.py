@@ -74,6 +74,14 @@ def batches(texts: list[str], batch_bytes: int = 1 << 20) -> list[list[str]]:
     return out + ([cur] if cur else [])
 
 
+def cpu_of(fn):
+    """Run ``fn`` -> (tokens, encoding CPU s, main-process CPU s) for in-process variants."""
+    c0 = time.process_time()
+    n = fn()
+    c = time.process_time() - c0
+    return n, c, c
+
+
 def raw_sentencepiece(tok, text_batches, threads: int) -> int:
     """Tokens including one EOD per document (counted, not written), like the other variants."""
     return sum(len(x) + 1 for b in text_batches for x in tok.sp.encode(b, num_threads=threads))
@@ -91,8 +99,9 @@ def naive_loop(tok, path: Path, prefix: str) -> int:
     return n
 
 
-def ours(path: Path, prefix: str, workers: int) -> int:
-    return preprocess([str(path)], str(TOKENIZER), prefix, workers=workers, progress=False).tokens
+def ours(path: Path, prefix: str, workers: int):
+    r = preprocess([str(path)], str(TOKENIZER), prefix, workers=workers, progress=False)
+    return r.tokens, r.worker_cpu_seconds, r.main_cpu_seconds
 
 
 def bench_preprocess(mb: float, repeats: int, tmp: Path) -> tuple[list[dict], dict]:
@@ -101,22 +110,25 @@ def bench_preprocess(mb: float, repeats: int, tmp: Path) -> tuple[list[dict], di
     texts, nbytes = make_corpus(corpus, mb)
     tb = batches(texts)
     variants = {
-        "raw SentencePiece, 1 thread (the limit)": (1, lambda: raw_sentencepiece(tok, tb, 1)),
-        "raw SentencePiece, 2 threads": (2, lambda: raw_sentencepiece(tok, tb, 2)),
+        "raw SentencePiece, 1 thread (the limit)": (1, lambda: cpu_of(lambda: raw_sentencepiece(tok, tb, 1))),
+        "raw SentencePiece, 2 threads": (2, lambda: cpu_of(lambda: raw_sentencepiece(tok, tb, 2))),
         "llmtrain.data.preprocess, 1 worker": (1, lambda: ours(corpus, str(tmp / "w1"), 1)),
         "llmtrain.data.preprocess, 2 workers": (2, lambda: ours(corpus, str(tmp / "w2"), 2)),
-        "naive loop (json.loads + encode + write per line)": (1, lambda: naive_loop(tok, corpus, str(tmp / "nv"))),
+        "naive loop (json.loads + encode + write per line)":
+            (1, lambda: cpu_of(lambda: naive_loop(tok, corpus, str(tmp / "nv")))),
     }
     one_doc = tmp / "one.jsonl"  # fixed cost of a run: pool start-up, tokenizer load, file set-up
     one_doc.write_text(json.dumps({"text": texts[0]}, ensure_ascii=False) + "\n", encoding="utf-8")
     times = {k: [] for k in variants}
+    cpu = {k: [] for k in variants}  # (encoding CPU s, main-process CPU s) per run
     startup = {1: [], 2: []}
     tokens = {}
     for _ in range(repeats):  # interleaved, so a disturbance hits every variant alike
         for name, (_, fn) in variants.items():
             t0 = time.perf_counter()
-            tokens[name] = fn()
+            tokens[name], c_enc, c_main = fn()
             times[name].append(time.perf_counter() - t0)
+            cpu[name].append((c_enc, c_main))
         for w in startup:
             t0 = time.perf_counter()
             ours(one_doc, str(tmp / "one"), w)
@@ -124,6 +136,7 @@ def bench_preprocess(mb: float, repeats: int, tmp: Path) -> tuple[list[dict], di
     assert len({v for k, v in tokens.items()}) == 1, f"variants disagree on the token count: {tokens}"
     assert (tmp / "w1.bin").read_bytes() == (tmp / "w2.bin").read_bytes() == (tmp / "nv.bin").read_bytes()
     limit = nbytes / min(times["raw SentencePiece, 1 thread (the limit)"]) / 1e6
+    cpu_limit = min(c for c, _ in cpu["raw SentencePiece, 1 thread (the limit)"])  # CPU s of raw encoding
     rows = []
     for name, (procs, _) in variants.items():
         best = min(times[name])
@@ -132,7 +145,10 @@ def bench_preprocess(mb: float, repeats: int, tmp: Path) -> tuple[list[dict], di
                      "median_seconds": round(statistics.median(times[name]), 3), "MB/s": round(mbs, 2),
                      "tokens/s": round(tokens[name] / best), "MB/s per worker": round(mbs / procs, 2),
                      "tokens/s per worker": round(tokens[name] / best / procs),
-                     "ratio to limit": round(mbs / procs / limit, 3)})
+                     "ratio to limit": round(mbs / procs / limit, 3),
+                     "encoding CPU s": round(min(c for c, _ in cpu[name]), 2),
+                     "main-process CPU s": round(min(m for _, m in cpu[name]), 2),
+                     "CPU ratio to limit": round(cpu_limit / min(c for c, _ in cpu[name]), 3)})
     info = {"text_MB": round(nbytes / 1e6, 1), "documents": len(texts), "tokens": tokens[name],
             "repeats": repeats, "startup_s": {w: round(min(v), 3) for w, v in startup.items()}}
     for r in rows:  # the same ratio with the fixed start-up cost taken out (what a large corpus sees)
@@ -204,6 +220,13 @@ tokens (checked). "ratio to limit" = MB/s per worker / raw single-thread Sentenc
 
 {table(pre, ["variant", "MB/s", "tokens/s", "MB/s per worker", "tokens/s per worker", "ratio to limit",
             "ratio without start-up", "seconds", "median_seconds"])}
+
+The same runs by CPU time, which other jobs on the machine do not distort: "encoding CPU s" is the CPU
+time of the processes (or threads) that parse and encode (for ours: the workers, start-up included),
+"main-process CPU s" that of our reading/writing process, and "CPU ratio to limit" = raw single-thread
+SentencePiece CPU s / encoding CPU s for the same text (1.0 = no overhead per worker).
+
+{table(pre, ["variant", "encoding CPU s", "main-process CPU s", "CPU ratio to limit"])}
 
 Start-up of a `preprocess` run (forkserver pool, worker imports, tokenizer load), measured on a one-document
 input: {info['startup_s'][1]} s with 1 worker, {info['startup_s'][2]} s with 2; "ratio without start-up"

@@ -14,6 +14,7 @@ expects.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -24,14 +25,12 @@ def resolve_path(path: str | os.PathLike) -> str:
     if os.path.isabs(path):
         return path
     bases = []
-    try:
+    if "hydra" in sys.modules:  # a Hydra run has imported it; never import it here (slow, optional)
         from hydra.core.hydra_config import HydraConfig
         from hydra.utils import get_original_cwd
 
         if HydraConfig.initialized():
             bases.append(get_original_cwd())
-    except ImportError:  # hydra is optional for the data tools
-        pass
     bases += [os.getcwd(), str(REPO_ROOT)]
     for b in bases:
         cand = os.path.join(b, path)

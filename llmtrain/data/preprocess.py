@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import itertools
 import json
 import multiprocessing as mp
 import os
@@ -39,62 +38,10 @@ import numpy as np
 
 from llmtrain.data import indexed
 from llmtrain.data.badrecords import BadRecordError, BadRecords
-from llmtrain.data.corpus import Chunk, ParseOptions, expand_inputs, iter_chunks, parse_chunk
+from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_chunks
+from llmtrain.data.encoding import encode_chunk, init_worker
 from llmtrain.data.normalize import Normalizer
-from llmtrain.data.wordbound import WordSegmenter, word_start_flags
 from llmtrain.tokenizer import load_tokenizer
-
-
-@dataclass
-class Encoded:
-    """One chunk after a worker: documents as tokens (each ending in EOD)."""
-
-    label: str
-    tokens: np.ndarray  # [n_tokens] ids, documents back to back
-    lengths: np.ndarray  # [n_docs] int32, EOD included
-    lines: np.ndarray  # [n_docs] line of each document
-    text_bytes: int
-    raw_bytes: int
-    bad: list  # (kind, line, detail)
-    hashes: list | None = None  # [n_docs] fingerprints (dedup)
-    wbd: np.ndarray | None = None  # [n_tokens] uint8 word-start flags
-
-
-# ---------------------------------------------------------------- worker side
-_STATE: dict = {}
-
-
-def _init_worker(tokenizer_dir: str, opt: ParseOptions, word_boundaries: str | None) -> None:
-    _STATE["tok"] = load_tokenizer(tokenizer_dir)
-    _STATE["opt"] = opt
-    _STATE["seg"] = WordSegmenter(word_boundaries) if word_boundaries else None
-    if word_boundaries:
-        _STATE["tok"].token_nbytes  # build the table once per worker
-
-
-def encode_chunk(chunk: Chunk) -> Encoded:
-    """Parse and tokenize one chunk (runs in a worker)."""
-    tok, opt, seg = _STATE["tok"], _STATE["opt"], _STATE["seg"]
-    p = parse_chunk(chunk, opt)
-    ids = tok.encode_batch(p.texts, num_threads=1)
-    n_docs = len(ids)
-    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int32, count=n_docs)  # [n_docs]
-    total = int(lengths.sum(dtype=np.int64))
-    tokens = np.empty(total, dtype=tok.dtype)  # [n_tokens]
-    eod_pos = np.cumsum(lengths, dtype=np.int64) - 1  # [n_docs] position of each EOD
-    is_text = np.ones(total, dtype=bool)
-    is_text[eod_pos] = False
-    tokens[is_text] = np.fromiter(itertools.chain.from_iterable(ids), dtype=tok.dtype, count=total - n_docs)
-    tokens[eod_pos] = tok.eod_id
-    wbd = None
-    if seg is not None:
-        wbd = np.ones(total, dtype=np.uint8)
-        for i, (x, text) in enumerate(zip(ids, p.texts)):
-            words = seg.words(text, p.words[i] if p.words is not None else None)
-            start = int(eod_pos[i]) - len(x)
-            wbd[start: start + len(x)] = word_start_flags(tok, x, text, words)
-    return Encoded(chunk.label, tokens, lengths, np.asarray(p.lines, dtype=np.int64), p.nbytes,
-                   chunk.nbytes, p.bad, p.hashes, wbd)
 
 
 # ---------------------------------------------------------------- main side
@@ -107,6 +54,8 @@ class Report:
     raw_bytes: int = 0
     seconds: float = 0.0
     workers: int = 0
+    worker_cpu_seconds: float = 0.0  # CPU time of the encoding processes (the main process when inline)
+    main_cpu_seconds: float = 0.0  # CPU time of the main process (reading, writing)
     bad: BadRecords = field(default_factory=BadRecords)
     skipped_files: list = field(default_factory=list)
 
@@ -115,7 +64,8 @@ class Report:
         lines = [f"{self.output_prefix}.{{bin,idx}}: {self.documents} documents, {self.tokens} tokens "
                  f"({self.tokens / max(self.documents, 1):.1f}/document), {self.text_bytes / 1e6:.1f} MB of text "
                  f"in {self.seconds:.1f} s with {self.workers} worker(s): {self.documents / s:.0f} docs/s, "
-                 f"{self.text_bytes / 1e6 / s:.2f} MB/s, {self.tokens / s:.0f} tokens/s",
+                 f"{self.text_bytes / 1e6 / s:.2f} MB/s, {self.tokens / s:.0f} tokens/s; CPU: workers "
+                 f"{self.worker_cpu_seconds:.1f} s, main process {self.main_cpu_seconds:.1f} s",
                  self.bad.report()]
         if self.skipped_files:
             lines.append(f"skipped {len(self.skipped_files)} file(s) of unknown type: "
@@ -126,11 +76,13 @@ class Report:
 def _results(chunks, workers: int, init_args: tuple):
     """Encoded chunks in input order, from ``workers`` processes with a bounded window."""
     if workers == 0:
-        _init_worker(*init_args)
+        init_worker(*init_args)
         yield from map(encode_chunk, chunks)
         return
     ctx = mp.get_context("forkserver")  # safe even if the caller has threads (fork is not)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init_args) as pool:
+    # the fork server imports the worker module (numpy, sentencepiece) once; workers fork from it
+    ctx.set_forkserver_preload(["llmtrain.data.encoding"])
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=init_worker, initargs=init_args) as pool:
         window: collections.deque = collections.deque()
         try:
             for chunk in chunks:
@@ -167,6 +119,8 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
     seen: set[int] = set()
     chunks = (c for s in sources for c in iter_chunks(s, opt, chunk_bytes))
     t0 = last = time.time()
+    cpu0 = time.process_time()
+    worker_cpu: dict[int, float] = {}
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=(None if progress is None else not progress),
                desc=os.path.basename(output_prefix), dynamic_ncols=True)
     results = _results(chunks, workers, (tokenizer, opt, word_boundaries))
@@ -192,6 +146,7 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
             report.tokens += len(tokens)
             report.text_bytes += r.text_bytes
             report.raw_bytes += r.raw_bytes
+            worker_cpu[r.cpu[0]] = r.cpu[1]
             bar.update(r.raw_bytes)
             now = time.time()
             if now - last > 0.5:
@@ -208,11 +163,15 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
     bar.close()
     writer.finalize()
     report.seconds = time.time() - t0
+    report.main_cpu_seconds = time.process_time() - cpu0
+    report.worker_cpu_seconds = (report.main_cpu_seconds if workers == 0 else
+                                 sum(worker_cpu.values()))  # includes each worker's start-up
     meta = {"format": "llmtrain-mmidx/1", "tokenizer": tok.identity(), "dtype": np.dtype(tok.dtype).name,
             "inputs": [s.path for s in sources], "skipped_files": skipped, "json_key": opt.key,
             "text_mode": opt.text_mode, "normalizer": vars(opt.normalizer), "dedup": dedup,
             "word_boundaries": word_boundaries, "words_key": opt.words_key, "documents": report.documents,
             "tokens": report.tokens, "text_bytes": report.text_bytes, "seconds": round(report.seconds, 3),
+            "cpu_seconds": {"workers": round(report.worker_cpu_seconds, 3), "main": round(report.main_cpu_seconds, 3)},
             "bad_records": report.bad.to_dict(), "command": command}
     with open(output_prefix + ".meta.json", "w", encoding="utf-8") as f:
         json.dump(meta, f, ensure_ascii=False, indent=2)
