@@ -204,8 +204,9 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["merge"]:
         return _merge_main(argv[1:])
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m llmtrain.data.preprocess", description=__doc__.split("\n\n")[0],
+                                epilog="Merge shards: python -m llmtrain.data.preprocess merge --inputs A B "
+                                       "--output-prefix C")
     p.add_argument("--input", nargs="+", required=True, help="files, folders, globs, hf:BUILDER:GLOB")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (llmtrain.tokenizer.train output)")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
