@@ -30,19 +30,25 @@ class GlobalNormClip(paddle.nn.ClipGradByGlobalNorm):
 
     @paddle.no_grad()
     def _dygraph_clip(self, params_grads):
+        from paddle.nn.clip import _squared_l2_norm  # the fused kernel Paddle's and fleet's clips use
+
         squares = [
-            (g.astype("float32") ** 2).sum()
+            _squared_l2_norm(g).astype("float32")
             for p, g in params_grads
             if g is not None and getattr(p, "need_clip", True)
         ]
         if not squares:
             return params_grads
-        norm = paddle.sqrt(paddle.stack(squares).sum())
+        norm = paddle.sqrt(paddle.add_n(squares)).reshape([])
         self.last_norm = norm
-        scale = self.clip_norm / (paddle.maximum(norm, paddle.to_tensor(self.clip_norm, "float32")) + 1e-6)
+        limit = paddle.full([], self.clip_norm, dtype="float32")
+        scale = limit / (paddle.maximum(norm, limit) + 1e-6)
+        scales = {}
         for p, g in params_grads:
             if g is not None and getattr(p, "need_clip", True):
-                g.multiply_(scale.astype(g.dtype))
+                if g.dtype not in scales:
+                    scales[g.dtype] = scale.astype(g.dtype)
+                g.multiply_(scales[g.dtype])
         return params_grads
 
 
