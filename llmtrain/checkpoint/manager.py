@@ -15,6 +15,10 @@ manifest last, fsyncs, and renames the directory. A directory without a valid
 manifest, with a missing or truncated file or a checksum mismatch is reported
 and skipped, never loaded; old checkpoints are deleted only after a newer one
 is complete. All ranks must see one filesystem (one node, or shared storage).
+
+Fault injection (tests only): with LLMTRAIN_FAULT_KILL_IN_SAVE=<step>, rank 0
+SIGKILLs itself in the middle of saving that step (shards written, no
+manifest), which is what a node failure during a save leaves behind.
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import pickle
 import random
 import re
 import shutil
+import signal
 from dataclasses import dataclass
 from typing import Optional
 
@@ -33,7 +38,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from llmtrain.checkpoint.shards import ShardIndex, collect_shard
+from llmtrain.checkpoint.shards import ShardIndex, collect_shard, is_split_like_param
 from llmtrain.models.init import load_full_state, local_slice
 from llmtrain.utils.log import log0, log_all
 
@@ -168,6 +173,8 @@ class Checkpointer:
             _fsync_file(path)
             files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
         _write_json(stem + ".files", files)
+        if rank == 0 and os.environ.get("LLMTRAIN_FAULT_KILL_IN_SAVE") == str(step):
+            os.kill(os.getpid(), signal.SIGKILL)
         self._barrier()
         if rank == 0:
             all_files = {}
@@ -276,7 +283,7 @@ class Checkpointer:
             for key in index.keys(f"optim/{name}/"):
                 acc = key.rsplit("/", 1)[1]
                 full = index.full(key)
-                value = local_slice(full, param, tp_rank, tp) if full.ndim == len(param.shape) else full
+                value = local_slice(full, param, tp_rank, tp) if is_split_like_param(key) else full
                 tensor = paddle.to_tensor(np.ascontiguousarray(value))
                 if acc == "master":
                     opt_state["master_weights"][param.name] = tensor

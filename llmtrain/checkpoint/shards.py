@@ -26,6 +26,13 @@ import paddle
 from llmtrain.models.init import full_shape
 
 ACCUMULATORS = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc", "moment2_max")
+SCALAR_ACCUMULATORS = ("beta1_pow_acc", "beta2_pow_acc")
+"""Per-parameter [1] tensors: never split, whatever the parameter's layout."""
+
+
+def is_split_like_param(key: str) -> bool:
+    """Does the tensor under `key` have the parameter's shape (and so its tp split)?"""
+    return not key.rsplit("/", 1)[-1] in SCALAR_ACCUMULATORS
 
 
 def _np32(t) -> np.ndarray:
@@ -41,10 +48,8 @@ def _owns_replica(param, topo, tp_degree: int) -> bool:
     return True
 
 
-def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int) -> dict:
-    axis = getattr(param, "llm_split_axis", None)
-    if axis is not None and len(arr_shape) != len(param.shape):
-        axis = None  # a per-parameter scalar (beta pow) is never split
+def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int, split: bool = True) -> dict:
+    axis = getattr(param, "llm_split_axis", None) if split else None
     gshape = full_shape(param, tp_degree) if axis is not None else list(arr_shape)
     offset = topo.tp_rank * int(arr_shape[axis]) if axis is not None else 0
     return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
@@ -78,7 +83,7 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
             key = f"optim/{name}/{acc}"
             arr = _np32(var)
             tensors[key] = arr
-            meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
+            meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, split=is_split_like_param(key))
         if param.name in masters:
             key = f"optim/{name}/master"
             arr = _np32(masters[param.name])

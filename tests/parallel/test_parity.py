@@ -11,15 +11,10 @@ multiplied by tp or pp.
 """
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
-from launch import metrics, run_many  # noqa: E402
-
-from conftest import tiny_overrides  # noqa: E402
+from conftest import tiny_overrides
+from launch import metrics, run_many
 
 MODELS = ("gpt", "llama")
 LAYERS = ["model.num_layers=8"]
