@@ -17,6 +17,7 @@ from omegaconf import MISSING, OmegaConf
 
 from llmtrain.checkpoint.config import CheckpointConfig
 from llmtrain.data.config import DataConfig
+from llmtrain.data.sft import SFTDataConfig
 from llmtrain.models.config import ModelConfig
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.train.config import OptimConfig, TrainConfig
@@ -59,10 +60,18 @@ class Config:
     """Seed of parameter initialisation (by parameter name) and data order."""
 
 
+@dataclass
+class FinetuneConfig(Config):
+    data: SFTDataConfig = MISSING
+    """Fine-tuning records, tokenizer, sequence length (`conf/data/sft.yaml`)."""
+
+
 def register_configs() -> None:
-    """Register the root schema (`base_config`) and group schemas (`<group>/base`)."""
+    """Register the root schemas (`base_config`, `base_finetune_config`) and group schemas (`<group>/base`)."""
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    cs.store(name="base_finetune_config", node=FinetuneConfig)
+    cs.store(group="data", name="base_sft", node=SFTDataConfig)
     cs.store(group="model", name="base", node=ModelConfig)
     cs.store(group="data", name="base", node=DataConfig)
     cs.store(group="optim", name="base", node=OptimConfig)
@@ -75,7 +84,7 @@ def to_config(cfg) -> Config:
     return OmegaConf.to_object(cfg)
 
 
-def compose_config(overrides=(), config_dir: Optional[str] = None):
+def compose_config(overrides=(), config_dir: Optional[str] = None, config_name: str = "config"):
     """The root config composed exactly as `llmtrain/pretrain.py` would, without running it.
 
         cfg = compose_config(["model=llama-tiny", "+parallel=tp2", "train.max_steps=5"])
@@ -89,7 +98,7 @@ def compose_config(overrides=(), config_dir: Optional[str] = None):
     config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=config_dir):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name=config_name, overrides=list(overrides))
 
 
 _CHOICES = {

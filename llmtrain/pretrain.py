@@ -26,10 +26,16 @@ register_configs()
 
 def pretrain(dcfg) -> dict:
     """Run pretraining for a composed Hydra config; returns the last metrics record."""
+    from llmtrain.data.loader import PretrainData
+
+    return run(dcfg, PretrainData)
+
+
+def run(dcfg, data_cls) -> dict:
+    """The recipe, shared with `llmtrain/finetune.py` (which passes `SFTData`)."""
     import paddle
 
     from llmtrain.checkpoint.manager import Checkpointer
-    from llmtrain.data.loader import PretrainData
     from llmtrain.models.size import flops_per_token
     from llmtrain.parallel.layout import check_model_fits, resolve_layout
     from llmtrain.parallel.plan import build_for_layout
@@ -55,7 +61,7 @@ def pretrain(dcfg) -> dict:
     paddle.seed(cfg.seed)
     prepare_run_dir(cfg, dcfg, topo)
     # 4. this data rank's batches of the layout-independent global order
-    data = PretrainData(
+    data = data_cls(
         cfg.data, seed=cfg.seed, global_batch_size=layout.global_batch, micro_batch_size=layout.micro_batch,
         dp_rank=topo.data_rank, dp_world=topo.data_world,
     )

@@ -22,18 +22,40 @@ def fit_vocab(model_cfg, tokenizer) -> None:
         )
 
 
-def import_initial_state(cfg):
-    """Full canonical tensors of the PaddleNLP checkpoint at model.init_from (None if unset).
+def _read_own_checkpoint(src: str):
+    """(ModelConfig, lazy state) of one of our step_<N> checkpoints (model weights only)."""
+    import json
 
-    The checkpoint's architecture replaces the configured one (its config.json
-    is the truth for its weights); the attention kernel choice is kept."""
+    from llmtrain.checkpoint.manager import verify_files
+    from llmtrain.checkpoint.shards import ShardIndex
+    from llmtrain.models.config import ModelConfig
+
+    problems = verify_files(src)
+    if problems:
+        raise ConfigError([f"model.init_from={src}: " + p for p in problems])
+    with open(os.path.join(src, "manifest.json")) as f:
+        manifest = json.load(f)
+    return ModelConfig(**manifest["model"]), ShardIndex(src).model_state()
+
+
+def import_initial_state(cfg):
+    """Full canonical tensors of the checkpoint at model.init_from (None if unset).
+
+    A PaddleNLP directory (config.json + weights) or one of our step_<N>
+    checkpoints (manifest.json; model weights only: optimizer, schedule and data
+    position start fresh, as fine-tuning wants). The checkpoint's architecture
+    replaces the configured one (it is the truth for its weights); the attention
+    kernel choice is kept."""
     src = cfg.model.init_from
     if not src:
         return None
-    from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
+    if os.path.exists(os.path.join(src, "manifest.json")):
+        model_cfg, state = _read_own_checkpoint(src)
+    else:
+        from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
 
-    inside_run = os.path.abspath(src).startswith(os.path.abspath(cfg.run.dir) + os.sep)
-    model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run, lazy=True)
+        inside_run = os.path.abspath(src).startswith(os.path.abspath(cfg.run.dir) + os.sep)
+        model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run, lazy=True)
     vocab = cfg.model.vocab_size
     model_cfg.attention = cfg.model.attention
     model_cfg.init_from = src

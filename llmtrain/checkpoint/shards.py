@@ -141,3 +141,19 @@ class ShardIndex:
 
     def close(self) -> None:
         self._open.clear()
+
+    def model_state(self) -> dict:
+        """{canonical name: lazily assembled full tensor} of every model tensor (for init_from)."""
+        return {key[len("model/"):]: LazyFull(self, key) for key in self.keys("model/")}
+
+
+class LazyFull:
+    """A full tensor of a checkpoint, assembled only when numpy asks for it (one at a time)."""
+
+    def __init__(self, index: ShardIndex, key: str):
+        self.index, self.key = index, key
+        self.shape = tuple(index.pieces[key][0][2]["global_shape"])
+
+    def __array__(self, dtype=None, copy=None):
+        arr = self.index.full(self.key)
+        return arr if dtype is None else arr.astype(dtype, copy=False)

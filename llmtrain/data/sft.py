@@ -1,0 +1,225 @@
+"""Supervised fine-tuning data: prompt/response or chat records -> fixed-length samples whose
+loss falls on response tokens only, in a layout-independent order.
+
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/finetune.py +parallel=dp2 \
+        data.files=[chat.jsonl] data.tokenizer=DIR model.init_from=PADDLENLP_DIR
+
+Records (jsonl, one object per line):
+    {"prompt": "...", "response": "..."}
+    {"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}
+Rendering: <bos>, then per turn a role header "<|user|>\\n" (text, tokenized as such)
+and the content; every assistant turn ends with <eos>. The loss mask is 1 on the
+assistant contents and their <eos> (the targets the model should learn to
+produce), 0 on the bos, headers, system and user text, and padding; the token
+accounting counts exactly these positions.
+
+One example per sample, padded to seq_len + 1 with <pad> (padding sits after the
+example, so causal attention never lets a real token see it). Packing several
+examples per sequence with attention cut between them needs per-example masks
+in every parallel layout and is not implemented. An example longer than
+seq_len + 1 is truncated and counted; one whose response is cut away entirely,
+malformed JSON, a missing or non-string field, an unknown role or an empty
+response are bad records: counted by kind with file:line, never silent
+(`data.strict=true` stops at the first).
+
+Order: global sample g is example perm_e[g mod N] of epoch e = g div N, perm_e a
+permutation seeded by (seed, e); steps and data ranks cut the stream exactly as
+pretraining does (`sampler.StepSampler`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import List
+
+import numpy as np
+from omegaconf import MISSING
+
+from llmtrain.data.badrecords import KINDS, BadRecords
+from llmtrain.data.sampler import StepSampler
+from llmtrain.tokenizer import load_tokenizer
+from llmtrain.utils.log import log0
+
+KINDS.update({
+    "bad_message": "a chat message that is not {role, content} with a known role",
+    "no_response": "no assistant/response text to learn from (empty, or cut away by seq_len)",
+})
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass
+class SFTDataConfig:
+    files: List[str] = MISSING
+    """jsonl files of {"prompt", "response"} or {"messages": [...]} records."""
+
+    tokenizer: str = MISSING
+    """Tokenizer directory (ours, `python -m llmtrain.tokenizer.train`); its padded vocab_size sizes the model."""
+
+    seq_len: int = 256
+    """Tokens per sample fed to the model (examples are padded or truncated to seq_len + 1)."""
+
+    valid_files: List[str] = field(default_factory=list)
+    """Held-out records for evaluation; empty: evaluation reads the first training examples in file order."""
+
+    prompt_key: str = "prompt"
+    """Field of the prompt in prompt/response records."""
+
+    response_key: str = "response"
+    """Field of the response in prompt/response records."""
+
+    strict: bool = False
+    """Stop at the first bad record (with its file and line) instead of counting it."""
+
+
+def render(turns: list[tuple[str, str]], tok) -> tuple[list[int], list[int]]:
+    """(ids, mask) of one conversation; mask[i] = 1 where ids[i] is a target to learn."""
+    ids, mask = [tok.bos_id], [0]
+    for role, content in turns:
+        header = tok.encode(f"<|{role}|>\n")
+        body = tok.encode(content)
+        ids += header + body
+        learn = 1 if role == "assistant" else 0
+        mask += [0] * len(header) + [learn] * len(body)
+        if role == "assistant":
+            ids.append(tok.eos_id)
+            mask.append(1)
+    return ids, mask
+
+
+def parse_record(obj, cfg: SFTDataConfig):
+    """[(role, content), ...] or (bad kind, detail)."""
+    if not isinstance(obj, dict):
+        return "not_an_object", type(obj).__name__
+    if "messages" in obj:
+        msgs = obj["messages"]
+        if not isinstance(msgs, list) or not msgs:
+            return "bad_message", "messages is not a non-empty list"
+        turns = []
+        for i, m in enumerate(msgs):
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                return "bad_message", f"message {i}: {str(m)[:60]}"
+            turns.append((m["role"], m["content"]))
+        if not any(r == "assistant" and c.strip() for r, c in turns):
+            return "no_response", "no assistant message with text"
+        return turns
+    for key in (cfg.prompt_key, cfg.response_key):
+        if obj.get(key) is None:
+            return "missing_field", key
+        if not isinstance(obj[key], str):
+            return "non_string_field", f"{key} is {type(obj[key]).__name__}"
+    if not obj[cfg.response_key].strip():
+        return "no_response", f"empty {cfg.response_key}"
+    return [("user", obj[cfg.prompt_key]), ("assistant", obj[cfg.response_key])]
+
+
+def load_examples(files, tok, cfg: SFTDataConfig, bad: BadRecords):
+    """tokens [N, seq_len + 1] (padded with pad_id) and loss mask [N, seq_len + 1], plus the truncation count."""
+    width = cfg.seq_len + 1
+    rows, masks, truncated = [], [], 0
+    for path in files:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"data.files: {path} does not exist")
+        with open(path, "rb") as f:
+            for line_no, raw in enumerate(f, 1):
+                try:
+                    text = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    bad.add("invalid_utf8", path, line_no, str(e)[:80])
+                    continue
+                if not text.strip():
+                    bad.add("blank_line", path, line_no)
+                    continue
+                try:
+                    parsed = parse_record(json.loads(text), cfg)
+                except json.JSONDecodeError as e:
+                    bad.add("malformed_json", path, line_no, str(e)[:80])
+                    continue
+                if isinstance(parsed, tuple):
+                    bad.add(parsed[0], path, line_no, parsed[1])
+                    continue
+                ids, mask = render(parsed, tok)
+                if len(ids) > width:
+                    truncated += 1
+                    ids, mask = ids[:width], mask[:width]
+                if sum(mask[1:]) == 0:
+                    bad.add("no_response", path, line_no, f"response starts beyond seq_len={cfg.seq_len}")
+                    continue
+                row = np.full(width, tok.pad_id, dtype=np.int64)
+                row[: len(ids)] = ids
+                m = np.zeros(width, dtype=np.float32)
+                m[: len(mask)] = mask
+                rows.append(row)
+                masks.append(m)
+    if not rows:
+        raise ValueError(f"data.files {list(files)}: no usable example ({bad.report()})")
+    return np.stack(rows), np.stack(masks), truncated
+
+
+class SFTData:
+    """Same interface as `PretrainData`: next_step(), valid_batches(), consumed_samples, state_dict()."""
+
+    def __init__(self, cfg: SFTDataConfig, seed: int, global_batch_size: int, micro_batch_size: int,
+                 dp_rank: int = 0, dp_world: int = 1, consumed_samples: int = 0):
+        self.cfg, self.seed = cfg, int(seed)
+        self.seq_len = int(cfg.seq_len)
+        self.tokenizer = load_tokenizer(cfg.tokenizer)
+        self.bad = BadRecords(strict=cfg.strict)
+        self.tokens, self.mask, truncated = load_examples(list(cfg.files), self.tokenizer, cfg, self.bad)
+        self.valid_tokens = self.valid_mask = None
+        if cfg.valid_files:
+            self.valid_tokens, self.valid_mask, _ = load_examples(list(cfg.valid_files), self.tokenizer, cfg, self.bad)
+        self.sampler = StepSampler(global_batch_size, micro_batch_size, dp_rank, dp_world)
+        self.micro_batch_size = int(micro_batch_size)
+        self.consumed_samples = int(consumed_samples)
+        self.data_wait_time = 0.0
+        self._perms: dict = {}
+        log0(f"sft data: {len(self.tokens)} examples from {len(cfg.files)} file(s), {int(self.mask[:, 1:].sum())} "
+             f"response tokens, {truncated} truncated to seq_len+1={self.seq_len + 1}; {self.bad.report()}")
+
+    def _example(self, g: np.ndarray) -> np.ndarray:
+        n = len(self.tokens)
+        out = np.empty_like(g)
+        for e in np.unique(g // n):
+            if e not in self._perms:
+                self._perms[e] = np.random.default_rng([self.seed, int(e)]).permutation(n)
+            sel = g // n == e
+            out[sel] = self._perms[e][g[sel] % n]
+        return out
+
+    @staticmethod
+    def _batch(tokens, mask, ids) -> dict:
+        return {
+            "input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask[:, 1:],
+            "sample_ids": ids,
+        }
+
+    def next_step(self) -> list[dict]:
+        t0 = time.perf_counter()
+        ids = self.sampler.rank_ids(self.consumed_samples)  # [accum, micro]
+        out = []
+        for row in ids:
+            ex = self._example(row)
+            out.append(self._batch(self.tokens[ex], self.mask[ex], row))
+        self.consumed_samples += self.sampler.global_batch_size
+        self.data_wait_time = time.perf_counter() - t0
+        return out
+
+    def valid_batches(self, n_batches: int) -> list[dict]:
+        tokens, mask = (self.valid_tokens, self.valid_mask) if self.valid_tokens is not None else (self.tokens, self.mask)
+        m = self.micro_batch_size
+        out = []
+        for b in range(n_batches):
+            ex = np.arange(b * m, (b + 1) * m) % len(tokens)
+            out.append(self._batch(tokens[ex], mask[ex], ex))
+        return out
+
+    def state_dict(self) -> dict:
+        return {"consumed_samples": self.consumed_samples, "seed": self.seed, "examples": int(len(self.tokens)),
+                "global_batch_size": self.sampler.global_batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("examples", len(self.tokens)) != len(self.tokens):
+            log0(f"warning: the checkpoint saw {state['examples']} examples, the data now has {len(self.tokens)}")
+        self.consumed_samples = int(state["consumed_samples"])
