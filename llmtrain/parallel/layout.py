@@ -114,6 +114,12 @@ def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world
             f"parallel.sharding_stage={p.sharding_stage} with parallel.pp={p.pp}: Paddle's pipeline runs sharding only "
             "through fleet's stage-1 sharding optimizer; use sharding_stage=1 with pipeline parallelism"
         )
+    if p.sharding_stage == 3 and p.sharding > 1 and p.tp > 1:
+        problems.append(
+            f"parallel.sharding_stage=3 with parallel.tp={p.tp}: Paddle's stage-3 clip (GroupShardedClipGrad) "
+            "all-reduces the gradient norm over the sharding group only, so tp-split gradients would be clipped "
+            "by a wrong norm; use sharding_stage 1 or 2 with tensor parallelism"
+        )
     if p.pp_schedule not in ("1f1b", "interleaved"):
         problems.append(f"parallel.pp_schedule={p.pp_schedule!r}: expected '1f1b' or 'interleaved'")
     if p.pp_schedule == "interleaved":

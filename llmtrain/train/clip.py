@@ -73,6 +73,9 @@ def install_recording_clip(optimizer):
     Walks fleet's optimizer wrappers; where fleet installed a
     `HybridParallelClipGrad`, replaces it with an equivalent recording subclass.
     """
+    zero_clip = getattr(optimizer, "_llm_recording_clip", None)
+    if zero_clip is not None:  # ZeRO-2/3: llmtrain.parallel.zero installed it
+        return zero_clip
     hybrid_cls, recording_cls = _hybrid_clip_class()
     opt, found = optimizer, None
     while opt is not None:
@@ -83,7 +86,7 @@ def install_recording_clip(optimizer):
             opt._grad_clip = found = new
         elif isinstance(clip, (GlobalNormClip, recording_cls)):
             found = found or clip
-        opt = opt.__dict__.get("_inner_opt")
+        opt = opt.__dict__.get("_inner_opt") or opt.__dict__.get("_optim")
     if found is None:
         raise RuntimeError("no global-norm clip found on the optimizer; build it with GlobalNormClip")
     return found

@@ -82,12 +82,12 @@ def _safe_metrics(run_dir):
 
 @pytest.mark.slow
 def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
-    """dp2 writes step 6; tp2, pp2, sharding2 and one process continue from it with the uninterrupted losses."""
+    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the uninterrupted losses."""
     src = tmp_path / "dp2"
     runs = [tiny_overrides(tiny_corpus, str(src / m), m, steps=STEPS) + ["+parallel=dp2", "checkpoint.interval=6"]
             for m in ("gpt", "llama")]
     run_many(runs, nproc=2, workdir=src)
-    for layout, nproc in (("tp2", 2), ("pp2", 2), ("sharding2", 2), (None, 0)):
+    for layout, nproc in (("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2), (None, 0)):
         out = tmp_path / (layout or "single")
         runs = [tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS)
                 + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
@@ -104,7 +104,7 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
 @pytest.mark.slow
 def test_tp_split_checkpoint_resumes_on_one_process(tiny_corpus, uninterrupted, tmp_path):
     """The other direction: tensors written as tp slices (and pp stages) are reassembled for one process."""
-    for layout in ("tp2", "pp2"):
+    for layout in ("tp2", "pp2", "zero3"):
         src = tmp_path / layout
         run_many([tiny_overrides(tiny_corpus, str(src / "llama"), "llama", steps=STEPS)
                   + [f"+parallel={layout}", "checkpoint.interval=6"]], nproc=2, workdir=src)

@@ -1,0 +1,85 @@
+"""ZeRO stages 2 and 3 through Paddle's own group-sharded classes.
+
+    model, optimizer, scaler = wrap_zero(core, optimizer, scaler, layout, topo)   # after fleet.init
+
+`parallel.sharding_stage=2` -> `group_sharded_parallel(level="os_g")`
+(GroupShardedOptimizerStage2 + GroupShardedStage2: optimizer states and gradients
+sharded), `3` -> `level="p_g_os"` (GroupShardedStage3: parameters too), over
+fleet's sharding group, with fleet's dp group for dp x sharding. Stage 1 does not
+come here: it is fleet's `sharding_degree` through `fleet.distributed_optimizer`.
+On CPU, `llmtrain.parallel.cpu_backend` lets Paddle's classes run over gloo.
+
+Clipping: under fleet's hybrid topology Paddle's stage 2 installs fleet's
+`HybridParallelClipGrad` (norm over sharding, mp and pp groups), which
+`llmtrain.train.clip.install_recording_clip` records like stage 1. Stage 3
+installs `GroupShardedClipGrad` (norm over the sharding group only — so stage 3
+refuses tp > 1 in `layout.py`); `RecordingShardedClip` wraps it to record the
+norm it uses (sliced gradients' squares all-reduced over the sharding group,
+un-sliced parameters' squares added once) and then lets Paddle clip.
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.distributed as dist
+
+LEVELS = {2: "os_g", 3: "p_g_os"}
+
+
+class RecordingShardedClip:
+    """Paddle's GroupShardedClipGrad, plus `last_norm` (the global norm it clips with)."""
+
+    def __init__(self, inner, group):
+        self.inner = inner
+        self.group = group
+        self.last_norm = None
+
+    @paddle.no_grad()
+    def __call__(self, params_grads):
+        from paddle.nn.clip import _squared_l2_norm
+
+        sliced = paddle.zeros([1], dtype="float32")
+        unsliced = paddle.zeros([1], dtype="float32")
+        for p, g in params_grads:
+            if g is None or getattr(p, "need_clip", True) is False:
+                continue
+            sq = _squared_l2_norm(g).astype("float32").reshape([1])
+            if hasattr(p, "unslice"):
+                unsliced = unsliced + sq
+            else:
+                sliced = sliced + sq
+        dist.all_reduce(sliced, group=self.group)
+        self.last_norm = paddle.sqrt(sliced + unsliced).reshape([])
+        return self.inner(params_grads)
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
+
+
+def _install_recorder(optimizer, group) -> RecordingShardedClip:
+    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedClipGrad
+
+    seen, todo = set(), [optimizer]
+    while todo:
+        opt = todo.pop()
+        if opt is None or id(opt) in seen:
+            continue
+        seen.add(id(opt))
+        clip = opt.__dict__.get("_grad_clip")
+        if isinstance(clip, GroupShardedClipGrad):
+            opt._grad_clip = RecordingShardedClip(clip, group)
+            return opt._grad_clip
+        todo += [opt.__dict__.get("_optim"), opt.__dict__.get("_inner_opt")]
+    raise RuntimeError("Paddle's GroupShardedClipGrad was not found on the ZeRO optimizer; set optim.clip_grad > 0")
+
+
+def wrap_zero(core, optimizer, scaler, layout, topo):
+    """ZeRO-2/3 wrappers over the sharding group; returns (model, optimizer, scaler) with a recording clip."""
+    hcg = topo.hcg
+    group = hcg.get_sharding_parallel_group()
+    dp_group = hcg.get_data_parallel_group() if layout.dp > 1 else None
+    model, optimizer, scaler = paddle.distributed.sharding.group_sharded_parallel(
+        core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group,
+    )
+    if layout.sharding_stage == 3:
+        optimizer._llm_recording_clip = _install_recorder(optimizer, group)
+    return model, optimizer, scaler
