@@ -115,3 +115,20 @@ def test_tp_split_checkpoint_resumes_on_one_process(tiny_corpus, uninterrupted, 
         assert [r["step"] for r in recs] == list(range(7, STEPS + 1))
         for r in recs:
             assert abs(r["loss"] - uninterrupted["llama"][r["step"] - 1]) <= 1e-4, (layout, r)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_finishes_the_step_saves_and_exits_0(tiny_corpus, tmp_path, sig):
+    run_dir = tmp_path / "run"
+    cmd = launch_cmd(["llmtrain/pretrain.py", *tiny_overrides(tiny_corpus, str(run_dir), "gpt", steps=100000)], 0, tmp_path)
+    p = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(_safe_metrics(run_dir)) < 3:
+        time.sleep(0.2)
+    p.send_signal(sig)
+    out, _ = p.communicate(timeout=120)
+    assert p.returncode == 0, out[-2000:]
+    steps = [r["step"] for r in _safe_metrics(run_dir)]
+    saved = [c.name for c in (run_dir / "checkpoints").iterdir()]
+    assert saved == [f"step_{steps[-1]}"] and f"stopped by {signal.Signals(sig).name}" in out
