@@ -7,7 +7,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import REPO, compose
+from llmtest import REPO, compose
 from llmtrain.config import check_config, to_config
 from llmtrain.parallel.layout import ConfigError, resolve_layout
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from conftest import compose, tiny_overrides
+from llmtest import compose, tiny_overrides
 from llmtrain.checkpoint.manager import list_checkpoints, verify_files
 
 

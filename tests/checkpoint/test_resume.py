@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import tiny_overrides
+from llmtest import tiny_overrides
 from launch import REPO, env, launch_cmd, metrics, run_launch, run_many
 
 STEPS = 12

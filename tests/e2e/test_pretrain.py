@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import compose, tiny_overrides
+from llmtest import compose, tiny_overrides
 from launch import metrics, run_launch
 
 FIELDS = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_total", "tokens_per_sec", "tokens_per_sec_per_device",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import tiny_overrides
+from llmtest import tiny_overrides
 from launch import metrics, run_many
 
 MODELS = ("gpt", "llama")

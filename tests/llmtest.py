@@ -1,0 +1,32 @@
+"""Helpers shared by the tests (a module with a unique name: several conftest.py files exist).
+
+    from llmtest import REPO, compose, tiny_overrides
+"""
+from __future__ import annotations
+
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def compose(overrides=()):
+    """The root config composed with Hydra's compose API, as llmtrain/pretrain.py would see it."""
+    from llmtrain.config import compose_config
+
+    return compose_config(overrides)
+
+
+def tiny_overrides(corpus: dict, run_dir: str, model: str = "gpt", steps: int = 8) -> list[str]:
+    """Hydra overrides for a seconds-long run of a tiny GPT or Llama on `corpus`."""
+    arch = {
+        "gpt": ["model=gpt-tiny", "model.max_position_embeddings=64"],
+        "llama": ["model=llama-tiny", "model.num_kv_heads=2"],
+        "ernie": ["model=ernie-tiny", "model.max_position_embeddings=64"],
+    }[model]
+    return arch + [
+        "model.hidden_size=32", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=64",
+        f"data.prefixes=[{corpus['prefix']}]", f"data.tokenizer={corpus['tokenizer']}", "data.seq_len=32",
+        "data.num_workers=0", f"train.max_steps={steps}", "train.global_batch_size=8", "train.micro_batch_size=2",
+        "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none",
+        "optim.lr=1e-3", "optim.warmup_steps=2", f"run.dir={run_dir}",
+    ]
