@@ -1,6 +1,6 @@
 """Two "nodes" on 127.0.0.1 (issue 3, item 10): dp2 as 2 x 1 process equals 1 x 2 processes.
 
-Run: pytest tests/parallel/test_cpu_backend_multinode.py   (~20 s on 2 cores)
+Run: pytest tests/parallel/test_cpu_backend_multinode.py   (~15 s on 2 cores)
 
 Node 0 and node 1 are started with scripts/launch_multinode.sh (--master 127.0.0.1:PORT
 --nnodes 2 --rank {0,1} --nproc-per-node 1); the same worker

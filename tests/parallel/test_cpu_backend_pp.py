@@ -1,6 +1,6 @@
 """Pipeline parallel on CPU (1F1B, interleaved, tied embeddings, with dp and tp) vs. one process.
 
-Run: pytest tests/parallel/test_cpu_backend_pp.py   (~55 s on 2 cores)
+Run: pytest tests/parallel/test_cpu_backend_pp.py   (~60 s on 2 cores)
 
 Each case launches tests/parallel/cpu_backend_scripts/pp_worker.py (fleet PipelineLayer +
 PipelineParallel / PipelineParallelWithInterleave, llmtrain.parallel.cpu_backend

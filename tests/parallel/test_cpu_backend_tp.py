@@ -1,6 +1,6 @@
 """Tensor parallel, data parallel and sharding stage 1 on CPU vs. one process.
 
-Run: pytest tests/parallel/test_cpu_backend_tp.py   (~35 s on 2 cores)
+Run: pytest tests/parallel/test_cpu_backend_tp.py   (~40 s on 2 cores)
 
 Each case launches tests/parallel/cpu_backend_scripts/hybrid_worker.py under
 `paddle.distributed.launch` (gloo, llmtrain.parallel.cpu_backend installed) and compares
