@@ -2,6 +2,7 @@
 
     python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py +parallel=dp2
     python llmtrain/pretrain.py model=llama-tiny train.max_steps=50       # one device
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=ernie-tiny +parallel=tp2  # masked LM
 
 The recipe, top to bottom: config -> layout check -> tokenizer -> distributed
 -> data -> model + parallel plan + optimizer -> resume -> loop (step, metrics,
@@ -25,10 +26,14 @@ register_configs()
 
 
 def pretrain(dcfg) -> dict:
-    """Run pretraining for a composed Hydra config; returns the last metrics record."""
-    from llmtrain.data.loader import PretrainData
+    """Run pretraining for a composed Hydra config; returns the last metrics record.
 
-    return run(dcfg, PretrainData)
+    The objective follows `model.family`: next-token batches (`PretrainData`) for decoders,
+    masked-LM batches (`MLMData`, `data.masking`: whole-word by default) for encoders."""
+    from llmtrain.data.loader import PretrainData
+    from llmtrain.data.mlm import MLMData
+
+    return run(dcfg, MLMData if dcfg.model.family == "encoder" else PretrainData)
 
 
 def run(dcfg, data_cls) -> dict:
@@ -53,7 +58,9 @@ def run(dcfg, data_cls) -> dict:
     # 2. tokenizer fixes the vocabulary; the model must fit the layout
     tokenizer = load_tokenizer(cfg.data.tokenizer)
     fit_vocab(cfg.model, tokenizer)
+    family = cfg.model.family  # the objective (data_cls) follows it
     initial_state = import_initial_state(cfg)  # PaddleNLP checkpoint given by model.init_from, or None
+    check_same_family(cfg.model, family)
     check_model_fits(layout, cfg.model)
     amp = AmpPlan.from_config(cfg.train.amp)
     # 3. processes, groups, CPU stand-ins
@@ -76,6 +83,17 @@ def run(dcfg, data_cls) -> dict:
         flops_per_token=flops_per_token(cfg.model, cfg.data.seq_len),
         peak=peak_flops(cfg.train.peak_tflops),
     )
+
+
+def check_same_family(model_cfg, family: str) -> None:
+    """A checkpoint imported by model.init_from must be of the preset's family (which chose the objective)."""
+    if model_cfg.family != family:
+        from llmtrain.parallel.layout import ConfigError
+
+        example = "ernie-tiny" if model_cfg.family == "encoder" else "gpt-tiny"
+        raise ConfigError([f"model.init_from={model_cfg.init_from} is a {model_cfg.family} checkpoint but the model "
+                           f"preset is a {family}: choose a {model_cfg.family} preset (e.g. model={example}) so "
+                           "the objective matches"])
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

@@ -11,10 +11,54 @@ against the repository root.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
 
 from omegaconf import MISSING, OmegaConf
+
+
+@dataclass
+class MaskingConfig:
+    """Masked-LM corruption of encoder (ERNIE/BERT) batches: ``data.masking.*``; read by
+    :mod:`llmtrain.data.masking` only when ``model.family=encoder`` (decoders ignore it)."""
+
+    strategy: str = "whole_word"
+    """What is masked together: ``token`` (BERT: single tokens), ``whole_word`` (all tokens of a
+    word, words from the ``PREFIX.wbd`` side file of ``preprocess --word-boundaries gold|jieba``),
+    ``ngram`` (spans of 1..``max_ngram`` consecutive words, P(n) proportional to 1/n) or ``entity``
+    (phrases and named entities of the lexicon, ``entity_source``, as one unit each; other words as
+    in ``whole_word``)."""
+
+    prob: float = 0.15
+    """Target fraction of each sample's maskable tokens (special tokens excluded) that bear the loss.
+    Each sample gets round(prob x maskable) of them (at least 1), so a batch is within
+    0.5 / (mean maskable tokens per sample) of the target (under 1 point from 50 tokens per sample)."""
+
+    mask_token_prob: float = 0.8
+    """Share of the selected tokens replaced by the mask token (BERT's 80%)."""
+
+    random_token_prob: float = 0.1
+    """Share of the selected tokens replaced by a random ordinary token (BERT's 10%); the remaining
+    ``1 - mask_token_prob - random_token_prob`` keep their token and still bear the loss."""
+
+    max_ngram: int = 3
+    """Longest span in words for ``strategy=ngram``."""
+
+    entity_source: str = "jieba"
+    """Lexicon of ``strategy=entity``: ``jieba`` (the words of jieba's dictionary tagged with
+    ``entity_tags``, the names ``jieba.posseg`` tags by lookup), ``lexicon`` (the file ``lexicon``), or
+    ``both``."""
+
+    lexicon: Optional[str] = None
+    """A user file of phrases / entities, one per line (the first whitespace-separated field; jieba's
+    ``word freq tag`` format works; a line starting with ``#`` is a comment). Build one from tagged text with
+    ``python -m llmtrain.data.lexicon``. Needed by ``entity_source=lexicon|both``."""
+
+    entity_tags: List[str] = field(default_factory=lambda: ["nr", "ns", "nt"])
+    """jieba part-of-speech tags taken as entities (person, place, organisation names)."""
+
+    max_entity_tokens: int = 16
+    """Lexicon entries longer than this many tokens are not matched."""
 
 
 @dataclass
@@ -52,6 +96,10 @@ class DataConfig:
     """Exclude from the loss the positions whose input token is the end-of-document
     token (the prediction of the next document's first token), as Megatron's
     ``--eod-mask-loss``."""
+
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    """Masked-LM corruption for encoder models (the objective follows ``model.family``); whole-word by
+    default."""
 
 
 def load_data_config(path: str | None = None, overrides: list[str] | None = None) -> DataConfig:

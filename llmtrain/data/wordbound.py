@@ -7,7 +7,8 @@ A token *starts a word* when its first byte is the first byte of a word of the
 segmentation (gold words from the corpus, or jieba's). Token byte offsets come from
 ``Tokenizer.token_nbytes`` (bytes each id decodes to) by a cumulative sum, so the
 alignment is a few numpy calls per document; when the pieces do not add up to the
-text (a literal U+2581 in the text), SentencePiece's own piece offsets are used.
+text (a literal U+2581 in the text), SentencePiece's own piece offsets are used; a
+WordPiece tokenizer (``llmtrain.tokenizer.wordpiece``) gives its offsets itself.
 A token that crosses a word boundary is one unit with the word it starts in; the
 EOD appended after a document is flagged 1.
 """
@@ -33,7 +34,9 @@ def word_start_flags(tok, ids: list[int], text: str, words: list[str]) -> np.nda
     ids_arr = np.asarray(ids, dtype=np.int64)
     nbytes = tok.token_nbytes[ids_arr]  # [n_tokens] bytes each token decodes to
     text_bytes = len(text.encode("utf-8"))
-    if int(nbytes.sum()) == text_bytes:
+    if hasattr(tok, "byte_starts"):  # WordPiece (PaddleNLP): offsets from the tokenizer's own mapping
+        tok_starts = tok.byte_starts(text, ids)
+    elif int(nbytes.sum()) == text_bytes:
         tok_starts = _byte_starts(nbytes)
     else:  # pieces do not decode to the text byte for byte: ask SentencePiece for offsets
         proto = tok.sp.encode_as_immutable_proto(text)

@@ -120,8 +120,10 @@ class Tokenizer:
                 f"eod={self.eod_id})")
 
 
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """Load a tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) or a ``.model`` file.
+def load_tokenizer(path: str | os.PathLike):
+    """Load a tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) or a ``.model`` file,
+    or a PaddleNLP WordPiece directory (``vocab.txt``, e.g. an ERNIE checkpoint's:
+    :class:`llmtrain.tokenizer.wordpiece.WordPieceTokenizer`, same interface).
 
     A relative path is resolved against the launch directory, then the repository root
     (:func:`llmtrain.data.paths.resolve_path`).
@@ -129,6 +131,10 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     from llmtrain.data.paths import resolve_path
 
     p = Path(resolve_path(path))
+    if p.is_dir() and not (p / MODEL_FILE).is_file() and (p / "vocab.txt").is_file():
+        from llmtrain.tokenizer.wordpiece import WordPieceTokenizer  # PaddleNLP ERNIE/BERT directory
+
+        return WordPieceTokenizer(p)
     if p.is_dir():
         model, meta_file = p / MODEL_FILE, p / META_FILE
         if not model.is_file():
