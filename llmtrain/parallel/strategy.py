@@ -99,11 +99,13 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         return _ACTIVE["topo"]
     from paddle.distributed import fleet
 
+    strategy = build_strategy(layout, seed)
     if on_cpu:
         from llmtrain.parallel import cpu_backend
 
         cpu_backend.install()
-    fleet.init(is_collective=True, strategy=build_strategy(layout, seed))
+        cpu_backend.check_strategy(strategy)  # refuses fleet options the CPU stand-ins cannot serve
+    fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
     dp_rank, sh_rank = hcg.get_data_parallel_rank(), hcg.get_sharding_parallel_rank()
     topo = Topology(
