@@ -34,6 +34,7 @@ from omegaconf import OmegaConf
 
 from llmtrain.data.loader import PretrainData, SampleStream
 from llmtrain.data.masking import Masker, check_masking_config
+from llmtrain.utils.log import log0
 
 
 def _masking_dict(cfg) -> dict:
@@ -73,6 +74,7 @@ class MLMData(PretrainData):
         self.fingerprint = hashlib.sha256(json.dumps([self.fingerprint, masking], sort_keys=True)
                                           .encode()).hexdigest()[:16]
         self.mask_time = 0.0  # seconds spent masking in the last step_batches call
+        log0(self.masker.describe())
 
     # ------------------------------------------------------------------ batches
     def _masked(self, stream: SampleStream, ids: np.ndarray, split: str) -> list[dict]:
