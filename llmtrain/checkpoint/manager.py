@@ -40,6 +40,7 @@ import paddle.distributed as dist
 
 from llmtrain.checkpoint.shards import ShardIndex, collect_shard, is_split_like_param
 from llmtrain.models.init import load_full_state, local_slice
+from llmtrain.parallel.zero import stage3_slices
 from llmtrain.utils.log import log0, log_all
 
 FORMAT = "llmtrain-checkpoint-1"
@@ -270,25 +271,41 @@ class Checkpointer:
             manifest = json.load(f)
         index = ShardIndex(path)
         b, tp, tp_rank = self.built, self.layout.tp, self.topo.tp_rank
+        sliced = stage3_slices(b.model)  # ZeRO-3 parameters held as flat slices on this rank
+
+        def cut(full: np.ndarray, param, key: str) -> np.ndarray:
+            if not is_split_like_param(key):
+                return full
+            if param.name in sliced:
+                start, end, padded = sliced[param.name]
+                return np.pad(full.ravel(), (0, padded - full.size))[start:end]
+            return local_slice(full, param, tp_rank, tp)
+
         # model
         state = {}
         for name, _ in b.named_params:
             full = index.full(f"model/{name}")
             if full is not None:
                 state[name] = full
-        load_full_state(b.named_params, state, tp_rank, tp, source=path)
-        # optimizer: accumulators keyed by this run's parameter var names, cut for this layout
+        whole = [(n, p) for n, p in b.named_params if p.name not in sliced]
+        load_full_state(whole, state, tp_rank, tp, source=path)
+        for name, param in b.named_params:
+            if param.name in sliced:
+                if name not in state or list(state[name].shape) != [int(x) for x in param.shape]:
+                    raise ValueError(f"{path}: {name} missing or mis-shaped for the ZeRO-3 parameter {list(param.shape)}")
+                value = cut(state[name], param, f"model/{name}")
+                param.fw_storage.set_value(paddle.to_tensor(value, dtype=param.fw_storage.dtype))
+        # optimizer: accumulators keyed by this run's optimizer variable names, cut for this layout
         opt_state: dict = {"master_weights": {}}
         for name, param in b.named_params:
+            var_name = param.fw_storage.name if param.name in sliced else param.name
             for key in index.keys(f"optim/{name}/"):
                 acc = key.rsplit("/", 1)[1]
-                full = index.full(key)
-                value = local_slice(full, param, tp_rank, tp) if is_split_like_param(key) else full
-                tensor = paddle.to_tensor(np.ascontiguousarray(value))
+                tensor = paddle.to_tensor(np.ascontiguousarray(cut(index.full(key), param, key)))
                 if acc == "master":
-                    opt_state["master_weights"][param.name] = tensor
+                    opt_state["master_weights"][var_name] = tensor
                 else:
-                    opt_state[f"{param.name}_{acc}_0"] = tensor
+                    opt_state[f"{var_name}_{acc}_0"] = tensor
         if not opt_state["master_weights"]:
             del opt_state["master_weights"]
         sched = manifest["scheduler"]

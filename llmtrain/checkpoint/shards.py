@@ -60,13 +60,46 @@ def optimizer_state(optimizer) -> dict:
     return optimizer.state_dict()
 
 
+def _flat_meta(name: str, param, start: int, padded: int) -> dict:
+    """A ZeRO-3 slice: elements [start, start + len) of the flattened parameter padded to `padded`."""
+    shape = [int(x) for x in param.shape]
+    return {"name": name, "global_shape": shape, "axis": 0, "offset": int(start),
+            "flat": {"numel": int(np.prod(shape)), "padded": int(padded)}}
+
+
+def _collect_sliced(name, param, span, opt_state, masters, tensors, meta) -> None:
+    """ZeRO-3: this rank's flat slice of the value and of each optimizer accumulator."""
+    start, _end, padded = span
+    store = param.fw_storage
+    tensors[f"model/{name}"] = _np32(store)
+    meta[f"model/{name}"] = _flat_meta(name, param, start, padded)
+    for acc in ACCUMULATORS:
+        var = opt_state.get(f"{store.name}_{acc}_0")
+        if var is None:
+            continue
+        key = f"optim/{name}/{acc}"
+        tensors[key] = _np32(var)
+        meta[key] = (_flat_meta(name, param, start, padded) if is_split_like_param(key)
+                     else {"name": name, "global_shape": [int(x) for x in var.shape], "axis": None, "offset": 0})
+    if store.name in masters:
+        tensors[f"optim/{name}/master"] = _np32(masters[store.name])
+        meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
+
+
 def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes."""
+    from llmtrain.parallel.zero import stage3_slices
+
     tensors, meta = {}, {}
     first_data_rank = topo.dp_rank == 0
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.get("master_weights", {}) or {}
+    sliced = stage3_slices(built.model)
     for name, param in built.named_params:
+        if param.name in sliced:
+            if first_data_rank:
+                _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta)
+            continue
         if not _owns_replica(param, topo, layout.tp):
             continue
         if first_data_rank and topo.sharding_rank == 0:
@@ -127,6 +160,16 @@ class ShardIndex:
         first = pieces[0][2]
         if first["axis"] is None:
             return self._read(pieces[0][0], key)
+        if "flat" in first:  # ZeRO-3 slices of the flattened, padded parameter
+            flat = np.zeros(first["flat"]["padded"], dtype=np.float32)
+            covered = 0
+            for path, k, piece in pieces:
+                part = self._read(path, k).ravel()
+                flat[piece["offset"]: piece["offset"] + part.size] = part
+                covered += part.size
+            if covered < first["flat"]["numel"]:
+                raise ValueError(f"{self.dir}: ZeRO-3 slices of {key} cover {covered} of {first['flat']['numel']} elements")
+            return flat[: first["flat"]["numel"]].reshape(first["global_shape"])
         out = np.empty(first["global_shape"], dtype=np.float32)
         covered = 0
         for path, k, piece in pieces:

@@ -35,6 +35,7 @@ class Embedding(nn.Layer):
         self.llm_prefix = prefix
         self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
+        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
         self.pos = None
         if cfg.position == "learned":
             self.pos = tag_split(nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size), None)
@@ -64,6 +65,7 @@ class TiedHead(nn.Layer):
         self.llm_prefix = prefix
         self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
+        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
 
     @property
     def shared_weight(self):

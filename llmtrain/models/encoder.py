@@ -39,6 +39,7 @@ class EncoderEmbedding(nn.Layer):
         self.task_id = cfg.task_id
         self.pad_token_id = cfg.pad_token_id
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
+        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
         self.pos = tag_split(nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size), None)
         self.token_type = None
         if cfg.type_vocab_size > 0:

@@ -31,6 +31,9 @@ class ParallelConfig:
     sharding_stage: int = 1
     """ZeRO stage when sharding > 1: 1 optimizer states, 2 + gradients, 3 + parameters."""
 
+    zero3_segment_size: int = 1048576
+    """ZeRO-3 only: parameters with fewer elements than this stay whole on every rank (Paddle's `segment_size`)."""
+
     pp_schedule: str = "1f1b"
     """Pipeline schedule: `1f1b`, or `interleaved` (virtual stages; needs pp > 2 and virtual_pp > 1)."""
 

@@ -36,6 +36,7 @@ class Layout:
     sharding_stage: int = 1
     pp_schedule: str = "1f1b"
     virtual_pp: int = 1
+    zero3_segment_size: int = 1048576
     order: list = field(default_factory=lambda: list(AXES))
     name: str = "single"
     global_batch: int = 1
@@ -140,6 +141,7 @@ def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
         pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=list(p.order), name=p.name,
+        zero3_segment_size=p.zero3_segment_size,
         global_batch=g, micro_batch=m, grad_accum=a,
     )
 

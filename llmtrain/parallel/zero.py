@@ -77,9 +77,26 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     hcg = topo.hcg
     group = hcg.get_sharding_parallel_group()
     dp_group = hcg.get_data_parallel_group() if layout.dp > 1 else None
+    extra = {}
+    if layout.sharding_stage == 3:
+        # Stage 3 gathers a sliced parameter only around its own layer's forward; a tied word
+        # table is also read by the output projection, outside that forward, so it stays unsliced.
+        extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if getattr(layer, "llm_tied_table", False)]
+        extra["segment_size"] = layout.zero3_segment_size
     model, optimizer, scaler = paddle.distributed.sharding.group_sharded_parallel(
-        core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group,
+        core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group, **extra,
     )
     if layout.sharding_stage == 3:
         optimizer._llm_recording_clip = _install_recorder(optimizer, group)
     return model, optimizer, scaler
+
+
+def stage3_slices(model) -> dict:
+    """{parameter name: (start, end, padded size)} of the parameters ZeRO-3 sliced on this rank
+    (their values live in `param.fw_storage`, a flat [end - start] slice of the padded,
+    flattened parameter); {} for any other model."""
+    buffers = getattr(model, "_param2buffer", None)
+    if not buffers:
+        return {}
+    rank = model._rank
+    return {name: (*buffers[name][rank], model._param2buffer_size[name]) for name in buffers}

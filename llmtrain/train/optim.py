@@ -16,6 +16,11 @@ def decays(canonical_name: str, param) -> bool:
     return len(param.shape) >= 2
 
 
+def _unsliced(var_name: str) -> str:
+    """Paddle's ZeRO-3 hands the optimizer flat slices named "slice@<parameter name>"."""
+    return var_name[len("slice@"):] if var_name.startswith("slice@") else var_name
+
+
 def build_optimizer(named_params, cfg: OptimConfig, max_steps: int, multi_precision: bool = False):
     """AdamW over all parameters in one group (so clipping sees one global norm).
 
@@ -34,7 +39,7 @@ def build_optimizer(named_params, cfg: OptimConfig, max_steps: int, multi_precis
         epsilon=cfg.eps,
         parameters=[p for _, p in named_params],
         weight_decay=cfg.weight_decay,
-        apply_decay_param_fun=lambda name: name in decay_names,
+        apply_decay_param_fun=lambda name: _unsliced(name) in decay_names,
         grad_clip=GlobalNormClip(cfg.clip_grad),
         multi_precision=multi_precision,
     )
