@@ -21,3 +21,6 @@ class CheckpointConfig:
 
     save_final: bool = True
     """Save a checkpoint after the last step."""
+
+    timeout_minutes: float = 60.0
+    """How long ranks wait for each other's shards during a save (a slow disk, a big model) before giving up."""

@@ -10,8 +10,9 @@ Layout of `<run.dir>/checkpoints/step_<N>/`:
     rank_<r>.rng           this rank's RNG states (our own pickle, inside the run dir)
     manifest.json          step, tokens, data state, LR schedule, layout, config,
                            tokenizer identity, and size + sha256 of every file
-Atomicity: all ranks write into `.tmp-step_<N>`, fsync, rank 0 writes the
-manifest last, fsyncs, and renames the directory. A directory without a valid
+Atomicity: all ranks write into `.tmp-step_<N>-<nonce>`, fsync, rank 0 writes the
+manifest last, fsyncs, and renames the directory (ranks meet through the shared
+filesystem, not collectives: gloo's time out after ~30 s, a big save takes longer). A directory without a valid
 manifest, with a missing or truncated file or a checksum mismatch is reported
 and skipped, never loaded; old checkpoints are deleted only after a newer one
 is complete. All ranks must see one filesystem (one node, or shared storage).
@@ -31,6 +32,7 @@ import random
 import re
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -80,6 +82,14 @@ def _write_json(path: str, obj) -> None:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _manifest_nonce(ckpt_dir: str):
+    try:
+        with open(os.path.join(ckpt_dir, "manifest.json")) as f:
+            return json.load(f).get("save_nonce")
+    except (OSError, ValueError):
+        return None
 
 
 def list_checkpoints(root: str) -> list[tuple[int, str]]:
@@ -133,10 +143,6 @@ class Checkpointer:
         self.last_saved_step = -1
 
     # ---- collectives (no-ops on one process) ----
-    def _barrier(self) -> None:
-        if self.topo.world > 1:
-            dist.barrier()
-
     def _all_ok(self, ok: bool) -> bool:
         if self.topo.world == 1:
             return ok
@@ -149,16 +155,33 @@ class Checkpointer:
         return every > 0 and step % every == 0
 
     # ---- save ----
+    def _nonce(self) -> int:
+        """A number every rank agrees on, naming this save (one quick collective at a step boundary)."""
+        t = paddle.to_tensor([random.SystemRandom().randrange(1, 2**62) if self.topo.rank == 0 else 0], dtype="int64")
+        if self.topo.world > 1:
+            dist.broadcast(t, src=0)
+        return int(t.numpy()[0])
+
+    def _wait_for(self, what: str, ready) -> None:
+        """Poll the shared filesystem until `ready()`; gloo collectives time out after ~30 s, a big save takes longer."""
+        deadline = time.time() + 60 * self.cfg.checkpoint.timeout_minutes
+        while not ready():
+            if time.time() > deadline:
+                raise TimeoutError(f"checkpoint save: {what} not ready after checkpoint.timeout_minutes="
+                                   f"{self.cfg.checkpoint.timeout_minutes}")
+            time.sleep(0.05)
+
     def save(self, step: int, tokens_total: int) -> str:
-        """Write step_<step> atomically; returns its path."""
+        """Write step_<step> atomically; returns its path.
+
+        Every rank writes its shard into `.tmp-step_<step>-<nonce>/` and, last, a
+        `rank_<r>.files` listing (sizes, sha256); rank 0 waits for all listings, writes
+        the manifest, renames the directory and prunes; the other ranks wait until the
+        renamed directory's manifest carries this save's nonce."""
+        nonce = self._nonce()
         final = os.path.join(self.root, f"step_{step}")
-        tmp = os.path.join(self.root, f".tmp-step_{step}")
-        if self.topo.rank == 0:
-            os.makedirs(self.root, exist_ok=True)
-            if os.path.exists(tmp):
-                shutil.rmtree(tmp)
-            os.makedirs(tmp)
-        self._barrier()
+        tmp = os.path.join(self.root, f".tmp-step_{step}-{nonce}")
+        os.makedirs(tmp, exist_ok=True)
         rank = self.topo.rank
         tensors, meta = collect_shard(self.built, self.topo, self.layout)
         files = {}
@@ -173,26 +196,32 @@ class Checkpointer:
             path = stem + ext
             _fsync_file(path)
             files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
-        _write_json(stem + ".files", files)
+        _write_json(stem + ".files.part", files)
+        os.replace(stem + ".files.part", stem + ".files")  # the listing appears whole, and last
         if rank == 0 and os.environ.get("LLMTRAIN_FAULT_KILL_IN_SAVE") == str(step):
             os.kill(os.getpid(), signal.SIGKILL)
-        self._barrier()
         if rank == 0:
+            listings = [os.path.join(tmp, f"rank_{r:05d}.files") for r in range(self.topo.world)]
+            self._wait_for(f"shards of {tmp}", lambda: all(os.path.exists(p) for p in listings))
             all_files = {}
-            for listing in sorted(glob.glob(os.path.join(tmp, "rank_*.files"))):
+            for listing in listings:
                 with open(listing) as f:
                     all_files.update(json.load(f))
                 os.remove(listing)
             manifest = self._manifest(step, tokens_total, all_files)
+            manifest["save_nonce"] = nonce
             _write_json(os.path.join(tmp, "manifest.json"), manifest)
             _fsync_dir(tmp)
             if os.path.exists(final):  # an older save of the same step (a resumed run redoing it)
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
+            for stale in glob.glob(os.path.join(self.root, ".tmp-step_*")):
+                shutil.rmtree(stale, ignore_errors=True)  # interrupted saves, superseded now
             self._prune(step)
             log0(f"checkpoint saved: {final} ({sum(v['size'] for v in all_files.values()) / 1e6:.1f} MB)")
-        self._barrier()
+        else:
+            self._wait_for(f"manifest of {final}", lambda: _manifest_nonce(final) == nonce)
         self.last_saved_step = step
         return final
 
