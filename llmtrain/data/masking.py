@@ -112,6 +112,9 @@ def never_masked_ids(tokenizer) -> np.ndarray:
     """Sorted ids that are never selected nor drawn as random replacements (special tokens)."""
     ids = {getattr(tokenizer, a, None) for a in SPECIAL_ATTRS}
     ids |= set(getattr(tokenizer, "special_ids", ()) or ())
+    sp = getattr(tokenizer, "sp", None)  # SentencePiece: every control / unknown piece, whatever its name
+    if sp is not None:
+        ids |= {i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i)}
     return np.array(sorted(i for i in ids if i is not None), dtype=np.int64)
 
 

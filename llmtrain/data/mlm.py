@@ -75,6 +75,10 @@ class MLMData(PretrainData):
                                           .encode()).hexdigest()[:16]
         self.mask_time = 0.0  # seconds spent masking in the last step_batches call
         log0(self.masker.describe())
+        if self.seq_len < 50:
+            log0(f"data.seq_len={self.seq_len}: with under 50 maskable tokens per sample the masked fraction of a "
+                 f"batch may differ from data.masking.prob by up to {50 / self.seq_len:.1f} points (each sample gets "
+                 "a whole number of masked tokens)")
 
     # ------------------------------------------------------------------ batches
     def _masked(self, stream: SampleStream, ids: np.ndarray, split: str) -> list[dict]:

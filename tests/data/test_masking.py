@@ -294,3 +294,6 @@ def test_encoder_presets_default_to_whole_word_masking():
     assert cfg.model.family == "encoder" and cfg.data.masking.strategy == "whole_word"
     assert cfg.data.masking.prob == 0.15 and MaskingConfig().mask_token_prob == 0.8
     assert compose(["model=gpt-tiny"]).model.family == "decoder"
+    entity = compose(["model=ernie-tiny", "data=pd1998-entity"]).data
+    assert (entity.masking.strategy, entity.masking.entity_source) == ("entity", "both")
+    assert entity.masking.lexicon == "work/pd1998/entities.txt" and entity.masking.entity_tags == ["nr", "ns", "nt"]
