@@ -72,7 +72,8 @@ class DataConfig:
     to each prefix's number of training samples (i.e. its tokens)."""
 
     tokenizer: str = MISSING
-    """Tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) the data was
+    """Tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``, or a PaddleNLP
+    WordPiece directory with ``vocab.txt`` such as an ERNIE checkpoint's) the data was
     preprocessed with; checked against each prefix's ``.meta.json`` when present. Its
     padded ``vocab_size`` is the model's embedding rows."""
 
