@@ -17,9 +17,11 @@ Matching (:meth:`SpanLexicon.match`): every entry is tokenized on its own; a spa
 matches when its token ids are those of an entry, it starts at a word start and ends at a word
 boundary (so whole-word integrity holds), and it holds no special token. Spans are compared by a
 64-bit polynomial hash of their ids (a bitmap of hash prefixes, then ``np.searchsorted`` in a sorted
-table per length), so a batch costs a few array operations per entry length. Overlaps keep the longest span, then the leftmost. An entry whose
-standalone tokenization differs from its tokenization in context (BPE merges across its edges) does
-not match there; with WordPiece (one token per Chinese character) every occurrence matches.
+table per length), so a batch costs a few array operations per entry length. Overlaps keep the
+longest span, then the leftmost. An entry whose standalone tokenization differs from its tokenization
+in context (BPE merges across its edges) does not match there; with WordPiece (one token per Chinese
+character) every occurrence matches. Building the lexicon tokenizes every entry once per process:
+about 0.5 s for jieba's 95,000 names with SentencePiece, 3.5 s with PaddleNLP's Python WordPiece.
 """
 from __future__ import annotations
 

@@ -250,7 +250,8 @@ def test_special_tokens_and_padding_are_never_masked(strategy, tiny_corpus, gold
     assert (out.input_ids[replaced] < tok.sp_vocab_size).all()
     # in real batches the document separators stay and bear no loss
     batches = [mb for _ in range(4) for mb in data.next_step()]
-    labels, inputs, loss_mask = (np.concatenate([mb[k] for mb in batches]) for k in ("labels", "input_ids", "loss_mask"))
+    labels, inputs, loss_mask = (np.concatenate([mb[k] for mb in batches])
+                                 for k in ("labels", "input_ids", "loss_mask"))
     eod = labels == tok.eod_id
     assert eod.sum() >= 3 and not loss_mask[eod].any() and (inputs[eod] == tok.eod_id).all()
 

@@ -112,5 +112,5 @@ def test_wordpiece_vocab_size_follows_a_model_config_beside_it(ernie_tokenizer_d
     (d / "config.json").write_text(json.dumps({"vocab_size": 40}))
     assert load_tokenizer(d).vocab_size == 40
     (d / "config.json").write_text(json.dumps({"vocab_size": 10}))
-    with pytest.raises(ValueError, match=f"config.json: vocab_size=10 is smaller than the tokenizer's {len(VOCAB)} ids"):
+    with pytest.raises(ValueError, match=f"vocab_size=10 is smaller than the tokenizer's {len(VOCAB)} ids"):
         load_tokenizer(d)
