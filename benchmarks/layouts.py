@@ -1,6 +1,9 @@
 """Per-rank memory under dp2 vs ZeRO-1/2/3, and checkpoint save/load time and size, for one model.
 
-    python benchmarks/layouts.py [--model gpt2-small] [--layouts dp2,sharding2,zero2,zero3]
+    python benchmarks/layouts.py [--model gpt2-small] [--layouts dp2,sharding2,zero2,zero3,zero3@65536]
+
+(`zero3@N`: ZeRO-3 with parallel.zero3_segment_size=N; Paddle leaves parameters with
+fewer elements than the segment size, 2^20 by default, whole on every rank.)
 
 For each layout: one `paddle.distributed.launch` of 2 CPU processes that builds the
 model through the real plan (`llmtrain.parallel.plan.build_for_layout`), trains one
@@ -45,7 +48,9 @@ def worker(layout: str, model: str, out: str) -> None:
     from llmtrain.train.step import StepRunner
 
     run_dir = os.path.join(out, "run")
-    cfg = to_config(compose_config([f"model={model}", f"+parallel={layout}", "train.global_batch_size=2",
+    layout, _, segment = layout.partition("@")
+    extra = [f"parallel.zero3_segment_size={segment}"] if segment else []
+    cfg = to_config(compose_config(extra + [f"model={model}", f"+parallel={layout}", "train.global_batch_size=2",
                                     "train.micro_batch_size=1", "data.seq_len=128", f"run.dir={run_dir}",
                                     "checkpoint.keep_last=0"]))
     lay = resolve_layout(cfg.parallel, cfg.train, world_size_from_env())
@@ -80,7 +85,7 @@ def worker(layout: str, model: str, out: str) -> None:
 
 
 def launch(layout: str, model: str) -> list[dict]:
-    out = tempfile.mkdtemp(prefix=f"bench_{layout}_")
+    out = tempfile.mkdtemp(prefix=f"bench_{layout.replace('@', '_')}_")
     env = dict(os.environ, PYTHONPATH=REPO)
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir",
            os.path.join(out, "log"), os.path.abspath(__file__), "--worker", layout, "--model", model, "--out", out]
@@ -91,7 +96,7 @@ def launch(layout: str, model: str) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="gpt2-small")
-    ap.add_argument("--layouts", default="dp2,sharding2,zero2,zero3")
+    ap.add_argument("--layouts", default="dp2,sharding2,zero2,zero3,zero3@65536")
     ap.add_argument("--worker")
     ap.add_argument("--out")
     args = ap.parse_args()

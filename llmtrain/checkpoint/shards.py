@@ -38,13 +38,12 @@ def is_split_like_param(key: str) -> bool:
 def _np32(t) -> np.ndarray:
     """An fp32 numpy array that owns its memory.
 
-    A ZeRO-2 parameter is a view into one flat buffer, and `.numpy()` of it keeps
-    that whole buffer alive; copying such views out keeps a save's memory at the
-    size of what it writes (gpt2-small ZeRO-2: 22 GB -> 1 GB peak)."""
-    arr = t.astype("float32").numpy() if t.dtype != paddle.float32 else t.numpy()
-    if arr.base is not None or not arr.flags.c_contiguous:
-        arr = np.array(arr, copy=True, order="C")
-    return arr
+    A ZeRO-2 parameter is a view into one flat buffer: `.numpy()` of the view
+    copies the whole buffer (18 s for 40 gpt2-small parameters) and keeps it
+    alive through the returned array. Cloning first copies only the view's
+    elements (0.13 s) and leaves an array that owns its memory."""
+    t = t.astype("float32") if t.dtype != paddle.float32 else t.clone()
+    return np.ascontiguousarray(t.numpy())
 
 
 def _owns_replica(param, topo, tp_degree: int) -> bool:
@@ -117,6 +116,8 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
         if not first_data_rank:
             continue  # optimizer state is identical across dp replicas; sharding owners write their part
+        if sliced and topo.sharding_rank != 0:
+            continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
         for acc in ACCUMULATORS:
             var = opt_state.get(f"{param.name}_{acc}_0")
             if var is None:
