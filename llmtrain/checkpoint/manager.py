@@ -24,7 +24,6 @@ manifest), which is what a node failure during a save leaves behind.
 from __future__ import annotations
 
 import glob
-import hashlib
 import json
 import os
 import pickle
@@ -44,6 +43,7 @@ from llmtrain.checkpoint.shards import ShardIndex, collect_shard, is_split_like_
 from llmtrain.models.init import load_full_state, local_slice
 from llmtrain.parallel.zero import stage3_slices
 from llmtrain.utils.log import log0, log_all
+from llmtrain.utils.files import sha256_file
 
 FORMAT = "llmtrain-checkpoint-1"
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -56,12 +56,6 @@ class ResumeState:
     path: Optional[str] = None
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_file(path: str) -> None:
@@ -126,7 +120,7 @@ def verify_files(ckpt_dir: str, names: Optional[list[str]] = None) -> list[str]:
             problems.append(f"{path}: missing")
         elif os.path.getsize(path) != info["size"]:
             problems.append(f"{path}: {os.path.getsize(path)} bytes, manifest says {info['size']} (truncated?)")
-        elif _sha256(path) != info["sha256"]:
+        elif sha256_file(path) != info["sha256"]:
             problems.append(f"{path}: sha256 mismatch")
     return problems
 
@@ -195,7 +189,7 @@ class Checkpointer:
         for ext in (".safetensors", ".json", ".rng"):
             path = stem + ext
             _fsync_file(path)
-            files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+            files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
         _write_json(stem + ".files.part", files)
         os.replace(stem + ".files.part", stem + ".files")  # the listing appears whole, and last
         if rank == 0 and os.environ.get("LLMTRAIN_FAULT_KILL_IN_SAVE") == str(step):

@@ -30,11 +30,12 @@ version, nothing is rewritten.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import re
 import sys
+
+from llmtrain.utils.files import sha256_file
 from pathlib import Path
 
 FORMAT_VERSION = 1
@@ -130,12 +131,6 @@ def records(path: Path | None = None, limit: int | None = None):
                "lines": [first, last]}
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def extract(output: str | os.PathLike, source: str | os.PathLike | None = None,
@@ -145,7 +140,7 @@ def extract(output: str | os.PathLike, source: str | os.PathLike | None = None,
     out = Path(output)
     out.mkdir(parents=True, exist_ok=True)
     jsonl, meta_path = out / "pd1998.jsonl", out / "pd1998.meta.json"
-    digest = _sha256(src)
+    digest = sha256_file(src)
     if not force and jsonl.is_file() and meta_path.is_file():
         meta = json.loads(meta_path.read_text())
         if meta.get("source_sha256") == digest and meta.get("format_version") == FORMAT_VERSION:

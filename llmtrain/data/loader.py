@@ -153,12 +153,15 @@ class PretrainData:
         return {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask,
                 "sample_ids": np.asarray(ids, dtype=np.int64)}
 
+    def _micro_batches(self, stream: "SampleStream", ids: np.ndarray, split: str) -> list[dict]:
+        """ids [k, m] global sample ids of `stream` -> k micro-batches (subclasses change the objective here)."""
+        tokens = stream.get_many(ids.ravel())  # [k * m, seq_len + 1]
+        m = ids.shape[1]
+        return [self._batch(tokens[a * m:(a + 1) * m], ids[a]) for a in range(len(ids))]
+
     def step_batches(self, consumed_samples: int) -> list[dict]:
         """This rank's micro-batches of the step that starts after ``consumed_samples`` (no state change)."""
-        ids = self.sampler.rank_ids(consumed_samples)  # [accumulation, m]
-        tokens = self.train.get_many(ids.ravel())  # [accumulation * m, seq_len + 1]
-        m = self.micro_batch_size
-        return [self._batch(tokens[a * m:(a + 1) * m], ids[a]) for a in range(len(ids))]
+        return self._micro_batches(self.train, self.sampler.rank_ids(consumed_samples), "train")
 
     def next_step(self) -> list[dict]:
         """Micro-batches of the next step for this data rank; advances ``consumed_samples`` by G."""
@@ -186,8 +189,7 @@ class PretrainData:
             if self._valid is None:
                 self._valid = SampleStream(self.datasets, "valid", *self._valid_args)
             ids = np.arange(n_batches * m, dtype=np.int64).reshape(n_batches, m)
-            tokens = self._valid.get_many(ids.ravel())
-            self._valid_cache = {key: [self._batch(tokens[i * m:(i + 1) * m], ids[i]) for i in range(n_batches)]}
+            self._valid_cache = {key: self._micro_batches(self._valid, ids, "valid")}
         return self._valid_cache[key]
 
     # ------------------------------------------------------------------ checkpointing

@@ -81,7 +81,7 @@ class MLMData(PretrainData):
                  "a whole number of masked tokens)")
 
     # ------------------------------------------------------------------ batches
-    def _masked(self, stream: SampleStream, ids: np.ndarray, split: str) -> list[dict]:
+    def _micro_batches(self, stream: SampleStream, ids: np.ndarray, split: str) -> list[dict]:
         """ids [k, m] global sample ids -> k masked micro-batches."""
         flat = ids.ravel()
         got = stream.get_many(flat, side=self.side)
@@ -99,21 +99,6 @@ class MLMData(PretrainData):
                         "sample_ids": np.asarray(ids[a], dtype=np.int64)})
         self.mask_time = time.perf_counter() - t0
         return out
-
-    def step_batches(self, consumed_samples: int) -> list[dict]:
-        """This rank's masked micro-batches of the step that starts after ``consumed_samples``."""
-        return self._masked(self.train, self.sampler.rank_ids(consumed_samples), "train")
-
-    def valid_batches(self, n_batches: int, micro_batch_size: int | None = None) -> list[dict]:
-        """The first ``n_batches`` masked micro-batches of the validation stream (same on every rank and layout)."""
-        m = int(micro_batch_size or self.micro_batch_size)
-        key = (int(n_batches), m)
-        if key not in self._valid_cache:
-            if self._valid is None:
-                self._valid = SampleStream(self.datasets, "valid", *self._valid_args)
-            ids = np.arange(n_batches * m, dtype=np.int64).reshape(n_batches, m)
-            self._valid_cache = {key: self._masked(self._valid, ids, "valid")}
-        return self._valid_cache[key]
 
     def summary(self) -> str:
         return super().summary() + "\n" + self.masker.describe()

@@ -22,7 +22,6 @@ exception is a literal U+2581 "▁", SentencePiece's own space symbol).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from functools import cached_property
@@ -30,13 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
+from llmtrain.tokenizer.base import TokenFileInfo
+
 MODEL_FILE = "tokenizer.model"
 META_FILE = "tokenizer_meta.json"
 PAD_MULTIPLE = 128
 SPECIAL_PIECES = {"pad": "<pad>", "unk": "<unk>", "bos": "<s>", "eos": "</s>", "mask": "<mask>", "eod": "<eod>"}
 
 
-class Tokenizer:
+class Tokenizer(TokenFileInfo):
     """A SentencePiece model with the special ids and padded vocabulary size training needs."""
 
     def __init__(self, model_file: str | os.PathLike, meta: dict | None = None,
@@ -82,15 +83,6 @@ class Tokenizer:
         return self.sp.id_to_piece(int(i))
 
     # ------------------------------------------------------------------ metadata
-    @property
-    def dtype(self):
-        """numpy dtype of token files: uint16 when every id fits (vocab <= 65536), else int32."""
-        return np.uint16 if self.vocab_size <= 65536 else np.int32
-
-    @cached_property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.model_file.read_bytes()).hexdigest()
-
     def identity(self) -> dict:
         """What a checkpoint stores to refuse a mismatched tokenizer later."""
         return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size,

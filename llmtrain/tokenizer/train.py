@@ -28,7 +28,6 @@ each line with jieba and forbids pieces that cross a word boundary (SentencePiec
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 import os
@@ -41,6 +40,7 @@ from pathlib import Path
 from llmtrain.data.badrecords import BadRecords
 from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_documents
 from llmtrain.tokenizer import META_FILE, MODEL_FILE, PAD_MULTIPLE, SPECIAL_PIECES, load_tokenizer
+from llmtrain.utils.files import sha256_file
 
 _SENT_END = re.compile(r"(?<=[。！？!?；;])")
 _DELIM = "\x1f"  # pre-segmentation word delimiter (ASCII unit separator)
@@ -68,12 +68,6 @@ def split_long(line: str, max_bytes: int) -> list[str]:
     return [s for s in out if s]
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bpe",
@@ -160,7 +154,7 @@ def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bp
         "json_key": json_key,
         "text_mode": text_mode,
         "inputs": [{"path": s.path, "format": s.fmt, "compression": s.compression,
-                    **({"bytes": os.path.getsize(s.path), "sha256": _sha256(s.path)}
+                    **({"bytes": os.path.getsize(s.path), "sha256": sha256_file(s.path)}
                        if os.path.isfile(s.path) else {})} for s in sources],
         "skipped_files": skipped,
         "training_data": {**stats, "bad_records": bad.to_dict()},

@@ -28,7 +28,6 @@ WordPiece directory is loaded.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -36,6 +35,8 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+
+from llmtrain.tokenizer.base import TokenFileInfo
 
 VOCAB_FILE = "vocab.txt"
 PAD_MULTIPLE = 128
@@ -56,7 +57,7 @@ def _quiet_paddlenlp():
         logging.getLogger("paddlenlp").setLevel(logging.WARNING)
 
 
-class WordPieceTokenizer:
+class WordPieceTokenizer(TokenFileInfo):
     """PaddleNLP's tokenizer of a local directory, with the attributes llmtrain's data path uses."""
 
     def __init__(self, directory: str | os.PathLike):
@@ -128,15 +129,6 @@ class WordPieceTokenizer:
         return byte_of_char[np.array([s for s, _ in spans], dtype=np.int64)]
 
     # ------------------------------------------------------------------ metadata
-    @property
-    def dtype(self):
-        """numpy dtype of token files: uint16 when every id fits (vocab <= 65536), else int32."""
-        return np.uint16 if self.vocab_size <= 65536 else np.int32
-
-    @cached_property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.model_file.read_bytes()).hexdigest()
-
     def identity(self) -> dict:
         """What a checkpoint stores to refuse a mismatched tokenizer later."""
         return {"name": self.name, "sha256": self.sha256, "vocab_size": self.vocab_size,
