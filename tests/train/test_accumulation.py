@@ -83,3 +83,26 @@ def test_clipping_uses_global_norm(tiny_gpt):
     assert abs(float(clip.last_norm) - norm) < 1e-4 * norm
     after = float(np.sqrt(sum(float((g.numpy().astype(np.float64) ** 2).sum()) for _, g in grads)))
     assert abs(after - 1e-3) < 1e-6
+
+
+@pytest.mark.parametrize("arch", ["tiny_gpt", "tiny_llama"])
+def test_recompute_gives_the_same_losses_and_weights(arch, request):
+    """Activation recompute (non-reentrant) changes memory, never the numbers."""
+    cfg = request.getfixturevalue(arch)
+
+    def run(recompute):
+        model = build_model(cfg, recompute=recompute)
+        named = canonical_parameters(model)
+        init_parameters(named, cfg, seed=11)
+        plan = AmpPlan.from_config("none")
+        opt, sched = build_optimizer(named, OptimConfig(lr=1e-3, warmup_steps=1), max_steps=3)
+        runner = StepRunner(model, model.loss_fn, opt, sched, opt._grad_clip, plan)
+        batch = _batches(1, 8, 16, cfg.vocab_size)[0]
+        losses = [float(runner.run(_split(batch, 4)).loss) for _ in range(3)]
+        return losses, {n: p.numpy() for n, p in canonical_parameters(model)}
+
+    l0, w0 = run(False)
+    l1, w1 = run(True)
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    for name in w0:
+        np.testing.assert_allclose(w1[name], w0[name], atol=1e-6, err_msg=name)
