@@ -36,6 +36,9 @@ def finetune(dcfg) -> dict:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 def main(dcfg) -> None:
     finetune(dcfg)
+    from llmtrain.parallel import cpu_backend
+
+    cpu_backend.exit_process(0)  # CPU gloo jobs: skip a teardown that can crash after the work is done
 
 
 if __name__ == "__main__":

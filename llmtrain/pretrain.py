@@ -99,6 +99,9 @@ def check_same_family(model_cfg, family: str) -> None:
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(dcfg) -> None:
     pretrain(dcfg)
+    from llmtrain.parallel import cpu_backend
+
+    cpu_backend.exit_process(0)  # CPU gloo jobs: skip a teardown that can crash after the work is done
 
 
 if __name__ == "__main__":
