@@ -70,7 +70,7 @@ def run(dcfg, data_cls) -> dict:
     # 4. this data rank's batches of the layout-independent global order
     data = data_cls(
         cfg.data, seed=cfg.seed, global_batch_size=layout.global_batch, micro_batch_size=layout.micro_batch,
-        dp_rank=topo.data_rank, dp_world=topo.data_world,
+        dp_rank=topo.data_rank, dp_world=topo.data_world, tokenizer=tokenizer,
     )
     # 5. model, parallel plan, optimizer
     built = build_for_layout(cfg, layout, topo, amp, initial_state)

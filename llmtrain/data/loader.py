@@ -90,14 +90,15 @@ class PretrainData:
     """Tokenizer plus the layout-independent stream of training micro-batches (see module doc)."""
 
     def __init__(self, cfg, seed: int, global_batch_size: int, micro_batch_size: int, dp_rank: int = 0,
-                 dp_world: int = 1, consumed_samples: int = 0):
+                 dp_world: int = 1, consumed_samples: int = 0, tokenizer=None):
+        """`tokenizer`: the already-loaded `cfg.tokenizer` (the entry script has it), else loaded here."""
         self.cfg, self.seed = cfg, int(seed)
         self.seq_len = int(cfg.seq_len)
         if self.seq_len <= 0:
             raise ValueError(f"data.seq_len={self.seq_len}: must be positive")
         self.sampler = StepSampler(global_batch_size, micro_batch_size, dp_rank, dp_world)
         self.global_batch_size, self.micro_batch_size = int(global_batch_size), int(micro_batch_size)
-        self.tokenizer = load_tokenizer(resolve_path(cfg.tokenizer))
+        self.tokenizer = tokenizer or load_tokenizer(resolve_path(cfg.tokenizer))
         prefixes = list(cfg.prefixes)
         if not prefixes:
             raise ValueError("data.prefixes is empty: give at least one MMIDIDX prefix")

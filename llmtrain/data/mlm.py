@@ -48,11 +48,11 @@ class MLMData(PretrainData):
     """PretrainData whose micro-batches are masked for the MLM objective (see the module doc)."""
 
     def __init__(self, cfg, seed: int, global_batch_size: int, micro_batch_size: int, dp_rank: int = 0,
-                 dp_world: int = 1, consumed_samples: int = 0):
+                 dp_world: int = 1, consumed_samples: int = 0, tokenizer=None):
         bad = check_masking_config(cfg.masking)
         if bad:
             raise ValueError("invalid data.masking:\n  - " + "\n  - ".join(bad))
-        super().__init__(cfg, seed, global_batch_size, micro_batch_size, dp_rank, dp_world, consumed_samples)
+        super().__init__(cfg, seed, global_batch_size, micro_batch_size, dp_rank, dp_world, consumed_samples, tokenizer)
         lexicon = None
         if cfg.masking.strategy == "entity":
             from llmtrain.data.lexicon import build_lexicon

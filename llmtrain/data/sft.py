@@ -161,10 +161,10 @@ class SFTData:
     """Same interface as `PretrainData`: next_step(), valid_batches(), consumed_samples, state_dict()."""
 
     def __init__(self, cfg: SFTDataConfig, seed: int, global_batch_size: int, micro_batch_size: int,
-                 dp_rank: int = 0, dp_world: int = 1, consumed_samples: int = 0):
+                 dp_rank: int = 0, dp_world: int = 1, consumed_samples: int = 0, tokenizer=None):
         self.cfg, self.seed = cfg, int(seed)
         self.seq_len = int(cfg.seq_len)
-        self.tokenizer = load_tokenizer(cfg.tokenizer)
+        self.tokenizer = tokenizer or load_tokenizer(cfg.tokenizer)
         self.bad = BadRecords(strict=cfg.strict)
         self.tokens, self.mask, truncated = load_examples(list(cfg.files), self.tokenizer, cfg, self.bad)
         self.valid_tokens = self.valid_mask = None

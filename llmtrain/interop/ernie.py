@@ -55,7 +55,7 @@ import shutil
 
 import numpy as np
 
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig
+from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, switch_mismatches
 from llmtrain.models.config import ModelConfig
 
 MODEL_TYPE = "ernie"
@@ -120,11 +120,13 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
 
 def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     """config.json fields for `ErnieForMaskedLM` computing what `cfg` computes, and notes."""
-    bad = [] if cfg.family == "encoder" else [f"model.family={cfg.family!r} (ErnieForMaskedLM is an encoder)"]
-    for field, want in (("position", "learned"), ("norm", "layernorm"), ("activation", "gelu"),
-                        ("norm_position", "post")):
-        if getattr(cfg, field) != want:
-            bad.append(f"model.{field}={getattr(cfg, field)!r} (PaddleNLP's ERNIE has {want!r})")
+    wants = (
+        ("position", "learned"),
+        ("norm", "layernorm"),
+        ("activation", "gelu"),
+        ("norm_position", "post"),
+    )
+    bad = switch_mismatches(cfg, "encoder", "ErnieForMaskedLM", "ERNIE", wants)
     if cfg.norm_eps != LN_EPS:
         bad.append(f"model.norm_eps={cfg.norm_eps} (PaddleNLP's ERNIE sets {LN_EPS} on every LayerNorm)")
     if cfg.kv_heads() != cfg.num_heads:

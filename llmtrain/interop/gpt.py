@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig
+from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, switch_mismatches
 from llmtrain.models.config import ModelConfig
 
 MODEL_TYPE = "gpt"
@@ -64,10 +64,12 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
 
 def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     """config.json fields for `GPTForCausalLM` computing what `cfg` computes, and notes."""
-    bad = [] if cfg.family == "decoder" else [f"model.family={cfg.family!r} (GPTForCausalLM is a decoder)"]
-    for field, want in (("position", "learned"), ("norm", "layernorm"), ("activation", "gelu_tanh")):
-        if getattr(cfg, field) != want:
-            bad.append(f"model.{field}={getattr(cfg, field)!r} (PaddleNLP's GPT has {want!r})")
+    wants = (
+        ("position", "learned"),
+        ("norm", "layernorm"),
+        ("activation", "gelu_tanh"),
+    )
+    bad = switch_mismatches(cfg, "decoder", "GPTForCausalLM", "GPT", wants)
     if cfg.norm_eps != LN_EPS:
         bad.append(f"model.norm_eps={cfg.norm_eps} (PaddleNLP's GPT hard-codes {LN_EPS})")
     if not cfg.tie_embeddings:

@@ -26,6 +26,17 @@ class UnsupportedConfig(ValueError):
     """A PaddleNLP config (or one of ours) that the other side cannot compute; the message names the field."""
 
 
+def switch_mismatches(cfg, family: str, architecture: str, short: str, wants: tuple) -> list[str]:
+    """Reasons `cfg` cannot be written as `architecture`: a wrong family, or a switch (field, wanted value)
+    that PaddleNLP's `short` model does not have."""
+    article = "an" if family == "encoder" else "a"
+    bad = [] if cfg.family == family else [f"model.family={cfg.family!r} ({architecture} is {article} {family})"]
+    for field, want in wants:
+        if getattr(cfg, field) != want:
+            bad.append(f"model.{field}={getattr(cfg, field)!r} (PaddleNLP's {short} has {want!r})")
+    return bad
+
+
 class SourceTensors:
     """The tensors of one checkpoint, keyed by PaddleNLP name, with use tracking."""
 

@@ -32,7 +32,7 @@ import dataclasses
 
 import numpy as np
 
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig
+from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, switch_mismatches
 from llmtrain.models.config import ModelConfig
 
 MODEL_TYPE = "llama"
@@ -79,11 +79,13 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
 
 def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     """config.json fields for `LlamaForCausalLM` computing what `cfg` computes, and notes."""
-    bad = [] if cfg.family == "decoder" else [f"model.family={cfg.family!r} (LlamaForCausalLM is a decoder)"]
-    for field, want in (("position", "rope"), ("norm", "rmsnorm"), ("activation", "swiglu"),
-                        ("norm_position", "pre")):
-        if getattr(cfg, field) != want:
-            bad.append(f"model.{field}={getattr(cfg, field)!r} (PaddleNLP's Llama has {want!r})")
+    wants = (
+        ("position", "rope"),
+        ("norm", "rmsnorm"),
+        ("activation", "swiglu"),
+        ("norm_position", "pre"),
+    )
+    bad = switch_mismatches(cfg, "decoder", "LlamaForCausalLM", "Llama", wants)
     if cfg.bias:
         bad.append("model.bias=true (PaddleNLP's Llama has no biases)")
     if bad:

@@ -58,17 +58,13 @@ class RecordingShardedClip:
 def _install_recorder(optimizer, group) -> RecordingShardedClip:
     from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedClipGrad
 
-    seen, todo = set(), [optimizer]
-    while todo:
-        opt = todo.pop()
-        if opt is None or id(opt) in seen:
-            continue
-        seen.add(id(opt))
+    from llmtrain.train.clip import optimizer_chain
+
+    for opt in optimizer_chain(optimizer):
         clip = opt.__dict__.get("_grad_clip")
         if isinstance(clip, GroupShardedClipGrad):
             opt._grad_clip = RecordingShardedClip(clip, group)
             return opt._grad_clip
-        todo += [opt.__dict__.get("_optim"), opt.__dict__.get("_inner_opt")]
     raise RuntimeError("Paddle's GroupShardedClipGrad was not found on the ZeRO optimizer; set optim.clip_grad > 0")
 
 

@@ -67,6 +67,18 @@ def _hybrid_clip_class():
     return HybridParallelClipGrad, RecordingHybridClip
 
 
+def optimizer_chain(optimizer):
+    """The optimizer and every optimizer it wraps (fleet's `_inner_opt`, Paddle ZeRO's `_optim`), outermost first."""
+    seen, todo = set(), [optimizer]
+    while todo:
+        opt = todo.pop()
+        if opt is None or id(opt) in seen:
+            continue
+        seen.add(id(opt))
+        yield opt
+        todo += [opt.__dict__.get("_optim"), opt.__dict__.get("_inner_opt")]
+
+
 def install_recording_clip(optimizer):
     """Return the clip object whose `last_norm` holds the step's global norm.
 
@@ -77,16 +89,15 @@ def install_recording_clip(optimizer):
     if zero_clip is not None:  # ZeRO-2/3: llmtrain.parallel.zero installed it
         return zero_clip
     hybrid_cls, recording_cls = _hybrid_clip_class()
-    opt, found = optimizer, None
-    while opt is not None:
-        clip = getattr(opt, "_grad_clip", None) if "_grad_clip" in getattr(opt, "__dict__", {}) else None
+    found = None
+    for opt in optimizer_chain(optimizer):
+        clip = opt.__dict__.get("_grad_clip")
         if isinstance(clip, hybrid_cls) and not isinstance(clip, recording_cls):
             new = recording_cls(clip._clip, clip._hcg, clip.split_norm_comm, clip._timers)
             new.last_norm = None
             opt._grad_clip = found = new
         elif isinstance(clip, (GlobalNormClip, recording_cls)):
             found = found or clip
-        opt = opt.__dict__.get("_inner_opt") or opt.__dict__.get("_optim")
     if found is None:
         raise RuntimeError("no global-norm clip found on the optimizer; build it with GlobalNormClip")
     return found

@@ -36,7 +36,6 @@ def train_loop(cfg, layout, topo, built, data, ckpt, amp, state, flops_per_token
         start_step=state.step, tokens_total=state.tokens_total,
         progress_bar=cfg.train.progress_bar, visualdl=cfg.train.visualdl,
     )
-    meter.set_final_step(max_steps)
     stop = StopRequest().install()
     step = state.step
     stopped = False

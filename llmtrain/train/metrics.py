@@ -54,6 +54,7 @@ class Meter:
         self.flops_per_token = flops_per_token
         self.peak = peak
         self.log_interval = max(1, log_interval)
+        self.max_steps = max_steps  # always logged, whatever the interval
         self.tokens_total = tokens_total
         self.is_writer = topo.rank == 0
         self.path = os.path.join(run_dir, "metrics.jsonl")
@@ -100,7 +101,7 @@ class Meter:
         self._window_loss = loss if self._window_loss is None else self._window_loss + loss
         self._window_steps += 1
         self._window_data_wait += data_wait
-        if step % self.log_interval and step != getattr(self, "_final_step", -1):
+        if step % self.log_interval and step != self.max_steps:
             if self._bar is not None:
                 self._bar.update(1)
             return None
@@ -147,10 +148,6 @@ class Meter:
         """Mean of a per-data-rank value over the data-parallel ranks (a collective)."""
         (total,) = self._reduce([value])
         return total / self.topo.data_world
-
-    def set_final_step(self, step: int) -> None:
-        """Always log the last step, whatever the interval."""
-        self._final_step = step
 
     def write_event(self, rec: dict) -> None:
         """A non-step record (evaluation) in metrics.jsonl and VisualDL."""

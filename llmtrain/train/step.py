@@ -89,7 +89,7 @@ class StepRunner:
         return paddle.stack(losses).mean()
 
     def _run_pipeline(self, micro_batches):
-        ids = np.concatenate([mb["input_ids"] for mb in micro_batches])  # [accum * m, s]
+        # [accum * m, s] each: the pipeline cuts them back into its accumulate_steps micro-batches
         batch = {k: np.concatenate([mb[k] for mb in micro_batches]) for k in ("input_ids", "labels", "loss_mask")}
         ids, labels = to_tensors(batch)
         with self.amp.autocast():
