@@ -6,7 +6,7 @@
 fewer elements than the segment size, 2^20 by default, whole on every rank.)
 
 For each layout: one `paddle.distributed.launch` of 2 CPU processes that builds the
-model through the real plan (`llmtrain.parallel.plan.build_for_layout`), trains one
+model through the real trainer's assembly (`llmtrain.train.trainer.build_model_and_optimizer`), trains one
 step (so every optimizer state exists), then measures on every rank
 - parameter bytes held (a ZeRO-3 slice counts its slice, a released parameter nothing),
 - optimizer-state bytes held (Adam moments, beta powers, master weights),
@@ -39,29 +39,23 @@ def worker(layout: str, model: str, out: str) -> None:
     from llmtrain.checkpoint.manager import Checkpointer
     from llmtrain.config import compose_config, to_config
     from llmtrain.data.loader import PretrainData
-    from llmtrain.parallel.layout import check_model_fits, resolve_layout
-    from llmtrain.parallel.plan import build_for_layout
-    from llmtrain.parallel.strategy import init_distributed, world_size_from_env
-    from llmtrain.run_setup import fit_vocab
-    from llmtrain.tokenizer import load_tokenizer
+    from llmtrain.parallel.strategy import init_distributed
     from llmtrain.train.amp import AmpPlan
+    from llmtrain.train.resolve import resolve
     from llmtrain.train.step import StepRunner
+    from llmtrain.train.trainer import build_data, build_model_and_optimizer
 
     run_dir = os.path.join(out, "run")
     layout, _, segment = layout.partition("@")
     extra = [f"parallel.zero3_segment_size={segment}"] if segment else []
-    cfg = to_config(compose_config(extra + [f"model={model}", f"+parallel={layout}", "train.global_batch_size=2",
-                                    "train.micro_batch_size=1", "data.seq_len=128", f"run.dir={run_dir}",
-                                    "checkpoint.keep_last=0"]))
-    lay = resolve_layout(cfg.parallel, cfg.train, world_size_from_env())
-    tok = load_tokenizer(cfg.data.tokenizer)
-    fit_vocab(cfg.model, tok)
-    check_model_fits(lay, cfg.model)
+    run = resolve(to_config(compose_config(extra + [
+        f"model={model}", f"+parallel={layout}", "train.global_batch_size=2", "train.micro_batch_size=1",
+        "data.seq_len=128", f"run.dir={run_dir}", "checkpoint.keep_last=0"])))
+    cfg, lay = run.cfg, run.layout
     topo = init_distributed(lay, cfg.seed)
-    data = PretrainData(cfg.data, seed=cfg.seed, global_batch_size=2, micro_batch_size=1,
-                        dp_rank=topo.data_rank, dp_world=topo.data_world)
+    data = build_data(PretrainData, run, topo)
     amp = AmpPlan.from_config("none")
-    built = build_for_layout(cfg, lay, topo, amp)
+    built = build_model_and_optimizer(run, topo, amp)
     StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, amp).run(data.next_step())
     params = 0
     for p in built.core.parameters():
@@ -70,7 +64,7 @@ def worker(layout: str, model: str, out: str) -> None:
     state = built.optimizer.state_dict()
     opt = sum(tensor_bytes(v) for k, v in state.items() if hasattr(v, "_numel"))
     opt += sum(tensor_bytes(v) for v in (state.get("master_weights") or {}).values())
-    ckpt = Checkpointer(cfg, lay, topo, built, data, tok)
+    ckpt = Checkpointer(cfg, lay, topo, built, data, run.tokenizer)
     saves, loads = [], []
     for i in range(2):
         t0 = time.perf_counter()

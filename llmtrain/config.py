@@ -9,6 +9,7 @@ device. Each section's schema lives with the package it configures.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -21,6 +22,20 @@ from llmtrain.data.sft import SFTDataConfig
 from llmtrain.models.config import ModelConfig
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.train.config import OptimConfig, TrainConfig
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message lists every problem found (field names and numbers).
+
+    The entry scripts print the message and exit with status 2 (a traceback only with HYDRA_FULL_ERROR=1)."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
+
+
+class FrozenConfigError(AttributeError):
+    """Raised on an assignment to a resolved (frozen) configuration."""
 
 
 @dataclass
@@ -114,10 +129,8 @@ _CHOICES = {
 }
 
 
-def check_config(cfg: Config) -> None:
-    """Value checks that need no hardware or files; raises ConfigError listing every problem."""
-    from llmtrain.parallel.layout import ConfigError
-
+def config_problems(cfg: Config) -> list[str]:
+    """Value checks that need no hardware or files: one line per problem, naming the field and its value."""
     problems = []
 
     def get(path):
@@ -150,5 +163,62 @@ def check_config(cfg: Config) -> None:
                             f"{cfg.model.hidden_size}/{cfg.model.num_heads} is odd")
     if cfg.model.family == "encoder" and cfg.model.position != "learned":
         problems.append("model.family=encoder uses learned positions: set model.position=learned")
+    return problems
+
+
+def check_config(cfg: Config) -> None:
+    """`config_problems`, raised as one ConfigError."""
+    problems = config_problems(cfg)
     if problems:
         raise ConfigError(problems)
+
+
+def _frozen_class(cls: type) -> type:
+    """A subclass of the dataclass `cls` whose instances refuse attribute assignment once frozen."""
+    cls = getattr(cls, "_llm_unfrozen", cls)  # dataclasses.replace of a frozen object: same frozen class
+    frozen = _FROZEN_CLASSES.get(cls)
+    if frozen is None:
+        def __setattr__(self, name, value):
+            if self.__dict__.get("_llm_frozen"):
+                raise FrozenConfigError(
+                    f"cannot set {cls.__name__}.{name}={value!r}: the configuration was resolved once and is frozen "
+                    "(derive a new value with dataclasses.replace or change the config before resolving)")
+            object.__setattr__(self, name, value)
+
+        def __reduce__(self):
+            state = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+            return _rebuild_frozen, (cls, state)
+
+        frozen = type(cls.__name__, (cls,), {"__setattr__": __setattr__, "__delattr__": __setattr__,
+                                            "__reduce__": __reduce__, "__module__": cls.__module__,
+                                            "__qualname__": cls.__qualname__, "_llm_unfrozen": cls})
+        _FROZEN_CLASSES[cls] = frozen
+    return frozen
+
+
+_FROZEN_CLASSES: dict = {}
+
+
+def _rebuild_frozen(cls: type, state: dict):
+    return freeze(cls(**state))
+
+
+def freeze(obj):
+    """Freeze a config dataclass tree in place (lists become tuples) and return it.
+
+        run_cfg = freeze(dataclasses.replace(cfg, model=resolved_model))
+        run_cfg.model.hidden_size = 8     # FrozenConfigError
+    """
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        if obj.__dict__.get("_llm_frozen"):
+            return obj
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(value, list):
+                value = tuple(freeze(v) for v in value)
+            else:
+                value = freeze(value)
+            object.__setattr__(obj, f.name, value)
+        obj.__class__ = _frozen_class(type(obj))
+        object.__setattr__(obj, "_llm_frozen", True)
+    return obj

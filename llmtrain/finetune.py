@@ -4,23 +4,17 @@ checkpoint or one of ours.
     python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/finetune.py +parallel=dp2 \
         model.init_from=PADDLENLP_OR_STEP_DIR data.files=[chat.jsonl] data.tokenizer=TOKENIZER_DIR
 
-Same config groups and launch as `llmtrain/pretrain.py`; the root is
-`conf/finetune.yaml`, whose `data` group is `llmtrain.data.sft.SFTDataConfig`.
-The recipe is pretraining's (`llmtrain.pretrain.run`) with `SFTData` batches.
+The recipe is pretraining's with `conf/finetune.yaml` as the root config and `SFTData` batches.
 """
 from __future__ import annotations
 
-import os
-import sys
-
-if __package__ in (None, ""):  # run as a file: import the repo's package, not siblings of this file
-    _here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _here]
-    sys.path.insert(0, os.path.dirname(_here))
+if __package__ in (None, ""):
+    import _bootstrap  # noqa: F401  (run as a file: the repository's package, not this folder's modules)
 
 import hydra
 
-from llmtrain.config import register_configs
+from llmtrain.config import register_configs, to_config
+from llmtrain.train.entry import run_entry
 
 register_configs()
 
@@ -28,17 +22,19 @@ register_configs()
 def finetune(dcfg) -> dict:
     """Run fine-tuning for a composed Hydra config; returns the last metrics record."""
     from llmtrain.data.sft import SFTData
-    from llmtrain.pretrain import run
+    from llmtrain.parallel.strategy import init_distributed
+    from llmtrain.train.resolve import resolve
+    from llmtrain.train.trainer import Trainer, build_data
 
-    return run(dcfg, SFTData)
+    run = resolve(to_config(dcfg))  # every derived value and every problem, before any work; frozen
+    topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
+    data = build_data(SFTData, run, topo)  # prompt/response records, loss on responses only
+    return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")
 def main(dcfg) -> None:
-    finetune(dcfg)
-    from llmtrain.parallel import cpu_backend
-
-    cpu_backend.exit_process(0)  # CPU gloo jobs: skip a teardown that can crash after the work is done
+    run_entry(finetune, dcfg)
 
 
 if __name__ == "__main__":

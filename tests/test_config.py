@@ -1,6 +1,7 @@
 """Config composition through Hydra and up-front validation."""
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -59,15 +60,65 @@ def test_bad_values_listed_together():
         assert needle in msg
 
 
+BAD = ["train.global_batch_size=10", "train.micro_batch_size=4", "data.tokenizer=/nonexistent"]
+
+
 def test_entry_script_stops_before_any_work_with_the_numbers(tmp_path):
-    """Bad batch arithmetic: the run exits non-zero with the fields and numbers, and writes nothing."""
+    """Bad batch arithmetic and a missing tokenizer: exit status 2, both problems with their numbers, no traceback,
+    nothing written."""
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, "llmtrain/pretrain.py", f"run.dir={run_dir}", "train.global_batch_size=10",
-         "train.micro_batch_size=4", "data.tokenizer=/nonexistent"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode != 0
+    proc = subprocess.run([sys.executable, "llmtrain/pretrain.py", f"run.dir={run_dir}", *BAD],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=_env())
+    assert proc.returncode == 2, proc.stderr[-2000:]
     out = proc.stdout + proc.stderr
     assert "train.global_batch_size=10" in out and "not divisible by micro x data-parallel = 4 x 1 = 4" in out
+    assert "data.tokenizer=/nonexistent" in out
+    assert "Traceback" not in out
     assert not run_dir.exists() or not any(run_dir.iterdir())  # Hydra may create it; nothing is written
+
+
+def test_full_traceback_on_request(tmp_path):
+    proc = subprocess.run([sys.executable, "llmtrain/pretrain.py", f"run.dir={tmp_path}", *BAD],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=_env(HYDRA_FULL_ERROR="1"))
+    assert proc.returncode != 0 and "Traceback" in proc.stderr and "ConfigError" in proc.stderr
+
+
+@pytest.mark.slow
+def test_config_error_under_the_launcher_is_said_once_with_status_2(tmp_path):
+    from launch import launch_cmd, logs
+
+    cmd = launch_cmd(["llmtrain/pretrain.py", "+parallel=dp2", f"run.dir={tmp_path / 'run'}", *BAD], 2, tmp_path / "log")
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180, env=_env())
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    worker_logs = logs(tmp_path / "log", tail=200)
+    assert worker_logs.count("not divisible by micro x data-parallel = 4 x 2 = 8") == 1, worker_logs
+    # no Python traceback (a rank the launcher stops first may print Paddle's "C++ Traceback" signal banner)
+    assert not re.search(r"^Traceback \(most recent call last\)", worker_logs, re.M), worker_logs
+
+
+def test_parallel_options_are_degree_only_overrides():
+    """conf/parallel/*.yaml state only what differs from the ParallelConfig defaults."""
+    import glob
+    import os
+
+    import yaml
+
+    from llmtrain.parallel.config import ParallelConfig
+
+    defaults = ParallelConfig()
+    for path in glob.glob(os.path.join(REPO, "conf", "parallel", "*.yaml")):
+        with open(path) as f:
+            d = yaml.safe_load(f)
+        restated = [k for k in d if k not in ("defaults", "name") and d[k] == getattr(defaults, k)]
+        assert not restated, (path, restated)
+
+
+def _env(**extra):
+    import os
+
+    from launch import env
+
+    e = env()
+    e.pop("HYDRA_FULL_ERROR", None)
+    e.update(extra)
+    return e

@@ -1,31 +1,30 @@
 """Resolve and validate the parallel layout and the batch arithmetic, before any work.
 
-    layout = resolve_layout(cfg.parallel, cfg.train, world_size)   # raises ConfigError
+    layout, problems = layout_problems(cfg.parallel, cfg.train, world_size)
+    problems += model_fit_problems(cfg.parallel, cfg.model)
+    layout = resolve_layout(cfg.parallel, cfg.train, world_size)   # the same rules, raising ConfigError
     check_model_fits(layout, cfg.model)
 
-Every problem found is listed in one `ConfigError` whose lines name the config
-fields and their numbers (torchtitan's `ParallelDims._validate` idea).
+One source of truth for what a layout may be: each problem is a line naming the
+config fields and their numbers (torchtitan's `ParallelDims._validate` idea);
+`llmtrain.train.resolve` collects them with every other problem of the run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
+from llmtrain.config import ConfigError
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.train.config import TrainConfig
+
+__all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout", "model_fit_problems",
+           "check_model_fits"]
 
 AXES = ("dp", "pp", "sharding", "tp")
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message lists every problem found."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("invalid configuration:\n  - " + "\n  - ".join(problems))
-
-
-@dataclass
+@dataclass(frozen=True)
 class Layout:
     """Degrees and batch sizes after validation; identical on every rank."""
 
@@ -37,7 +36,7 @@ class Layout:
     pp_schedule: str = "1f1b"
     virtual_pp: int = 1
     zero3_segment_size: int = 1048576
-    order: list = field(default_factory=lambda: list(AXES))
+    order: tuple = AXES
     name: str = "single"
     global_batch: int = 1
     """Samples per optimizer step over all ranks."""
@@ -93,13 +92,22 @@ def _resolve_batch(train: TrainConfig, data_parallel: int, layout_desc: str, pro
 
 def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world_size: int) -> Layout:
     """Degrees from `parallel` (None = one device) checked against the world size, plus batch sizes."""
+    layout, problems = layout_problems(parallel, train, world_size)
+    if problems:
+        raise ConfigError(problems)
+    return layout
+
+
+def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
+                    world_size: int) -> tuple[Optional[Layout], list[str]]:
+    """(the layout, []) or (None, every problem with its numbers)."""
     p = parallel or ParallelConfig(name="single")
     problems: list[str] = []
     for axis in ("dp", "tp", "pp", "sharding", "virtual_pp"):
         if getattr(p, axis) < 1:
             problems.append(f"parallel.{axis}={getattr(p, axis)}: must be >= 1")
     if problems:
-        raise ConfigError(problems)
+        return None, problems
     degrees = f"parallel.dp={p.dp} x parallel.tp={p.tp} x parallel.pp={p.pp} x parallel.sharding={p.sharding}"
     if p.world() != world_size:
         hint = "" if parallel is not None else f" (no +parallel= given means one process; add e.g. +parallel=dp{world_size})"
@@ -136,24 +144,36 @@ def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world
             f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
         )
     if problems:
-        raise ConfigError(problems)
+        return None, problems
     g, m, a = batch
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
-        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=list(p.order), name=p.name,
+        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
         zero3_segment_size=p.zero3_segment_size,
         global_batch=g, micro_batch=m, grad_accum=a,
-    )
+    ), []
 
 
 def check_model_fits(layout: Layout, model) -> None:
-    """Model widths divisible by tp, layers splittable into pp x virtual stages."""
+    """`model_fit_problems`, raised as one ConfigError."""
+    problems = model_fit_problems(layout, model)
+    if problems:
+        raise ConfigError(problems)
+
+
+def model_fit_problems(degrees, model) -> list[str]:
+    """Model widths divisible by tp, layers splittable into pp x virtual stages.
+
+    `degrees`: anything with `tp`, `pp` and `virtual_pp` (a `Layout`, a `ParallelConfig`, or None for one device),
+    so the check runs even when the layout itself has problems."""
     problems: list[str] = []
-    tp = layout.tp
+    tp, pp, vpp = (degrees.tp, degrees.pp, degrees.virtual_pp) if degrees is not None else (1, 1, 1)
+    if model.num_heads <= 0 or model.num_layers <= 0:
+        return problems  # reported by the value checks (llmtrain.config.config_problems)
     if model.hidden_size % model.num_heads:
         problems.append(f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads={model.num_heads}")
     kv = model.num_kv_heads or model.num_heads
-    if model.num_heads % kv:
+    if kv > 0 and model.num_heads % kv:
         problems.append(f"model.num_heads={model.num_heads} is not divisible by model.num_kv_heads={kv}")
     checks = [
         ("model.num_heads", model.num_heads),
@@ -162,13 +182,12 @@ def check_model_fits(layout: Layout, model) -> None:
         ("model.vocab_size (padded)", model.vocab_size),
     ]
     for fname, val in checks:
-        if val % tp:
+        if val is not None and tp >= 1 and val % tp:
             problems.append(f"{fname}={val} is not divisible by parallel.tp={tp}")
-    stages = layout.pp * layout.virtual_pp
-    if model.num_layers % stages:
+    stages = pp * vpp
+    if stages >= 1 and model.num_layers % stages:
         problems.append(
-            f"model.num_layers={model.num_layers} cannot be split evenly into parallel.pp={layout.pp} x "
-            f"parallel.virtual_pp={layout.virtual_pp} = {stages} pipeline stages"
+            f"model.num_layers={model.num_layers} cannot be split evenly into parallel.pp={pp} x "
+            f"parallel.virtual_pp={vpp} = {stages} pipeline stages"
         )
-    if problems:
-        raise ConfigError(problems)
+    return problems

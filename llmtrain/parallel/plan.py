@@ -1,46 +1,28 @@
-"""Apply the parallel plan: build this rank's part of the model and wrap model and optimizer.
+"""The parallel plan: build this rank's part of the model, then wrap it (and its optimizer) for the layout.
 
-    built = build_for_layout(cfg, layout, topo, amp)   # -> Built(model, loss_fn, optimizer, ...)
+    core, loss_fn = build_local_model(cfg.model, layout, topo, recompute)   # tp roles at construction, pp cut
+    ... initialise, build the optimizer, AMP-decorate (llmtrain.train.trainer) ...
+    model, optimizer, scaler = parallelize(core, optimizer, scaler, layout, topo)
 
-Order matters and follows Paddle's manual hybrid mode: roles (TP layers) at
-construction -> pipeline cut -> layout-independent init (or a PaddleNLP
-checkpoint) -> optimizer -> AMP O2 decorate -> fleet wrappers -> ZeRO-2/3 ->
-swap in the norm-recording clip.
+Paddle's manual hybrid mode fixes the order: tensor parallelism acts while the
+model is constructed (the model asks `Roles` for its layers; under tp they are
+fleet's parallel layers), the pipeline cuts the model's stage list into a
+`PipelineLayer`, and only then are model and optimizer wrapped: fleet's
+`distributed_model`/`distributed_optimizer` (dp, tp, pp, sharding stage 1) or
+Paddle's group-sharded classes (ZeRO-2/3), which wrap model and optimizer in one
+call — which is why `parallelize` takes both. Nothing here knows about the
+training loop, AMP or clipping (`llmtrain.train` uses this module, not the reverse).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
-
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
-from llmtrain.models.init import init_parameters
 from llmtrain.models.roles import Roles
 from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.strategy import Topology
-from llmtrain.train.amp import AmpPlan
-from llmtrain.train.clip import install_recording_clip
-from llmtrain.train.optim import build_optimizer
-
-
-@dataclass
-class Built:
-    model: Any
-    """What the step runner calls: the plain model, or fleet's DataParallel/TensorParallel/PipelineParallel wrapper."""
-    core: Any
-    """The unwrapped model (or PipelineLayer) whose parameters are ours."""
-    loss_fn: Optional[Any]
-    """Loss for flat models; None under pipeline parallelism (the PipelineLayer owns it)."""
-    optimizer: Any
-    scheduler: Any
-    clip: Any
-    scaler: Optional[Any]
-    named_params: list
-    """(canonical name, parameter) of this rank's parameters."""
-    pipeline: bool
 
 
 def make_roles(layout: Layout, topo: Topology) -> Roles:
+    """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1, plain layers otherwise."""
     if layout.tp > 1:
         from llmtrain.parallel.tensor import TensorParallelRoles
 
@@ -48,47 +30,36 @@ def make_roles(layout: Layout, topo: Topology) -> Roles:
     return Roles()
 
 
-def build_for_layout(cfg, layout: Layout, topo: Topology, amp: AmpPlan, initial_state=None) -> Built:
-    """This rank's model and optimizer under `layout`.
+def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False):
+    """(core, loss_fn): this rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer`.
 
-    `initial_state`: optional {canonical name: full numpy tensor} (a PaddleNLP
-    import) used instead of random initialisation.
-    """
+    `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss)."""
     roles = make_roles(layout, topo)
-    recompute = cfg.train.recompute
     if layout.pp > 1:
         from llmtrain.parallel.pipeline import build_pipeline
 
-        core = build_pipeline(cfg.model, layout, roles, topo, recompute)
-        loss_fn = None
-    else:
-        core = build_model(cfg.model, roles, recompute)
-        loss_fn = core.loss_fn
-    named = canonical_parameters(core)
-    if len(named) != len(core.parameters()):
-        raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
-    if initial_state is not None:
-        from llmtrain.models.init import load_full_state
+        return build_pipeline(model_cfg, layout, roles, topo, recompute), None
+    core = build_model(model_cfg, roles, recompute)
+    return core, core.loss_fn
 
-        load_full_state(named, initial_state, topo.tp_rank, layout.tp, source=cfg.model.init_from or "initial state")
-    else:
-        init_parameters(named, cfg.model, cfg.seed, topo.tp_rank, layout.tp)
 
-    optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
-    core, optimizer = amp.decorate(core, optimizer)
-    scaler = amp.scaler()
-    model = core
-    if layout.distributed:
-        from paddle.distributed import fleet
+def parallelize(core, optimizer, scaler, layout: Layout, topo: Topology):
+    """(model, optimizer, scaler) wrapped for `layout`; unchanged on one process.
 
-        if layout.sharding_stage in (2, 3):
-            from llmtrain.parallel.zero import wrap_zero
+    dp/tp/pp/sharding stage 1: fleet's `distributed_model` (DataParallel, TensorParallel
+    or PipelineParallel), `distributed_optimizer` (HybridParallelOptimizer, with the
+    stage-1 sharding optimizer) and `distributed_scaler`. Sharding stage 2/3: Paddle's
+    `group_sharded_parallel` over fleet's sharding group (`llmtrain.parallel.zero`)."""
+    if not layout.distributed:
+        return core, optimizer, scaler
+    if layout.sharding_stage in (2, 3):
+        from llmtrain.parallel.zero import wrap_zero
 
-            model, optimizer, scaler = wrap_zero(core, optimizer, scaler, layout, topo)
-        else:
-            model = fleet.distributed_model(core)
-            optimizer = fleet.distributed_optimizer(optimizer)
-            if scaler is not None:
-                scaler = fleet.distributed_scaler(scaler)
-    clip = install_recording_clip(optimizer)
-    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
+        return wrap_zero(core, optimizer, scaler, layout, topo)
+    from paddle.distributed import fleet
+
+    model = fleet.distributed_model(core)
+    optimizer = fleet.distributed_optimizer(optimizer)
+    if scaler is not None:
+        scaler = fleet.distributed_scaler(scaler)
+    return model, optimizer, scaler

@@ -1,0 +1,34 @@
+"""What every entry script does around its recipe.
+
+    @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+    def main(dcfg): run_entry(pretrain, dcfg)
+
+A `ConfigError` (a configuration that cannot run) is printed once, by rank 0,
+as the list of problems, and the process exits with status 2 without a Python
+traceback (set HYDRA_FULL_ERROR=1 to get the traceback). A finished CPU job
+exits without the interpreter teardown that can crash in gloo after the work is
+done (`llmtrain.parallel.cpu_backend.exit_process`).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from llmtrain.config import ConfigError
+from llmtrain.utils.log import global_rank
+
+EXIT_CONFIG_ERROR = 2
+
+
+def run_entry(recipe, dcfg) -> None:
+    try:
+        recipe(dcfg)
+    except ConfigError as e:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        if global_rank() == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG_ERROR)
+    from llmtrain.parallel import cpu_backend
+
+    cpu_backend.exit_process(0)

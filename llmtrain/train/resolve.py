@@ -1,0 +1,137 @@
+"""Resolve a composed configuration once: every derived value, every problem in one message, then freeze it.
+
+    run = resolve(to_config(dcfg))     # ResolvedRun: frozen config, layout, tokenizer, imported weights
+    python llmtrain/pretrain.py train.global_batch_size=10 train.micro_batch_size=4   # exit 2, problems listed
+
+Derived here and nowhere else: the model's vocabulary (the tokenizer's padded size
+when `model.vocab_size` is null), the architecture of a checkpoint given by
+`model.init_from` (it replaces the preset's: it is the truth for its weights), the
+batch arithmetic and the parallel layout, and the model FLOPs per token. Value
+checks, layout rules, tokenizer and checkpoint problems and model-fits-layout
+problems are all collected before one `ConfigError` is raised, so a user fixes
+everything in one round. Nothing downstream mutates the configuration: the
+returned `cfg` refuses assignment (`llmtrain.config.freeze`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from llmtrain.config import Config, ConfigError, config_problems, freeze
+from llmtrain.models.config import ModelConfig
+from llmtrain.parallel.layout import Layout, layout_problems, model_fit_problems
+from llmtrain.utils.log import log0
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """Everything a recipe needs to know before it starts any process group or reads any batch."""
+
+    cfg: Config
+    """The configuration with its derived values filled in (`model.vocab_size`, an imported architecture); frozen."""
+
+    layout: Layout
+    """Degrees and batch sizes (global = micro x accum x dp x sharding), identical on every rank."""
+
+    tokenizer: Any
+    """The loaded tokenizer of `data.tokenizer` (the data classes reuse it)."""
+
+    objective: str
+    """`decoder` (next-token batches) or `encoder` (masked-LM batches): the family of the model preset."""
+
+    initial_state: Optional[Mapping[str, Any]]
+    """{canonical name: full tensor} (lazy) of `model.init_from`, or None for random initialisation."""
+
+    world_size: int
+    """Processes in the job."""
+
+    flops_per_token: float
+    """Model FLOPs per loss-bearing token (6N + 12 L h s), for tflops and MFU."""
+
+
+def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
+    """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError."""
+    from llmtrain.models.size import flops_per_token
+
+    if world_size is None:
+        world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    problems: list[str] = []
+    tokenizer = _load_tokenizer(cfg.data.tokenizer, problems)
+    model, initial_state = _resolve_model(cfg, tokenizer, problems)
+    resolved = dataclasses.replace(cfg, model=model)
+    layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
+    problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
+    if problems:
+        raise ConfigError(problems)
+    return ResolvedRun(
+        cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=cfg.model.family,
+        initial_state=initial_state, world_size=world_size,
+        flops_per_token=flops_per_token(model, cfg.data.seq_len),
+    )
+
+
+def _load_tokenizer(path: str, problems: list[str]):
+    from llmtrain.tokenizer import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        problems.append(f"data.tokenizer={path}: {e}")
+        return None
+
+
+def _resolve_model(cfg: Config, tokenizer, problems: list[str]) -> tuple[ModelConfig, Optional[Mapping]]:
+    """The model configuration the run trains, and the imported weights (or None)."""
+    model = cfg.model
+    have = tokenizer.vocab_size if tokenizer is not None else None
+    if model.vocab_size is None:
+        model = dataclasses.replace(model, vocab_size=have)
+    elif have is not None and model.vocab_size < have:
+        problems.append(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({have})")
+    src = model.init_from
+    if not src:
+        return model, None
+    try:
+        imported, state = _read_initial_checkpoint(src, cfg.run.dir)
+    except ConfigError as e:
+        problems += e.problems
+        return model, None
+    except (OSError, ValueError, KeyError) as e:
+        problems.append(f"model.init_from={src}: {e}")
+        return model, None
+    imported = dataclasses.replace(imported, attention=model.attention, init_from=src, name=model.name or imported.name)
+    if model.vocab_size is not None and imported.vocab_size < model.vocab_size:
+        problems.append(f"model.init_from={src}: checkpoint vocabulary {imported.vocab_size} < tokenizer's "
+                        f"{model.vocab_size}")
+    if imported.family != model.family:
+        example = "ernie-tiny" if imported.family == "encoder" else "gpt-tiny"
+        problems.append(f"model.init_from={src} is a {imported.family} checkpoint but the model preset is a "
+                        f"{model.family}: choose a {imported.family} preset (e.g. model={example}) so the objective "
+                        "matches")
+    log0(f"model.init_from={src}: {len(state)} tensors, architecture from the checkpoint's config")
+    return imported, state
+
+
+def _read_initial_checkpoint(src: str, run_dir: str):
+    """(ModelConfig, lazy {canonical name: tensor}) of a PaddleNLP directory or one of our step_<N> checkpoints.
+
+    Ours: model weights only (optimizer, schedule and data position start fresh, as fine-tuning wants)."""
+    if os.path.exists(os.path.join(src, "manifest.json")):
+        import json
+
+        from llmtrain.checkpoint.manager import verify_files
+        from llmtrain.checkpoint.shards import ShardIndex
+
+        files = verify_files(src)
+        if files:
+            raise ConfigError([f"model.init_from={src}: " + p for p in files])
+        with open(os.path.join(src, "manifest.json")) as f:
+            manifest = json.load(f)
+        return ModelConfig(**manifest["model"]), ShardIndex(src).model_state()
+    from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
+
+    inside_run = os.path.abspath(src).startswith(os.path.abspath(run_dir) + os.sep)
+    model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run, lazy=True)
+    return model_cfg, state

@@ -1,0 +1,165 @@
+"""The Trainer: model + parallel plan + optimizer + AMP + checkpoints + the loop, for every recipe.
+
+    run = resolve(to_config(dcfg)); topo = init_distributed(run.layout, run.cfg.seed)
+    data = build_data(PretrainData, run, topo)
+    last_record = Trainer(run, topo, data).fit()
+
+Construction, in the order Paddle's manual hybrid mode requires: this rank's
+model from the plan (tp layers at construction, pipeline cut) -> parameters from
+(seed, canonical name) or the imported checkpoint -> AdamW + schedule -> AMP O2
+decorate -> fleet / ZeRO wrappers -> the norm-recording clip -> checkpointer.
+`fit()`: resume from the newest complete checkpoint, then per step this rank's
+micro-batches (timed as data wait) -> `StepRunner` -> `Meter` (metrics.jsonl,
+progress bar, VisualDL) -> evaluation and checkpoint when due -> graceful stop on
+SIGTERM/SIGINT; at the end the final checkpoint and the loss-curve PNG.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import paddle
+from omegaconf import OmegaConf
+
+from llmtrain.checkpoint.manager import Checkpointer
+from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.size import parameter_count
+from llmtrain.parallel.plan import build_local_model, parallelize
+from llmtrain.train.amp import AmpPlan
+from llmtrain.train.clip import install_recording_clip
+from llmtrain.train.metrics import Meter
+from llmtrain.train.optim import build_optimizer
+from llmtrain.train.peak import peak_flops
+from llmtrain.train.plot import plot_metrics
+from llmtrain.train.step import StepRunner
+from llmtrain.train.stop import StopRequest
+from llmtrain.utils.log import log0
+
+
+@dataclass
+class Built:
+    """This rank's model and optimizer as the layout wrapped them."""
+
+    model: Any
+    """What the step runner calls: the plain model, or fleet's DataParallel/TensorParallel/PipelineParallel wrapper."""
+    core: Any
+    """The unwrapped model (or PipelineLayer) whose parameters are ours."""
+    loss_fn: Optional[Any]
+    """Loss for flat models; None under pipeline parallelism (the PipelineLayer owns it)."""
+    optimizer: Any
+    scheduler: Any
+    clip: Any
+    """The clip whose `last_norm` is the step's global gradient norm before clipping."""
+    scaler: Optional[Any]
+    named_params: list
+    """(canonical name, parameter) of this rank's parameters."""
+    pipeline: bool
+
+
+def build_data(data_cls, run, topo):
+    """This data rank's batches of the layout-independent global order (`PretrainData`, `MLMData`, `SFTData`)."""
+    return data_cls(
+        run.cfg.data, seed=run.cfg.seed, global_batch_size=run.layout.global_batch,
+        micro_batch_size=run.layout.micro_batch, dp_rank=topo.data_rank, dp_world=topo.data_world,
+        tokenizer=run.tokenizer,
+    )
+
+
+def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
+    """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
+    cfg, layout = run.cfg, run.layout
+    core, loss_fn = build_local_model(cfg.model, layout, topo, cfg.train.recompute)
+    named = canonical_parameters(core)
+    if len(named) != len(core.parameters()):
+        raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
+    if run.initial_state is not None:
+        from llmtrain.models.init import load_full_state
+
+        load_full_state(named, run.initial_state, topo.tp_rank, layout.tp, source=cfg.model.init_from)
+    else:
+        from llmtrain.models.init import init_parameters
+
+        init_parameters(named, cfg.model, cfg.seed, topo.tp_rank, layout.tp)
+    optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
+    core, optimizer = amp.decorate(core, optimizer)
+    model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
+    clip = install_recording_clip(optimizer)
+    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
+
+
+class Trainer:
+    """One training run of a resolved configuration on this rank."""
+
+    def __init__(self, run, topo, data):
+        self.run, self.cfg, self.layout, self.topo, self.data = run, run.cfg, run.layout, topo, data
+        self.amp = AmpPlan.from_config(self.cfg.train.amp)
+        paddle.seed(self.cfg.seed)
+        _prepare_run_dir(self.cfg, topo)
+        self.built = build_model_and_optimizer(run, topo, self.amp)
+        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer)
+
+    def fit(self) -> dict:
+        """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
+        cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
+        state = ckpt.resume()
+        runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
+                            built.pipeline, built.scaler)
+        peak, peak_source = peak_flops(cfg.train.peak_tflops)
+        log0(
+            f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
+            f"(stage {layout.sharding_stage}); global batch {layout.global_batch} = micro {layout.micro_batch} x accum "
+            f"{layout.grad_accum} x data-parallel {layout.data_parallel}; seq {cfg.data.seq_len}; "
+            f"{parameter_count(cfg.model) / 1e6:.2f}M parameters; {self.run.flops_per_token / 1e6:.1f} MFLOPs/token; "
+            f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} ({peak_source})"
+        )
+        max_steps = cfg.train.max_steps
+        meter = Meter(
+            cfg.run.dir, topo, self.run.flops_per_token, peak, cfg.train.log_interval, max_steps,
+            start_step=state.step, tokens_total=state.tokens_total,
+            progress_bar=cfg.train.progress_bar, visualdl=cfg.train.visualdl,
+        )
+        stop = StopRequest().install()
+        step, stopped = state.step, False
+        while step < max_steps:
+            t0 = time.perf_counter()
+            micro_batches = data.next_step()
+            data_wait = time.perf_counter() - t0
+            lr = built.optimizer.get_lr()
+            out = runner.run(micro_batches)
+            step += 1
+            meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
+            if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
+                self._evaluate(runner, meter, step)
+            stopped = stop.agreed(topo.world)
+            if ckpt.due(step) or stopped:
+                ckpt.save(step, meter.tokens_total_exact())
+                meter.reset_window()
+            if stopped:
+                log0(f"stopped by {stop.signal_name or 'a signal on another rank'} after step {step}")
+                break
+        if not stopped and cfg.checkpoint.save_final and ckpt.last_saved_step != step:
+            ckpt.save(step, meter.tokens_total_exact())
+        meter.close()
+        if topo.rank == 0 and os.path.exists(meter.path):
+            png = plot_metrics(meter.path)
+            log0(f"run directory {cfg.run.dir}: metrics.jsonl, {os.path.basename(png)}, checkpoints/")
+        return meter.last
+
+    def _evaluate(self, runner: StepRunner, meter: Meter, step: int) -> None:
+        loss = runner.evaluate(self.data.valid_batches(self.cfg.train.eval_batches))
+        total = meter.reduce_mean(float(loss))
+        meter.write_event({"step": step, "eval_loss": total})
+        log0(f"step {step}: eval loss {total:.4f}")
+        meter.reset_window()
+
+
+def _prepare_run_dir(cfg, topo) -> None:
+    """Create <run.dir> and, on rank 0, write the resolved config as config.yaml."""
+    os.makedirs(cfg.run.dir, exist_ok=True)
+    if topo.rank == 0:
+        path = os.path.join(cfg.run.dir, "config.yaml")
+        with open(path + ".tmp", "w") as f:
+            f.write(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+        os.replace(path + ".tmp", path)

@@ -1,0 +1,62 @@
+"""The configuration is resolved once (every derived value, every problem in one message) and then frozen.
+
+    python -m pytest tests/train/test_resolve.py -q
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import pytest
+
+from llmtest import REPO, compose
+from llmtrain.config import ConfigError, FrozenConfigError, to_config
+from llmtrain.train.resolve import resolve
+
+SHIPPED_TOKENIZER = os.path.join(REPO, "tokenizers", "pd1998-bpe16k")
+
+
+def test_every_problem_in_one_message():
+    """Values, batch arithmetic, the tokenizer and model-fits-layout problems come together, with their numbers."""
+    cfg = to_config(compose(["+parallel=tp2", "model.num_heads=3", "optim.lr=-1", "train.global_batch_size=10",
+                             "train.micro_batch_size=4", "data.tokenizer=/nonexistent/tok"]))
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, world_size=2)
+    msg = str(e.value)
+    for needle in ("optim.lr=-1.0: must be >= 0",
+                   "global batch 10 is not divisible by micro x data-parallel = 4 x 1 = 4",
+                   "data.tokenizer=/nonexistent/tok",
+                   "model.num_heads=3 is not divisible by parallel.tp=2",
+                   "model.hidden_size=128 is not divisible by model.num_heads=3"):
+        assert needle in msg, (needle, msg)
+
+
+def test_model_fit_problems_reported_even_when_the_world_size_is_wrong():
+    cfg = to_config(compose(["+parallel=pp2", "model.num_layers=3", f"data.tokenizer={SHIPPED_TOKENIZER}"]))
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, world_size=4)
+    assert "= 2 processes, but the job has 4" in str(e.value)
+    assert "model.num_layers=3 cannot be split evenly into parallel.pp=2" in str(e.value)
+
+
+def test_derived_values_and_frozen_result():
+    cfg = to_config(compose([f"data.tokenizer={SHIPPED_TOKENIZER}", "+parallel=dp2", "train.global_batch_size=8",
+                             "train.micro_batch_size=2"]))
+    run = resolve(cfg, world_size=2)
+    assert cfg.model.vocab_size is None  # the composed config is not mutated
+    assert run.cfg.model.vocab_size == run.tokenizer.vocab_size and run.cfg.model.vocab_size % 128 == 0
+    assert (run.layout.global_batch, run.layout.micro_batch, run.layout.grad_accum) == (8, 2, 2)
+    assert run.objective == "decoder" and run.initial_state is None and run.flops_per_token > 0
+    with pytest.raises(FrozenConfigError, match="ModelConfig.hidden_size"):
+        run.cfg.model.hidden_size = 64
+    with pytest.raises(FrozenConfigError):
+        run.cfg.train.max_steps = 1
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        run.layout.tp = 2
+    assert isinstance(run.cfg.data.prefixes, tuple)
+
+
+def test_vocabulary_smaller_than_the_tokenizer_is_refused():
+    cfg = to_config(compose([f"data.tokenizer={SHIPPED_TOKENIZER}", "model.vocab_size=1000"]))
+    with pytest.raises(ConfigError, match=r"model.vocab_size=1000 is smaller than the tokenizer's vocabulary"):
+        resolve(cfg, world_size=1)
