@@ -10,7 +10,7 @@
 # --master is host:port of node 0 (the port must be free there; node 0 serves the
 # rendezvous on it). Global ranks are node_rank * nproc_per_node + local rank, so the
 # same layout gives the same ranks whether it runs on 1 node or on N nodes.
-# Two "nodes" on one CPU machine (what tests/parallel/test_cpu_backend_multinode.py does):
+# Two "nodes" on one CPU machine (what tests/paddle_compat/test_cpu_multinode.py does):
 #
 #   scripts/launch_multinode.sh --master 127.0.0.1:29500 --nnodes 2 --rank 0 --nproc-per-node 1 train.py &
 #   scripts/launch_multinode.sh --master 127.0.0.1:29500 --nnodes 2 --rank 1 --nproc-per-node 1 train.py
@@ -19,7 +19,7 @@
 #   MASTER_ADDR + MASTER_PORT, NNODES, NODE_RANK, NPROC_PER_NODE, LOG_DIR, PYTHON.
 # Defaults: 1 node, rank 0, one process per visible GPU (nvidia-smi) or 1 on CPU,
 # logs in logs/node<rank>, python from PATH. On CPU the workers talk over gloo and the
-# entry script must call llmtrain.parallel.cpu_backend.install() before fleet.init.
+# entry script must call llmtrain.paddle_compat.cpu_backend.install() before fleet.init.
 set -euo pipefail
 
 usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }

@@ -41,7 +41,7 @@ import paddle.distributed as dist
 
 from llmtrain.checkpoint.shards import ShardIndex, collect_shard, is_split_like_param
 from llmtrain.models.init import load_full_state, local_slice
-from llmtrain.parallel.zero import stage3_slices
+from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
 from llmtrain.utils.log import log0, log_all
 from llmtrain.utils.files import sha256_file
 
@@ -317,11 +317,12 @@ class Checkpointer:
                 if name not in state or list(state[name].shape) != [int(x) for x in param.shape]:
                     raise ValueError(f"{path}: {name} missing or mis-shaped for the ZeRO-3 parameter {list(param.shape)}")
                 value = cut(state[name], param, f"model/{name}")
-                param.fw_storage.set_value(paddle.to_tensor(value, dtype=param.fw_storage.dtype))
+                store = stage3_storage(param)
+                store.set_value(paddle.to_tensor(value, dtype=store.dtype))
         # optimizer: accumulators keyed by this run's optimizer variable names, cut for this layout
         opt_state: dict = {"master_weights": {}}
         for name, param in b.named_params:
-            var_name = param.fw_storage.name if param.name in sliced else param.name
+            var_name = stage3_storage(param).name if param.name in sliced else param.name
             for key in index.keys(f"optim/{name}/"):
                 acc = key.rsplit("/", 1)[1]
                 tensor = paddle.to_tensor(np.ascontiguousarray(cut(index.full(key), param, key)))

@@ -76,8 +76,10 @@ def _flat_meta(name: str, param, start: int, padded: int) -> dict:
 
 def _collect_sliced(name, param, span, opt_state, masters, tensors, meta) -> None:
     """ZeRO-3: this rank's flat slice of the value and of each optimizer accumulator."""
+    from llmtrain.paddle_compat.zero import stage3_storage
+
     start, _end, padded = span
-    store = param.fw_storage
+    store = stage3_storage(param)
     tensors[f"model/{name}"] = _np32(store)
     meta[f"model/{name}"] = _flat_meta(name, param, start, padded)
     for acc in ACCUMULATORS:
@@ -95,7 +97,7 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta) -> Non
 
 def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes."""
-    from llmtrain.parallel.zero import stage3_slices
+    from llmtrain.paddle_compat.zero import stage3_slices
 
     tensors, meta = {}, {}
     first_data_rank = topo.dp_rank == 0

@@ -2,7 +2,7 @@
 
     topo = init_distributed(layout, seed)   # every rank, before building the model
 
-On CPU the stand-ins of `llmtrain.parallel.cpu_backend` are installed first
+On CPU the stand-ins of `llmtrain.paddle_compat.cpu_backend` are installed first
 (gloo collectives in place of GPU-only kernels); on GPU nothing is patched.
 """
 from __future__ import annotations
@@ -101,7 +101,7 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
 
     strategy = build_strategy(layout, seed)
     if on_cpu:
-        from llmtrain.parallel import cpu_backend
+        from llmtrain.paddle_compat import cpu_backend
 
         cpu_backend.install()
         cpu_backend.check_strategy(strategy)  # refuses fleet options the CPU stand-ins cannot serve

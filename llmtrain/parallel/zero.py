@@ -7,11 +7,11 @@
 sharded), `3` -> `level="p_g_os"` (GroupShardedStage3: parameters too), over
 fleet's sharding group, with fleet's dp group for dp x sharding. Stage 1 does not
 come here: it is fleet's `sharding_degree` through `fleet.distributed_optimizer`.
-On CPU, `llmtrain.parallel.cpu_backend` lets Paddle's classes run over gloo.
+On CPU, `llmtrain.paddle_compat.cpu_backend` lets Paddle's classes run over gloo.
 
 Clipping: under fleet's hybrid topology Paddle's stage 2 installs fleet's
 `HybridParallelClipGrad` (norm over sharding, mp and pp groups), which
-`llmtrain.train.clip.install_recording_clip` records like stage 1. Stage 3
+``llmtrain.train.clip.install_recording_clip`` records like stage 1. Stage 3
 installs `GroupShardedClipGrad` (norm over the sharding group only — so stage 3
 refuses tp > 1 in `layout.py`); `RecordingShardedClip` wraps it to record the
 norm it uses (sliced gradients' squares all-reduced over the sharding group,
@@ -21,6 +21,14 @@ from __future__ import annotations
 
 import paddle
 import paddle.distributed as dist
+
+from llmtrain.paddle_compat.optim import (
+    get_grad_clip,
+    group_sharded_clip_class,
+    optimizer_chain,
+    set_grad_clip,
+    squared_l2_norm,
+)
 
 LEVELS = {2: "os_g", 3: "p_g_os"}
 
@@ -35,14 +43,12 @@ class RecordingShardedClip:
 
     @paddle.no_grad()
     def __call__(self, params_grads):
-        from paddle.nn.clip import _squared_l2_norm
-
         sliced = paddle.zeros([1], dtype="float32")
         unsliced = paddle.zeros([1], dtype="float32")
         for p, g in params_grads:
             if g is None or getattr(p, "need_clip", True) is False:
                 continue
-            sq = _squared_l2_norm(g).astype("float32").reshape([1])
+            sq = squared_l2_norm(g).astype("float32").reshape([1])
             if hasattr(p, "unslice"):
                 unsliced = unsliced + sq
             else:
@@ -56,15 +62,13 @@ class RecordingShardedClip:
 
 
 def _install_recorder(optimizer, group) -> RecordingShardedClip:
-    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedClipGrad
-
-    from llmtrain.train.clip import optimizer_chain
-
+    sharded_clip = group_sharded_clip_class()
     for opt in optimizer_chain(optimizer):
-        clip = opt.__dict__.get("_grad_clip")
-        if isinstance(clip, GroupShardedClipGrad):
-            opt._grad_clip = RecordingShardedClip(clip, group)
-            return opt._grad_clip
+        clip = get_grad_clip(opt)
+        if isinstance(clip, sharded_clip):
+            recorder = RecordingShardedClip(clip, group)
+            set_grad_clip(opt, recorder)
+            return recorder
     raise RuntimeError("Paddle's GroupShardedClipGrad was not found on the ZeRO optimizer; set optim.clip_grad > 0")
 
 
@@ -85,14 +89,3 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     if layout.sharding_stage == 3:
         optimizer._llm_recording_clip = _install_recorder(optimizer, group)
     return model, optimizer, scaler
-
-
-def stage3_slices(model) -> dict:
-    """{parameter name: (start, end, padded size)} of the parameters ZeRO-3 sliced on this rank
-    (their values live in `param.fw_storage`, a flat [end - start] slice of the padded,
-    flattened parameter); {} for any other model."""
-    buffers = getattr(model, "_param2buffer", None)
-    if not buffers:
-        return {}
-    rank = model._rank
-    return {name: (*buffers[name][rank], model._param2buffer_size[name]) for name in buffers}

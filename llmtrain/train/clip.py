@@ -18,6 +18,14 @@ from __future__ import annotations
 
 import paddle
 
+from llmtrain.paddle_compat.optim import (
+    get_grad_clip,
+    optimizer_chain,
+    recording_hybrid_clip_classes,
+    set_grad_clip,
+    squared_l2_norm,
+)
+
 NO_CLIP = 1e30  # clip_norm used when clipping is disabled: the scale is exactly 1 in fp32
 
 
@@ -30,10 +38,8 @@ class GlobalNormClip(paddle.nn.ClipGradByGlobalNorm):
 
     @paddle.no_grad()
     def _dygraph_clip(self, params_grads):
-        from paddle.nn.clip import _squared_l2_norm  # the fused kernel Paddle's and fleet's clips use
-
         squares = [
-            _squared_l2_norm(g).astype("float32")
+            squared_l2_norm(g).astype("float32")  # the fused kernel Paddle's and fleet's clips use
             for p, g in params_grads
             if g is not None and getattr(p, "need_clip", True)
         ]
@@ -52,33 +58,6 @@ class GlobalNormClip(paddle.nn.ClipGradByGlobalNorm):
         return params_grads
 
 
-def _hybrid_clip_class():
-    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
-        HybridParallelClipGrad,
-    )
-
-    class RecordingHybridClip(HybridParallelClipGrad):
-        """fleet's hybrid clip, storing sqrt(sum of squares) after its cross-group all-reduces."""
-
-        def _global_norm(self, global_norm_var_dist, global_norm_var_not_dist):
-            super()._global_norm(global_norm_var_dist, global_norm_var_not_dist)
-            self.last_norm = paddle.sqrt(global_norm_var_dist + global_norm_var_not_dist)
-
-    return HybridParallelClipGrad, RecordingHybridClip
-
-
-def optimizer_chain(optimizer):
-    """The optimizer and every optimizer it wraps (fleet's `_inner_opt`, Paddle ZeRO's `_optim`), outermost first."""
-    seen, todo = set(), [optimizer]
-    while todo:
-        opt = todo.pop()
-        if opt is None or id(opt) in seen:
-            continue
-        seen.add(id(opt))
-        yield opt
-        todo += [opt.__dict__.get("_optim"), opt.__dict__.get("_inner_opt")]
-
-
 def install_recording_clip(optimizer):
     """Return the clip object whose `last_norm` holds the step's global norm.
 
@@ -88,14 +67,13 @@ def install_recording_clip(optimizer):
     zero_clip = getattr(optimizer, "_llm_recording_clip", None)
     if zero_clip is not None:  # ZeRO-2/3: llmtrain.parallel.zero installed it
         return zero_clip
-    hybrid_cls, recording_cls = _hybrid_clip_class()
+    hybrid_cls, recording_cls, clone = recording_hybrid_clip_classes()
     found = None
     for opt in optimizer_chain(optimizer):
-        clip = opt.__dict__.get("_grad_clip")
+        clip = get_grad_clip(opt)
         if isinstance(clip, hybrid_cls) and not isinstance(clip, recording_cls):
-            new = recording_cls(clip._clip, clip._hcg, clip.split_norm_comm, clip._timers)
-            new.last_norm = None
-            opt._grad_clip = found = new
+            found = clone(clip)
+            set_grad_clip(opt, found)
         elif isinstance(clip, (GlobalNormClip, recording_cls)):
             found = found or clip
     if found is None:

@@ -7,7 +7,7 @@ A `ConfigError` (a configuration that cannot run) is printed once, by rank 0,
 as the list of problems, and the process exits with status 2 without a Python
 traceback (set HYDRA_FULL_ERROR=1 to get the traceback). A finished CPU job
 exits without the interpreter teardown that can crash in gloo after the work is
-done (`llmtrain.parallel.cpu_backend.exit_process`).
+done (`llmtrain.paddle_compat.process.exit_process`).
 """
 from __future__ import annotations
 
@@ -29,6 +29,6 @@ def run_entry(recipe, dcfg) -> None:
         if global_rank() == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
-    from llmtrain.parallel import cpu_backend
+    from llmtrain.paddle_compat.process import exit_process
 
-    cpu_backend.exit_process(0)
+    exit_process(0)

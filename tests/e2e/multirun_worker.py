@@ -26,9 +26,9 @@ def main(path: str) -> None:
         runs = json.load(f)
     for run in runs:
         pretrain(compose_config(run["overrides"]))
-    from llmtrain.parallel import cpu_backend
+    from llmtrain.paddle_compat.process import exit_process
 
-    cpu_backend.exit_process(0)  # as llmtrain/pretrain.py's main does
+    exit_process(0)  # as llmtrain/pretrain.py's main does
 
 
 if __name__ == "__main__":

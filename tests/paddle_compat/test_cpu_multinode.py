@@ -1,10 +1,10 @@
 """Two "nodes" on 127.0.0.1 (issue 3, item 10): dp2 as 2 x 1 process equals 1 x 2 processes.
 
-Run: pytest tests/parallel/test_cpu_backend_multinode.py   (~15 s on 2 cores)
+Run: pytest tests/paddle_compat/test_cpu_multinode.py   (~15 s on 2 cores)
 
 Node 0 and node 1 are started with scripts/launch_multinode.sh (--master 127.0.0.1:PORT
 --nnodes 2 --rank {0,1} --nproc-per-node 1); the same worker
-(tests/parallel/cpu_backend_scripts/hybrid_worker.py dp2) then runs once as one node with
+(tests/paddle_compat/cpu_scripts/hybrid_worker.py dp2) then runs once as one node with
 two processes. Global ranks, per-rank losses and final parameters must agree, and match
 the single-process reference.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_backend_scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_scripts"))
 import common  # noqa: E402
 from launching import REPO_ROOT, SCRIPTS_DIR, check_finished, free_port, load_results, run_workers, worker_env  # noqa: E402
 

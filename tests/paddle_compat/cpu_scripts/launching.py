@@ -1,6 +1,6 @@
 """Test-side helper: start worker scripts under `paddle.distributed.launch` and collect results.
 
-Use (from tests/parallel/test_cpu_backend_*.py):
+Use (from tests/parallel/test_cpu_*.py):
 
     from launching import run_workers
     results = run_workers("pp_worker.py", ["pp2"], nproc=2, workdir=tmp_path)

@@ -1,6 +1,6 @@
 """Pipeline point-to-point on CPU: ordered, non-blocking send/recv channels over gloo.
 
-Use: installed by `llmtrain.parallel.cpu_backend.install()`. Afterwards fleet's
+Use: installed by `llmtrain.paddle_compat.cpu_backend.install()`. Afterwards fleet's
 `PipelineParallel` (1F1B `train_batch`/`eval_batch`) and
 `PipelineParallelWithInterleave` (virtual stages) run on CPU processes, alone or
 combined with dp / tp / sharding. Nothing to call by hand.
@@ -57,7 +57,7 @@ import paddle
 from paddle.distributed.fleet.meta_parallel.pp_utils import p2p_communication as p2p
 from paddle.distributed.fleet.meta_parallel.pp_utils.utils import paddle_2_number
 
-from .patching import original, replace
+from ..patching import original, replace
 
 
 class _Handle:

@@ -2,7 +2,7 @@
 
 Run (the tests do this; LAYOUT is a key of common.PP_LAYOUTS):
     PYTHONPATH=<repo> python -m paddle.distributed.launch --nproc_per_node N \
-        tests/parallel/cpu_backend_scripts/pp_worker.py LAYOUT OUT_DIR
+        tests/paddle_compat/cpu_scripts/pp_worker.py LAYOUT OUT_DIR
 
 Builds a PipelineLayer of common.Block (Column/RowParallelLinear inside when mp > 1),
 trains `steps` train_batch calls with SGD and writes OUT_DIR/rank<r>.npz: the loss
@@ -25,7 +25,7 @@ from paddle.distributed import fleet
 from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
 import common
-from llmtrain.parallel import cpu_backend
+from llmtrain.paddle_compat import cpu_backend
 
 
 def init_fleet(layout: dict):

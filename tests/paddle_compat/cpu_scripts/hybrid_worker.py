@@ -2,7 +2,7 @@
 
 Run (the tests do this; LAYOUT is a key of common.HYBRID_LAYOUTS):
     PYTHONPATH=<repo> python -m paddle.distributed.launch --nproc_per_node N \
-        tests/parallel/cpu_backend_scripts/hybrid_worker.py LAYOUT OUT_DIR
+        tests/paddle_compat/cpu_scripts/hybrid_worker.py LAYOUT OUT_DIR
 
 Builds common.TPParallel (fleet's VocabParallelEmbedding, Column/RowParallelLinear with
 and without gather/split, ParallelCrossEntropy with ignore_index), wraps it with
@@ -23,7 +23,7 @@ import paddle
 from paddle.distributed import fleet
 
 import common
-from llmtrain.parallel import cpu_backend
+from llmtrain.paddle_compat import cpu_backend
 
 
 def main(layout_name: str, out_dir: str) -> None:

@@ -2,7 +2,7 @@
 
 Use, in the entry script, before `fleet.init`:
 
-    from llmtrain.parallel import cpu_backend
+    from llmtrain.paddle_compat import cpu_backend
     cpu_backend.install()          # True on CPU (stand-ins installed), False elsewhere
     fleet.init(is_collective=True, strategy=strategy)
 
@@ -47,8 +47,8 @@ from __future__ import annotations
 import paddle
 
 from . import gloo_groups, mp_ops, pipeline_p2p, sharding, tensor_parallel
-from .patching import installed as installed_patches
-from .version import TESTED_PADDLE_VERSION, check_paddle_version
+from ..patching import installed as installed_patches
+from ..version import TESTED_PADDLE_VERSION, check_paddle_version
 
 __all__ = ["install", "is_installed", "installed_patches", "check_strategy", "TESTED_PADDLE_VERSION"]
 
@@ -87,35 +87,12 @@ def check_strategy(strategy) -> None:
             "hybrid_configs.pp_configs.use_dualpipev=True is not supported on CPU: the "
             "DualPipeV schedule sends through paddle.distributed.batch_isend_irecv on the "
             "whole pipe group, which gloo runs synchronously with one shared tag stream "
-            "(see llmtrain/parallel/cpu_backend/pipeline_p2p.py). Use 1F1B or the "
+            "(see llmtrain/paddle_compat/cpu_backend/pipeline_p2p.py). Use 1F1B or the "
             "interleaved schedule."
         )
 
 
-def exit_process(code: int = 0) -> None:
-    """End a CPU-backend worker without Python's interpreter teardown (call after all output is closed).
-
-    With the stand-ins installed, Paddle 3.3.1 occasionally crashes with SIGSEGV while the
-    interpreter tears down gloo process groups and the pipeline channel threads at exit —
-    after the run has finished and written everything (seen in about 1 of 30 4-process
-    tp2 x pp2 launches; the launcher then reports exit code 245 for a successful run). The
-    entry scripts call this last, after closing metrics, VisualDL and checkpoints, so a
-    finished run exits with `code`. A no-op unless the CPU stand-ins are installed: GPU
-    jobs exit normally.
-    """
-    if not _INSTALLED:
-        return
-    import logging
-    import os
-    import sys
-
-    _stop_pipeline_channels()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _stop_pipeline_channels() -> None:
+def stop_pipeline_channels() -> None:
     """Let the pipeline channel threads finish queued work (what their atexit hook does)."""
     pipeline_p2p._LINKS.stop()
+

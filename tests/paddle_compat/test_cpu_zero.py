@@ -1,8 +1,8 @@
 """ZeRO stages 2 and 3 (Paddle's group-sharded classes) on 2 CPU processes vs. one process.
 
-Run: pytest tests/parallel/test_cpu_backend_zero.py   (~15 s on 2 cores)
+Run: pytest tests/paddle_compat/test_cpu_zero.py   (~15 s on 2 cores)
 
-tests/parallel/cpu_backend_scripts/zero_worker.py wraps common.WideMLP and Adam with
+tests/paddle_compat/cpu_scripts/zero_worker.py wraps common.WideMLP and Adam with
 global-norm clipping (active: clip 0.3 < grad norm) in GroupShardedOptimizerStage2 +
 GroupShardedStage2 built without a device argument (stage 2), or with
 paddle.distributed.sharding.group_sharded_parallel(level="p_g_os", segment_size=0)
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_backend_scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_scripts"))
 import common  # noqa: E402
 from launching import run_workers  # noqa: E402
 

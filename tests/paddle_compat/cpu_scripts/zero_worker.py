@@ -2,7 +2,7 @@
 
 Run (the tests do this; LAYOUT is "zero2" or "zero3", see common.ZERO_LAYOUTS):
     PYTHONPATH=<repo> python -m paddle.distributed.launch --nproc_per_node 2 \
-        tests/parallel/cpu_backend_scripts/zero_worker.py LAYOUT OUT_DIR
+        tests/paddle_compat/cpu_scripts/zero_worker.py LAYOUT OUT_DIR
 
 fleet.init with data parallel over all ranks (Paddle's documented setup for
 group_sharded_parallel), wraps common.WideMLP and Adam + ClipGradByGlobalNorm with
@@ -27,7 +27,7 @@ from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_optimizer_sta
 from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
 
 import common
-from llmtrain.parallel import cpu_backend
+from llmtrain.paddle_compat import cpu_backend
 
 
 def main(layout_name: str, out_dir: str) -> None:

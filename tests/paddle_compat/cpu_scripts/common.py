@@ -2,7 +2,7 @@
 
 Not run directly. Worker scripts in this folder import it (their folder is on sys.path
 when launched with `python -m paddle.distributed.launch ... <script>.py`), and
-tests/parallel/test_cpu_backend*.py import it to compute the single-process reference.
+tests/paddle_compat/test_cpu_*.py import it to compute the single-process reference.
 
 Every weight is drawn from numpy with a fixed seed, in full, and each parallel rank keeps
 its slice; so the parallel and the single-process models start from identical numbers.

@@ -1,9 +1,9 @@
 """Tensor parallel, data parallel and sharding stage 1 on CPU vs. one process.
 
-Run: pytest tests/parallel/test_cpu_backend_tp.py   (~40 s on 2 cores)
+Run: pytest tests/paddle_compat/test_cpu_tp.py   (~40 s on 2 cores)
 
-Each case launches tests/parallel/cpu_backend_scripts/hybrid_worker.py under
-`paddle.distributed.launch` (gloo, llmtrain.parallel.cpu_backend installed) and compares
+Each case launches tests/paddle_compat/cpu_scripts/hybrid_worker.py under
+`paddle.distributed.launch` (gloo, llmtrain.paddle_compat.cpu_backend installed) and compares
 every rank's losses, per-token losses (ParallelCrossEntropy with ignore_index), step-0
 gradients (tp2), parameter shards after training and optimizer-state bytes with a
 single-process run of the same network, weights and data (fp32, atol 1e-5).
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_backend_scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_scripts"))
 import common  # noqa: E402
 from launching import run_workers  # noqa: E402
 

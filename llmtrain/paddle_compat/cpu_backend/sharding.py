@@ -1,6 +1,6 @@
 """ZeRO stages 2 and 3 (Paddle's group-sharded classes) on CPU processes over gloo.
 
-Use: installed by `llmtrain.parallel.cpu_backend.install()`. Afterwards, on CPU,
+Use: installed by `llmtrain.paddle_compat.cpu_backend.install()`. Afterwards, on CPU,
 
     model, opt, scaler = paddle.distributed.sharding.group_sharded_parallel(
         model, opt, level="os_g" | "p_g_os", group=sharding_group)
@@ -58,7 +58,7 @@ executed BEFORE install() binds Paddle's original function; call it as
 
 Deviation from the GPU path to know about: none in the math (same collectives, same
 order, fp32 on CPU). ZeRO memory savings are real: each rank keeps optimizer state for
-its own shard only (tests/parallel/test_cpu_backend_zero.py: per-rank Adam state is
+its own shard only (tests/paddle_compat/test_cpu_zero.py: per-rank Adam state is
 1/2 of the single-process state at k=2, exactly for stage 2, +5% alignment padding for
 stage 3).
 """
@@ -79,7 +79,7 @@ from paddle.distributed.fleet.meta_parallel.sharding import (
 )
 from paddle.distributed.sharding import group_sharded as group_sharded_module
 
-from .patching import original, replace
+from ..patching import original, replace
 
 GroupShardedOptimizerStage2 = stage2_opt_module.GroupShardedOptimizerStage2
 GroupShardedStage2 = stage2_module.GroupShardedStage2

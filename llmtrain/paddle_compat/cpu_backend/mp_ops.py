@@ -1,6 +1,6 @@
 """Tensor-parallel communication ops for CPU: fleet's mp_ops rebuilt on gloo collectives.
 
-Use: installed by `llmtrain.parallel.cpu_backend.install()`. Afterwards fleet's
+Use: installed by `llmtrain.paddle_compat.cpu_backend.install()`. Afterwards fleet's
 `ColumnParallelLinear`, `RowParallelLinear`, `VocabParallelEmbedding` and
 `ParallelCrossEntropy` (paddle/distributed/fleet/layers/mpu/mp_layers.py) run on CPU
 processes launched with `python -m paddle.distributed.launch`.
@@ -28,7 +28,7 @@ from paddle.distributed import collective
 from paddle.distributed.fleet.layers.mpu import mp_ops as paddle_mp_ops
 from paddle.framework import in_dynamic_mode
 
-from .patching import original, replace
+from ..patching import original, replace
 
 _REPLACED = (
     "_c_identity",

@@ -1,6 +1,6 @@
 """CPU stand-ins for the device checks around fleet's tensor/pipeline-parallel wrappers.
 
-Use: installed by `llmtrain.parallel.cpu_backend.install()`. Afterwards
+Use: installed by `llmtrain.paddle_compat.cpu_backend.install()`. Afterwards
 `fleet.distributed_model(model)` returns a working `TensorParallel` (its forward
 broadcasts the inputs over the model-parallel group) and `PipelineLayer(...)` can be
 constructed on a CPU-only Paddle build.
@@ -30,7 +30,7 @@ from paddle.distributed import ParallelEnv
 from paddle.distributed.fleet.meta_parallel import tensor_parallel as paddle_tensor_parallel
 from paddle.distributed.fleet.utils import hybrid_parallel_util
 
-from .patching import replace
+from ..patching import replace
 
 
 def broadcast_input_data(hcg, *inputs, **kwargs):

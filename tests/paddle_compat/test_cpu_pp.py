@@ -1,9 +1,9 @@
 """Pipeline parallel on CPU (1F1B, interleaved, tied embeddings, with dp and tp) vs. one process.
 
-Run: pytest tests/parallel/test_cpu_backend_pp.py   (~60 s on 2 cores)
+Run: pytest tests/paddle_compat/test_cpu_pp.py   (~60 s on 2 cores)
 
-Each case launches tests/parallel/cpu_backend_scripts/pp_worker.py (fleet PipelineLayer +
-PipelineParallel / PipelineParallelWithInterleave, llmtrain.parallel.cpu_backend
+Each case launches tests/paddle_compat/cpu_scripts/pp_worker.py (fleet PipelineLayer +
+PipelineParallel / PipelineParallelWithInterleave, llmtrain.paddle_compat.cpu_backend
 installed) and compares the losses train_batch returns and every block's parameters
 after training with common.Block run in sequence on one process (fp32, atol 1e-5).
 "pp2" also checks eval_batch and a SharedLayerDesc-tied embedding (grads of the two
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_backend_scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "cpu_scripts"))
 import common  # noqa: E402
 from launching import run_workers  # noqa: E402
 

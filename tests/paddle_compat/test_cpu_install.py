@@ -1,6 +1,6 @@
-"""install() contract of llmtrain.parallel.cpu_backend: device gate, version pin, idempotence.
+"""install() contract of llmtrain.paddle_compat.cpu_backend: device gate, version pin, idempotence.
 
-Run: pytest tests/parallel/test_cpu_backend_install.py   (~10 s)
+Run: pytest tests/paddle_compat/test_cpu_install.py   (~10 s)
 
 The stand-ins are only installed in child processes here, so this test session's Paddle
 stays untouched.
@@ -17,8 +17,8 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO_ROOT))
-from llmtrain.parallel import cpu_backend  # noqa: E402
-from llmtrain.parallel.cpu_backend.version import TESTED_PADDLE_VERSION, check_paddle_version  # noqa: E402
+from llmtrain.paddle_compat import cpu_backend  # noqa: E402
+from llmtrain.paddle_compat.version import TESTED_PADDLE_VERSION, check_paddle_version  # noqa: E402
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -44,7 +44,7 @@ def test_version_check_names_both_versions():
 def test_install_refuses_other_paddle_versions_before_patching():
     proc = run_python(
         "import paddle; paddle.__version__ = '3.0.0'\n"
-        "from llmtrain.parallel import cpu_backend\n"
+        "from llmtrain.paddle_compat import cpu_backend\n"
         "try:\n    cpu_backend.install()\nexcept RuntimeError as e:\n"
         "    print('REFUSED', len(cpu_backend.installed_patches()), str(e).splitlines()[0])\n"
     )
@@ -54,7 +54,7 @@ def test_install_refuses_other_paddle_versions_before_patching():
 
 def test_install_on_cpu_is_idempotent_and_lists_every_patch():
     proc = run_python(
-        "from llmtrain.parallel import cpu_backend\n"
+        "from llmtrain.paddle_compat import cpu_backend\n"
         "assert cpu_backend.install() is True and cpu_backend.install() is True\n"
         "print('\\n'.join(cpu_backend.installed_patches()))\n"
     )

@@ -1,6 +1,6 @@
 """Gloo sub-groups that do not race: each group rendezvouses through its own TCP store.
 
-Use: installed by `llmtrain.parallel.cpu_backend.install()`; afterwards every
+Use: installed by `llmtrain.paddle_compat.cpu_backend.install()`; afterwards every
 `paddle.distributed.new_group(...)` on the gloo backend (including the ones `fleet.init`
 creates for dp/mp/pp/sharding) gets a private store. Nothing to call by hand.
 
@@ -31,7 +31,7 @@ import socket
 from paddle.base import core
 from paddle.distributed import collective
 
-from .patching import original, replace
+from ..patching import original, replace
 
 _STORE_KEY = "llmtrain/gloo_group_store/{gid}"
 _STORE_TIMEOUT_S = 900  # Paddle's own TCPStore default

@@ -1,0 +1,42 @@
+"""Every use of Paddle internals, behind one fence and one version check.
+
+    python -m pytest tests/paddle_compat -q
+
+llmtrain uses only public Paddle 3.x APIs except in this package. Each module here
+checks `paddle.__version__` (`version.py`: exactly 3.3.1, or it refuses with the list
+to re-audit) before it touches a private name. On a Paddle upgrade, re-read each entry
+of `AUDIT` in the new release, fix what moved, then raise `TESTED_PADDLE_VERSION`.
+
+- `cpu_backend/`: stand-ins that let fleet's GPU-only pieces (tensor-parallel kernels,
+  pipeline p2p, gloo sub-groups, ZeRO-2/3 device gates) run on CPU processes over gloo;
+  installed only when the device is CPU, so the GPU path never sees them.
+- `optim.py`, `zero.py`, `fleet.py`, `process.py`: the private attributes the training
+  path reads or sets on every device.
+"""
+from __future__ import annotations
+
+from llmtrain.paddle_compat.version import TESTED_PADDLE_VERSION, check_paddle_version, require_tested_paddle
+
+__all__ = ["AUDIT", "TESTED_PADDLE_VERSION", "check_paddle_version", "require_tested_paddle"]
+
+AUDIT = (
+    # (private Paddle name, where we use it, why) -- the list to re-read on a Paddle upgrade
+    ("Optimizer._grad_clip, HybridParallelOptimizer._inner_opt, GroupSharded*._optim",
+     "paddle_compat/optim.py", "find and replace the clip fleet/ZeRO installed, to record the global norm"),
+    ("HybridParallelClipGrad._global_norm/_clip/_hcg/_timers/split_norm_comm",
+     "paddle_compat/optim.py", "subclass fleet's hybrid clip to keep its cross-group norm"),
+    ("paddle.nn.clip._squared_l2_norm", "paddle_compat/optim.py", "the fused kernel every global-norm clip uses"),
+    ("group_sharded_utils.GroupShardedClipGrad", "paddle_compat/optim.py", "record the ZeRO-3 clip norm"),
+    ("GroupShardedStage3._param2buffer/_param2buffer_size/_rank, param.fw_storage",
+     "paddle_compat/zero.py, checkpoint/", "save and load each rank's ZeRO-3 flat slice"),
+    ("fleet.layers.mpu.mp_ops._c_identity", "paddle_compat/fleet.py", "tied LM head under tp: identity forward, "
+     "all-reduce of the input gradient backward"),
+    ("PipelineLayer.shared_comm, param.is_firstly_shared", "paddle_compat/fleet.py",
+     "count a tied table once in the pipeline's gradient norm (Paddle never sets the flag)"),
+    ("os._exit after closing outputs", "paddle_compat/process.py",
+     "skip an interpreter teardown that can crash in gloo after a CPU job finished"),
+    ("collective._new_process_group_impl, mp_ops._c_*/_mp_allreduce/_c_softmax_with_cross_entropy, "
+     "hybrid_parallel_util.broadcast_input_data, ParallelEnv.device_id, p2p_communication internals, "
+     "GroupSharded* constructors, ParamStorage, GroupShardedClipGrad._dygraph_clip, group_sharded_parallel",
+     "paddle_compat/cpu_backend/", "CPU stand-ins (each module's docstring says what and why)"),
+)

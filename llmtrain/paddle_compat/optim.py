@@ -1,0 +1,76 @@
+"""Paddle optimizer and clip internals llmtrain reads or replaces (GPU and CPU path alike).
+
+    for opt in optimizer_chain(optimizer): clip = get_grad_clip(opt)
+    set_grad_clip(opt, recorder)                 # swap the clip fleet installed for a recording one
+    squared_l2_norm(grad)                        # Paddle's fused kernel behind every global-norm clip
+
+fleet and Paddle's ZeRO classes wrap the user's optimizer (`_inner_opt`, `_optim`)
+and keep the clip in the private `_grad_clip` attribute; fleet's
+`HybridParallelClipGrad` sums the squared norms in `_global_norm` and keeps its
+inner clip, group and timers in `_clip`, `_hcg`, `_timers`. Read in Paddle 3.3.1.
+"""
+from __future__ import annotations
+
+from llmtrain.paddle_compat.version import require_tested_paddle
+
+
+def optimizer_chain(optimizer):
+    """The optimizer and every optimizer it wraps (fleet's `_inner_opt`, Paddle ZeRO's `_optim`), outermost first."""
+    require_tested_paddle()
+    seen, todo = set(), [optimizer]
+    while todo:
+        opt = todo.pop()
+        if opt is None or id(opt) in seen:
+            continue
+        seen.add(id(opt))
+        yield opt
+        todo += [opt.__dict__.get("_optim"), opt.__dict__.get("_inner_opt")]
+
+
+def get_grad_clip(opt):
+    """The clip object an optimizer (not its wrappers) applies, or None."""
+    return opt.__dict__.get("_grad_clip")
+
+
+def set_grad_clip(opt, clip) -> None:
+    opt._grad_clip = clip
+
+
+def squared_l2_norm(tensor):
+    """sum(tensor^2) with Paddle's fused kernel (what ClipGradByGlobalNorm and fleet's clips use): shape [1]."""
+    from paddle.nn.clip import _squared_l2_norm
+
+    return _squared_l2_norm(tensor)
+
+
+def recording_hybrid_clip_classes():
+    """(fleet's HybridParallelClipGrad, a subclass storing `last_norm`, a factory cloning an instance into it).
+
+    The subclass keeps fleet's norm logic (partial sums all-reduced over the mp, pp and
+    sharding groups; tp-split parameters counted on every rank, replicated ones once)
+    and stores sqrt(sum of squares) after the all-reduces."""
+    require_tested_paddle()
+    import paddle
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+        HybridParallelClipGrad,
+    )
+
+    class RecordingHybridClip(HybridParallelClipGrad):
+        last_norm = None
+
+        def _global_norm(self, global_norm_var_dist, global_norm_var_not_dist):
+            super()._global_norm(global_norm_var_dist, global_norm_var_not_dist)
+            self.last_norm = paddle.sqrt(global_norm_var_dist + global_norm_var_not_dist)
+
+    def clone(clip):
+        return RecordingHybridClip(clip._clip, clip._hcg, clip.split_norm_comm, clip._timers)
+
+    return HybridParallelClipGrad, RecordingHybridClip, clone
+
+
+def group_sharded_clip_class():
+    """Paddle's ZeRO-3 clip (`GroupShardedClipGrad`: norm over the sharding group only)."""
+    require_tested_paddle()
+    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedClipGrad
+
+    return GroupShardedClipGrad
