@@ -6,10 +6,11 @@
 For each model, one process, rounds alternating ours / bare so that drift in the machine's speed
 hits both. "Ours" is the real entry function (`llmtrain.pretrain.pretrain`: config checks, MLMData
 with whole-word masking in its prefetch thread, the parallel plan, StepRunner, Meter with
-metrics.jsonl); its rates come from metrics.jsonl over the steps after warm-up. "Bare" builds the
-same model with the same initial weights, reads the same masked batches from the same MLMData (in
-the loop, no prefetch), and runs forward / masked cross-entropy / backward / AdamW with Paddle's
-ClipGradByGlobalNorm / clear_grad. Rates: loss-bearing (masked) tokens/s, the trainer's `tokens`,
+metrics.jsonl). "Bare" builds the same model with the same initial weights, reads the same masked
+batches from the same MLMData (with the same prefetch thread), and runs forward / masked
+cross-entropy / backward / AdamW with Paddle's ClipGradByGlobalNorm / clear_grad. Both are timed by
+wall clock from the end of the last warm-up step to the end of the last step
+(`benchmarks/walltime.py`), our logging included. Rates: loss-bearing (masked) tokens/s, the trainer's `tokens`,
 and positions/s (all input tokens, what the FLOPs follow). Masking cost: `Masker` alone on the
 run's batches ([batch, seq] ids and word flags already read), median of repeated calls, as a share
 of our median step time (goal: under 2%). Prints markdown tables (and writes them with --markdown).
@@ -25,6 +26,9 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from walltime import StepClock, trainer_window  # noqa: E402
 
 WARMUP = 2
 STRATEGIES = ("whole_word", "token", "ngram", "entity")
@@ -40,14 +44,13 @@ def base_overrides(model: str, seq_len: int, batch: int, steps: int) -> list[str
 def ours(overrides: list[str]) -> dict:
     from llmtrain.config import compose_config
     from llmtrain.pretrain import pretrain
-    from llmtrain.train.metrics import read_metrics
+    from llmtrain.config import to_config
 
     run_dir = tempfile.mkdtemp(prefix="ernie_ours_")
-    pretrain(compose_config(overrides + [f"run.dir={run_dir}"]))
-    recs = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if "loss" in r and r["step"] > WARMUP]
-    seconds = sum(r["step_time"] for r in recs)
-    return {"tokens_per_s": sum(r["tokens"] for r in recs) / seconds,
-            "step_s": statistics.median(r["step_time"] for r in recs)}
+    dcfg = compose_config(overrides + [f"run.dir={run_dir}"])
+    pretrain(dcfg)
+    cfg = to_config(dcfg)
+    return trainer_window(run_dir, WARMUP, positions_per_step=cfg.train.global_batch_size * cfg.data.seq_len)
 
 
 def bare(overrides: list[str]) -> dict:
@@ -63,7 +66,6 @@ def bare(overrides: list[str]) -> dict:
 
     cfg = to_config(compose_config(overrides))
     cfg.model.vocab_size = cfg.model.vocab_size or load_tokenizer(cfg.data.tokenizer).vocab_size
-    cfg.data.num_workers = 0
     g = cfg.train.global_batch_size
     data = MLMData(cfg.data, seed=cfg.seed, global_batch_size=g, micro_batch_size=g)
     paddle.seed(cfg.seed)
@@ -73,9 +75,8 @@ def bare(overrides: list[str]) -> dict:
     opt = paddle.optimizer.AdamW(learning_rate=o.lr, beta1=o.beta1, beta2=o.beta2, epsilon=o.eps,
                                  parameters=model.parameters(), weight_decay=o.weight_decay,
                                  grad_clip=paddle.nn.ClipGradByGlobalNorm(o.clip_grad))
-    tokens, seconds, steps = 0, 0.0, []
-    for step in range(1, cfg.train.max_steps + 1):
-        t0 = time.perf_counter()
+    clock = StepClock()
+    for _ in range(cfg.train.max_steps):
         (mb,) = data.next_step()
         ids = paddle.to_tensor(mb["input_ids"])
         labels = paddle.to_tensor(mb["labels"])
@@ -87,13 +88,9 @@ def bare(overrides: list[str]) -> dict:
         opt.step()
         opt.clear_grad()
         float(loss)  # the same device sync our logging does each step
-        if step > WARMUP:
-            dt = time.perf_counter() - t0
-            seconds += dt
-            steps.append(dt)
-            tokens += int(mb["loss_mask"].sum())
+        clock.mark(mb["loss_mask"].sum(), mb["input_ids"].size)
     data.close()
-    return {"tokens_per_s": tokens / seconds, "step_s": statistics.median(steps)}
+    return clock.window(WARMUP)
 
 
 def masking_cost(overrides: list[str], repeats: int = 30) -> dict:
@@ -156,7 +153,8 @@ def main() -> None:
              f"{args.seq_len}` on {platform.processor() or platform.machine()}, {os.cpu_count()} cores, load average "
              f"{load0:.2f} at start, {time.strftime('%Y-%m-%d')}; load average {os.getloadavg()[0]:.2f} at the end. "
              f"One process, fp32, whole-word masking (the encoder default) on the embedded People's Daily corpus; "
-             f"medians over rounds of the steps after {WARMUP} warm-up steps.", "",
+             f"medians over rounds; each round timed by wall clock from the end of warm-up step {WARMUP} to the "
+             f"end of the last step, on both sides.", "",
              "| model | batch x seq | ours masked tokens/s | bare masked tokens/s | ours / bare | ours positions/s "
              "| bare positions/s | ours s/step | bare s/step | ours, all rounds | bare, all rounds |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -6,11 +6,12 @@ One process, one run, side by side: rounds alternate ours / bare so drift in the
 machine's speed hits both. "Ours" is the real entry function
 (`llmtrain.pretrain.pretrain`: config checks, PretrainData, the parallel plan,
 StepRunner with the norm-recording clip, Meter with metrics.jsonl, progress bar
-and VisualDL, stop-signal checks); its tokens/s is recomputed from metrics.jsonl
-over the steps after warm-up. "Bare" builds the same model with the same
-initial weights, reads the same batches from the same PretrainData, and runs
-forward / loss / backward / AdamW step / clear_grad with Paddle's own
-ClipGradByGlobalNorm, timed over the same steps. Prints a markdown table.
+and VisualDL, stop-signal checks). "Bare" builds the same model with the same
+initial weights, reads the same batches from the same PretrainData (the same
+prefetch), and runs forward / loss / backward / AdamW step / clear_grad with
+Paddle's own ClipGradByGlobalNorm. Both are timed by wall clock from the end of
+the last warm-up step to the end of the last step (`benchmarks/walltime.py`), so
+our logging is inside the measurement. Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -19,9 +20,11 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from walltime import StepClock, trainer_window  # noqa: E402
 
 WARMUP = 3
 
@@ -29,13 +32,10 @@ WARMUP = 3
 def ours(overrides: list[str], steps: int) -> float:
     from llmtrain.config import compose_config
     from llmtrain.pretrain import pretrain
-    from llmtrain.train.metrics import read_metrics
-
     run_dir = tempfile.mkdtemp(prefix="overhead_ours_")
     pretrain(compose_config(overrides + [f"run.dir={run_dir}", f"train.max_steps={steps}", "train.log_interval=1",
                                          "checkpoint.save_final=false", "checkpoint.resume=none"]))
-    recs = [r for r in read_metrics(os.path.join(run_dir, "metrics.jsonl")) if r["step"] > WARMUP]
-    return sum(r["tokens"] for r in recs) / sum(r["step_time"] for r in recs)
+    return trainer_window(run_dir, WARMUP, positions_per_step=0)["tokens_per_s"]
 
 
 def bare(overrides: list[str], steps: int) -> float:
@@ -58,9 +58,8 @@ def bare(overrides: list[str], steps: int) -> float:
     opt = paddle.optimizer.AdamW(learning_rate=o.lr, beta1=o.beta1, beta2=o.beta2, epsilon=o.eps,
                                  parameters=model.parameters(), weight_decay=o.weight_decay,
                                  grad_clip=paddle.nn.ClipGradByGlobalNorm(o.clip_grad))
-    tokens, seconds = 0, 0.0
-    for step in range(1, steps + 1):
-        t0 = time.perf_counter()
+    clock = StepClock()
+    for _ in range(steps):
         (mb,) = data.next_step()
         ids = paddle.to_tensor(mb["input_ids"])
         labels = paddle.to_tensor(mb["labels"])
@@ -70,10 +69,9 @@ def bare(overrides: list[str], steps: int) -> float:
         opt.step()
         opt.clear_grad()
         float(loss)  # the same device sync our logging does each step
-        if step > WARMUP:
-            seconds += time.perf_counter() - t0
-            tokens += int(mb["loss_mask"].sum())
-    return tokens / seconds
+        clock.mark(mb["loss_mask"].sum(), 0)
+    data.close()
+    return clock.window(WARMUP)["tokens_per_s"]
 
 
 def main() -> None:
@@ -92,7 +90,7 @@ def main() -> None:
     print(f"| llmtrain trainer | {o:.0f} | {', '.join(f'{x:.0f}' for x in results['ours'])} |")
     print(f"| bare Paddle loop | {b:.0f} | {', '.join(f'{x:.0f}' for x in results['bare'])} |")
     print(f"\nratio ours / bare = {o / b:.3f} (goal >= 0.95); overrides: {' '.join(overrides)}; {args.steps} steps, "
-          f"first {WARMUP} excluded")
+          f"first {WARMUP} excluded; wall clock around whole steps on both sides")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
-"""Token-throughput accounting and the metrics line (DESIGN.md §3).
+"""Token-throughput accounting and the metrics line.
 
     meter = Meter(run_dir, topo, flops_per_token, peak, ...)
     meter.update(step, out, lr, step_time, data_wait)   # every step; writes on log steps
 
-Definitions (also in DESIGN.md §3):
+Definitions (the README's "Metrics" section says the same):
 - tokens: loss-bearing target tokens (sum of loss_mask: padding and masked-out
   positions excluded), summed over all data-parallel and sharding ranks, never
   multiplied by tp or pp. `tokens` is this step's count, `tokens_total` the exact
@@ -22,6 +22,8 @@ Definitions (also in DESIGN.md §3):
   ranks of each micro-batch's mean token loss; grad_norm: global L2 norm of the
   logged step's gradient before clipping.
 - step_time, data_wait_time: seconds per step, averaged over the window.
+- time: Unix time (seconds) when the record was made, after the step's work; the
+  wall clock between two records covers whole steps, logging included.
 """
 from __future__ import annotations
 
@@ -129,6 +131,7 @@ class Meter:
             "data_wait_time": self._window_data_wait / self._window_steps,
             "tflops_per_device": tflops,
             "mfu": None if not self.peak else tflops * 1e12 / self.peak,
+            "time": time.time(),
         }
         rec.update(extra or {})
         self.last = rec
