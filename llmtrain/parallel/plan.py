@@ -17,6 +17,7 @@ from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.roles import Roles
 from llmtrain.parallel.layout import Layout
+from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.parallel.strategy import Topology
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
@@ -67,12 +68,13 @@ def build_for_layout(cfg, layout: Layout, topo: Topology, amp: AmpPlan, initial_
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
+    slices = TensorSlices(topo.tp_rank, layout.tp)
     if initial_state is not None:
         from llmtrain.models.init import load_full_state
 
-        load_full_state(named, initial_state, topo.tp_rank, layout.tp, source=cfg.model.init_from or "initial state")
+        load_full_state(named, initial_state, slices, source=cfg.model.init_from or "initial state")
     else:
-        init_parameters(named, cfg.model, cfg.seed, topo.tp_rank, layout.tp)
+        init_parameters(named, cfg.model, cfg.seed, slices)
 
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
