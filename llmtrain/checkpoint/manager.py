@@ -40,8 +40,9 @@ import paddle
 import paddle.distributed as dist
 
 from llmtrain.checkpoint.shards import ShardIndex, collect_shard, is_split_like_param
-from llmtrain.models.init import load_full_state, local_slice
+from llmtrain.models.init import load_full_state
 from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
+from llmtrain.parallel.slicing import TensorSlices, local_slice
 from llmtrain.utils.log import log0, log_all
 from llmtrain.utils.files import sha256_file
 
@@ -311,7 +312,7 @@ class Checkpointer:
             if full is not None:
                 state[name] = full
         whole = [(n, p) for n, p in b.named_params if p.name not in sliced]
-        load_full_state(whole, state, tp_rank, tp, source=path)
+        load_full_state(whole, state, TensorSlices(tp_rank, tp), source=path)
         for name, param in b.named_params:
             if param.name in sliced:
                 if name not in state or list(state[name].shape) != [int(x) for x in param.shape]:

@@ -23,7 +23,7 @@ from typing import Optional
 import numpy as np
 import paddle
 
-from llmtrain.models.init import full_shape
+from llmtrain.parallel.slicing import full_shape
 
 ACCUMULATORS = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc", "moment2_max")
 SCALAR_ACCUMULATORS = ("beta1_pow_acc", "beta2_pow_acc")

@@ -1,6 +1,11 @@
-"""Model families. `build_model(cfg, roles)` returns the single-device model.
+"""Model families: `build_model(cfg, roles)` builds the model, `model_stages(cfg, roles)` lists its stages.
 
-    from llmtrain.models import build_model
+    python -m pytest tests/models -q
+    from llmtrain.models import build_model; model = build_model(cfg.model)
+
+Both are single-device descriptions; a parallel plan takes part only through
+the `Roles` it passes in (`llmtrain/parallel/plan.py`) and by cutting the stage
+list (`llmtrain/parallel/pipeline.py`).
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from llmtrain.models.roles import Roles
 
 
 def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
-    """The model of `cfg.family`, built with `roles` (single device when None)."""
+    """The model of `cfg.family`, built with the layers `roles` hands out (plain ones when None)."""
     if cfg.family == "decoder":
         from llmtrain.models.decoder import DecoderLM
 
@@ -24,7 +29,7 @@ def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool
 
 
 def model_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False):
-    """The model of `cfg.family` as an ordered stage list (for the pipeline plan)."""
+    """The model of `cfg.family` as an ordered list of `decoder.Stage` entries (the pipeline plan cuts it)."""
     if cfg.family == "decoder":
         from llmtrain.models.decoder import decoder_stages
 

@@ -1,44 +1,43 @@
 """GPT-2 / Llama style decoder-only language model, single-device code.
 
-    python -c "from llmtrain.models import build_model; ..."   # see tests/models/test_decoder.py
+    python -m pytest tests/models -q
+    model = build_model(cfg.model)          # llmtrain.models; logits = model(input_ids)
 
-The model describes itself as an ordered list of stages (`decoder_stages`):
-embedding, L blocks, final norm, LM head (or the embedding again, tied). The
-single-device `DecoderLM` runs them in order; the pipeline plan
-(`llmtrain/parallel/pipeline.py`) cuts the same list into `LayerDesc` /
-`SharedLayerDesc` entries. Each stage has a canonical name prefix, so a
-parameter has the same name (`layers.3.attn.q_proj.weight`) under every layout.
+The model is written for one device; a parallel plan acts only through the
+`Roles` factory it passes in. The model also describes itself as an ordered
+list of stages (`decoder_stages`): embedding, L blocks, final norm, and the LM
+head (an `LMHead`, or the embedding again when the table is tied). The
+single-device `DecoderLM` runs the same layers in the same order; the pipeline
+plan (`llmtrain/parallel/pipeline.py`) cuts the list between entries. Each
+stage has a canonical name prefix, so a parameter has the same name
+(`layers.3.attn.q_proj.weight`) under every layout.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import NamedTuple, Optional
 
 import paddle
 import paddle.nn as nn
 
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.layers import Attention, FeedForward, build_norm
-from llmtrain.models.roles import Roles, tag_split
-
-
-def tied_logits(layer: nn.Layer, hidden):  # hidden [b, s, h] -> logits [b, s, V/tp]
-    """Output projection through the shared word table (`layer.word`) of an `Embedding` or `TiedHead`."""
-    return layer.roles.tied_logits(hidden, layer.word.weight)
+from llmtrain.models.roles import Roles
 
 
 class Embedding(nn.Layer):
-    """ids [b, s] -> hidden [b, s, h]: word table (+ learned positions for GPT-2)."""
+    """ids [b, s] -> hidden [b, s, h]: word table (+ learned positions for GPT-2).
+
+    With tied embeddings the word table (`word`, exposed as `shared_weight`) is
+    also the output projection: logits = roles.tied_logits(hidden, shared_weight)."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
         self.llm_prefix = prefix
-        self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
         self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
         self.pos = None
         if cfg.position == "learned":
-            self.pos = tag_split(nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size), None)
+            self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
 
     def forward(self, input_ids):  # [b, s] int64
         x = self.word(input_ids)  # [b, s, h]
@@ -49,30 +48,8 @@ class Embedding(nn.Layer):
 
     @property
     def shared_weight(self):
-        """The word table, shared with the output projection when embeddings are tied."""
+        """The word table [V/tp, h], shared with the output projection when embeddings are tied."""
         return self.word.weight
-
-
-class TiedHead(nn.Layer):
-    """The last pipeline stage's copy of the tied word table: [b, s, h] -> logits [b, s, V/tp].
-
-    Built only when the output projection lives on another pipeline stage than
-    the embedding; the pipeline keeps both copies equal (broadcast at start,
-    gradients all-reduced)."""
-
-    def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
-        super().__init__()
-        self.llm_prefix = prefix
-        self.roles = roles
-        self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
-        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
-
-    @property
-    def shared_weight(self):
-        return self.word.weight
-
-    def forward(self, hidden):
-        return tied_logits(self, hidden)
 
 
 class Block(nn.Layer):
@@ -102,8 +79,9 @@ class Block(nn.Layer):
         if self.recompute and self.training:
             from paddle.distributed.fleet.utils import recompute
 
-            # use_reentrant=False: the reentrant form drops parameter grads when
-            # every input has stop_gradient=True (DESIGN.md §1).
+            # use_reentrant=False: with Paddle's default reentrant form, a block whose inputs all
+            # have stop_gradient=True returns an output with stop_gradient=True, so its parameters
+            # silently get no gradient (and the 1F1B pipeline schedule deadlocked).
             return recompute(self._forward, x, mask, use_reentrant=False)
         return self._forward(x, mask)
 
@@ -150,18 +128,22 @@ class LMLoss(nn.Layer):
         return (ce * mask).sum() / paddle.clip(mask.sum(), min=1.0)
 
 
-@dataclass
-class StageSpec:
-    """One entry of the model's ordered stage list."""
+class Stage(NamedTuple):
+    """One entry of a model's ordered stage list: `layer_cls(**kwargs)` applied to the previous entry's output.
+
+    Entries with the same `shared_key` are one layer (a tied word table): the
+    first is that layer in its place (the embedding); a later entry with the key
+    is the same table used as the output projection, hidden [b, s, h] ->
+    `roles.tied_logits(hidden, layer.shared_weight)` [b, s, V/tp]. A layer with a
+    shared key holds its table as `word` (a `roles.vocab_embedding`) and exposes
+    it as `shared_weight`."""
 
     prefix: str
     """Canonical name prefix of this stage's parameters (`embed`, `layers.3`, `final_norm`, `lm_head`)."""
     layer_cls: type
-    kwargs: dict = field(default_factory=dict)
+    kwargs: dict
+    """Constructor arguments: `cfg`, `roles`, `prefix`, and layer-specific ones (`recompute`)."""
     shared_key: Optional[str] = None
-    """Stages with the same key share one layer (tied embeddings)."""
-    forward_func: Optional[Callable] = None
-    """For a repeated shared stage: how to call the shared layer, f(layer, x)."""
 
 
 def canonical_parameters(model: nn.Layer) -> list[tuple[str, paddle.Tensor]]:
@@ -184,24 +166,23 @@ def canonical_parameters(model: nn.Layer) -> list[tuple[str, paddle.Tensor]]:
     return out
 
 
-def decoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[StageSpec]:
-    """The decoder as an ordered list of stages; the pipeline cuts it between entries."""
-    def spec(prefix, cls, **kw):
-        return StageSpec(prefix, cls, dict(cfg=cfg, roles=roles, prefix=prefix, **kw.pop("extra", {})), **kw)
+def stage(cfg: ModelConfig, roles: Roles, prefix: str, layer_cls: type, shared_key=None, **extra) -> Stage:
+    """A `Stage` whose layer is built as `layer_cls(cfg=cfg, roles=roles, prefix=prefix, **extra)`."""
+    return Stage(prefix, layer_cls, dict(cfg=cfg, roles=roles, prefix=prefix, **extra), shared_key)
 
-    tied = cfg.tie_embeddings
-    stages = [spec("embed", Embedding, shared_key="embed" if tied else None)]
-    stages += [spec(f"layers.{i}", Block, extra=dict(recompute=recompute)) for i in range(cfg.num_layers)]
-    stages.append(spec("final_norm", FinalNorm))
-    if tied:
-        stages.append(spec("embed", TiedHead, shared_key="embed", forward_func=tied_logits))
-    else:
-        stages.append(spec("lm_head", LMHead))
+
+def decoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
+    """The decoder as an ordered list of stages, in the order `DecoderLM.forward` runs them."""
+    tied = "embed" if cfg.tie_embeddings else None
+    stages = [stage(cfg, roles, "embed", Embedding, tied)]
+    stages += [stage(cfg, roles, f"layers.{i}", Block, recompute=recompute) for i in range(cfg.num_layers)]
+    stages.append(stage(cfg, roles, "final_norm", FinalNorm))
+    stages.append(stage(cfg, roles, "embed", Embedding, tied) if tied else stage(cfg, roles, "lm_head", LMHead))
     return stages
 
 
 class DecoderLM(nn.Layer):
-    """The decoder on one device (or under tensor parallelism, via `roles`).
+    """The decoder, built with the layers `roles` hands out (plain ones when None).
 
     forward(input_ids [b, s]) -> logits [b, s, V/tp]; `self.loss_fn(logits, (labels, mask))`.
     """
@@ -210,15 +191,18 @@ class DecoderLM(nn.Layer):
         super().__init__()
         roles = roles or Roles()
         self.cfg = cfg
+        self.roles = roles
         self.embed = Embedding(cfg, roles)
         self.layers = nn.LayerList([Block(cfg, roles, recompute, prefix=f"layers.{i}") for i in range(cfg.num_layers)])
         self.final_norm = FinalNorm(cfg, roles)
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.loss_fn = LMLoss(roles)
 
-    def forward(self, input_ids):
-        x = self.embed(input_ids)
+    def forward(self, input_ids):  # [b, s] int64
+        x = self.embed(input_ids)  # [b, s, h]
         for block in self.layers:
             x = block(x)
         x = self.final_norm(x)
-        return tied_logits(self.embed, x) if self.lm_head is None else self.lm_head(x)
+        if self.lm_head is None:
+            return self.roles.tied_logits(x, self.embed.shared_weight)  # [b, s, V/tp]
+        return self.lm_head(x)

@@ -2,11 +2,11 @@
 
     python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=ernie-tiny +parallel=tp2
 
-Same construction rules as the decoder (`decoder.py`): widths that tensor
-parallelism splits come from the `Roles` factory, and the model is an ordered
-stage list the pipeline can cut: embedding, L blocks (post-norm for ERNIE),
-[final norm when pre-norm], MLM transform (dense, GeLU, LayerNorm), the tied
-word table as output projection, and the vocabulary-split output bias.
+Same construction rules as the decoder (`decoder.py`): layers a plan may split
+come from the `Roles` factory, and the model is an ordered stage list the
+pipeline can cut: embedding, L blocks (post-norm for ERNIE), [final norm when
+pre-norm], MLM transform (dense, GeLU, LayerNorm), the tied word table as
+output projection, and the output bias over the vocabulary.
 
 Attention is bidirectional. Padding is masked only when an `attention_mask`
 is passed (single-device and tp use); pretraining feeds packed sequences
@@ -24,33 +24,35 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import Block, FinalNorm, LMHead, LMLoss, StageSpec, TiedHead, tied_logits
+from llmtrain.models.decoder import Block, FinalNorm, LMHead, LMLoss, Stage, stage
 from llmtrain.models.layers import build_norm
-from llmtrain.models.roles import Roles, tag_split
+from llmtrain.models.roles import Roles
 
 
 class EncoderEmbedding(nn.Layer):
-    """ids [b, s] -> norm(word + position + token type + task type) [b, s, h]; word is 0 at pad_token_id."""
+    """ids [b, s] -> norm(word + position + token type + task type) [b, s, h]; word is 0 at pad_token_id.
+
+    The word table (`word`, exposed as `shared_weight`) is also the tied output projection."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
         self.llm_prefix = prefix
-        self.roles = roles
         self.task_id = cfg.task_id
         self.pad_token_id = cfg.pad_token_id
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
         self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
-        self.pos = tag_split(nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size), None)
+        self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = None
         if cfg.type_vocab_size > 0:
-            self.token_type = tag_split(nn.Embedding(cfg.type_vocab_size, cfg.hidden_size), None)
+            self.token_type = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.task_type = None
         if cfg.task_type_vocab_size > 0:
-            self.task_type = tag_split(nn.Embedding(cfg.task_type_vocab_size, cfg.hidden_size), None)
+            self.task_type = nn.Embedding(cfg.task_type_vocab_size, cfg.hidden_size)
         self.norm = build_norm(cfg, cfg.hidden_size)
 
     @property
     def shared_weight(self):
+        """The word table [V/tp, h]."""
         return self.word.weight
 
     def forward(self, input_ids, token_type_ids=None):  # [b, s] int64
@@ -69,12 +71,12 @@ class EncoderEmbedding(nn.Layer):
 
 
 class MLMTransform(nn.Layer):
-    """The MLM head's transform: [b, s, h] -> norm(gelu(dense(x))) [b, s, h] (replicated, small)."""
+    """The MLM head's transform: [b, s, h] -> norm(gelu(dense(x))) [b, s, h] (a plain h x h linear: small)."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_head"):
         super().__init__()
         self.llm_prefix = prefix
-        self.dense = tag_split(nn.Linear(cfg.hidden_size, cfg.hidden_size), None)
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.approximate = cfg.activation == "gelu_tanh"
         self.norm = build_norm(cfg, cfg.hidden_size)
 
@@ -83,36 +85,32 @@ class MLMTransform(nn.Layer):
 
 
 class MLMBias(nn.Layer):
-    """Adds the output bias to vocabulary-split logits: [b, s, V/tp] + [V/tp]."""
+    """Adds the output bias to the logits: [b, s, V/tp] + [V/tp]."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_bias"):
         super().__init__()
         self.llm_prefix = prefix
-        self.bias = roles.vocab_parallel_bias(self, cfg.vocab_size)
+        self.bias = roles.output_bias(self, cfg.vocab_size)
 
     def forward(self, logits):
         return logits + self.bias
 
 
-def encoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[StageSpec]:
-    """The encoder as an ordered stage list (see `decoder_stages`)."""
-
-    def spec(prefix, cls, **kw):
-        return StageSpec(prefix, cls, dict(cfg=cfg, roles=roles, prefix=prefix, **kw.pop("extra", {})), **kw)
-
-    tied = cfg.tie_embeddings
-    stages = [spec("embed", EncoderEmbedding, shared_key="embed" if tied else None)]
-    stages += [spec(f"layers.{i}", Block, extra=dict(recompute=recompute)) for i in range(cfg.num_layers)]
+def encoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
+    """The encoder as an ordered stage list (see `decoder.Stage`), in the order `EncoderMLM.forward` runs them."""
+    tied = "embed" if cfg.tie_embeddings else None
+    stages = [stage(cfg, roles, "embed", EncoderEmbedding, tied)]
+    stages += [stage(cfg, roles, f"layers.{i}", Block, recompute=recompute) for i in range(cfg.num_layers)]
     if cfg.norm_position == "pre":
-        stages.append(spec("final_norm", FinalNorm))
-    stages.append(spec("mlm_head", MLMTransform))
-    stages.append(spec("embed", TiedHead, shared_key="embed", forward_func=tied_logits) if tied else spec("lm_head", LMHead))
-    stages.append(spec("mlm_bias", MLMBias))
+        stages.append(stage(cfg, roles, "final_norm", FinalNorm))
+    stages.append(stage(cfg, roles, "mlm_head", MLMTransform))
+    stages.append(stage(cfg, roles, "embed", EncoderEmbedding, tied) if tied else stage(cfg, roles, "lm_head", LMHead))
+    stages.append(stage(cfg, roles, "mlm_bias", MLMBias))
     return stages
 
 
 class EncoderMLM(nn.Layer):
-    """Encoder + masked-LM head on one device (or tp via `roles`).
+    """Encoder + masked-LM head, built with the layers `roles` hands out (plain ones when None).
 
     forward(input_ids [b, s], token_type_ids=None, attention_mask=None) -> logits [b, s, V/tp];
     attention_mask: [b, s] with 1 keep / 0 pad, or an additive [b, 1, 1, s].
@@ -123,6 +121,7 @@ class EncoderMLM(nn.Layer):
         super().__init__()
         roles = roles or Roles()
         self.cfg = cfg
+        self.roles = roles
         self.embed = EncoderEmbedding(cfg, roles)
         self.layers = nn.LayerList([Block(cfg, roles, recompute, prefix=f"layers.{i}") for i in range(cfg.num_layers)])
         self.final_norm = FinalNorm(cfg, roles) if cfg.norm_position == "pre" else None
@@ -137,11 +136,14 @@ class EncoderMLM(nn.Layer):
             mask = attention_mask
             if mask.ndim == 2:  # [b, s] 1 keep / 0 pad -> additive [b, 1, 1, s]
                 mask = ((1.0 - mask.astype("float32")) * -1e4)[:, None, None, :]
-        x = self.embed(input_ids, token_type_ids)
+        x = self.embed(input_ids, token_type_ids)  # [b, s, h]
         for block in self.layers:
             x = block(x, mask)
         if self.final_norm is not None:
             x = self.final_norm(x)
         x = self.mlm_head(x)
-        logits = tied_logits(self.embed, x) if self.lm_head is None else self.lm_head(x)
+        if self.lm_head is None:
+            logits = self.roles.tied_logits(x, self.embed.shared_weight)  # [b, s, V/tp]
+        else:
+            logits = self.lm_head(x)
         return self.mlm_bias(logits)

@@ -1,13 +1,17 @@
-"""Layout-independent parameter initialisation.
+"""Layout-independent parameter initialisation, and loading full tensors by canonical name.
 
-    init_parameters(named_params, cfg, seed=1234, tp_rank=0, tp_degree=1)
+    python -m pytest tests/models -q
+    init_parameters(canonical_parameters(model), cfg, seed=1234)
 
 A parameter's initial value depends only on the seed and its canonical name
 (`layers.3.mlp.up_proj.weight`): we draw the *full* logical tensor from a
-generator seeded by (seed, name), then keep this rank's slice along the axis
-the role factory recorded in `param.llm_split_axis`. The same weights therefore
-come out under one process, tp2, pp4 or any mix, which is what makes layout
-parity tests and reshardable checkpoints possible.
+generator seeded by (seed, name). What part of it a process keeps is not the
+model's business: the caller passes `slices`, an object with
+`full_shape(param)` (the logical shape of a possibly cut parameter) and
+`local(full, param)` (the part this process holds). The default, `WHOLE`, is
+one device; the parallel plan passes `llmtrain.parallel.slicing.TensorSlices`.
+The same weights therefore come out under one process, tp2, pp4 or any mix,
+which is what makes layout parity tests and reshardable checkpoints possible.
 
 Rules (GPT-2 / Megatron): norm weights 1, every 1-D parameter (biases, norm
 biases) 0, everything else N(0, init_std^2); output projections of the residual
@@ -32,29 +36,22 @@ def name_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFF, *words]))
 
 
-def full_shape(param: paddle.Tensor, tp_degree: int) -> list[int]:
-    """Logical (unsplit) shape of a possibly tp-split parameter."""
-    shape = list(param.shape)
-    axis = getattr(param, "llm_split_axis", None)
-    if axis is not None:
-        shape[axis] *= tp_degree
-    return shape
+class Whole:
+    """Every parameter is its full logical tensor (one device)."""
 
+    def full_shape(self, param: paddle.Tensor) -> list[int]:
+        return list(param.shape)
 
-def local_slice(full: np.ndarray, param: paddle.Tensor, tp_rank: int, tp_degree: int) -> np.ndarray:
-    """This rank's contiguous chunk of `full` along the split axis (fleet's layout)."""
-    axis = getattr(param, "llm_split_axis", None)
-    if axis is None or tp_degree == 1:
+    def local(self, full: np.ndarray, param: paddle.Tensor) -> np.ndarray:
         return full
-    size = full.shape[axis] // tp_degree
-    index = [slice(None)] * full.ndim
-    index[axis] = slice(tp_rank * size, (tp_rank + 1) * size)
-    return full[tuple(index)]
 
 
-def initial_value(name: str, param: paddle.Tensor, cfg: ModelConfig, seed: int, tp_degree: int) -> np.ndarray:
-    """The full-shape initial value of parameter `name` (fp32 numpy)."""
-    shape = full_shape(param, tp_degree)
+WHOLE = Whole()
+
+
+def initial_value(name: str, param: paddle.Tensor, cfg: ModelConfig, seed: int, shape=None) -> np.ndarray:
+    """The initial value of parameter `name` at its full logical `shape` (default: the parameter's), fp32 numpy."""
+    shape = list(param.shape) if shape is None else list(shape)
     if getattr(param, "llm_init", None) == "ones":
         return np.ones(shape, dtype=np.float32)
     if len(shape) == 1:
@@ -70,12 +67,11 @@ def init_parameters(
     named_params: Iterable[tuple[str, paddle.Tensor]],
     cfg: ModelConfig,
     seed: int,
-    tp_rank: int = 0,
-    tp_degree: int = 1,
+    slices=WHOLE,
 ) -> None:
-    """Set every parameter from its (seed, canonical name) draw, sliced for this tp rank."""
+    """Set every parameter from its (seed, canonical name) draw of the full tensor, cut by `slices`."""
     for name, param in named_params:
-        value = local_slice(initial_value(name, param, cfg, seed, tp_degree), param, tp_rank, tp_degree)
+        value = slices.local(initial_value(name, param, cfg, seed, slices.full_shape(param)), param)
         if list(value.shape) != list(param.shape):
             raise ValueError(f"init of {name}: slice shape {list(value.shape)} != parameter shape {list(param.shape)}")
         param.set_value(paddle.to_tensor(value, dtype=param.dtype, place=param.place))
@@ -89,11 +85,10 @@ class StateMismatch(ValueError):
 def load_full_state(
     named_params: Iterable[tuple[str, paddle.Tensor]],
     state,
-    tp_rank: int = 0,
-    tp_degree: int = 1,
+    slices=WHOLE,
     source: str = "checkpoint",
 ) -> None:
-    """Set parameters from full (unsplit) tensors keyed by canonical name, slicing for this tp rank.
+    """Set parameters from full (unsplit) tensors keyed by canonical name, cut by `slices` (see the module doc).
 
     `state` maps canonical names to numpy arrays (or anything `np.asarray` takes).
     Missing keys and shape mismatches stop with the complete list; keys of the
@@ -106,7 +101,7 @@ def load_full_state(
     shaped = []
     for name, param in named_params:
         if name in state:
-            want = full_shape(param, tp_degree)
+            want = slices.full_shape(param)
             have = list(np.shape(state[name]))
             if want != have:
                 shaped.append(f"{name}: {source} has {have}, model needs {want}")
@@ -118,7 +113,7 @@ def load_full_state(
             lines.append(f"  mis-shaped ({len(shaped)}):\n    " + "\n    ".join(shaped))
         raise StateMismatch("\n".join(lines))
     for name, param in named_params:
-        value = local_slice(np.asarray(state[name], dtype=np.float32), param, tp_rank, tp_degree)
+        value = slices.local(np.asarray(state[name], dtype=np.float32), param)
         param.set_value(paddle.to_tensor(np.ascontiguousarray(value), dtype=param.dtype, place=param.place))
 
 

@@ -1,10 +1,12 @@
-"""Building blocks of the decoder: norms, rotary embedding, attention, feed-forward.
+"""Building blocks of the decoder and encoder: norms, rotary embedding, attention, feed-forward.
 
     python -m pytest tests/models -q
 
-All code here is single-device code: widths that tensor parallelism splits come
-from the `Roles` factory (`llmtrain/models/roles.py`), which also tells how many
-heads live on this rank.
+Single-device code: every linear layer comes from the `Roles` factory
+(`llmtrain/models/roles.py`) the plan passes in. A plan may hand out layers
+that hold only part of the heads or of the FFN width (comments write such a
+width as `nh/tp`, `f/tp`); the code never asks how many parts there are, it
+takes the local head count from the tensor (`reshape([0, 0, -1, head_dim])`).
 """
 from __future__ import annotations
 
@@ -33,15 +35,13 @@ class RMSNorm(nn.Layer):
 
 
 def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
-    """The configured norm (`layernorm` or `rmsnorm`); never split across ranks."""
+    """The configured norm (`layernorm` or `rmsnorm`) over the last axis; its weight starts at 1."""
     if cfg.norm == "layernorm":
         norm = nn.LayerNorm(hidden_size, epsilon=cfg.norm_eps)
     elif cfg.norm == "rmsnorm":
         norm = RMSNorm(hidden_size, cfg.norm_eps)
     else:
         raise ValueError(f"model.norm={cfg.norm!r}: expected 'layernorm' or 'rmsnorm'")
-    for p in norm.parameters():
-        p.llm_split_axis = None
     norm.weight.llm_init = "ones"
     return norm
 
@@ -116,15 +116,12 @@ def choose_attention(kind: str):
 
 
 class Attention(nn.Layer):
-    """Multi-head / grouped-query self-attention; q, k, v column-split, out row-split."""
+    """Multi-head / grouped-query self-attention: q, k, v column linears (whole heads), o a row linear."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles):
         super().__init__()
-        tp = roles.tp_degree
         self.causal = cfg.family == "decoder"
         self.head_dim = cfg.head_dim()
-        self.local_heads = cfg.num_heads // tp
-        self.local_kv_heads = cfg.kv_heads() // tp
         h, d = cfg.hidden_size, self.head_dim
         self.q_proj = roles.column_linear(h, cfg.num_heads * d, cfg.bias)
         self.k_proj = roles.column_linear(h, cfg.kv_heads() * d, cfg.bias)
@@ -135,17 +132,17 @@ class Attention(nn.Layer):
         self.attend = choose_attention(cfg.attention)
 
     def forward(self, x, mask=None):  # x [b, s, h]; mask [b, 1, 1, s] additive or None
-        q = self.q_proj(x).reshape([0, 0, self.local_heads, self.head_dim])  # [b, s, nh/tp, d]
-        k = self.k_proj(x).reshape([0, 0, self.local_kv_heads, self.head_dim])  # [b, s, nkv/tp, d]
-        v = self.v_proj(x).reshape([0, 0, self.local_kv_heads, self.head_dim])
+        q = self.q_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nh/tp, d]
+        k = self.k_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
+        v = self.v_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         if self.rotary is not None:
             q, k = self.rotary.apply(q), self.rotary.apply(k)
         out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
-        return self.o_proj(out.reshape([0, 0, self.local_heads * self.head_dim]))  # [b, s, h]
+        return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d] -> [b, s, h]
 
 
 class FeedForward(nn.Layer):
-    """GeLU MLP (up, down) or SwiGLU (gate, up, down); up/gate column-split, down row-split."""
+    """GeLU MLP (up, down) or SwiGLU (gate, up, down): up/gate column linears, down a row linear."""
 
     def __init__(self, cfg: ModelConfig, roles: Roles):
         super().__init__()
@@ -163,5 +160,5 @@ class FeedForward(nn.Layer):
         if self.kind == "swiglu":
             inner = F.silu(self.gate_proj(x)) * self.up_proj(x)  # [b, s, f/tp]
         else:
-            inner = F.gelu(self.up_proj(x), approximate=self.kind == "gelu_tanh")
-        return self.down_proj(inner)
+            inner = F.gelu(self.up_proj(x), approximate=self.kind == "gelu_tanh")  # [b, s, f/tp]
+        return self.down_proj(inner)  # [b, s, h]

@@ -1,18 +1,21 @@
 """Layers requested by role, so model code stays single-device code.
 
-A model never builds an `nn.Linear` whose shape depends on the parallel plan.
-It asks a `Roles` factory for a *column* linear (output features split across
-tensor-parallel ranks), a *row* linear (input features split, output summed), a
-*vocab embedding*, an *output projection*, and the *token loss*. `Roles` here
-is the single-device plan; `llmtrain.parallel.tensor.TensorParallelRoles`
-returns fleet's `ColumnParallelLinear`, `RowParallelLinear`,
-`VocabParallelEmbedding` and `ParallelCrossEntropy` instead (Megatron's
-`ModuleSpec` idea, acting at construction time as Paddle's manual hybrid mode
-requires).
+    python -m pytest tests/models -q
 
-Every parameter a factory creates is tagged with `llm_split_axis` (the axis
-that is split across tensor-parallel ranks, or None) so that initialisation
-and checkpoints can work on the full logical tensor whatever the layout.
+A model never builds a layer whose shape depends on the parallel plan. It asks
+a `Roles` factory for a *column linear* (a plan may split its output features),
+a *row linear* (a plan may split its input features and sum the outputs), a
+*vocab embedding*, an *output linear* and *output bias* over the vocabulary,
+*tied logits* through the word table, and the *token loss*. The plan passes the
+factory in at construction (Paddle's manual hybrid mode builds parallel layers
+there, not afterwards).
+
+`Roles` here is the single-device factory: plain Paddle layers, nothing split.
+A parallel plan subclasses it and overrides what differs (the tensor-parallel
+one is `llmtrain.parallel.tensor.TensorParallelRoles`). Whatever a plan does,
+a model must not read shapes back from its own configuration where a plan may
+have cut them: the local width of a layer is what the layer returns (e.g. a
+head count from `reshape([0, 0, -1, head_dim])`).
 """
 from __future__ import annotations
 
@@ -21,53 +24,34 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 
-def tag_split(layer: nn.Layer, weight_axis, bias_axis=None) -> nn.Layer:
-    """Record which axis of `layer.weight` / `layer.bias` is split across tp ranks."""
-    for pname, axis in (("weight", weight_axis), ("bias", bias_axis)):
-        p = getattr(layer, pname, None)
-        if p is not None:
-            p.llm_split_axis = axis
-    return layer
-
-
 class Roles:
-    """Single-device plan: plain Paddle layers, nothing split."""
-
-    tp_degree: int = 1
-    """Tensor-parallel degree; models divide heads and widths by it."""
-
-    tp_rank: int = 0
-    """This process's rank inside its tensor-parallel group."""
+    """Single-device factory: plain Paddle layers, every parameter whole."""
 
     def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
-        """x [.., in] -> y [.., out / tp]: output features split across tp ranks."""
-        return tag_split(nn.Linear(in_features, out_features, bias_attr=None if bias else False), None)
+        """x [.., in] -> y [.., out]; a plan may split `out` (y stays split, not gathered)."""
+        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
-        """x [.., in / tp] -> y [.., out]: input features split, partial outputs summed."""
-        return tag_split(nn.Linear(in_features, out_features, bias_attr=None if bias else False), None)
+        """x [.., in] -> y [.., out]; a plan may split `in` (x arrives split, y is summed over the split)."""
+        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
-        """ids [b, s] -> [b, s, h]; the table's rows are split across tp ranks."""
-        return tag_split(nn.Embedding(vocab_size, hidden_size), None)
+        """ids [b, s] -> [b, s, h] through a [V, h] table; a plan may split the table's rows."""
+        return nn.Embedding(vocab_size, hidden_size)
 
     def output_linear(self, hidden_size: int, vocab_size: int) -> nn.Layer:
-        """Untied LM head: [b, s, h] -> logits [b, s, V / tp] (vocab split, not gathered)."""
-        return tag_split(nn.Linear(hidden_size, vocab_size, bias_attr=False), None)
+        """Untied LM head, no bias: [b, s, h] -> logits [b, s, V]; a plan may split V (logits stay split)."""
+        return nn.Linear(hidden_size, vocab_size, bias_attr=False)
 
-    def vocab_parallel_bias(self, layer: nn.Layer, vocab_size: int) -> paddle.Tensor:
-        """An output bias over the vocabulary, split like the logits: [V / tp], zeros."""
-        bias = layer.create_parameter([vocab_size // self.tp_degree], is_bias=True)
-        bias.llm_split_axis = 0 if self.tp_degree > 1 else None
-        if self.tp_degree > 1:
-            bias.is_distributed = True  # fleet: a split tensor (norm counted per rank, never broadcast over mp)
-        return bias
+    def output_bias(self, layer: nn.Layer, vocab_size: int) -> paddle.Tensor:
+        """A parameter of `layer` added to the logits: [V], zeros; a plan splits it like the logits."""
+        return layer.create_parameter([vocab_size], is_bias=True)
 
-    def tied_logits(self, hidden: paddle.Tensor, embedding_weight: paddle.Tensor) -> paddle.Tensor:
-        """Tied LM head: hidden [b, s, h] x table [V / tp, h]^T -> logits [b, s, V / tp]."""
-        return paddle.matmul(hidden, embedding_weight, transpose_y=True)
+    def tied_logits(self, hidden: paddle.Tensor, table: paddle.Tensor) -> paddle.Tensor:
+        """Tied LM head: hidden [b, s, h] x table [V, h]^T -> logits [b, s, V]."""
+        return paddle.matmul(hidden, table, transpose_y=True)
 
     def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
-        """Per-token cross entropy: logits [b, s, V / tp], labels [b, s] -> loss [b, s] (fp32)."""
+        """Per-token cross entropy: logits [b, s, V], labels [b, s] -> loss [b, s] (fp32)."""
         loss = F.cross_entropy(logits.astype("float32"), labels.unsqueeze(-1), reduction="none")
         return loss.squeeze(-1)

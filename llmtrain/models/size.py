@@ -1,6 +1,6 @@
-"""Parameter counts and model FLOPs per token (DESIGN.md §3), from the config alone.
+"""Parameter counts and model FLOPs per token (6 N + 12 L h s), from the config alone.
 
-    python -c "from llmtrain.models.size import *; ..."
+    python -m pytest tests/models -q -k "parameter_count or flops"
 
 Counting from the config (not from local parameters) gives the same figures on
 every rank and layout.

@@ -1,40 +1,91 @@
 """Pipeline plan: cut the model's ordered stage list into fleet `PipelineLayer` stages.
 
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=gpt-tiny +parallel=pp2
+
     pipe = build_pipeline(cfg.model, layout, roles, topo, recompute)
     model = fleet.distributed_model(pipe)          # -> PipelineParallel
     loss = model.train_batch([input_ids, (labels, loss_mask)], optimizer, lr_scheduler)
 
-Each `StageSpec` becomes a `LayerDesc`, or a `SharedLayerDesc` for the tied
-embedding (first stage: the `Embedding`; last stage: a `TiedHead` holding the
-same word table). Blocks are divided evenly (`seg_method="layer:Block"`), the
-embedding joins the first stage and the final norm + head the last. The
+The model says what its stages are (`llmtrain.models.decoder.Stage`: prefix,
+layer class, kwargs, shared key); this module says how fleet runs them. Each
+stage becomes a `LayerDesc`; a stage with a shared key (the tied word table)
+becomes a `SharedLayerDesc`: its first appearance builds the model's layer (the
+embedding), a later appearance (the output projection) builds a `TiedHead`,
+which holds only the word table. So the last pipeline stage does not carry a
+second copy of the position or token-type tables, and every parameter keeps
+one canonical name. Blocks are divided evenly (`seg_method="layer:Block"`),
+the embedding joins the first stage and the final norm + head the last. The
 pipeline's micro-batches are the gradient-accumulation micro-batches
 (`pipeline_configs.accumulate_steps` = train grad_accum).
 """
 from __future__ import annotations
 
-import paddle.distributed as dist
+from functools import partial
+
+import paddle.nn as nn
 
 from llmtrain.models import model_stages
-from llmtrain.models.decoder import LMLoss
+from llmtrain.models.decoder import LMLoss, Stage
+from llmtrain.paddle_compat.fleet import mark_secondary_shared_copies
 from llmtrain.parallel.layout import Layout
+
+
+class TiedHead(nn.Layer):
+    """A later pipeline stage's copy of a tied word table, as output projection: [b, s, h] -> logits [b, s, V/tp].
+
+    Built from the kwargs of the layer whose table it shares (`cfg`, `roles`,
+    `prefix`; others ignored), with the table under the same attribute (`word`),
+    so its parameter has the same canonical name (`embed.word.weight`). fleet
+    keeps the copies equal: broadcast from the first stage at start, gradients
+    all-reduced between the stages that hold one."""
+
+    def __init__(self, cfg, roles, prefix: str = "embed", **_layer_specific):
+        super().__init__()
+        self.llm_prefix = prefix
+        self.roles = roles
+        self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)  # [V/tp, h]
+        self.word.llm_tied_table = True  # read outside its own forward (see llmtrain.parallel.zero)
+
+    @property
+    def shared_weight(self):
+        return self.word.weight
+
+    def forward(self, hidden):  # [b, s, h]
+        return self.roles.tied_logits(hidden, self.shared_weight)  # [b, s, V/tp]
+
+
+def _tied_logits(roles, layer, hidden):
+    """`SharedLayerDesc.forward_func` of the output projection: the shared layer (a `TiedHead`,
+    or the model's embedding when both sit on one stage) used through its table."""
+    return roles.tied_logits(hidden, layer.shared_weight)  # [b, s, h] -> [b, s, V/tp]
+
+
+def stage_descs(stages: list[Stage], roles) -> list:
+    """fleet's `LayerDesc` / `SharedLayerDesc` for the model's ordered stage list."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
+
+    descs, seen = [], set()
+    for st in stages:
+        if st.shared_key is None:
+            descs.append(LayerDesc(st.layer_cls, **st.kwargs))
+        elif st.shared_key not in seen:
+            seen.add(st.shared_key)
+            descs.append(SharedLayerDesc(st.shared_key, st.layer_cls, shared_weight_attr="shared_weight", **st.kwargs))
+        else:
+            descs.append(
+                SharedLayerDesc(
+                    st.shared_key, TiedHead, forward_func=partial(_tied_logits, roles),
+                    shared_weight_attr="shared_weight", **st.kwargs,
+                )
+            )
+    return descs
 
 
 def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = False):
     """A `PipelineLayer` holding this rank's stage(s) of the model."""
-    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
-    descs = []
-    for spec in model_stages(model_cfg, roles, recompute):
-        if spec.shared_key is not None:
-            descs.append(
-                SharedLayerDesc(
-                    spec.shared_key, spec.layer_cls, forward_func=spec.forward_func,
-                    shared_weight_attr="shared_weight", **spec.kwargs,
-                )
-            )
-        else:
-            descs.append(LayerDesc(spec.layer_cls, **spec.kwargs))
+    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles)
     extra = {}
     if layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
@@ -46,20 +97,6 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         seg_method="layer:Block",
         **extra,
     )
-    _mark_secondary_shared_copies(pipe)
+    mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
     return pipe
 
-
-def _mark_secondary_shared_copies(pipe) -> None:
-    """Count a tied table once in the global gradient norm.
-
-    fleet's `HybridParallelClipGrad` skips parameters with
-    `is_firstly_shared=False`, but Paddle 3.3.1's `_synchronize_shared_weights`
-    compares `param.name` with attribute names and so never sets it; the copy
-    on every stage but the first of each shared group is marked here.
-    """
-    rank = dist.get_rank()
-    for comm in getattr(pipe, "shared_comm", {}).values():
-        if rank != min(comm["ranks"]):
-            for attr in comm["weight_attr"]:
-                getattr(comm["layer"], attr).is_firstly_shared = False

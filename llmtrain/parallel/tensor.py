@@ -1,5 +1,7 @@
 """Tensor-parallel plan: the `Roles` factory backed by fleet's Megatron-style layers.
 
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=llama-tiny +parallel=tp2
+
     roles = TensorParallelRoles(hcg)      # after fleet.init with mp_degree > 1
     model = build_model(cfg.model, roles)
 
@@ -8,18 +10,36 @@ down are `RowParallelLinear` (inputs split, outputs all-reduced), the word table
 is a `VocabParallelEmbedding`, and the loss is `ParallelCrossEntropy` on
 vocabulary-split logits, so the full [b, s, V] logits never exist on one rank.
 On CPU the collectives inside these layers are served by
-`llmtrain.parallel.cpu_backend`; on GPU they are fleet's own kernels.
+`llmtrain.paddle_compat.cpu_backend`; on GPU they are fleet's own kernels.
+
+Every split parameter is tagged with `llm_split_axis` (the axis cut across the
+tp ranks, each rank holding one contiguous chunk in rank order); an untagged
+parameter is whole on every rank. `llmtrain.parallel.slicing` and the
+checkpoint read the tag to go between the full logical tensor and this rank's
+chunk.
 """
 from __future__ import annotations
 
 import paddle
 import paddle.nn as nn
 
-from llmtrain.models.roles import Roles, tag_split
+from llmtrain.models.roles import Roles
+from llmtrain.paddle_compat.fleet import c_identity
+
+
+def tag_split(layer: nn.Layer, weight_axis, bias_axis=None) -> nn.Layer:
+    """Record which axis of `layer.weight` / `layer.bias` is split across tp ranks (None: whole)."""
+    for pname, axis in (("weight", weight_axis), ("bias", bias_axis)):
+        p = getattr(layer, pname, None)
+        if p is not None:
+            p.llm_split_axis = axis
+    return layer
 
 
 class TensorParallelRoles(Roles):
-    """Megatron-style tensor parallelism through `paddle.distributed.fleet.meta_parallel`."""
+    """Megatron-style tensor parallelism through `paddle.distributed.fleet.meta_parallel`.
+
+    Shapes below are this rank's: V/tp rows of the vocabulary, out/tp or in/tp features."""
 
     def __init__(self, hcg):
         from paddle.distributed.fleet import meta_parallel as mpu
@@ -45,12 +65,16 @@ class TensorParallelRoles(Roles):
         layer = self._mpu.ColumnParallelLinear(hidden_size, vocab_size, has_bias=False, gather_output=False)
         return tag_split(layer, weight_axis=1)  # weight [h, V/tp]
 
-    def tied_logits(self, hidden: paddle.Tensor, embedding_weight: paddle.Tensor) -> paddle.Tensor:
-        from paddle.distributed.fleet.layers.mpu import mp_ops
+    def output_bias(self, layer: nn.Layer, vocab_size: int) -> paddle.Tensor:
+        bias = layer.create_parameter([vocab_size // self.tp_degree], is_bias=True)  # [V/tp]
+        bias.llm_split_axis = 0
+        bias.is_distributed = True  # fleet: a split tensor (norm counted per rank, never broadcast over mp)
+        return bias
 
+    def tied_logits(self, hidden: paddle.Tensor, table: paddle.Tensor) -> paddle.Tensor:
         # identity forward, all-reduce of d(hidden) backward: every rank's vocab slice contributes
-        hidden = mp_ops._c_identity(hidden, group=self.group)  # [b, s, h]
-        return paddle.matmul(hidden, embedding_weight, transpose_y=True)  # [b, s, V/tp]
+        hidden = c_identity(hidden, self.group)  # [b, s, h]
+        return paddle.matmul(hidden, table, transpose_y=True)  # [b, s, h] x [V/tp, h]^T -> [b, s, V/tp]
 
     def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
         if self._ce is None:

@@ -25,8 +25,10 @@ from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.manager import Checkpointer
 from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
 from llmtrain.parallel.plan import build_local_model, parallelize
+from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.train.metrics import Meter
@@ -74,14 +76,11 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
+    slices = TensorSlices(topo.tp_rank, layout.tp)  # this rank's part of each full (seed, name) tensor
     if run.initial_state is not None:
-        from llmtrain.models.init import load_full_state
-
-        load_full_state(named, run.initial_state, topo.tp_rank, layout.tp, source=cfg.model.init_from)
+        load_full_state(named, run.initial_state, slices, source=cfg.model.init_from)
     else:
-        from llmtrain.models.init import init_parameters
-
-        init_parameters(named, cfg.model, cfg.seed, topo.tp_rank, layout.tp)
+        init_parameters(named, cfg.model, cfg.seed, slices)
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
     model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)

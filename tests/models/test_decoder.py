@@ -1,4 +1,4 @@
-"""Decoder shapes, causality, parameter counts, layout-independent init."""
+"""Decoder shapes, causality, parameter counts, init by (seed, name). Slicing for tp: tests/parallel/test_slicing.py."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 
 from llmtrain.models import build_model
 from llmtrain.models.decoder import canonical_parameters
-from llmtrain.models.init import init_parameters, initial_value, local_slice
+from llmtrain.models.init import init_parameters
 from llmtrain.models.size import flops_parameters, flops_per_token, parameter_count
 
 
@@ -52,17 +52,6 @@ def test_init_depends_only_on_seed_and_name(cfg):
     c = _model(cfg, seed=4)
     diffs = [np.abs(pa.numpy() - pc.numpy()).max() for (_, pa), (_, pc) in zip(canonical_parameters(a), canonical_parameters(c))]
     assert max(diffs) > 0
-
-
-def test_tp_slices_tile_the_full_tensor(tiny_llama):
-    """The slices two tp ranks keep concatenate to the single-device tensor."""
-    m = _model(tiny_llama, seed=5)
-    for name, p in canonical_parameters(m):
-        p.llm_split_axis = 1 if name.endswith("q_proj.weight") else getattr(p, "llm_split_axis", None)
-        if name.endswith("q_proj.weight"):
-            full = initial_value(name, p, tiny_llama, 5, tp_degree=1)
-            halves = [local_slice(full, p, r, 2) for r in range(2)]
-            np.testing.assert_array_equal(np.concatenate(halves, axis=1), p.numpy())
 
 
 def test_residual_projections_are_scaled(tiny_gpt):

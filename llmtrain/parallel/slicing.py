@@ -1,0 +1,58 @@
+"""This process's slice of a full logical tensor under tensor parallelism.
+
+    python -m pytest tests/parallel/test_slicing.py -q
+    slices = TensorSlices(topo.tp_rank, layout.tp)
+    init_parameters(named_params, cfg.model, seed, slices)      # llmtrain.models.init
+    load_full_state(named_params, state, slices)
+
+Initialisation and checkpoints work on the full logical tensor under its
+canonical name; this module goes between that tensor and what one tp rank
+holds. `TensorParallelRoles` (`tensor.py`) tags every parameter it splits with
+`llm_split_axis`; each tp rank holds one contiguous chunk of that axis, rank r
+the r-th (fleet's layout). An untagged parameter is whole on every rank.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import paddle
+
+
+def split_axis(param: paddle.Tensor):
+    """The axis of `param` cut across tp ranks, or None when every rank holds it whole."""
+    return getattr(param, "llm_split_axis", None)
+
+
+def full_shape(param: paddle.Tensor, tp_degree: int) -> list[int]:
+    """Logical (unsplit) shape of a possibly tp-split parameter."""
+    shape = list(param.shape)
+    axis = split_axis(param)
+    if axis is not None:
+        shape[axis] *= tp_degree
+    return shape
+
+
+def local_slice(full: np.ndarray, param: paddle.Tensor, tp_rank: int, tp_degree: int) -> np.ndarray:
+    """This rank's contiguous chunk of `full` along the split axis (fleet's layout)."""
+    axis = split_axis(param)
+    if axis is None or tp_degree == 1:
+        return full
+    size = full.shape[axis] // tp_degree
+    index = [slice(None)] * full.ndim
+    index[axis] = slice(tp_rank * size, (tp_rank + 1) * size)
+    return full[tuple(index)]
+
+
+@dataclass(frozen=True)
+class TensorSlices:
+    """The `slices` argument of `init_parameters` / `load_full_state` for one tp rank."""
+
+    tp_rank: int = 0
+    tp_degree: int = 1
+
+    def full_shape(self, param: paddle.Tensor) -> list[int]:
+        return full_shape(param, self.tp_degree)
+
+    def local(self, full: np.ndarray, param: paddle.Tensor) -> np.ndarray:
+        return local_slice(full, param, self.tp_rank, self.tp_degree)
