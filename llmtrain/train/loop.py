@@ -47,6 +47,10 @@ def train_loop(cfg, layout, topo, built, data, ckpt, amp, state, flops_per_token
         out = runner.run(micro_batches)
         step += 1
         meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
+        if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
+            from llmtrain.train.memory import write_memory_report
+
+            write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step)
         if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
             _evaluate(runner, data, meter, topo, step, cfg.train.eval_batches)
         stopped = stop.agreed(topo.world)
