@@ -14,7 +14,8 @@ Rules (AdamW: two moments of the parameter's shape plus two [1] beta powers per 
 - tp: the split tensors hold 1/tp of their split axis on each tp rank (`SPLIT_AXES`), every
   other tensor (norms, position tables, row-linear biases) is whole;
 - pp: the ranks of one stage hold the same names; stages are disjoint except the tied word
-  table (first and last stage); their union is the whole model; layers divide evenly;
+  table (first and last stage); their union is the whole model; with v virtual stages the
+  layers form pp x v equal chunks and stage s holds chunks s, s + pp, ... (interleaved);
 - ZeRO-3 (`sharding_stage=3`): a parameter of more than `segment_size` elements (except a
   tied table, which stays whole) is held as a flat slice [start, end) of the flattened
   parameter padded to `padded` elements; the slices of the sharding ranks tile [0, padded)
@@ -137,8 +138,11 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
         allowed = {TIED} if tied and (a, b) == (0, d.pp - 1) else set()
         assert shared == allowed, f"{layout}: pipeline stages {a} and {b} both hold {sorted(shared)[:5]}"
     n_layers = len({_layer(n) for n in full} - {None})
+    chunk = n_layers // (d.pp * d.vpp)  # layers per (virtual) stage; stage s runs chunks s, s + pp, ...
     for s, names in stage_names.items():
-        assert len({_layer(n) for n in names} - {None}) == n_layers // d.pp, (layout, s, sorted(names)[:5])
+        want = {(s + k * d.pp) * chunk + j for k in range(d.vpp) for j in range(chunk)}
+        assert {_layer(n) for n in names} - {None} == want, (
+            f"{layout}: pipeline stage {s} holds layers {sorted({_layer(n) for n in names} - {None})}, expected {sorted(want)}")
 
     # 3. every element counted once: sum over ranks of numel / copies == model (+ ZeRO-3 padding)
     total, padding = Fraction(0), 0
