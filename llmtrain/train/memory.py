@@ -17,7 +17,7 @@ collective), rank 0 writes `<run.dir>/memory.json` and logs one line:
                 "params": {canonical name: {"shape", "numel", "bytes"[, "zero3"]}},
                 "param_numel", "param_bytes",
                 "optimizer_numel", "optimizer_bytes", "optimizer_params": {canonical name: numel},
-                "grad_numel", "grad_bytes"}, ...],
+                "grad_bytes"}, ...],
      "predicted": null}
 
 All values under "ranks" are measured. "predicted" is reserved for a planner's estimate of
@@ -190,9 +190,9 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
             json.dump(report, f, indent=1)
         os.replace(path + ".tmp", path)
         log0(
-            f"memory per rank after step {step} (rank: params/optimizer/grad MB): "
-            + " ".join(f"{e['rank']}: {e['param_bytes'] / 1e6:.2f}/{e['optimizer_bytes'] / 1e6:.2f}/"
-                       f"{e['grad_bytes'] / 1e6:.2f}" for e in entries)
-            + f"; model {model_numel / 1e6:.2f}M parameters; {os.path.basename(path)}"
+            f"held per rank after step {step} (parameters, then MB of parameters/optimizer state/gradients): "
+            + " | ".join(f"rank {e['rank']}: {e['param_numel'] / 1e6:.3f}M, {e['param_bytes'] / 1e6:.2f}/"
+                         f"{e['optimizer_bytes'] / 1e6:.2f}/{e['grad_bytes'] / 1e6:.2f}" for e in entries)
+            + f"; model {model_numel / 1e6:.3f}M parameters; details in {path}"
         )
     return report
