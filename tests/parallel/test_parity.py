@@ -99,6 +99,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
         check_memory(_memory(tmp_path / n), reference[n]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
 
 
+@pytest.mark.slow
 def test_a_wrong_setting_exceeds_the_bound(reference, tiny_corpus, tmp_path):
     """Negative control: one process with the learning rate 0.01% off (1.0001e-3) differs from the reference by
     more than TOL (measured: 7.4e-5 at step 3), though by less than the earlier bound 1e-4, which let it through."""
