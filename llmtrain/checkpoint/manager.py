@@ -19,7 +19,9 @@ is complete. All ranks must see one filesystem (one node, or shared storage).
 
 Fault injection (tests only): with LLMTRAIN_FAULT_KILL_IN_SAVE=<step>, rank 0
 SIGKILLs itself in the middle of saving that step (shards written, no
-manifest), which is what a node failure during a save leaves behind.
+manifest), which is what a node failure during a save leaves behind; with
+LLMTRAIN_FAULT_KILL_BEFORE_PRUNE=<step>, right after that step's checkpoint is
+renamed complete and before older ones are pruned.
 """
 from __future__ import annotations
 
@@ -211,6 +213,8 @@ class Checkpointer:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
+            if os.environ.get("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE") == str(step):
+                os.kill(os.getpid(), signal.SIGKILL)
             for stale in glob.glob(os.path.join(self.root, ".tmp-step_*")):
                 shutil.rmtree(stale, ignore_errors=True)  # interrupted saves, superseded now
             self._prune(step)

@@ -74,3 +74,20 @@ def group_sharded_clip_class():
     from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_utils import GroupShardedClipGrad
 
     return GroupShardedClipGrad
+
+
+def optimizer_state_tensors(optimizer):
+    """(variable name, tensor) of every accumulator (moments, beta powers) and master weight held by the
+    Paddle optimizers under fleet's / Paddle ZeRO's wrappers (their private `_accumulators`, `_master_weights`)."""
+    for opt in optimizer_chain(optimizer):
+        accumulators = opt.__dict__.get("_accumulators")
+        if not isinstance(accumulators, dict):
+            continue
+        for per_var in accumulators.values():
+            yield from per_var.items()
+        yield from (opt.__dict__.get("_master_weights") or {}).items()
+
+
+def is_allocated(tensor) -> bool:
+    """True if `tensor` exists and holds memory (a released ZeRO-3 parameter or a cleared grad does not)."""
+    return tensor is not None and tensor._is_initialized()

@@ -25,3 +25,18 @@ def stage3_storage(param):
     """The flat [end - start] tensor holding this rank's slice of a ZeRO-3 parameter (Paddle's `fw_storage`)."""
     require_tested_paddle()
     return param.fw_storage
+
+
+def zero_grad_buffers(model) -> list:
+    """The flat gradient buffers Paddle's ZeRO-2/3 wrappers keep (`_grad_storages`: ZeRO-2 {dtype: {rank: storage}},
+    ZeRO-3 {dtype: storage}); [] for any other model."""
+    storages = getattr(model, "_grad_storages", None) or {}
+    if storages:
+        require_tested_paddle()
+    out = []
+    for per_dtype in storages.values():
+        for storage in (per_dtype.values() if isinstance(per_dtype, dict) else [per_dtype]):
+            buf = getattr(storage, "buffer", None)
+            if buf is not None:
+                out.append(buf)
+    return out

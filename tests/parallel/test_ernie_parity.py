@@ -5,7 +5,8 @@
 A tiny ERNIE-style encoder (4 post-norm layers, tied MLM head) with whole-word masking on the
 gold-segmented tiny corpus, 8 optimizer steps with a global batch of 8 (micro-batch 2), through the
 real entry function under `paddle.distributed.launch` on CPU processes. The objective follows the
-model family (`model=ernie-tiny` gives MLMData); loss and grad_norm are read from metrics.jsonl.
+model family (`model=ernie-tiny` gives MLMData); loss and grad_norm are read from metrics.jsonl. tp2pp2 runs in
+the tp2pp2 launch of tests/parallel/test_parity.py.
 """
 from __future__ import annotations
 

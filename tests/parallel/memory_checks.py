@@ -1,0 +1,196 @@
+"""What every rank of a parallel run holds, checked against the layout (reads `<run.dir>/memory.json`).
+
+    from memory_checks import check_memory
+    check_memory(json.load(open(run / "memory.json")), json.load(open(ref / "memory.json")), "tp2pp2", tied=True)
+
+`ref` is the memory.json of the one-process run of the same model: it gives every
+parameter's full shape. The expectations below are written from the layout's definition,
+not read from the product: a layout whose ranks silently hold more than their part (tp
+falling back to replication, pp giving every rank every layer, ZeRO-3 not slicing,
+ZeRO-1/2 keeping all optimizer state on every rank) fails here even when its losses equal
+one process.
+
+Rules (AdamW: two moments of the parameter's shape plus two [1] beta powers per parameter):
+- tp: the split tensors hold 1/tp of their split axis on each tp rank (`SPLIT_AXES`), every
+  other tensor (norms, position tables, row-linear biases) is whole;
+- pp: the ranks of one stage hold the same names; stages are disjoint except the tied word
+  table (first and last stage); their union is the whole model; with v virtual stages the
+  layers form pp x v equal chunks and stage s holds chunks s, s + pp, ... (interleaved);
+- ZeRO-3 (`sharding_stage=3`): a parameter of more than `segment_size` elements (except a
+  tied table, which stays whole) is held as a flat slice [start, end) of the flattened
+  parameter padded to `padded` elements; the slices of the sharding ranks tile [0, padded)
+  in rank order, and padded - numel < 1024 + sharding (Paddle aligns each parameter to
+  4096 bytes = 1024 fp32 elements on CPU, then to a multiple of the sharding degree); the
+  full tensor is not kept outside the forward;
+- optimizer state: whole for every local parameter under dp/tp/pp; under ZeRO-1/2 the
+  sharding ranks of a group own disjoint parameter sets covering the group's parameters,
+  each at most 1/sharding of the parameter elements plus the largest parameter (Paddle's
+  greedy partition); under ZeRO-3 the slices' state plus the unsliced parameters' whole state;
+- sum over ranks of each parameter's elements / its number of copies == model_numel
+  (ZeRO-3: + the padding of the sliced parameters);
+- gradients (allocated after a step, zeros kept by clear_grad): as many bytes as the
+  parameters, except under ZeRO-2/3, whose gradient buffers are Paddle's own (only > 0).
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+from math import prod
+
+SPLIT_AXES = [  # (canonical name pattern, axis split over tp ranks): fleet's Megatron layout
+    (r"embed\.word\.weight", 0),  # VocabParallelEmbedding [V/tp, h]
+    (r".*\.(q|k|v|gate|up)_proj\.weight", 1),  # ColumnParallelLinear [in, out/tp]
+    (r".*\.(q|k|v|gate|up)_proj\.bias", 0),  # [out/tp]
+    (r".*\.(o|down)_proj\.weight", 0),  # RowParallelLinear [in/tp, out] (its bias [out] is whole)
+    (r"lm_head\.proj\.weight", 1),  # untied output projection [h, V/tp]
+    (r"mlm_bias\.bias", 0),  # ERNIE's vocabulary bias [V/tp]
+]
+TIED = "embed.word.weight"
+CPU_ALIGN_ELEMENTS = 4096 // 4
+
+
+@dataclass
+class Degrees:
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    sharding: int = 1
+    stage: int = 1
+    vpp: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.sharding
+
+
+DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config cannot go unnoticed
+    "dp2": Degrees(dp=2), "tp2": Degrees(tp=2), "pp2": Degrees(pp=2), "sharding2": Degrees(sharding=2),
+    "zero2": Degrees(sharding=2, stage=2), "zero3": Degrees(sharding=2, stage=3), "dp4": Degrees(dp=4),
+    "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
+    "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2),
+}
+
+
+def split_axis(name: str):
+    for pattern, axis in SPLIT_AXES:
+        if re.fullmatch(pattern, name):
+            return axis
+    return None
+
+
+def _layer(name: str):
+    m = re.match(r"layers\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
+
+
+def adam_state(numel: int) -> int:
+    return 2 * numel + 2
+
+
+def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: int = 2**20) -> None:
+    d = DEGREES[layout]
+    full = {n: p["shape"] for n, p in ref["ranks"][0]["params"].items()}  # one process: the whole model
+    numel = {n: prod(s) for n, s in full.items()}
+    assert ref["model_numel"] == got["model_numel"] == sum(numel.values()), (ref["model_numel"], got["model_numel"])
+    assert all(ref["ranks"][0]["optimizer_params"][n] == adam_state(k) for n, k in numel.items())
+    assert got["layout"] == {"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
+                             "sharding_stage": d.stage, "virtual_pp": d.vpp}, (layout, got["layout"])
+    ranks = got["ranks"]
+    assert [e["rank"] for e in ranks] == list(range(d.world)), layout
+    coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"]) for e in ranks)
+    assert coords == sorted(itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))), coords
+
+    # 1. shapes: tp slices, whole replicated tensors, ZeRO-3 flat slices
+    for e in ranks:
+        for name, p in e["params"].items():
+            assert name in full, (layout, e["rank"], name)
+            sliced = d.stage == 3 and numel[name] > segment_size and not (tied and name == TIED)
+            if sliced:
+                z = p.get("zero3")
+                assert z is not None, f"{layout}: rank {e['rank']} holds {name} {p['shape']} whole; ZeRO-3 must slice it"
+                padded = z["padded"]
+                assert z["full_shape"] == full[name] and not z["full_held"], (layout, e["rank"], name, z)
+                assert padded % d.sharding == 0 and 0 <= padded - numel[name] < CPU_ALIGN_ELEMENTS + d.sharding, (name, z)
+                share = padded // d.sharding
+                assert (z["start"], z["end"]) == (e["sharding_rank"] * share, (e["sharding_rank"] + 1) * share), (name, z)
+                assert p["shape"] == [share] and p["numel"] == share, (layout, e["rank"], name, p)
+                continue
+            assert "zero3" not in p, (layout, e["rank"], name, p)
+            want = list(full[name])
+            axis = split_axis(name)
+            if axis is not None and d.tp > 1:
+                want[axis] //= d.tp
+            assert p["shape"] == want and p["numel"] == prod(want), (
+                f"{layout}: rank {e['rank']} (tp rank {e['tp_rank']}) holds {name} as {p['shape']}, expected {want} "
+                f"(full {full[name]}, split axis {axis}, tp={d.tp})")
+            assert p["bytes"] == 4 * p["numel"], (name, p)  # fp32
+
+    # 2. pipeline stages: same names within a stage, disjoint across stages but for the tied table, union = model
+    stage_names = {}
+    for e in ranks:
+        names = set(e["params"])
+        assert stage_names.setdefault(e["pp_rank"], names) == names, (layout, e["rank"], "differs from its stage")
+    assert set().union(*stage_names.values()) == set(full), (layout, set(full) - set().union(*stage_names.values()))
+    for a, b in itertools.combinations(range(d.pp), 2):
+        shared = stage_names[a] & stage_names[b]
+        allowed = {TIED} if tied and (a, b) == (0, d.pp - 1) else set()
+        assert shared == allowed, f"{layout}: pipeline stages {a} and {b} both hold {sorted(shared)[:5]}"
+    n_layers = len({_layer(n) for n in full} - {None})
+    chunk = n_layers // (d.pp * d.vpp)  # layers per (virtual) stage; stage s runs chunks s, s + pp, ...
+    for s, names in stage_names.items():
+        want = {(s + k * d.pp) * chunk + j for k in range(d.vpp) for j in range(chunk)}
+        assert {_layer(n) for n in names} - {None} == want, (
+            f"{layout}: pipeline stage {s} holds layers {sorted({_layer(n) for n in names} - {None})}, expected {sorted(want)}")
+
+    # 3. every element counted once: sum over ranks of numel / copies == model (+ ZeRO-3 padding)
+    total, padding = Fraction(0), 0
+    for e in ranks:
+        for name, p in e["params"].items():
+            sliced = "zero3" in p
+            copies = d.dp * (1 if sliced else d.sharding) * (1 if split_axis(name) is not None else d.tp)
+            copies *= 2 if tied and d.pp > 1 and name == TIED else 1
+            total += Fraction(p["numel"], copies)
+            if sliced and e["sharding_rank"] == 0 and e["dp_rank"] == 0:
+                padding += p["zero3"]["padded"] - numel[name]
+    assert total == got["model_numel"] + padding, (
+        f"{layout}: ranks hold {float(total)} elements net of replication, the model has {got['model_numel']}"
+        f" (+{padding} ZeRO-3 padding)")
+
+    # 4. optimizer state
+    groups = {}  # ranks that share one copy of the parameters: a sharding group
+    for e in ranks:
+        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"]), []).append(e)
+    for e in ranks:
+        held = {n: adam_state(p["numel"]) for n, p in e["params"].items()}
+        state = e["optimizer_params"]
+        assert e["optimizer_numel"] == sum(state.values()), (layout, e["rank"])
+        if d.sharding == 1 or d.stage == 3:
+            assert state == held, f"{layout}: rank {e['rank']} optimizer state {_diff(state, held)}"
+    if d.sharding > 1 and d.stage in (1, 2):
+        for key, members in groups.items():
+            names = set(members[0]["params"])
+            owned = [set(m["optimizer_params"]) for m in members]
+            for a, b in itertools.combinations(owned, 2):
+                assert not a & b, f"{layout}: sharding ranks {key} both keep optimizer state of {sorted(a & b)[:5]}"
+            assert set().union(*owned) == names, (layout, key, names - set().union(*owned))
+            group_elems = sum(members[0]["params"][n]["numel"] for n in names)
+            biggest = max(members[0]["params"][n]["numel"] for n in names)
+            for m in members:
+                assert m["optimizer_params"] == {n: adam_state(m["params"][n]["numel"]) for n in m["optimizer_params"]}
+                mine = sum(m["params"][n]["numel"] for n in m["optimizer_params"])
+                assert 0 < mine <= group_elems / d.sharding + biggest and mine < group_elems, (
+                    f"{layout}: rank {m['rank']} keeps optimizer state for {mine} of {group_elems} elements")
+
+    # 5. gradients
+    for e in ranks:
+        if d.stage in (2, 3) and d.sharding > 1:
+            assert e["grad_bytes"] > 0, (layout, e["rank"])
+        else:
+            assert e["grad_bytes"] == e["param_bytes"], (layout, e["rank"], e["grad_bytes"], e["param_bytes"])
+
+
+def _diff(got: dict, want: dict) -> str:
+    keys = sorted(set(got) ^ set(want))[:3] + [k for k in sorted(set(got) & set(want)) if got[k] != want[k]][:3]
+    return ", ".join(f"{k}: {got.get(k)} (expected {want.get(k)})" for k in keys)
