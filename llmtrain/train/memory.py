@@ -116,7 +116,7 @@ def _grad_spans(built, sliced: dict) -> list:
 
 def measure_rank(built, topo) -> dict:
     """This rank's measured entry of memory.json (see the module docstring)."""
-    from llmtrain.parallel.zero import stage3_slices
+    from llmtrain.paddle_compat.zero import stage3_slices
 
     sliced = stage3_slices(built.model)
     params, var_to_name = {}, {}
