@@ -41,8 +41,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_chunks, parse_chunk  # noqa: E402
-from llmtrain.data.embedded import records  # noqa: E402
+from llmtrain.corpus.parse import ParseOptions, parse_chunk  # noqa: E402
+from llmtrain.corpus.peoples_daily import records  # noqa: E402
+from llmtrain.corpus.sources import expand_inputs, iter_chunks  # noqa: E402
 from llmtrain.data.encoding import encode_chunk, init_worker  # noqa: E402
 from llmtrain.data.indexed import IndexedDataset, write_index  # noqa: E402
 from llmtrain.data.packing import PackedSplit, build_epoch  # noqa: E402

@@ -38,7 +38,7 @@ import numpy as np
 from llmtrain.data.blend import Blend
 from llmtrain.data.indexed import IndexedDataset
 from llmtrain.data.packing import PackedSplit, parse_split
-from llmtrain.data.paths import resolve_path
+from llmtrain.utils.paths import resolve_path
 from llmtrain.data.sampler import StepSampler
 from llmtrain.tokenizer import load_tokenizer
 

@@ -118,9 +118,9 @@ def load_tokenizer(path: str | os.PathLike):
     :class:`llmtrain.tokenizer.wordpiece.WordPieceTokenizer`, same interface).
 
     A relative path is resolved against the launch directory, then the repository root
-    (:func:`llmtrain.data.paths.resolve_path`).
+    (:func:`llmtrain.utils.paths.resolve_path`).
     """
-    from llmtrain.data.paths import resolve_path
+    from llmtrain.utils.paths import resolve_path
 
     p = Path(resolve_path(path))
     if p.is_dir() and not (p / MODEL_FILE).is_file() and (p / "vocab.txt").is_file():

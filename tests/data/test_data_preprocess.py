@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from llmtrain.data.corpus import ParseOptions
+from llmtrain.corpus.parse import ParseOptions
 from llmtrain.data.indexed import IndexedDataset, IndexedWriter, merge
 from llmtrain.data.preprocess import main, preprocess
 
@@ -171,7 +171,7 @@ def test_tables_and_hf_datasets_through_worker_processes(tmp_path, pd_records, t
 
 def test_streaming_keeps_a_bounded_window_of_chunks(corpus_file, tokenizer_dir):
     """Memory stays flat: the reader runs at most 2 * workers + 2 chunks ahead of the writer."""
-    from llmtrain.data.corpus import expand_inputs, iter_chunks
+    from llmtrain.corpus.sources import expand_inputs, iter_chunks
     from llmtrain.data.preprocess import _results
 
     src = expand_inputs([str(corpus_file)])[0][0]

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from llmtrain.data.badrecords import BadRecordError, BadRecords
-from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_documents
-from llmtrain.data.normalize import Normalizer
+from llmtrain.corpus.badrecords import BadRecordError, BadRecords
+from llmtrain.corpus.documents import iter_documents
+from llmtrain.corpus.normalize import Normalizer
+from llmtrain.corpus.parse import ParseOptions
+from llmtrain.corpus.sources import expand_inputs
 
 TEXTS = ["人民日报社论", "第二篇 文章😀", "𠀀 rare CJK", "第四篇"]
 MESSY = [
@@ -129,7 +131,8 @@ def test_parquet_and_hf_bad_records_have_row_numbers(tmp_path):
 
 
 def test_chunking_keeps_line_numbers_across_chunks(tmp_path):
-    from llmtrain.data.corpus import iter_chunks, parse_chunk
+    from llmtrain.corpus.parse import parse_chunk
+    from llmtrain.corpus.sources import iter_chunks
 
     lines = [json.dumps({"text": f"文{i}" * (i % 7 + 1)}, ensure_ascii=False) for i in range(500)]
     lines[321] = "{broken"
