@@ -27,9 +27,10 @@ def _byte_starts(pieces_nbytes: np.ndarray) -> np.ndarray:
     return out
 
 
-def word_start_flags(tok, ids: list[int], text: str, words: list[str]) -> np.ndarray:
-    """[len(ids)] uint8: 1 where token ``i`` begins a word of ``words`` (which join to ``text``)."""
-    if not ids:
+def word_start_flags(tok, ids, text: str, words: list[str]) -> np.ndarray:
+    """[len(ids)] uint8: 1 where token ``i`` begins a word of ``words`` (which join to ``text``);
+    ``ids`` is a list or an integer array."""
+    if len(ids) == 0:
         return np.zeros(0, np.uint8)
     ids_arr = np.asarray(ids, dtype=np.int64)
     nbytes = tok.token_nbytes[ids_arr]  # [n_tokens] bytes each token decodes to
@@ -38,9 +39,9 @@ def word_start_flags(tok, ids: list[int], text: str, words: list[str]) -> np.nda
         tok_starts = tok.byte_starts(text, ids)
     elif int(nbytes.sum()) == text_bytes:
         tok_starts = _byte_starts(nbytes)
-    else:  # pieces do not decode to the text byte for byte: ask SentencePiece for offsets
-        proto = tok.sp.encode_as_immutable_proto(text)
-        tok_starts = np.array([p.begin for p in proto.pieces], dtype=np.int64)
+    else:  # pieces do not decode to the text byte for byte: ask SentencePiece for byte offsets
+        spans = tok.sp.encode(text, out_type="offset_mapping", return_bytes=True)["offsets"]
+        tok_starts = np.array([b for b, _ in spans], dtype=np.int64)
         if len(tok_starts) != len(ids):
             raise ValueError(f"token offsets: {len(tok_starts)} pieces for {len(ids)} ids")
     word_nbytes = np.fromiter((len(w.encode("utf-8")) for w in words), dtype=np.int64, count=len(words))
