@@ -7,8 +7,9 @@ A token *starts a word* when its first byte is the first byte of a word of the
 segmentation (gold words from the corpus, or jieba's). Token byte offsets come from
 ``Tokenizer.token_nbytes`` (bytes each id decodes to) by a cumulative sum, so the
 alignment is a few numpy calls per document; when the pieces do not add up to the
-text (a literal U+2581 in the text), SentencePiece's own piece offsets are used; a
-WordPiece tokenizer (``llmtrain.tokenizer.wordpiece``) gives its offsets itself.
+text (a literal U+2581 in the text), the lengths of pieces come from SentencePiece's own
+byte offsets; a WordPiece tokenizer (``llmtrain.tokenizer.wordpiece``) gives its offsets
+itself.
 A token that crosses a word boundary is one unit with the word it starts in; the
 EOD appended after a document is flagged 1.
 """
@@ -39,11 +40,16 @@ def word_start_flags(tok, ids, text: str, words: list[str]) -> np.ndarray:
         tok_starts = tok.byte_starts(text, ids)
     elif int(nbytes.sum()) == text_bytes:
         tok_starts = _byte_starts(nbytes)
-    else:  # pieces do not decode to the text byte for byte: ask SentencePiece for byte offsets
+    else:  # a piece with U+2581 is a space (1 byte) or the literal symbol (3): SentencePiece's spans tell
         spans = tok.sp.encode(text, out_type="offset_mapping", return_bytes=True)["offsets"]
-        tok_starts = np.array([b for b, _ in spans], dtype=np.int64)
-        if len(tok_starts) != len(ids):
-            raise ValueError(f"token offsets: {len(tok_starts)} pieces for {len(ids)} ids")
+        if len(spans) != len(ids):
+            raise ValueError(f"token offsets: {len(spans)} pieces for {len(ids)} ids")
+        # byte pieces are 1 byte each (their spans are those of the whole character)
+        nbytes = np.array([1 if tok.sp.is_byte(int(i)) else e - b for i, (b, e) in zip(ids_arr, spans)],
+                          dtype=np.int64)
+        if int(nbytes.sum()) != text_bytes:
+            raise ValueError(f"token offsets: pieces cover {int(nbytes.sum())} bytes of a {text_bytes}-byte text")
+        tok_starts = _byte_starts(nbytes)
     word_nbytes = np.fromiter((len(w.encode("utf-8")) for w in words), dtype=np.int64, count=len(words))
     word_starts = _byte_starts(word_nbytes)
     return np.isin(tok_starts, word_starts).astype(np.uint8)

@@ -166,3 +166,30 @@ def test_byte_order_mark_and_crlf(tmp_path):
     txt = tmp_path / "bom.txt"
     txt.write_bytes(b"\xef\xbb\xbf" + "甲\r\n乙\r\n".encode())
     assert [d.text for d in iter_documents([str(txt)])] == ["甲", "乙"]
+
+
+def test_orjson_fast_path_accepts_and_refuses_what_json_does(tmp_path):
+    """Lines orjson reads differently (NaN, big integers, lone surrogates) are judged by json, messages included."""
+    import random
+
+    from llmtrain.corpus.parse import _json_line_stdlib, parse_chunk
+    from llmtrain.corpus.sources import iter_chunks
+
+    rng = random.Random(0)
+    pieces = ['"好"', '"\\u0000"', '"\\ud800"', '"\\ud83d\\ude00"', "NaN", "1e400", "123456789012345678901234567890",
+              "null", "[]", '" \\t"', '"\\u3000"', '"a\\nb"', '"末"}  x', '"▁"']
+    lines = []
+    for _ in range(300):
+        k = rng.choice(["text", "body"])
+        lines.append(rng.choice(["{", " {", "[", ""]) + f'"{k}": ' + rng.choice(pieces) + rng.choice(["}", "} ", "}\r", ""]))
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes("\n".join(lines).encode() + b"\n")
+    opt = ParseOptions()
+    chunk = next(iter_chunks(expand_inputs([str(path)])[0][0], opt))
+    fast = parse_chunk(chunk, opt)
+    slow = type(fast)()
+    for i, raw in enumerate(chunk.payload.split(b"\n")[:-1], 1):
+        _json_line_stdlib(slow, opt, raw, i)
+    assert (fast.texts, fast.lines, fast.bad) == (slow.texts, slow.lines, slow.bad)
+    assert len(fast.texts) >= 10 and {b[0] for b in fast.bad} >= {"malformed_json", "invalid_utf8", "non_string_field",
+                                                                   "nul_byte", "empty", "missing_field"}
