@@ -13,8 +13,9 @@ token, 1 where the token starts a word; see :mod:`llmtrain.data.wordbound`).
 
 Pipeline: the main process cuts the inputs into ~1 MB chunks of whole records
 (:func:`llmtrain.corpus.sources.iter_chunks`, no parsing), ``--workers`` processes
-parse, validate, normalise and encode them (SentencePiece's batch encoder, one
-thread each) and the main process writes the results in input order. At most
+parse, validate, normalise and encode them (:func:`llmtrain.data.encoding.encode_chunk`:
+orjson, then SentencePiece's batch encoder into one numpy array per chunk, one thread
+each) and the main process writes the results in input order. At most
 ``2 * workers + 2`` chunks are in flight, so memory stays flat whatever the input
 size. ``--workers 0`` runs everything in the main process. A progress bar shows
 MB read, documents/s, MB/s and tokens/s; the final report lists documents,
