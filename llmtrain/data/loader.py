@@ -15,7 +15,7 @@ Order (see :mod:`llmtrain.data.sampler`): step ``s`` holds global samples
 ``[consumed, consumed + G)`` of the blended stream, a function of (seed, data,
 G) only; data rank ``r`` takes the contiguous share ``[r*G/W, (r+1)*G/W)``.
 ``consumed_samples`` is all a checkpoint needs; ``load_state_dict`` accepts one
-written under any data-parallel size. Tokens for the loss (DESIGN.md §3) are
+written under any data-parallel size. Tokens for the loss (`tokens` in the metrics) are
 ``loss_mask.sum()``; samples are fully packed, so that is ``m * seq_len`` unless
 ``eod_mask_loss`` is on.
 """
@@ -38,7 +38,7 @@ import numpy as np
 from llmtrain.data.blend import Blend
 from llmtrain.data.indexed import IndexedDataset
 from llmtrain.data.packing import PackedSplit, parse_split
-from llmtrain.data.paths import resolve_path
+from llmtrain.utils.paths import resolve_path
 from llmtrain.data.sampler import StepSampler
 from llmtrain.tokenizer import load_tokenizer
 

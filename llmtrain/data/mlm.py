@@ -17,7 +17,7 @@ model family). Samples, order, prefetching and checkpoint state are PretrainData
 ``PREFIX.wbd`` side file at the same positions when the strategy needs words. Masking
 (:mod:`llmtrain.data.masking`) is a function of (seed, global sample id) and the sample itself,
 so every layout, micro-batch size and resume sees the same masks. Tokens for the loss
-(DESIGN.md §3) are ``loss_mask.sum()``: the masked positions.
+(the `tokens` of the metrics, :mod:`llmtrain.train.metrics`) are ``loss_mask.sum()``: the masked positions.
 """
 from __future__ import annotations
 

@@ -12,9 +12,10 @@ counts, bad records) and, with ``--word-boundaries``, ``PREFIX.wbd`` (one uint8 
 token, 1 where the token starts a word; see :mod:`llmtrain.data.wordbound`).
 
 Pipeline: the main process cuts the inputs into ~1 MB chunks of whole records
-(:func:`llmtrain.data.corpus.iter_chunks`, no parsing), ``--workers`` processes
-parse, validate, normalise and encode them (SentencePiece's batch encoder, one
-thread each) and the main process writes the results in input order. At most
+(:func:`llmtrain.corpus.sources.iter_chunks`, no parsing), ``--workers`` processes
+parse, validate, normalise and encode them (:func:`llmtrain.data.encoding.encode_chunk`:
+orjson, then SentencePiece's batch encoder into one numpy array per chunk, one thread
+each) and the main process writes the results in input order. At most
 ``2 * workers + 2`` chunks are in flight, so memory stays flat whatever the input
 size. ``--workers 0`` runs everything in the main process. A progress bar shows
 MB read, documents/s, MB/s and tokens/s; the final report lists documents,
@@ -36,11 +37,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from llmtrain.corpus.badrecords import BadRecordError, BadRecords
+from llmtrain.corpus.normalize import Normalizer
+from llmtrain.corpus.parse import ParseOptions
+from llmtrain.corpus.sources import expand_inputs, iter_chunks
 from llmtrain.data import indexed
-from llmtrain.data.badrecords import BadRecordError, BadRecords
-from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_chunks
 from llmtrain.data.encoding import encode_chunk, init_worker
-from llmtrain.data.normalize import Normalizer
 from llmtrain.tokenizer import load_tokenizer
 
 

@@ -37,7 +37,7 @@ from typing import List
 import numpy as np
 from omegaconf import MISSING
 
-from llmtrain.data.badrecords import KINDS, BadRecords
+from llmtrain.corpus.badrecords import KINDS, BadRecords
 from llmtrain.data.sampler import StepSampler
 from llmtrain.tokenizer import load_tokenizer
 from llmtrain.utils.log import log0

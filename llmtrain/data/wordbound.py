@@ -7,8 +7,9 @@ A token *starts a word* when its first byte is the first byte of a word of the
 segmentation (gold words from the corpus, or jieba's). Token byte offsets come from
 ``Tokenizer.token_nbytes`` (bytes each id decodes to) by a cumulative sum, so the
 alignment is a few numpy calls per document; when the pieces do not add up to the
-text (a literal U+2581 in the text), SentencePiece's own piece offsets are used; a
-WordPiece tokenizer (``llmtrain.tokenizer.wordpiece``) gives its offsets itself.
+text (a literal U+2581 in the text), the lengths of pieces come from SentencePiece's own
+byte offsets; a WordPiece tokenizer (``llmtrain.tokenizer.wordpiece``) gives its offsets
+itself.
 A token that crosses a word boundary is one unit with the word it starts in; the
 EOD appended after a document is flagged 1.
 """
@@ -27,9 +28,10 @@ def _byte_starts(pieces_nbytes: np.ndarray) -> np.ndarray:
     return out
 
 
-def word_start_flags(tok, ids: list[int], text: str, words: list[str]) -> np.ndarray:
-    """[len(ids)] uint8: 1 where token ``i`` begins a word of ``words`` (which join to ``text``)."""
-    if not ids:
+def word_start_flags(tok, ids, text: str, words: list[str]) -> np.ndarray:
+    """[len(ids)] uint8: 1 where token ``i`` begins a word of ``words`` (which join to ``text``);
+    ``ids`` is a list or an integer array."""
+    if len(ids) == 0:
         return np.zeros(0, np.uint8)
     ids_arr = np.asarray(ids, dtype=np.int64)
     nbytes = tok.token_nbytes[ids_arr]  # [n_tokens] bytes each token decodes to
@@ -38,11 +40,16 @@ def word_start_flags(tok, ids: list[int], text: str, words: list[str]) -> np.nda
         tok_starts = tok.byte_starts(text, ids)
     elif int(nbytes.sum()) == text_bytes:
         tok_starts = _byte_starts(nbytes)
-    else:  # pieces do not decode to the text byte for byte: ask SentencePiece for offsets
-        proto = tok.sp.encode_as_immutable_proto(text)
-        tok_starts = np.array([p.begin for p in proto.pieces], dtype=np.int64)
-        if len(tok_starts) != len(ids):
-            raise ValueError(f"token offsets: {len(tok_starts)} pieces for {len(ids)} ids")
+    else:  # a piece with U+2581 is a space (1 byte) or the literal symbol (3): SentencePiece's spans tell
+        spans = tok.sp.encode(text, out_type="offset_mapping", return_bytes=True)["offsets"]
+        if len(spans) != len(ids):
+            raise ValueError(f"token offsets: {len(spans)} pieces for {len(ids)} ids")
+        # byte pieces are 1 byte each (their spans are those of the whole character)
+        nbytes = np.array([1 if tok.sp.is_byte(int(i)) else e - b for i, (b, e) in zip(ids_arr, spans)],
+                          dtype=np.int64)
+        if int(nbytes.sum()) != text_bytes:
+            raise ValueError(f"token offsets: pieces cover {int(nbytes.sum())} bytes of a {text_bytes}-byte text")
+        tok_starts = _byte_starts(nbytes)
     word_nbytes = np.fromiter((len(w.encode("utf-8")) for w in words), dtype=np.int64, count=len(words))
     word_starts = _byte_starts(word_nbytes)
     return np.isin(tok_starts, word_starts).astype(np.uint8)

@@ -74,6 +74,24 @@ class Tokenizer(TokenFileInfo):
         """``encode`` for many texts in one call (SentencePiece's C++ loop)."""
         return self.sp.encode(texts, num_threads=num_threads)
 
+    def encode_documents(self, texts: list[str], num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Documents back to back, each followed by ``eod_id``: (tokens [n_tokens] ``dtype``,
+        lengths [n_docs] int32 with the EOD counted).
+
+        SentencePiece's batch encoder writes each document's ids into a C++ buffer (numpy output,
+        with its ``</s>`` slot appended); one concatenation makes the token array and the slots
+        become EODs, so no Python int is ever made for a token."""
+        if not texts:
+            return np.zeros(0, self.dtype), np.zeros(0, np.int32)
+        if self.sp.eos_id() < 0:  # no </s> to reserve the slot: the generic way
+            return super().encode_documents(texts, num_threads)
+        docs = self.sp.encode(texts, out_type="numpy", add_eos=True, num_threads=num_threads)  # [n_docs] int32
+        lengths = np.fromiter(map(len, docs), dtype=np.int32, count=len(docs))  # [n_docs]
+        tokens = np.concatenate(docs)  # [n_tokens] int32
+        if self.eod_id != self.sp.eos_id():
+            tokens[np.cumsum(lengths, dtype=np.int64) - 1] = self.eod_id
+        return tokens.astype(self.dtype, copy=False), lengths
+
     def decode(self, ids) -> str:
         """Text of ``ids``; control tokens and vocabulary padding ids decode to nothing."""
         ids = [int(i) for i in ids if 0 <= int(i) < self.sp_vocab_size]
@@ -118,9 +136,9 @@ def load_tokenizer(path: str | os.PathLike):
     :class:`llmtrain.tokenizer.wordpiece.WordPieceTokenizer`, same interface).
 
     A relative path is resolved against the launch directory, then the repository root
-    (:func:`llmtrain.data.paths.resolve_path`).
+    (:func:`llmtrain.utils.paths.resolve_path`).
     """
-    from llmtrain.data.paths import resolve_path
+    from llmtrain.utils.paths import resolve_path
 
     p = Path(resolve_path(path))
     if p.is_dir() and not (p / MODEL_FILE).is_file() and (p / "vocab.txt").is_file():

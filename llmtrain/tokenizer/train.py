@@ -3,7 +3,7 @@
     python -m llmtrain.tokenizer.train --input PATH [PATH ...] --vocab-size N --output DIR \\
         [--model-type bpe|unigram] [--pre-segment jieba] [--json-key text]
 
-Inputs are anything :mod:`llmtrain.data.corpus` reads (jsonl/txt/parquet, .gz/.zst,
+Inputs are anything :mod:`llmtrain.corpus.sources` reads (jsonl/txt/parquet, .gz/.zst,
 folders, globs, HF datasets); bad records are counted and reported, never fatal
 (unless ``--strict``). Writes ``DIR/tokenizer.model``, ``DIR/tokenizer.vocab``
 (piece and score per line, for reading) and ``DIR/tokenizer_meta.json`` (how it was
@@ -37,8 +37,10 @@ import sys
 import time
 from pathlib import Path
 
-from llmtrain.data.badrecords import BadRecords
-from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_documents
+from llmtrain.corpus.badrecords import BadRecords
+from llmtrain.corpus.documents import iter_documents
+from llmtrain.corpus.parse import ParseOptions
+from llmtrain.corpus.sources import expand_inputs
 from llmtrain.tokenizer import META_FILE, MODEL_FILE, PAD_MULTIPLE, SPECIAL_PIECES, load_tokenizer
 from llmtrain.utils.files import sha256_file
 

@@ -15,7 +15,7 @@ VOCAB = 2500  # pieces; padded vocab_size is 2560
 
 @pytest.fixture(scope="session")
 def pd_records():
-    from llmtrain.data.embedded import records
+    from llmtrain.corpus.peoples_daily import records
 
     return list(records(limit=N_DOCS))
 
@@ -49,7 +49,7 @@ def tokenizer(tokenizer_dir):
 @pytest.fixture(scope="session")
 def prefix(tmp_path_factory, corpus_file, tokenizer_dir):
     """Preprocessed tiny corpus with gold word boundaries: PREFIX.{bin,idx,wbd,meta.json}."""
-    from llmtrain.data.corpus import ParseOptions
+    from llmtrain.corpus.parse import ParseOptions
     from llmtrain.data.preprocess import preprocess
 
     out = str(tmp_path_factory.mktemp("mmidx") / "tiny_text_document")

@@ -7,7 +7,7 @@ import os
 import numpy as np
 import pytest
 
-from llmtrain.data.corpus import ParseOptions
+from llmtrain.corpus.parse import ParseOptions
 from llmtrain.data.indexed import IndexedDataset, IndexedWriter, merge
 from llmtrain.data.preprocess import main, preprocess
 
@@ -171,7 +171,7 @@ def test_tables_and_hf_datasets_through_worker_processes(tmp_path, pd_records, t
 
 def test_streaming_keeps_a_bounded_window_of_chunks(corpus_file, tokenizer_dir):
     """Memory stays flat: the reader runs at most 2 * workers + 2 chunks ahead of the writer."""
-    from llmtrain.data.corpus import expand_inputs, iter_chunks
+    from llmtrain.corpus.sources import expand_inputs, iter_chunks
     from llmtrain.data.preprocess import _results
 
     src = expand_inputs([str(corpus_file)])[0][0]
@@ -190,3 +190,84 @@ def test_streaming_keeps_a_bounded_window_of_chunks(corpus_file, tokenizer_dir):
         assert len(pulled) <= i + 1 + 2 * 2 + 2
     results.close()
     assert len(pulled) < len(chunks)
+
+
+TRICKY = [  # lines where orjson and json differ, or that cross the fast path's checks
+    '{"text": NaN}', '{"text": "大数", "n": 123456789012345678901234567890}', '{"text": 123456789012345678901234567890}',
+    '{"text": "\\ud800 孤立"}', '{"text": "成对 \\ud83d\\ude00"}', '{"text": "a\\u0000b"}', '{"text": "\\u3000 \\t"}',
+    '{"text": "字面▁符号 与空格"}', '  {"text": "前后空白"}  ', '{"text": "回车"}\r', '', '\r', '[1]', '"str"', '{"text": 1.5}',
+    '{"text": "重", "text": "复键"}', '{"text": "\\u2581\\u2581"}', '{"body": "无字段"}', '{"text": null}', '{"text": "尾"} x',
+]
+
+
+def _reference_encoding(paths, tok, words_key=None):
+    """The straightforward way: json.loads per line, the documented validity rules, encode + EOD per document;
+    word starts from SentencePiece's own byte offsets of each piece."""
+    docs, flags, nbytes = [], [], 0
+    for path in paths:
+        for raw in open(path, "rb").read().split(b"\n")[:-1]:
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+            except ValueError:  # UnicodeDecodeError included
+                continue
+            text = rec.get("text") if isinstance(rec, dict) else None
+            if not isinstance(text, str) or "\x00" in text or not text.strip():
+                continue
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:
+                continue
+            docs.append(tok.encode(text) + [tok.eod_id])
+            nbytes += len(text.encode("utf-8"))
+            if words_key:  # byte pieces of one character share its span: the k-th starts k bytes in
+                enc = tok.sp.encode(text, out_type="offset_mapping", return_bytes=True)
+                starts = set(np.cumsum([0] + [len(w.encode()) for w in rec[words_key]]).tolist())
+                prev, k = None, 0
+                for i, (b, _) in zip(enc["ids"], enc["offsets"]):
+                    k = k + 1 if tok.sp.is_byte(i) and b == prev else 0
+                    prev = b if tok.sp.is_byte(i) else None
+                    flags.append(int(b + k in starts))
+                flags.append(1)
+    tokens = np.array([t for d in docs for t in d], dtype=np.uint16)
+    return tokens, np.array([len(d) for d in docs]), np.array(flags, dtype=np.uint8), nbytes
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_output_equals_a_straightforward_reference_encoding(corpus_file, tokenizer_dir, tokenizer, tmp_path, workers):
+    from llmtrain.data.indexed import write_index
+
+    tricky = tmp_path / "tricky.jsonl"
+    tricky.write_bytes("\n".join(TRICKY).encode() + b'\n{"text": "\xff\xfe"}\n')
+    out = str(tmp_path / f"w{workers}")
+    report = preprocess([str(tricky), str(corpus_file)], str(tokenizer_dir), out, workers=workers,
+                        chunk_bytes=5000, progress=False)
+    tokens, sizes, _, text_bytes = _reference_encoding([tricky, corpus_file], tokenizer)
+    ref = str(tmp_path / "ref")
+    write_index(ref + ".idx", np.uint16, sizes, np.arange(len(sizes) + 1))
+    assert open(out + ".bin", "rb").read() == tokens.tobytes()
+    assert open(out + ".idx", "rb").read() == open(ref + ".idx", "rb").read()
+    assert report.documents == len(sizes) == 60 + 7
+    assert report.bad.counts == {"non_string_field": 3, "invalid_utf8": 2, "blank_line": 2, "not_an_object": 2,
+                                 "missing_field": 2, "malformed_json": 1, "nul_byte": 1, "empty": 1}
+    assert report.bad.examples["non_string_field"] == [f"{tricky}:1 ('text' is float)", f"{tricky}:3 ('text' is int)",
+                                                       f"{tricky}:15 ('text' is float)"]  # json's types
+    assert report.bad.examples["malformed_json"] == [f"{tricky}:20 (Extra data: line 1 column 15 (char 14))"]
+    assert report.bad.examples["invalid_utf8"] == [f"{tricky}:4 (lone surrogate at character 0)",
+                                                   f"{tricky}:21 (byte 10)"]
+    assert report.text_bytes == text_bytes
+
+
+def test_gold_word_boundaries_equal_a_reference_with_a_literal_space_symbol(corpus_file, tokenizer_dir, tokenizer,
+                                                                            tmp_path):
+    """Gold word starts equal those from SentencePiece's own offsets, also for U+2581 (whose piece decodes
+    to a space, so token byte lengths do not add up to the text)."""
+    extra = tmp_path / "sym.jsonl"
+    words = [["字面", "▁", "符号", " ", "与", "空格"], ["▁▁", "开头"]]
+    extra.write_text("".join(json.dumps({"text": "".join(w), "words": w}, ensure_ascii=False) + "\n" for w in words),
+                     encoding="utf-8")
+    out = str(tmp_path / "gold")
+    preprocess([str(extra), str(corpus_file)], str(tokenizer_dir), out, workers=0, chunk_bytes=5000,
+               opt=ParseOptions(words_key="words"), word_boundaries="gold", progress=False)
+    tokens, _, flags, _ = _reference_encoding([extra, corpus_file], tokenizer, words_key="words")
+    assert open(out + ".bin", "rb").read() == tokens.tobytes()
+    assert open(out + ".wbd", "rb").read() == flags.tobytes()

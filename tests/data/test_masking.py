@@ -115,7 +115,7 @@ def test_word_flags_are_aligned_with_the_gold_segmentation(tiny_corpus, pd_recor
 
 @pytest.fixture(scope="module")
 def pd_records_80():
-    from llmtrain.data.embedded import records
+    from llmtrain.corpus.peoples_daily import records
 
     return list(records(limit=80))
 

@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from llmtrain.data.corpus import ParseOptions
+from llmtrain.corpus.parse import ParseOptions
 from llmtrain.data.indexed import IndexedDataset
 from llmtrain.data.preprocess import preprocess
 from llmtrain.tokenizer import load_tokenizer
@@ -30,7 +30,7 @@ def doc_groups(ds, d):
 def test_jieba_word_boundaries_group_tokens_into_jieba_words(tiny_corpus, tmp_path):
     import jieba
 
-    from llmtrain.data.embedded import records
+    from llmtrain.corpus.peoples_daily import records
 
     recs = list(records(limit=12))
     src = tmp_path / "docs.jsonl"

@@ -40,8 +40,8 @@ def vocabulary(texts) -> list[str]:
 @pytest.fixture(scope="module")
 def ernie_dir(tmp_path_factory):
     """(PaddleNLP ERNIE directory with model + tokenizer, data prefix) for a few pd1998 articles."""
-    from llmtrain.data.corpus import ParseOptions
-    from llmtrain.data.embedded import records
+    from llmtrain.corpus.parse import ParseOptions
+    from llmtrain.corpus.peoples_daily import records
     from llmtrain.data.preprocess import preprocess
 
     root = tmp_path_factory.mktemp("paddlenlp_ernie")

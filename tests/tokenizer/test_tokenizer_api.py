@@ -103,3 +103,17 @@ def test_errors_name_the_fix(tmp_path):
     src.write_text("一二三\n", encoding="utf-8")
     with pytest.raises(SystemExit, match="too small for --vocab-size 5000 unigram pieces"):
         main(["--input", str(src), "--vocab-size", "5000", "--output", str(tmp_path / "y"), "--model-type", "unigram"])
+
+
+def test_encode_documents_equals_the_generic_list_path():
+    """SentencePiece's numpy output (eos slots turned into EODs) gives what encode + [eod] per text gives."""
+    from llmtrain.tokenizer.base import TokenFileInfo
+
+    tok = load_tokenizer(SHIPPED)
+    tokens, lengths = tok.encode_documents(HARD)
+    ref_tokens, ref_lengths = TokenFileInfo.encode_documents(tok, HARD)  # the generic path (WordPiece uses it)
+    assert tokens.dtype == ref_tokens.dtype == np.uint16 and lengths.dtype == ref_lengths.dtype == np.int32
+    assert (tokens == ref_tokens).all() and (lengths == ref_lengths).all()
+    assert tokens.tolist() == [i for t in HARD for i in tok.encode(t) + [tok.eod_id]]
+    empty_tokens, empty_lengths = tok.encode_documents([])
+    assert len(empty_tokens) == len(empty_lengths) == 0

@@ -1,6 +1,6 @@
 """Where relative data and tokenizer paths point.
 
-    from llmtrain.data.paths import resolve_path
+    from llmtrain.utils.paths import resolve_path
     resolve_path("work/pd1998/pd1998_text_document")   # -> an absolute path
 
 A relative path is tried against the directory the run was launched from (Hydra's

@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from llmtrain.data.badrecords import BadRecordError, BadRecords
-from llmtrain.data.corpus import ParseOptions, expand_inputs, iter_documents
-from llmtrain.data.normalize import Normalizer
+from llmtrain.corpus.badrecords import BadRecordError, BadRecords
+from llmtrain.corpus.documents import iter_documents
+from llmtrain.corpus.normalize import Normalizer
+from llmtrain.corpus.parse import ParseOptions
+from llmtrain.corpus.sources import expand_inputs
 
 TEXTS = ["人民日报社论", "第二篇 文章😀", "𠀀 rare CJK", "第四篇"]
 MESSY = [
@@ -129,7 +131,8 @@ def test_parquet_and_hf_bad_records_have_row_numbers(tmp_path):
 
 
 def test_chunking_keeps_line_numbers_across_chunks(tmp_path):
-    from llmtrain.data.corpus import iter_chunks, parse_chunk
+    from llmtrain.corpus.parse import parse_chunk
+    from llmtrain.corpus.sources import iter_chunks
 
     lines = [json.dumps({"text": f"文{i}" * (i % 7 + 1)}, ensure_ascii=False) for i in range(500)]
     lines[321] = "{broken"
@@ -163,3 +166,30 @@ def test_byte_order_mark_and_crlf(tmp_path):
     txt = tmp_path / "bom.txt"
     txt.write_bytes(b"\xef\xbb\xbf" + "甲\r\n乙\r\n".encode())
     assert [d.text for d in iter_documents([str(txt)])] == ["甲", "乙"]
+
+
+def test_orjson_fast_path_accepts_and_refuses_what_json_does(tmp_path):
+    """Lines orjson reads differently (NaN, big integers, lone surrogates) are judged by json, messages included."""
+    import random
+
+    from llmtrain.corpus.parse import _json_line_stdlib, parse_chunk
+    from llmtrain.corpus.sources import iter_chunks
+
+    rng = random.Random(0)
+    pieces = ['"好"', '"\\u0000"', '"\\ud800"', '"\\ud83d\\ude00"', "NaN", "1e400", "123456789012345678901234567890",
+              "null", "[]", '" \\t"', '"\\u3000"', '"a\\nb"', '"末"}  x', '"▁"']
+    lines = []
+    for _ in range(300):
+        k = rng.choice(["text", "body"])
+        lines.append(rng.choice(["{", " {", "[", ""]) + f'"{k}": ' + rng.choice(pieces) + rng.choice(["}", "} ", "}\r", ""]))
+    path = tmp_path / "fuzz.jsonl"
+    path.write_bytes("\n".join(lines).encode() + b"\n")
+    opt = ParseOptions()
+    chunk = next(iter_chunks(expand_inputs([str(path)])[0][0], opt))
+    fast = parse_chunk(chunk, opt)
+    slow = type(fast)()
+    for i, raw in enumerate(chunk.payload.split(b"\n")[:-1], 1):
+        _json_line_stdlib(slow, opt, raw, i)
+    assert (fast.texts, fast.lines, fast.bad) == (slow.texts, slow.lines, slow.bad)
+    assert len(fast.texts) >= 10 and {b[0] for b in fast.bad} >= {"malformed_json", "invalid_utf8", "non_string_field",
+                                                                   "nul_byte", "empty", "missing_field"}

