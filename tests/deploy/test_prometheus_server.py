@@ -1,0 +1,105 @@
+"""A real Prometheus server scrapes a 2-process CPU run; its query API sees the exact tokens_total.
+
+    python -m pytest -q tests/deploy/test_prometheus_server.py
+
+Needs the `prometheus` binary (Debian's package; `bash scripts/test.sh` installs it through
+scripts/install_system_deps.sh). The server runs from the test on 127.0.0.1 with its own
+config and storage directory, scraping both ranks (metrics_port, metrics_port + 1) every second.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from launch import free_port, metrics, run_launch
+from llmtest import tiny_overrides
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="the `prometheus` binary is not on PATH: scripts/install_system_deps.sh (run by scripts/test.sh) could not "
+           "install it (no apt-get, no root, or apt failed; it printed which)",
+)
+
+
+def _two_free_ports() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (local ranks 0 and 1)."""
+    for _ in range(50):
+        p = free_port()
+        if p >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _get(url: str, timeout: float = 5) -> dict:
+    return json.loads(urllib.request.urlopen(url, timeout=timeout).read().decode())
+
+
+def _start_prometheus(tmp_path, targets: list[str]):
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: llmtrain\n    honor_labels: true\n"
+        f"    static_configs:\n      - targets: [{', '.join(targets)}]\n"
+    )
+    log = open(tmp_path / "prometheus.log", "w")
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 20
+    while True:
+        try:
+            urllib.request.urlopen(base + "/-/ready", timeout=1)
+            return proc, base
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise AssertionError("prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()[-3000:])
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_exact_tokens_total(tiny_corpus, tmp_path):
+    mport = _two_free_ports()
+    proc, base = _start_prometheus(tmp_path, [f"'127.0.0.1:{mport}'", f"'127.0.0.1:{mport + 1}'"])
+    try:
+        start = time.time()
+        run_dir = tmp_path / "run"
+        run_launch(
+            ["llmtrain/pretrain.py", "+parallel=dp2", *tiny_overrides(tiny_corpus, str(run_dir), steps=40),
+             f"train.metrics_port={mport}", "train.metrics_job=promtest", "train.metrics_linger_s=3"],
+            nproc=2, log_dir=tmp_path / "log",
+        )
+        end = time.time()
+        final = [r for r in metrics(run_dir) if "tokens_total" in r][-1]
+        q = urllib.parse.urlencode({"query": "llmtrain_tokens_total", "start": start, "end": end, "step": "1"})
+        res = _get(f"{base}/api/v1/query_range?{q}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert res["status"] == "success", res
+    series = {s["metric"]["rank"]: s for s in res["data"]["result"]}
+    assert set(series) == {"0", "1"}, res
+    for rank, s in series.items():
+        assert s["metric"]["job"] == "promtest" and s["metric"]["node"], s["metric"]
+        values = [int(float(v)) for _, v in s["values"]]
+        assert values == sorted(values), (rank, values)  # a counter: never down
+        assert values[-1] == final["tokens_total"], (rank, values[-1], final["tokens_total"])
+        assert len(set(values)) >= 2, (rank, values)  # seen rising, not only the end value
