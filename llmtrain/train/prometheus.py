@@ -6,7 +6,7 @@
 Off unless `train.metrics_port` is set. Each rank serves its own registry (not the
 process-global one, so Python/process collectors stay out) from a daemon thread of
 `prometheus_client`. Every series carries `job` (the run: `train.metrics_job`, else the
-basename of run.dir), `rank` (global rank) and `node` (host name); no label grows with
+basename of run.dir), `rank` (global rank) and `node` (env LLMTRAIN_NODE_NAME, else the host name); no label grows with
 steps or data. The scrape config sets `honor_labels: true` so `job` stays ours.
 
 The values are the ones metrics.jsonl gets (`Meter` feeds both):
@@ -20,7 +20,9 @@ The values are the ones metrics.jsonl gets (`Meter` feeds both):
   llmtrain_learning_rate, llmtrain_data_wait_seconds (mean per step over the window): the
   last logged record.
 - llmtrain_checkpoint_save_duration_seconds, llmtrain_checkpoint_last_success_timestamp_seconds:
-  the last completed save.
+  the last completed save (the timestamp is 0 until the first save of the process);
+  llmtrain_checkpoint_interval_steps: `checkpoint.interval` (0: only at the end), so the
+  "checkpoint too old" alert counts in intervals.
 - llmtrain_memory_bytes{kind=parameters|optimizer|gradients}: this rank's holdings as
   measured for memory.json after the first step.
 - llmtrain_info{model,layout,version} 1.
@@ -43,7 +45,8 @@ METRIC_NAMES = (
     "llmtrain_tokens_total", "llmtrain_step", "llmtrain_tokens_per_second", "llmtrain_mfu_ratio", "llmtrain_loss",
     "llmtrain_grad_norm", "llmtrain_learning_rate", "llmtrain_step_duration_seconds", "llmtrain_data_wait_seconds",
     "llmtrain_checkpoint_save_duration_seconds", "llmtrain_checkpoint_last_success_timestamp_seconds",
-    "llmtrain_last_step_timestamp_seconds", "llmtrain_memory_bytes", "llmtrain_info",
+    "llmtrain_last_step_timestamp_seconds", "llmtrain_checkpoint_interval_steps", "llmtrain_memory_bytes",
+    "llmtrain_info",
 )
 """Every metric family served (a histogram adds _bucket/_sum/_count, the counter is named with _total)."""
 
@@ -57,7 +60,7 @@ class PrometheusExporter:
     """One rank's metrics registry and, after `serve()`, its HTTP endpoint."""
 
     def __init__(self, job: str, rank: int, node: Optional[str] = None, model: str = "", layout: str = "",
-                 version: str = "", tokens_total: int = 0, step: int = 0):
+                 version: str = "", tokens_total: int = 0, step: int = 0, checkpoint_interval: int = 0):
         disable_created_metrics()  # no *_created series: one series per name, as METRIC_NAMES lists
         self.registry = reg = CollectorRegistry(auto_describe=True)
         self.labels = {"job": job, "rank": str(rank), "node": node or socket.gethostname()}
@@ -78,6 +81,9 @@ class PrometheusExporter:
         self._ckpt_s = gauge("llmtrain_checkpoint_save_duration_seconds", "Wall seconds of the last completed checkpoint save.")
         self._ckpt_ts = gauge("llmtrain_checkpoint_last_success_timestamp_seconds",
                               "Unix time of the last completed checkpoint save.")
+        self._ckpt_every = gauge("llmtrain_checkpoint_interval_steps", "Steps between checkpoints (checkpoint.interval; 0: at the end only).")
+        self._ckpt_every.labels(**self.labels).set(checkpoint_interval)
+        self._ckpt_ts.labels(**self.labels).set(0)
         self._step_ts = gauge("llmtrain_last_step_timestamp_seconds", "Unix time at the end of the last finished step.")
         self._mem = gauge("llmtrain_memory_bytes", "Bytes this rank holds, by kind (parameters, optimizer, gradients).",
                           ["kind"])
@@ -151,7 +157,8 @@ def exporter_for_run(cfg, layout, rank: int, tokens_total: int, step: int) -> Op
     except PackageNotFoundError:  # a checkout on PYTHONPATH, not installed
         __version__ = "unknown"
     job = cfg.train.metrics_job or os.path.basename(os.path.normpath(cfg.run.dir))
-    exp = PrometheusExporter(job, rank, model=cfg.model.name, layout=layout.name, version=__version__,
-                             tokens_total=tokens_total, step=step)
+    node = os.environ.get("LLMTRAIN_NODE_NAME")  # Kubernetes: the node (downward API), not the pod's host name
+    exp = PrometheusExporter(job, rank, node=node, model=cfg.model.name, layout=layout.name, version=__version__,
+                             tokens_total=tokens_total, step=step, checkpoint_interval=cfg.checkpoint.interval)
     exp.serve(port + local_rank())
     return exp

@@ -29,7 +29,7 @@ def _scrape(port: int) -> dict:
 
 def test_exposition_names_types_labels_values():
     exp = PrometheusExporter("runA", rank=3, node="n1", model="gpt-tiny", layout="dp2", version="0.1.0",
-                             tokens_total=100, step=4)
+                             tokens_total=100, step=4, checkpoint_interval=50)
     port = exp.serve(free_port(), addr="127.0.0.1")
     try:
         exp.step_done(5, 0.2)
@@ -69,6 +69,7 @@ def test_exposition_names_types_labels_values():
     assert value("llmtrain_checkpoint_save_duration_seconds") == 2.5
     assert value("llmtrain_checkpoint_last_success_timestamp_seconds") > 1.7e9
     assert value("llmtrain_last_step_timestamp_seconds") > 1.7e9
+    assert value("llmtrain_checkpoint_interval_steps") == 50
     assert [value("llmtrain_memory_bytes", kind=k) for k in ("parameters", "optimizer", "gradients")] == [10, 20, 30]
     hist = {s.name: s for s in fams["llmtrain_step_duration_seconds"].samples if "le" not in s.labels}
     assert hist["llmtrain_step_duration_seconds_count"].value == 2
