@@ -105,6 +105,7 @@ class Trainer:
         """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
         cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
         state = ckpt.resume()
+        exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
@@ -116,7 +117,6 @@ class Trainer:
             f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} ({peak_source})"
         )
         max_steps = cfg.train.max_steps
-        exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)
         meter = Meter(
             cfg.run.dir, topo, self.run.flops_per_token, peak, cfg.train.log_interval, max_steps,
             start_step=state.step, tokens_total=state.tokens_total,

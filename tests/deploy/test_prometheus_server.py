@@ -83,23 +83,30 @@ def test_prometheus_scrapes_exact_tokens_total(tiny_corpus, tmp_path):
         start = time.time()
         run_dir = tmp_path / "run"
         run_launch(
-            ["llmtrain/pretrain.py", "+parallel=dp2", *tiny_overrides(tiny_corpus, str(run_dir), steps=40),
+            ["llmtrain/pretrain.py", "+parallel=dp2", *tiny_overrides(tiny_corpus, str(run_dir), steps=60),
              f"train.metrics_port={mport}", "train.metrics_job=promtest", "train.metrics_linger_s=3"],
             nproc=2, log_dir=tmp_path / "log",
         )
         end = time.time()
-        final = [r for r in metrics(run_dir) if "tokens_total" in r][-1]
-        q = urllib.parse.urlencode({"query": "llmtrain_tokens_total", "start": start, "end": end, "step": "1"})
-        res = _get(f"{base}/api/v1/query_range?{q}")
+        recs = [r for r in metrics(run_dir) if "tokens_total" in r]
+        res, steps = ({}, {})
+        for query, out in (("llmtrain_tokens_total", res), ("llmtrain_step", steps)):
+            q = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": "0.5"})
+            out.update(_get(f"{base}/api/v1/query_range?{q}"))
     finally:
         proc.terminate()
         proc.wait(timeout=20)
-    assert res["status"] == "success", res
+    assert res["status"] == steps["status"] == "success", (res, steps)
     series = {s["metric"]["rank"]: s for s in res["data"]["result"]}
-    assert set(series) == {"0", "1"}, res
+    step_series = {s["metric"]["rank"]: dict(s["values"]) for s in steps["data"]["result"]}
+    assert set(series) == set(step_series) == {"0", "1"}, res
+    total_at = {0: 0, **{r["step"]: r["tokens_total"] for r in recs}}  # metrics.jsonl's tokens_total after each step
     for rank, s in series.items():
         assert s["metric"]["job"] == "promtest" and s["metric"]["node"], s["metric"]
         values = [int(float(v)) for _, v in s["values"]]
         assert values == sorted(values), (rank, values)  # a counter: never down
-        assert values[-1] == final["tokens_total"], (rank, values[-1], final["tokens_total"])
-        assert len(set(values)) >= 2, (rank, values)  # seen rising, not only the end value
+        assert values[-1] == recs[-1]["tokens_total"], (rank, values[-1], recs[-1]["tokens_total"])
+        assert len(set(values)) >= 2, (rank, values)  # seen rising (under load also through intermediate steps)
+        for t, v in s["values"]:  # each scrape: the exact count of the step the rank was at (or the one before:
+            step = int(float(step_series[rank][t]))  # the step gauge moves just before the record is made)
+            assert int(float(v)) in (total_at[step], total_at.get(step - 1)), (rank, t, step, v)
