@@ -84,7 +84,8 @@ def test_prometheus_scrapes_exact_tokens_total(tiny_corpus, tmp_path):
         run_dir = tmp_path / "run"
         run_launch(
             ["llmtrain/pretrain.py", "+parallel=dp2", *tiny_overrides(tiny_corpus, str(run_dir), steps=60),
-             f"train.metrics_port={mport}", "train.metrics_job=promtest", "train.metrics_linger_s=3"],
+             f"train.metrics_port={mport}", "train.metrics_job=promtest", "train.metrics_linger_s=3",
+             "checkpoint.save_final=true"],
             nproc=2, log_dir=tmp_path / "log",
         )
         end = time.time()
@@ -93,10 +94,21 @@ def test_prometheus_scrapes_exact_tokens_total(tiny_corpus, tmp_path):
         for query, out in (("llmtrain_tokens_total", res), ("llmtrain_step", steps)):
             q = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": "0.5"})
             out.update(_get(f"{base}/api/v1/query_range?{q}"))
+        at_end = {}  # the other series at the end of the run, per rank
+        for query in ("llmtrain_step", "llmtrain_checkpoint_last_success_timestamp_seconds",
+                      "llmtrain_step_duration_seconds_count", 'llmtrain_memory_bytes{kind="parameters"}', "llmtrain_loss",
+                      "llmtrain_info"):
+            q = urllib.parse.urlencode({"query": f"last_over_time({query}[2m])", "time": end})
+            at_end[query] = {r["metric"]["rank"]: float(r["value"][1]) for r in _get(f"{base}/api/v1/query?{q}")["data"]["result"]}
     finally:
         proc.terminate()
         proc.wait(timeout=20)
     assert res["status"] == steps["status"] == "success", (res, steps)
+    for rank in ("0", "1"):
+        assert at_end["llmtrain_step"][rank] == 60 == at_end["llmtrain_step_duration_seconds_count"][rank], at_end
+        assert at_end["llmtrain_checkpoint_last_success_timestamp_seconds"][rank] >= start, at_end  # the final save
+        assert at_end['llmtrain_memory_bytes{kind="parameters"}'][rank] > 0 and at_end["llmtrain_info"][rank] == 1
+    assert at_end["llmtrain_loss"]["0"] == pytest.approx(recs[-1]["loss"], rel=1e-6)
     series = {s["metric"]["rank"]: s for s in res["data"]["result"]}
     step_series = {s["metric"]["rank"]: dict(s["values"]) for s in steps["data"]["result"]}
     assert set(series) == set(step_series) == {"0", "1"}, res
