@@ -160,5 +160,9 @@ def exporter_for_run(cfg, layout, rank: int, tokens_total: int, step: int) -> Op
     node = os.environ.get("LLMTRAIN_NODE_NAME")  # Kubernetes: the node (downward API), not the pod's host name
     exp = PrometheusExporter(job, rank, node=node, model=cfg.model.name, layout=layout.name, version=__version__,
                              tokens_total=tokens_total, step=step, checkpoint_interval=cfg.checkpoint.interval)
-    exp.serve(port + local_rank())
+    try:
+        exp.serve(port + local_rank())
+    except OSError as e:
+        raise RuntimeError(f"train.metrics_port={port}: local rank {local_rank()} cannot serve /metrics on port "
+                           f"{port + local_rank()} ({e}); pick a port range free on every node") from None
     return exp

@@ -91,3 +91,21 @@ def test_config_rejects_bad_port():
     with pytest.raises(ConfigError) as e:
         check_config(cfg)
     assert "train.metrics_port=70000" in str(e.value) and "train.metrics_linger_s=-1" in str(e.value)
+
+
+def test_busy_port_is_a_clear_error(monkeypatch):
+    import socket
+
+    from llmtrain.train.prometheus import exporter_for_run
+
+    busy = socket.socket()
+    busy.bind(("0.0.0.0", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    monkeypatch.setenv("PADDLE_LOCAL_RANK", "0")
+    cfg = compose([f"train.metrics_port={port}"])
+    try:
+        with pytest.raises(RuntimeError, match=f"train.metrics_port={port}: local rank 0 cannot serve"):
+            exporter_for_run(cfg, type("L", (), {"name": "single"})(), 0, 0, 0)
+    finally:
+        busy.close()
