@@ -151,6 +151,11 @@ def config_problems(cfg: Config) -> list[str]:
                  "train.eval_interval", "checkpoint.interval", "checkpoint.keep_last"):
         if get(path) < 0:
             problems.append(f"{path}={get(path)}: must be >= 0")
+    port = cfg.train.metrics_port
+    if port is not None and not 1 <= port <= 65535:
+        problems.append(f"train.metrics_port={port}: must be a TCP port in 1..65535 (local rank r serves on port + r)")
+    if cfg.train.metrics_linger_s < 0:
+        problems.append(f"train.metrics_linger_s={cfg.train.metrics_linger_s}: must be >= 0")
     if cfg.optim.min_lr > cfg.optim.lr:
         problems.append(f"optim.min_lr={cfg.optim.min_lr} > optim.lr={cfg.optim.lr}")
     if cfg.data.seq_len > cfg.model.max_position_embeddings:

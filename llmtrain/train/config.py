@@ -47,6 +47,15 @@ class TrainConfig:
     visualdl: bool = True
     """Log metrics to VisualDL under <run.dir>/visualdl on rank 0."""
 
+    metrics_port: Optional[int] = None
+    """Serve Prometheus metrics at http://<node>:<metrics_port + local rank>/metrics from every rank; None: off."""
+
+    metrics_job: Optional[str] = None
+    """The `job` label of the Prometheus metrics; None: the basename of run.dir."""
+
+    metrics_linger_s: float = 0.0
+    """After the run, keep serving the Prometheus metrics this many seconds so the final values get scraped."""
+
 
 @dataclass
 class OptimConfig:

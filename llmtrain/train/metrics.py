@@ -51,6 +51,7 @@ class Meter:
         tokens_total: int = 0,
         progress_bar: bool = True,
         visualdl: bool = True,
+        exporter=None,
     ):
         self.topo = topo
         self.flops_per_token = flops_per_token
@@ -68,6 +69,8 @@ class Meter:
         self._window_data_wait = 0.0
         self._window_start = time.perf_counter()
         self.last: dict = {}
+        self.exporter = exporter  # llmtrain.train.prometheus.PrometheusExporter or None
+        self._step_start = self._window_start
         self._bar = self._vdl = None
         if self.is_writer:
             _truncate_after(self.path, start_step)
@@ -82,7 +85,7 @@ class Meter:
 
     def reset_window(self) -> None:
         """Start a new timing window (after evaluation or checkpointing, which are not training time)."""
-        self._window_start = time.perf_counter()
+        self._window_start = self._step_start = time.perf_counter()
         self._window_tokens = self._window_steps = self._window_positions = 0
         self._window_loss = None
         self._window_data_wait = 0.0
@@ -103,6 +106,10 @@ class Meter:
         self._window_loss = loss if self._window_loss is None else self._window_loss + loss
         self._window_steps += 1
         self._window_data_wait += data_wait
+        if self.exporter is not None:
+            now = time.perf_counter()
+            self.exporter.step_done(step, now - self._step_start)
+            self._step_start = now
         if step % self.log_interval and step != self.max_steps:
             if self._bar is not None:
                 self._bar.update(1)
@@ -135,6 +142,8 @@ class Meter:
         }
         rec.update(extra or {})
         self.last = rec
+        if self.exporter is not None:
+            self.exporter.record(rec)
         if self.is_writer:
             self._write(rec)
         self.reset_window()

@@ -36,6 +36,7 @@ from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
 from llmtrain.train.peak import peak_flops
 from llmtrain.train.plot import plot_metrics
+from llmtrain.train.prometheus import exporter_for_run
 from llmtrain.train.step import StepRunner
 from llmtrain.train.stop import StopRequest
 from llmtrain.utils.log import log0
@@ -104,6 +105,7 @@ class Trainer:
         """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
         cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
         state = ckpt.resume()
+        exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
@@ -118,7 +120,7 @@ class Trainer:
         meter = Meter(
             cfg.run.dir, topo, self.run.flops_per_token, peak, cfg.train.log_interval, max_steps,
             start_step=state.step, tokens_total=state.tokens_total,
-            progress_bar=cfg.train.progress_bar, visualdl=cfg.train.visualdl,
+            progress_bar=cfg.train.progress_bar, visualdl=cfg.train.visualdl, exporter=exporter,
         )
         stop = StopRequest().install()
         step, stopped = state.step, False
@@ -131,23 +133,35 @@ class Trainer:
             step += 1
             meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
-                write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step)
+                report = write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step)
+                if exporter is not None:
+                    exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
             if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
                 self._evaluate(runner, meter, step)
             stopped = stop.agreed(topo.world)
             if ckpt.due(step) or stopped:
-                ckpt.save(step, meter.tokens_total_exact())
+                self._save(step, meter)
                 meter.reset_window()
             if stopped:
                 log0(f"stopped by {stop.signal_name or 'a signal on another rank'} after step {step}")
                 break
         if not stopped and cfg.checkpoint.save_final and ckpt.last_saved_step != step:
-            ckpt.save(step, meter.tokens_total_exact())
+            self._save(step, meter)
         meter.close()
         if topo.rank == 0 and os.path.exists(meter.path):
             png = plot_metrics(meter.path)
             log0(f"run directory {cfg.run.dir}: metrics.jsonl, {os.path.basename(png)}, checkpoints/")
+        if exporter is not None:
+            exporter.close(cfg.train.metrics_linger_s)
         return meter.last
+
+    def _save(self, step: int, meter: Meter) -> None:
+        """A checkpoint; its duration and completion time go to the Prometheus exporter."""
+        t0 = time.perf_counter()
+        self.ckpt.save(step, meter.tokens_total_exact())
+        if meter.exporter is not None:
+            meter.exporter.set_tokens_total(meter.tokens_total)
+            meter.exporter.checkpoint_saved(time.perf_counter() - t0)
 
     def _evaluate(self, runner: StepRunner, meter: Meter, step: int) -> None:
         loss = runner.evaluate(self.data.valid_batches(self.cfg.train.eval_batches))

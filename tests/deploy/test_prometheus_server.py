@@ -1,0 +1,124 @@
+"""A real Prometheus server scrapes a 2-process CPU run; its query API sees the exact tokens_total.
+
+    python -m pytest -q tests/deploy/test_prometheus_server.py
+
+Needs the `prometheus` binary (Debian's package; `bash scripts/test.sh` installs it through
+scripts/install_system_deps.sh). The server runs from the test on 127.0.0.1 with its own
+config and storage directory, scraping both ranks (metrics_port, metrics_port + 1) every second.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from launch import free_port, metrics, run_launch
+from llmtest import tiny_overrides
+
+PROMETHEUS = shutil.which("prometheus")
+pytestmark = pytest.mark.skipif(
+    PROMETHEUS is None,
+    reason="the `prometheus` binary is not on PATH: scripts/install_system_deps.sh (run by scripts/test.sh) could not "
+           "install it (no apt-get, no root, or apt failed; it printed which)",
+)
+
+
+def _two_free_ports() -> int:
+    """A port p with p and p + 1 free on 127.0.0.1 (local ranks 0 and 1)."""
+    for _ in range(50):
+        p = free_port()
+        if p >= 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 1))
+                return p
+            except OSError:
+                continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+def _get(url: str, timeout: float = 5) -> dict:
+    return json.loads(urllib.request.urlopen(url, timeout=timeout).read().decode())
+
+
+def _start_prometheus(tmp_path, targets: list[str]):
+    port = free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: llmtrain\n    honor_labels: true\n"
+        f"    static_configs:\n      - targets: [{', '.join(targets)}]\n"
+    )
+    log = open(tmp_path / "prometheus.log", "w")
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 20
+    while True:
+        try:
+            urllib.request.urlopen(base + "/-/ready", timeout=1)
+            return proc, base
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise AssertionError("prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()[-3000:])
+            time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_prometheus_scrapes_exact_tokens_total(tiny_corpus, tmp_path):
+    mport = _two_free_ports()
+    proc, base = _start_prometheus(tmp_path, [f"'127.0.0.1:{mport}'", f"'127.0.0.1:{mport + 1}'"])
+    try:
+        start = time.time()
+        run_dir = tmp_path / "run"
+        run_launch(
+            ["llmtrain/pretrain.py", "+parallel=dp2", *tiny_overrides(tiny_corpus, str(run_dir), steps=60),
+             f"train.metrics_port={mport}", "train.metrics_job=promtest", "train.metrics_linger_s=3",
+             "checkpoint.save_final=true"],
+            nproc=2, log_dir=tmp_path / "log",
+        )
+        end = time.time()
+        recs = [r for r in metrics(run_dir) if "tokens_total" in r]
+        res, steps = ({}, {})
+        for query, out in (("llmtrain_tokens_total", res), ("llmtrain_step", steps)):
+            q = urllib.parse.urlencode({"query": query, "start": start, "end": end, "step": "0.5"})
+            out.update(_get(f"{base}/api/v1/query_range?{q}"))
+        at_end = {}  # the other series at the end of the run, per rank
+        for query in ("llmtrain_step", "llmtrain_checkpoint_last_success_timestamp_seconds",
+                      "llmtrain_step_duration_seconds_count", 'llmtrain_memory_bytes{kind="parameters"}', "llmtrain_loss",
+                      "llmtrain_info"):
+            q = urllib.parse.urlencode({"query": f"last_over_time({query}[2m])", "time": end})
+            at_end[query] = {r["metric"]["rank"]: float(r["value"][1]) for r in _get(f"{base}/api/v1/query?{q}")["data"]["result"]}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert res["status"] == steps["status"] == "success", (res, steps)
+    for rank in ("0", "1"):
+        assert at_end["llmtrain_step"][rank] == 60 == at_end["llmtrain_step_duration_seconds_count"][rank], at_end
+        assert at_end["llmtrain_checkpoint_last_success_timestamp_seconds"][rank] >= start, at_end  # the final save
+        assert at_end['llmtrain_memory_bytes{kind="parameters"}'][rank] > 0 and at_end["llmtrain_info"][rank] == 1
+    assert at_end["llmtrain_loss"]["0"] == pytest.approx(recs[-1]["loss"], rel=1e-6)
+    series = {s["metric"]["rank"]: s for s in res["data"]["result"]}
+    step_series = {s["metric"]["rank"]: dict(s["values"]) for s in steps["data"]["result"]}
+    assert set(series) == set(step_series) == {"0", "1"}, res
+    total_at = {0: 0, **{r["step"]: r["tokens_total"] for r in recs}}  # metrics.jsonl's tokens_total after each step
+    for rank, s in series.items():
+        assert s["metric"]["job"] == "promtest" and s["metric"]["node"], s["metric"]
+        values = [int(float(v)) for _, v in s["values"]]
+        assert values == sorted(values), (rank, values)  # a counter: never down
+        assert values[-1] == recs[-1]["tokens_total"], (rank, values[-1], recs[-1]["tokens_total"])
+        assert len(set(values)) >= 2, (rank, values)  # seen rising (under load also through intermediate steps)
+        for t, v in s["values"]:  # each scrape: the exact count of the step the rank was at (or the one before:
+            step = int(float(step_series[rank][t]))  # the step gauge moves just before the record is made)
+            assert int(float(v)) in (total_at[step], total_at.get(step - 1)), (rank, t, step, v)
