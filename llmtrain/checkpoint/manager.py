@@ -337,10 +337,11 @@ class Checkpointer:
                     opt_state[f"{var_name}_{acc}_0"] = tensor
         if not opt_state["master_weights"]:
             del opt_state["master_weights"]
-        sched = manifest["scheduler"]
-        opt_state["LR_Scheduler"] = sched
+        opt_state["LR_Scheduler"] = manifest["scheduler"]  # Paddle's optimizer requires the key
         b.optimizer.set_state_dict(opt_state)
-        b.scheduler.set_state_dict(sched)
+        # the LR of the next step is the schedule in force at that step; the saved `last_lr`
+        # belongs to the schedule of the run that wrote the checkpoint (issue 16's bug)
+        b.scheduler.resume_at(manifest["step"])
         if b.scaler is not None and manifest.get("scaler"):
             b.scaler.load_state_dict(manifest["scaler"])
         self.data.load_state_dict(manifest["data"])

@@ -45,3 +45,11 @@ class WarmupDecay(LRScheduler):
 
     def get_lr(self) -> float:
         return lr_at(self.last_epoch, self.cfg, self.max_steps)
+
+    def resume_at(self, step: int) -> None:
+        """Continue at optimizer step `step` (0-based: the next step to run) under this schedule.
+
+        The LR is recomputed from the step and the schedule in force, never taken from
+        a saved `last_lr` (which belongs to the schedule of the run that wrote it)."""
+        self.last_epoch = step
+        self.last_lr = self.get_lr()

@@ -33,3 +33,12 @@ def test_paddle_scheduler_follows_lr_at():
         seen.append(s.get_lr())
         s.step()
     assert seen == pytest.approx([lr_at(i, c, 10) for i in range(12)])
+
+
+def test_resume_at_recomputes_the_lr_of_the_step_under_the_schedule_in_force():
+    """A loaded `last_lr` from another schedule (here: its end, min_lr) never survives resume_at."""
+    c = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=1)
+    s = WarmupDecay(c, max_steps=8)
+    s.set_state_dict({"last_epoch": 4, "last_lr": 0.1})  # what a finished 4-step run saved
+    s.resume_at(4)
+    assert s.get_lr() == s.last_lr == pytest.approx(lr_at(4, c, 8))
