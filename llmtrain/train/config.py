@@ -66,7 +66,19 @@ class OptimConfig:
     """Steps (counted from 0, warmup included) over which lr decays to min_lr; None: train.max_steps."""
 
     schedule: str = "cosine"
-    """Decay shape after warmup: `cosine`, `linear` or `constant`."""
+    """After warmup: `cosine`, `linear` or `constant` decay over the whole horizon, or `wsd` (warmup-stable-decay:
+    lr held until the decay start, then `decay_shape` to min_lr at the end of the horizon)."""
+
+    decay_fraction: Optional[float] = None
+    """WSD: the last fraction of the horizon (decay_steps, else train.max_steps) spent decaying, in (0, 1];
+    the decay starts at step horizon - round(fraction x horizon). None with no decay_start_step: 0.2."""
+
+    decay_start_step: Optional[int] = None
+    """WSD: the step at which the decay starts (overrides decay_fraction). Set it at resume to cool down a
+    stable-phase checkpoint from that step on (`optim.on_resume=config` if it moves the resume step's LR)."""
+
+    decay_shape: str = "1-sqrt"
+    """WSD decay shape over progress p in [0, 1]: `linear` (1 - p), `cosine` (0.5 (1 + cos pi p)) or `1-sqrt` (1 - sqrt p)."""
 
     weight_decay: float = 0.1
     """Decoupled weight decay for matrices and embeddings (not norms and biases)."""

@@ -33,9 +33,17 @@ def runs(tiny_corpus, tmp_path_factory):
         o("short", 4, "checkpoint.interval=4"),
         o("short", 8, "checkpoint.resume=auto"),
         o("fresh8", 8),
+        # WSD: a 6-step run (decay over its last half, from step 3) continued from its stable-phase checkpoint
+        # step_2 with max_steps=10 (decay from step 5) against an uninterrupted 10-step run
+        o("wsd", 6, *WSD, "checkpoint.interval=2", "checkpoint.keep_last=0"),
+        o("wsd", 10, *WSD, f"checkpoint.resume={out / 'wsd' / 'checkpoints' / 'step_2'}"),
+        o("wsd10", 10, *WSD),
     ]
     run_many(plan, nproc=0, workdir=out)
-    return {name: _records(out / name) for name in ("short", "fresh8")}
+    return {name: _records(out / name) for name in ("short", "fresh8", "wsd", "wsd10")}
+
+
+WSD = ("optim.schedule=wsd", "optim.decay_fraction=0.5", "optim.decay_shape=1-sqrt")
 
 
 def test_lr_after_resume_is_the_schedule_of_the_step(runs):
@@ -45,3 +53,15 @@ def test_lr_after_resume_is_the_schedule_of_the_step(runs):
     assert sorted(resumed) == [5, 6, 7, 8]
     for s, lr in resumed.items():
         assert lr == pytest.approx(fresh[s], rel=1e-9, abs=1e-12), (s, lr, fresh[s])
+
+
+def test_wsd_stable_checkpoint_continues_into_a_longer_run(runs):
+    """A stable-phase WSD checkpoint continued with a longer max_steps equals the uninterrupted longer run."""
+    ref = {r["step"]: r for r in runs["wsd10"]}
+    got = [r for r in runs["wsd"] if r["step"] > 2]
+    assert [r["step"] for r in got] == list(range(3, 11))
+    for r in got:
+        assert abs(r["loss"] - ref[r["step"]]["loss"]) <= TOL, (r["step"], r["loss"], ref[r["step"]]["loss"])
+        assert r["lr"] == pytest.approx(ref[r["step"]]["lr"], rel=1e-9)
+        assert r["tokens_total"] == ref[r["step"]]["tokens_total"]
+    assert ref[5]["lr"] == pytest.approx(1e-3) and ref[10]["lr"] < ref[8]["lr"] < 1e-3  # stable, then decay
