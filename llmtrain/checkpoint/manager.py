@@ -129,7 +129,10 @@ def verify_files(ckpt_dir: str, names: Optional[list[str]] = None) -> list[str]:
 
 
 class Checkpointer:
-    def __init__(self, cfg, layout, topo, built, data, tokenizer=None):
+    def __init__(self, cfg, layout, topo, built, data, tokenizer=None, on_manifest=None):
+        """`on_manifest(manifest)`: called before a checkpoint's tensors are read (the resume contract);
+        it may raise to refuse the resume and may change the scheduler's schedule."""
+        self.on_manifest = on_manifest
         self.cfg = cfg
         self.layout = layout
         self.topo = topo
@@ -297,6 +300,8 @@ class Checkpointer:
     def load(self, path: str) -> ResumeState:
         with open(os.path.join(path, "manifest.json")) as f:
             manifest = json.load(f)
+        if self.on_manifest is not None:
+            self.on_manifest(manifest)
         index = ShardIndex(path)
         b, tp, tp_rank = self.built, self.layout.tp, self.topo.tp_rank
         sliced = stage3_slices(b.model)  # ZeRO-3 parameters held as flat slices on this rank

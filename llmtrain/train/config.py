@@ -80,6 +80,12 @@ class OptimConfig:
     decay_shape: str = "1-sqrt"
     """WSD decay shape over progress p in [0, 1]: `linear` (1 - p), `cosine` (0.5 (1 + cos pi p)) or `1-sqrt` (1 - sqrt p)."""
 
+    on_resume: Optional[str] = None
+    """At a resume whose LR-schedule fields (train.max_steps, lr, min_lr, warmup_steps, decay_steps, schedule,
+    decay_*) differ from the checkpoint's: `config` uses this config's schedule from the resume step on,
+    `checkpoint` keeps the checkpoint's (its horizon too); None refuses a change that moves the resume
+    step's LR by more than 1e-3 relative (see `llmtrain/train/contract.py` and the README's "Changing a run")."""
+
     weight_decay: float = 0.1
     """Decoupled weight decay for matrices and embeddings (not norms and biases)."""
 

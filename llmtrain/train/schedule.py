@@ -76,6 +76,8 @@ def schedule_problems(cfg: OptimConfig, max_steps: int) -> list[str]:
                         f"{cfg.decay_start_step}: give one of the two")
     if cfg.schedule != "wsd" and (cfg.decay_fraction is not None or cfg.decay_start_step is not None):
         problems.append(f"optim.decay_fraction/decay_start_step apply to optim.schedule=wsd, not {cfg.schedule!r}")
+    if cfg.on_resume not in (None, "config", "checkpoint"):
+        problems.append(f"optim.on_resume={cfg.on_resume!r}: expected null, config or checkpoint")
     end = horizon(cfg, max_steps)
     if cfg.decay_steps is not None and cfg.decay_steps <= 0:
         problems.append(f"optim.decay_steps={cfg.decay_steps}: must be > 0")

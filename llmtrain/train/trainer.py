@@ -31,6 +31,7 @@ from llmtrain.parallel.plan import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
+from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.memory import write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -98,7 +99,8 @@ class Trainer:
         paddle.seed(self.cfg.seed)
         _prepare_run_dir(self.cfg, topo)
         self.built = build_model_and_optimizer(run, topo, self.amp)
-        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer)
+        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer,
+                                 on_manifest=lambda m: apply_resume_contract(m, run, self.built.scheduler))
 
     def fit(self) -> dict:
         """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
