@@ -26,7 +26,9 @@ def runs(tiny_corpus, tmp_path_factory):
     c = tiny_corpus
 
     def o(name, steps, *extra):
-        return tiny_overrides(c, str(out / name), "gpt", steps=steps) + ["optim.warmup_steps=1", *extra]
+        # train.peak_tflops: skip the start-up matmul measurement (seconds per run on a busy machine)
+        return tiny_overrides(c, str(out / name), "gpt", steps=steps) + ["optim.warmup_steps=1",
+                                                                          "train.peak_tflops=1", *extra]
 
     short4, stable = out / "short" / "checkpoints" / "step_4", out / "wsd" / "checkpoints" / "step_2"
     plan = [
@@ -106,7 +108,7 @@ def test_schedule_change_refused_by_default_names_fields_and_values(runs, tiny_c
     """The issue's scenario without optim.on_resume: exit 2, the fields, both values and both LRs named."""
     out = runs["out"]
     args = ["llmtrain/pretrain.py", *tiny_overrides(tiny_corpus, str(out / "refused"), "gpt", steps=8),
-            "optim.warmup_steps=1", f"checkpoint.resume={out / 'short' / 'checkpoints' / 'step_4'}"]
+            "optim.warmup_steps=1", "train.peak_tflops=1", f"checkpoint.resume={out / 'short' / 'checkpoints' / 'step_4'}"]
     proc = run_launch(args, 0, out / "refused_log", expect_ok=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     err = proc.stderr
