@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 
 @dataclass
@@ -21,6 +21,11 @@ class TrainConfig:
 
     grad_accum: Optional[int] = None
     """Micro-batches accumulated per step on each rank (the pipeline's accumulate_steps). None: derived."""
+
+    batch_rampup: Optional[List[int]] = None
+    """[START, INCREMENT, SAMPLES] (Megatron's --rampup-batch-size): the global batch starts at START and grows by
+    INCREMENT in equal steps of consumed samples until global_batch_size at SAMPLES; micro_batch_size stays, the
+    accumulation follows. START and INCREMENT must be multiples of micro x data-parallel; no pipeline. None: off."""
 
     log_interval: int = 1
     """Write a metrics line (metrics.jsonl, progress bar, VisualDL) every this many steps."""

@@ -65,6 +65,14 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
+    if cfg.train.batch_rampup is not None:
+        from llmtrain.data.rampup import rampup_problems
+
+        if not hasattr(cfg.data, "prefixes"):
+            problems.append("train.batch_rampup is for pretraining; fine-tuning runs a constant global batch")
+        elif layout is not None:
+            problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
+                                        layout.data_parallel, layout.pp)
     if problems:
         raise ConfigError(problems)
     return ResolvedRun(

@@ -24,6 +24,7 @@ import paddle
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.manager import Checkpointer
+from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
@@ -64,11 +65,15 @@ class Built:
 
 def build_data(data_cls, run, topo):
     """This data rank's batches of the layout-independent global order (`PretrainData`, `MLMData`, `SFTData`)."""
-    return data_cls(
+    data = data_cls(
         run.cfg.data, seed=run.cfg.seed, global_batch_size=run.layout.global_batch,
         micro_batch_size=run.layout.micro_batch, dp_rank=topo.data_rank, dp_world=topo.data_world,
         tokenizer=run.tokenizer,
     )
+    if run.cfg.train.batch_rampup is not None:  # pretraining only (resolve refuses it for fine-tuning)
+        start, increment, samples = run.cfg.train.batch_rampup
+        data.use_rampup(BatchRampup(start, increment, samples, final=run.layout.global_batch))
+    return data
 
 
 def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
@@ -112,7 +117,9 @@ class Trainer:
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
             f"(stage {layout.sharding_stage}); global batch {layout.global_batch} = micro {layout.micro_batch} x accum "
-            f"{layout.grad_accum} x data-parallel {layout.data_parallel}; seq {cfg.data.seq_len}; "
+            f"{layout.grad_accum} x data-parallel {layout.data_parallel}"
+            f"{'' if cfg.train.batch_rampup is None else f' (ramped up from {list(cfg.train.batch_rampup)})'}; "
+            f"seq {cfg.data.seq_len}; "
             f"{parameter_count(cfg.model) / 1e6:.2f}M parameters; {self.run.flops_per_token / 1e6:.1f} MFLOPs/token; "
             f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} ({peak_source})"
         )
