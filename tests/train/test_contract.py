@@ -77,8 +77,8 @@ def test_schedule_change_within_tolerance_honoured():
 
 
 def test_batch_sizes_honoured():
-    r = review(new=["train.global_batch_size=16", "train.micro_batch_size=4"])
-    assert not r.refused and not r.warnings and len(r.honoured) == 2
+    r = review(new=["train.global_batch_size=16", "train.micro_batch_size=4", "train.batch_rampup=[4,4,64]"])
+    assert not r.refused and not r.warnings and len(r.honoured) == 3
 
 
 def test_seq_len_and_mixture_warn():
