@@ -238,6 +238,8 @@ class Checkpointer:
             "tokens_total": int(tokens_total),
             "data": self.data.state_dict(),
             "scheduler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in sched.items()},
+            # the LR schedule in force (optim.on_resume=checkpoint may have kept an older one than the config's)
+            "schedule_in_force": self.built.scheduler.in_force(),
             "scaler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in (scaler or {}).items()} or None,
             "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
             "world": self.topo.world,

@@ -165,6 +165,10 @@ def apply_resume_contract(manifest: dict, run, scheduler) -> Review:
     from omegaconf import OmegaConf
 
     saved = OmegaConf.to_container(OmegaConf.create(manifest["config"]), resolve=True)
+    in_force = manifest.get("schedule_in_force")
+    if in_force:  # compare with the schedule the checkpoint's run actually used (on_resume=checkpoint kept one)
+        saved["optim"] = {**saved["optim"], **in_force["optim"]}
+        saved["train"] = {**saved["train"], "max_steps": in_force["max_steps"]}
     current = OmegaConf.to_container(OmegaConf.structured(run.cfg), resolve=True)
     tok = run.tokenizer.identity() if run.tokenizer is not None else None
     r = review_resume(saved, current, manifest.get("tokenizer"), tok, int(manifest["step"]))

@@ -98,6 +98,13 @@ class WarmupDecay(LRScheduler):
     def get_lr(self) -> float:
         return lr_at(self.last_epoch, self.cfg, self.max_steps)
 
+    def in_force(self) -> dict:
+        """{"optim": the schedule's optim fields, "max_steps": its horizon's max_steps} (for the manifest)."""
+        import dataclasses
+
+        return {"optim": {f.name: getattr(self.cfg, f.name) for f in dataclasses.fields(OptimConfig)},
+                "max_steps": int(self.max_steps)}
+
     def resume_at(self, step: int) -> None:
         """Continue at optimizer step `step` (0-based: the next step to run) under this schedule.
 

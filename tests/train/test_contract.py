@@ -124,3 +124,26 @@ def test_optimizer_hyperparameters_warn():
 def test_bookkeeping_honoured():
     r = review(new=["train.log_interval=2", "checkpoint.interval=10", "run.dir=/runs/other", "train.eval_interval=5"])
     assert not r.refused and not r.warnings and len(r.honoured) == 4
+
+
+def test_schedule_kept_by_on_resume_checkpoint_stays_the_reference():
+    """A checkpoint written while optim.on_resume=checkpoint kept an older schedule (horizon 4) records that
+    schedule: resuming it with the same config (max_steps 8, on_resume unset) is refused, not a silent LR jump."""
+    from types import SimpleNamespace
+
+    from llmtrain.config import ConfigError, to_config
+    from llmtrain.train.contract import apply_resume_contract
+    from llmtrain.train.schedule import WarmupDecay
+
+    written = cfg("optim.on_resume=checkpoint", steps=8)  # the run that kept the 4-step schedule
+    manifest = {"step": 6, "config": OmegaConf.to_yaml(OmegaConf.create(written)), "tokenizer": None,
+                "schedule_in_force": {"optim": written["optim"] | {"on_resume": None}, "max_steps": 4}}
+    now = to_config(OmegaConf.merge(_composed(()), OmegaConf.from_dotlist(["train.max_steps=8"])))
+    sched = WarmupDecay(now.optim, 8)
+    with pytest.raises(ConfigError) as e:
+        apply_resume_contract(manifest, SimpleNamespace(cfg=now, tokenizer=None), sched)
+    assert "train.max_steps=4 in the checkpoint, 8 now" in str(e.value)
+    kept = to_config(OmegaConf.merge(_composed(()), OmegaConf.from_dotlist(["train.max_steps=8",
+                                                                            "optim.on_resume=checkpoint"])))
+    apply_resume_contract(manifest, SimpleNamespace(cfg=kept, tokenizer=None), sched)
+    assert sched.max_steps == 4  # the kept schedule stays in force
