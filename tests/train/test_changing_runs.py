@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmtest import REPO, tiny_overrides
+from llmtest import tiny_overrides
 from launch import metrics, run_launch, run_many
 
 TOL = 1e-5
