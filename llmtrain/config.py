@@ -125,7 +125,7 @@ _CHOICES = {
     "model.attention": ("auto", "flash", "math"),
     "train.amp": ("none", "bf16", "fp16"),
     "optim.name": ("adamw",),
-    "optim.schedule": ("cosine", "linear", "constant"),
+    "optim.schedule": ("cosine", "linear", "constant", "wsd"),
 }
 
 

@@ -129,7 +129,10 @@ def verify_files(ckpt_dir: str, names: Optional[list[str]] = None) -> list[str]:
 
 
 class Checkpointer:
-    def __init__(self, cfg, layout, topo, built, data, tokenizer=None):
+    def __init__(self, cfg, layout, topo, built, data, tokenizer=None, on_manifest=None):
+        """`on_manifest(manifest)`: called before a checkpoint's tensors are read (the resume contract);
+        it may raise to refuse the resume and may change the scheduler's schedule."""
+        self.on_manifest = on_manifest
         self.cfg = cfg
         self.layout = layout
         self.topo = topo
@@ -235,6 +238,8 @@ class Checkpointer:
             "tokens_total": int(tokens_total),
             "data": self.data.state_dict(),
             "scheduler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in sched.items()},
+            # the LR schedule in force (optim.on_resume=checkpoint may have kept an older one than the config's)
+            "schedule_in_force": self.built.scheduler.in_force(),
             "scaler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in (scaler or {}).items()} or None,
             "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
             "world": self.topo.world,
@@ -297,6 +302,8 @@ class Checkpointer:
     def load(self, path: str) -> ResumeState:
         with open(os.path.join(path, "manifest.json")) as f:
             manifest = json.load(f)
+        if self.on_manifest is not None:
+            self.on_manifest(manifest)
         index = ShardIndex(path)
         b, tp, tp_rank = self.built, self.layout.tp, self.topo.tp_rank
         sliced = stage3_slices(b.model)  # ZeRO-3 parameters held as flat slices on this rank
@@ -337,10 +344,11 @@ class Checkpointer:
                     opt_state[f"{var_name}_{acc}_0"] = tensor
         if not opt_state["master_weights"]:
             del opt_state["master_weights"]
-        sched = manifest["scheduler"]
-        opt_state["LR_Scheduler"] = sched
+        opt_state["LR_Scheduler"] = manifest["scheduler"]  # Paddle's optimizer requires the key
         b.optimizer.set_state_dict(opt_state)
-        b.scheduler.set_state_dict(sched)
+        # the LR of the next step is the schedule in force at that step; the saved `last_lr`
+        # belongs to the schedule of the run that wrote the checkpoint (issue 16's bug)
+        b.scheduler.resume_at(manifest["step"])
         if b.scaler is not None and manifest.get("scaler"):
             b.scaler.load_state_dict(manifest["scaler"])
         self.data.load_state_dict(manifest["data"])

@@ -173,14 +173,20 @@ class PretrainData:
         else:
             self._pending.clear()
             mbs = self.step_batches(c)
-        self.consumed_samples = c + self.global_batch_size
+        self.consumed_samples = c + self.sampler.batch_at(c)
         if self._pool is not None:
-            nxt = self._pending[-1][0] + self.global_batch_size if self._pending else self.consumed_samples
+            last = self._pending[-1][0] if self._pending else None
+            nxt = last + self.sampler.batch_at(last) if last is not None else self.consumed_samples
             while len(self._pending) < self.prefetch:
                 self._pending.append((nxt, self._pool.submit(self.step_batches, nxt)))
-                nxt += self.global_batch_size
+                nxt += self.sampler.batch_at(nxt)
         self.data_wait_time = time.perf_counter() - t0
         return mbs
+
+    def use_rampup(self, rampup) -> None:
+        """Grow the global batch with consumed samples (`llmtrain.data.rampup.BatchRampup`); before the first step."""
+        self.sampler.rampup = rampup
+        self._pending.clear()
 
     def valid_batches(self, n_batches: int, micro_batch_size: int | None = None) -> list[dict]:
         """The first ``n_batches`` micro-batches of the validation stream: identical on every rank and layout."""

@@ -40,11 +40,19 @@ class StepSampler:
         self.global_batch_size, self.micro_batch_size = int(global_batch_size), int(micro_batch_size)
         self.dp_rank, self.dp_world = int(dp_rank), int(dp_world)
 
+    rampup = None
+    """A `llmtrain.data.rampup.BatchRampup`, or None: then every step's batch is ``global_batch_size``."""
+
+    def batch_at(self, consumed_samples: int) -> int:
+        """Global batch G of the step that starts after ``consumed_samples`` samples."""
+        return self.global_batch_size if self.rampup is None else self.rampup.batch_at(consumed_samples)
+
     def step_ids(self, consumed_samples: int) -> np.ndarray:
         """[G] global ids of the step that starts after ``consumed_samples`` samples."""
-        return np.arange(consumed_samples, consumed_samples + self.global_batch_size, dtype=np.int64)
+        return np.arange(consumed_samples, consumed_samples + self.batch_at(consumed_samples), dtype=np.int64)
 
     def rank_ids(self, consumed_samples: int) -> np.ndarray:
         """[accumulation, micro_batch] ids of this rank for that step (contiguous share)."""
-        ids = self.step_ids(consumed_samples).reshape(self.dp_world, self.accumulation, self.micro_batch_size)
+        ids = self.step_ids(consumed_samples)  # [G]
+        ids = ids.reshape(self.dp_world, len(ids) // (self.dp_world * self.micro_batch_size), self.micro_batch_size)
         return ids[self.dp_rank]

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 
 @dataclass
@@ -21,6 +21,11 @@ class TrainConfig:
 
     grad_accum: Optional[int] = None
     """Micro-batches accumulated per step on each rank (the pipeline's accumulate_steps). None: derived."""
+
+    batch_rampup: Optional[List[int]] = None
+    """[START, INCREMENT, SAMPLES] (Megatron's --rampup-batch-size): the global batch starts at START and grows by
+    INCREMENT in equal steps of consumed samples until global_batch_size at SAMPLES; micro_batch_size stays, the
+    accumulation follows. START and INCREMENT must be multiples of micro x data-parallel; no pipeline. None: off."""
 
     log_interval: int = 1
     """Write a metrics line (metrics.jsonl, progress bar, VisualDL) every this many steps."""
@@ -75,7 +80,25 @@ class OptimConfig:
     """Steps (counted from 0, warmup included) over which lr decays to min_lr; None: train.max_steps."""
 
     schedule: str = "cosine"
-    """Decay shape after warmup: `cosine`, `linear` or `constant`."""
+    """After warmup: `cosine`, `linear` or `constant` decay over the whole horizon, or `wsd` (warmup-stable-decay:
+    lr held until the decay start, then `decay_shape` to min_lr at the end of the horizon)."""
+
+    decay_fraction: Optional[float] = None
+    """WSD: the last fraction of the horizon (decay_steps, else train.max_steps) spent decaying, in (0, 1];
+    the decay starts at step horizon - round(fraction x horizon). None with no decay_start_step: 0.2."""
+
+    decay_start_step: Optional[int] = None
+    """WSD: the step at which the decay starts (overrides decay_fraction). Set it at resume to cool down a
+    stable-phase checkpoint from that step on (`optim.on_resume=config` if it moves the resume step's LR)."""
+
+    decay_shape: str = "1-sqrt"
+    """WSD decay shape over progress p in [0, 1]: `linear` (1 - p), `cosine` (0.5 (1 + cos pi p)) or `1-sqrt` (1 - sqrt p)."""
+
+    on_resume: Optional[str] = None
+    """At a resume whose LR-schedule fields (train.max_steps, lr, min_lr, warmup_steps, decay_steps, schedule,
+    decay_*) differ from the checkpoint's: `config` uses this config's schedule from the resume step on,
+    `checkpoint` keeps the checkpoint's (its horizon too); None refuses a change that moves the resume
+    step's LR by more than 1e-3 relative (see `llmtrain/train/contract.py` and the README's "Changing a run")."""
 
     weight_decay: float = 0.1
     """Decoupled weight decay for matrices and embeddings (not norms and biases)."""

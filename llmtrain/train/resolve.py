@@ -54,6 +54,7 @@ class ResolvedRun:
 def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError."""
     from llmtrain.models.size import flops_per_token
+    from llmtrain.train.schedule import schedule_problems
 
     if world_size is None:
         world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
@@ -63,6 +64,15 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     resolved = dataclasses.replace(cfg, model=model)
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
+    problems += schedule_problems(cfg.optim, cfg.train.max_steps)
+    if cfg.train.batch_rampup is not None:
+        from llmtrain.data.rampup import rampup_problems
+
+        if not hasattr(cfg.data, "prefixes"):
+            problems.append("train.batch_rampup is for pretraining; fine-tuning runs a constant global batch")
+        elif layout is not None:
+            problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
+                                        layout.data_parallel, layout.pp)
     if problems:
         raise ConfigError(problems)
     return ResolvedRun(

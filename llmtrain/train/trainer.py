@@ -24,6 +24,7 @@ import paddle
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.manager import Checkpointer
+from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
@@ -31,6 +32,7 @@ from llmtrain.parallel.plan import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
+from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.memory import write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -64,11 +66,15 @@ class Built:
 
 def build_data(data_cls, run, topo):
     """This data rank's batches of the layout-independent global order (`PretrainData`, `MLMData`, `SFTData`)."""
-    return data_cls(
+    data = data_cls(
         run.cfg.data, seed=run.cfg.seed, global_batch_size=run.layout.global_batch,
         micro_batch_size=run.layout.micro_batch, dp_rank=topo.data_rank, dp_world=topo.data_world,
         tokenizer=run.tokenizer,
     )
+    if run.cfg.train.batch_rampup is not None:  # pretraining only (resolve refuses it for fine-tuning)
+        start, increment, samples = run.cfg.train.batch_rampup
+        data.use_rampup(BatchRampup(start, increment, samples, final=run.layout.global_batch))
+    return data
 
 
 def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
@@ -99,7 +105,8 @@ class Trainer:
         paddle.seed(self.cfg.seed)
         _prepare_run_dir(self.cfg, topo)
         self.built = build_model_and_optimizer(run, topo, self.amp)
-        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer)
+        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer,
+                                 on_manifest=lambda m: apply_resume_contract(m, run, self.built.scheduler))
 
     def fit(self) -> dict:
         """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
@@ -112,7 +119,9 @@ class Trainer:
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
             f"(stage {layout.sharding_stage}); global batch {layout.global_batch} = micro {layout.micro_batch} x accum "
-            f"{layout.grad_accum} x data-parallel {layout.data_parallel}; seq {cfg.data.seq_len}; "
+            f"{layout.grad_accum} x data-parallel {layout.data_parallel}"
+            f"{'' if cfg.train.batch_rampup is None else f' (ramped up from {list(cfg.train.batch_rampup)})'}; "
+            f"seq {cfg.data.seq_len}; "
             f"{parameter_count(cfg.model) / 1e6:.2f}M parameters; {self.run.flops_per_token / 1e6:.1f} MFLOPs/token; "
             f"peak {'unknown' if peak is None else f'{peak / 1e12:.3f} TFLOP/s'} ({peak_source})"
         )

@@ -62,7 +62,8 @@ def test_damaged_newest_is_skipped(three_checkpoints, tiny_corpus, tmp_path, dam
     else:
         (newest / "manifest.json").unlink()
     assert verify_files(str(newest))
-    last = pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=7) + ["checkpoint.resume=auto"]))
+    last = pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=7)
+                               + ["checkpoint.resume=auto", "optim.on_resume=config"]))  # 6 -> 7: schedule re-horizoned
     err = "\n".join(llm_log)
     assert "skipping corrupt or incomplete checkpoint" in err and "step_6" in err
     assert "resumed from" in err and "step_4" in err
@@ -74,7 +75,8 @@ def test_keep_last_prunes_after_a_complete_save(three_checkpoints, tiny_corpus, 
 
     run = _copy(three_checkpoints, tmp_path / "run")
     pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=8)
-                     + ["checkpoint.resume=auto", "checkpoint.interval=2", "checkpoint.keep_last=2"]))
+                     + ["checkpoint.resume=auto", "checkpoint.interval=2", "checkpoint.keep_last=2",
+                        "optim.on_resume=config"]))  # a finished 6-step run extended to 8
     assert [s for s, _ in list_checkpoints(str(run / "checkpoints"))] == [8, 6]
 
 

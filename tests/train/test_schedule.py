@@ -33,3 +33,39 @@ def test_paddle_scheduler_follows_lr_at():
         seen.append(s.get_lr())
         s.step()
     assert seen == pytest.approx([lr_at(i, c, 10) for i in range(12)])
+
+
+def test_resume_at_recomputes_the_lr_of_the_step_under_the_schedule_in_force():
+    """A loaded `last_lr` from another schedule (here: its end, min_lr) never survives resume_at."""
+    c = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=1)
+    s = WarmupDecay(c, max_steps=8)
+    s.set_state_dict({"last_epoch": 4, "last_lr": 0.1})  # what a finished 4-step run saved
+    s.resume_at(4)
+    assert s.get_lr() == s.last_lr == pytest.approx(lr_at(4, c, 8))
+
+
+def test_wsd_stable_then_decay_shapes():
+    from llmtrain.train.schedule import wsd_decay_start
+
+    base = dict(lr=1.0, min_lr=0.1, warmup_steps=2, schedule="wsd")
+    c = OptimConfig(**base, decay_fraction=0.25, decay_shape="linear")
+    assert wsd_decay_start(c, 20) == 15
+    assert [lr_at(s, c, 20) for s in (0, 1, 2, 14, 15)] == [0.5, 1.0, 1.0, 1.0, 1.0]
+    assert lr_at(20, c, 20) == pytest.approx(0.1) and lr_at(17, c, 20) == pytest.approx(0.1 + 0.9 * 0.6)
+    sq = OptimConfig(**base, decay_start_step=10, decay_shape="1-sqrt")
+    assert lr_at(14, sq, 20) == pytest.approx(0.1 + 0.9 * (1 - math.sqrt(0.4)))
+    cos = OptimConfig(**base, decay_start_step=10, decay_shape="cosine")
+    assert lr_at(15, cos, 20) == pytest.approx(0.55)
+    # a longer horizon leaves every stable step's LR unchanged: a stable checkpoint extends seamlessly
+    assert all(lr_at(s, c, 20) == lr_at(s, c, 100) for s in range(15))
+
+
+def test_schedule_problems_name_fields_and_numbers():
+    from llmtrain.train.schedule import schedule_problems
+
+    bad = OptimConfig(schedule="wsd", decay_fraction=1.5, decay_start_step=30, decay_shape="sqrt")
+    text = "\n".join(schedule_problems(bad, 20))
+    for part in ("optim.decay_shape='sqrt'", "optim.decay_fraction=1.5: must be in (0, 1]", "give one of the two",
+                 "optim.decay_start_step=30: must be in [0, 20]"):
+        assert part in text, text
+    assert schedule_problems(OptimConfig(decay_fraction=0.2), 20)  # cosine with a WSD field

@@ -1,0 +1,60 @@
+"""Batch-size ramp-up (Megatron's `--rampup-batch-size START INCREMENT SAMPLES`): the global batch of a step
+as a function of the samples consumed before it.
+
+    python llmtrain/pretrain.py train.global_batch_size=32 train.batch_rampup=[8,8,3000]
+    ramp = BatchRampup(start=8, increment=8, samples=3000, final=32); ramp.batch_at(consumed_samples)
+
+The batch starts at START and grows by INCREMENT every SAMPLES / ((final - START) / INCREMENT)
+consumed samples until it reaches the final `train.global_batch_size` (from SAMPLES consumed
+samples on it stays there). Since it depends on consumed samples only, it is the same on every
+layout and a resume in the middle of the ramp continues it exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BatchRampup:
+    start: int
+    """Global batch of the first step."""
+    increment: int
+    """Samples added to the global batch at each increase."""
+    samples: int
+    """Consumed samples over which the batch grows from start to final."""
+    final: int
+    """train.global_batch_size: the batch after the ramp."""
+
+    def batch_at(self, consumed_samples: int) -> int:
+        """Global batch of the step that starts after `consumed_samples` samples."""
+        n_increments = (self.final - self.start) // self.increment
+        if n_increments == 0 or consumed_samples >= self.samples:
+            return self.final
+        per_increment = self.samples / n_increments
+        return min(self.final, self.start + int(consumed_samples / per_increment) * self.increment)
+
+
+def rampup_problems(triple, final: int, micro_batch: int, data_parallel: int, pp: int) -> list[str]:
+    """Config checks of train.batch_rampup=[START, INCREMENT, SAMPLES], with the numbers."""
+    name = f"train.batch_rampup={list(triple)}"
+    if len(triple) != 3 or not all(isinstance(v, int) for v in triple):
+        return [f"{name}: expected three integers [START, INCREMENT, SAMPLES]"]
+    start, inc, samples = triple
+    unit = micro_batch * data_parallel
+    problems = []
+    if start <= 0 or inc <= 0 or samples <= 0:
+        problems.append(f"{name}: START, INCREMENT and SAMPLES must be > 0")
+        return problems
+    if start > final:
+        problems.append(f"{name}: START {start} > train.global_batch_size={final}")
+    elif (final - start) % inc:
+        problems.append(f"{name}: train.global_batch_size={final} - START {start} = {final - start} is not a "
+                        f"multiple of INCREMENT {inc}")
+    for what, v in (("START", start), ("INCREMENT", inc)):
+        if v % unit:
+            problems.append(f"{name}: {what} {v} is not a multiple of micro batch x data-parallel ranks = "
+                            f"{micro_batch} x {data_parallel} = {unit} (every step's batch must split evenly)")
+    if pp > 1:
+        problems.append(f"{name} with parallel.pp={pp}: the pipeline's accumulate_steps is fixed when fleet is "
+                        "initialised; batch ramp-up runs without pipeline parallelism")
+    return problems

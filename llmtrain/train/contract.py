@@ -1,0 +1,183 @@
+"""The resume contract: what each configuration change at resume does (honoured, warned, refused).
+
+    python llmtrain/pretrain.py ... train.max_steps=300 checkpoint.resume=auto optim.on_resume=config
+    review = review_resume(saved_config, config, saved_tokenizer, tokenizer, step)   # pure, testable
+    apply_resume_contract(manifest, run, scheduler)   # the Trainer's hook: ConfigError, warnings, schedule
+
+A checkpoint's manifest carries the resolved config of the run that wrote it. At
+resume every field of the two configs is compared and each difference falls
+under one rule of `RULES` (first matching prefix wins; the README's "Changing a
+run" table is this list):
+
+- honoured: the new value is used (layout degrees, batch sizes, AMP, logging, ...);
+- warn: the new value is used and a warning names the field, both values and the
+  consequence (data mixture or seq_len: the sample order changes);
+- refuse: a `ConfigError` names the field and both values (model shape, seed,
+  optimizer kind; a tokenizer whose vocabulary differs);
+- schedule: the LR-schedule fields (train.max_steps, optim.lr, min_lr,
+  warmup_steps, decay_steps, schedule, decay_fraction, decay_start_step,
+  decay_shape). With `optim.on_resume` unset the change is honoured if the LR of
+  the first step after the resume moves by at most `LR_RTOL` (relative), else
+  refused; `optim.on_resume=config` takes this config's schedule,
+  `optim.on_resume=checkpoint` keeps the checkpoint's (its fields and its
+  max_steps as the horizon), while train.max_steps still says where the run ends.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from llmtrain.config import ConfigError
+from llmtrain.train.config import OptimConfig
+from llmtrain.train.schedule import lr_at
+from llmtrain.utils.log import log0
+
+LR_RTOL = 1e-3
+"""Largest relative move of the resume step's LR that a schedule change may cause without optim.on_resume."""
+
+SCHEDULE_FIELDS = ("train.max_steps", "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps",
+                   "optim.schedule", "optim.decay_fraction", "optim.decay_start_step", "optim.decay_shape")
+
+# (field or prefix, rule, why); first match wins, so exceptions come before their prefix
+RULES: list[tuple[str, str, str]] = [
+    ("parallel", "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
+    ("train.global_batch_size", "honoured", "the data continues from consumed_samples"),
+    ("train.micro_batch_size", "honoured", "the data continues from consumed_samples"),
+    ("train.grad_accum", "honoured", "the data continues from consumed_samples"),
+    ("train.batch_rampup", "honoured", "each step's batch is read from consumed_samples"),
+    ("train.amp", "honoured", "weights, moments and master weights are stored in fp32 and cast on load (from an fp32 "
+                               "checkpoint the master weights start from the cast weights)"),
+    *[(f, "schedule", "the LR schedule: see optim.on_resume") for f in SCHEDULE_FIELDS],
+    ("optim.on_resume", "honoured", "how schedule changes are treated"),
+    ("optim.name", "refuse", "the optimizer state is AdamW's"),
+    ("optim", "warn", "optimizer hyperparameters change the update from this step on"),
+    ("train", "honoured", "logging, evaluation and memory settings do not change the numbers"),
+    ("checkpoint", "honoured", "saving settings"),
+    ("run", "honoured", "where the run writes"),
+    ("data.tokenizer", "honoured", "the path may change; the vocabulary is compared separately (refused if it differs)"),
+    ("data.num_workers", "honoured", "loader threads do not change the samples"),
+    ("data.cache_dir", "honoured", "index cache location"),
+    ("data", "warn", "the data fingerprint changes: the sample order from this step on differs"),
+    ("model.name", "honoured", "a label"),
+    ("model.attention", "honoured", "kernel choice, same numbers"),
+    ("model.init_from", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
+    ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
+    ("model", "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
+    ("seed", "refuse", "the sample order of every step (and dropout and MLM masks) is a function of the seed: a new "
+                       "seed mid-run re-draws the order, repeating samples already trained on and skipping others; "
+                       "start a new run (checkpoint.resume=none, or model.init_from=<checkpoint>) for a new seed"),
+]
+
+TOKENIZER_KEYS = ("sha256", "vocab_size", "sp_vocab_size", "special_ids")
+
+
+def rule_of(path: str) -> tuple[str, str]:
+    """(rule, why) of a dotted config field."""
+    for prefix, rule, why in RULES:
+        if path == prefix or path.startswith(prefix + "."):
+            return rule, why
+    return "warn", "a field the contract does not know"
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """{dotted path: leaf value} of a nested dict (lists and None are leaves)."""
+    if not isinstance(obj, dict):
+        return {prefix: obj}
+    out: dict[str, Any] = {}
+    for k, v in obj.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+@dataclass
+class Review:
+    """What a resume does with the differences between the checkpoint's config and this one."""
+
+    refused: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    honoured: list[str] = field(default_factory=list)
+    schedule_from: str = "config"
+    """`config` or `checkpoint`: whose LR schedule is in force after the resume."""
+    lr_checkpoint: Optional[float] = None
+    lr_config: Optional[float] = None
+
+
+def _optim(flat: dict[str, Any]) -> tuple[OptimConfig, int]:
+    names = {f.name for f in dataclasses.fields(OptimConfig)}
+    cfg = OptimConfig(**{k[len("optim."):]: v for k, v in flat.items()
+                         if k.startswith("optim.") and k[len("optim."):] in names})
+    return cfg, int(flat["train.max_steps"])
+
+
+def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], tokenizer: Optional[dict],
+                  step: int) -> Review:
+    """Compare two resolved configs (nested dicts) at checkpoint `step` (steps done); pure."""
+    old, new = flatten(saved), flatten(current)
+    # fields the older code did not have compare as their defaults
+    defaults = flatten({"optim": dataclasses.asdict(OptimConfig())})
+    for k, v in defaults.items():
+        old.setdefault(k, v)
+    r = Review()
+    changed_schedule = []
+    for path in sorted(set(old) | set(new)):
+        a, b = old.get(path), new.get(path)
+        if a == b:
+            continue
+        rule, why = rule_of(path)
+        line = f"{path}={a!r} in the checkpoint, {b!r} now"
+        if rule == "schedule":
+            changed_schedule.append(line)
+        elif rule == "refuse":
+            r.refused.append(f"{line}: refused ({why})")
+        elif rule == "warn":
+            r.warnings.append(f"{line}: {why}")
+        else:
+            r.honoured.append(f"{line}: honoured ({why})")
+    if saved_tokenizer is not None and tokenizer is not None:
+        for key in TOKENIZER_KEYS:
+            if saved_tokenizer.get(key) != tokenizer.get(key):
+                r.refused.append(f"data.tokenizer: vocabulary differs ({key} {saved_tokenizer.get(key)!r} in the "
+                                 f"checkpoint, {tokenizer.get(key)!r} now): refused (token ids would change meaning)")
+                break
+    on_resume = new.get("optim.on_resume")
+    if changed_schedule:
+        (o_cfg, o_max), (n_cfg, n_max) = _optim(old), _optim(new)
+        r.lr_checkpoint, r.lr_config = lr_at(step, o_cfg, o_max), lr_at(step, n_cfg, n_max)
+        moved = abs(r.lr_config - r.lr_checkpoint) > LR_RTOL * max(abs(r.lr_checkpoint), abs(r.lr_config), 1e-30)
+        where = (f"the LR of step {step + 1} (the first after the resume) is {r.lr_checkpoint:.6g} under the "
+                 f"checkpoint's schedule and {r.lr_config:.6g} under this config's")
+        if on_resume == "checkpoint":
+            r.schedule_from = "checkpoint"
+            r.warnings.append(f"optim.on_resume=checkpoint: keeping the checkpoint's LR schedule ({where}); "
+                              f"ignored: " + "; ".join(changed_schedule))
+        elif on_resume == "config" or not moved:
+            r.honoured += [f"{c}: honoured ({where})" for c in changed_schedule]
+        else:
+            r.refused.append(f"{'; '.join(changed_schedule)}: the LR schedule changed and {where} (moves by more "
+                             f"than {LR_RTOL:g} relative). Set optim.on_resume=config to use this config's schedule "
+                             f"or optim.on_resume=checkpoint to keep the checkpoint's")
+    return r
+
+
+def apply_resume_contract(manifest: dict, run, scheduler) -> Review:
+    """The Trainer's resume hook (before any tensor is read): refuse, warn, and put the chosen schedule in force."""
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.to_container(OmegaConf.create(manifest["config"]), resolve=True)
+    in_force = manifest.get("schedule_in_force")
+    if in_force:  # compare with the schedule the checkpoint's run actually used (on_resume=checkpoint kept one)
+        saved["optim"] = {**saved["optim"], **in_force["optim"]}
+        saved["train"] = {**saved["train"], "max_steps": in_force["max_steps"]}
+    current = OmegaConf.to_container(OmegaConf.structured(run.cfg), resolve=True)
+    tok = run.tokenizer.identity() if run.tokenizer is not None else None
+    r = review_resume(saved, current, manifest.get("tokenizer"), tok, int(manifest["step"]))
+    if r.refused:
+        raise ConfigError([f"resume from step {manifest['step']}: {p}" for p in r.refused])
+    for w in r.warnings:
+        log0(f"warning: resume: {w}")
+    for h in r.honoured:
+        log0(f"resume: {h}")
+    if r.schedule_from == "checkpoint":
+        scheduler.cfg, scheduler.max_steps = _optim(flatten(saved))
+    return r
