@@ -31,6 +31,7 @@ from llmtrain.parallel.plan import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
+from llmtrain.plan.memory import predicted_report
 from llmtrain.train.memory import write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -131,7 +132,9 @@ class Trainer:
             step += 1
             meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
-                write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step)
+                predicted = predicted_report(cfg.model, layout, "none" if paddle.get_device() == "cpu" else cfg.train.amp,
+                                             "cpu" if paddle.get_device() == "cpu" else "gpu")
+                write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step, predicted)
             if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
                 self._evaluate(runner, meter, step)
             stopped = stop.agreed(topo.world)
