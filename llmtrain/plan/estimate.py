@@ -1,0 +1,117 @@
+"""The estimated parts of a plan: worst-rank memory breakdown and step time of one layout on one device profile.
+
+    python -m llmtrain.plan model=llama-7b data.seq_len=4096 plan.devices=64 plan.device=a100-80g
+    est = estimate(model_cfg, layout, seq_len, recompute, device, devices_per_node)   # -> dict (see `estimate`)
+
+Memory (bytes, the worst rank): params/optimizer from `memory.predict_ranks` (exact); gradients in the
+parameters' dtype (ZeRO-2/3: as `predict_rank` says); activations per transformer layer per micro-batch
+after Korthikanti et al. 2022 (Table 2: s·b·h·(34 + 5·a·s/h) bytes for fp16 GPT without parallelism,
+s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor parallelism and no sequence parallelism), written out for our
+blocks: saved inputs of the two norms and of q/k/v (replicated, 3·s·b·h), q/k/v outputs (s·b·(q + 2kv)/t),
+the attention output (s·b·q/t), math attention's scores and softmax (2·a·s²·b/t; flash attention keeps
+only a fp32 log-sum-exp of a·s·b/t), the MLP input (s·b·h), and the MLP's inner tensors (GeLU: 2·s·b·f/t;
+SwiGLU: gate, up, silu(gate), product: 4·s·b·f/t), in the compute dtype; no dropout. With full recompute
+a layer keeps only its input (s·b·h) plus one layer's full set during its backward. In flight on the
+first pipeline stage: 1F1B holds min(pp, m) micro-batches of its L/pp layers; interleaved holds
+(pp - 1)·2 + (v - 1)·pp + 1 chunk-micro-batches of L/(pp·v) layers (fleet's warm-up count). other: logits
+and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and the framework margin.
+
+Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; recompute adds one more
+forward, 2N + 4·L·h·s) x tokens per device per step / (peak x efficiency); tp: 4 all-reduces of
+b·s·h per layer per micro-batch (2 forward, 2 backward; ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha), not
+overlapped; pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad),
+not overlapped; dp/sharding: gradient all-reduce (or reduce-scatter + all-gather of parameters: the same
+2·(n-1)/n volume; ZeRO-3 adds one more all-gather for the backward), overlapped with the backward except
+the last layer's share (exposed = max(0, comm - backward compute·overlap) with overlap 0.8 stated);
+bubble = (pp - 1)/(v·m) of the pipeline's compute. A group spans the network if its ranks are more than
+devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost).
+"""
+from __future__ import annotations
+
+from llmtrain.models.size import flops_parameters
+from llmtrain.plan.memory import predict_ranks
+
+OVERLAP = 0.8
+
+
+def _layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> float:
+    h, f = cfg.hidden_size, cfg.ffn_hidden_size
+    d = cfg.head_dim()
+    q, kv, a = cfg.num_heads * d, cfg.kv_heads() * d, cfg.num_heads
+    n = 3 * s * b * h + s * b * (q + 2 * kv) / t + s * b * q / t + s * b * h
+    n += (4 if cfg.activation == "swiglu" else 2) * s * b * f / t
+    attn = (4 * a * s * b / t) / e if flash else 2 * a * s * s * b / t
+    return (n + attn) * e
+
+
+def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device: str,
+                    dtype_bytes: int, flash: bool, framework_bytes: float) -> dict:
+    ranks = predict_ranks(cfg, layout, amp, device)
+    worst = None
+    s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
+    per_layer = _layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash)
+    layers_here = cfg.num_layers / p
+    if p == 1:
+        in_flight_layers = layers_here
+    elif v == 1:
+        in_flight_layers = min(p, m) * layers_here
+    else:
+        in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
+    if recompute:
+        act = in_flight_layers * s * b * cfg.hidden_size * dtype_bytes + per_layer
+    else:
+        act = in_flight_layers * per_layer
+    logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
+    for r in ranks:
+        last = r["pp_rank"] == p - 1
+        other = framework_bytes + (logits if last else 0)
+        entry = {"params": r["param_bytes"], "grads": r["grad_bytes"], "optimizer": r["optimizer_bytes"],
+                 "activations": act, "other": other}
+        entry["total"] = sum(entry.values())
+        if worst is None or entry["total"] > worst["total"]:
+            worst = entry
+    return {k: int(v) for k, v in worst.items()}
+
+
+def _ring(bytes_: float, n: int, bw: float, alpha: float, factor: float = 2.0) -> float:
+    """Ring all-reduce (factor 2) or reduce-scatter / all-gather (factor 1) of `bytes_` over n ranks."""
+    if n <= 1:
+        return 0.0
+    return factor * (n - 1) / n * bytes_ / bw + factor * (n - 1) * alpha
+
+
+def _link(span: int, dev, devices_per_node: int):
+    """(bandwidth, alpha) of a group whose members are `span` ranks apart times its size."""
+    return (dev.nvlink_bw, dev.nvlink_alpha) if span <= devices_per_node else (dev.net_bw, dev.net_alpha)
+
+
+def time_estimate(cfg, layout, seq_len: int, recompute: bool, dev, devices_per_node: int) -> dict:
+    e = dev.dtype_bytes
+    s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
+    n_flops = flops_parameters(cfg)
+    per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
+    extra = (2 * n_flops + 4 * cfg.num_layers * cfg.hidden_size * s) if recompute else 0
+    tokens_per_rank = m * b * s  # per data-parallel replica; split over tp x pp devices
+    compute = tokens_per_rank * (per_token + extra) / (t * p) / (dev.peak_flops * dev.efficiency)
+    # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
+    stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
+    bw_tp, a_tp = _link(t, dev, devices_per_node)
+    tp_comm = m * (cfg.num_layers / p) * 4 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) if t > 1 else 0.0
+    bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
+    pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
+    local_param_bytes = n_flops / (t * p) * e
+    comm = 0.0
+    for axis, n in (("dp", layout.dp), ("sharding", layout.sharding)):
+        if n > 1:
+            bw, al = _link(stride[axis] * n, dev, devices_per_node)
+            volume = local_param_bytes / (layout.sharding if axis == "dp" and layout.sharding_stage >= 2 else 1)
+            comm += _ring(volume, n, bw, al) * (1.5 if axis == "sharding" and layout.sharding_stage == 3 else 1.0)
+    backward = compute * 2 / 3
+    exposed = max(0.0, comm - backward * OVERLAP)
+    bubble = (p - 1) / (v * m) * (compute + tp_comm) if p > 1 else 0.0
+    step = compute + tp_comm + pp_comm + exposed + bubble
+    tokens = layout.global_batch * s
+    world = layout.world
+    return {"compute_s": compute, "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
+            "bubble_s": bubble, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
+            "mfu": tokens * per_token / step / world / dev.peak_flops}
