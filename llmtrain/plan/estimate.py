@@ -20,9 +20,12 @@ Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; r
 forward, 2N + 4·L·h·s) x tokens per device per step / (peak x efficiency); tp: 4 all-reduces of
 b·s·h per layer per micro-batch (2 forward, 2 backward; ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha), not
 overlapped; pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad),
-not overlapped; dp/sharding: gradient all-reduce (or reduce-scatter + all-gather of parameters: the same
-2·(n-1)/n volume; ZeRO-3 adds one more all-gather for the backward), overlapped with the backward except
-the last layer's share (exposed = max(0, comm - backward compute·overlap) with overlap 0.8 stated);
+not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
+share) and, for sharding stage 1/2, a gradient reduce-scatter, overlapped with the backward of the last
+micro-batch only (gradient accumulation syncs once), exposed = max(0, comm - 0.8·that backward), plus the
+all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-3, every micro-batch:
+parameter all-gathers for forward and backward and a gradient reduce-scatter (3 x (n-1)/n volume),
+exposed = max(0, comm - 0.8·the micro-batch's compute);
 bubble = (pp - 1)/(v·m) of the pipeline's compute. A group spans the network if its ranks are more than
 devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost).
 """
@@ -100,14 +103,24 @@ def time_estimate(cfg, layout, seq_len: int, recompute: bool, dev, devices_per_n
     bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
     local_param_bytes = n_flops / (t * p) * e
-    comm = 0.0
+    grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
+    zero3 = 0.0  # every micro-batch: ZeRO-3 all-gathers the parameters for forward and backward, reduce-scatters grads
     for axis, n in (("dp", layout.dp), ("sharding", layout.sharding)):
-        if n > 1:
-            bw, al = _link(stride[axis] * n, dev, devices_per_node)
-            volume = local_param_bytes / (layout.sharding if axis == "dp" and layout.sharding_stage >= 2 else 1)
-            comm += _ring(volume, n, bw, al) * (1.5 if axis == "sharding" and layout.sharding_stage == 3 else 1.0)
-    backward = compute * 2 / 3
-    exposed = max(0.0, comm - backward * OVERLAP)
+        if n <= 1:
+            continue
+        bw, al = _link(stride[axis] * n, dev, devices_per_node)
+        if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
+            share = layout.sharding if layout.sharding_stage >= 2 else 1
+            grads += _ring(local_param_bytes / share, n, bw, al)
+        elif layout.sharding_stage == 3:
+            zero3 += 3 * _ring(local_param_bytes, n, bw, al, factor=1.0)
+        else:  # stage 1/2: reduce-scatter of gradients, all-gather of the updated parameters
+            grads += _ring(local_param_bytes, n, bw, al, factor=1.0)
+            params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
+    micro = compute / m  # one micro-batch's forward + backward
+    # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
+    exposed = max(0.0, grads - OVERLAP * micro * 2 / 3) + params_after
+    exposed += m * max(0.0, zero3 - OVERLAP * micro)
     bubble = (p - 1) / (v * m) * (compute + tp_comm) if p > 1 else 0.0
     step = compute + tp_comm + pp_comm + exposed + bubble
     tokens = layout.global_batch * s

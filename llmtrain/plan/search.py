@@ -52,7 +52,8 @@ def evaluate(cfg, model_cfg, layout, recompute: bool, dev) -> dict:
 
 
 def rank_layouts(cfg, model_cfg) -> list[dict]:
-    """Every valid (layout, micro-batch, recompute) for cfg.plan.devices, fitting ones first, then by tokens/s."""
+    """Every valid (layout, micro-batch, recompute) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
+    then by less memory on the worst rank."""
     dev = get_device(cfg.plan.device)
     rows = []
     for pc in candidates(cfg.plan.devices):
@@ -65,5 +66,5 @@ def rank_layouts(cfg, model_cfg) -> list[dict]:
                 continue
             for recompute in (False, True):
                 rows.append(evaluate(cfg, model_cfg, layout, recompute, dev))
-    rows.sort(key=lambda r: (not r["fits"], -r["tokens_per_sec_per_device"]))
+    rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
     return rows
