@@ -62,3 +62,19 @@ def test_cli_json_ranks_valid_layouts():
                   "tokens_per_sec_per_device", "mfu"):
             assert k in r
     assert rows[0]["tokens_per_sec_per_device"] >= rows[1]["tokens_per_sec_per_device"]
+
+
+def test_auto_resolves_to_the_top_fitting_layout():
+    from llmtrain.parallel.layout import layout_problems, model_fit_problems
+    from llmtrain.plan.auto import choose_layout
+
+    lines = []
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=2560", "+parallel=auto", "train.global_batch_size=8"]))
+    chosen = choose_layout(cfg, world_size=4, log=lines.append)
+    p = chosen.parallel
+    assert p.name != "auto" and p.dp * p.tp * p.pp * p.sharding == 4
+    layout, problems = layout_problems(p, chosen.train, 4)
+    assert not problems and not model_fit_problems(p, chosen.model)
+    assert layout.global_batch == 8 and chosen.train.micro_batch_size == layout.micro_batch
+    assert lines[-1].startswith(f"parallel=auto chose {p.name}: ") and len(lines) == 5  # header, top three, why
+    assert choose_layout(to_config(compose(["+parallel=dp2"])), world_size=2).parallel.name == "dp2"  # untouched
