@@ -22,6 +22,14 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def layout_name(dp, tp, pp, sharding, stage, v) -> str:
+    """`dp8tp2sharding4s1`, `pp4v2`, ...: the degrees above 1 (s = sharding stage, v = virtual stages)."""
+    name = "".join(f"{a}{d}" for a, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1)
+    name += f"sharding{sharding}s{stage}" if sharding > 1 else ""
+    name += f"v{v}" if v > 1 else ""
+    return name or "single"
+
+
 def candidates(n: int):
     """ParallelConfig for every (dp, tp, pp, sharding, stage, schedule, v) with dp·tp·pp·sharding = n."""
     for tp in _divisors(n):
@@ -30,11 +38,8 @@ def candidates(n: int):
                 dp = n // (tp * pp * sh)
                 for stage in ((1, 2, 3) if sh > 1 else (1,)):
                     for sched, v in [("1f1b", 1)] + ([("interleaved", k) for k in (2, 4)] if pp > 2 else []):
-                        name = "".join(f"{a}{d}" for a, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1)
-                        name += f"sharding{sh}s{stage}" if sh > 1 else ""
-                        name += f"v{v}" if v > 1 else ""
-                        yield ParallelConfig(name=name or "single", dp=dp, tp=tp, pp=pp, sharding=sh,
-                                             sharding_stage=stage, pp_schedule=sched, virtual_pp=v)
+                        yield ParallelConfig(name=layout_name(dp, tp, pp, sh, stage, v), dp=dp, tp=tp, pp=pp,
+                                             sharding=sh, sharding_stage=stage, pp_schedule=sched, virtual_pp=v)
 
 
 def evaluate(cfg, model_cfg, layout, recompute: bool, dev) -> dict:
@@ -45,7 +50,8 @@ def evaluate(cfg, model_cfg, layout, recompute: bool, dev) -> dict:
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes)
     est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node)
-    return {"name": layout.name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
+    name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp)
+    return {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
             "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
             "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": recompute,
             "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
