@@ -37,14 +37,41 @@ from llmtrain.plan.memory import predict_ranks
 OVERLAP = 0.8
 
 
-def _layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> float:
+def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> float:
+    """Bytes one transformer block saves for backward for one micro-batch [b, s] on a tp rank (no recompute).
+
+    Korthikanti et al. 2022, Table 2 (s·b·h·(10 + 24/t + 5·a·s/(h·t)) for GPT in fp16 without sequence
+    parallelism), written out tensor by tensor for our blocks (llmtrain/models/layers.py) and checked
+    against `saved_tensors_hooks` on CPU (tests/plan/test_activations.py):
+    - norms: LayerNorm keeps its input and output (2·s·b·h each, + fp32 mean/var 2·s·b); our RMSNorm keeps
+      the fp32 input, the normalised tensor and its output (3·s·b·h each, + rsqrt s·b);
+    - attention: the o_proj input (s·b·q/t); RoPE keeps q and k and their rotated halves (2·s·b·(q + kv)/t)
+      and, with grouped-query heads, k and v before repeating (2·s·b·kv/t); math attention keeps the
+      transposed q and nh-wide k, v (3·s·b·q/t) and the probabilities (a·s²·b/t, fp32, plus a copy in the
+      compute dtype when that is not fp32); flash attention keeps q, k, v, its output and an fp32
+      log-sum-exp (a·s·b/t);
+    - MLP: GeLU keeps its input and output (2·s·b·f/t), SwiGLU gate, silu(gate), up and the product (4·s·b·f/t).
+    """
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     d = cfg.head_dim()
-    q, kv, a = cfg.num_heads * d, cfg.kv_heads() * d, cfg.num_heads
-    n = 3 * s * b * h + s * b * (q + 2 * kv) / t + s * b * q / t + s * b * h
-    n += (4 if cfg.activation == "swiglu" else 2) * s * b * f / t
-    attn = (4 * a * s * b / t) / e if flash else 2 * a * s * s * b / t
-    return (n + attn) * e
+    q, kv, a = cfg.num_heads * d / t, cfg.kv_heads() * d / t, cfg.num_heads / t
+    sb = s * b
+    if cfg.norm == "layernorm":
+        n, stats = 4 * sb * h, 4 * sb
+    else:
+        n, stats = 6 * sb * h, 2 * sb
+    n += sb * q  # o_proj input
+    if cfg.position == "rope":
+        n += 2 * sb * (q + kv) + 2 * s * d  # + the cos/sin tables [s, d]
+        if kv != q:
+            n += 2 * sb * kv
+    n += (4 if cfg.activation == "swiglu" else 2) * sb * f / t
+    if flash:
+        n += sb * (q + 2 * kv) + sb * q
+        return n * e + stats * 4 + 4 * a * sb
+    n += 3 * sb * q
+    probs = a * s * s * b * (4 + (e if e != 4 else 0))
+    return n * e + stats * 4 + probs
 
 
 def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device: str,
@@ -52,7 +79,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device
     ranks = predict_ranks(cfg, layout, amp, device)
     worst = None
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    per_layer = _layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash)
+    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash)
     layers_here = cfg.num_layers / p
     if p == 1:
         in_flight_layers = layers_here
