@@ -44,7 +44,8 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> 
     parallelism), written out tensor by tensor for our blocks (llmtrain/models/layers.py) and checked
     against `saved_tensors_hooks` on CPU (tests/plan/test_activations.py):
     - norms: LayerNorm keeps its input and output (2·s·b·h each, + fp32 mean/var 2·s·b); our RMSNorm keeps
-      the fp32 input, the normalised tensor and its output (3·s·b·h each, + rsqrt s·b);
+      its fp32 input copy and the fp32 normalised tensor (2·s·b·h in fp32 whatever the compute dtype), its
+      output (s·b·h) and rsqrt (s·b, fp32);
     - attention: the o_proj input (s·b·q/t); RoPE keeps q and k and their rotated halves (2·s·b·(q + kv)/t)
       and, with grouped-query heads, k and v before repeating (2·s·b·kv/t); math attention keeps the
       transposed q and nh-wide k, v (3·s·b·q/t) and the probabilities (a·s²·b/t, fp32, plus a copy in the
@@ -58,8 +59,8 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> 
     sb = s * b
     if cfg.norm == "layernorm":
         n, stats = 4 * sb * h, 4 * sb
-    else:
-        n, stats = 6 * sb * h, 2 * sb
+    else:  # two norms: output in the compute dtype, fp32 input copy and normalised tensor (counted as stats)
+        n, stats = 2 * sb * h, 4 * sb * h + 2 * sb
     n += sb * q  # o_proj input
     if cfg.position == "rope":
         n += 2 * sb * (q + kv) + 2 * s * d  # + the cos/sin tables [s, d]
