@@ -4,7 +4,7 @@
     est = estimate(model_cfg, layout, seq_len, recompute, device, devices_per_node)   # -> dict (see `estimate`)
 
 Memory (bytes, the worst rank): params/optimizer from `memory.predict_ranks` (exact); gradients in the
-parameters' dtype (ZeRO-2/3: as `predict_rank` says); activations per transformer layer per micro-batch
+parameters' dtype (ZeRO-2/3: an estimate, see `memory._stage_ranks`); activations per transformer layer per micro-batch
 after Korthikanti et al. 2022 (Table 2: s·b·h·(34 + 5·a·s/h) bytes for fp16 GPT without parallelism,
 s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor parallelism and no sequence parallelism), written out for our
 blocks: saved inputs of the two norms and of q/k/v (replicated, 3·s·b·h), q/k/v outputs (s·b·(q + 2kv)/t),
@@ -32,7 +32,7 @@ devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost).
 from __future__ import annotations
 
 from llmtrain.models.size import flops_parameters
-from llmtrain.plan.memory import predict_ranks
+from llmtrain.plan.memory import predict_stage_ranks
 
 OVERLAP = 0.8
 
@@ -77,7 +77,7 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> 
 
 def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float) -> dict:
-    ranks = predict_ranks(cfg, layout, amp, device)
+    ranks = predict_stage_ranks(cfg, layout, amp, device)
     worst = None
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash)
@@ -93,8 +93,8 @@ def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device
     else:
         act = in_flight_layers * per_layer
     logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
-    for r in ranks:
-        last = r["pp_rank"] == p - 1
+    for (pp_rank, _), r in ranks.items():
+        last = pp_rank == p - 1
         other = framework_bytes + (logits if last else 0)
         entry = {"params": r["param_bytes"], "grads": r["grad_bytes"], "optimizer": r["optimizer_bytes"],
                  "activations": act, "other": other}

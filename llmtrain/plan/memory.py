@@ -2,7 +2,7 @@
 
     python -m llmtrain.plan model=llama-7b data.seq_len=4096 plan.devices=64      # uses this module
     ranks = predict_ranks(model_cfg, layout, amp="bf16", device="gpu")         # one dict per rank coordinate
-    worst = memory_breakdown(model_cfg, layout, seq_len, amp="bf16", device="gpu", recompute=False)
+    distinct = predict_stage_ranks(model_cfg, layout, amp="bf16", device="gpu")  # {(pp_rank, sharding_rank): ...}
 
 Two parts:
 
@@ -31,10 +31,9 @@ Two parts:
      powers; under AMP O2 (bf16/fp16 parameters, Paddle's `multi_precision`) an fp32 master
      copy (n) as well. Paddle's O2 `decorate` keeps `nn.LayerNorm` parameters fp32.
 
-2. **Estimated** (`memory_breakdown`): gradients (the parameters' dtype; ZeRO-2/3: 1/N of
-   them), activations per transformer layer from Korthikanti et al. 2022 ("Reducing
-   Activation Recomputation in Large Transformer Models", Table 2) adapted to our blocks,
-   the pipeline's in-flight micro-batches, the logits/loss buffers, and a stated margin.
+2. **Estimated** elsewhere (`llmtrain/plan/estimate.py`): activations (Korthikanti et al. 2022, Table 2,
+   written out for our blocks), in-flight micro-batches, logits/loss buffers and a stated margin. Gradient
+   bytes here are exact without ZeRO-2/3 and an estimate under them (Paddle's own buffers).
 """
 from __future__ import annotations
 
@@ -190,61 +189,54 @@ def _opt_elems(n: int, low_precision: bool) -> int:
     return ADAM_SLOTS * n + ADAM_POWS + (n if low_precision else 0)
 
 
-def predict_rank(cfg, layout, coords: dict, amp: str = "none", device: str = "cpu",
-                 specs: list[ParamSpec] | None = None) -> dict:
-    """Predicted `param_numel`, `param_bytes`, `optimizer_numel`, `optimizer_bytes`, `grad_bytes` of one rank.
-
-    `layout`: anything with dp, tp, pp, sharding, sharding_stage, virtual_pp, zero3_segment_size.
-    `coords`: {"pp_rank", "sharding_rank"} (dp and tp ranks hold the same amounts)."""
-    specs = specs if specs is not None else param_specs(cfg)
+def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
+    """Predicted holdings of the sharding ranks 0..sharding-1 of pipeline stage `pp_rank` (every dp/tp rank alike)."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
-    held = stage_params(specs, cfg, layout.pp, layout.virtual_pp, coords["pp_rank"], cfg.tie_embeddings)
+    held = stage_params(specs, cfg, layout.pp, layout.virtual_pp, pp_rank, cfg.tie_embeddings)
     local = [(s, prod(local_shape(s, tp)), _param_bytes(s, amp)) for s in held]
-    p_numel = p_bytes = o_numel = 0
-    grad_bytes = 0
-    if stage == 3:
-        r = coords["sharding_rank"]
+    if stage == 3:  # every sharding rank holds an equal slice of each sliced parameter
+        p_numel = p_bytes = o_numel = 0
         for s, n, b in local:
             if n > layout.zero3_segment_size and not (cfg.tie_embeddings and s.name == TIED):
                 n = zero3_padded(n, b, sh, device) // sh  # this rank's flat slice
-                grad_bytes += n * b
-            else:
-                grad_bytes += n * b
             p_numel += n
             p_bytes += n * b
             o_numel += _opt_elems(n, b == 2)
+        # gradients: an estimate (Paddle's own ZeRO-3 buffers are measured, not predicted): the slices' share
+        one = {"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
+               "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes}
+        return [dict(one) for _ in range(sh)]
+    p_numel = sum(n for _, n, _ in local)
+    p_bytes = sum(n * b for _, n, b in local)
+    if stage in (1, 2) and sh > 1:
+        owners = greedy_partition([n for _, n, _ in local], sh, sort=stage == 1)
     else:
-        p_numel = sum(n for _, n, _ in local)
-        p_bytes = sum(n * b for _, n, b in local)
         owners = [list(range(len(local)))]
-        if stage in (1, 2) and sh > 1:
-            owners = greedy_partition([n for _, n, _ in local], sh, sort=stage == 1)
-            owned = owners[coords["sharding_rank"]]
-        else:
-            owned = owners[0]
+    out = []
+    for owned in owners:
         o_numel = sum(_opt_elems(local[i][1], local[i][2] == 2) for i in owned)
-        # estimate, not counted: Paddle 3.3.1's stage-2 gradient storages were measured to cover about all the
-        # rank's parameters (gpt-tiny zero2: 606208 of 609536 bytes), not the ZeRO paper's 1/N share
-        grad_bytes = p_bytes
-    return {"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
-            "optimizer_bytes": 4 * o_numel, "grad_bytes": grad_bytes}
+        # gradients: exact without ZeRO-2; under ZeRO-2 an estimate: Paddle 3.3.1's stage-2 gradient storages were
+        # measured at 0.76-0.99 of the parameter bytes (zero2: gpt-tiny 606208 of 609536, llama-tiny 724992 of 952448), not 1/N
+        out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
+                    "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes})
+    return out
+
+
+def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu") -> dict:
+    """{(pp_rank, sharding_rank): predicted holdings}: the distinct ranks (dp and tp ranks hold the same amounts)."""
+    specs = param_specs(cfg)
+    return {(pp, r): entry for pp in range(layout.pp)
+            for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
 
 
 def predict_ranks(cfg, layout, amp: str = "none", device: str = "cpu") -> list[dict]:
-    """`predict_rank` for every (dp, tp, pp, sharding) coordinate, with the coordinates, in that nesting order."""
-    specs = param_specs(cfg)
-    cache, out = {}, []
-    for dp_rank in range(layout.dp):
-        for tp_rank in range(layout.tp):
-            for pp_rank in range(layout.pp):
-                for sh_rank in range(layout.sharding):
-                    key = (pp_rank, sh_rank)
-                    if key not in cache:
-                        cache[key] = predict_rank(cfg, layout, {"pp_rank": pp_rank, "sharding_rank": sh_rank},
-                                                  amp, device, specs)
-                    out.append({"dp_rank": dp_rank, "tp_rank": tp_rank, "pp_rank": pp_rank,
-                                "sharding_rank": sh_rank, **cache[key]})
-    return out
+    """Predicted `param_numel`, `param_bytes`, `optimizer_numel`, `optimizer_bytes`, `grad_bytes` of every
+    (dp, tp, pp, sharding) coordinate, with the coordinates, in that nesting order.
+
+    `layout`: anything with dp, tp, pp, sharding, sharding_stage, virtual_pp, zero3_segment_size."""
+    distinct = predict_stage_ranks(cfg, layout, amp, device)
+    return [{"dp_rank": d, "tp_rank": t, "pp_rank": p, "sharding_rank": r, **distinct[(p, r)]}
+            for d in range(layout.dp) for t in range(layout.tp) for p in range(layout.pp) for r in range(layout.sharding)]
 
 
 def predicted_report(cfg, layout, amp: str, device: str) -> dict:
