@@ -1,20 +1,23 @@
 """The planner against published results (held to the same device constants, no per-point tuning).
 
-    python benchmarks/planner.py
+    python benchmarks/planner.py            # published points
+    python benchmarks/planner.py --cpu      # + predicted vs measured step time of six 2-process CPU layouts
 
 Done: PaddleNLP's Llama2-7B/13B on 8 x A100-80G, tp2 + sharding4 stage 2, seq 4096, global batch 64, flash
 attention, bf16 O2, no recompute (llm/docs/pretrain.md; llm/llama/pretrain-llama2_*-tp2sd4_stage2.json);
 torchtitan's FSDP2 points on 64 x A100-80G (docs/performance.md: Llama2-13B local batch 2, seq 4096, no
 activation checkpointing; Llama3-70B local batch 1, seq 8192, full checkpointing), FSDP taken as ZeRO-3
-over 64 ranks. Not done yet: Megatron-LM's H100 table, the recompute and interleaving ratios, and the CPU
-time comparison (they are listed in issue 10).
+over 64 ranks. `--cpu`: gpt-tiny (vocabulary 16000, seq 128, global batch 8, micro-batch 2) for 8 steps
+under dp2 tp2 pp2 sharding2 zero2 zero3 (one launch each) on this machine, measured step time (median of steps
+3-8) against the cpu-here profile (matmul peak measured now; gloo constants assumed, not calibrated).
+Not done yet: Megatron-LM's H100 table, the recompute and interleaving ratios, `--calibrate`.
 """
 from __future__ import annotations
 
-if __package__ in (None, ""):
-    import os
-    import sys
+import os
+import sys
 
+if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from llmtrain.config import register_configs, compose_config, to_config
@@ -50,5 +53,37 @@ def main() -> None:
         print(f"| {label} | {tps} | {pred_t:.0f} | {100 * (pred_t / tps - 1):+.1f}% | {mem} |")
 
 
+CPU_LAYOUTS = ["dp2", "tp2", "pp2", "sharding2", "zero2", "zero3"]
+
+
+def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu") -> None:
+    """Predicted vs measured step time of six 2-process CPU layouts (one launch each, through tests/launch.py)."""
+    import statistics
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from launch import metrics, run_many
+
+    corpus = ["data.prefixes=[work/pd1998/pd1998_text_document]", "data.tokenizer=work/pd1998/tokenizer"]
+    if not os.path.exists("work/pd1998/pd1998_text_document.bin"):
+        corpus = ["data.prefixes=[/work/main/work/pd1998/pd1998_text_document]",
+                  "data.tokenizer=/work/main/work/pd1998/tokenizer"]
+    common = corpus + ["train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2",
+                       "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false",
+                       "checkpoint.resume=none", "data.num_workers=0"]
+    out = Path(workdir)
+    for name in CPU_LAYOUTS:  # one launch per layout (fleet is initialised once per process)
+        run_many([common + [f"+parallel={name}", f"run.dir={out / name}"]], nproc=2, workdir=out / f"{name}_launch")
+    print("| layout | measured step s (median, steps 3-8) | predicted | error |")
+    print("|---|---|---|---|")
+    for name in CPU_LAYOUTS:
+        measured = statistics.median(r["step_time"] for r in metrics(out / name)[2:])
+        row = plan(to_config(compose_config(common + [f"+parallel={name}", "plan.devices=2", "plan.device=cpu-here"])))[0]
+        pred = row["step_time_s"]
+        print(f"| {name} | {measured:.3f} | {pred:.3f} | {100 * (pred / measured - 1):+.1f}% |")
+
+
 if __name__ == "__main__":
     main()
+    if "--cpu" in sys.argv:
+        cpu_table()
