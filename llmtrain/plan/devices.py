@@ -12,9 +12,9 @@ reaches in the compute part, one constant for every GPU profile (0.6: the order 
 best published MFUs once communication and bubbles are removed; Megatron-LM reports
 ~0.47-0.52 MFU end to end on H100); it is an assumption, not fitted per data point.
 `framework_bytes` is the stated margin for the CUDA context, NCCL buffers and allocator
-fragmentation. `cpu-here` is this machine: `python -m llmtrain.plan --calibrate` is not
-implemented yet; its constants are the measured matmul peak at start-up and gloo figures
-written below from one measurement (see benchmarks/README.md).
+fragmentation. `cpu-here` is this machine: its peak is the fp32 matmul peak measured when
+the profile is read; its gloo figures (1 GB/s, 200 us) are ASSUMED, not measured
+(`--calibrate` is not implemented; benchmarks/README.md shows the resulting CPU errors).
 """
 from __future__ import annotations
 
