@@ -21,6 +21,7 @@ from llmtrain.data.config import DataConfig
 from llmtrain.data.sft import SFTDataConfig
 from llmtrain.models.config import ModelConfig
 from llmtrain.parallel.config import ParallelConfig
+from llmtrain.plan.config import PlanConfig
 from llmtrain.train.config import OptimConfig, TrainConfig
 
 
@@ -73,6 +74,9 @@ class Config:
 
     seed: int = 1234
     """Seed of parameter initialisation (by parameter name) and data order."""
+
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    """Planner settings (`python -m llmtrain.plan`); ignored by training."""
 
 
 @dataclass

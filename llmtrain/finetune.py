@@ -23,10 +23,12 @@ def finetune(dcfg) -> dict:
     """Run fine-tuning for a composed Hydra config; returns the last metrics record."""
     from llmtrain.data.sft import SFTData
     from llmtrain.parallel.strategy import init_distributed
+    from llmtrain.plan.auto import choose_layout
     from llmtrain.train.resolve import resolve
     from llmtrain.train.trainer import Trainer, build_data
 
-    run = resolve(to_config(dcfg))  # every derived value and every problem, before any work; frozen
+    run = resolve(choose_layout(to_config(dcfg)))  # +parallel=auto -> the planner's layout; then every derived
+    # value and every problem, before any work; frozen
     topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
     data = build_data(SFTData, run, topo)  # prompt/response records, loss on responses only
     return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop

@@ -26,10 +26,12 @@ def pretrain(dcfg) -> dict:
     from llmtrain.data.loader import PretrainData
     from llmtrain.data.mlm import MLMData
     from llmtrain.parallel.strategy import init_distributed
+    from llmtrain.plan.auto import choose_layout
     from llmtrain.train.resolve import resolve
     from llmtrain.train.trainer import Trainer, build_data
 
-    run = resolve(to_config(dcfg))  # every derived value and every problem, before any work; frozen
+    run = resolve(choose_layout(to_config(dcfg)))  # +parallel=auto -> the planner's layout; then every derived value
+    # and every problem, before any work; frozen
     topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
     data = build_data(MLMData if run.objective == "encoder" else PretrainData, run, topo)  # tokenizer from resolve
     return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop

@@ -18,10 +18,12 @@ collective), rank 0 writes `<run.dir>/memory.json` and logs one line:
                 "param_numel", "param_bytes",
                 "optimizer_numel", "optimizer_bytes", "optimizer_params": {canonical name: numel},
                 "grad_bytes"}, ...],
-     "predicted": null}
+     "predicted": {"source", "amp", "device", "ranks": [{"dp_rank", "tp_rank", "pp_rank", "sharding_rank",
+                    "param_numel", "param_bytes", "optimizer_numel", "optimizer_bytes", "grad_bytes"}, ...]}}
 
-All values under "ranks" are measured. "predicted" is reserved for a planner's estimate of
-the same per-rank fields (same keys, so measured and predicted compare field by field).
+All values under "ranks" are measured. "predicted" is `llmtrain.plan.memory.predicted_report`,
+computed from the config alone (same keys, so measured and predicted compare field by field;
+parameters and optimizer state are exact, gradients under ZeRO-2/3 an estimate).
 
 What counts (all local to the rank):
 - params: the tensor holding each parameter's values on this rank, by canonical name. A
@@ -153,8 +155,10 @@ def measure_rank(built, topo) -> dict:
     }
 
 
-def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, step: int) -> dict:
-    """Gather every rank's entry; rank 0 writes <run_dir>/memory.json and logs one line. Returns the report."""
+def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, step: int,
+                        predicted: dict | None = None) -> dict:
+    """Gather every rank's entry; rank 0 writes <run_dir>/memory.json (with `predicted`, the planner's figures)
+    and logs one line. Returns the report."""
     mine = measure_rank(built, topo)
     if topo.world > 1:
         import paddle.distributed as dist
@@ -170,7 +174,7 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
         "layout": {k: getattr(layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
         "model_numel": int(model_numel),
         "ranks": entries,
-        "predicted": None,
+        "predicted": predicted,
     }
     if topo.rank == 0:
         path = os.path.join(run_dir, "memory.json")

@@ -32,6 +32,7 @@ from llmtrain.parallel.plan import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
+from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.memory import write_memory_report
 from llmtrain.train.metrics import Meter
@@ -142,7 +143,10 @@ class Trainer:
             step += 1
             meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
-                report = write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step)
+                predicted = predicted_report(cfg.model, layout, "none" if paddle.get_device() == "cpu" else cfg.train.amp,
+                                             "cpu" if paddle.get_device() == "cpu" else "gpu")
+                report = write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step,
+                                             predicted)
                 if exporter is not None:
                     exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
             if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:

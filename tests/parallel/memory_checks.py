@@ -194,3 +194,19 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
 def _diff(got: dict, want: dict) -> str:
     keys = sorted(set(got) ^ set(want))[:3] + [k for k in sorted(set(got) & set(want)) if got[k] != want[k]][:3]
     return ", ".join(f"{k}: {got.get(k)} (expected {want.get(k)})" for k in keys)
+
+
+def check_predicted(got: dict, layout: str) -> None:
+    """The planner's prediction (memory.json "predicted", from the config alone) equals the measurement on every
+    rank: parameter elements and bytes, optimizer-state elements and bytes exactly; gradient bytes too except
+    under ZeRO-2/3, whose gradient buffers are Paddle's own (the plan's figure there is an estimate)."""
+    pred = got["predicted"]
+    assert pred is not None and pred["device"] == "cpu", (layout, pred and pred.get("device"))
+    by_coords = {(p["dp_rank"], p["tp_rank"], p["pp_rank"], p["sharding_rank"]): p for p in pred["ranks"]}
+    assert len(by_coords) == len(got["ranks"]), (layout, len(by_coords), len(got["ranks"]))
+    zero23 = got["layout"]["sharding"] > 1 and got["layout"]["sharding_stage"] in (2, 3)
+    keys = ("param_numel", "param_bytes", "optimizer_numel", "optimizer_bytes") + (() if zero23 else ("grad_bytes",))
+    for e in got["ranks"]:
+        p = by_coords[(e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"])]
+        wrong = [(k, p[k], e[k]) for k in keys if p[k] != e[k]]
+        assert not wrong, f"{layout}: rank {e['rank']} predicted vs measured (field, plan, measured): {wrong}"

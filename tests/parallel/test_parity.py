@@ -10,7 +10,9 @@ Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
 by `memory_checks.check_memory`, so a layout that silently replicated the model
-fails even though its losses are right. The tp2pp2 launch also runs ERNIE
+fails even though its losses are right, and against the planner's prediction
+(`llmtrain.plan.memory`, written into the same file) by `check_predicted`:
+parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2 launch also runs ERNIE
 (masked LM) and a Llama started with `model.init_from` (one of our checkpoints).
 """
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import metrics, run_many
-from memory_checks import DEGREES, check_memory
+from memory_checks import DEGREES, check_memory, check_predicted
 
 MODELS = ("gpt", "llama")
 LAYERS = ["model.num_layers=8"]
@@ -63,6 +65,8 @@ def reference(tiny_corpus, tmp_path_factory):
             for n in names]
     run_many(runs, nproc=0, workdir=out)
     ref = {n: {"metrics": metrics(out / n), "memory": _memory(out / n)} for n in names}
+    for n in names:
+        check_predicted(ref[n]["memory"], "single")
     return ref | {"init_from": init_from}
 
 
@@ -97,6 +101,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
             assert got[-1]["loss"] < got[0]["loss"]
             assert got[0]["tokens"] == (8 * 32 if n in MODELS else ref[0]["tokens"])  # global batch x seq
         check_memory(_memory(tmp_path / n), reference[n]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
+        check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
 
 
 @pytest.mark.slow

@@ -1,0 +1,96 @@
+"""Plan before renting GPUs: every valid layout's per-rank memory and predicted throughput.
+
+    python -m llmtrain.plan model=llama-7b data.seq_len=4096 train.global_batch_size=1024 plan.devices=64 plan.device=a100-80g
+    python -m llmtrain.plan model=llama-7b plan.devices=8 +parallel=dp2tp2 parallel.dp=2 parallel.sharding=2   # explain one
+    python -m llmtrain.plan model=llama-7b plan.devices=64 plan.format=json plan.top=3
+
+Composed from the same Hydra tree as pretraining (conf/config.yaml + the `plan` section,
+llmtrain/plan/config.py). Memory: llmtrain/plan/memory.py (exact parameter/optimizer
+counts) and estimate.py (activations, time); device constants: devices.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+import hydra
+
+from llmtrain.config import ConfigError, register_configs, to_config
+
+register_configs()
+GIB = 2**30
+
+
+def _model(cfg):
+    model = cfg.model
+    if model.vocab_size is None:  # the tokenizer's padded size, as resolve does
+        from llmtrain.train.resolve import _load_tokenizer
+
+        problems: list[str] = []
+        tok = _load_tokenizer(cfg.data.tokenizer, problems)
+        if tok is None:
+            raise ConfigError(problems + ["model.vocab_size is null and the tokenizer could not be read: give model.vocab_size"])
+        model = dataclasses.replace(model, vocab_size=tok.vocab_size)
+    return model
+
+
+def _fmt_row(r: dict) -> str:
+    m = r["memory_bytes"]
+    return (f"{r['name']:<22} {r['micro_batch']:>3} {'full' if r['recompute'] else 'none':>5} "
+            + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
+            + f" {'yes' if r['fits'] else 'NO':>4} {r['step_time_s']:8.2f} "
+            + " ".join(f"{r[k]:6.2f}" for k in ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s"))
+            + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}")
+
+
+HEADER = (f"{'layout':<22} {'mb':>3} {'recmp':>5} " + " ".join(f"{k:>7}" for k in ("params", "grads", "optim", "activ", "other", "total"))
+          + f" {'fits':>4} {'step_s':>8} " + " ".join(f"{k:>6}" for k in ("comp", "dp/sh", "tp", "pp", "bubble"))
+          + f" {'tok/s/dev':>9} {'mfu%':>5}")
+
+
+def plan(cfg) -> list[dict]:
+    from llmtrain.parallel.layout import layout_problems, model_fit_problems
+    from llmtrain.plan.devices import get_device
+    from llmtrain.plan.search import evaluate, rank_layouts
+
+    model = _model(cfg)
+    if cfg.parallel is not None:  # explain the given layout
+        layout, problems = layout_problems(cfg.parallel, cfg.train, cfg.plan.devices)
+        problems += model_fit_problems(cfg.parallel, model)
+        if problems:
+            raise ConfigError(problems)
+        return [evaluate(cfg, model, layout, cfg.train.recompute, get_device(cfg.plan.device))]
+    return rank_layouts(cfg, model)
+
+
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
+def main(dcfg) -> None:
+    try:
+        cfg = to_config(dcfg)
+        rows = plan(cfg)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        sys.exit(2)
+    p = cfg.plan
+    if p.format == "json":
+        print(json.dumps(rows[: p.top] if cfg.parallel is None else rows, indent=1))
+        return
+    if cfg.parallel is not None:
+        r = rows[0]
+        print(f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {r['micro_batch'] * r['grad_accum'] * r['dp'] * r['sharding']}, "
+              f"{p.devices} x {p.device} ({p.devices_per_node} per node)")
+        for k, v in r.items():
+            print(f"  {k}: {v}")
+        return
+    fit = sum(r["fits"] for r in rows)
+    print(f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {cfg.train.global_batch_size}, {p.devices} x {p.device} "
+          f"({p.devices_per_node} per node): {len(rows)} valid (layout, micro-batch, recompute), {fit} fit; memory in GiB "
+          "for the worst rank, times in s per step")
+    print(HEADER)
+    for r in rows[: p.top]:
+        print(_fmt_row(r))
+
+
+if __name__ == "__main__":
+    main()

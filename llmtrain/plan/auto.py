@@ -1,0 +1,69 @@
+"""`+parallel=auto`: replace the layout by the planner's top-ranked one that fits, before `resolve`.
+
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py +parallel=auto
+    cfg = choose_layout(to_config(dcfg))      # cfg unchanged unless parallel.name == "auto"
+
+The job's world size is the launcher's (PADDLE_TRAINERS_NUM); the device profile is
+`plan.device` on GPU and `cpu-here` on CPU. Every rank computes the same choice from the
+config alone: on CPU the profile's peak is a fixed nominal figure here, not the per-process
+matmul measurement, so that no two ranks can rank differently (no collective exists yet).
+The chosen degrees, micro-batch and recompute replace `parallel.*`, `train.micro_batch_size`
+(grad_accum derived from the global batch) and `train.recompute`; the run then goes on
+exactly as if they had been given. The top three and the reason the first won are logged.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from llmtrain.parallel.config import ParallelConfig
+
+CPU_NOMINAL_PEAK = 50e9  # FLOP/s; only the ranking uses it (compute vs gloo costs)
+
+
+def choose_layout(cfg, world_size: int | None = None, log=None):
+    """`cfg` with the planner's first fitting layout when `parallel.name == "auto"`, else `cfg` itself."""
+    if cfg.parallel is None or cfg.parallel.name != "auto":
+        return cfg
+    import paddle
+
+    from llmtrain.config import ConfigError
+    from llmtrain.plan import devices
+    from llmtrain.plan.__main__ import _model
+    from llmtrain.plan.search import rank_layouts
+
+    if log is None:
+        from llmtrain.utils.log import log0 as log
+    world = world_size or int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    on_cpu = paddle.get_device() == "cpu"
+    plan_cfg = dataclasses.replace(cfg.plan, devices=world, device="cpu-here" if on_cpu else cfg.plan.device)
+    planned = dataclasses.replace(cfg, plan=plan_cfg)
+    saved = devices.PROFILES["cpu-here"]
+    if on_cpu:
+        devices.PROFILES["cpu-here"] = dataclasses.replace(saved, peak_flops=CPU_NOMINAL_PEAK)
+    try:
+        rows = rank_layouts(planned, _model(planned))
+    finally:
+        devices.PROFILES["cpu-here"] = saved
+    fitting = [r for r in rows if r["fits"]]
+    if not fitting:
+        raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory"])
+    best = fitting[0]
+    log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid layouts fit; top three:")
+    for r in fitting[:3]:
+        log(f"  {r['name']} micro-batch {r['micro_batch']} recompute {r['recompute']}: {r['tokens_per_sec_per_device']:.0f} "
+            f"tokens/s/device predicted, step {r['step_time_s']:.3f} s, worst rank {r['memory_bytes']['total'] / 2**30:.2f} GiB")
+    if len(fitting) > 1:
+        second = fitting[1]
+        why = ("highest predicted tokens/s per device" if best["tokens_per_sec_per_device"] > second["tokens_per_sec_per_device"]
+               else "tied on predicted tokens/s; less memory on the worst rank")
+    else:
+        why = "the only layout that fits"
+    log(f"parallel=auto chose {best['name']}: {why}")
+    parallel = ParallelConfig(name=best["name"], dp=best["dp"], tp=best["tp"], pp=best["pp"], sharding=best["sharding"],
+                              sharding_stage=best["sharding_stage"], pp_schedule=best["pp_schedule"],
+                              virtual_pp=best["virtual_pp"], zero3_segment_size=cfg.parallel.zero3_segment_size,
+                              order=list(cfg.parallel.order))
+    train = dataclasses.replace(cfg.train, micro_batch_size=best["micro_batch"], grad_accum=None,
+                                recompute=best["recompute"])
+    return dataclasses.replace(cfg, parallel=parallel, train=train)

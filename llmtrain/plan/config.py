@@ -1,0 +1,25 @@
+"""Planner settings: the `plan` section of the root config (`python -m llmtrain.plan plan.devices=64 ...`).
+
+    python -m llmtrain.plan model=llama-7b data.seq_len=4096 train.global_batch_size=1024 plan.devices=64 plan.device=a100-80g
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class PlanConfig:
+    devices: int = 8
+    """Devices of the job (the world size the layouts must fill)."""
+
+    devices_per_node: int = 8
+    """Devices per node: a group within a node talks over NVLink, a group spanning nodes over the network."""
+
+    device: str = "a100-80g"
+    """Device profile (llmtrain/plan/devices.py): a100-40g, a100-80g, a800, h100, h800, h200, h20, cpu-here."""
+
+    top: int = 10
+    """Rows of the ranked table."""
+
+    format: str = "table"
+    """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""

@@ -1,0 +1,245 @@
+"""Per-rank memory of a layout, predicted from the config alone (no model is built).
+
+    python -m llmtrain.plan model=llama-7b data.seq_len=4096 plan.devices=64      # uses this module
+    ranks = predict_ranks(model_cfg, layout, amp="bf16", device="gpu")         # one dict per rank coordinate
+    distinct = predict_stage_ranks(model_cfg, layout, amp="bf16", device="gpu")  # {(pp_rank, sharding_rank): ...}
+
+Two parts:
+
+1. **Counted exactly** (`predict_ranks`): which parameters each rank holds and with what
+   shape, and the optimizer state it keeps, following what Paddle 3.3.1 allocates for our
+   models. The parity tests compare these numbers with `llmtrain/train/memory.py`'s
+   measurement (memory.json) to the element and byte, for every CI layout.
+   - parameters: our exact parameter list (`param_specs`, the names `canonical_parameters`
+     gives); tp splits the column/row/vocabulary tensors (Megatron's layout, fleet's
+     `ColumnParallelLinear`/`RowParallelLinear`/`VocabParallelEmbedding`); pp gives stage s
+     the chunks s, s + pp, ... of pp x v equal chunks of blocks (fleet's `seg_method=
+     "layer:Block"`), the embedding to the first chunk, the final norm and head to the
+     last, and a second copy of a tied word table to the last stage;
+   - ZeRO-1 (fleet `DygraphShardingOptimizer._partition_parameters`): the stage's parameters
+     sorted by element count, largest first (stable), each given to the sharding rank with
+     the fewest elements so far; that rank alone keeps its optimizer state (ZeRO paper,
+     Rajbhandari et al. 2020, P_os: 4 + K bytes per parameter -> ... + K/N_d);
+   - ZeRO-2 (`GroupShardedOptimizerStage2._segment_params`): the same greedy rule in the
+     optimizer's parameter order, unsorted;
+   - ZeRO-3 (`GroupShardedStage3`): a parameter with more than `segment_size` elements, and
+     not the tied table (kept whole, `exclude_layer`), is flattened, padded by the alignment
+     rule `_param2align` (to a multiple of 4096 bytes on CPU, 256 on GPU) and then to a
+     multiple of the sharding degree; rank r holds [r, r + 1) x padded / N of it, and its
+     optimizer state covers that slice; smaller parameters stay whole with whole state;
+   - AdamW state per parameter of n elements: two fp32 moments (2n) and two fp32 [1] beta
+     powers; under AMP O2 (bf16/fp16 parameters, Paddle's `multi_precision`) an fp32 master
+     copy (n) as well. Paddle's O2 `decorate` keeps `nn.LayerNorm` parameters fp32.
+
+2. **Estimated** elsewhere (`llmtrain/plan/estimate.py`): activations (Korthikanti et al. 2022, Table 2,
+   written out for our blocks), in-flight micro-batches, logits/loss buffers and a stated margin. Gradient
+   bytes here are exact without ZeRO-2/3 and an estimate under them (Paddle's own buffers).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from math import prod
+
+SPLIT_AXES = [  # (canonical name pattern, axis split over tp ranks): fleet's Megatron layout
+    (r"embed\.word\.weight", 0),  # VocabParallelEmbedding [V/tp, h]
+    (r".*\.(q|k|v|gate|up)_proj\.weight", 1),  # ColumnParallelLinear [in, out/tp]
+    (r".*\.(q|k|v|gate|up)_proj\.bias", 0),  # [out/tp]
+    (r".*\.(o|down)_proj\.weight", 0),  # RowParallelLinear [in/tp, out] (its bias [out] is whole)
+    (r"lm_head\.proj\.weight", 1),  # untied output projection [h, V/tp]
+    (r"mlm_bias\.bias", 0),  # ERNIE's vocabulary bias [V/tp]
+]
+TIED = "embed.word.weight"
+DEVICE_ALIGN_BYTES = {"cpu": 4096, "gpu": 256}  # Paddle's group_sharded_stage3 `alignment`
+ADAM_SLOTS = 2  # moment1, moment2 (fp32, the parameter's shape)
+ADAM_POWS = 2  # beta1_pow, beta2_pow (fp32 [1])
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple
+    split_axis: int | None
+    """Axis divided over tp ranks (None: whole on every tp rank)."""
+    chunk: object
+    """Where it sits in the stage list: "first", a block index, or "last" (final norm, head)."""
+    layernorm: bool = False
+    """An `nn.LayerNorm` parameter (Paddle's O2 keeps it fp32)."""
+
+    @property
+    def numel(self) -> int:
+        return prod(self.shape)
+
+
+def split_axis(name: str):
+    for pattern, axis in SPLIT_AXES:
+        if re.fullmatch(pattern, name):
+            return axis
+    return None
+
+
+def param_specs(cfg) -> list[ParamSpec]:
+    """Every parameter of the single-device model, in `canonical_parameters` order (a tied table once)."""
+    h, v, f = cfg.hidden_size, cfg.vocab_size, cfg.ffn_hidden_size
+    d = cfg.head_dim()
+    q, kv = cfg.num_heads * d, cfg.kv_heads() * d
+    out: list[ParamSpec] = []
+
+    def add(name, shape, chunk, ln=False):
+        out.append(ParamSpec(name, tuple(shape), split_axis(name), chunk, ln))
+
+    def norm(prefix, chunk):
+        ln = cfg.norm == "layernorm"
+        add(f"{prefix}.weight", [h], chunk, ln)
+        if ln:
+            add(f"{prefix}.bias", [h], chunk, ln)
+
+    def linear(prefix, n_in, n_out, chunk, bias):
+        add(f"{prefix}.weight", [n_in, n_out], chunk)
+        if bias:
+            add(f"{prefix}.bias", [n_out], chunk)
+
+    encoder = cfg.family == "encoder"
+    add("embed.word.weight", [v, h], "first")
+    if cfg.position == "learned" or encoder:
+        add("embed.pos.weight", [cfg.max_position_embeddings, h], "first")
+    if encoder and cfg.type_vocab_size:
+        add("embed.token_type.weight", [cfg.type_vocab_size, h], "first")
+    if encoder and cfg.task_type_vocab_size:
+        add("embed.task_type.weight", [cfg.task_type_vocab_size, h], "first")
+    if encoder:
+        norm("embed.norm", "first")
+    for i in range(cfg.num_layers):
+        p = f"layers.{i}"
+        norm(f"{p}.attn_norm", i)
+        for name, width in (("q", q), ("k", kv), ("v", kv)):
+            linear(f"{p}.attn.{name}_proj", h, width, i, cfg.bias)
+        linear(f"{p}.attn.o_proj", q, h, i, cfg.bias)
+        norm(f"{p}.mlp_norm", i)
+        if cfg.activation == "swiglu":
+            linear(f"{p}.mlp.gate_proj", h, f, i, cfg.bias)
+        linear(f"{p}.mlp.up_proj", h, f, i, cfg.bias)
+        linear(f"{p}.mlp.down_proj", f, h, i, cfg.bias)
+    if not encoder or cfg.norm_position == "pre":
+        norm("final_norm.norm", "last")
+    if encoder:
+        linear("mlm_head.dense", h, h, "last", True)
+        norm("mlm_head.norm", "last")
+    if not cfg.tie_embeddings:
+        add("lm_head.proj.weight", [h, v], "last")
+    if encoder:
+        add("mlm_bias.bias", [v], "last")
+    return out
+
+
+def stage_params(specs: list[ParamSpec], cfg, pp: int, vpp: int, pp_rank: int, tied: bool) -> list[ParamSpec]:
+    """The parameters pipeline stage `pp_rank` holds (all of them when pp = 1)."""
+    if pp == 1:
+        return list(specs)
+    chunk = cfg.num_layers // (pp * vpp)
+    mine = {(pp_rank + k * pp) * chunk + j for k in range(vpp) for j in range(chunk)}
+    out = []
+    for s in specs:
+        if s.chunk == "first":
+            keep = pp_rank == 0 or (tied and s.name == TIED and pp_rank == pp - 1)
+        elif s.chunk == "last":
+            keep = pp_rank == pp - 1
+        else:
+            keep = s.chunk in mine
+        if keep:
+            out.append(s)
+    return out
+
+
+def local_shape(s: ParamSpec, tp: int) -> tuple:
+    if s.split_axis is None or tp == 1:
+        return s.shape
+    shape = list(s.shape)
+    shape[s.split_axis] //= tp
+    return tuple(shape)
+
+
+def zero3_padded(numel: int, elem_bytes: int, sharding: int, device: str) -> int:
+    """Paddle's `_param2align` then rounding up to a multiple of the sharding degree (group_sharded_stage3)."""
+    align_bytes = DEVICE_ALIGN_BYTES[device]
+    rem = (numel * elem_bytes) % align_bytes
+    offset = numel + (0 if rem == 0 else (align_bytes - rem) // elem_bytes)
+    return offset if offset % sharding == 0 else offset + sharding - offset % sharding
+
+
+def greedy_partition(numels: list[int], n: int, sort: bool) -> list[list[int]]:
+    """Indices of `numels` each of n ranks owns: each to the rank with the fewest elements so far
+    (ties: the lowest rank), largest first when `sort` (ZeRO-1) or in the given order (ZeRO-2)."""
+    order = sorted(range(len(numels)), key=lambda i: -numels[i]) if sort else list(range(len(numels)))
+    sizes, owned = [0] * n, [[] for _ in range(n)]
+    for i in order:
+        r = sizes.index(min(sizes))
+        owned[r].append(i)
+        sizes[r] += numels[i]
+    return owned
+
+
+def _param_bytes(s: ParamSpec, amp: str) -> int:
+    """Bytes per element of a parameter: fp32, or 2 under AMP O2 except LayerNorm's (kept fp32)."""
+    return 4 if amp in ("none", None) or s.layernorm else 2
+
+
+def _opt_elems(n: int, low_precision: bool) -> int:
+    """fp32 elements of AdamW state for n parameter elements (+ master weights under O2)."""
+    return ADAM_SLOTS * n + ADAM_POWS + (n if low_precision else 0)
+
+
+def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
+    """Predicted holdings of the sharding ranks 0..sharding-1 of pipeline stage `pp_rank` (every dp/tp rank alike)."""
+    tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
+    held = stage_params(specs, cfg, layout.pp, layout.virtual_pp, pp_rank, cfg.tie_embeddings)
+    local = [(s, prod(local_shape(s, tp)), _param_bytes(s, amp)) for s in held]
+    if stage == 3:  # every sharding rank holds an equal slice of each sliced parameter
+        p_numel = p_bytes = o_numel = 0
+        for s, n, b in local:
+            if n > layout.zero3_segment_size and not (cfg.tie_embeddings and s.name == TIED):
+                n = zero3_padded(n, b, sh, device) // sh  # this rank's flat slice
+            p_numel += n
+            p_bytes += n * b
+            o_numel += _opt_elems(n, b == 2)
+        # gradients: an estimate (Paddle's own ZeRO-3 buffers are measured, not predicted): the slices' share
+        one = {"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
+               "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes}
+        return [dict(one) for _ in range(sh)]
+    p_numel = sum(n for _, n, _ in local)
+    p_bytes = sum(n * b for _, n, b in local)
+    if stage in (1, 2) and sh > 1:
+        owners = greedy_partition([n for _, n, _ in local], sh, sort=stage == 1)
+    else:
+        owners = [list(range(len(local)))]
+    out = []
+    for owned in owners:
+        o_numel = sum(_opt_elems(local[i][1], local[i][2] == 2) for i in owned)
+        # gradients: exact without ZeRO-2; under ZeRO-2 an estimate: Paddle 3.3.1's stage-2 gradient storages were
+        # measured at 0.76-0.99 of the parameter bytes (zero2: gpt-tiny 606208 of 609536, llama-tiny 724992 of 952448), not 1/N
+        out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
+                    "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes})
+    return out
+
+
+def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu") -> dict:
+    """{(pp_rank, sharding_rank): predicted holdings}: the distinct ranks (dp and tp ranks hold the same amounts)."""
+    specs = param_specs(cfg)
+    return {(pp, r): entry for pp in range(layout.pp)
+            for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
+
+
+def predict_ranks(cfg, layout, amp: str = "none", device: str = "cpu") -> list[dict]:
+    """Predicted `param_numel`, `param_bytes`, `optimizer_numel`, `optimizer_bytes`, `grad_bytes` of every
+    (dp, tp, pp, sharding) coordinate, with the coordinates, in that nesting order.
+
+    `layout`: anything with dp, tp, pp, sharding, sharding_stage, virtual_pp, zero3_segment_size."""
+    distinct = predict_stage_ranks(cfg, layout, amp, device)
+    return [{"dp_rank": d, "tp_rank": t, "pp_rank": p, "sharding_rank": r, **distinct[(p, r)]}
+            for d in range(layout.dp) for t in range(layout.tp) for p in range(layout.pp) for r in range(layout.sharding)]
+
+
+def predicted_report(cfg, layout, amp: str, device: str) -> dict:
+    """The "predicted" slot of memory.json: the same per-rank keys as the measured entries."""
+    return {"source": "llmtrain.plan.memory.predict_ranks", "amp": amp, "device": device,
+            "ranks": predict_ranks(cfg, layout, amp, device)}

@@ -1,0 +1,76 @@
+"""Every valid layout of a job, by the training's own validity rules, with its estimates, best first.
+
+    python -m llmtrain.plan model=llama-7b data.seq_len=4096 train.global_batch_size=1024 plan.devices=64
+    rows = rank_layouts(cfg, model_cfg)       # [{"dp", "tp", ..., "fits", "memory_bytes", "step_time_s", ...}]
+
+Validity is `llmtrain.parallel.layout.layout_problems` + `model_fit_problems` (the rules
+`resolve` applies before training), so a row here is a layout pretrain.py accepts.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from llmtrain.parallel.config import ParallelConfig
+from llmtrain.parallel.layout import layout_problems, model_fit_problems
+from llmtrain.plan.devices import get_device
+from llmtrain.plan.estimate import memory_estimate, time_estimate
+
+MICRO_BATCHES = (1, 2, 4, 8, 16)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layout_name(dp, tp, pp, sharding, stage, v) -> str:
+    """`dp8tp2sharding4s1`, `pp4v2`, ...: the degrees above 1 (s = sharding stage, v = virtual stages)."""
+    name = "".join(f"{a}{d}" for a, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1)
+    name += f"sharding{sharding}s{stage}" if sharding > 1 else ""
+    name += f"v{v}" if v > 1 else ""
+    return name or "single"
+
+
+def candidates(n: int):
+    """ParallelConfig for every (dp, tp, pp, sharding, stage, schedule, v) with dp·tp·pp·sharding = n."""
+    for tp in _divisors(n):
+        for pp in _divisors(n // tp):
+            for sh in _divisors(n // (tp * pp)):
+                dp = n // (tp * pp * sh)
+                for stage in ((1, 2, 3) if sh > 1 else (1,)):
+                    for sched, v in [("1f1b", 1)] + ([("interleaved", k) for k in (2, 4)] if pp > 2 else []):
+                        yield ParallelConfig(name=layout_name(dp, tp, pp, sh, stage, v), dp=dp, tp=tp, pp=pp,
+                                             sharding=sh, sharding_stage=stage, pp_schedule=sched, virtual_pp=v)
+
+
+def evaluate(cfg, model_cfg, layout, recompute: bool, dev) -> dict:
+    """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu."""
+    flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and dev.name != "cpu-here")
+    amp = "none" if dev.name == "cpu-here" else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
+    device = "cpu" if dev.name == "cpu-here" else "gpu"
+    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
+                          dev.framework_bytes)
+    est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node)
+    name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp)
+    return {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
+            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
+            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": recompute,
+            "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
+
+
+def rank_layouts(cfg, model_cfg) -> list[dict]:
+    """Every valid (layout, micro-batch, recompute) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
+    then by less memory on the worst rank."""
+    dev = get_device(cfg.plan.device)
+    rows = []
+    for pc in candidates(cfg.plan.devices):
+        if model_fit_problems(pc, model_cfg):
+            continue
+        for mb in MICRO_BATCHES:
+            train = dataclasses.replace(cfg.train, micro_batch_size=mb, grad_accum=None)
+            layout, problems = layout_problems(pc, train, cfg.plan.devices)
+            if problems:
+                continue
+            for recompute in (False, True):
+                rows.append(evaluate(cfg, model_cfg, layout, recompute, dev))
+    rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
+    return rows

@@ -1,0 +1,80 @@
+"""The planner: its parameter list is the model's, its layouts are the ones training accepts, its JSON has the
+issue's fields. (Plan == measured per rank is checked in tests/parallel/test_parity.py on every CI layout.)
+
+    python -m pytest tests/plan -q
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from llmtest import compose
+from llmtrain.config import to_config
+from llmtrain.models.size import parameter_count
+from llmtrain.plan.memory import greedy_partition, param_specs, predict_ranks, zero3_padded
+
+PRESETS = ["gpt-tiny", "llama-tiny", "gpt2-small", "llama-1b", "llama-7b", "ernie-tiny", "ernie-3.0-base-zh",
+           "ernie-3.0-medium-zh"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_parameter_list_counts_the_model(preset):
+    cfg = to_config(compose([f"model={preset}", "model.vocab_size=2560"]))
+    specs = param_specs(cfg.model)
+    assert sum(s.numel for s in specs) == parameter_count(cfg.model)
+    assert len({s.name for s in specs}) == len(specs)
+
+
+def test_paddle_partition_and_padding_rules():
+    # ZeRO-1 sorts largest first; ZeRO-2 keeps the order: [1, 5, 5, 2] -> sizes differ
+    assert greedy_partition([1, 5, 5, 2], 2, sort=True) == [[1, 3], [2, 0]]
+    assert greedy_partition([1, 5, 5, 2], 2, sort=False) == [[0, 2], [1, 3]]
+    assert zero3_padded(1000, 4, 2, "cpu") == 1024  # 4000 bytes -> 4096
+    assert zero3_padded(1025, 4, 3, "cpu") == 2049  # 2048 aligned, then a multiple of 3
+    assert zero3_padded(100, 2, 2, "gpu") == 128  # 256-byte alignment of bf16
+
+
+def test_tp_pp_split_the_parameters():
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=2560", "model.num_layers=8"]))
+    whole = predict_ranks(cfg.model, SimpleNamespace(dp=1, tp=1, pp=1, sharding=1, sharding_stage=1, virtual_pp=1,
+                                                     zero3_segment_size=2**20))[0]["param_numel"]
+    split = predict_ranks(cfg.model, SimpleNamespace(dp=1, tp=2, pp=2, sharding=1, sharding_stage=1, virtual_pp=1,
+                                                     zero3_segment_size=2**20))
+    assert sum(r["param_numel"] for r in split if r["tp_rank"] == 0) * 2 < whole * 1.1
+
+
+@pytest.mark.slow
+def test_cli_json_ranks_valid_layouts():
+    out = subprocess.run(
+        [sys.executable, "-m", "llmtrain.plan", "model=llama-7b", "model.vocab_size=32000", "data.seq_len=4096",
+         "train.global_batch_size=64", "plan.devices=8", "plan.device=a100-80g", "plan.format=json", "plan.top=3",
+         "train.amp=bf16"], capture_output=True, text=True, timeout=300, check=True).stdout
+    rows = json.loads(out)
+    assert len(rows) == 3
+    for r in rows:
+        assert r["dp"] * r["tp"] * r["pp"] * r["sharding"] == 8 and r["fits"] is True
+        assert set(r["memory_bytes"]) == {"params", "grads", "optimizer", "activations", "other", "total"}
+        for k in ("virtual_pp", "sharding_stage", "micro_batch", "recompute", "step_time_s",
+                  "tokens_per_sec_per_device", "mfu"):
+            assert k in r
+    assert rows[0]["tokens_per_sec_per_device"] >= rows[1]["tokens_per_sec_per_device"]
+
+
+def test_auto_resolves_to_the_top_fitting_layout():
+    from llmtrain.parallel.layout import layout_problems, model_fit_problems
+    from llmtrain.plan.auto import choose_layout
+
+    lines = []
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=2560", "+parallel=auto", "train.global_batch_size=8"]))
+    chosen = choose_layout(cfg, world_size=4, log=lines.append)
+    p = chosen.parallel
+    assert p.name != "auto" and p.dp * p.tp * p.pp * p.sharding == 4
+    layout, problems = layout_problems(p, chosen.train, 4)
+    assert not problems and not model_fit_problems(p, chosen.model)
+    assert layout.global_batch == 8 and chosen.train.micro_batch_size == layout.micro_batch
+    assert lines[-1].startswith(f"parallel=auto chose {p.name}: ") and len(lines) == 5  # header, top three, why
+    assert choose_layout(to_config(compose(["+parallel=dp2"])), world_size=2).parallel.name == "dp2"  # untouched
