@@ -143,6 +143,7 @@ class Trainer:
                 break
         if not stopped and cfg.checkpoint.save_final and ckpt.last_saved_step != step:
             ckpt.save(step, meter.tokens_total_exact())
+        ckpt.close()  # async_save: the last background write is complete (or its failure raises here)
         meter.close()
         if topo.rank == 0 and os.path.exists(meter.path):
             png = plot_metrics(meter.path)
