@@ -157,6 +157,7 @@ class Checkpointer:
         self.root = os.path.join(cfg.run.dir, "checkpoints")
         self.last_saved_step = -1
         self.writer = None
+        self.stalls: list[float] = []  # seconds the training thread spent in each save()
         if getattr(cfg.checkpoint, "async_save", False):
             from llmtrain.checkpoint.background import BackgroundWriter
 
@@ -202,14 +203,23 @@ class Checkpointer:
         With checkpoint.async_save the step pays only for `snapshot` (host copies of this
         rank's tensors, one broadcast of the save's nonce); the persistent background writer
         runs `write` while training goes on. The previous write is waited for first."""
+        t0 = time.perf_counter()
         if self.writer is not None:
             self.writer.wait()  # the previous write (and its pruning) is complete, or its failure raises here
+        t1 = time.perf_counter()
         snap = self.snapshot(step, tokens_total)
         self.last_saved_step = step
+        t2 = time.perf_counter()
         if self.writer is not None:
             self.writer.submit(snap)
-            return snap.final
-        return self.write(snap)
+            path = snap.final
+        else:
+            path = self.write(snap)
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        log_all(f"checkpoint step {step}: training paused {stall:.3f} s (waiting for the previous write {t1 - t0:.3f} s, "
+                f"copying the state {t2 - t1:.3f} s{'' if self.writer else f', writing {stall - (t2 - t0):.3f} s'})")
+        return path
 
     def wait(self) -> None:
         """Block until the background write (if any) is complete; raises if it failed."""
