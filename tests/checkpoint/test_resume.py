@@ -331,3 +331,44 @@ def test_async_write_failure_stops_the_run_and_leaves_no_checkpoint(tiny_corpus,
     assert not (ckpts / "step_4").exists() and not (ckpts / "step_6").exists()
     assert verify_files(str(ckpts / "step_2")) == []
     assert len(list(ckpts.glob(".tmp-step_4-*"))) == 1
+
+
+def _worker_of_rank(launcher_pid: int, rank: int) -> int:
+    for pid in _children(launcher_pid):
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"PADDLE_TRAINER_ID={rank}".encode() in environ:
+            return pid
+    raise AssertionError(f"no worker of rank {rank} under launcher {launcher_pid}")
+
+
+@pytest.mark.slow
+def test_supervisor_relaunches_after_sigkill_and_matches_uninterrupted(tiny_corpus, uninterrupted, tmp_path):
+    """scripts/supervise.py around the launcher (async saves): SIGKILL rank 1 mid-training; the launcher stops rank 0
+    and exits non-zero, the supervisor relaunches with resume=auto, and the run ends equal to the uninterrupted one."""
+    run_dir = tmp_path / "run"
+    args = _dp2_args(tiny_corpus, run_dir) + ["checkpoint.async_save=true"]
+    cmd = [*launch_cmd([], 0, tmp_path)[:1], str(REPO / "scripts/supervise.py"), "--max-restarts", "2", "--delay", "1",
+           "--", *launch_cmd(args, 2, tmp_path / "log")]
+    sup = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while not ((run_dir / "checkpoints" / "step_4").is_dir() and any(r.get("step", 0) >= 5 for r in _safe_metrics(run_dir))):
+            assert time.time() < deadline and sup.poll() is None, "the job did not reach step 5"
+            time.sleep(0.02)
+        (launcher,) = _children(sup.pid)
+        os.kill(_worker_of_rank(launcher, 1), signal.SIGKILL)
+        killed_after = max(r["step"] for r in _safe_metrics(run_dir) if "loss" in r)
+        out, _ = sup.communicate(timeout=300)
+    finally:
+        if sup.poll() is None:
+            os.killpg(sup.pid, signal.SIGKILL)
+            sup.wait()
+    assert sup.returncode == 0, out[-4000:]
+    assert "[supervise] attempt 1 failed with status" in out and "[supervise] the job finished (attempt 2)" in out, out[-4000:]
+    resumed = _resumed_from(tmp_path / "log")
+    assert 4 <= resumed <= killed_after < STEPS, (resumed, killed_after)
+    got = _records(run_dir)
+    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
+    worst = check_against(uninterrupted["gpt"], got, "supervised")
+    print(f"supervised dp2, rank 1 killed after step {killed_after}, resumed from {resumed}: max |loss diff| = {worst:.2e}")
