@@ -25,7 +25,8 @@ LLMTRAIN_FAULT_KILL_BEFORE_PRUNE=<step>, right after that step's checkpoint is
 renamed complete and before older ones are pruned; with
 LLMTRAIN_FAULT_WRITE_ERROR=<step>:<rank>, that rank's write of that step raises
 OSError (a full disk). With checkpoint.async_save these run on the background
-writer (`background.py`) while training continues.
+writer (`background.py`) while training continues. Under `scripts/supervise.py` they
+fire on the first attempt only (LLMTRAIN_ATTEMPT=0), so the relaunch can finish.
 """
 from __future__ import annotations
 
@@ -77,6 +78,11 @@ class ResumeState:
     path: Optional[str] = None
 
 
+
+
+def _fault(name: str, value: str) -> bool:
+    """Is the fault-injection variable `name` set to `value` (and is this the supervisor's first attempt)?"""
+    return os.environ.get(name) == value and os.environ.get("LLMTRAIN_ATTEMPT", "0") == "0"
 
 
 def _fsync_file(path: str) -> None:
@@ -259,7 +265,7 @@ class Checkpointer:
             except OSError:
                 pass
             raise
-        if rank == 0 and os.environ.get("LLMTRAIN_FAULT_KILL_IN_SAVE") == str(step):
+        if rank == 0 and _fault("LLMTRAIN_FAULT_KILL_IN_SAVE", str(step)):
             os.kill(os.getpid(), signal.SIGKILL)
         if rank == 0:
             listings = [os.path.join(tmp, f"rank_{r:05d}.files") for r in range(self.topo.world)]
@@ -276,7 +282,7 @@ class Checkpointer:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-            if os.environ.get("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE") == str(step):
+            if _fault("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE", str(step)):
                 os.kill(os.getpid(), signal.SIGKILL)
             for stale in glob.glob(os.path.join(self.root, ".tmp-step_*")):
                 shutil.rmtree(stale, ignore_errors=True)  # interrupted saves, superseded now

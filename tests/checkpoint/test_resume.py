@@ -293,28 +293,6 @@ def test_sigterm_to_the_launcher_stops_both_ranks_after_one_step(tiny_corpus, tm
     assert manifest["step"] == steps[-1] and {"rank_00000.safetensors", "rank_00001.rng"} <= set(manifest["files"])
 
 
-@pytest.mark.slow
-def test_async_save_killed_mid_write_then_resumes_to_the_sync_losses(tiny_corpus, uninterrupted, tmp_path):
-    """checkpoint.async_save: SIGKILL while the background writer is writing step 4 (shards down, no manifest)
-    leaves step_2 loadable and the partial save ignored; the resumed async run equals the uninterrupted one."""
-    run_dir = tmp_path / "run"
-    ckpts = run_dir / "checkpoints"
-    args = _dp2_args(tiny_corpus, run_dir) + ["checkpoint.async_save=true"]
-    proc = subprocess.run(launch_cmd(args, 2, tmp_path / "log1"), cwd=REPO, text=True, capture_output=True,
-                          env=env() | {"LLMTRAIN_FAULT_KILL_IN_SAVE": "4"}, timeout=300)
-    _assert_rank0_was_killed(proc)
-    assert len(list(ckpts.glob(".tmp-step_4-*"))) == 1 and not (ckpts / "step_4").exists()
-    assert verify_files(str(ckpts / "step_2")) == []
-    run_launch(args, 2, tmp_path / "log2")
-    assert _resumed_from(tmp_path / "log2") == 2
-    got = _records(run_dir)
-    assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    print(f"async dp2 after a kill mid-write: max |loss - uninterrupted| = {check_against(uninterrupted['gpt'], got, 'async'):.2e}")
-    # keep_last=3 pruned by the writer; the last write (step 12) was waited for before the run ended
-    assert _checkpoints(ckpts) == ["step_10", "step_12", "step_8"]
-    assert all(verify_files(str(ckpts / name)) == [] for name in _checkpoints(ckpts))
-
-
 def test_async_write_failure_stops_the_run_and_leaves_no_checkpoint(tiny_corpus, tmp_path):
     """A failed background write (an injected OSError, as from a full disk) is logged, stops the run with a
     non-zero status, and leaves only a `.tmp-*` directory that resume=auto ignores."""
@@ -333,42 +311,30 @@ def test_async_write_failure_stops_the_run_and_leaves_no_checkpoint(tiny_corpus,
     assert len(list(ckpts.glob(".tmp-step_4-*"))) == 1
 
 
-def _worker_of_rank(launcher_pid: int, rank: int) -> int:
-    for pid in _children(launcher_pid):
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if f"PADDLE_TRAINER_ID={rank}".encode() in environ:
-            return pid
-    raise AssertionError(f"no worker of rank {rank} under launcher {launcher_pid}")
-
-
 @pytest.mark.slow
-def test_supervisor_relaunches_after_sigkill_and_matches_uninterrupted(tiny_corpus, uninterrupted, tmp_path):
-    """scripts/supervise.py around the launcher (async saves): SIGKILL rank 1 mid-training; the launcher stops rank 0
-    and exits non-zero, the supervisor relaunches with resume=auto, and the run ends equal to the uninterrupted one."""
+def test_supervisor_relaunches_after_a_kill_mid_async_write_and_matches_uninterrupted(tiny_corpus, uninterrupted, tmp_path):
+    """scripts/supervise.py around the launcher, checkpoint.async_save=true: rank 0 is SIGKILLed while its background
+    writer is writing step 4 (shards down, no manifest). The launcher stops rank 1 and exits non-zero; step_2 is
+    intact and the partial step 4 a `.tmp-*`; the supervisor relaunches with resume=auto, the partial save is
+    ignored, and the run ends equal to the uninterrupted one (losses within 1e-5, tokens exact)."""
     run_dir = tmp_path / "run"
+    ckpts = run_dir / "checkpoints"
     args = _dp2_args(tiny_corpus, run_dir) + ["checkpoint.async_save=true"]
     cmd = [*launch_cmd([], 0, tmp_path)[:1], str(REPO / "scripts/supervise.py"), "--max-restarts", "2", "--delay", "1",
            "--", *launch_cmd(args, 2, tmp_path / "log")]
-    sup = subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           start_new_session=True)
-    try:
-        deadline = time.time() + 240
-        while not ((run_dir / "checkpoints" / "step_4").is_dir() and any(r.get("step", 0) >= 5 for r in _safe_metrics(run_dir))):
-            assert time.time() < deadline and sup.poll() is None, "the job did not reach step 5"
-            time.sleep(0.02)
-        (launcher,) = _children(sup.pid)
-        os.kill(_worker_of_rank(launcher, 1), signal.SIGKILL)
-        killed_after = max(r["step"] for r in _safe_metrics(run_dir) if "loss" in r)
-        out, _ = sup.communicate(timeout=300)
-    finally:
-        if sup.poll() is None:
-            os.killpg(sup.pid, signal.SIGKILL)
-            sup.wait()
-    assert sup.returncode == 0, out[-4000:]
-    assert "[supervise] attempt 1 failed with status" in out and "[supervise] the job finished (attempt 2)" in out, out[-4000:]
-    resumed = _resumed_from(tmp_path / "log")
-    assert 4 <= resumed <= killed_after < STEPS, (resumed, killed_after)
+    # the fault fires on the first attempt only (LLMTRAIN_ATTEMPT=0)
+    out = subprocess.run(cmd, cwd=REPO, env=env() | {"LLMTRAIN_FAULT_KILL_IN_SAVE": "4"}, capture_output=True,
+                         text=True, timeout=400)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    assert re.search(r"\[supervise\] attempt 1 failed with status (247|-9)", text), text[-4000:]
+    assert "[supervise] the job finished (attempt 2)" in text, text[-4000:]
+    log = (tmp_path / "log" / "workerlog.0").read_text(errors="replace")
+    assert "ignoring incomplete checkpoint" in log and ".tmp-step_4-" in log, log[-3000:]
+    assert _resumed_from(tmp_path / "log") == 2
     got = _records(run_dir)
     assert [r["step"] for r in got] == list(range(1, STEPS + 1))
-    worst = check_against(uninterrupted["gpt"], got, "supervised")
-    print(f"supervised dp2, rank 1 killed after step {killed_after}, resumed from {resumed}: max |loss diff| = {worst:.2e}")
+    worst = check_against(uninterrupted["gpt"], got, "supervised async")
+    print(f"supervised async dp2, rank 0 killed mid-write of step 4, resumed from 2: max |loss diff| = {worst:.2e}")
+    assert _checkpoints(ckpts) == ["step_10", "step_12", "step_8"]  # keep_last=3 pruned by the writer; last write awaited
+    assert all(verify_files(str(ckpts / name)) == [] for name in _checkpoints(ckpts))
