@@ -8,7 +8,8 @@ Format (ours, layout-free): every tensor is stored under a canonical key —
 `beta1_pow_acc`, `beta2_pow_acc`, `master`) — as the slice this rank holds,
 with its global shape, the split axis and the offset of the slice along it.
 A tensor replicated over data-parallel, sharding or tensor-parallel ranks is
-written once (by its owner); a tp-split tensor by each tp rank of data rank 0;
+written once (by one data rank, parameter i by data rank i mod n, so the ranks share
+the copying and writing); a tp-split tensor by each tp rank of one data rank;
 sharded (ZeRO-1) optimizer state by the rank that owns it. Loading assembles
 the full tensor from its pieces and cuts this rank's slice for the new layout,
 so a checkpoint resumes under any dp/tp/pp/sharding mix.
@@ -106,22 +107,26 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     tensors, meta = {}, {}
     views = layout.sharding_stage == 2  # ZeRO-2 parameters and states may be views into flat buffers
     first_data_rank = topo.dp_rank == 0
+    # replicated tensors are spread over the data-parallel ranks (parameter i: data rank i mod n), so each
+    # rank copies and writes ~1/n of them: a save's copy and write take ~1/n of the time on the slowest rank
+    data_ranks = layout.dp * layout.sharding
+    my_data_rank = topo.dp_rank * layout.sharding + topo.sharding_rank
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.get("master_weights", {}) or {}
     sliced = stage3_slices(built.model)
-    for name, param in built.named_params:
+    for i, (name, param) in enumerate(built.named_params):
         if param.name in sliced:
             if first_data_rank:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta)
             continue
         if not _owns_replica(param, topo, layout.tp):
             continue
-        if first_data_rank and topo.sharding_rank == 0:
+        if i % data_ranks == my_data_rank:  # parameters: identical on every dp and sharding rank (not ZeRO-3)
             key = f"model/{name}"
             arr = _np32(param, clone=views)
             tensors[key] = arr
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
-        if not first_data_rank:
+        if i % layout.dp != topo.dp_rank:
             continue  # optimizer state is identical across dp replicas; sharding owners write their part
         if sliced and topo.sharding_rank != 0:
             continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
