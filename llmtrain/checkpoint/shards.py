@@ -8,7 +8,7 @@ Format (ours, layout-free): every tensor is stored under a canonical key —
 `beta1_pow_acc`, `beta2_pow_acc`, `master`) — as the slice this rank holds,
 with its global shape, the split axis and the offset of the slice along it.
 A tensor replicated over data-parallel, sharding or tensor-parallel ranks is
-written once (by one data rank, parameter i by data rank i mod n, so the ranks share
+written once (by one data rank, chosen to balance the bytes, so the ranks share
 the copying and writing); a tp-split tensor by each tp rank of one data rank;
 sharded (ZeRO-1) optimizer state by the rank that owns it. Loading assembles
 the full tensor from its pieces and cuts this rank's slice for the new layout,
@@ -100,6 +100,17 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta) -> Non
         meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
 
 
+def _balanced_owners(named_params, n: int) -> dict:
+    """{name: writer in [0, n)}: largest tensors first, each to the least-loaded writer (the same on every rank)."""
+    load, owner = [0] * n, {}
+    sizes = [(-int(np.prod([int(x) for x in p.shape])), name) for name, p in named_params]
+    for neg, name in sorted(sizes):
+        w = min(range(n), key=lambda k: (load[k], k))
+        owner[name] = w
+        load[w] -= neg
+    return owner
+
+
 def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes."""
     from llmtrain.paddle_compat.zero import stage3_slices
@@ -107,26 +118,28 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     tensors, meta = {}, {}
     views = layout.sharding_stage == 2  # ZeRO-2 parameters and states may be views into flat buffers
     first_data_rank = topo.dp_rank == 0
-    # replicated tensors are spread over the data-parallel ranks (parameter i: data rank i mod n), so each
-    # rank copies and writes ~1/n of them: a save's copy and write take ~1/n of the time on the slowest rank
+    # replicated tensors are spread over the data ranks, balanced by size, so each rank copies and
+    # writes ~1/n of them: a save's copy and write take ~1/n of the time on the slowest rank
     data_ranks = layout.dp * layout.sharding
     my_data_rank = topo.dp_rank * layout.sharding + topo.sharding_rank
+    param_writer = _balanced_owners(built.named_params, data_ranks)  # model tensors: any data rank
+    state_writer = _balanced_owners(built.named_params, layout.dp)   # optimizer state: any dp replica
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.get("master_weights", {}) or {}
     sliced = stage3_slices(built.model)
-    for i, (name, param) in enumerate(built.named_params):
+    for name, param in built.named_params:
         if param.name in sliced:
             if first_data_rank:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta)
             continue
         if not _owns_replica(param, topo, layout.tp):
             continue
-        if i % data_ranks == my_data_rank:  # parameters: identical on every dp and sharding rank (not ZeRO-3)
+        if param_writer[name] == my_data_rank:  # parameters: identical on every dp and sharding rank (not ZeRO-3)
             key = f"model/{name}"
             arr = _np32(param, clone=views)
             tensors[key] = arr
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
-        if i % layout.dp != topo.dp_rank:
+        if state_writer[name] != topo.dp_rank:
             continue  # optimizer state is identical across dp replicas; sharding owners write their part
         if sliced and topo.sharding_rank != 0:
             continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
