@@ -1,6 +1,6 @@
 """Training stall per checkpoint save, synchronous vs `checkpoint.async_save=true`, and step time while saving.
 
-    python benchmarks/async_save.py [--model gpt2-small] [--layouts dp2,zero2] [--steps 9] [--interval 4]
+    python benchmarks/async_save.py [--model gpt2-small] [--layouts dp2,zero2] [--steps 9] [--interval 4] [data.prefixes=[...] data.tokenizer=...]
 
 For each layout and mode: one `paddle.distributed.launch` of 2 CPU processes running the
 real recipe (`llmtrain/pretrain.py`, global batch 2 x seq 128, fp32) for `--steps` steps with a
@@ -27,7 +27,7 @@ PAUSE = re.compile(r"checkpoint step (\d+): training paused ([\d.]+) s \(waiting
                    r"copying the state ([\d.]+) s")
 
 
-def run(layout: str, mode: str, model: str, steps: int, interval: int) -> dict:
+def run(layout: str, mode: str, model: str, steps: int, interval: int, extra: list[str]) -> dict:
     out = tempfile.mkdtemp(prefix=f"bench_async_{layout}_{mode}_")
     log_dir = os.path.join(out, "log")
     env = dict(os.environ, PYTHONPATH=REPO)
@@ -36,7 +36,7 @@ def run(layout: str, mode: str, model: str, steps: int, interval: int) -> dict:
            "train.micro_batch_size=1", "data.seq_len=128", f"train.max_steps={steps}", "train.progress_bar=false",
            "train.visualdl=false", f"checkpoint.interval={interval}", "checkpoint.save_final=false",
            "checkpoint.resume=none", "checkpoint.keep_last=2", f"checkpoint.async_save={mode == 'async'}",
-           f"run.dir={os.path.join(out, 'run')}"]
+           f"run.dir={os.path.join(out, 'run')}", *extra]
     subprocess.run(cmd, check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pauses: dict[int, list] = {}
     for r in range(2):
@@ -59,11 +59,11 @@ def main() -> None:
     ap.add_argument("--layouts", default="dp2,zero2")
     ap.add_argument("--steps", type=int, default=9)
     ap.add_argument("--interval", type=int, default=4)
-    args = ap.parse_args()
+    args, extra = ap.parse_known_args()
     rows = {}
     for layout in args.layouts.split(","):
         for mode in ("sync", "async"):
-            rows[layout, mode] = run(layout, mode, args.model, args.steps, args.interval)
+            rows[layout, mode] = run(layout, mode, args.model, args.steps, args.interval, extra)
             print(layout, mode, rows[layout, mode], flush=True)
     print(f"\nModel {args.model}, 2 CPU processes, fp32, global batch 2 x seq 128, {args.steps} steps, "
           f"a checkpoint every {args.interval} steps; the slowest rank of each save counts.\n")
