@@ -22,5 +22,10 @@ class CheckpointConfig:
     save_final: bool = True
     """Save a checkpoint after the last step."""
 
+    async_save: bool = False
+    """Save in the background: the step pays only for copying this rank's state into host memory, one persistent
+    writer thread writes the same atomic checksummed directory while training continues (one write in flight;
+    the next save, pruning, SIGTERM and the end of the run wait for it; a failed write stops the run)."""
+
     timeout_minutes: float = 60.0
     """How long ranks wait for each other's shards during a save (a slow disk, a big model) before giving up."""

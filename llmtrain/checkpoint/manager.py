@@ -2,7 +2,8 @@
 
     ckpt = Checkpointer(cfg, layout, topo, built, data, tokenizer)
     state = ckpt.resume()            # newest complete checkpoint, any layout; skips corrupt ones
-    ckpt.save(step, tokens_total)    # every rank writes its shard in parallel
+    ckpt.save(step, tokens_total)    # every rank writes its shard in parallel (async_save: in the background)
+    ckpt.close()                     # end of run: the last background write is complete
 
 Layout of `<run.dir>/checkpoints/step_<N>/`:
     rank_<r>.safetensors   this rank's tensors (see `shards.py` for the keys)
@@ -21,7 +22,11 @@ Fault injection (tests only): with LLMTRAIN_FAULT_KILL_IN_SAVE=<step>, rank 0
 SIGKILLs itself in the middle of saving that step (shards written, no
 manifest), which is what a node failure during a save leaves behind; with
 LLMTRAIN_FAULT_KILL_BEFORE_PRUNE=<step>, right after that step's checkpoint is
-renamed complete and before older ones are pruned.
+renamed complete and before older ones are pruned; with
+LLMTRAIN_FAULT_WRITE_ERROR=<step>:<rank>, that rank's write of that step raises
+OSError (a full disk). With checkpoint.async_save these run on the background
+writer (`background.py`) while training continues. Under `scripts/supervise.py` they
+fire on the first attempt only (LLMTRAIN_ATTEMPT=0), so the relaunch can finish.
 """
 from __future__ import annotations
 
@@ -53,12 +58,31 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 @dataclass
+class Snapshot:
+    """One rank's part of a save, copied out of the training state (see `Checkpointer.snapshot`)."""
+
+    step: int
+    nonce: int
+    final: str
+    tmp: str
+    tensors: dict
+    meta: dict
+    rng: dict
+    manifest: Optional[dict]  # rank 0: everything but the file listing
+
+
+@dataclass
 class ResumeState:
     step: int = 0
     tokens_total: int = 0
     path: Optional[str] = None
 
 
+
+
+def _fault(name: str, value: str) -> bool:
+    """Is the fault-injection variable `name` set to `value` (and is this the supervisor's first attempt)?"""
+    return os.environ.get(name) == value and os.environ.get("LLMTRAIN_ATTEMPT", "0") == "0"
 
 
 def _fsync_file(path: str) -> None:
@@ -141,6 +165,12 @@ class Checkpointer:
         self.tokenizer = tokenizer
         self.root = os.path.join(cfg.run.dir, "checkpoints")
         self.last_saved_step = -1
+        self.writer = None
+        self.stalls: list[float] = []  # seconds the training thread spent in each save()
+        if getattr(cfg.checkpoint, "async_save", False):
+            from llmtrain.checkpoint.background import BackgroundWriter
+
+            self.writer = BackgroundWriter(self.write)
 
     # ---- collectives (no-ops on one process) ----
     def _all_ok(self, ok: bool) -> bool:
@@ -162,10 +192,15 @@ class Checkpointer:
             dist.broadcast(t, src=0)
         return int(t.numpy()[0])
 
-    def _wait_for(self, what: str, ready) -> None:
-        """Poll the shared filesystem until `ready()`; gloo collectives time out after ~30 s, a big save takes longer."""
+    def _wait_for(self, what: str, ready, tmp: str) -> None:
+        """Poll the shared filesystem until `ready()`; gloo collectives time out after ~30 s, a big save takes longer.
+        Stops early if a rank left `rank_<r>.failed` in the save's temporary directory."""
         deadline = time.time() + 60 * self.cfg.checkpoint.timeout_minutes
         while not ready():
+            failed = glob.glob(os.path.join(tmp, "rank_*.failed"))
+            if failed:
+                raise RuntimeError(f"checkpoint save: {what}: the write failed on "
+                                   + ", ".join(f"{os.path.basename(p)[:-7]} ({open(p).read().strip()})" for p in failed))
             if time.time() > deadline:
                 raise TimeoutError(f"checkpoint save: {what} not ready after checkpoint.timeout_minutes="
                                    f"{self.cfg.checkpoint.timeout_minutes}")
@@ -174,58 +209,111 @@ class Checkpointer:
     def save(self, step: int, tokens_total: int) -> str:
         """Write step_<step> atomically; returns its path.
 
+        With checkpoint.async_save the step pays only for `snapshot` (host copies of this
+        rank's tensors, one broadcast of the save's nonce); the persistent background writer
+        runs `write` while training goes on. The previous write is waited for first."""
+        t0 = time.perf_counter()
+        if self.writer is not None:
+            self.writer.wait()  # the previous write (and its pruning) is complete, or its failure raises here
+        t1 = time.perf_counter()
+        snap = self.snapshot(step, tokens_total)
+        self.last_saved_step = step
+        t2 = time.perf_counter()
+        if self.writer is not None:
+            self.writer.submit(snap)
+            path = snap.final
+        else:
+            path = self.write(snap)
+        stall = time.perf_counter() - t0
+        self.stalls.append(stall)
+        log_all(f"checkpoint step {step}: training paused {stall:.3f} s (waiting for the previous write {t1 - t0:.3f} s, "
+                f"copying the state {t2 - t1:.3f} s{'' if self.writer else f', writing {stall - (t2 - t0):.3f} s'})")
+        return path
+
+    def wait(self) -> None:
+        """Block until the background write (if any) is complete; raises if it failed."""
+        if self.writer is not None:
+            self.writer.wait()
+
+    def close(self) -> None:
+        """Wait for the last write and stop the background writer (end of run, SIGTERM)."""
+        if self.writer is not None:
+            self.writer.close()
+
+    def snapshot(self, step: int, tokens_total: int) -> Snapshot:
+        """Everything a save writes, copied out of the training state (training thread; one broadcast)."""
+        nonce = self._nonce()
+        tensors, meta = collect_shard(self.built, self.topo, self.layout)  # numpy copies that own their memory
+        rng = {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+        manifest = self._manifest(step, tokens_total, {}) if self.topo.rank == 0 else None
+        return Snapshot(step, nonce, os.path.join(self.root, f"step_{step}"),
+                        os.path.join(self.root, f".tmp-step_{step}-{nonce}"), tensors, meta, rng, manifest)
+
+    def write(self, snap: Snapshot) -> str:
+        """Write a snapshot as step_<N>, atomically (no collectives: safe on the background writer).
+
         Every rank writes its shard into `.tmp-step_<step>-<nonce>/` and, last, a
         `rank_<r>.files` listing (sizes, sha256); rank 0 waits for all listings, writes
         the manifest, renames the directory and prunes; the other ranks wait until the
-        renamed directory's manifest carries this save's nonce."""
-        nonce = self._nonce()
-        final = os.path.join(self.root, f"step_{step}")
-        tmp = os.path.join(self.root, f".tmp-step_{step}-{nonce}")
-        os.makedirs(tmp, exist_ok=True)
+        renamed directory's manifest carries this save's nonce. A rank whose write fails
+        leaves `rank_<r>.failed` so the others stop waiting; the directory stays `.tmp-*`."""
+        step, nonce, final, tmp = snap.step, snap.nonce, snap.final, snap.tmp
         rank = self.topo.rank
-        tensors, meta = collect_shard(self.built, self.topo, self.layout)
-        files = {}
-        stem = os.path.join(tmp, f"rank_{rank:05d}")
-        from safetensors.numpy import save_file
-
-        save_file(tensors, stem + ".safetensors")
-        _write_json(stem + ".json", {"rank": rank, "tensors": meta})
-        with open(stem + ".rng", "wb") as f:  # our own pickle, read back only from inside the run directory
-            pickle.dump({"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}, f)
-        for ext in (".safetensors", ".json", ".rng"):
-            path = stem + ext
-            _fsync_file(path)
-            files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
-        _write_json(stem + ".files.part", files)
-        os.replace(stem + ".files.part", stem + ".files")  # the listing appears whole, and last
-        if rank == 0 and os.environ.get("LLMTRAIN_FAULT_KILL_IN_SAVE") == str(step):
+        try:
+            self._write_shard(snap)
+        except BaseException as e:
+            try:
+                with open(os.path.join(tmp, f"rank_{rank:05d}.failed"), "w") as f:
+                    f.write(f"{type(e).__name__}: {e}\n")
+            except OSError:
+                pass
+            raise
+        if rank == 0 and _fault("LLMTRAIN_FAULT_KILL_IN_SAVE", str(step)):
             os.kill(os.getpid(), signal.SIGKILL)
         if rank == 0:
             listings = [os.path.join(tmp, f"rank_{r:05d}.files") for r in range(self.topo.world)]
-            self._wait_for(f"shards of {tmp}", lambda: all(os.path.exists(p) for p in listings))
+            self._wait_for(f"shards of {tmp}", lambda: all(os.path.exists(p) for p in listings), tmp)
             all_files = {}
             for listing in listings:
                 with open(listing) as f:
                     all_files.update(json.load(f))
                 os.remove(listing)
-            manifest = self._manifest(step, tokens_total, all_files)
-            manifest["save_nonce"] = nonce
+            manifest = dict(snap.manifest, files=all_files, save_nonce=nonce)
             _write_json(os.path.join(tmp, "manifest.json"), manifest)
             _fsync_dir(tmp)
             if os.path.exists(final):  # an older save of the same step (a resumed run redoing it)
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-            if os.environ.get("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE") == str(step):
+            if _fault("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE", str(step)):
                 os.kill(os.getpid(), signal.SIGKILL)
             for stale in glob.glob(os.path.join(self.root, ".tmp-step_*")):
                 shutil.rmtree(stale, ignore_errors=True)  # interrupted saves, superseded now
             self._prune(step)
             log0(f"checkpoint saved: {final} ({sum(v['size'] for v in all_files.values()) / 1e6:.1f} MB)")
         else:
-            self._wait_for(f"manifest of {final}", lambda: _manifest_nonce(final) == nonce)
-        self.last_saved_step = step
+            self._wait_for(f"manifest of {final}", lambda: _manifest_nonce(final) == nonce, tmp)
         return final
+
+    def _write_shard(self, snap: Snapshot) -> None:
+        from safetensors.numpy import save_file
+
+        os.makedirs(snap.tmp, exist_ok=True)
+        fail = os.environ.get("LLMTRAIN_FAULT_WRITE_ERROR")  # tests: "<step>:<rank>" raises OSError mid-write
+        if fail == f"{snap.step}:{self.topo.rank}":
+            raise OSError(f"LLMTRAIN_FAULT_WRITE_ERROR={fail}: injected write failure")
+        stem = os.path.join(snap.tmp, f"rank_{self.topo.rank:05d}")
+        save_file(snap.tensors, stem + ".safetensors")
+        _write_json(stem + ".json", {"rank": self.topo.rank, "tensors": snap.meta})
+        with open(stem + ".rng", "wb") as f:  # our own pickle, read back only from inside the run directory
+            pickle.dump(snap.rng, f)
+        files = {}
+        for ext in (".safetensors", ".json", ".rng"):
+            path = stem + ext
+            _fsync_file(path)
+            files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
+        _write_json(stem + ".files.part", files)
+        os.replace(stem + ".files.part", stem + ".files")  # the listing appears whole, and last
 
     def _manifest(self, step: int, tokens_total: int, files: dict) -> dict:
         from omegaconf import OmegaConf

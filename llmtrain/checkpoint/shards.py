@@ -8,7 +8,8 @@ Format (ours, layout-free): every tensor is stored under a canonical key —
 `beta1_pow_acc`, `beta2_pow_acc`, `master`) — as the slice this rank holds,
 with its global shape, the split axis and the offset of the slice along it.
 A tensor replicated over data-parallel, sharding or tensor-parallel ranks is
-written once (by its owner); a tp-split tensor by each tp rank of data rank 0;
+written once (by one data rank, chosen to balance the bytes, so the ranks share
+the copying and writing); a tp-split tensor by each tp rank of one data rank;
 sharded (ZeRO-1) optimizer state by the rank that owns it. Loading assembles
 the full tensor from its pieces and cuts this rank's slice for the new layout,
 so a checkpoint resumes under any dp/tp/pp/sharding mix.
@@ -35,14 +36,18 @@ def is_split_like_param(key: str) -> bool:
     return not key.rsplit("/", 1)[-1] in SCALAR_ACCUMULATORS
 
 
-def _np32(t) -> np.ndarray:
-    """An fp32 numpy array that owns its memory.
+def _np32(t, clone: bool = True) -> np.ndarray:
+    """An fp32 numpy array that owns its memory (a copy: training may go on while it is written).
 
     A ZeRO-2 parameter is a view into one flat buffer: `.numpy()` of the view
     copies the whole buffer (18 s for 40 gpt2-small parameters) and keeps it
     alive through the returned array. Cloning first copies only the view's
-    elements (0.13 s) and leaves an array that owns its memory."""
-    t = t.astype("float32") if t.dtype != paddle.float32 else t.clone()
+    elements (0.13 s) and leaves an array that owns its memory. `clone=False` for
+    tensors that are not views: `.numpy()` alone already copies (half the time)."""
+    if t.dtype != paddle.float32:
+        t = t.astype("float32")
+    elif clone:
+        t = t.clone()
     return np.ascontiguousarray(t.numpy())
 
 
@@ -95,12 +100,30 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta) -> Non
         meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
 
 
+def _balanced_owners(named_params, n: int) -> dict:
+    """{name: writer in [0, n)}: largest tensors first, each to the least-loaded writer (the same on every rank)."""
+    load, owner = [0] * n, {}
+    sizes = [(-int(np.prod([int(x) for x in p.shape])), name) for name, p in named_params]
+    for neg, name in sorted(sizes):
+        w = min(range(n), key=lambda k: (load[k], k))
+        owner[name] = w
+        load[w] -= neg
+    return owner
+
+
 def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes."""
     from llmtrain.paddle_compat.zero import stage3_slices
 
     tensors, meta = {}, {}
+    views = layout.sharding_stage == 2  # ZeRO-2 parameters and states may be views into flat buffers
     first_data_rank = topo.dp_rank == 0
+    # replicated tensors are spread over the data ranks, balanced by size, so each rank copies and
+    # writes ~1/n of them: a save's copy and write take ~1/n of the time on the slowest rank
+    data_ranks = layout.dp * layout.sharding
+    my_data_rank = topo.dp_rank * layout.sharding + topo.sharding_rank
+    param_writer = _balanced_owners(built.named_params, data_ranks)  # model tensors: any data rank
+    state_writer = _balanced_owners(built.named_params, layout.dp)   # optimizer state: any dp replica
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.get("master_weights", {}) or {}
     sliced = stage3_slices(built.model)
@@ -111,12 +134,12 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
             continue
         if not _owns_replica(param, topo, layout.tp):
             continue
-        if first_data_rank and topo.sharding_rank == 0:
+        if param_writer[name] == my_data_rank:  # parameters: identical on every dp and sharding rank (not ZeRO-3)
             key = f"model/{name}"
-            arr = _np32(param)
+            arr = _np32(param, clone=views)
             tensors[key] = arr
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
-        if not first_data_rank:
+        if state_writer[name] != topo.dp_rank:
             continue  # optimizer state is identical across dp replicas; sharding owners write their part
         if sliced and topo.sharding_rank != 0:
             continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
@@ -125,12 +148,12 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
             if var is None:
                 continue
             key = f"optim/{name}/{acc}"
-            arr = _np32(var)
+            arr = _np32(var, clone=views)
             tensors[key] = arr
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, split=is_split_like_param(key))
         if param.name in masters:
             key = f"optim/{name}/master"
-            arr = _np32(masters[param.name])
+            arr = _np32(masters[param.name], clone=views)
             tensors[key] = arr
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
     return tensors, meta

@@ -46,6 +46,14 @@ class TrainConfig:
     peak_tflops: Optional[float] = None
     """Peak dense TFLOP/s of one device for MFU. None: 989 on H100/H200 (bf16), a measured matmul peak on CPU, else unknown (mfu null)."""
 
+    hang_timeout_s: float = 1800.0
+    """Watchdog: end the rank (status 4, Python stacks of every thread in its log) when no step completes for this
+    many seconds (checkpoint saves excluded: they have checkpoint.timeout_minutes). 0 disables the watchdog."""
+
+    peer_timeout_s: float = 30.0
+    """Watchdog: end this rank (status 3, naming the peer) when another rank's heartbeat file under
+    <run.dir>/heartbeat has not changed for this many seconds (a dead process on this host is seen at once)."""
+
     progress_bar: bool = True
     """Show a tqdm progress bar with the metrics on rank 0."""
 

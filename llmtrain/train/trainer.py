@@ -11,10 +11,13 @@ decorate -> fleet / ZeRO wrappers -> the norm-recording clip -> checkpointer.
 `fit()`: resume from the newest complete checkpoint, then per step this rank's
 micro-batches (timed as data wait) -> `StepRunner` -> `Meter` (metrics.jsonl,
 progress bar, VisualDL) -> evaluation and checkpoint when due -> graceful stop on
-SIGTERM/SIGINT; at the end the final checkpoint and the loss-curve PNG.
+SIGTERM/SIGINT; at the end the final checkpoint and the loss-curve PNG. A watchdog
+thread (`watchdog.py`) ends the rank when no step completes in `train.hang_timeout_s`
+or another rank is gone.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -42,6 +45,7 @@ from llmtrain.train.plot import plot_metrics
 from llmtrain.train.prometheus import exporter_for_run
 from llmtrain.train.step import StepRunner
 from llmtrain.train.stop import StopRequest
+from llmtrain.train.watchdog import Watchdog
 from llmtrain.utils.log import log0
 
 
@@ -133,6 +137,23 @@ class Trainer:
             progress_bar=cfg.train.progress_bar, visualdl=cfg.train.visualdl, exporter=exporter,
         )
         stop = StopRequest().install()
+        wd = Watchdog(cfg.run.dir, topo, cfg.train.hang_timeout_s, cfg.train.peer_timeout_s).start() \
+            if cfg.train.hang_timeout_s > 0 else None
+        try:
+            last = self._loop(state, runner, meter, stop, wd)
+        except BaseException:
+            if wd is not None:
+                wd.stop("failed")  # peers on every node stop at once instead of waiting for a timeout
+            raise
+        if wd is not None:
+            wd.stop("done")
+        return last
+
+    def _loop(self, state, runner, meter, stop, wd) -> dict:
+        cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
+        max_steps = cfg.train.max_steps
+        paused = wd.paused if wd is not None else contextlib.nullcontext
+        exporter = meter.exporter
         step, stopped = state.step, False
         while step < max_steps:
             t0 = time.perf_counter()
@@ -142,24 +163,24 @@ class Trainer:
             out = runner.run(micro_batches)
             step += 1
             meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
+            if wd is not None:
+                wd.progress(step)
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
-                predicted = predicted_report(cfg.model, layout, "none" if paddle.get_device() == "cpu" else cfg.train.amp,
-                                             "cpu" if paddle.get_device() == "cpu" else "gpu")
-                report = write_memory_report(cfg.run.dir, built, topo, layout, parameter_count(cfg.model), step,
-                                             predicted)
-                if exporter is not None:
-                    exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
+                self._record_memory(step, exporter)
             if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
                 self._evaluate(runner, meter, step)
             stopped = stop.agreed(topo.world)
             if ckpt.due(step) or stopped:
-                self._save(step, meter)
+                with paused():
+                    self._save(step, meter)
                 meter.reset_window()
             if stopped:
                 log0(f"stopped by {stop.signal_name or 'a signal on another rank'} after step {step}")
                 break
-        if not stopped and cfg.checkpoint.save_final and ckpt.last_saved_step != step:
-            self._save(step, meter)
+        with paused():
+            if not stopped and cfg.checkpoint.save_final and ckpt.last_saved_step != step:
+                self._save(step, meter)
+            ckpt.close()  # async_save: the last background write is complete (or its failure raises here)
         meter.close()
         if topo.rank == 0 and os.path.exists(meter.path):
             png = plot_metrics(meter.path)
@@ -167,6 +188,15 @@ class Trainer:
         if exporter is not None:
             exporter.close(cfg.train.metrics_linger_s)
         return meter.last
+
+    def _record_memory(self, step: int, exporter) -> None:
+        """memory.json: what each rank holds (measured) beside the planner's prediction for this layout."""
+        cfg, layout, topo = self.cfg, self.layout, self.topo
+        on_cpu = paddle.get_device() == "cpu"  # Paddle's AMP is a no-op on CPU: everything stays fp32
+        predicted = predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu")
+        report = write_memory_report(cfg.run.dir, self.built, topo, layout, parameter_count(cfg.model), step, predicted)
+        if exporter is not None:
+            exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
 
     def _save(self, step: int, meter: Meter) -> None:
         """A checkpoint; its duration and completion time go to the Prometheus exporter."""

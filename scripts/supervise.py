@@ -1,0 +1,81 @@
+"""Relaunch a training job a bounded number of times, resuming from the newest complete checkpoint.
+
+    python scripts/supervise.py --max-restarts 3 -- \\
+        python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py +parallel=dp2 checkpoint.interval=100
+
+Run one supervisor per node, each around that node's launcher (same command, same fixed
+`--master HOST:PORT` for several nodes). When the launcher exits non-zero (a rank died:
+Paddle's launcher stops the node's other ranks and exits with the first failure; on the
+other nodes llmtrain's watchdog ends the ranks within train.peer_timeout_s), the supervisor
+waits `--delay` seconds and starts the same command again with `checkpoint.resume=auto`
+appended (unless the command already says so), so the job continues from the newest complete
+checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored). It stops after
+`--max-restarts` relaunches and exits with the last status; exit 0 ends it at once.
+SIGTERM / SIGINT to the supervisor go to the launcher (which forwards them: the ranks finish
+their step, save and exit 0) and no relaunch follows. Each attempt sees LLMTRAIN_ATTEMPT=<n>.
+
+Why not Paddle's own restart: `paddle.distributed.launch --max_restart N --elastic_level 1`
+restarts only with an etcd master (`--master etcd://HOST:2379`); this script needs nothing
+but the launcher and a shared filesystem.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 usage="supervise.py [--max-restarts N] [--delay S] -- COMMAND ...")
+    ap.add_argument("--max-restarts", type=int, default=3, help="relaunches after the first attempt (default 3)")
+    ap.add_argument("--delay", type=float, default=5.0, help="seconds between a failure and the relaunch (default 5)")
+    ap.add_argument("command", nargs=argparse.REMAINDER, help="the launch command, after --")
+    args = ap.parse_args()
+    cmd = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not cmd:
+        ap.error("no command given: supervise.py [options] -- python -m paddle.distributed.launch ...")
+    if args.max_restarts < 0:
+        ap.error(f"--max-restarts={args.max_restarts}: must be >= 0")
+    resume = [a for a in cmd if a.startswith("checkpoint.resume=")]
+    if resume and resume[-1] != "checkpoint.resume=auto":
+        ap.error(f"{resume[-1]}: a relaunch must resume from the newest checkpoint (checkpoint.resume=auto)")
+    if not resume:
+        cmd = cmd + ["checkpoint.resume=auto"]
+
+    child: list[subprocess.Popen] = []
+    stopping: list[int] = []
+
+    def forward(signum, frame):
+        stopping.append(signum)
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = 1
+    for attempt in range(args.max_restarts + 1):
+        print(f"[supervise] attempt {attempt + 1} of {args.max_restarts + 1}: {' '.join(cmd)}", file=sys.stderr, flush=True)
+        child[:] = [subprocess.Popen(cmd, env=dict(os.environ, LLMTRAIN_ATTEMPT=str(attempt)))]
+        code = child[0].wait()
+        if code == 0:
+            print(f"[supervise] the job finished (attempt {attempt + 1})", file=sys.stderr, flush=True)
+            return 0
+        if stopping:
+            print(f"[supervise] stopped by {signal.Signals(stopping[0]).name}; status {code}; no relaunch",
+                  file=sys.stderr, flush=True)
+            return code if code > 0 else 128 - code
+        print(f"[supervise] attempt {attempt + 1} failed with status {code}", file=sys.stderr, flush=True)
+        if attempt < args.max_restarts:
+            time.sleep(args.delay)
+            if stopping:
+                return 128 + stopping[0]
+    print(f"[supervise] giving up after {args.max_restarts} relaunches; last status {code}", file=sys.stderr, flush=True)
+    return code if code > 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""Failure detection: two launchers on 127.0.0.1 as two nodes (one rank each); rank 1 is SIGKILLed or SIGSTOPped.
+
+    python -m pytest tests/train/test_watchdog.py -q
+
+Paddle's launcher of node 0 is never told that node 1 failed: without the watchdog,
+rank 0 waits in a collective for gloo's timeout or longer. With it, rank 0 names the
+failed rank and exits non-zero within seconds (dead peer: its heartbeat; stopped peer:
+no step completes for train.hang_timeout_s, then the Python stacks are dumped), and
+the newest complete checkpoint is intact.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launch import REPO, env, free_port, launch_cmd
+from llmtest import tiny_overrides
+from llmtrain.checkpoint.manager import list_checkpoints, verify_files
+
+HANG_S = 10
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _steps_done(run_dir: Path) -> int:
+    try:
+        return sum(1 for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"loss"' in line)
+    except OSError:
+        return 0
+
+
+def _two_nodes(corpus, tmp_path: Path):
+    run_dir = tmp_path / "run"
+    args = ["llmtrain/pretrain.py", *tiny_overrides(corpus, str(run_dir), "gpt", steps=500), "+parallel=dp2",
+            "checkpoint.interval=3", "checkpoint.keep_last=2", f"train.hang_timeout_s={HANG_S}"]
+    master = f"127.0.0.1:{free_port()}"
+    procs = []
+    for node in (0, 1):
+        cmd = launch_cmd(args, 1, tmp_path / f"log{node}", master=master, nnodes=2, rank=node)
+        procs.append(subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      text=True, start_new_session=True))
+    deadline = time.time() + 180
+    while not (list_checkpoints(str(run_dir / "checkpoints")) and _steps_done(run_dir) >= 5):
+        assert time.time() < deadline and all(p.poll() is None for p in procs), "the job did not start training"
+        time.sleep(0.05)
+    workers = _children(procs[1].pid)
+    assert len(workers) == 1, workers
+    return run_dir, procs, workers[0]
+
+
+def _cleanup(procs, worker1: int) -> None:
+    for pid in (worker1, *(p.pid for p in procs)):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        p.wait()
+
+
+def _newest_intact(run_dir: Path) -> None:
+    found = list_checkpoints(str(run_dir / "checkpoints"))
+    assert found and verify_files(found[0][1]) == [], found
+
+
+@pytest.mark.slow
+def test_sigkill_of_rank1_ends_the_other_node_naming_it(tiny_corpus, tmp_path):
+    run_dir, procs, worker1 = _two_nodes(tiny_corpus, tmp_path)
+    try:
+        os.kill(worker1, signal.SIGKILL)
+        t0 = time.time()
+        out0, _ = procs[0].communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        _cleanup(procs, worker1)
+    assert procs[0].returncode != 0, out0[-3000:]
+    log0 = (tmp_path / "log0" / "workerlog.0").read_text(errors="replace")
+    # Two ways node 0 learns it, whichever comes first: the kernel resets rank 1's gloo connections and
+    # rank 0's collective aborts (milliseconds, when rank 0 is in one with rank 1), or rank 0's
+    # watchdog sees rank 1's heartbeat pid gone (<= 1 s; on another host: train.peer_timeout_s).
+    by_watchdog = "[llmtrain watchdog] rank 1 (host" in log0
+    if by_watchdog:
+        assert "is gone: its process no longer runs" in log0 and "exits with status 3" in log0, log0[-3000:]
+    else:
+        assert "Connection reset by peer" in log0 or "Connection closed by peer" in log0, log0[-3000:]
+    print(f"node 0 ended {took:.1f} s after rank 1 was killed, status {procs[0].returncode}, "
+          f"{'by the watchdog' if by_watchdog else 'by gloo seeing the connection reset'}\n{out0[-1500:]}")
+    assert took < 60
+    _newest_intact(run_dir)
+
+
+@pytest.mark.slow
+def test_sigstop_of_rank1_fires_the_hang_watchdog_with_stacks(tiny_corpus, tmp_path):
+    run_dir, procs, worker1 = _two_nodes(tiny_corpus, tmp_path)
+    try:
+        os.kill(worker1, signal.SIGSTOP)
+        t0 = time.time()
+        out0, _ = procs[0].communicate(timeout=60)
+        took = time.time() - t0
+    finally:
+        _cleanup(procs, worker1)
+    assert procs[0].returncode != 0, out0[-3000:]
+    log0 = (tmp_path / "log0" / "workerlog.0").read_text(errors="replace")
+    assert f"rank 0: no step completed for" in log0 and f"train.hang_timeout_s={HANG_S}" in log0, log0[-3000:]
+    assert "Current thread" in log0 or "Thread 0x" in log0, log0[-3000:]  # faulthandler's stack dump
+    assert "in _loop" in log0 and "exits with status 4" in log0, log0[-3000:]
+    print(f"node 0 ended {took:.1f} s after rank 1 was stopped, status {procs[0].returncode}")
+    assert HANG_S - 2 < took < 60
+    _newest_intact(run_dir)
+
+
+def test_peer_checks_from_heartbeat_files(tmp_path):
+    """The dead-peer rules, in-process: a gone pid on this host, a failed state, a beat that stops changing,
+    an earlier run's file (another job id) ignored until the peer timeout."""
+    import json
+    import socket
+    from types import SimpleNamespace
+
+    from llmtrain.train.watchdog import Watchdog
+
+    wd = Watchdog(str(tmp_path), SimpleNamespace(rank=0, world=2), hang_timeout_s=100, peer_timeout_s=5)
+    wd.job, wd._started = 7, 0.0
+    (tmp_path / "heartbeat").mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+
+    def peer(**kw):
+        info = {"job": 7, "rank": 1, "host": socket.gethostname(), "pid": os.getpid(), "beat": 1, "step": 4,
+                "state": "running"} | kw
+        (tmp_path / "heartbeat" / "rank_00001.json").write_text(json.dumps(info))
+
+    peer(job=6)  # an earlier run's file: not a live peer, and only an error after the peer timeout
+    assert wd._peer_problem(1, now=1.0) is None
+    assert "never wrote a heartbeat" in wd._peer_problem(1, now=6.0)
+    peer()
+    assert wd._peer_problem(1, now=10.0) is None
+    assert wd._peer_problem(1, now=14.0) is None
+    assert "rank 1 (host" in wd._peer_problem(1, now=16.0) and "no heartbeat for 6 s" in wd._peer_problem(1, now=16.0)
+    peer(beat=2)
+    assert wd._peer_problem(1, now=17.0) is None
+    peer(pid=gone.pid)
+    assert "last completed step 4) is gone: its process no longer runs" in wd._peer_problem(1, now=18.0)
+    peer(state="failed", host="elsewhere")
+    assert wd._peer_problem(1, now=18.0).endswith("failed")
+    peer(state="done", host="elsewhere", beat=2)
+    assert wd._peer_problem(1, now=100.0) is None
