@@ -166,22 +166,23 @@ def parse_chunk(chunk: Chunk, opt: ParseOptions) -> Parsed:
     """Decode, parse, validate and normalise the records of one chunk."""
     out = Parsed(words=[] if opt.words_key else None, hashes=[] if opt.fingerprints else None)
     want_words = opt.words_key is not None
+    payload = chunk.data()
     if chunk.fmt == "records":
-        texts = chunk.payload[opt.key]
-        words = chunk.payload.get(opt.words_key) if want_words else None
+        texts = payload[opt.key]
+        words = payload.get(opt.words_key) if want_words else None
         for i, text in enumerate(texts):
             _accept(out, opt, text, words[i] if want_words else None, chunk.first_line + i, want_words)
         return out
     if chunk.fmt == "jsonl":
-        _json_lines(out, opt, chunk.payload, chunk.first_line)
+        _json_lines(out, opt, payload, chunk.first_line)
     elif opt.text_mode == "line":
-        for i, s in enumerate(_decode_lines(chunk.payload, chunk.first_line, out.bad)):
+        for i, s in enumerate(_decode_lines(payload, chunk.first_line, out.bad)):
             if s is not None:
                 _accept(out, opt, s.rstrip("\r"), None, chunk.first_line + i, False)
     else:  # "para": blank-line separated; a paragraph with an undecodable line is counted once
         cur: list[str] | None = []  # None: the current paragraph had an invalid line
         start = 0
-        for i, s in enumerate(_decode_lines(chunk.payload, chunk.first_line, out.bad)):
+        for i, s in enumerate(_decode_lines(payload, chunk.first_line, out.bad)):
             line = chunk.first_line + i
             if s is None:
                 cur = None

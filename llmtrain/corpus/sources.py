@@ -59,8 +59,28 @@ class Chunk:
     label: str  # file name used in messages
     first_line: int  # 1-based line (or row) number of the first record
     fmt: str  # jsonl | text | records
-    payload: bytes | dict  # bytes for jsonl/text; {column: list} for records
+    payload: bytes | dict | None  # bytes for jsonl/text; {column: list} for records; None: by_reference()
     nbytes: int  # raw bytes (line formats) or characters (tables), for the progress bar
+    offset: int | None = None  # where the bytes start in the file ``label`` (uncompressed files only)
+    newlines: int = 0  # b"\n" in the bytes (line formats)
+
+    def by_reference(self) -> "Chunk":
+        """The same chunk without its bytes when they can be read again from an uncompressed file
+        (what is sent to a worker process: a few numbers instead of a megabyte through a pipe)."""
+        if self.offset is None or not isinstance(self.payload, bytes):
+            return self
+        return Chunk(self.label, self.first_line, self.fmt, None, self.nbytes, self.offset, self.newlines)
+
+    def data(self) -> bytes | dict:
+        """The payload; read from the file (and checked against what was cut) for a chunk by reference."""
+        if self.payload is not None:
+            return self.payload
+        with open(self.label, "rb") as f:
+            data = os.pread(f.fileno(), self.nbytes, self.offset)
+        if len(data) != self.nbytes or data.count(b"\n") != self.newlines:
+            raise RuntimeError(f"{self.label}: changed while being read (bytes {self.offset}.."
+                               f"{self.offset + self.nbytes} differ from what was cut into chunks)")
+        return data
 
 
 # ---------------------------------------------------------------- expansion
@@ -144,17 +164,19 @@ def open_binary(src: Source):
 def _line_chunks(src: Source, text_mode: str, chunk_bytes: int) -> Iterator[Chunk]:
     para = src.fmt == "text" and text_mode == "para"
     line, carry = 1, b""
+    pos = 0 if src.compression is None else None  # file offset of the start of ``carry`` (plain files)
     with open_binary(src) as f:
         first = True
         while True:
             block = f.read(chunk_bytes)
             if first and block.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is not text
                 block = block[3:]
+                pos = 3 if pos is not None else None
             first = False
             buf = carry + block if carry else block
             if not block:
                 if buf:
-                    yield Chunk(src.path, line, src.fmt, buf, len(buf))
+                    yield Chunk(src.path, line, src.fmt, buf, len(buf), pos, buf.count(b"\n"))
                 return
             if para:
                 cut = 0
@@ -166,8 +188,10 @@ def _line_chunks(src: Source, text_mode: str, chunk_bytes: int) -> Iterator[Chun
                 carry = buf
                 continue
             payload, carry = buf[:cut], buf[cut:]
-            yield Chunk(src.path, line, src.fmt, payload, len(payload))
-            line += payload.count(b"\n")
+            newlines = payload.count(b"\n")
+            yield Chunk(src.path, line, src.fmt, payload, len(payload), pos, newlines)
+            line += newlines
+            pos = pos + cut if pos is not None else None
 
 
 def _table_chunks(label: str, batches, cols: list[str]) -> Iterator[Chunk]:

@@ -88,7 +88,7 @@ def _results(chunks, workers: int, init_args: tuple):
         window: collections.deque = collections.deque()
         try:
             for chunk in chunks:
-                window.append(pool.submit(encode_chunk, chunk))
+                window.append(pool.submit(encode_chunk, chunk.by_reference()))  # the worker reads plain files
                 if len(window) >= 2 * workers + 2:
                     yield window.popleft().result()
             while window:

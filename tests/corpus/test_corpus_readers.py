@@ -193,3 +193,27 @@ def test_orjson_fast_path_accepts_and_refuses_what_json_does(tmp_path):
     assert (fast.texts, fast.lines, fast.bad) == (slow.texts, slow.lines, slow.bad)
     assert len(fast.texts) >= 10 and {b[0] for b in fast.bad} >= {"malformed_json", "invalid_utf8", "non_string_field",
                                                                    "nul_byte", "empty", "missing_field"}
+
+
+def test_chunks_by_reference_read_the_same_bytes_and_notice_a_changed_file(tmp_path):
+    """Workers get plain-file chunks as (file, offset, size) and read the bytes themselves."""
+    from llmtrain.corpus.sources import iter_chunks
+
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"text": f"文{i}" * (i % 9 + 1)}, ensure_ascii=False) + "\n"
+                                               for i in range(300)).encode() + b'{"text": "no newline at the end"}')
+    chunks = list(iter_chunks(expand_inputs([str(path)])[0][0], ParseOptions(), chunk_bytes=700))
+    assert len(chunks) > 5 and all(c.offset is not None for c in chunks)
+    for c in chunks:
+        ref = c.by_reference()
+        assert ref.payload is None and ref.data() == c.payload
+    gz = tmp_path / "c.jsonl.gz"
+    gz.write_bytes(gzip.compress(path.read_bytes()))
+    gz_chunk = next(iter_chunks(expand_inputs([str(gz)])[0][0], ParseOptions()))
+    assert gz_chunk.offset is None and gz_chunk.by_reference() is gz_chunk  # compressed: the bytes travel
+    ref = chunks[2].by_reference()
+    data = bytearray(path.read_bytes())
+    data[ref.offset + 5: ref.offset + 7] = b"\n\n"
+    path.write_bytes(bytes(data))
+    with pytest.raises(RuntimeError, match="changed while being read"):
+        ref.data()
