@@ -289,7 +289,10 @@ def section(pre, info, idx, host, argv) -> str:
     by = {r["variant"]: r for r in pre}
     one, two = by[OURS1], by[OURS2]
     two_vs = two["MB/s"] / by["raw SentencePiece, 2 threads, numpy ids"]["MB/s"]
-    verdict = "met" if one["ratio to limit"] >= 0.85 else "missed"
+    met = [one["ratio to limit"] >= 0.85, info["paired_median"] >= 0.85]
+    verdict = ("met" if all(met) else "missed" if not any(met) else
+               "met by the ratio of medians, missed by the median of round-by-round ratios" if met[0] else
+               "missed by the ratio of medians, met by the median of round-by-round ratios")
     b = info["breakdown"]
     prof = table(b["profile"], ["function", "calls", "tottime s", "cumtime s"])
     return f"""## Preprocessing
@@ -314,6 +317,10 @@ earlier measurement, 0.60 for one worker then).
 start-up; round by round, the limit's time / one worker's time in the same round: {', '.join(map(str, info['paired']))},
 median {info['paired_median']}). Each worker runs SentencePiece with one thread; no row of ours uses
 SentencePiece's threads.
+
+Median wall time minus median CPU time of the encoding process (time spent waiting for a core, start-up and
+the pipeline's fill and drain included): raw single-thread SentencePiece {round(by[LIMIT]['median s'] - by[LIMIT]['encoding CPU s'], 2)} s,
+one worker {round(one['median s'] - one['encoding CPU s'], 2)} s.
 
 The same runs by CPU time, which other jobs distort less than wall time: "encoding CPU s" is the CPU time of
 the processes (or threads) that parse and encode (for ours: the workers, start-up included), "main-process
