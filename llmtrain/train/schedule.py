@@ -112,3 +112,14 @@ class WarmupDecay(LRScheduler):
         a saved `last_lr` (which belongs to the schedule of the run that wrote it)."""
         self.last_epoch = step
         self.last_lr = self.get_lr()
+
+    def follow_samples(self, consumed_samples: int, samples_per_step: int) -> None:
+        """Batch ramp-up: put the schedule at ``consumed_samples / samples_per_step`` (a fractional step).
+
+        Under `train.batch_rampup` the steps of the ramp are smaller than `train.global_batch_size`,
+        so, as in Megatron (whose scheduler advances by the samples of each step, its warmup and
+        decay counted in samples = iterations x the final global batch), the LR follows consumed
+        samples: a step of half the final batch moves the schedule half a step. Called before each
+        step with the samples consumed before it; `step()` afterwards is overwritten by the next call."""
+        self.last_epoch = consumed_samples / samples_per_step
+        self.last_lr = self.get_lr()

@@ -157,8 +157,11 @@ class Trainer:
         step, stopped = state.step, False
         while step < max_steps:
             t0 = time.perf_counter()
+            consumed_before = data.consumed_samples
             micro_batches = data.next_step()
             data_wait = time.perf_counter() - t0
+            if cfg.train.batch_rampup is not None:  # the LR follows consumed samples, as Megatron's does
+                built.scheduler.follow_samples(consumed_before, layout.global_batch)
             lr = built.optimizer.get_lr()
             out = runner.run(micro_batches)
             step += 1

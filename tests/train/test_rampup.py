@@ -81,6 +81,21 @@ def test_rampup_dp2_equals_one_process_and_resumes_mid_ramp(ramp_runs):
                 assert r[k] == e[k], (name, r["step"], k, r[k], e[k])
 
 
+def test_lr_follows_consumed_samples_through_the_ramp(ramp_runs, tiny_corpus):
+    """Each step's LR is the schedule's at (samples consumed before it) / train.global_batch_size, on every layout."""
+    from llmtest import compose
+    from llmtrain.config import to_config
+    from llmtrain.train.schedule import lr_at
+
+    cfg = to_config(compose(tiny_overrides(tiny_corpus, "/tmp/unused", "gpt", steps=10)))
+    before = [0] + CONSUMED[:-1]
+    want = [lr_at(c / 16, cfg.optim, 10) for c in before]
+    assert want[1] != lr_at(1, cfg.optim, 10)  # the ramp's small steps move the schedule less than a step
+    for name in ("single", "dp2", "resumed"):
+        for r in ramp_runs[name]:
+            assert abs(r["lr"] - want[r["step"] - 1]) <= 1e-12 * max(1.0, want[r["step"] - 1]), (name, r["step"])
+
+
 def test_resolve_lists_rampup_problems(tiny_corpus):
     from llmtest import compose
     from llmtrain.config import ConfigError, to_config
