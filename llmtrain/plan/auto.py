@@ -45,7 +45,7 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
         rows = rank_layouts(planned, _model(planned))
     finally:
         devices.PROFILES["cpu-here"] = saved
-    fitting = [r for r in rows if r["fits"]]
+    fitting = [r for r in rows if r["fits"] and r["runnable"]]  # selective recompute is planned, not trained
     if not fitting:
         raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory"])
     best = fitting[0]

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -20,6 +21,13 @@ class PlanConfig:
 
     top: int = 10
     """Rows of the ranked table."""
+
+    recompute: Optional[str] = None
+    """Explaining one layout: none, full or selective (default: `train.recompute`). Selective (attention core
+    only, Korthikanti et al. 2022) is planned but not runnable in llmtrain yet; ranking lists all three."""
+
+    profile: str = "work/cpu-here.json"
+    """The calibrated `cpu-here` profile `python -m llmtrain.plan --calibrate` writes; read when it exists."""
 
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""
