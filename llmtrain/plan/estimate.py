@@ -90,6 +90,13 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
     return n * e + stats * 4 + probs
 
 
+def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
+    """Bytes a fully recomputed block keeps between its forward and backward: its input [b, s, h] (whole on
+    every tp rank without sequence parallelism) and, with RoPE, the block's cached cos/sin tables [s, d]
+    (measured on CPU: tests/plan/test_activations.py)."""
+    return s * b * cfg.hidden_size * e + (2 * s * cfg.head_dim() * e if cfg.position == "rope" else 0)
+
+
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float) -> dict:
     mode = recompute_mode(recompute)
@@ -105,7 +112,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     else:
         in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
     if mode == "full":
-        act = in_flight_layers * s * b * cfg.hidden_size * dtype_bytes + per_layer
+        act = in_flight_layers * recompute_kept_bytes(cfg, s, b, dtype_bytes) + per_layer
     else:
         act = in_flight_layers * per_layer
     logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
