@@ -65,6 +65,10 @@ def plan(cfg) -> list[dict]:
         problems += model_fit_problems(cfg.parallel, model)
         if problems:
             raise ConfigError(problems)
+        from llmtrain.plan.estimate import RECOMPUTE
+
+        if cfg.plan.recompute is not None and cfg.plan.recompute not in RECOMPUTE:
+            raise ConfigError([f"plan.recompute={cfg.plan.recompute!r}: expected one of {list(RECOMPUTE)} or null"])
         recompute = cfg.plan.recompute if cfg.plan.recompute is not None else cfg.train.recompute
         return [evaluate(cfg, model, layout, recompute, get_device(cfg.plan.device, cfg.plan.profile))]
     return rank_layouts(cfg, model)

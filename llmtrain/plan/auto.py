@@ -49,7 +49,8 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     if not fitting:
         raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory"])
     best = fitting[0]
-    log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid layouts fit; top three:")
+    log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid (layout, micro-batch, recompute) "
+        "fit and are runnable (selective recompute is planned only); top three:")
     for r in fitting[:3]:
         log(f"  {r['name']} micro-batch {r['micro_batch']} recompute {r['recompute']}: {r['tokens_per_sec_per_device']:.0f} "
             f"tokens/s/device predicted, step {r['step_time_s']:.3f} s, worst rank {r['memory_bytes']['total'] / 2**30:.2f} GiB")

@@ -26,8 +26,9 @@ class PlanConfig:
     """Explaining one layout: none, full or selective (default: `train.recompute`). Selective (attention core
     only, Korthikanti et al. 2022) is planned but not runnable in llmtrain yet; ranking lists all three."""
 
-    profile: str = "work/cpu-here.json"
-    """The calibrated `cpu-here` profile `python -m llmtrain.plan --calibrate` writes; read when it exists."""
+    profile: Optional[str] = "work/cpu-here.json"
+    """The calibrated `cpu-here` profile `python -m llmtrain.plan --calibrate` writes, relative to the working
+    directory; read when it exists (null: never; then the gloo figures are assumed)."""
 
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""
