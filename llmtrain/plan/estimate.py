@@ -11,7 +11,8 @@ blocks: saved inputs of the two norms and of q/k/v (replicated, 3·s·b·h), q/k
 the attention output (s·b·q/t), math attention's scores and softmax (2·a·s²·b/t; flash attention keeps
 only a fp32 log-sum-exp of a·s·b/t), the MLP input (s·b·h), and the MLP's inner tensors (GeLU: 2·s·b·f/t;
 SwiGLU: gate, up, silu(gate), product: 4·s·b·f/t), in the compute dtype; no dropout. With full recompute
-a layer keeps only its input (s·b·h) plus one layer's full set during its backward. Selective recompute
+a layer keeps only its input (s·b·h; with RoPE also the block's cached cos/sin tables, 2·s·d; both
+measured on CPU through the host allocator) plus one layer's full set during its backward. Selective recompute
 (Korthikanti et al. 2022, section 4.2: only the attention core, softmax(q·kᵀ)·v, is recomputed) drops the
 core's own saved tensors, the a·s²·b/t probabilities of math attention (Table 2's 5·a·s/h term; flash
 attention: its log-sum-exp) and keeps everything else; it is a planner option only (`recompute`
@@ -23,8 +24,9 @@ and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and
 Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; full recompute adds one more
 forward, 2N + 4·L·h·s, selective recompute the attention core's forward, 4·L·h·s) x tokens per device per
 step / (peak x efficiency); tp: 4 all-reduces of b·s·h per layer per micro-batch (2 forward, 2 backward;
-ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha; full recompute repeats the 2 forward ones), not overlapped; pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad),
-not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
+ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha; full recompute repeats the 2 forward ones), not overlapped;
+pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
+profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
 share) and, for sharding stage 1/2, a gradient reduce-scatter, overlapped with the backward of the last
 micro-batch only (gradient accumulation syncs once), exposed = max(0, comm - 0.8·that backward), plus the
 all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-3, every micro-batch:
