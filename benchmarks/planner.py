@@ -17,7 +17,8 @@ optimizer (`--overlap-param-gather` requires it: sharding stage 1 over the 48 da
 there and assumed: micro-batch 1 (Megatron's GPT-3 example script), no recompute, no interleaving; TFLOP/s
 by Megatron's formula 72·L·h²·(1 + s/(6h) + V/(12·L·h)) per token. The ratios: Korthikanti et al. 2022,
 530B (h 20480, 105 layers, 128 heads, TP8 PP35, 2240 A100, global batch 2240 of seq 2048, micro-batch 1,
-vocabulary 51200) selective vs full recompute MFU; torchtitan (docs/performance.md before its removal,
+vocabulary 51200: the abstract's figures, the rest recalled from the paper's Table 3 and the batch inferred,
+see benchmarks/README.md) selective vs full recompute MFU; torchtitan (docs/performance.md before its removal,
 Table 5) Llama 3.1 405B on 512 H100, FSDP8 TP8 PP8, local batch 32, global 256, seq 8192, full activation
 checkpointing, 8 micro-batches (torchtitan's default: the pp degree), interleaved = 2 stages per rank:
 interleaved 1F1B vs 1F1B tokens/s. `--cpu` uses the calibrated cpu-here profile when work/cpu-here.json
