@@ -8,7 +8,8 @@ The job's world size is the launcher's (PADDLE_TRAINERS_NUM); the device profile
 config alone: on CPU the profile's peak is a fixed nominal figure here, not the per-process
 matmul measurement, so that no two ranks can rank differently (no collective exists yet).
 The chosen degrees, micro-batch and recompute replace `parallel.*`, `train.micro_batch_size`
-(grad_accum derived from the global batch) and `train.recompute`; the run then goes on
+(grad_accum derived from the global batch) and `train.recompute` (rows planned with selective recompute
+are skipped: the Trainer recomputes whole blocks only); the run then goes on
 exactly as if they had been given. The top three and the reason the first won are logged.
 """
 from __future__ import annotations
@@ -47,7 +48,8 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
         devices.PROFILES["cpu-here"] = saved
     fitting = [r for r in rows if r["fits"] and r["runnable"]]  # selective recompute is planned, not trained
     if not fitting:
-        raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory"])
+        raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory "
+                           "with a recompute llmtrain runs (none or full)"])
     best = fitting[0]
     log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid (layout, micro-batch, recompute) "
         "fit and are runnable (selective recompute is planned only); top three:")

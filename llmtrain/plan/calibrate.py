@@ -135,6 +135,8 @@ def calibrate(out: str = "work/cpu-here.json", sizes=SIZES, repeats: int = 10) -
 
 
 def main(argv: list[str]) -> None:
+    if "--out" in argv and argv.index("--out") + 1 >= len(argv):
+        sys.exit("--out needs a path: python -m llmtrain.plan --calibrate --out PATH")
     out = argv[argv.index("--out") + 1] if "--out" in argv else "work/cpu-here.json"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     p = calibrate(out)
