@@ -9,7 +9,8 @@ torchtitan's FSDP2 points on 64 x A100-80G (docs/performance.md: Llama2-13B loca
 activation checkpointing; Llama3-70B local batch 1, seq 8192, full checkpointing), FSDP taken as ZeRO-3
 over 64 ranks. `--cpu`: gpt-tiny (vocabulary 16000, seq 128, global batch 8, micro-batch 2) for 8 steps
 under dp2 tp2 pp2 sharding2 zero2 zero3 (one launch each) on this machine, measured step time (median of steps
-3-8) against the cpu-here profile (matmul peak measured now; gloo constants assumed, not calibrated).
+3-8) against the cpu-here profile (calibrated by `python -m llmtrain.plan --calibrate` into work/cpu-here.json;
+without that file: matmul peak measured now, gloo constants assumed).
 Megatron-LM's H100 weak-scaling table (README, images/model_table.png: GPT 7.1B = h 4096, 30 layers, 32
 heads on 96 GPUs TP2 PP1 DP48, 177B = h 12288, 96 layers, 96 heads on 2304 GPUs TP8 PP6 DP48; batch 192 /
 1152, seq 4096, vocabulary 131072, untied embeddings (the parameter counts need them), the distributed
