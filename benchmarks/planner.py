@@ -9,8 +9,21 @@ torchtitan's FSDP2 points on 64 x A100-80G (docs/performance.md: Llama2-13B loca
 activation checkpointing; Llama3-70B local batch 1, seq 8192, full checkpointing), FSDP taken as ZeRO-3
 over 64 ranks. `--cpu`: gpt-tiny (vocabulary 16000, seq 128, global batch 8, micro-batch 2) for 8 steps
 under dp2 tp2 pp2 sharding2 zero2 zero3 (one launch each) on this machine, measured step time (median of steps
-3-8) against the cpu-here profile (matmul peak measured now; gloo constants assumed, not calibrated).
-Not done yet: Megatron-LM's H100 table, the recompute and interleaving ratios, `--calibrate`.
+3-8) against the cpu-here profile (calibrated by `python -m llmtrain.plan --calibrate` into work/cpu-here.json;
+without that file: matmul peak measured now, gloo constants assumed).
+Megatron-LM's H100 weak-scaling table (README, images/model_table.png: GPT 7.1B = h 4096, 30 layers, 32
+heads on 96 GPUs TP2 PP1 DP48, 177B = h 12288, 96 layers, 96 heads on 2304 GPUs TP8 PP6 DP48; batch 192 /
+1152, seq 4096, vocabulary 131072, untied embeddings (the parameter counts need them), the distributed
+optimizer (`--overlap-param-gather` requires it: sharding stage 1 over the 48 data ranks)); not published
+there and assumed: micro-batch 1 (Megatron's GPT-3 example script), no recompute, no interleaving; TFLOP/s
+by Megatron's formula 72·L·h²·(1 + s/(6h) + V/(12·L·h)) per token. The ratios: Korthikanti et al. 2022,
+530B (h 20480, 105 layers, 128 heads, TP8 PP35, 2240 A100, global batch 2240 of seq 2048, micro-batch 1,
+vocabulary 51200: the abstract's figures, the rest recalled from the paper's Table 3 and the batch inferred,
+see benchmarks/README.md) selective vs full recompute MFU; torchtitan (docs/performance.md before its removal,
+Table 5) Llama 3.1 405B on 512 H100, FSDP8 TP8 PP8, local batch 32, global 256, seq 8192, full activation
+checkpointing, 8 micro-batches (torchtitan's default: the pp degree), interleaved = 2 stages per rank:
+interleaved 1F1B vs 1F1B tokens/s. `--cpu` uses the calibrated cpu-here profile when work/cpu-here.json
+exists (`python -m llmtrain.plan --calibrate`).
 """
 from __future__ import annotations
 
@@ -40,6 +53,68 @@ PUBLISHED = [  # (label, overrides, tokens/s/device, max allocated MB or None)
     ("torchtitan Llama3-70B 64xA100-80G FSDP mb1 full AC", FSDP64 + LLAMA3_70B + [
         "data.seq_len=8192", "train.global_batch_size=64", "train.micro_batch_size=1", "train.recompute=true"], 331, None),
 ]
+
+
+def _gpt(h, layers, heads, vocab, seq) -> list[str]:
+    """A Megatron-style GPT (LayerNorm, GeLU, learned positions, biases) of the given shape: planner-only overrides."""
+    return ["model=gpt2-small", "model.name=gpt", f"model.vocab_size={vocab}", f"model.hidden_size={h}",
+            f"model.num_layers={layers}", f"model.num_heads={heads}", f"model.ffn_hidden_size={4 * h}",
+            f"model.max_position_embeddings={seq}", "model.activation=gelu", f"data.seq_len={seq}", "train.amp=bf16"]
+
+
+def megatron_flops_per_token(layers, h, seq, vocab) -> float:
+    """Megatron-LM's model FLOPs per token (no recompute): 72·L·h²·(1 + s/(6h) + V/(12·L·h))."""
+    return 72 * layers * h * h * (1 + seq / (6 * h) + vocab / (12 * layers * h))
+
+
+MEGATRON = [  # (label, (h, layers, heads), tp, pp, devices, global batch, published TFLOP/s per GPU)
+    ("Megatron-LM GPT 7.1B 96xH100 TP2 PP1", (4096, 30, 32), 2, 1, 96, 192, 465.9),
+    ("Megatron-LM GPT 177B 2304xH100 TP8 PP6", (12288, 96, 96), 8, 6, 2304, 1152, 432.8),
+]
+KORTHIKANTI_530B = _gpt(20480, 105, 128, 51200, 2048) + [
+    "model.tie_embeddings=true", "model.attention=math", "plan.device=a100-80g", "plan.devices=2240", "+parallel=dp2tp2pp2",
+    "parallel.dp=8", "parallel.tp=8", "parallel.pp=35", "train.global_batch_size=2240", "train.micro_batch_size=1"]
+LLAMA31_405B = ["model=llama-7b", "model.name=llama3.1-405b", "model.vocab_size=128256", "model.hidden_size=16384",
+                "model.num_layers=128", "model.num_heads=128", "model.num_kv_heads=8", "model.ffn_hidden_size=53248",
+                "model.attention=flash", "data.seq_len=8192", "train.amp=bf16", "plan.device=h100", "plan.devices=512",
+                "+parallel=tp2sharding2", "parallel.tp=8", "parallel.pp=8", "parallel.sharding=8", "parallel.sharding_stage=1",
+                "train.global_batch_size=256", "train.micro_batch_size=4", "plan.recompute=full"]
+RATIOS = [  # (label, overrides of the numerator, of the denominator, published numerator, denominator, key)
+    ("Korthikanti 530B 2240xA100 MFU: selective / full recompute", KORTHIKANTI_530B + ["plan.recompute=selective"],
+     KORTHIKANTI_530B + ["plan.recompute=full"], 54.2, 42.1, "mfu"),
+    ("torchtitan Llama3.1-405B 512xH100 tokens/s: interleaved (v2) / 1F1B", LLAMA31_405B + [
+        "parallel.pp_schedule=interleaved", "parallel.virtual_pp=2"], LLAMA31_405B + ["parallel.pp_schedule=1f1b"],
+     128, 100, "tokens_per_sec_per_device"),
+]
+
+
+def _row(overrides: list[str]) -> dict:
+    return plan(to_config(compose_config(overrides)))[0]
+
+
+def megatron_table() -> None:
+    print("\n| point | TFLOP/s/GPU published | predicted | error | predicted memory GiB (fits) |")
+    print("|---|---|---|---|---|")
+    for label, (h, layers, heads), tp, pp, n, gb, published in MEGATRON:
+        row = _row(_gpt(h, layers, heads, 131072, 4096) + [
+            "model.tie_embeddings=false", "model.attention=flash", "plan.device=h100", f"plan.devices={n}",
+            "+parallel=tp2sharding2", f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sharding=48",
+            "parallel.sharding_stage=1", f"train.global_batch_size={gb}", "train.micro_batch_size=1"])
+        tflops = row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12
+        mem = row["memory_bytes"]["total"] / 2**30
+        print(f"| {label} | {published} | {tflops:.1f} | {100 * (tflops / published - 1):+.1f}% | "
+              f"{mem:.1f} ({'yes' if row['fits'] else 'no'}) |")
+
+
+def ratio_table() -> None:
+    print("\n| ratio | published | predicted (numerator / denominator) | predicted ratio | difference, points |")
+    print("|---|---|---|---|---|")
+    for label, num, den, pub_num, pub_den, key in RATIOS:
+        a, b = _row(num)[key], _row(den)[key]
+        scale = 100 if key == "mfu" else 1
+        pub, pred = pub_num / pub_den, a / b
+        print(f"| {label} | {pub_num} / {pub_den} = {pub:.3f} | {scale * a:.1f} / {scale * b:.1f} | {pred:.3f} | "
+              f"{100 * (pred - pub):+.1f} |")
 
 
 def main() -> None:
@@ -85,5 +160,7 @@ def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu") -> None:
 
 if __name__ == "__main__":
     main()
+    megatron_table()
+    ratio_table()
     if "--cpu" in sys.argv:
         cpu_table()

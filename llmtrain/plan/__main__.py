@@ -3,6 +3,7 @@
     python -m llmtrain.plan model=llama-7b data.seq_len=4096 train.global_batch_size=1024 plan.devices=64 plan.device=a100-80g
     python -m llmtrain.plan model=llama-7b plan.devices=8 +parallel=dp2tp2 parallel.dp=2 parallel.sharding=2   # explain one
     python -m llmtrain.plan model=llama-7b plan.devices=64 plan.format=json plan.top=3
+    python -m llmtrain.plan --calibrate [--out work/cpu-here.json]      # measure cpu-here (calibrate.py)
 
 Composed from the same Hydra tree as pretraining (conf/config.yaml + the `plan` section,
 llmtrain/plan/config.py). Memory: llmtrain/plan/memory.py (exact parameter/optimizer
@@ -35,9 +36,13 @@ def _model(cfg):
     return model
 
 
+RECOMPUTE_SHORT = {"none": "none", "full": "full", "selective": "sel*"}
+NOT_RUNNABLE = "* selective recompute (attention core only): planned, not runnable in llmtrain yet"
+
+
 def _fmt_row(r: dict) -> str:
     m = r["memory_bytes"]
-    return (f"{r['name']:<22} {r['micro_batch']:>3} {'full' if r['recompute'] else 'none':>5} "
+    return (f"{r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']]:>5} "
             + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
             + f" {'yes' if r['fits'] else 'NO':>4} {r['step_time_s']:8.2f} "
             + " ".join(f"{r[k]:6.2f}" for k in ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s"))
@@ -60,7 +65,12 @@ def plan(cfg) -> list[dict]:
         problems += model_fit_problems(cfg.parallel, model)
         if problems:
             raise ConfigError(problems)
-        return [evaluate(cfg, model, layout, cfg.train.recompute, get_device(cfg.plan.device))]
+        from llmtrain.plan.estimate import RECOMPUTE
+
+        if cfg.plan.recompute is not None and cfg.plan.recompute not in RECOMPUTE:
+            raise ConfigError([f"plan.recompute={cfg.plan.recompute!r}: expected one of {list(RECOMPUTE)} or null"])
+        recompute = cfg.plan.recompute if cfg.plan.recompute is not None else cfg.train.recompute
+        return [evaluate(cfg, model, layout, recompute, get_device(cfg.plan.device, cfg.plan.profile))]
     return rank_layouts(cfg, model)
 
 
@@ -82,6 +92,8 @@ def main(dcfg) -> None:
               f"{p.devices} x {p.device} ({p.devices_per_node} per node)")
         for k, v in r.items():
             print(f"  {k}: {v}")
+        if not r["runnable"]:
+            print(NOT_RUNNABLE)
         return
     fit = sum(r["fits"] for r in rows)
     print(f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {cfg.train.global_batch_size}, {p.devices} x {p.device} "
@@ -90,7 +102,14 @@ def main(dcfg) -> None:
     print(HEADER)
     for r in rows[: p.top]:
         print(_fmt_row(r))
+    if any(not r["runnable"] for r in rows[: p.top]):
+        print(NOT_RUNNABLE)
 
 
 if __name__ == "__main__":
-    main()
+    if "--calibrate" in sys.argv:
+        from llmtrain.plan.calibrate import main as calibrate_main
+
+        calibrate_main(sys.argv[1:])
+    else:
+        main()

@@ -42,3 +42,23 @@ def saved_bytes_per_layer(model_cfg, batch: int, seq: int, seed: int = 0) -> int
     ids = paddle.randint(0, model_cfg.vocab_size, [batch, seq])
     got = [saved_bytes(build_model(dataclasses.replace(model_cfg, num_layers=n)), ids) for n in (1, 2)]
     return got[1] - got[0]
+
+
+def held_bytes_per_layer(model_cfg, batch: int, seq: int, recompute: bool, seed: int = 0) -> int:
+    """Host bytes one block still holds after the forward (2-block minus 1-block model), input [batch, seq]."""
+    import paddle
+
+    from llmtrain.models import build_model
+    from llmtrain.paddle_compat.host_memory import host_allocated_bytes
+
+    paddle.seed(seed)
+    ids = paddle.randint(0, model_cfg.vocab_size, [batch, seq])
+    got = []
+    for n in (1, 2):
+        model = build_model(dataclasses.replace(model_cfg, num_layers=n), recompute=recompute)
+        model.train()
+        before = host_allocated_bytes()
+        out = model(ids)  # the graph keeps what backward needs; nothing else of the forward survives
+        got.append(host_allocated_bytes() - before)
+        del out
+    return got[1] - got[0]

@@ -8,7 +8,8 @@ The job's world size is the launcher's (PADDLE_TRAINERS_NUM); the device profile
 config alone: on CPU the profile's peak is a fixed nominal figure here, not the per-process
 matmul measurement, so that no two ranks can rank differently (no collective exists yet).
 The chosen degrees, micro-batch and recompute replace `parallel.*`, `train.micro_batch_size`
-(grad_accum derived from the global batch) and `train.recompute`; the run then goes on
+(grad_accum derived from the global batch) and `train.recompute` (rows planned with selective recompute
+are skipped: the Trainer recomputes whole blocks only); the run then goes on
 exactly as if they had been given. The top three and the reason the first won are logged.
 """
 from __future__ import annotations
@@ -45,11 +46,13 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
         rows = rank_layouts(planned, _model(planned))
     finally:
         devices.PROFILES["cpu-here"] = saved
-    fitting = [r for r in rows if r["fits"]]
+    fitting = [r for r in rows if r["fits"] and r["runnable"]]  # selective recompute is planned, not trained
     if not fitting:
-        raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory"])
+        raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory "
+                           "with a recompute llmtrain runs (none or full)"])
     best = fitting[0]
-    log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid layouts fit; top three:")
+    log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid (layout, micro-batch, recompute) "
+        "fit and are runnable (selective recompute is planned only); top three:")
     for r in fitting[:3]:
         log(f"  {r['name']} micro-batch {r['micro_batch']} recompute {r['recompute']}: {r['tokens_per_sec_per_device']:.0f} "
             f"tokens/s/device predicted, step {r['step_time_s']:.3f} s, worst rank {r['memory_bytes']['total'] / 2**30:.2f} GiB")

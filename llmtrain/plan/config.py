@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 
 @dataclass
@@ -20,6 +21,14 @@ class PlanConfig:
 
     top: int = 10
     """Rows of the ranked table."""
+
+    recompute: Optional[str] = None
+    """Explaining one layout: none, full or selective (default: `train.recompute`). Selective (attention core
+    only, Korthikanti et al. 2022) is planned but not runnable in llmtrain yet; ranking lists all three."""
+
+    profile: Optional[str] = "work/cpu-here.json"
+    """The calibrated `cpu-here` profile `python -m llmtrain.plan --calibrate` writes, relative to the working
+    directory; read when it exists (null: never; then the gloo figures are assumed)."""
 
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""

@@ -12,13 +12,18 @@ reaches in the compute part, one constant for every GPU profile (0.6: the order 
 best published MFUs once communication and bubbles are removed; Megatron-LM reports
 ~0.47-0.52 MFU end to end on H100); it is an assumption, not fitted per data point.
 `framework_bytes` is the stated margin for the CUDA context, NCCL buffers and allocator
-fragmentation. `cpu-here` is this machine: its peak is the fp32 matmul peak measured when
-the profile is read; its gloo figures (1 GB/s, 200 us) are ASSUMED, not measured
-(`--calibrate` is not implemented; benchmarks/README.md shows the resulting CPU errors).
+fragmentation. `cpu-here` is this machine: `python -m llmtrain.plan --calibrate` measures it
+(llmtrain/plan/calibrate.py: fp32 matmul peak, gloo all-reduce and send/recv alpha-beta by least
+squares) into `plan.profile` (default work/cpu-here.json), which `get_device` then reads. Without that
+file the peak is the fp32 matmul peak measured when the profile is read and the gloo figures (1 GB/s,
+200 us) are ASSUMED.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Optional
 
 GB = 1e9
 GIB = 2**30
@@ -40,6 +45,10 @@ class Device:
     framework_bytes: float = 2.0 * GIB
     dtype_bytes: int = 2
     source: str = ""
+    p2p_bw: Optional[float] = None
+    """Bytes/s of one pipeline send/recv when measured apart from collectives (None: the link's bandwidth)."""
+    p2p_alpha: Optional[float] = None
+    """Seconds per pipeline send/recv message when measured (None: the link's alpha)."""
 
 
 PROFILES = {
@@ -64,13 +73,29 @@ PROFILES = {
 }
 
 
-def get_device(name: str) -> Device:
+def calibrated(dev: Device, path: str) -> Device:
+    """`dev` with the figures `python -m llmtrain.plan --calibrate` wrote to `path` (calibrate.py)."""
+    with open(path) as f:
+        p = json.load(f)
+    need = ("peak_flops", "collective_bw", "collective_alpha", "p2p_bw", "p2p_alpha")
+    bad = [k for k in need if not isinstance(p.get(k), (int, float)) or p[k] <= 0]
+    if bad:
+        raise ValueError(f"{path}: calibrated profile lacks positive {bad}; run python -m llmtrain.plan --calibrate")
+    return replace(dev, peak_flops=dev.peak_flops or float(p["peak_flops"]), nvlink_bw=p["collective_bw"],
+                   net_bw=p["collective_bw"], nvlink_alpha=p["collective_alpha"], net_alpha=p["collective_alpha"],
+                   p2p_bw=p["p2p_bw"], p2p_alpha=p["p2p_alpha"],
+                   source=f"calibrated {p.get('measured_at', '?')} ({path}): fp32 matmul, gloo all-reduce and send/recv "
+                          "alpha-beta measured on 2 processes")
+
+
+def get_device(name: str, profile: Optional[str] = None) -> Device:
+    """The profile `name`; for cpu-here, the calibrated figures in `profile` when that file exists."""
     if name not in PROFILES:
         raise ValueError(f"plan.device={name!r}: expected one of {sorted(PROFILES)}")
     dev = PROFILES[name]
+    if name == "cpu-here" and profile and os.path.exists(profile):
+        return calibrated(dev, profile)
     if dev.peak_flops == 0.0:  # cpu-here: the measured fp32 matmul peak of this process
-        from dataclasses import replace
-
         from llmtrain.train.peak import measure_cpu_matmul_peak
 
         dev = replace(dev, peak_flops=measure_cpu_matmul_peak())

@@ -11,16 +11,22 @@ blocks: saved inputs of the two norms and of q/k/v (replicated, 3·s·b·h), q/k
 the attention output (s·b·q/t), math attention's scores and softmax (2·a·s²·b/t; flash attention keeps
 only a fp32 log-sum-exp of a·s·b/t), the MLP input (s·b·h), and the MLP's inner tensors (GeLU: 2·s·b·f/t;
 SwiGLU: gate, up, silu(gate), product: 4·s·b·f/t), in the compute dtype; no dropout. With full recompute
-a layer keeps only its input (s·b·h) plus one layer's full set during its backward. In flight on the
+a layer keeps only its input (s·b·h; with RoPE also the block's cached cos/sin tables, 2·s·d; both
+measured on CPU through the host allocator) plus one layer's full set during its backward. Selective recompute
+(Korthikanti et al. 2022, section 4.2: only the attention core, softmax(q·kᵀ)·v, is recomputed) drops the
+core's own saved tensors, the a·s²·b/t probabilities of math attention (Table 2's 5·a·s/h term; flash
+attention: its log-sum-exp) and keeps everything else; it is a planner option only (`recompute`
+"selective" rows are marked not runnable: llmtrain's Trainer recomputes whole blocks). In flight on the
 first pipeline stage: 1F1B holds min(pp, m) micro-batches of its L/pp layers; interleaved holds
 (pp - 1)·2 + (v - 1)·pp + 1 chunk-micro-batches of L/(pp·v) layers (fleet's warm-up count). other: logits
 and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and the framework margin.
 
-Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; recompute adds one more
-forward, 2N + 4·L·h·s) x tokens per device per step / (peak x efficiency); tp: 4 all-reduces of
-b·s·h per layer per micro-batch (2 forward, 2 backward; ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha), not
-overlapped; pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad),
-not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
+Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; full recompute adds one more
+forward, 2N + 4·L·h·s, selective recompute the attention core's forward, 4·L·h·s) x tokens per device per
+step / (peak x efficiency); tp: 4 all-reduces of b·s·h per layer per micro-batch (2 forward, 2 backward;
+ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha; full recompute repeats the 2 forward ones), not overlapped;
+pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
+profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
 share) and, for sharding stage 1/2, a gradient reduce-scatter, overlapped with the backward of the last
 micro-batch only (gradient accumulation syncs once), exposed = max(0, comm - 0.8·that backward), plus the
 all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-3, every micro-batch:
@@ -35,10 +41,21 @@ from llmtrain.models.size import flops_parameters
 from llmtrain.plan.memory import predict_stage_ranks
 
 OVERLAP = 0.8
+RECOMPUTE = ("none", "full", "selective")
 
 
-def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> float:
-    """Bytes one transformer block saves for backward for one micro-batch [b, s] on a tp rank (no recompute).
+def recompute_mode(recompute) -> str:
+    """`train.recompute` (bool: whole blocks) or a mode name -> "none" | "full" | "selective"."""
+    if recompute is True or recompute is False:
+        return "full" if recompute else "none"
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={recompute!r}: expected one of {RECOMPUTE}")
+    return recompute
+
+
+def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, selective: bool = False) -> float:
+    """Bytes one transformer block saves for backward for one micro-batch [b, s] on a tp rank (no recompute, or
+    `selective`: without the attention core's own saved tensors, Korthikanti et al. 2022 section 4.2).
 
     Korthikanti et al. 2022, Table 2 (s·b·h·(10 + 24/t + 5·a·s/(h·t)) for GPT in fp16 without sequence
     parallelism), written out tensor by tensor for our blocks (llmtrain/models/layers.py) and checked
@@ -69,18 +86,26 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool) -> 
     n += (4 if cfg.activation == "swiglu" else 2) * sb * f / t
     if flash:
         n += sb * (q + 2 * kv) + sb * q
-        return n * e + stats * 4 + 4 * a * sb
+        return n * e + stats * 4 + (0 if selective else 4 * a * sb)
     n += 3 * sb * q
-    probs = a * s * s * b * (4 + (e if e != 4 else 0))
+    probs = 0 if selective else a * s * s * b * (4 + (e if e != 4 else 0))
     return n * e + stats * 4 + probs
 
 
-def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device: str,
+def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
+    """Bytes a fully recomputed block keeps between its forward and backward: its input [b, s, h] (whole on
+    every tp rank without sequence parallelism) and, with RoPE, the block's cached cos/sin tables [s, d]
+    (measured on CPU: tests/plan/test_activations.py)."""
+    return s * b * cfg.hidden_size * e + (2 * s * cfg.head_dim() * e if cfg.position == "rope" else 0)
+
+
+def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float) -> dict:
+    mode = recompute_mode(recompute)
     ranks = predict_stage_ranks(cfg, layout, amp, device)
     worst = None
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash)
+    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective")
     layers_here = cfg.num_layers / p
     if p == 1:
         in_flight_layers = layers_here
@@ -88,8 +113,8 @@ def memory_estimate(cfg, layout, seq_len: int, recompute: bool, amp: str, device
         in_flight_layers = min(p, m) * layers_here
     else:
         in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
-    if recompute:
-        act = in_flight_layers * s * b * cfg.hidden_size * dtype_bytes + per_layer
+    if mode == "full":
+        act = in_flight_layers * recompute_kept_bytes(cfg, s, b, dtype_bytes) + per_layer
     else:
         act = in_flight_layers * per_layer
     logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
@@ -116,19 +141,23 @@ def _link(span: int, dev, devices_per_node: int):
     return (dev.nvlink_bw, dev.nvlink_alpha) if span <= devices_per_node else (dev.net_bw, dev.net_alpha)
 
 
-def time_estimate(cfg, layout, seq_len: int, recompute: bool, dev, devices_per_node: int) -> dict:
+def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int) -> dict:
+    mode = recompute_mode(recompute)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     n_flops = flops_parameters(cfg)
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
-    extra = (2 * n_flops + 4 * cfg.num_layers * cfg.hidden_size * s) if recompute else 0
+    core = 4 * cfg.num_layers * cfg.hidden_size * s  # the attention core's forward: q·kᵀ and probs·v
+    extra = {"none": 0, "full": 2 * n_flops + core, "selective": core}[mode]
     tokens_per_rank = m * b * s  # per data-parallel replica; split over tp x pp devices
     compute = tokens_per_rank * (per_token + extra) / (t * p) / (dev.peak_flops * dev.efficiency)
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
     bw_tp, a_tp = _link(t, dev, devices_per_node)
-    tp_comm = m * (cfg.num_layers / p) * 4 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) if t > 1 else 0.0
+    n_ar = 6 if mode == "full" else 4  # full recompute repeats the forward's two all-reduces
+    tp_comm = m * (cfg.num_layers / p) * n_ar * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) if t > 1 else 0.0
     bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
+    bw_pp, a_pp = dev.p2p_bw or bw_pp, dev.p2p_alpha or a_pp  # measured send/recv figures when calibrated
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
     local_param_bytes = n_flops / (t * p) * e
     grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update

@@ -13,7 +13,7 @@ import dataclasses
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.plan.devices import get_device
-from llmtrain.plan.estimate import memory_estimate, time_estimate
+from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, recompute_mode, time_estimate
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
@@ -42,25 +42,31 @@ def candidates(n: int):
                                              sharding=sh, sharding_stage=stage, pp_schedule=sched, virtual_pp=v)
 
 
-def evaluate(cfg, model_cfg, layout, recompute: bool, dev) -> dict:
-    """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu."""
+def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
+    """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu.
+
+    `recompute`: `train.recompute` (bool) or "none" | "full" | "selective". The row's `recompute` is the bool
+    `train.recompute` takes (true only for full recompute), `recompute_granularity` the mode, and `runnable`
+    is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only)."""
+    mode = recompute_mode(recompute)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and dev.name != "cpu-here")
     amp = "none" if dev.name == "cpu-here" else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "cpu" if dev.name == "cpu-here" else "gpu"
-    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
+    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes)
-    est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node)
+    est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node)
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp)
     return {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
             "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
-            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": recompute,
+            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
+            "recompute_granularity": mode, "runnable": mode != "selective",
             "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
 
 
 def rank_layouts(cfg, model_cfg) -> list[dict]:
-    """Every valid (layout, micro-batch, recompute) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
+    """Every valid (layout, micro-batch, recompute none/full/selective) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
     then by less memory on the worst rank."""
-    dev = get_device(cfg.plan.device)
+    dev = get_device(cfg.plan.device, cfg.plan.profile)
     rows = []
     for pc in candidates(cfg.plan.devices):
         if model_fit_problems(pc, model_cfg):
@@ -70,7 +76,7 @@ def rank_layouts(cfg, model_cfg) -> list[dict]:
             layout, problems = layout_problems(pc, train, cfg.plan.devices)
             if problems:
                 continue
-            for recompute in (False, True):
+            for recompute in RECOMPUTE:
                 rows.append(evaluate(cfg, model_cfg, layout, recompute, dev))
     rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
     return rows

@@ -5,6 +5,7 @@ issue's fields. (Plan == measured per rank is checked in tests/parallel/test_par
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -78,3 +79,45 @@ def test_auto_resolves_to_the_top_fitting_layout():
     assert layout.global_batch == 8 and chosen.train.micro_batch_size == layout.micro_batch
     assert lines[-1].startswith(f"parallel=auto chose {p.name}: ") and len(lines) == 5  # header, top three, why
     assert choose_layout(to_config(compose(["+parallel=dp2"])), world_size=2).parallel.name == "dp2"  # untouched
+
+
+def test_selective_recompute_is_planned_between_none_and_full_and_not_runnable():
+    from llmtrain.plan.devices import get_device
+    from llmtrain.plan.search import evaluate, rank_layouts
+    from llmtrain.parallel.layout import layout_problems
+
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=2560", "model.attention=math", "data.seq_len=256",
+                             "+parallel=tp2", "train.global_batch_size=8", "train.micro_batch_size=2", "plan.devices=2",
+                             "plan.device=a100-80g"]))
+    layout, problems = layout_problems(cfg.parallel, cfg.train, 2)
+    assert not problems
+    rows = {m: evaluate(cfg, cfg.model, layout, m, get_device("a100-80g")) for m in ("none", "selective", "full")}
+    act = {m: r["memory_bytes"]["activations"] for m, r in rows.items()}
+    comp = {m: r["compute_s"] for m, r in rows.items()}
+    assert act["full"] < act["selective"] < act["none"]  # selective drops only the attention probabilities
+    assert comp["none"] < comp["selective"] < comp["full"]
+    assert rows["full"]["tp_comm_s"] == pytest.approx(1.5 * rows["none"]["tp_comm_s"])  # forward all-reduces again
+    assert [r["runnable"] for r in rows.values()] == [True, False, True]
+    assert [r["recompute"] for r in rows.values()] == [False, False, True]  # train.recompute's bool
+    ranked = rank_layouts(cfg, cfg.model)
+    assert {r["recompute_granularity"] for r in ranked} == {"none", "selective", "full"}
+
+
+def test_auto_never_trains_selective_recompute():
+    """seq 16384 with math attention: only recompute fits 2 x cpu-here; selective ranks first but is not runnable."""
+    from llmtrain.plan import devices
+    from llmtrain.plan.auto import CPU_NOMINAL_PEAK, choose_layout
+    from llmtrain.plan.search import rank_layouts
+
+    over = ["model=llama-tiny", "model.vocab_size=2560", "model.attention=math", "data.seq_len=16384",
+            "model.max_position_embeddings=16384", "train.global_batch_size=4"]
+    saved = devices.PROFILES["cpu-here"]
+    devices.PROFILES["cpu-here"] = dataclasses.replace(saved, peak_flops=CPU_NOMINAL_PEAK)  # as auto ranks on CPU
+    try:
+        cfg = to_config(compose(over + ["plan.devices=2", "plan.device=cpu-here", "plan.profile=null"]))
+        best = next(r for r in rank_layouts(cfg, cfg.model) if r["fits"])
+    finally:
+        devices.PROFILES["cpu-here"] = saved
+    assert best["recompute_granularity"] == "selective" and not best["runnable"]
+    chosen = choose_layout(to_config(compose(over + ["+parallel=auto", "plan.profile=null"])), world_size=2, log=lambda _: None)
+    assert chosen.train.recompute is True  # full recompute, the fastest runnable layout that fits

@@ -1,0 +1,21 @@
+"""Bytes Paddle's host (CPU) allocator has handed out right now: `paddle.base.core.host_memory_stat_current_value`.
+
+    from llmtrain.paddle_compat.host_memory import host_allocated_bytes
+    before = host_allocated_bytes(); out = model(ids); held = host_allocated_bytes() - before
+
+Paddle 3.3.1 keeps per-device "Allocated" counters for host memory as for GPU memory, but exposes the host
+one only through `paddle.base.core` (no public `paddle.device` function reads it). The planner's CPU
+activation checks (llmtrain/plan/activations.py) read it where saved-tensor hooks cannot be used: under
+non-reentrant recompute, which installs its own hooks (Paddle allows one pair at a time).
+"""
+from __future__ import annotations
+
+from llmtrain.paddle_compat.version import require_tested_paddle
+
+
+def host_allocated_bytes() -> int:
+    """Bytes currently allocated by Paddle on the host (device 0's counter)."""
+    require_tested_paddle()
+    from paddle.base import core
+
+    return int(core.host_memory_stat_current_value("Allocated", 0))

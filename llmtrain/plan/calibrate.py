@@ -1,0 +1,159 @@
+"""Measure this machine for the `cpu-here` profile: fp32 matmul throughput and gloo alpha-beta on 2 processes.
+
+    python -m llmtrain.plan --calibrate                        # writes work/cpu-here.json
+    python -m llmtrain.plan --calibrate --out /tmp/here.json   # elsewhere (then plan.profile=/tmp/here.json)
+
+Compute: the best fp32 matmul FLOP/s of one process (n^3 matmuls at a few sizes, `OMP_NUM_THREADS` as
+the training's workers get it, 1 unless set). Communication: one 2-process
+`paddle.distributed.launch` over gloo (the CPU backend training uses) runs, for a few message sizes, the
+fastest of the repeats (other processes on a shared host only add time; the medians are kept in the file
+too) of a ring all-reduce of n fp32 bytes and of a blocking send/recv ping-pong, and fits t = c0 + c1·bytes
+by least squares; when c0 comes out not positive (a latency small against the noise: seen here on a quiet
+machine) the line goes through the smallest message's time instead. For 2 ranks a ring all-reduce costs
+2·(n-1)/n·bytes/bw + 2·(n-1)·alpha = bytes/bw + 2·alpha, so bw = 1/c1 and alpha = c0/2; one send/recv
+(half a ping-pong) costs alpha + bytes/bw, alpha = c0.
+The planner (`devices.get_device("cpu-here", profile)`) uses the collective figures for dp/sharding/tp
+and the send/recv figures for pipeline p2p. Everything on loopback TCP of one host: both "links" of the
+profile (in-node and across nodes) get the same figures.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SIZES = (4 * 2**10, 64 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)  # bytes per message
+MATMUL_SIZES = (256, 512, 1024)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def matmul_flops(sizes=MATMUL_SIZES, repeats: int = 5) -> float:
+    """Best fp32 FLOP/s over n x n x n matmuls (2 n^3 FLOPs each) on this process."""
+    import paddle
+
+    best = 0.0
+    for n in sizes:
+        a, b = paddle.randn([n, n], dtype="float32"), paddle.randn([n, n], dtype="float32")
+        float(paddle.matmul(a, b)[0, 0])  # warm up
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            float(paddle.matmul(a, b)[0, 0])
+            best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
+    return best
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares (c0, c1) of y = c0 + c1·x; when c0 comes out not positive (a latency small against the
+    noise), the line through the point of the smallest x instead: c1 by least squares of the others relative
+    to it, c0 = its y minus c1·x (its y alone when that would not be positive)."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    c1 = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    if my - c1 * mx > 0:
+        return my - c1 * mx, c1
+    i0 = min(range(len(xs)), key=xs.__getitem__)
+    x0, y0 = xs[i0], ys[i0]
+    c1 = sum((x - x0) * (y - y0) for x, y in zip(xs, ys)) / sum((x - x0) ** 2 for x in xs)
+    c0 = y0 - c1 * x0
+    return (c0 if c0 > 0 else y0), c1
+
+
+def _worker(out: str, sizes, repeats: int) -> None:
+    """Run under paddle.distributed.launch on 2 processes: times of all-reduce and ping-pong per size."""
+    import paddle
+    import paddle.distributed as dist
+
+    dist.init_parallel_env()
+    rank = dist.get_rank()
+    rows = []
+    for nbytes in sizes:
+        x = paddle.ones([nbytes // 4], dtype="float32")
+        ar, pp = [], []
+        for i in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            if i:
+                ar.append(time.perf_counter() - t0)
+        for i in range(repeats + 1):
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank == 0:
+                dist.send(x, dst=1)
+                dist.recv(x, src=1)
+            else:
+                dist.recv(x, src=0)
+                dist.send(x, dst=0)
+            if i:
+                pp.append((time.perf_counter() - t0) / 2)
+        rows.append({"bytes": nbytes, "all_reduce_s": min(ar), "send_recv_s": min(pp),
+                     "all_reduce_median_s": statistics.median(ar), "send_recv_median_s": statistics.median(pp)})
+    if rank == 0:
+        Path(out).write_text(json.dumps(rows))
+
+
+def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> list[dict]:
+    """Median all-reduce and one-way send/recv seconds per message size, from one 2-process launch."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "gloo.json"
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.pop("PADDLE_TRAINERS_NUM", None)
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--master", f"127.0.0.1:{port}", "--nproc_per_node", "2",
+               "--log_dir", log_dir or str(Path(tmp) / "log"), str(Path(__file__).resolve()), "--worker", str(out),
+               ",".join(str(s) for s in sizes), str(repeats)]
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0 or not out.exists():
+            logs = "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted((Path(log_dir or Path(tmp) / "log")).glob("workerlog.*")))
+            raise RuntimeError(f"calibration launch failed (exit {proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-2000:]}\n{logs}")
+        return json.loads(out.read_text())
+
+
+def calibrate(out: str = "work/cpu-here.json", sizes=SIZES, repeats: int = 10) -> dict:
+    """Measure, fit and write the profile; returns it."""
+    rows = measure_gloo(sizes, repeats)
+    xs = [r["bytes"] for r in rows]
+    c0, c1 = fit_line(xs, [r["all_reduce_s"] for r in rows])
+    p0, p1 = fit_line(xs, [r["send_recv_s"] for r in rows])
+    problems = [f"{what}: larger messages were not slower than the smallest (slope {v:.3g} s/byte): measurements {rows}"
+                for what, v in (("all-reduce", c1), ("send/recv", p1)) if v <= 0]
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    profile = {
+        "device": "cpu-here",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"),
+        "load_average": os.getloadavg()[0],
+        "peak_flops": matmul_flops(),
+        "collective_bw": 1.0 / c1, "collective_alpha": c0 / 2,
+        "p2p_bw": 1.0 / p1, "p2p_alpha": p0,
+        "measurements": rows,
+    }
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(profile, indent=1))
+    return profile
+
+
+def main(argv: list[str]) -> None:
+    if "--out" in argv and argv.index("--out") + 1 >= len(argv):
+        sys.exit("--out needs a path: python -m llmtrain.plan --calibrate --out PATH")
+    out = argv[argv.index("--out") + 1] if "--out" in argv else "work/cpu-here.json"
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    p = calibrate(out)
+    print(f"cpu-here calibrated -> {out}: fp32 matmul {p['peak_flops'] / 1e9:.1f} GFLOP/s; gloo all-reduce "
+          f"{p['collective_bw'] / 1e9:.3f} GB/s, alpha {p['collective_alpha'] * 1e6:.0f} us; send/recv "
+          f"{p['p2p_bw'] / 1e9:.3f} GB/s, alpha {p['p2p_alpha'] * 1e6:.0f} us (load average {p['load_average']:.1f})")
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+    _worker(sys.argv[2], [int(s) for s in sys.argv[3].split(",")], int(sys.argv[4]))

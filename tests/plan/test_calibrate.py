@@ -1,0 +1,54 @@
+"""`python -m llmtrain.plan --calibrate` measures cpu-here (one 2-process gloo launch) and the planner uses it.
+
+    python -m pytest tests/plan/test_calibrate.py -q
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from llmtest import compose
+from llmtrain.config import to_config
+from llmtrain.plan.calibrate import calibrate, fit_line
+from llmtrain.plan.devices import get_device
+
+
+def test_fit_line_recovers_alpha_beta():
+    xs = [1e3, 1e5, 1e6, 4e6]
+    c0, c1 = fit_line(xs, [2e-4 + x / 2e9 for x in xs])
+    assert c0 == pytest.approx(2e-4) and c1 == pytest.approx(1 / 2e9)
+    # a small latency under noise: an unanchored fit would give a negative intercept, this one stays positive
+    c0, c1 = fit_line([4096, 262144, 1048576], [7.5e-5, 1.7e-4, 1.46e-3])
+    assert c0 > 0 and c1 > 0
+
+
+@pytest.mark.slow
+def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
+    out = tmp_path / "cpu-here.json"
+    calibrate(str(out), sizes=(4096, 2**20, 4 * 2**20), repeats=3)
+    p = json.loads(out.read_text())
+    for k in ("peak_flops", "collective_bw", "collective_alpha", "p2p_bw", "p2p_alpha"):
+        assert isinstance(p[k], float) and p[k] > 0, (k, p[k])
+    assert [r["bytes"] for r in p["measurements"]] == [4096, 2**20, 4 * 2**20]
+    assert all(r["all_reduce_s"] > 0 and r["send_recv_s"] > 0 for r in p["measurements"])
+
+    dev = get_device("cpu-here", str(out))
+    assert (dev.peak_flops, dev.nvlink_bw, dev.net_alpha, dev.p2p_alpha) == (
+        p["peak_flops"], p["collective_bw"], p["collective_alpha"], p["p2p_alpha"])
+    assert "calibrated" in dev.source
+
+    from llmtrain.plan.__main__ import plan
+
+    common = ["model=gpt-tiny", "model.vocab_size=2560", "train.global_batch_size=8", "train.micro_batch_size=2",
+              "plan.devices=2", "plan.device=cpu-here", "+parallel=dp2"]
+    row = plan(to_config(compose(common + [f"plan.profile={out}"])))[0]
+    slower = dict(p, collective_bw=p["collective_bw"] / 100)  # the file's figures, not constants, drive the plan
+    (tmp_path / "slow.json").write_text(json.dumps(slower))
+    row_slow = plan(to_config(compose(common + [f"plan.profile={tmp_path / 'slow.json'}"])))[0]
+    assert row_slow["step_time_s"] > row["step_time_s"] > 0
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(dict(p, p2p_alpha=-1)))
+    with pytest.raises(ValueError, match="p2p_alpha"):
+        get_device("cpu-here", str(bad))
