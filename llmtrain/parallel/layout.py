@@ -44,6 +44,10 @@ class Layout:
     """Samples per forward/backward on one rank."""
     grad_accum: int = 1
     """Micro-batches per step on one rank (= the pipeline's accumulate_steps)."""
+    mp_async_allreduce: bool = False
+    pp_overlap_p2p_comm: bool = False
+    pp_enable_timer: bool = False
+    """Communication-overlap knobs accepted by `overlap_problems` (see ParallelConfig); the refused ones never get here."""
 
     @property
     def world(self) -> int:
@@ -143,6 +147,9 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         problems.append(
             f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
         )
+    from llmtrain.parallel.overlap import overlap_problems
+
+    problems += overlap_problems(p, batch[2] if batch is not None else None)
     if problems:
         return None, problems
     g, m, a = batch
@@ -151,6 +158,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
         zero3_segment_size=p.zero3_segment_size,
         global_batch=g, micro_batch=m, grad_accum=a,
+        mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
+        pp_enable_timer=p.pp_enable_timer,
     ), []
 
 

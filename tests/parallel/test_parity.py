@@ -13,7 +13,8 @@ by `memory_checks.check_memory`, so a layout that silently replicated the model
 fails even though its losses are right, and against the planner's prediction
 (`llmtrain.plan.memory`, written into the same file) by `check_predicted`:
 parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2 launch also runs ERNIE
-(masked LM) and a Llama started with `model.init_from` (one of our checkpoints).
+(masked LM) and a Llama started with `model.init_from` (one of our checkpoints); the tp2 launch also runs the
+Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) against the unfused reference.
 """
 from __future__ import annotations
 
@@ -37,8 +38,11 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init")}
+EXTRA = {"tp2pp2": ("ernie", "llama_init"), "tp2": ("llama_fused",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
+SAME_AS = {"llama_fused": "llama"}
+"""Extra runs compared with another run of the one-process reference (the unfused Llama)."""
+FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
 
 
 def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
@@ -47,6 +51,8 @@ def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "ernie", steps=STEPS) + ["optim.lr=3e-3"]
     if run == "llama_init":  # the architecture (8 layers) comes from the checkpoint
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
+    if run == "llama_fused":  # the CPU-capable fused paths (one all-reduce of d(x) per fused projection under tp)
+        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -94,13 +100,13 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
             for n in names]
     run_many(runs, nproc=nproc, workdir=tmp_path)
     for n in names:
-        ref, got = reference[n]["metrics"], metrics(tmp_path / n)
+        ref, got = reference[SAME_AS.get(n, n)]["metrics"], metrics(tmp_path / n)
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         if n != "llama_init":
             assert got[-1]["loss"] < got[0]["loss"]
             assert got[0]["tokens"] == (8 * 32 if n in MODELS else ref[0]["tokens"])  # global batch x seq
-        check_memory(_memory(tmp_path / n), reference[n]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
+        check_memory(_memory(tmp_path / n), reference[SAME_AS.get(n, n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
 
 
