@@ -109,7 +109,7 @@ class ModelConfig:
     """Standard deviation of the normal initialisation; output projections of each block use init_std / sqrt(2 L) (GPT-2)."""
 
     attention: str = "auto"
-    """Attention kernel: `auto` (flash attention on GPU, math path on CPU), `flash`, or `math`."""
+    """Attention kernel: `auto` (flash attention on GPU for fp16/bf16 activations, else the math path), `flash`, or `math`."""
 
     fuse_rms_norm: str = "auto"
     """Fused RMSNorm kernel (`paddle.incubate.nn.functional.fused_rms_norm`) for norm=rmsnorm: `auto` (on for GPU,

@@ -120,10 +120,17 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)
 
 
+def auto_attention(q, k, v, causal: bool = True, mask=None):
+    """Flash attention for fp16/bf16 inputs on GPU (its kernels take no fp32), the math path otherwise."""
+    if q.dtype in (paddle.float16, paddle.bfloat16):
+        return flash_attention_gpu(q, k, v, causal, mask)
+    return math_attention(q, k, v, causal, mask)
+
+
 def choose_attention(kind: str):
-    """`auto` picks flash attention on GPU and the math path elsewhere."""
+    """`auto` picks flash attention on GPU for fp16/bf16 activations and the math path elsewhere."""
     if kind == "auto":
-        kind = "flash" if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu") else "math"
+        return auto_attention if kernels.on_gpu() else math_attention
     if kind == "flash":
         return flash_attention_gpu
     if kind == "math":
