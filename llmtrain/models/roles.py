@@ -59,6 +59,15 @@ class Roles:
         """Tied LM head: hidden [b, s, h] x table [V, h]^T -> logits [b, s, V]."""
         return paddle.matmul(hidden, table, transpose_y=True)
 
+    def sequence_scatter(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Embedding output [b, s, h] -> the residual stream between blocks; here unchanged.
+        A sequence-parallel plan keeps only this rank's positions (in its own layout)."""
+        return x
+
+    def sequence_gather(self, x: paddle.Tensor) -> paddle.Tensor:
+        """The inverse of `sequence_scatter`, back to [b, s, h]; here unchanged."""
+        return x
+
     def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
         """Per-token cross entropy: logits [b, s, V], labels [b, s] -> loss [b, s] (fp32)."""
         loss = F.cross_entropy(logits.astype("float32"), labels.unsqueeze(-1), reduction="none")

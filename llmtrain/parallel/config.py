@@ -44,6 +44,12 @@ class ParallelConfig:
     """Nesting of the process grid from outermost to innermost (fleet's `hybrid_configs.order`; `tp` = fleet's `mp`).
     Innermost ranks are adjacent, so put the most communication-heavy axis (tp) last."""
 
+    sequence_parallel: bool = False
+    """tp > 1, decoder: Megatron-style sequence parallelism (llmtrain/parallel/sequence.py): between the
+    tensor-parallel blocks each tp rank keeps 1/tp of the positions, so norms and their saved activations shrink
+    by 1/tp; all-gather before and reduce-scatter after each tp block replace the all-reduce. data.seq_len must be
+    divisible by tp; use it with model.fuse_qkv/fuse_ffn (one all-gather per block instead of one per projection)."""
+
     # Communication overlap (fleet.DistributedStrategy fields, as PaddleNLP sets them; checked by
     # llmtrain/parallel/overlap.py before fleet sees them; none is applied on CPU, where the run logs them)
     mp_async_allreduce: bool = False

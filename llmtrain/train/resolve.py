@@ -67,6 +67,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     problems += fusion_problems(model, on_gpu())
+    if cfg.parallel is not None and cfg.parallel.sequence_parallel:
+        from llmtrain.parallel.sequence import sequence_parallel_problems
+
+        problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
     if cfg.train.batch_rampup is not None:
         from llmtrain.data.rampup import rampup_problems
 

@@ -14,7 +14,8 @@ fails even though its losses are right, and against the planner's prediction
 (`llmtrain.plan.memory`, written into the same file) by `check_predicted`:
 parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2 launch also runs ERNIE
 (masked LM) and a Llama started with `model.init_from` (one of our checkpoints); the tp2 launch also runs the
-Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) against the unfused reference.
+Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) and, with sequence parallelism, the
+fused Llama and the plain GPT, each against its one-process reference.
 """
 from __future__ import annotations
 
@@ -42,11 +43,12 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init"), "tp2": ("llama_fused",)}
+EXTRA = {"tp2pp2": ("ernie", "llama_init"), "tp2": ("llama_fused", "llama_sp", "gpt_sp")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-SAME_AS = {"llama_fused": "llama"}
+SAME_AS = {"llama_fused": "llama", "llama_sp": "llama", "gpt_sp": "gpt"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
+SP = ["parallel.sequence_parallel=true"]
 
 
 def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
@@ -62,6 +64,10 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_fused":  # the CPU-capable fused paths (one all-reduce of d(x) per fused projection under tp)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED
+    if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
+        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
+    if run == "gpt_sp":  # sequence parallelism, one all-gather per projection, biases, LayerNorm, tied head
+        return tiny_overrides(corpus, str(out / run), "gpt", steps=STEPS) + LAYERS + SP
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -114,7 +120,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         if n != "llama_init":
             assert got[-1]["loss"] < got[0]["loss"]
-            assert got[0]["tokens"] == (8 * 32 if n in MODELS else ref[0]["tokens"])  # global batch x seq
+            assert got[0]["tokens"] == (8 * 32 if SAME_AS.get(n, n) in MODELS else ref[0]["tokens"])  # global batch x seq
         check_memory(_memory(tmp_path / n), reference[SAME_AS.get(n, n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
 
