@@ -113,7 +113,13 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
     names = [*MODELS, *EXTRA.get(layout, ())]
     runs = [run_overrides(tiny_corpus, tmp_path, n, reference["init_from"]) + [f"+parallel={layout}"] + extra
             for n in names]
+    if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
+        runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(tmp_path / "sp_act")]})
     run_many(runs, nproc=nproc, workdir=tmp_path)
+    if layout == "tp2":
+        from sp_activations import check
+
+        print(f"tp2 saved-for-backward bytes per block: {check(tmp_path / 'sp_act')}")
     for n in names:
         ref, got = reference[SAME_AS.get(n, n)]["metrics"], metrics(tmp_path / n)
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
