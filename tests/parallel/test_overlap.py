@@ -9,15 +9,31 @@ from types import SimpleNamespace
 import pytest
 
 from llmtrain.config import ConfigError, compose_config, to_config
+from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import Layout, layout_problems, resolve_layout
 from llmtrain.parallel.overlap import KNOBS, apply_overlap
 from llmtrain.parallel.strategy import build_strategy
+from llmtrain.train.config import TrainConfig
 
 
-def _problems(*overrides, world=4):
-    cfg = to_config(compose_config(["model=llama-tiny", "train.global_batch_size=8", "train.micro_batch_size=1",
-                                    *overrides]))
-    return layout_problems(cfg.parallel, cfg.train, world)
+PRESETS = {  # the degrees of conf/parallel/<name>.yaml (one file is composed through Hydra below)
+    "dp4": dict(dp=4), "dp2pp2": dict(dp=2, pp=2), "tp2pp2": dict(tp=2, pp=2), "zero2": dict(sharding=2, sharding_stage=2),
+    "tp2sharding2": dict(tp=2, sharding=2),
+}
+
+
+def _problems(preset, *overrides, world=4):
+    """layout_problems for `+parallel=<preset> parallel.k=v ...` (global batch 8, micro-batch 1)."""
+    fields = dict(PRESETS[preset.removeprefix("+parallel=")], name=preset)
+    for o in overrides:
+        key, value = o.removeprefix("parallel.").split("=")
+        fields[key] = value == "true" if value in ("true", "false") else int(value)
+    return layout_problems(ParallelConfig(**fields), TrainConfig(global_batch_size=8, micro_batch_size=1), world)
+
+
+def test_knobs_compose_through_hydra():
+    cfg = to_config(compose_config(["model=llama-tiny", "+parallel=tp2pp2", "parallel.mp_async_allreduce=true"]))
+    assert cfg.parallel.mp_async_allreduce is True and cfg.parallel.sharding_split_param is False
 
 
 def test_accepted_knobs_reach_the_strategy_on_gpu_and_not_on_cpu():
@@ -79,6 +95,28 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
 
 
 def test_resolve_layout_raises_config_error():
-    cfg = to_config(compose_config(["model=llama-tiny", "+parallel=dp2", "parallel.mp_async_allreduce=true"]))
     with pytest.raises(ConfigError, match=r"parallel.mp_async_allreduce=true with parallel.tp=1"):
-        resolve_layout(cfg.parallel, cfg.train, 2)
+        resolve_layout(ParallelConfig(dp=2, mp_async_allreduce=True), TrainConfig(global_batch_size=8), 2)
+
+
+def test_sequence_parallel_needs_tp():
+    layout, problems = _problems("+parallel=dp4", "parallel.sequence_parallel=true")
+    assert problems == ["parallel.sequence_parallel=true with parallel.tp=1: sequence parallelism splits the "
+                        "sequence across the tensor-parallel ranks; needs tp > 1"]
+    layout, problems = _problems("+parallel=tp2pp2", "parallel.sequence_parallel=true")
+    assert problems == [] and layout.sequence_parallel
+
+
+def test_sequence_parallel_model_checks(tiny_llama):
+    import dataclasses
+
+    from llmtrain.parallel.sequence import sequence_parallel_problems
+
+    par = ParallelConfig(tp=2, sequence_parallel=True)
+    assert sequence_parallel_problems(par, tiny_llama, 64) == []
+    assert sequence_parallel_problems(par, tiny_llama, 63) == [
+        "parallel.sequence_parallel=true: data.seq_len=63 is not divisible by parallel.tp=2"]
+    enc = dataclasses.replace(tiny_llama, family="encoder")
+    assert sequence_parallel_problems(par, enc, 64) == [
+        "parallel.sequence_parallel=true with model.family=encoder: implemented for the decoder only"]
+    assert sequence_parallel_problems(ParallelConfig(tp=2), enc, 63) == []

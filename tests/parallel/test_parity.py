@@ -43,7 +43,8 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init"), "tp2": ("llama_fused", "llama_sp", "gpt_sp")}
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_fused", "llama_sp", "gpt_sp"),
+         "dp2tp2": ("gpt_sp",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 SAME_AS = {"llama_fused": "llama", "llama_sp": "llama", "gpt_sp": "gpt"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama)."""
