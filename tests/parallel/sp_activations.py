@@ -2,6 +2,9 @@
 
 Runs inside the tp2 launch of tests/parallel/test_parity.py (an in-process entry of
 tests/e2e/multirun_worker.py, after fleet is initialised for tp2); `check` is the assertion.
+It also checks, on the same ranks, that a tp block with fused projections (one matmul, one
+all-reduce of d(x) per fused projection) equals the unfused one on the same weights: output,
+d(input) and every parameter gradient within 1e-5 of each tensor's largest magnitude.
 
 Counted with `llmtrain.plan.activations.saved_bytes` (`paddle.autograd.saved_tensors_hooks`,
 distinct storage once, parameters excluded), fp32, math attention, micro-batch 2, seq 64:
@@ -51,9 +54,38 @@ def measure(out_dir: str) -> None:
         x.stop_gradient = False
         out[name] = {"input_shape": list(x.shape), "block": saved_bytes(block, x),
                      "norms": saved_bytes(block.attn_norm, x) + saved_bytes(block.mlp_norm, x)}
+    out["fused_vs_unfused_tp"] = _fused_equals_unfused(hcg)
     path = Path(out_dir) / f"rank{dist.get_rank()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
+
+
+def _fused_equals_unfused(hcg) -> float:
+    """One tp block with fused q/k/v and gate/up (TensorParallelRoles.column_linears: one all-reduce of d(x))
+    against the unfused block on the same weights: largest difference of output, d(input) and every gradient,
+    relative to that tensor's largest magnitude."""
+    import numpy as np
+    import paddle
+
+    from llmtrain.models.decoder import Block
+    from llmtrain.parallel.tensor import TensorParallelRoles
+
+    paddle.seed(7)
+    x0 = paddle.randn([B, S, 64])  # the same on every rank
+    results = []
+    ref = None
+    for fused in (False, True):
+        block = Block(_cfg(fused), TensorParallelRoles(hcg))
+        if ref is None:
+            ref = block
+        else:
+            block.set_state_dict(ref.state_dict())
+        x = x0.clone()
+        x.stop_gradient = False
+        y = block(x)
+        (y * y).sum().backward()
+        results.append([y.numpy(), x.grad.numpy()] + [p.grad.numpy() for p in block.parameters()])
+    return max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(*results))  # relative to each tensor
 
 
 def check(out_dir) -> dict:
@@ -67,6 +99,7 @@ def check(out_dir) -> dict:
         assert sp["norms"] * t == tp["norms"] > 0, r  # the sequence-parallel region: 1/tp per rank
         assert tp["block"] - sp["block"] == tp["norms"] - sp["norms"], r  # the rest of the block saves the same
         assert unfused["block"] > sp["block"], r  # q, k, v, gate, up each keep their own gathered [s, b, h]
+        assert r["fused_vs_unfused_tp"] <= 1e-5, r
     return results[0]
 
 

@@ -13,9 +13,10 @@ by `memory_checks.check_memory`, so a layout that silently replicated the model
 fails even though its losses are right, and against the planner's prediction
 (`llmtrain.plan.memory`, written into the same file) by `check_predicted`:
 parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2 launch also runs ERNIE
-(masked LM) and a Llama started with `model.init_from` (one of our checkpoints); the tp2 launch also runs the
-Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) and, with sequence parallelism, the
-fused Llama and the plain GPT, each against its one-process reference.
+(masked LM) and a Llama started with `model.init_from` (one of our checkpoints). Sequence parallelism: the
+Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
+plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
+launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py).
 """
 from __future__ import annotations
 
@@ -43,10 +44,9 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_fused", "llama_sp", "gpt_sp"),
-         "dp2tp2": ("gpt_sp",)}
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp",), "dp2tp2": ("gpt_sp",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-SAME_AS = {"llama_fused": "llama", "llama_sp": "llama", "gpt_sp": "gpt"}
+SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
 SP = ["parallel.sequence_parallel=true"]
@@ -63,8 +63,6 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "ernie", steps=STEPS) + ["optim.lr=3e-3"]
     if run == "llama_init":  # the architecture (8 layers) comes from the checkpoint
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
-    if run == "llama_fused":  # the CPU-capable fused paths (one all-reduce of d(x) per fused projection under tp)
-        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
     if run == "gpt_sp":  # sequence parallelism, one all-gather per projection, biases, LayerNorm, tied head
