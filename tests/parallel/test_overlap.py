@@ -120,3 +120,14 @@ def test_sequence_parallel_model_checks(tiny_llama):
     assert sequence_parallel_problems(par, enc, 64) == [
         "parallel.sequence_parallel=true with model.family=encoder: implemented for the decoder only"]
     assert sequence_parallel_problems(ParallelConfig(tp=2), enc, 63) == []
+
+
+def test_parallel_auto_keeps_the_knobs_that_apply():
+    from llmtrain.plan.auto import _kept_knobs
+
+    lines = []
+    given = ParallelConfig(name="auto", sequence_parallel=True, mp_async_allreduce=True, pp_overlap_p2p_comm=True,
+                           sharding_split_param=True)
+    kept = _kept_knobs(given, {"tp": 2, "pp": 1}, lines.append)
+    assert kept == {"sequence_parallel": True, "mp_async_allreduce": True, "sharding_split_param": True}
+    assert lines == ["parallel=auto: parallel.pp_overlap_p2p_comm=true dropped: the chosen layout has pp=1"]
