@@ -32,8 +32,12 @@ def _problems(preset, *overrides, world=4):
 
 
 def test_knobs_compose_through_hydra():
-    cfg = to_config(compose_config(["model=llama-tiny", "+parallel=tp2pp2", "parallel.mp_async_allreduce=true"]))
-    assert cfg.parallel.mp_async_allreduce is True and cfg.parallel.sharding_split_param is False
+    cfg = to_config(compose_config(["model=llama-tiny", "+parallel=tp2sp", "parallel.pp_overlap_p2p_comm=true",
+                                    "parallel.pp=2"]))
+    p = cfg.parallel
+    assert p.sequence_parallel and p.mp_async_allreduce and p.pp_overlap_p2p_comm and not p.sharding_split_param
+    layout, problems = layout_problems(p, cfg.train, 4)
+    assert problems == [] and layout.sequence_parallel and layout.mp_async_allreduce and layout.pp_overlap_p2p_comm
 
 
 def test_accepted_knobs_reach_the_strategy_on_gpu_and_not_on_cpu():
