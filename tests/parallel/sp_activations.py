@@ -100,6 +100,12 @@ def check(out_dir) -> dict:
         assert tp["block"] - sp["block"] == tp["norms"] - sp["norms"], r  # the rest of the block saves the same
         assert unfused["block"] > sp["block"], r  # q, k, v, gate, up each keep their own gathered [s, b, h]
         assert r["fused_vs_unfused_tp"] <= 1e-5, r
+        # the planner's difference between tp and tp + sp is exactly what the norms stop keeping
+        from llmtrain.plan.estimate import layer_activation_bytes
+
+        cfg = _cfg(True)
+        planned = [layer_activation_bytes(cfg, S, B, t, e=4, flash=False, sp=sp) for sp in (False, True)]
+        assert planned[0] - planned[1] == tp["block"] - sp["block"], (planned, r)
     return results[0]
 
 
