@@ -13,6 +13,30 @@ from typing import Optional
 
 from omegaconf import MISSING
 
+FUSE_SWITCHES = ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")
+_FUSE_NEEDS = {"fuse_rms_norm": ("norm", "rmsnorm"), "fuse_rope": ("position", "rope"),
+               "fuse_swiglu": ("activation", "swiglu"), "fuse_ffn": ("activation", "swiglu")}
+
+
+def fusion_problems(model, on_gpu: bool) -> list[str]:
+    """Each `model.fuse_*` must be auto/true/false; `true` must fit the architecture and, off GPU, have a CPU kernel."""
+    from llmtrain.paddle_compat.kernels import CPU_KERNELS
+
+    problems = []
+    for switch in FUSE_SWITCHES:
+        value = str(getattr(model, switch)).lower()
+        if value not in ("auto", "true", "false"):
+            problems.append(f"model.{switch}={getattr(model, switch)!r}: expected auto, true or false")
+        elif value == "true":
+            need = _FUSE_NEEDS.get(switch)
+            if need is not None and getattr(model, need[0]) != need[1]:
+                problems.append(f"model.{switch}=true needs model.{need[0]}={need[1]} "
+                                f"(this model has {need[0]}={getattr(model, need[0])})")
+            elif not on_gpu and not CPU_KERNELS[switch]:
+                problems.append(f"model.{switch}=true: GPU-only (Paddle 3.3.1's CPU build has no working kernel, "
+                                f"see llmtrain/paddle_compat/kernels.py); use auto or false on CPU")
+    return problems
+
 
 @dataclass
 class ModelConfig:
@@ -85,10 +109,43 @@ class ModelConfig:
     """Standard deviation of the normal initialisation; output projections of each block use init_std / sqrt(2 L) (GPT-2)."""
 
     attention: str = "auto"
-    """Attention kernel: `auto` (flash attention on GPU, math path on CPU), `flash`, or `math`."""
+    """Attention kernel: `auto` (flash attention on GPU for fp16/bf16 activations, else the math path), `flash`, or `math`."""
+
+    fuse_rms_norm: str = "auto"
+    """Fused RMSNorm kernel (`paddle.incubate.nn.functional.fused_rms_norm`) for norm=rmsnorm: `auto` (on for GPU,
+    off elsewhere), `true`, `false`. GPU-only: Paddle 3.3.1's CPU build crashes in it (see llmtrain/paddle_compat/kernels.py)."""
+
+    fuse_rope: str = "auto"
+    """Fused rotary embedding of q and k in one kernel (`fused_rotary_position_embedding`, rotate-half form) for
+    position=rope: `auto` (on for GPU), `true`, `false`. GPU-only: no CPU kernel in Paddle 3.3.1."""
+
+    fuse_swiglu: str = "auto"
+    """One `paddle.incubate.nn.functional.swiglu` kernel for silu(gate) * up (activation=swiglu): `auto` (on for GPU),
+    `true`, `false`. Has a CPU kernel; tested equal to the unfused path on CPU."""
+
+    fuse_qkv: str = "auto"
+    """q, k and v projections as one matmul (their weights concatenated at forward; one all-reduce of the input
+    gradient under tp instead of three): `auto` (on for GPU), `true`, `false`. Parameters and checkpoints keep the
+    canonical q_proj/k_proj/v_proj names; the concatenation costs a copy of the weights per micro-batch."""
+
+    fuse_ffn: str = "auto"
+    """gate and up projections (activation=swiglu) as one matmul, like fuse_qkv: `auto` (on for GPU), `true`, `false`."""
 
     init_from: Optional[str] = None
     """PaddleNLP checkpoint directory (config.json + weights) to start from instead of random init."""
+
+    def fused(self, switch: str) -> bool:
+        """Whether `switch` (`fuse_rms_norm`, `fuse_rope`, `fuse_swiglu`, `fuse_qkv`, `fuse_ffn`) is on here:
+        `auto` means on for GPU and off on CPU; the path must also apply to this architecture."""
+        value = str(getattr(self, switch)).lower()
+        applies = {"fuse_rms_norm": self.norm == "rmsnorm", "fuse_rope": self.position == "rope",
+                   "fuse_swiglu": self.activation == "swiglu", "fuse_ffn": self.activation == "swiglu",
+                   "fuse_qkv": True}[switch]
+        if value == "auto":
+            from llmtrain.paddle_compat.kernels import on_gpu
+
+            return applies and on_gpu()
+        return applies and value == "true"
 
     def kv_heads(self) -> int:
         """Number of key/value heads actually used."""

@@ -33,6 +33,7 @@ class Embedding(nn.Layer):
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
         self.llm_prefix = prefix
+        self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
         self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
         self.pos = None
@@ -44,7 +45,7 @@ class Embedding(nn.Layer):
         if self.pos is not None:
             positions = paddle.arange(input_ids.shape[1], dtype="int64")  # [s]
             x = x + self.pos(positions)[None]
-        return x
+        return self.roles.sequence_scatter(x)  # [b, s, h] (a sequence-parallel plan: this rank's positions)
 
     @property
     def shared_weight(self):

@@ -7,6 +7,11 @@ Single-device code: every linear layer comes from the `Roles` factory
 that hold only part of the heads or of the FFN width (comments write such a
 width as `nh/tp`, `f/tp`); the code never asks how many parts there are, it
 takes the local head count from the tensor (`reshape([0, 0, -1, head_dim])`).
+
+The `model.fuse_*` switches (`ModelConfig.fused`) select Paddle's fused kernels
+(`llmtrain/paddle_compat/kernels.py`) or fused projections (`Roles.column_linears`);
+each has the unfused path beside it as its reference, and parameters keep the same
+canonical names either way.
 """
 from __future__ import annotations
 
@@ -18,17 +23,21 @@ import paddle.nn.functional as F
 
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.roles import Roles
+from llmtrain.paddle_compat import kernels
 
 
 class RMSNorm(nn.Layer):
     """y = x / sqrt(mean(x^2) + eps) * w, computed in fp32 (Llama)."""
 
-    def __init__(self, hidden_size: int, eps: float):
+    def __init__(self, hidden_size: int, eps: float, fused: bool = False):
         super().__init__()
         self.eps = eps
+        self.fused = fused
         self.weight = self.create_parameter([hidden_size], default_initializer=nn.initializer.Constant(1.0))
 
     def forward(self, x):  # x [b, s, h]
+        if self.fused:
+            return kernels.fused_rms_norm(x, self.weight, self.eps)  # [b, s, h]
         x32 = x.astype("float32")
         var = x32.pow(2).mean(-1, keepdim=True)  # [b, s, 1]
         return (x32 * paddle.rsqrt(var + self.eps)).astype(self.weight.dtype) * self.weight
@@ -39,7 +48,7 @@ def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
     if cfg.norm == "layernorm":
         norm = nn.LayerNorm(hidden_size, epsilon=cfg.norm_eps)
     elif cfg.norm == "rmsnorm":
-        norm = RMSNorm(hidden_size, cfg.norm_eps)
+        norm = RMSNorm(hidden_size, cfg.norm_eps, fused=cfg.fused("fuse_rms_norm"))
     else:
         raise ValueError(f"model.norm={cfg.norm!r}: expected 'layernorm' or 'rmsnorm'")
     norm.weight.llm_init = "ones"
@@ -49,9 +58,10 @@ def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
 class Rotary:
     """Rotary position embedding, rotate-half form (as PaddleNLP/HF Llama)."""
 
-    def __init__(self, head_dim: int, theta: float):
+    def __init__(self, head_dim: int, theta: float, fused: bool = False):
         self.head_dim = head_dim
         self.theta = theta
+        self.fused = fused
         self._cache: dict = {}
 
     def cos_sin(self, seq_len: int, dtype):
@@ -71,6 +81,12 @@ class Rotary:
         x1, x2 = x.chunk(2, axis=-1)
         rotated = paddle.concat([-x2, x1], axis=-1)
         return x * cos + rotated * sin
+
+    def apply_qk(self, q, k):  # q [b, s, nh, d], k [b, s, nkv, d]
+        if self.fused:
+            cos, sin = self.cos_sin(q.shape[1], q.dtype)
+            return kernels.fused_rope(q, k, cos, sin)
+        return self.apply(q), self.apply(k)
 
 
 def math_attention(q, k, v, causal: bool = True, mask=None):
@@ -104,10 +120,17 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)
 
 
+def auto_attention(q, k, v, causal: bool = True, mask=None):
+    """Flash attention for fp16/bf16 inputs on GPU (its kernels take no fp32), the math path otherwise."""
+    if q.dtype in (paddle.float16, paddle.bfloat16):
+        return flash_attention_gpu(q, k, v, causal, mask)
+    return math_attention(q, k, v, causal, mask)
+
+
 def choose_attention(kind: str):
-    """`auto` picks flash attention on GPU and the math path elsewhere."""
+    """`auto` picks flash attention on GPU for fp16/bf16 activations and the math path elsewhere."""
     if kind == "auto":
-        kind = "flash" if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu") else "math"
+        return auto_attention if kernels.on_gpu() else math_attention
     if kind == "flash":
         return flash_attention_gpu
     if kind == "math":
@@ -128,15 +151,21 @@ class Attention(nn.Layer):
         self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, cfg.bias)
         self.o_proj = roles.row_linear(cfg.num_heads * d, h, cfg.bias)
         self.o_proj.weight.llm_residual_out = True
-        self.rotary = Rotary(d, cfg.rope_theta) if cfg.position == "rope" else None
+        self.rotary = Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope")) if cfg.position == "rope" else None
         self.attend = choose_attention(cfg.attention)
+        self.roles = roles
+        self.fuse_qkv = cfg.fused("fuse_qkv")
 
     def forward(self, x, mask=None):  # x [b, s, h]; mask [b, 1, 1, s] additive or None
-        q = self.q_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nh/tp, d]
-        k = self.k_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
-        v = self.v_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
+        if self.fuse_qkv:  # one matmul of [h, (nh + 2 nkv)/tp * d]
+            q, k, v = self.roles.column_linears(x, [self.q_proj, self.k_proj, self.v_proj])
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.reshape([0, 0, -1, self.head_dim])  # [b, s, nh/tp, d]
+        k = k.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
+        v = v.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         if self.rotary is not None:
-            q, k = self.rotary.apply(q), self.rotary.apply(k)
+            q, k = self.rotary.apply_qk(q, k)
         out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
         return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d] -> [b, s, h]
 
@@ -155,10 +184,17 @@ class FeedForward(nn.Layer):
         self.up_proj = roles.column_linear(h, f, cfg.bias)
         self.down_proj = roles.row_linear(f, h, cfg.bias)
         self.down_proj.weight.llm_residual_out = True
+        self.roles = roles
+        self.fuse_ffn = cfg.fused("fuse_ffn")
+        self.fuse_swiglu = cfg.fused("fuse_swiglu")
 
     def forward(self, x):  # x [b, s, h]
         if self.kind == "swiglu":
-            inner = F.silu(self.gate_proj(x)) * self.up_proj(x)  # [b, s, f/tp]
+            if self.fuse_ffn:  # one matmul of [h, 2 f/tp]
+                gate, up = self.roles.column_linears(x, [self.gate_proj, self.up_proj])
+            else:
+                gate, up = self.gate_proj(x), self.up_proj(x)  # [b, s, f/tp] each
+            inner = kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up  # [b, s, f/tp]
         else:
             inner = F.gelu(self.up_proj(x), approximate=self.kind == "gelu_tanh")  # [b, s, f/tp]
         return self.down_proj(inner)  # [b, s, h]

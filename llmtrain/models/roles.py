@@ -31,6 +31,14 @@ class Roles:
         """x [.., in] -> y [.., out]; a plan may split `out` (y stays split, not gathered)."""
         return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
 
+    def column_linears(self, x: paddle.Tensor, layers: list) -> list:
+        """Several column linears of the same input as ONE matmul: x [.., in] -> [y_i [.., out_i]].
+
+        The weights (and biases) are concatenated along the output axis at each call, so the
+        parameters stay the layers' own (canonical names, unchanged checkpoints); outputs equal
+        `[layer(x) for layer in layers]`."""
+        return _concat_linear(x, layers)
+
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         """x [.., in] -> y [.., out]; a plan may split `in` (x arrives split, y is summed over the split)."""
         return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
@@ -51,7 +59,25 @@ class Roles:
         """Tied LM head: hidden [b, s, h] x table [V, h]^T -> logits [b, s, V]."""
         return paddle.matmul(hidden, table, transpose_y=True)
 
+    def sequence_scatter(self, x: paddle.Tensor) -> paddle.Tensor:
+        """Embedding output [b, s, h] -> the residual stream between blocks; here unchanged.
+        A sequence-parallel plan keeps only this rank's positions (in its own layout)."""
+        return x
+
+    def sequence_gather(self, x: paddle.Tensor) -> paddle.Tensor:
+        """The inverse of `sequence_scatter`, back to [b, s, h]; here unchanged."""
+        return x
+
     def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
         """Per-token cross entropy: logits [b, s, V], labels [b, s] -> loss [b, s] (fp32)."""
         loss = F.cross_entropy(logits.astype("float32"), labels.unsqueeze(-1), reduction="none")
         return loss.squeeze(-1)
+
+
+def _concat_linear(x, layers):
+    """y = x @ concat(W_i) + concat(b_i), split back per layer: x [.., in] -> [[.., out_i] ...]."""
+    weight = paddle.concat([layer.weight for layer in layers], axis=1)  # [in, sum out_i]
+    biases = [layer.bias for layer in layers]
+    bias = None if biases[0] is None else paddle.concat(biases, axis=0)  # [sum out_i]
+    y = F.linear(x, weight, bias)  # [.., sum out_i]
+    return paddle.split(y, [layer.weight.shape[1] for layer in layers], axis=-1)

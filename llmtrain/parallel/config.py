@@ -44,6 +44,53 @@ class ParallelConfig:
     """Nesting of the process grid from outermost to innermost (fleet's `hybrid_configs.order`; `tp` = fleet's `mp`).
     Innermost ranks are adjacent, so put the most communication-heavy axis (tp) last."""
 
+    sequence_parallel: bool = False
+    """tp > 1, decoder: Megatron-style sequence parallelism (llmtrain/parallel/sequence.py): between the
+    tensor-parallel blocks each tp rank keeps 1/tp of the positions, so norms and their saved activations shrink
+    by 1/tp; all-gather before and reduce-scatter after each tp block replace the all-reduce. data.seq_len must be
+    divisible by tp; use it with model.fuse_qkv/fuse_ffn (one all-gather per block instead of one per projection)."""
+
+    # Communication overlap (fleet.DistributedStrategy fields, as PaddleNLP sets them; checked by
+    # llmtrain/parallel/overlap.py before fleet sees them; none is applied on CPU, where the run logs them)
+    mp_async_allreduce: bool = False
+    """tp > 1, GPU: ColumnParallelLinear's backward all-reduces d(input) asynchronously while it computes d(weight)
+    (fleet `mp_configs.mp_async_allreduce`; export CUDA_DEVICE_MAX_CONNECTIONS=1 so the all-reduce is not queued
+    behind the matmul). Same numbers; safe whenever tp > 1. Projections fused by model.fuse_qkv/fuse_ffn do their
+    own single all-reduce and do not use it."""
+
+    pp_overlap_p2p_comm: bool = False
+    """pp > 1, GPU: the 1F1B/interleaved schedule posts its stage-to-stage send/recv asynchronously and overlaps
+    them with the next micro-batch's compute (fleet `pp_configs.overlap_p2p_comm`; turns batched p2p off). Same
+    numbers; safe whenever pp > 1."""
+
+    pp_enable_timer: bool = False
+    """pp > 1, GPU: fleet's pipeline timers (forward/backward/send/recv per step, logged by fleet;
+    `pp_configs.enable_timer`). Costs device synchronisations: for profiling runs, not production."""
+
+    dp_comm_overlap: bool = False
+    """pp > 1 and dp > 1: fuse the data-parallel gradient all-reduce into buckets overlapped with the pipeline's
+    backward (fleet `pp_configs.dp_comm_overlap`). Refused for now: fleet 3.3.1 supports it only with main_grad
+    (master-gradient) training, which llmtrain does not use. Without pp, DataParallel already overlaps its bucketed
+    all-reduce with the backward on GPU."""
+
+    pp_sharding_comm_overlap: bool = False
+    """pp > 1 and sharding > 1: the same as dp_comm_overlap for the stage-1 sharding group (fleet
+    `pp_configs.sharding_comm_overlap`). Refused for now, for the same reason (main_grad)."""
+
+    sharding_comm_overlap: bool = False
+    """sharding > 1, stage 1, pp = 1: reduce gradients to their owning rank during the backward (fleet
+    `sharding_configs.comm_overlap`, with accumulate_steps = train.grad_accum). Refused for now: fleet then keeps the
+    optimizer state on fused buffers, which llmtrain's layout-free checkpoints cannot name yet."""
+
+    sharding_tensor_fusion: bool = False
+    """sharding > 1, stage 1: fuse parameters and gradients into large buffers for fewer, larger collectives (fleet
+    `sharding_configs.tensor_fusion`; more memory). Refused for now, as sharding_comm_overlap."""
+
+    sharding_split_param: bool = False
+    """sharding > 1, stage 1: fleet's DygraphShardingOptimizerV2 (each rank owns a flat slice of every parameter,
+    reduce-scatter instead of reduce; `sharding_configs.split_param`; not with tensor_fusion). Refused for now, as
+    sharding_comm_overlap."""
+
     def world(self) -> int:
         """Processes this layout needs: dp x tp x pp x sharding."""
         return self.dp * self.tp * self.pp * self.sharding

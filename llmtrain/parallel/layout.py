@@ -44,6 +44,11 @@ class Layout:
     """Samples per forward/backward on one rank."""
     grad_accum: int = 1
     """Micro-batches per step on one rank (= the pipeline's accumulate_steps)."""
+    sequence_parallel: bool = False
+    mp_async_allreduce: bool = False
+    pp_overlap_p2p_comm: bool = False
+    pp_enable_timer: bool = False
+    """Communication-overlap knobs accepted by `overlap_problems` (see ParallelConfig); the refused ones never get here."""
 
     @property
     def world(self) -> int:
@@ -129,6 +134,9 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
             "all-reduces the gradient norm over the sharding group only, so tp-split gradients would be clipped "
             "by a wrong norm; use sharding_stage 1 or 2 with tensor parallelism"
         )
+    if p.sequence_parallel and p.tp < 2:
+        problems.append(f"parallel.sequence_parallel=true with parallel.tp={p.tp}: sequence parallelism splits the "
+                        "sequence across the tensor-parallel ranks; needs tp > 1")
     if p.pp_schedule not in ("1f1b", "interleaved"):
         problems.append(f"parallel.pp_schedule={p.pp_schedule!r}: expected '1f1b' or 'interleaved'")
     if p.pp_schedule == "interleaved":
@@ -143,6 +151,9 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         problems.append(
             f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
         )
+    from llmtrain.parallel.overlap import overlap_problems
+
+    problems += overlap_problems(p, batch[2] if batch is not None else None)
     if problems:
         return None, problems
     g, m, a = batch
@@ -151,6 +162,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
         zero3_segment_size=p.zero3_segment_size,
         global_batch=g, micro_batch=m, grad_accum=a,
+        sequence_parallel=p.sequence_parallel, mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
+        pp_enable_timer=p.pp_enable_timer,
     ), []
 
 

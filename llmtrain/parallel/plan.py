@@ -23,6 +23,10 @@ from llmtrain.parallel.strategy import Topology
 
 def make_roles(layout: Layout, topo: Topology) -> Roles:
     """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1, plain layers otherwise."""
+    if layout.tp > 1 and layout.sequence_parallel:
+        from llmtrain.parallel.sequence import SequenceParallelRoles
+
+        return SequenceParallelRoles(topo.hcg)
     if layout.tp > 1:
         from llmtrain.parallel.tensor import TensorParallelRoles
 
@@ -38,9 +42,15 @@ def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool
     if layout.pp > 1:
         from llmtrain.parallel.pipeline import build_pipeline
 
-        return build_pipeline(model_cfg, layout, roles, topo, recompute), None
-    core = build_model(model_cfg, roles, recompute)
-    return core, core.loss_fn
+        core, loss_fn = build_pipeline(model_cfg, layout, roles, topo, recompute), None
+    else:
+        core = build_model(model_cfg, roles, recompute)
+        loss_fn = core.loss_fn
+    if layout.tp > 1 and layout.sequence_parallel:
+        from llmtrain.parallel.sequence import install_grad_allreduce
+
+        install_grad_allreduce(core, layout.grad_accum)  # norm weights: all-reduce their gradients over tp
+    return core, loss_fn
 
 
 def parallelize(core, optimizer, scaler, layout: Layout, topo: Topology):

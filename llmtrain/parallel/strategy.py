@@ -19,9 +19,12 @@ from llmtrain.parallel.layout import Layout
 FLEET_AXIS = {"dp": "dp", "pp": "pp", "sharding": "sharding", "tp": "mp"}
 
 
-def build_strategy(layout: Layout, seed: int):
-    """The fleet strategy for `layout`: hybrid degrees and order, pipeline micro-batching, TP init seed."""
+def build_strategy(layout: Layout, seed: int, on_cpu: Optional[bool] = None):
+    """The fleet strategy for `layout`: hybrid degrees and order, pipeline micro-batching, TP init seed, and on GPU
+    the accepted communication-overlap knobs (`llmtrain.parallel.overlap`; on CPU they are logged, not applied)."""
     from paddle.distributed import fleet
+
+    from llmtrain.parallel.overlap import apply_overlap
 
     strategy = fleet.DistributedStrategy()
     order = [FLEET_AXIS[a] for a in layout.order]
@@ -38,6 +41,11 @@ def build_strategy(layout: Layout, seed: int):
         "micro_batch_size": layout.micro_batch,
     }
     strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+    skipped = apply_overlap(strategy, layout, paddle.get_device() == "cpu" if on_cpu is None else on_cpu)
+    if skipped:
+        from llmtrain.utils.log import log0
+
+        log0(f"CPU run: GPU-only communication knobs accepted but not applied here: {', '.join(skipped)}")
     return strategy
 
 

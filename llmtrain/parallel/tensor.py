@@ -54,6 +54,13 @@ class TensorParallelRoles(Roles):
         layer = self._mpu.ColumnParallelLinear(in_features, out_features, has_bias=bias, gather_output=False)
         return tag_split(layer, weight_axis=1, bias_axis=0)  # weight [in, out/tp], bias [out/tp]
 
+    def column_linears(self, x: paddle.Tensor, layers: list) -> list:
+        # ColumnParallelLinear's own forward, once for all: identity forward and ONE all-reduce of
+        # d(x) backward, then this rank's concatenated output columns [.., sum out_i/tp]
+        from llmtrain.models.roles import _concat_linear
+
+        return _concat_linear(c_identity(x, self.group), layers)
+
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         layer = self._mpu.RowParallelLinear(in_features, out_features, has_bias=bias, input_is_parallel=True)
         return tag_split(layer, weight_axis=0, bias_axis=None)  # weight [in/tp, out], bias [out]

@@ -63,10 +63,28 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     else:
         why = "the only layout that fits"
     log(f"parallel=auto chose {best['name']}: {why}")
+    knobs = _kept_knobs(cfg.parallel, best, log)
     parallel = ParallelConfig(name=best["name"], dp=best["dp"], tp=best["tp"], pp=best["pp"], sharding=best["sharding"],
                               sharding_stage=best["sharding_stage"], pp_schedule=best["pp_schedule"],
                               virtual_pp=best["virtual_pp"], zero3_segment_size=cfg.parallel.zero3_segment_size,
-                              order=list(cfg.parallel.order))
+                              order=list(cfg.parallel.order), **knobs)
     train = dataclasses.replace(cfg.train, micro_batch_size=best["micro_batch"], grad_accum=None,
                                 recompute=best["recompute"])
     return dataclasses.replace(cfg, parallel=parallel, train=train)
+
+
+def _kept_knobs(given, best: dict, log) -> dict:
+    """The switches given with +parallel=auto (sequence parallelism, communication overlap) that apply to the
+    chosen layout: tp ones when tp > 1, pipeline ones when pp > 1; the others are logged and dropped."""
+    from llmtrain.parallel.overlap import KNOBS
+
+    needs = {"sequence_parallel": "tp", "mp_async_allreduce": "tp", "pp_overlap_p2p_comm": "pp", "pp_enable_timer": "pp"}
+    kept = {}
+    for name in ("sequence_parallel", *KNOBS):
+        if getattr(given, name, False):
+            axis = needs.get(name)
+            if axis is None or best[axis] > 1:
+                kept[name] = True  # the refused ones stay, so the run says why they are refused
+            else:
+                log(f"parallel=auto: parallel.{name}=true dropped: the chosen layout has {axis}=1")
+    return kept

@@ -53,7 +53,8 @@ def recompute_mode(recompute) -> str:
     return recompute
 
 
-def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, selective: bool = False) -> float:
+def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, selective: bool = False,
+                           sp: bool = False) -> float:
     """Bytes one transformer block saves for backward for one micro-batch [b, s] on a tp rank (no recompute, or
     `selective`: without the attention core's own saved tensors, Korthikanti et al. 2022 section 4.2).
 
@@ -69,15 +70,20 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
       compute dtype when that is not fp32); flash attention keeps q, k, v, its output and an fp32
       log-sum-exp (a·s·b/t);
     - MLP: GeLU keeps its input and output (2·s·b·f/t), SwiGLU gate, silu(gate), up and the product (4·s·b·f/t).
+    With sequence parallelism (`sp`, llmtrain/parallel/sequence.py) what the norms keep of their own is 1/t (the
+    norm outputs are replaced by the all-gathered linear inputs, still whole); checked against the bytes saved
+    on 2 CPU processes for a Llama block, RMSNorm (tests/parallel/sp_activations.py); the LayerNorm case is
+    written the same way, not measured. Fused kernels (model.fuse_*) are not modelled.
     """
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     d = cfg.head_dim()
     q, kv, a = cfg.num_heads * d / t, cfg.kv_heads() * d / t, cfg.num_heads / t
     sb = s * b
-    if cfg.norm == "layernorm":
-        n, stats = 4 * sb * h, 4 * sb
+    shard = t if sp else 1  # positions a norm sees on this rank: s / shard
+    if cfg.norm == "layernorm":  # two norms: input (1/shard) and output (whole: the next linear's input)
+        n, stats = 2 * sb * h / shard + 2 * sb * h, 4 * sb / shard
     else:  # two norms: output in the compute dtype, fp32 input copy and normalised tensor (counted as stats)
-        n, stats = 2 * sb * h, 4 * sb * h + 2 * sb
+        n, stats = 2 * sb * h, (4 * sb * h + 2 * sb) / shard
     n += sb * q  # o_proj input
     if cfg.position == "rope":
         n += 2 * sb * (q + kv) + 2 * s * d  # + the cos/sin tables [s, d]
@@ -105,7 +111,8 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     ranks = predict_stage_ranks(cfg, layout, amp, device)
     worst = None
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective")
+    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective",
+                                       sp=getattr(layout, "sequence_parallel", False))
     layers_here = cfg.num_layers / p
     if p == 1:
         in_flight_layers = layers_here

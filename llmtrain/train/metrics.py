@@ -90,6 +90,13 @@ class Meter:
         self._window_loss = None
         self._window_data_wait = 0.0
 
+    def _max_memory_allocated(self) -> int:
+        """paddle.device.cuda.max_memory_allocated(), maximum over every rank of the job."""
+        t = paddle.to_tensor([float(paddle.device.cuda.max_memory_allocated())], dtype="float64")
+        if self.topo.world > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return int(t.item())
+
     def _reduce(self, values: list[float]) -> list[float]:
         """Sum over the data-parallel groups (dp, then sharding)."""
         t = paddle.to_tensor(values, dtype="float64")
@@ -140,6 +147,8 @@ class Meter:
             "mfu": None if not self.peak else tflops * 1e12 / self.peak,
             "time": time.time(),
         }
+        if not getattr(self.topo, "on_cpu", True):  # GPU: the largest peak allocation of any rank so far (bytes)
+            rec["max_memory_allocated"] = self._max_memory_allocated()
         rec.update(extra or {})
         self.last = rec
         if self.exporter is not None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from llmtrain.config import Config, ConfigError, config_problems, freeze
-from llmtrain.models.config import ModelConfig
+from llmtrain.models.config import FUSE_SWITCHES, ModelConfig, fusion_problems
+from llmtrain.paddle_compat.kernels import on_gpu
 from llmtrain.parallel.layout import Layout, layout_problems, model_fit_problems
 from llmtrain.utils.log import log0
 
@@ -65,6 +66,11 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
+    problems += fusion_problems(model, on_gpu())
+    if cfg.parallel is not None and cfg.parallel.sequence_parallel:
+        from llmtrain.parallel.sequence import sequence_parallel_problems
+
+        problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
     if cfg.train.batch_rampup is not None:
         from llmtrain.data.rampup import rampup_problems
 
@@ -111,7 +117,9 @@ def _resolve_model(cfg: Config, tokenizer, problems: list[str]) -> tuple[ModelCo
     except (OSError, ValueError, KeyError) as e:
         problems.append(f"model.init_from={src}: {e}")
         return model, None
-    imported = dataclasses.replace(imported, attention=model.attention, init_from=src, name=model.name or imported.name)
+    switches = {k: getattr(model, k) for k in FUSE_SWITCHES}  # kernel choices are the run's, not the checkpoint's
+    imported = dataclasses.replace(imported, attention=model.attention, init_from=src, name=model.name or imported.name,
+                                   **switches)
     if model.vocab_size is not None and imported.vocab_size < model.vocab_size:
         problems.append(f"model.init_from={src}: checkpoint vocabulary {imported.vocab_size} < tokenizer's "
                         f"{model.vocab_size}")

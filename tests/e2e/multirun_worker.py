@@ -6,7 +6,9 @@
 RUNS.json: [{"overrides": ["model=gpt-tiny", "+parallel=dp2", ...]}, ...]. Each entry goes
 through the real entry function `llmtrain.pretrain.pretrain` with a config composed by Hydra's
 compose API; fleet is initialised once (all entries must share one layout). Starting the
-process group once per launch instead of once per model halves the parity suite's time.
+process group once per launch instead of once per model halves the parity suite's time. An entry
+{"call": "FILE.py:FUNCTION", "args": [...]} calls that function in the launched process instead
+(after earlier entries initialised fleet), e.g. tests/parallel/sp_activations.py.
 """
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ def main(path: str) -> None:
     with open(path) as f:
         runs = json.load(f)
     for run in runs:
+        if "call" in run:  # {"call": "path/to/file.py:function", "args": [...]}: in this (launched) process
+            import runpy
+
+            file, func = run["call"].split(":")
+            runpy.run_path(os.path.join(REPO, file))[func](*run.get("args", []))
+            continue
         pretrain(compose_config(run["overrides"]))
     from llmtrain.paddle_compat.process import exit_process
 

@@ -20,6 +20,8 @@ replaces, once per process:
                    ParallelEnv.device_id                      unset on CPU builds
   pipeline_p2p     p2p_communication.initialize_p2p_groups, _batched_p2p_ops, _p2p_ops,
                    SendRecvMeta.send_meta/recv_meta           ordered per-direction channels
+  sequence_parallel  fleet sequence_parallel_utils.all_gather/reduce_scatter  gloo all_gather; all_reduce
+                                                             then this rank's rows (gloo has no reduce-scatter)
   sharding         GroupShardedOptimizerStage2/GroupShardedStage2/GroupShardedStage3
                    constructors (device gate, "cpu" default), ParamStorage's param copy,
                    storage cvt_to_device, GroupShardedClipGrad._dygraph_clip,
@@ -46,7 +48,7 @@ from __future__ import annotations
 
 import paddle
 
-from . import gloo_groups, mp_ops, pipeline_p2p, sharding, tensor_parallel
+from . import gloo_groups, mp_ops, pipeline_p2p, sequence_parallel, sharding, tensor_parallel
 from ..patching import installed as installed_patches
 from ..version import TESTED_PADDLE_VERSION, check_paddle_version
 
@@ -63,7 +65,7 @@ def install() -> bool:
     if _INSTALLED:
         return True
     check_paddle_version()
-    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding):
+    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding, sequence_parallel):
         module.install_patches()
     _INSTALLED = True
     return True

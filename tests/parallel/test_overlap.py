@@ -1,0 +1,137 @@
+"""Communication-overlap knobs: the fleet strategy carries them, refused combinations stop before fleet.
+
+    python -m pytest tests/parallel/test_overlap.py -q
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from llmtrain.config import ConfigError, compose_config, to_config
+from llmtrain.parallel.config import ParallelConfig
+from llmtrain.parallel.layout import Layout, layout_problems, resolve_layout
+from llmtrain.parallel.overlap import KNOBS, apply_overlap
+from llmtrain.parallel.strategy import build_strategy
+from llmtrain.train.config import TrainConfig
+
+
+PRESETS = {  # the degrees of conf/parallel/<name>.yaml (one file is composed through Hydra below)
+    "dp4": dict(dp=4), "dp2pp2": dict(dp=2, pp=2), "tp2pp2": dict(tp=2, pp=2), "zero2": dict(sharding=2, sharding_stage=2),
+    "tp2sharding2": dict(tp=2, sharding=2),
+}
+
+
+def _problems(preset, *overrides, world=4):
+    """layout_problems for `+parallel=<preset> parallel.k=v ...` (global batch 8, micro-batch 1)."""
+    fields = dict(PRESETS[preset.removeprefix("+parallel=")], name=preset)
+    for o in overrides:
+        key, value = o.removeprefix("parallel.").split("=")
+        fields[key] = value == "true" if value in ("true", "false") else int(value)
+    return layout_problems(ParallelConfig(**fields), TrainConfig(global_batch_size=8, micro_batch_size=1), world)
+
+
+def test_knobs_compose_through_hydra():
+    cfg = to_config(compose_config(["model=llama-tiny", "+parallel=tp2sp", "parallel.pp_overlap_p2p_comm=true",
+                                    "parallel.pp=2"]))
+    p = cfg.parallel
+    assert p.sequence_parallel and p.mp_async_allreduce and p.pp_overlap_p2p_comm and not p.sharding_split_param
+    layout, problems = layout_problems(p, cfg.train, 4)
+    assert problems == [] and layout.sequence_parallel and layout.mp_async_allreduce and layout.pp_overlap_p2p_comm
+
+
+def test_accepted_knobs_reach_the_strategy_on_gpu_and_not_on_cpu():
+    layout, problems = _problems("+parallel=tp2pp2", "parallel.mp_async_allreduce=true",
+                                 "parallel.pp_overlap_p2p_comm=true", "parallel.pp_enable_timer=true")
+    assert problems == []
+    assert layout.mp_async_allreduce and layout.pp_overlap_p2p_comm and layout.pp_enable_timer
+    hc = build_strategy(layout, seed=1, on_cpu=False).hybrid_configs
+    assert hc["mp_configs"].mp_async_allreduce is True
+    assert hc["pp_configs"].overlap_p2p_comm is True and hc["pp_configs"].enable_timer is True
+    assert hc["mp_degree"] == 2 and hc["pp_degree"] == 2
+    hc = build_strategy(layout, seed=1, on_cpu=True).hybrid_configs  # gloo: logged, not applied
+    assert not hc["mp_configs"].mp_async_allreduce and not hc["pp_configs"].overlap_p2p_comm
+    assert not hc["pp_configs"].enable_timer
+    plain = build_strategy(Layout(tp=2, pp=2), seed=1, on_cpu=False).hybrid_configs
+    assert not plain["mp_configs"].mp_async_allreduce and not plain["pp_configs"].overlap_p2p_comm
+
+
+def test_every_knob_maps_to_a_fleet_field():
+    """The mapping of every knob, the refused ones included, names a real field of fleet's strategy."""
+    from paddle.distributed import fleet
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1}
+    layout = SimpleNamespace(grad_accum=3, **{k: True for k in KNOBS})
+    assert apply_overlap(strategy, layout, on_cpu=True) == list(KNOBS)
+    assert apply_overlap(strategy, layout, on_cpu=False) == []
+    for knob, (section, attr) in KNOBS.items():
+        assert getattr(strategy.hybrid_configs[section], attr) is True, knob
+    assert strategy.hybrid_configs["sharding_configs"].accumulate_steps == 3
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (("+parallel=dp4", "parallel.mp_async_allreduce=true"), ["parallel.mp_async_allreduce=true with parallel.tp=1"]),
+    (("+parallel=dp4", "parallel.pp_overlap_p2p_comm=true"), ["parallel.pp_overlap_p2p_comm=true with parallel.pp=1"]),
+    (("+parallel=dp4", "parallel.dp_comm_overlap=true"),
+     ["parallel.dp_comm_overlap=true with parallel.dp=4, parallel.tp=1, parallel.pp=1, parallel.sharding=1: fleet "
+      "asserts dp > 1 and pp > 1", "parallel.dp_comm_overlap=true: not supported here: fleet 3.3.1"]),
+    (("+parallel=dp2pp2", "parallel.dp_comm_overlap=true", "parallel.pp_sharding_comm_overlap=true"),
+     ["parallel.dp_comm_overlap=true with parallel.pp_sharding_comm_overlap=true: fleet refuses both",
+      "parallel.pp_sharding_comm_overlap=true with parallel.dp=2, parallel.tp=1, parallel.pp=2, parallel.sharding=1: "
+      "fleet asserts sharding > 1 and pp > 1"]),
+    (("+parallel=zero2", "parallel.dp=2", "parallel.sharding_comm_overlap=true"),
+     ["parallel.sharding_comm_overlap=true with parallel.sharding=2, parallel.sharding_stage=2: an option of fleet's "
+      "stage-1 sharding optimizer"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_tensor_fusion=true"),
+     ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
+      "DygraphShardingOptimizerV2", "parallel.sharding_split_param=true: not supported here yet",
+      "parallel.sharding_tensor_fusion=true: not supported here yet"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
+     ["parallel.sharding_comm_overlap=true with parallel.pp=2: fleet asserts 'You should not use pipeline parallel "
+      "and comm_overlap at the same time'"]),
+])
+def test_refused_combinations_name_fields_and_numbers(overrides, expected):
+    layout, problems = _problems(*overrides)
+    assert layout is None
+    for line in expected:
+        assert any(p.startswith(line) for p in problems), (line, problems)
+
+
+def test_resolve_layout_raises_config_error():
+    with pytest.raises(ConfigError, match=r"parallel.mp_async_allreduce=true with parallel.tp=1"):
+        resolve_layout(ParallelConfig(dp=2, mp_async_allreduce=True), TrainConfig(global_batch_size=8), 2)
+
+
+def test_sequence_parallel_needs_tp():
+    layout, problems = _problems("+parallel=dp4", "parallel.sequence_parallel=true")
+    assert problems == ["parallel.sequence_parallel=true with parallel.tp=1: sequence parallelism splits the "
+                        "sequence across the tensor-parallel ranks; needs tp > 1"]
+    layout, problems = _problems("+parallel=tp2pp2", "parallel.sequence_parallel=true")
+    assert problems == [] and layout.sequence_parallel
+
+
+def test_sequence_parallel_model_checks(tiny_llama):
+    import dataclasses
+
+    from llmtrain.parallel.sequence import sequence_parallel_problems
+
+    par = ParallelConfig(tp=2, sequence_parallel=True)
+    assert sequence_parallel_problems(par, tiny_llama, 64) == []
+    assert sequence_parallel_problems(par, tiny_llama, 63) == [
+        "parallel.sequence_parallel=true: data.seq_len=63 is not divisible by parallel.tp=2"]
+    enc = dataclasses.replace(tiny_llama, family="encoder")
+    assert sequence_parallel_problems(par, enc, 64) == [
+        "parallel.sequence_parallel=true with model.family=encoder: implemented for the decoder only"]
+    assert sequence_parallel_problems(ParallelConfig(tp=2), enc, 63) == []
+
+
+def test_parallel_auto_keeps_the_knobs_that_apply():
+    from llmtrain.plan.auto import _kept_knobs
+
+    lines = []
+    given = ParallelConfig(name="auto", sequence_parallel=True, mp_async_allreduce=True, pp_overlap_p2p_comm=True,
+                           sharding_split_param=True)
+    kept = _kept_knobs(given, {"tp": 2, "pp": 1}, lines.append)
+    assert kept == {"sequence_parallel": True, "mp_async_allreduce": True, "sharding_split_param": True}
+    assert lines == ["parallel=auto: parallel.pp_overlap_p2p_comm=true dropped: the chosen layout has pp=1"]

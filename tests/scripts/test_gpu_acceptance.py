@@ -1,0 +1,101 @@
+"""scripts/gpu_acceptance.sh --dry-run: exits 0 on CPU and prints commands that compose and validate.
+
+    python -m pytest tests/scripts/test_gpu_acceptance.py -q
+
+Every printed pretraining launch and planner call is taken apart and its Hydra overrides are
+composed with our config tree; the layout must pass every check for the launch's process count
+(the planner's: plan.devices) and the model must fit it; pytest commands must name existing files
+and their -k expression must select exactly the layouts the GPU count can run.
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llmtrain.config import compose_config, to_config
+from llmtrain.models.config import fusion_problems
+from llmtrain.parallel.layout import layout_problems, model_fit_problems
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tests" / "parallel"))
+from test_parity import LAYOUTS  # noqa: E402
+
+
+def _commands(gpus: int, out: Path) -> list[tuple[dict, list[str]]]:
+    proc = subprocess.run(["bash", "scripts/gpu_acceptance.sh", "--dry-run", "--gpus", str(gpus), "--device", "h100",
+                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cmds = []
+    for line in proc.stdout.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        words = shlex.split(line)
+        env = {}
+        while "=" in words[0] and not words[0].startswith(("/", "-")):
+            k, v = words.pop(0).split("=", 1)
+            env[k] = v
+        if ">" in words:
+            words = words[: words.index(">")]
+        cmds.append((env, words))
+    return cmds
+
+
+def _selected(expr: str) -> set[str]:
+    from _pytest.mark.expression import Expression
+
+    compiled = Expression.compile(expr)
+    ids = {name: f"test_layout_matches_single_process[{name}]" for name, _ in LAYOUTS}
+    return {name for name, i in ids.items() if compiled.evaluate(lambda word: word.lower() in i.lower())}
+
+
+def _check_run(overrides: list[str], nproc: int, on_gpu_model: bool = True) -> None:
+    cfg = to_config(compose_config(overrides))
+    assert fusion_problems(cfg.model, on_gpu=on_gpu_model) == []
+    if cfg.parallel is None or cfg.parallel.name == "auto":
+        return  # the planner ranks/chooses the layout (tests/plan cover the ranking and +parallel=auto)
+    layout, problems = layout_problems(cfg.parallel, cfg.train, nproc)
+    problems += model_fit_problems(cfg.parallel, cfg.model)
+    assert problems == [], (overrides, problems)
+
+
+@pytest.mark.parametrize("gpus", [8, 2])
+def test_dry_run_commands_are_well_formed(gpus, tmp_path):
+    cmds = _commands(gpus, tmp_path)
+    launches = plans = pytests = 0
+    for env, words in cmds:
+        if words[1:3] == ["-m", "paddle.distributed.launch"]:
+            nproc = int(words[words.index("--nproc_per_node") + 1])
+            assert nproc == gpus
+            overrides = words[words.index("llmtrain/pretrain.py") + 1:]
+            assert any(o.startswith(f"run.dir={tmp_path}") for o in overrides)
+            _check_run(overrides, nproc)
+            if "parallel.mp_async_allreduce=true" in overrides:
+                assert env.get("CUDA_DEVICE_MAX_CONNECTIONS") == "1"
+            launches += 1
+        elif words[1:3] == ["-m", "llmtrain.plan"]:
+            overrides = words[3:]
+            devices = int(next(o for o in overrides if o.startswith("plan.devices=")).split("=")[1])
+            assert devices == gpus and "plan.format=json" in overrides
+            _check_run(overrides, devices)
+            plans += 1
+        elif words[1:3] == ["-m", "pytest"]:
+            files = [w for w in words[3:] if w.startswith("tests/")]
+            assert files and all((REPO / f).is_file() for f in files), files
+            if "tests/parallel/test_parity.py" in files:
+                selected = _selected(words[words.index("-k") + 1])
+                expected = {name for name, n in LAYOUTS if n <= gpus}
+                assert selected == expected, (selected, expected)
+                assert "LLMTRAIN_PARITY_TOL" in env
+            pytests += 1
+    assert launches == plans == (6 if gpus >= 4 else 4)
+    assert pytests == 4
+
+
+def test_too_few_gpus_refused(tmp_path):
+    proc = subprocess.run(["bash", "scripts/gpu_acceptance.sh", "--dry-run", "--gpus", "1"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--gpus 1: the parity suite needs at least 2 GPUs" in proc.stderr
