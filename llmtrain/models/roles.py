@@ -51,6 +51,13 @@ class Roles:
         """Tied LM head: hidden [b, s, h] x table [V, h]^T -> logits [b, s, V]."""
         return paddle.matmul(hidden, table, transpose_y=True)
 
+    def experts(self, cfg) -> nn.Layer:
+        """The routed experts of one MoE layer (`llmtrain.models.moe.Experts`); a plan may hold a block of them
+        and bring tokens to them through a dispatcher (expert parallelism)."""
+        from llmtrain.models.moe import Experts
+
+        return Experts(cfg, cfg.moe_num_experts)
+
     def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
         """Per-token cross entropy: logits [b, s, V], labels [b, s] -> loss [b, s] (fp32)."""
         loss = F.cross_entropy(logits.astype("float32"), labels.unsqueeze(-1), reduction="none")

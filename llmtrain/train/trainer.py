@@ -119,7 +119,7 @@ class Trainer:
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
-                            built.pipeline, built.scaler)
+                            built.pipeline, built.scaler, grad_hooks=getattr(built.core, "llm_grad_hooks", ()))
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -162,7 +162,11 @@ class Trainer:
             lr = built.optimizer.get_lr()
             out = runner.run(micro_batches)
             step += 1
-            meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
+            extra = {"consumed_samples": data.consumed_samples}
+            moe_stats = getattr(built.loss_fn, "stats", None)  # MoE: routing metrics, aux-loss-free bias update
+            if moe_stats is not None:
+                extra.update(moe_stats.finish_step(meter.reduce_sum))
+            meter.update(step, out, lr, data_wait, extra=extra)
             if wd is not None:
                 wd.progress(step)
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
