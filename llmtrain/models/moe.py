@@ -153,10 +153,12 @@ class Experts(nn.Layer):
         flat_weight = weight.reshape([-1])
         token = paddle.arange(num_tokens, dtype="int64").repeat_interleave(top_k)  # [T' k]
         out = paddle.zeros_like(x)  # [T', h]
+        served = 0
         for j in range(self.num_local):
             pos = paddle.nonzero(flat_index == self.first + j).flatten()  # choices served by expert j
             if pos.shape[0] == 0:
                 continue
+            served += 1
             rows = paddle.gather(token, pos)  # [n]
             xe = paddle.gather(x, rows)  # [n, h]
             if self.swiglu:
@@ -165,6 +167,8 @@ class Experts(nn.Layer):
                 inner = F.gelu(xe @ self.w_up[j], approximate=self.approximate)
             ye = (inner @ self.w_down[j]) * paddle.gather(flat_weight, pos).astype(x.dtype)[:, None]  # [n, h]
             out = paddle.index_add(out, rows, 0, ye)
+        if served == 0:  # keep the stacked weights in the graph: their (zero) gradient exists on every rank
+            out = out + 0.0 * sum(p.sum() for p in self.parameters()).astype(out.dtype)
         return self.dispatcher.combine(out)  # [T, h]
 
 

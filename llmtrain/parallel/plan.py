@@ -22,12 +22,18 @@ from llmtrain.parallel.strategy import Topology
 
 
 def make_roles(layout: Layout, topo: Topology) -> Roles:
-    """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1, plain layers otherwise."""
+    """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1, plain layers otherwise;
+    under ep > 1 the routed experts are spread over the ep group (`llmtrain.parallel.experts`)."""
+    roles = Roles()
     if layout.tp > 1:
         from llmtrain.parallel.tensor import TensorParallelRoles
 
-        return TensorParallelRoles(topo.hcg)
-    return Roles()
+        roles = TensorParallelRoles(topo.hcg)
+    if layout.ep > 1:
+        from llmtrain.parallel.experts import ExpertParallelRoles
+
+        roles = ExpertParallelRoles(roles, topo, layout.ep, layout.ep_dispatcher)
+    return roles
 
 
 def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False):

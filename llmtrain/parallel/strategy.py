@@ -57,6 +57,12 @@ class Topology:
     sharding_rank: int = 0
     hcg: Optional[Any] = None
     """fleet's HybridCommunicateGroup (None on a single process)."""
+    ep_rank: int = 0
+    """Rank in this process's expert-parallel group (which block of experts it holds)."""
+    ep_group: Optional[Any] = None
+    """The ep consecutive dp ranks that share out the experts (None when ep == 1)."""
+    expert_dp_group: Optional[Any] = None
+    """The dp ranks holding the same experts as this one (None when dp == ep)."""
     on_cpu: bool = True
 
     @property
@@ -92,7 +98,8 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
     on_cpu = paddle.get_device() == "cpu"
     if not layout.distributed:
         return Topology(on_cpu=on_cpu)
-    key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch)
+    key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch,
+           layout.ep)
     if _ACTIVE:
         if _ACTIVE["key"] != key:
             raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
@@ -120,5 +127,9 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         hcg=hcg,
         on_cpu=on_cpu,
     )
+    if layout.ep > 1:
+        from llmtrain.parallel.experts import expert_groups
+
+        topo.ep_rank, topo.ep_group, topo.expert_dp_group = expert_groups(hcg, layout.ep, topo.rank)
     _ACTIVE.update(key=key, topo=topo)
     return topo

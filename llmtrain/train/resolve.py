@@ -65,6 +65,9 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
+    if model.moe_num_experts > 0 and cfg.train.recompute:
+        problems.append(f"train.recompute=true with model.moe_num_experts={model.moe_num_experts}: recompute re-runs "
+                        "the routers in the backward pass and would count their losses and loads twice (absent)")
     if cfg.train.batch_rampup is not None:
         from llmtrain.data.rampup import rampup_problems
 

@@ -31,6 +31,7 @@ from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
+from llmtrain.parallel.experts import attach_expert_parallel
 from llmtrain.parallel.plan import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
@@ -89,7 +90,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
-    slices = TensorSlices(topo.tp_rank, layout.tp)  # this rank's part of each full (seed, name) tensor
+    slices = TensorSlices(topo.tp_rank, layout.tp, topo.ep_rank, layout.ep)  # this rank's part of each full tensor
     if run.initial_state is not None:
         load_full_state(named, run.initial_state, slices, source=cfg.model.init_from)
     else:
@@ -98,6 +99,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     core, optimizer = amp.decorate(core, optimizer)
     model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
     clip = install_recording_clip(optimizer)
+    attach_expert_parallel(core, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
     return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
 
 
