@@ -22,6 +22,7 @@ def tiny_overrides(corpus: dict, run_dir: str, model: str = "gpt", steps: int = 
         "gpt": ["model=gpt-tiny", "model.max_position_embeddings=64"],
         "llama": ["model=llama-tiny", "model.num_kv_heads=2"],
         "ernie": ["model=ernie-tiny", "model.max_position_embeddings=64"],
+        "moe": ["model=moe-tiny", "model.num_kv_heads=2", "model.moe_ffn_hidden_size=32"],
     }[model]
     return arch + [
         "model.hidden_size=32", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=64",

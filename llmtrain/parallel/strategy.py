@@ -7,6 +7,7 @@ On CPU the stand-ins of `llmtrain.paddle_compat.cpu_backend` are installed first
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -98,12 +99,11 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
     on_cpu = paddle.get_device() == "cpu"
     if not layout.distributed:
         return Topology(on_cpu=on_cpu)
-    key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch,
-           layout.ep)
+    key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch)
     if _ACTIVE:
         if _ACTIVE["key"] != key:
             raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
-        return _ACTIVE["topo"]
+        return _with_expert_groups(_ACTIVE["topo"], layout.ep)
     from paddle.distributed import fleet
 
     strategy = build_strategy(layout, seed)
@@ -127,9 +127,21 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         hcg=hcg,
         on_cpu=on_cpu,
     )
-    if layout.ep > 1:
+    _ACTIVE.update(key=key, topo=topo)
+    return _with_expert_groups(topo, layout.ep)
+
+
+def _with_expert_groups(topo: Topology, ep: int) -> Topology:
+    """`topo` with this rank's expert-parallel groups for degree `ep` (created once per degree, on every rank:
+    runs in one launch may differ in ep, the groups are carved out of the same dp groups)."""
+    if ep <= 1:
+        return topo
+    if ep not in _EXPERT_GROUPS:
         from llmtrain.parallel.experts import expert_groups
 
-        topo.ep_rank, topo.ep_group, topo.expert_dp_group = expert_groups(hcg, layout.ep, topo.rank)
-    _ACTIVE.update(key=key, topo=topo)
-    return topo
+        _EXPERT_GROUPS[ep] = expert_groups(topo.hcg, ep, topo.rank)
+    ep_rank, ep_group, edp_group = _EXPERT_GROUPS[ep]
+    return dataclasses.replace(topo, ep_rank=ep_rank, ep_group=ep_group, expert_dp_group=edp_group)
+
+
+_EXPERT_GROUPS: dict = {}

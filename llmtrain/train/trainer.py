@@ -125,6 +125,7 @@ class Trainer:
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
+            f"{f'ep={layout.ep} ' if layout.ep > 1 else ''}"
             f"(stage {layout.sharding_stage}); global batch {layout.global_batch} = micro {layout.micro_batch} x accum "
             f"{layout.grad_accum} x data-parallel {layout.data_parallel}"
             f"{'' if cfg.train.batch_rampup is None else f' (ramped up from {list(cfg.train.batch_rampup)})'}; "
