@@ -154,3 +154,12 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
         else:
             with pytest.raises(AssertionError):
                 check()
+
+
+def test_replicated_experts_fail_the_expert_check(reference):
+    """Every dp rank holding all experts is right for ep=1 and must fail for ep=2 (a silent fallback to replication)."""
+    one = reference["moe"]["memory"]
+    fake = dict(one, ranks=[dict(one["ranks"][0], rank=r, dp_rank=r) for r in range(2)])
+    check_expert_memory(fake, one, dp=2, ep=1)
+    with pytest.raises(AssertionError):
+        check_expert_memory(fake, one, dp=2, ep=2)
