@@ -25,8 +25,15 @@ tokens' summed expert outputs. Two implementations:
   expert with `alltoall_single` (split sizes exchanged first) and comes back
   the same way. A thin path, NOT tested here: there is no all-to-all on CPU.
 
+Tensor parallelism: experts are replicated over the tp ranks, not split (each
+tp rank of a dp position holds the same block and dispatches the same tokens in
+its own ep group): fine-grained experts are narrow (96 to 1408 wide in the
+presets), so splitting them would add an all-reduce per expert call for little
+memory, and the dispatcher stays independent of tp. The price is tp x the
+expert compute. (Megatron-style expert tensor parallelism is absent.)
+
 Gradients. Expert parameters are marked `no_sync` (so `paddle.DataParallel`
-skips them); after the backward `ExpertGradSync` sums them over the
+skips them; under tp fleet's dp all-reduce is told to skip them too); after the backward `ExpertGradSync` sums them over the
 expert-data-parallel group and divides by the data-parallel degree (a holder's
 gradient already sums the losses of its ep group's ranks through the
 dispatcher's backward), giving the one-process gradient of the mean loss. The
@@ -220,10 +227,14 @@ class ExpertGradSync:
             g.scale_(self.scale)
 
 
-def attach_expert_parallel(core, clip, layout, topo) -> None:
+def attach_expert_parallel(core, optimizer, clip, layout, topo) -> None:
     """Under ep > 1: the expert gradient reduction runs after every backward (`core.llm_grad_hooks`, read by the
-    trainer's step runner) and the clip sums expert gradient squares over the ep group."""
+    trainer's step runner), fleet's dp gradient all-reduce (tp layouts) leaves expert gradients alone, and the clip
+    sums expert gradient squares over the ep group."""
     if layout.ep <= 1:
         return
+    from llmtrain.paddle_compat.optim import skip_in_dp_grad_sync
+
     core.llm_grad_hooks = [ExpertGradSync(core, topo, layout.data_parallel)]
+    skip_in_dp_grad_sync(optimizer, lambda p: getattr(p, "llm_expert_axis", None) is not None)
     clip.expert_group = topo.ep_group

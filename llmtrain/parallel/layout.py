@@ -147,7 +147,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         if p.dp % p.ep:
             problems.append(f"parallel.ep={p.ep} does not divide parallel.dp={p.dp}: expert parallelism is carved out of "
                             "the data-parallel ranks (each group of ep data ranks shares out the experts)")
-        for axis in ("tp", "pp", "sharding"):
+        for axis in ("pp", "sharding"):
             if getattr(p, axis) > 1:
                 problems.append(f"parallel.ep={p.ep} with parallel.{axis}={getattr(p, axis)}: expert parallelism is "
                                 f"implemented with dp only so far ({axis} x ep is absent)")

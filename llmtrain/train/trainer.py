@@ -99,7 +99,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     core, optimizer = amp.decorate(core, optimizer)
     model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
     clip = install_recording_clip(optimizer)
-    attach_expert_parallel(core, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
+    attach_expert_parallel(core, optimizer, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
     return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
 
 

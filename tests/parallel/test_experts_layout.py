@@ -30,12 +30,14 @@ def test_ep_is_carved_out_of_dp():
     lay = resolve_layout(ParallelConfig(dp=4, ep=2), TrainConfig(global_batch_size=8, micro_batch_size=None,
                                                                  grad_accum=None), 4)
     assert (lay.world, lay.ep, lay.data_parallel) == (4, 2, 4)  # no extra processes
+    lay = resolve_layout(ParallelConfig(dp=2, tp=2, ep=2), TrainConfig(global_batch_size=8, micro_batch_size=None,
+                                                                       grad_accum=None), 4)
+    assert (lay.world, lay.ep, lay.tp) == (4, 2, 2)  # experts whole over tp, shared out over ep
     check_model_fits(lay, ModelConfig(**{**MOE.__dict__, "moe_num_experts": 8}))
 
 
 @pytest.mark.parametrize("parallel,world,message", [
     (ParallelConfig(dp=3, ep=2), 3, "parallel.ep=2 does not divide parallel.dp=3"),
-    (ParallelConfig(dp=2, tp=2, ep=2), 4, "parallel.ep=2 with parallel.tp=2"),
     (ParallelConfig(dp=2, pp=2, ep=2), 4, "parallel.ep=2 with parallel.pp=2"),
     (ParallelConfig(dp=2, sharding=2, ep=2), 4, "parallel.ep=2 with parallel.sharding=2"),
     (ParallelConfig(dp=4, ep=4), 4, "model.moe_num_experts=6 is not divisible by parallel.ep=4"),

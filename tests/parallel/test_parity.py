@@ -37,7 +37,8 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init"), "dp2": ("moe", "moe_ep2", "moe_cap_ep2"), "dp4": ("moe_ep2",)}
+EXTRA = {"tp2pp2": ("ernie", "llama_init"), "dp2": ("moe", "moe_ep2", "moe_cap_ep2"), "dp4": ("moe_ep2",),
+         "dp2tp2": ("moe_ep2",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
        "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
@@ -119,7 +120,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
                 assert abs(g["moe_aux_loss"] - r["moe_aux_loss"]) <= TOL and abs(g["moe_z_loss"] - r["moe_z_loss"]) <= TOL
             assert (got[0]["moe_dropped_frac"] > 0) == n.startswith("moe_cap")
             check_expert_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], DEGREES[layout].dp,
-                                2 if n.endswith("_ep2") else 1)
+                                2 if n.endswith("_ep2") else 1, DEGREES[layout].tp)
             continue
         check_memory(_memory(tmp_path / n), reference[n]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
