@@ -205,8 +205,8 @@ def _safe_metrics(run_dir):
 @pytest.mark.slow
 def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the uninterrupted records.
-    Mixture-of-Experts: ep2 (dp2 ranks sharing out the experts) writes step 6 and one process continues (ep2 -> 1);
-    ep2 continues from one process's step 6 (1 -> ep2)."""
+    Mixture-of-Experts: ep2 (dp2 ranks sharing out the experts) writes step 6 and one process and tp2 continue
+    (ep2 -> 1, ep2 -> tp2); ep2 continues from one process's step 6 (1 -> ep2)."""
     src = tmp_path / "dp2"
     runs = [tiny_overrides(tiny_corpus, str(src / m), m, steps=STEPS) + ["+parallel=dp2", "checkpoint.interval=6"]
             for m in ("gpt", "llama")]
@@ -227,10 +227,11 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
                 + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
                 + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])  # really slice the tiny params
                 for m in ("gpt", "llama")]
-        models = ("gpt", "llama") if layout else ("gpt", "llama", "moe")
-        if layout is None:  # ep2 -> one process
+        models = ("gpt", "llama") + (("moe",) if layout in (None, "tp2") else ())
+        if layout in (None, "tp2"):  # ep2 -> one process, ep2 -> tp2 (experts whole on both tp ranks)
             runs.append(tiny_overrides(tiny_corpus, str(out / "moe"), "moe", steps=STEPS) + MOE
-                        + [f"checkpoint.resume={src / 'moe' / 'checkpoints' / 'step_6'}"])
+                        + [f"checkpoint.resume={src / 'moe' / 'checkpoints' / 'step_6'}"]
+                        + ([f"+parallel={layout}"] if layout else []))
         run_many(runs, nproc=nproc, workdir=out)
         for m in models:
             recs = _records(out / m)
