@@ -12,8 +12,9 @@ and the ModelConfig that reproduces it:
     expert -> our moe_router=softmax, moe_norm_topk=true, moe_first_dense_layers=0,
     moe_num_shared_experts=0, moe_capacity_factor=0;
   - `router_aux_loss_coef` -> moe_aux_loss_coef. PaddleNLP computes its aux loss once
-    over the router logits of all layers concatenated; ours is the mean of per-layer
-    losses, so the two aux terms differ (the logits do not);
+    over the router logits of all layers concatenated (`load_balancing_loss_func`, no
+    padding mask) -> moe_aux_loss_scope=model, so a training step's loss equals
+    PaddleNLP's forward loss with `output_router_logits=True`;
   - `sliding_window` is not implemented by PaddleNLP 2.8.1 (it logs a warning and
     attends to everything), so a set window is noted and ignored as PaddleNLP does.
 Keys: `mixtral.layers.N.block_sparse_moe.gate.weight` [h, E];
@@ -65,7 +66,8 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
         rope_theta=float(g["rope_theta"]), norm="rmsnorm", norm_eps=float(g["rms_norm_eps"]), activation="swiglu",
         bias=False, tie_embeddings=bool(g["tie_word_embeddings"]), init_std=float(g["initializer_range"]),
         moe_num_experts=int(g["num_local_experts"]), moe_top_k=int(g["num_experts_per_tok"]), moe_router="softmax",
-        moe_norm_topk=True, moe_aux_loss_coef=float(g["router_aux_loss_coef"]), moe_z_loss_coef=0.0)
+        moe_norm_topk=True, moe_aux_loss_coef=float(g["router_aux_loss_coef"]), moe_aux_loss_scope="model",
+        moe_z_loss_coef=0.0)
     return cfg, notes
 
 
@@ -85,6 +87,9 @@ def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     if bad:
         raise UnsupportedConfig(f"model {cfg.name!r} cannot be written as a PaddleNLP Mixtral: " + "; ".join(bad))
     notes = []
+    if cfg.moe_aux_loss_scope != "model":
+        notes.append("model.moe_aux_loss_scope=layer: PaddleNLP's Mixtral pools its aux loss over all layers "
+                     "(logits equal; the aux term of a training loss differs)")
     if cfg.moe_z_loss_coef:
         notes.append(f"model.moe_z_loss_coef={cfg.moe_z_loss_coef}: PaddleNLP's Mixtral has no router z-loss")
     if cfg.tie_embeddings:

@@ -117,6 +117,10 @@ class ModelConfig:
     moe_aux_loss_coef: float = 0.01
     """Coefficient of the Switch/GShard load-balancing loss E * sum_i f_i P_i (per MoE layer, averaged over layers)."""
 
+    moe_aux_loss_scope: str = "layer"
+    """`layer`: the aux loss of each MoE layer, averaged over layers. `model`: one aux loss over all layers' choices
+    and probabilities pooled (HF/PaddleNLP Mixtral's `load_balancing_loss_func`; set when a Mixtral is imported)."""
+
     moe_z_loss_coef: float = 0.0
     """Coefficient of the router z-loss mean_t logsumexp(logits_t)^2 (ST-MoE), averaged over MoE layers."""
 

@@ -17,12 +17,15 @@ of a micro-batch's T tokens, first choices before second choices and earlier
 tokens before later ones (GShard's order); the rest is dropped (weight 0) and
 counted. Dropless (the default) computes every choice.
 
-Losses, averaged over the MoE layers and added to the LM loss by `MoELMLoss`:
+Losses, added to the LM loss by `MoELMLoss`:
 - aux (Switch/GShard, Mixtral's convention): E * sum_i f_i P_i, f_i = tokens
   choosing expert i / T (before dropping, so a balanced router gives k), P_i =
   mean over tokens of the router probability of i (sigmoid scores normalised per
-  token), times `moe_aux_loss_coef`;
-- z-loss (ST-MoE): mean_t logsumexp(logits_t)^2, times `moe_z_loss_coef`.
+  token), times `moe_aux_loss_coef`; per layer and averaged over the MoE layers, or
+  with `moe_aux_loss_scope=model` once over all layers' f and P pooled (PaddleNLP's
+  Mixtral);
+- z-loss (ST-MoE): mean_t logsumexp(logits_t)^2, times `moe_z_loss_coef`, averaged
+  over the MoE layers.
 
 The expert bias is a parameter with `stop_gradient=True` (so checkpoints carry
 it under its canonical name, the optimizer never touches it): after each
@@ -109,6 +112,19 @@ def aux_loss(r: Routing) -> paddle.Tensor:
     """Switch/GShard load-balancing loss E * sum_i (counts_i / T) * mean_t probs[t, i] (balanced: top_k)."""
     num_tokens, num_experts = r.probs.shape
     return num_experts * (r.counts / num_tokens * r.probs.mean(0)).sum()
+
+
+def aux_terms(r: Routing):
+    """(f [E] = counts / T, no gradient; P [E] = mean router probability) of one layer's forward."""
+    return r.counts / r.probs.shape[0], r.probs.mean(0)
+
+
+def pooled_aux_loss(terms: list) -> paddle.Tensor:
+    """E * sum_i mean_l f_l,i * mean_l P_l,i: one aux loss over the layers' pooled choices (Mixtral's form,
+    layers with equal token counts)."""
+    f = paddle.stack([t[0] for t in terms]).mean(0)
+    p = paddle.stack([t[1] for t in terms]).mean(0)
+    return f.shape[0] * (f * p).sum()
 
 
 def z_loss(r: Routing) -> paddle.Tensor:
@@ -204,7 +220,7 @@ class MoEFeedForward(nn.Layer):
             y = y * self.cfg.moe_routed_scale
         if self.shared is not None:
             y = y + self.shared(flat)
-        self.loss_terms.append((aux_loss(r), z_loss(r)))
+        self.loss_terms.append((aux_terms(r), z_loss(r)))
         if self.training:
             self.step_counts = r.counts if self.step_counts is None else self.step_counts + r.counts
             self.step_dropped += float(r.dropped)
@@ -218,13 +234,18 @@ def moe_layers(model: nn.Layer) -> list[MoEFeedForward]:
 
 
 def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
-    """(coef_aux * mean aux + coef_z * mean z, mean aux, mean z) over the forwards recorded since the last call."""
+    """(coef_aux * aux + coef_z * mean z, aux, mean z) over the forwards recorded since the last call; aux is
+    the mean of per-layer aux losses (`moe_aux_loss_scope=layer`) or one over the layers pooled (`model`)."""
     terms = [t for layer in layers for t in layer.loss_terms]
     for layer in layers:
         layer.loss_terms = []
     if not terms:
         return None, None, None
-    aux = paddle.stack([a for a, _ in terms]).mean()
+    if cfg.moe_aux_loss_scope == "model":
+        aux = pooled_aux_loss([a for a, _ in terms])
+    else:
+        e = cfg.moe_num_experts
+        aux = paddle.stack([e * (f * p).sum() for (f, p), _ in terms]).mean()
     z = paddle.stack([b for _, b in terms]).mean()
     return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
 

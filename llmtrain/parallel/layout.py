@@ -194,6 +194,9 @@ def model_fit_problems(degrees, model) -> list[str]:
         problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_num_experts={e}")
     if e > 0 and model.moe_top_k < 1:
         problems.append(f"model.moe_top_k={model.moe_top_k}: must be >= 1")
+    for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_aux_loss_scope", ("layer", "model"))):
+        if e > 0 and getattr(model, fname) not in allowed:
+            problems.append(f"model.{fname}={getattr(model, fname)!r}: expected one of {list(allowed)}")
     if model.num_heads <= 0 or model.num_layers <= 0:
         return problems  # reported by the value checks (llmtrain.config.config_problems)
     if model.hidden_size % model.num_heads:

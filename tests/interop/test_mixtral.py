@@ -77,3 +77,35 @@ def test_export_refuses_what_mixtral_cannot_compute(kw, field, tmp_path):
     with pytest.raises(UnsupportedConfig, match=field):
         write_paddlenlp_checkpoint(cfg, random_state(cfg, seed=1), str(tmp_path / "x"))
     assert not (tmp_path / "x").exists()
+
+
+def test_training_loss_equals_paddlenlp_loss_with_its_aux_term(tmp_path, monkeypatch):
+    """A continued-training step's loss (our model + its loss function, as the step runner calls them, on an
+    imported Mixtral) equals PaddleNLP's forward loss with labels and `output_router_logits=True`:
+    cross entropy + router_aux_loss_coef x its pooled load-balancing loss."""
+    import paddle
+
+    from llmtrain.models import build_model
+    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.init import load_full_state
+
+    runnable_paddlenlp_mixtral(monkeypatch)
+    ref = MixtralForCausalLM(MixtralConfig(**{**TINY, "router_aux_loss_coef": 0.5}))
+    randomize_paddlenlp(ref, seed=9)
+    ref.save_pretrained(str(tmp_path), safe_serialization=True)
+    cfg, state, _ = read_paddlenlp_checkpoint(str(tmp_path))
+    assert (cfg.moe_aux_loss_scope, cfg.moe_aux_loss_coef) == ("model", 0.5)
+    ids = token_ids(cfg.vocab_size, seed=2, seq=24)
+    labels = token_ids(cfg.vocab_size, seed=3, seq=24)
+    ref.eval()
+    with paddle.no_grad():
+        out = ref(ids, labels=labels, output_router_logits=True, return_dict=True)
+    theirs, their_aux = float(out.loss), float(out.aux_loss)
+    model = build_model(cfg)
+    load_full_state(canonical_parameters(model), state)
+    model.train()
+    loss = model.loss_fn(model(ids), (labels, paddle.ones(labels.shape, "float32")))
+    lm_only = float(model.loss_fn.lm_loss(model(ids), (labels, paddle.ones(labels.shape, "float32"))))
+    assert their_aux > 1.0  # a real aux term (balanced would be top_k = 2)
+    assert abs(float(loss) - theirs) <= 1e-5, (float(loss), theirs)
+    assert abs(float(loss) - lm_only - 0.5 * their_aux) <= 1e-5

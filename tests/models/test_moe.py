@@ -164,7 +164,7 @@ def test_balancing_losses_enter_the_training_loss_and_reach_the_router():
     [layer.loss_terms.clear() for layer in moe_layers(model)]
     logits = model(ids)
     terms = [t for layer in moe_layers(model) for t in layer.loss_terms]
-    aux = np.mean([float(a) for a, _ in terms])
+    aux = np.mean([6 * float((f * p).sum()) for (f, p), _ in terms])  # per layer E * sum f P, averaged
     z = np.mean([float(b) for _, b in terms])
     assert len(terms) == 2  # layers 1 and 2 (layer 0 dense)
     loss = model.loss_fn(logits, labels)
@@ -185,3 +185,23 @@ def test_parameter_counts_all_and_active():
     inactive = 2 * ((6 - 2) * per_expert + 6)
     assert flops_parameters(cfg) == parameter_count(cfg) - inactive - 64 * 16  # input word table excluded
     assert Roles().experts(cfg).w_up.shape == [6, 16, 8]
+
+
+def test_pooled_aux_loss_is_one_loss_over_all_layers_choices():
+    """moe_aux_loss_scope=model: PaddleNLP's Mixtral form, E * sum_i f_i P_i over the concatenated router logits."""
+    cfg = moe_cfg(moe_aux_loss_scope="model", moe_aux_loss_coef=1.0, moe_z_loss_coef=0.0, moe_num_shared_experts=0)
+    model = build_model(cfg)
+    init_parameters(canonical_parameters(model), cfg, seed=8)
+    x = np.random.default_rng(6).standard_normal((2, 10, 16)).astype(np.float32)
+    logits = []
+    for layer in moe_layers(model):
+        logits.append(x.reshape(20, 16) @ layer.router.weight.numpy())
+        layer(paddle.to_tensor(x))
+    every = np.concatenate(logits)  # [L T, E]
+    index, _, _ = reference_route(every, 2, "softmax", True)
+    f = np.array([(index == i).sum() for i in range(6)]) / every.shape[0]
+    want = 6 * (f * np_softmax(every).mean(0)).sum()
+    from llmtrain.models.moe import moe_loss
+
+    extra, aux, _ = moe_loss(moe_layers(model), cfg)
+    assert float(aux) == pytest.approx(want, rel=1e-6) and float(extra) == pytest.approx(want, rel=1e-6)
