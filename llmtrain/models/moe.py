@@ -29,7 +29,8 @@ Losses, added to the LM loss by `MoELMLoss`:
 
 The expert bias is a parameter with `stop_gradient=True` (so checkpoints carry
 it under its canonical name, the optimizer never touches it): after each
-optimizer step `MoEStats.update_bias` moves it from the step's observed load.
+optimizer step `MoEStats.finish_step` moves it (`update_bias`) from the step's observed
+load, summed over the data-parallel ranks.
 
 The routed experts are stacked tensors `experts.w_gate/w_up/w_down`
 [E, h, f] / [E, h, f] / [E, f, h] tagged `llm_expert_axis = 0`; a plan that
@@ -199,7 +200,7 @@ class MoEFeedForward(nn.Layer):
         self.num_experts, self.top_k = cfg.moe_num_experts, cfg.moe_top_k
         self.router = nn.Linear(cfg.hidden_size, self.num_experts, bias_attr=False)
         self.expert_bias = self.create_parameter([self.num_experts], is_bias=True)
-        self.expert_bias.stop_gradient = True  # moved by MoEStats.update_bias, never by the optimizer
+        self.expert_bias.stop_gradient = True  # moved by MoEStats.finish_step, never by the optimizer
         self.experts = roles.experts(cfg)
         self.shared = None
         if cfg.moe_num_shared_experts > 0:
@@ -307,7 +308,8 @@ def update_bias(bias: paddle.Tensor, counts: paddle.Tensor, rate: float) -> None
 
 
 class MoELMLoss(nn.Layer):
-    """LM loss + coef_aux * aux + coef_z * z of the forward just run (means over its MoE layers).
+    """Training: LM loss + coef_aux * aux + coef_z * z of the forward just run; evaluation (model.eval()): the LM
+    loss alone (the balancing terms are dropped).
 
     logits [b, s, V/tp]; labels = (target ids [b, s], loss_mask [b, s]) -> fp32 scalar."""
 
@@ -321,8 +323,7 @@ class MoELMLoss(nn.Layer):
     def forward(self, logits, labels):
         loss = self.lm_loss(logits, labels)
         extra, aux, z = moe_loss(self._layers, self.cfg)
-        if extra is None:
-            return loss
-        if self._layers[0].training:
-            self.stats.record_loss(aux, z)
+        if extra is None or not self._layers[0].training:
+            return loss  # evaluation: the LM loss alone
+        self.stats.record_loss(aux, z)
         return loss + extra

@@ -173,6 +173,8 @@ def test_balancing_losses_enter_the_training_loss_and_reach_the_router():
     router = dict(named)["layers.1.mlp.router.weight"]
     assert router.grad is not None and float(router.grad.abs().sum()) > 0
     assert dict(named)["layers.1.mlp.expert_bias"].grad is None  # kept out of the gradient
+    model.eval()  # evaluation reports the LM loss alone
+    assert float(model.loss_fn(model(ids), labels)) == pytest.approx(float(lm), rel=1e-6)
 
 
 def test_parameter_counts_all_and_active():
