@@ -17,11 +17,12 @@ def compose(overrides=()):
 
 
 def tiny_overrides(corpus: dict, run_dir: str, model: str = "gpt", steps: int = 8) -> list[str]:
-    """Hydra overrides for a seconds-long run of a tiny GPT or Llama on `corpus`."""
+    """Hydra overrides for a seconds-long run of a tiny GPT, Llama, ERNIE or MoE (4 experts, top-2) on `corpus`."""
     arch = {
         "gpt": ["model=gpt-tiny", "model.max_position_embeddings=64"],
         "llama": ["model=llama-tiny", "model.num_kv_heads=2"],
         "ernie": ["model=ernie-tiny", "model.max_position_embeddings=64"],
+        "moe": ["model=moe-tiny", "model.num_kv_heads=2", "model.moe_ffn_hidden_size=32", "model.moe_num_experts=4"],
     }[model]
     return arch + [
         "model.hidden_size=32", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=64",

@@ -402,7 +402,7 @@ class Checkpointer:
             if param.name in sliced:
                 start, end, padded = sliced[param.name]
                 return np.pad(full.ravel(), (0, padded - full.size))[start:end]
-            return local_slice(full, param, tp_rank, tp)
+            return local_slice(full, param, tp_rank, tp, self.topo.ep_rank, self.layout.ep)
 
         # model
         state = {}
@@ -411,7 +411,7 @@ class Checkpointer:
             if full is not None:
                 state[name] = full
         whole = [(n, p) for n, p in b.named_params if p.name not in sliced]
-        load_full_state(whole, state, TensorSlices(tp_rank, tp), source=path)
+        load_full_state(whole, state, TensorSlices(tp_rank, tp, self.topo.ep_rank, self.layout.ep), source=path)
         for name, param in b.named_params:
             if param.name in sliced:
                 if name not in state or list(state[name].shape) != [int(x) for x in param.shape]:

@@ -60,7 +60,13 @@ def _owns_replica(param, topo, tp_degree: int) -> bool:
     return True
 
 
-def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int, split: bool = True) -> dict:
+def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int, split: bool = True, ep_degree: int = 1) -> dict:
+    expert = ep_degree > 1 and getattr(param, "llm_expert_axis", None) is not None
+    if expert:  # a block of routed experts: rows ep_rank * E/ep ... of the expert axis
+        axis = param.llm_expert_axis if split else None
+        gshape = full_shape(param, tp_degree, ep_degree) if axis is not None else list(arr_shape)
+        offset = topo.ep_rank * int(arr_shape[axis]) if axis is not None else 0
+        return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
     axis = getattr(param, "llm_split_axis", None) if split else None
     gshape = full_shape(param, tp_degree) if axis is not None else list(arr_shape)
     offset = topo.tp_rank * int(arr_shape[axis]) if axis is not None else 0
@@ -127,10 +133,15 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.get("master_weights", {}) or {}
     sliced = stage3_slices(built.model)
+    ep = getattr(layout, "ep", 1)
     for name, param in built.named_params:
         if param.name in sliced:
             if first_data_rank:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta)
+            continue
+        if ep > 1 and getattr(param, "llm_expert_axis", None) is not None:
+            if topo.dp_rank < ep and topo.tp_rank == 0:  # the first ep group holds every expert once (whole over tp)
+                _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views)
             continue
         if not _owns_replica(param, topo, layout.tp):
             continue
@@ -157,6 +168,23 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
             tensors[key] = arr
             meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp)
     return tensors, meta
+
+
+def _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views) -> None:
+    """Expert parallelism: this rank's block of experts (value and optimizer state) as pieces of the full tensor."""
+    tensors[f"model/{name}"] = arr = _np32(param, clone=views)
+    meta[f"model/{name}"] = _piece_meta(name, param, arr.shape, topo, layout.tp, ep_degree=layout.ep)
+    for acc in ACCUMULATORS:
+        var = opt_state.get(f"{param.name}_{acc}_0")
+        key = f"optim/{name}/{acc}"
+        if var is None or (not is_split_like_param(key) and topo.ep_rank != 0):
+            continue  # [1] beta powers: the same on every rank, written once
+        tensors[key] = arr = _np32(var, clone=views)
+        meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, split=is_split_like_param(key), ep_degree=layout.ep)
+    if param.name in masters:
+        key = f"optim/{name}/master"
+        tensors[key] = arr = _np32(masters[param.name], clone=views)
+        meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, ep_degree=layout.ep)
 
 
 class ShardIndex:

@@ -6,7 +6,8 @@
     write_paddlenlp_checkpoint(cfg, state, "out/", safetensors=True, tokenizer_dir="tokenizers/zh")
     # paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("out/") gives our logits
 
-Families: GPT (`gpt.py`), Llama (`llama.py`) and ERNIE (`ernie.py`, our encoder family),
+Families: GPT (`gpt.py`), Llama (`llama.py`), Mixtral (`mixtral.py`, our MoE decoder) and ERNIE
+(`ernie.py`, our encoder family),
 detected from `model_type` or `architectures`; each module documents the numerics it
 reproduces (ERNIE: `ErnieForMaskedLM.from_pretrained("out/")`). Reading checks that every
 tensor of the file is used, every tensor the config needs is present and has its shape,
@@ -24,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop import ernie, gpt, llama
+from llmtrain.interop import ernie, gpt, llama, mixtral
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, fsync_tree, read_tensors, write_pdparams,
@@ -33,7 +34,7 @@ from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokeniz
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
-FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie.")}
+FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie."), "mixtral": (mixtral, "mixtral.")}
 
 
 def detect_family(c: dict, source: str) -> str:
@@ -42,13 +43,13 @@ def detect_family(c: dict, source: str) -> str:
     if model_type in FAMILIES:
         return model_type
     for arch in c.get("architectures") or []:
-        for family, prefix in (("gpt", "GPT"), ("llama", "Llama")):
+        for family, prefix in (("gpt", "GPT"), ("llama", "Llama"), ("mixtral", "Mixtral")):
             if arch.startswith(prefix):
                 return family
         if arch in ernie.ARCHITECTURES:  # exact: ErnieM, ErnieGram, ErnieCtm... are other models
             return "ernie"
     raise UnsupportedConfig(f"{source}: model_type={model_type!r}, architectures={c.get('architectures')!r}: "
-                            "only PaddleNLP GPT, Llama and ERNIE checkpoints are supported")
+                            "only PaddleNLP GPT, Llama, Mixtral and ERNIE checkpoints are supported")
 
 
 def read_config(ckpt_dir: str) -> dict:
@@ -132,6 +133,8 @@ def family_of(cfg: ModelConfig) -> str:
     """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT, RoPE -> Llama."""
     if cfg.family == "encoder":
         return "ernie"
+    if cfg.moe_num_experts > 0:
+        return "mixtral"
     return "gpt" if cfg.position == "learned" else "llama"
 
 

@@ -147,6 +147,48 @@ class ModelConfig:
             return applies and on_gpu()
         return applies and value == "true"
 
+    moe_num_experts: int = 0
+    """Routed experts per MoE layer (Mixture-of-Experts feed-forward, `llmtrain/models/moe.py`); 0: dense model."""
+
+    moe_top_k: int = 2
+    """Experts each token is sent to (Mixtral 2, Qwen1.5-MoE 4, DeepSeek-V2-Lite 6)."""
+
+    moe_ffn_hidden_size: Optional[int] = None
+    """Inner width of one routed expert (fine-grained experts are narrower than the dense FFN); None: ffn_hidden_size."""
+
+    moe_num_shared_experts: int = 0
+    """Shared experts every token passes through, run as one FFN of width moe_num_shared_experts x moe_ffn_hidden_size."""
+
+    moe_first_dense_layers: int = 0
+    """The first k blocks keep a dense FFN of width ffn_hidden_size (DeepSeek's first_k_dense_replace)."""
+
+    moe_router: str = "softmax"
+    """Router scores: `softmax` over experts (Mixtral, Qwen) or per-expert `sigmoid` (DeepSeek-V3)."""
+
+    moe_norm_topk: bool = True
+    """Renormalise the top-k scores of a token to sum to 1 (Mixtral yes; Qwen1.5-MoE, DeepSeek-V2 no)."""
+
+    moe_routed_scale: float = 1.0
+    """Factor on the routed experts' weighted sum (DeepSeek's routed_scaling_factor)."""
+
+    moe_aux_loss_coef: float = 0.01
+    """Coefficient of the Switch/GShard load-balancing loss E * sum_i f_i P_i (per MoE layer, averaged over layers)."""
+
+    moe_aux_loss_scope: str = "layer"
+    """`layer`: the aux loss of each MoE layer, averaged over layers. `model`: one aux loss over all layers' choices
+    and probabilities pooled (HF/PaddleNLP Mixtral's `load_balancing_loss_func`; set when a Mixtral is imported)."""
+
+    moe_z_loss_coef: float = 0.0
+    """Coefficient of the router z-loss mean_t logsumexp(logits_t)^2 (ST-MoE), averaged over MoE layers."""
+
+    moe_bias_update_rate: float = 0.0
+    """Auxiliary-loss-free balancing (DeepSeek-V3): after every step each expert's selection bias moves by this
+    rate toward balance, b_i += rate * sign(mean load - load_i). 0: no bias."""
+
+    moe_capacity_factor: float = 0.0
+    """0: dropless (every routed token is computed). > 0: each expert takes at most
+    ceil(factor * tokens * top_k / experts) tokens of a micro-batch; the overflow is dropped and counted."""
+
     def kv_heads(self) -> int:
         """Number of key/value heads actually used."""
         return self.num_kv_heads or self.num_heads
@@ -154,3 +196,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         """Per-head width, hidden_size / num_heads."""
         return self.hidden_size // self.num_heads
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether block `index` has a Mixture-of-Experts feed-forward."""
+        return self.moe_num_experts > 0 and index >= self.moe_first_dense_layers
+
+    def expert_ffn_size(self) -> int:
+        """Inner width of one routed expert."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size

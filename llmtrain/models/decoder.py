@@ -63,7 +63,13 @@ class Block(nn.Layer):
         self.attn_norm = build_norm(cfg, cfg.hidden_size)
         self.attn = Attention(cfg, roles)
         self.mlp_norm = build_norm(cfg, cfg.hidden_size)
-        self.mlp = FeedForward(cfg, roles)
+        index = int(prefix.rsplit(".", 1)[-1]) if prefix.startswith("layers.") else 0
+        if cfg.family == "decoder" and cfg.is_moe_layer(index):
+            from llmtrain.models.moe import MoEFeedForward
+
+            self.mlp = MoEFeedForward(cfg, roles)
+        else:
+            self.mlp = FeedForward(cfg, roles)
         self.recompute = recompute
         if cfg.norm_position not in ("pre", "post"):
             raise ValueError(f"model.norm_position={cfg.norm_position!r}: expected 'pre' or 'post'")
@@ -198,6 +204,10 @@ class DecoderLM(nn.Layer):
         self.final_norm = FinalNorm(cfg, roles)
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.loss_fn = LMLoss(roles)
+        if cfg.moe_num_experts > 0:  # + the routers' balancing losses of the same forward
+            from llmtrain.models.moe import MoELMLoss, moe_layers
+
+            self.loss_fn = MoELMLoss(self.loss_fn, moe_layers(self), cfg)
 
     def forward(self, input_ids):  # [b, s] int64
         x = self.embed(input_ids)  # [b, s, h]

@@ -173,9 +173,9 @@ class Attention(nn.Layer):
 class FeedForward(nn.Layer):
     """GeLU MLP (up, down) or SwiGLU (gate, up, down): up/gate column linears, down a row linear."""
 
-    def __init__(self, cfg: ModelConfig, roles: Roles):
+    def __init__(self, cfg: ModelConfig, roles: Roles, ffn_hidden_size: int | None = None):
         super().__init__()
-        h, f = cfg.hidden_size, cfg.ffn_hidden_size
+        h, f = cfg.hidden_size, ffn_hidden_size or cfg.ffn_hidden_size
         self.kind = cfg.activation
         if self.kind not in ("gelu", "gelu_tanh", "swiglu"):
             raise ValueError(f"model.activation={self.kind!r}: expected 'gelu', 'gelu_tanh' or 'swiglu'")

@@ -68,6 +68,13 @@ class Roles:
         """The inverse of `sequence_scatter`, back to [b, s, h]; here unchanged."""
         return x
 
+    def experts(self, cfg) -> nn.Layer:
+        """The routed experts of one MoE layer (`llmtrain.models.moe.Experts`); a plan may hold a block of them
+        and bring tokens to them through a dispatcher (expert parallelism)."""
+        from llmtrain.models.moe import Experts
+
+        return Experts(cfg, cfg.moe_num_experts)
+
     def token_loss(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
         """Per-token cross entropy: logits [b, s, V], labels [b, s] -> loss [b, s] (fp32)."""
         loss = F.cross_entropy(logits.astype("float32"), labels.unsqueeze(-1), reduction="none")

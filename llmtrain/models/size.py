@@ -10,15 +10,32 @@ from __future__ import annotations
 from llmtrain.models.config import ModelConfig
 
 
-def block_parameters(cfg: ModelConfig) -> int:
-    """Parameters of one transformer block."""
-    h, f, d = cfg.hidden_size, cfg.ffn_hidden_size, cfg.head_dim()
+def _ffn_parameters(cfg: ModelConfig, f: int, bias: bool) -> int:
+    """One feed-forward of inner width f (SwiGLU: gate, up, down; else up, down)."""
+    h = cfg.hidden_size
+    n_proj = 3 if cfg.activation == "swiglu" else 2
+    return n_proj * h * f + (((n_proj - 1) * f + h) if bias else 0)
+
+
+def block_parameters(cfg: ModelConfig, index: int = 0, active: bool = False) -> int:
+    """Parameters of transformer block `index`. An MoE block counts its router, expert bias, shared experts and
+    all routed experts, or with `active=True` only the top_k routed experts a token passes through (and no bias)."""
+    h, d = cfg.hidden_size, cfg.head_dim()
     q, kv = cfg.num_heads * d, cfg.kv_heads() * d
     attn = h * q + 2 * h * kv + q * h + (q + 2 * kv + h if cfg.bias else 0)
-    n_proj = 3 if cfg.activation == "swiglu" else 2
-    mlp = n_proj * h * f + (((n_proj - 1) * f + h) if cfg.bias else 0)
     norm = h * (2 if cfg.norm == "layernorm" else 1)
-    return attn + mlp + 2 * norm
+    if not cfg.is_moe_layer(index):
+        return attn + _ffn_parameters(cfg, cfg.ffn_hidden_size, cfg.bias) + 2 * norm
+    e = cfg.moe_num_experts
+    routed = (cfg.moe_top_k if active else e) * _ffn_parameters(cfg, cfg.expert_ffn_size(), False)
+    shared = _ffn_parameters(cfg, cfg.moe_num_shared_experts * cfg.expert_ffn_size(), cfg.bias) \
+        if cfg.moe_num_shared_experts else 0
+    router = h * e + (0 if active else e)
+    return attn + routed + shared + router + 2 * norm
+
+
+def _blocks(cfg: ModelConfig, active: bool = False) -> int:
+    return sum(block_parameters(cfg, i, active) for i in range(cfg.num_layers))
 
 
 def _input_tables(cfg: ModelConfig) -> int:
@@ -36,7 +53,7 @@ def parameter_count(cfg: ModelConfig) -> int:
     """All parameters of the model (a tied table counted once)."""
     h, v = cfg.hidden_size, cfg.vocab_size
     norm = h * (2 if cfg.norm == "layernorm" else 1)
-    total = _input_tables(cfg) + cfg.num_layers * block_parameters(cfg)
+    total = _input_tables(cfg) + _blocks(cfg)
     if cfg.family == "encoder":
         total += norm  # embedding norm
         total += norm if cfg.norm_position == "pre" else 0  # final norm
@@ -50,8 +67,9 @@ def parameter_count(cfg: ModelConfig) -> int:
 
 def flops_parameters(cfg: ModelConfig) -> int:
     """N of 6N: all parameters except the input lookup tables (word, position, types);
-    the output projection (V x h) counts whether tied or not."""
-    n = parameter_count(cfg) - _input_tables(cfg)
+    the output projection (V x h) counts whether tied or not. Mixture-of-Experts: only the
+    ACTIVE parameters (top_k routed experts per token, plus router and shared experts)."""
+    n = parameter_count(cfg) - _input_tables(cfg) - _blocks(cfg) + _blocks(cfg, active=True)
     if not cfg.tie_embeddings:
         return n  # the separate head table is still in n
     return n + cfg.vocab_size * cfg.hidden_size

@@ -57,8 +57,24 @@ def recording_hybrid_clip_classes():
 
     class RecordingHybridClip(HybridParallelClipGrad):
         last_norm = None
+        expert_group = None  # expert parallelism: expert gradients differ per ep rank, summed over this group
+        _expert_fix = None
+
+        def _dygraph_clip(self, params_grads):
+            if self.expert_group is not None:  # fleet counts them as replicated (identical on every rank)
+                local = [squared_l2_norm(g).astype("float32").reshape([1]) for p, g in params_grads
+                         if g is not None and getattr(p, "need_clip", True)
+                         and getattr(p, "llm_expert_axis", None) is not None]
+                local = paddle.add_n(local) if local else paddle.zeros([1], "float32")
+                total = local.clone()
+                paddle.distributed.all_reduce(total, group=self.expert_group)
+                self._expert_fix = total - local
+            return super()._dygraph_clip(params_grads)
 
         def _global_norm(self, global_norm_var_dist, global_norm_var_not_dist):
+            if self._expert_fix is not None:  # every expert counted once: the ep group's sum replaces this rank's
+                global_norm_var_not_dist.add_(self._expert_fix.reshape(global_norm_var_not_dist.shape))
+                self._expert_fix = None
             super()._global_norm(global_norm_var_dist, global_norm_var_not_dist)
             self.last_norm = paddle.sqrt(global_norm_var_dist + global_norm_var_not_dist)
 
@@ -91,3 +107,18 @@ def optimizer_state_tensors(optimizer):
 def is_allocated(tensor) -> bool:
     """True if `tensor` exists and holds memory (a released ZeRO-3 parameter or a cleared grad does not)."""
     return tensor is not None and tensor._is_initialized()
+
+
+def skip_in_dp_grad_sync(optimizer, skip) -> None:
+    """fleet's HybridParallelOptimizer all-reduces every parameter's gradient over the dp group when the model is
+    not a `paddle.DataParallel` (tp/pp layouts, `_hybrid_sync_grad`), ignoring `no_sync`; parameters for which
+    `skip(param)` is true are left out of that all-reduce (expert parallelism reduces them itself)."""
+    require_tested_paddle()
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+        HybridParallelOptimizer,
+    )
+
+    for opt in optimizer_chain(optimizer):
+        if isinstance(opt, HybridParallelOptimizer):
+            sync = opt._hybrid_sync_grad
+            opt._hybrid_sync_grad = lambda params, _sync=sync: _sync([p for p in params if not skip(p)])

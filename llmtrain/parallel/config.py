@@ -40,6 +40,13 @@ class ParallelConfig:
     virtual_pp: int = 1
     """Model chunks per pipeline rank for the interleaved schedule (1 = plain 1F1B)."""
 
+    ep: int = 1
+    """Expert-parallel degree (Mixture-of-Experts models): each group of ep data-parallel ranks spreads the routed
+    experts over its members, num_experts / ep each. Carved out of dp (adds no processes); must divide dp."""
+
+    ep_dispatcher: str = "allgather"
+    """How tokens reach their experts under ep > 1: `allgather` (gloo and NCCL) or `alltoall` (NCCL only, GPU)."""
+
     order: list = field(default_factory=lambda: ["dp", "pp", "sharding", "tp"])
     """Nesting of the process grid from outermost to innermost (fleet's `hybrid_configs.order`; `tp` = fleet's `mp`).
     Innermost ranks are adjacent, so put the most communication-heavy axis (tp) last."""

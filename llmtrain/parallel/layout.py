@@ -36,6 +36,9 @@ class Layout:
     pp_schedule: str = "1f1b"
     virtual_pp: int = 1
     zero3_segment_size: int = 1048576
+    ep: int = 1
+    """Expert-parallel degree, carved out of dp (llmtrain/parallel/experts.py)."""
+    ep_dispatcher: str = "allgather"
     order: tuple = AXES
     name: str = "single"
     global_batch: int = 1
@@ -108,7 +111,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
     """(the layout, []) or (None, every problem with its numbers)."""
     p = parallel or ParallelConfig(name="single")
     problems: list[str] = []
-    for axis in ("dp", "tp", "pp", "sharding", "virtual_pp"):
+    for axis in ("dp", "tp", "pp", "sharding", "virtual_pp", "ep"):
         if getattr(p, axis) < 1:
             problems.append(f"parallel.{axis}={getattr(p, axis)}: must be >= 1")
     if problems:
@@ -146,6 +149,16 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
             problems.append(f"parallel.pp_schedule=interleaved with parallel.virtual_pp={p.virtual_pp}: needs virtual_pp >= 2")
     elif p.virtual_pp != 1:
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
+    if p.ep_dispatcher not in ("allgather", "alltoall"):
+        problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'allgather' or 'alltoall'")
+    if p.ep > 1:
+        if p.dp % p.ep:
+            problems.append(f"parallel.ep={p.ep} does not divide parallel.dp={p.dp}: expert parallelism is carved out of "
+                            "the data-parallel ranks (each group of ep data ranks shares out the experts)")
+        for axis in ("pp", "sharding"):
+            if getattr(p, axis) > 1:
+                problems.append(f"parallel.ep={p.ep} with parallel.{axis}={getattr(p, axis)}: expert parallelism is "
+                                f"implemented with dp only so far ({axis} x ep is absent)")
     batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
     if batch is not None and p.pp_schedule == "interleaved" and batch[2] % p.pp:
         problems.append(
@@ -160,7 +173,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
         pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
-        zero3_segment_size=p.zero3_segment_size,
+        zero3_segment_size=p.zero3_segment_size, ep=p.ep, ep_dispatcher=p.ep_dispatcher,
         global_batch=g, micro_batch=m, grad_accum=a,
         sequence_parallel=p.sequence_parallel, mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
         pp_enable_timer=p.pp_enable_timer,
@@ -181,6 +194,22 @@ def model_fit_problems(degrees, model) -> list[str]:
     so the check runs even when the layout itself has problems."""
     problems: list[str] = []
     tp, pp, vpp = (degrees.tp, degrees.pp, degrees.virtual_pp) if degrees is not None else (1, 1, 1)
+    ep = getattr(degrees, "ep", 1) if degrees is not None else 1
+    e = getattr(model, "moe_num_experts", 0)
+    if ep > 1 and e <= 0:
+        problems.append(f"parallel.ep={ep} with model.moe_num_experts={e}: expert parallelism needs an MoE model")
+    elif ep > 1 and e % ep:
+        problems.append(f"model.moe_num_experts={e} is not divisible by parallel.ep={ep}")
+    if e > 0 and pp > 1:
+        problems.append(f"model.moe_num_experts={e} with parallel.pp={pp}: MoE under pipeline parallelism is absent "
+                        "(the routers' balancing losses would not reach the last stage's loss)")
+    if e > 0 and 0 < model.moe_top_k > e:
+        problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_num_experts={e}")
+    if e > 0 and model.moe_top_k < 1:
+        problems.append(f"model.moe_top_k={model.moe_top_k}: must be >= 1")
+    for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_aux_loss_scope", ("layer", "model"))):
+        if e > 0 and getattr(model, fname) not in allowed:
+            problems.append(f"model.{fname}={getattr(model, fname)!r}: expected one of {list(allowed)}")
     if model.num_heads <= 0 or model.num_layers <= 0:
         return problems  # reported by the value checks (llmtrain.config.config_problems)
     if model.hidden_size % model.num_heads:

@@ -22,16 +22,23 @@ from llmtrain.parallel.strategy import Topology
 
 
 def make_roles(layout: Layout, topo: Topology) -> Roles:
-    """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1, plain layers otherwise."""
+    """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1 (sequence-parallel ones with
+    parallel.sequence_parallel), plain layers otherwise; under ep > 1 the routed experts are spread over the ep
+    group (`llmtrain.parallel.experts`)."""
+    roles = Roles()
     if layout.tp > 1 and layout.sequence_parallel:
         from llmtrain.parallel.sequence import SequenceParallelRoles
 
-        return SequenceParallelRoles(topo.hcg)
-    if layout.tp > 1:
+        roles = SequenceParallelRoles(topo.hcg)
+    elif layout.tp > 1:
         from llmtrain.parallel.tensor import TensorParallelRoles
 
-        return TensorParallelRoles(topo.hcg)
-    return Roles()
+        roles = TensorParallelRoles(topo.hcg)
+    if layout.ep > 1:
+        from llmtrain.parallel.experts import ExpertParallelRoles
+
+        roles = ExpertParallelRoles(roles, topo, layout.ep, layout.ep_dispatcher)
+    return roles
 
 
 def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False):

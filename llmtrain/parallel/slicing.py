@@ -10,6 +10,11 @@ canonical name; this module goes between that tensor and what one tp rank
 holds. `TensorParallelRoles` (`tensor.py`) tags every parameter it splits with
 `llm_split_axis`; each tp rank holds one contiguous chunk of that axis, rank r
 the r-th (fleet's layout). An untagged parameter is whole on every rank.
+
+Expert parallelism (`llmtrain/parallel/experts.py`): stacked routed experts are
+tagged `llm_expert_axis` (axis 0, the expert index); each ep rank holds one
+contiguous block of num_experts / ep experts, rank r the r-th. Experts are never
+split across tp (they are whole on every tp rank).
 """
 from __future__ import annotations
 
@@ -24,17 +29,32 @@ def split_axis(param: paddle.Tensor):
     return getattr(param, "llm_split_axis", None)
 
 
-def full_shape(param: paddle.Tensor, tp_degree: int) -> list[int]:
-    """Logical (unsplit) shape of a possibly tp-split parameter."""
+def expert_axis(param: paddle.Tensor):
+    """The expert axis of a stacked routed-expert tensor (cut across ep ranks), or None."""
+    return getattr(param, "llm_expert_axis", None)
+
+
+def full_shape(param: paddle.Tensor, tp_degree: int, ep_degree: int = 1) -> list[int]:
+    """Logical (unsplit) shape of a possibly tp-split or ep-split parameter."""
     shape = list(param.shape)
     axis = split_axis(param)
     if axis is not None:
         shape[axis] *= tp_degree
+    axis = expert_axis(param)
+    if axis is not None:
+        shape[axis] *= ep_degree
     return shape
 
 
-def local_slice(full: np.ndarray, param: paddle.Tensor, tp_rank: int, tp_degree: int) -> np.ndarray:
-    """This rank's contiguous chunk of `full` along the split axis (fleet's layout)."""
+def local_slice(full: np.ndarray, param: paddle.Tensor, tp_rank: int, tp_degree: int,
+                ep_rank: int = 0, ep_degree: int = 1) -> np.ndarray:
+    """This rank's contiguous chunk of `full` along the split axis (fleet's layout), or its block of experts."""
+    axis = expert_axis(param)
+    if axis is not None and ep_degree > 1:
+        size = full.shape[axis] // ep_degree
+        index = [slice(None)] * full.ndim
+        index[axis] = slice(ep_rank * size, (ep_rank + 1) * size)
+        return full[tuple(index)]
     axis = split_axis(param)
     if axis is None or tp_degree == 1:
         return full
@@ -50,9 +70,11 @@ class TensorSlices:
 
     tp_rank: int = 0
     tp_degree: int = 1
+    ep_rank: int = 0
+    ep_degree: int = 1
 
     def full_shape(self, param: paddle.Tensor) -> list[int]:
-        return full_shape(param, self.tp_degree)
+        return full_shape(param, self.tp_degree, self.ep_degree)
 
     def local(self, full: np.ndarray, param: paddle.Tensor) -> np.ndarray:
-        return local_slice(full, param, self.tp_rank, self.tp_degree)
+        return local_slice(full, param, self.tp_rank, self.tp_degree, self.ep_rank, self.ep_degree)

@@ -7,6 +7,7 @@ On CPU the stand-ins of `llmtrain.paddle_compat.cpu_backend` are installed first
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -65,6 +66,12 @@ class Topology:
     sharding_rank: int = 0
     hcg: Optional[Any] = None
     """fleet's HybridCommunicateGroup (None on a single process)."""
+    ep_rank: int = 0
+    """Rank in this process's expert-parallel group (which block of experts it holds)."""
+    ep_group: Optional[Any] = None
+    """The ep consecutive dp ranks that share out the experts (None when ep == 1)."""
+    expert_dp_group: Optional[Any] = None
+    """The dp ranks holding the same experts as this one (None when dp == ep)."""
     on_cpu: bool = True
 
     @property
@@ -104,7 +111,7 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
     if _ACTIVE:
         if _ACTIVE["key"] != key:
             raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
-        return _ACTIVE["topo"]
+        return _with_expert_groups(_ACTIVE["topo"], layout.ep)
     from paddle.distributed import fleet
 
     strategy = build_strategy(layout, seed)
@@ -129,4 +136,20 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         on_cpu=on_cpu,
     )
     _ACTIVE.update(key=key, topo=topo)
-    return topo
+    return _with_expert_groups(topo, layout.ep)
+
+
+def _with_expert_groups(topo: Topology, ep: int) -> Topology:
+    """`topo` with this rank's expert-parallel groups for degree `ep` (created once per degree, on every rank:
+    runs in one launch may differ in ep, the groups are carved out of the same dp groups)."""
+    if ep <= 1:
+        return topo
+    if ep not in _EXPERT_GROUPS:
+        from llmtrain.parallel.experts import expert_groups
+
+        _EXPERT_GROUPS[ep] = expert_groups(topo.hcg, ep, topo.rank)
+    ep_rank, ep_group, edp_group = _EXPERT_GROUPS[ep]
+    return dataclasses.replace(topo, ep_rank=ep_rank, ep_group=ep_group, expert_dp_group=edp_group)
+
+
+_EXPERT_GROUPS: dict = {}

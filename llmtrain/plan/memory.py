@@ -27,6 +27,9 @@ Two parts:
      rule `_param2align` (to a multiple of 4096 bytes on CPU, 256 on GPU) and then to a
      multiple of the sharding degree; rank r holds [r, r + 1) x padded / N of it, and its
      optimizer state covers that slice; smaller parameters stay whole with whole state;
+   - Mixture-of-Experts: router, expert bias (no gradient, no optimizer state), stacked
+     routed experts [E, ...] (E / ep per rank under expert parallelism, whole over tp) and
+     shared experts (tp-split like a dense FFN);
    - AdamW state per parameter of n elements: two fp32 moments (2n) and two fp32 [1] beta
      powers; under AMP O2 (bf16/fp16 parameters, Paddle's `multi_precision`) an fp32 master
      copy (n) as well. Paddle's O2 `decorate` keeps `nn.LayerNorm` parameters fp32.
@@ -65,6 +68,10 @@ class ParamSpec:
     """Where it sits in the stage list: "first", a block index, or "last" (final norm, head)."""
     layernorm: bool = False
     """An `nn.LayerNorm` parameter (Paddle's O2 keeps it fp32)."""
+    expert: bool = False
+    """Stacked routed experts [E, ...]: axis 0 divided over ep ranks, whole over tp."""
+    frozen: bool = False
+    """No gradient and no optimizer state (the MoE expert bias, moved outside the gradient)."""
 
     @property
     def numel(self) -> int:
@@ -85,8 +92,8 @@ def param_specs(cfg) -> list[ParamSpec]:
     q, kv = cfg.num_heads * d, cfg.kv_heads() * d
     out: list[ParamSpec] = []
 
-    def add(name, shape, chunk, ln=False):
-        out.append(ParamSpec(name, tuple(shape), split_axis(name), chunk, ln))
+    def add(name, shape, chunk, ln=False, expert=False, frozen=False):
+        out.append(ParamSpec(name, tuple(shape), None if expert else split_axis(name), chunk, ln, expert, frozen))
 
     def norm(prefix, chunk):
         ln = cfg.norm == "layernorm"
@@ -116,6 +123,21 @@ def param_specs(cfg) -> list[ParamSpec]:
             linear(f"{p}.attn.{name}_proj", h, width, i, cfg.bias)
         linear(f"{p}.attn.o_proj", q, h, i, cfg.bias)
         norm(f"{p}.mlp_norm", i)
+        if cfg.family == "decoder" and cfg.is_moe_layer(i):  # MoEFeedForward, in its parameter order
+            e, fe = cfg.moe_num_experts, cfg.expert_ffn_size()
+            add(f"{p}.mlp.expert_bias", [e], i, frozen=True)
+            add(f"{p}.mlp.router.weight", [h, e], i)
+            if cfg.activation == "swiglu":
+                add(f"{p}.mlp.experts.w_gate", [e, h, fe], i, expert=True)
+            add(f"{p}.mlp.experts.w_up", [e, h, fe], i, expert=True)
+            add(f"{p}.mlp.experts.w_down", [e, fe, h], i, expert=True)
+            if cfg.moe_num_shared_experts:
+                fs = cfg.moe_num_shared_experts * fe
+                if cfg.activation == "swiglu":
+                    linear(f"{p}.mlp.shared.gate_proj", h, fs, i, cfg.bias)
+                linear(f"{p}.mlp.shared.up_proj", h, fs, i, cfg.bias)
+                linear(f"{p}.mlp.shared.down_proj", fs, h, i, cfg.bias)
+            continue
         if cfg.activation == "swiglu":
             linear(f"{p}.mlp.gate_proj", h, f, i, cfg.bias)
         linear(f"{p}.mlp.up_proj", h, f, i, cfg.bias)
@@ -151,7 +173,9 @@ def stage_params(specs: list[ParamSpec], cfg, pp: int, vpp: int, pp_rank: int, t
     return out
 
 
-def local_shape(s: ParamSpec, tp: int) -> tuple:
+def local_shape(s: ParamSpec, tp: int, ep: int = 1) -> tuple:
+    if s.expert:
+        return (s.shape[0] // ep, *s.shape[1:])
     if s.split_axis is None or tp == 1:
         return s.shape
     shape = list(s.shape)
@@ -184,16 +208,17 @@ def _param_bytes(s: ParamSpec, amp: str) -> int:
     return 4 if amp in ("none", None) or s.layernorm else 2
 
 
-def _opt_elems(n: int, low_precision: bool) -> int:
-    """fp32 elements of AdamW state for n parameter elements (+ master weights under O2)."""
-    return ADAM_SLOTS * n + ADAM_POWS + (n if low_precision else 0)
+def _opt_elems(n: int, low_precision: bool, frozen: bool = False) -> int:
+    """fp32 elements of AdamW state for n parameter elements (+ master weights under O2); none when frozen."""
+    return 0 if frozen else ADAM_SLOTS * n + ADAM_POWS + (n if low_precision else 0)
 
 
 def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
     """Predicted holdings of the sharding ranks 0..sharding-1 of pipeline stage `pp_rank` (every dp/tp rank alike)."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
     held = stage_params(specs, cfg, layout.pp, layout.virtual_pp, pp_rank, cfg.tie_embeddings)
-    local = [(s, prod(local_shape(s, tp)), _param_bytes(s, amp)) for s in held]
+    ep = getattr(layout, "ep", 1)
+    local = [(s, prod(local_shape(s, tp, ep)), _param_bytes(s, amp)) for s in held]
     if stage == 3:  # every sharding rank holds an equal slice of each sliced parameter
         p_numel = p_bytes = o_numel = 0
         for s, n, b in local:
@@ -201,24 +226,27 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
                 n = zero3_padded(n, b, sh, device) // sh  # this rank's flat slice
             p_numel += n
             p_bytes += n * b
-            o_numel += _opt_elems(n, b == 2)
+            o_numel += _opt_elems(n, b == 2, s.frozen)
         # gradients: an estimate (Paddle's own ZeRO-3 buffers are measured, not predicted): the slices' share
         one = {"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
                "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes}
         return [dict(one) for _ in range(sh)]
     p_numel = sum(n for _, n, _ in local)
     p_bytes = sum(n * b for _, n, b in local)
+    # a frozen parameter has no gradient, except under fleet's sharding optimizer, whose fused gradient
+    # buffers cover every parameter of its list (measured: moe-tiny sharding2)
+    g_bytes = p_bytes if sh > 1 else sum(n * b for s, n, b in local if not s.frozen)
     if stage in (1, 2) and sh > 1:
         owners = greedy_partition([n for _, n, _ in local], sh, sort=stage == 1)
     else:
         owners = [list(range(len(local)))]
     out = []
     for owned in owners:
-        o_numel = sum(_opt_elems(local[i][1], local[i][2] == 2) for i in owned)
+        o_numel = sum(_opt_elems(local[i][1], local[i][2] == 2, local[i][0].frozen) for i in owned)
         # gradients: exact without ZeRO-2; under ZeRO-2 an estimate: Paddle 3.3.1's stage-2 gradient storages were
         # measured at 0.76-0.99 of the parameter bytes (zero2: gpt-tiny 606208 of 609536, llama-tiny 724992 of 952448), not 1/N
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
-                    "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes})
+                    "optimizer_bytes": 4 * o_numel, "grad_bytes": g_bytes})
     return out
 
 

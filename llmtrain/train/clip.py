@@ -35,14 +35,20 @@ class GlobalNormClip(paddle.nn.ClipGradByGlobalNorm):
     def __init__(self, clip_norm: float):
         super().__init__(clip_norm if clip_norm > 0 else NO_CLIP)
         self.last_norm = None
+        self.expert_group = None  # expert parallelism: expert gradients differ per ep rank, summed over this group
 
     @paddle.no_grad()
     def _dygraph_clip(self, params_grads):
-        squares = [
-            squared_l2_norm(g).astype("float32")  # the fused kernel Paddle's and fleet's clips use
-            for p, g in params_grads
-            if g is not None and getattr(p, "need_clip", True)
-        ]
+        clipped = [(p, g) for p, g in params_grads if g is not None and getattr(p, "need_clip", True)]
+        # the fused kernel Paddle's and fleet's clips use
+        squares = [squared_l2_norm(g).astype("float32") for p, g in clipped
+                   if self.expert_group is None or getattr(p, "llm_expert_axis", None) is None]
+        if self.expert_group is not None:  # each ep rank holds other experts: count each expert once
+            experts = [squared_l2_norm(g).astype("float32").reshape([]) for p, g in clipped
+                       if getattr(p, "llm_expert_axis", None) is not None]
+            total = paddle.add_n(experts) if experts else paddle.zeros([], "float32")
+            paddle.distributed.all_reduce(total, group=self.expert_group)
+            squares.append(total.reshape(squares[0].shape) if squares else total)
         if not squares:
             return params_grads
         norm = paddle.sqrt(paddle.add_n(squares)).reshape([])

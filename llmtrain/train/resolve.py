@@ -71,6 +71,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
         from llmtrain.parallel.sequence import sequence_parallel_problems
 
         problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
+
+    if model.moe_num_experts > 0 and cfg.train.recompute:
+        problems.append(f"train.recompute=true with model.moe_num_experts={model.moe_num_experts}: recompute re-runs "
+                        "the routers in the backward pass and would count their losses and loads twice (absent)")
     if cfg.train.batch_rampup is not None:
         from llmtrain.data.rampup import rampup_problems
 

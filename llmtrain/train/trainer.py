@@ -31,6 +31,7 @@ from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
+from llmtrain.parallel.experts import attach_expert_parallel
 from llmtrain.parallel.plan import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
@@ -89,7 +90,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
-    slices = TensorSlices(topo.tp_rank, layout.tp)  # this rank's part of each full (seed, name) tensor
+    slices = TensorSlices(topo.tp_rank, layout.tp, topo.ep_rank, layout.ep)  # this rank's part of each full tensor
     if run.initial_state is not None:
         load_full_state(named, run.initial_state, slices, source=cfg.model.init_from)
     else:
@@ -98,6 +99,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     core, optimizer = amp.decorate(core, optimizer)
     model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
     clip = install_recording_clip(optimizer)
+    attach_expert_parallel(core, optimizer, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
     return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
 
 
@@ -119,10 +121,11 @@ class Trainer:
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
-                            built.pipeline, built.scaler)
+                            built.pipeline, built.scaler, grad_hooks=getattr(built.core, "llm_grad_hooks", ()))
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
+            f"{f'ep={layout.ep} ' if layout.ep > 1 else ''}"
             f"(stage {layout.sharding_stage}); global batch {layout.global_batch} = micro {layout.micro_batch} x accum "
             f"{layout.grad_accum} x data-parallel {layout.data_parallel}"
             f"{'' if cfg.train.batch_rampup is None else f' (ramped up from {list(cfg.train.batch_rampup)})'}; "
@@ -165,7 +168,11 @@ class Trainer:
             lr = built.optimizer.get_lr()
             out = runner.run(micro_batches)
             step += 1
-            meter.update(step, out, lr, data_wait, extra={"consumed_samples": data.consumed_samples})
+            extra = {"consumed_samples": data.consumed_samples}
+            moe_stats = getattr(built.loss_fn, "stats", None)  # MoE: routing metrics, aux-loss-free bias update
+            if moe_stats is not None:
+                extra.update(moe_stats.finish_step(meter.reduce_sum))
+            meter.update(step, out, lr, data_wait, extra=extra)
             if wd is not None:
                 wd.progress(step)
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds

@@ -24,6 +24,8 @@ from llmtrain.checkpoint.manager import verify_files
 STEPS = 12
 TOL = 1e-5
 EXACT = ("tokens", "tokens_total", "consumed_samples")
+MOE = ["model.moe_bias_update_rate=0.01"]
+"""moe-tiny (its aux-loss-free expert bias is part of the checkpoint) for the expert-parallel resumes."""
 
 
 def _records(run_dir):
@@ -34,8 +36,10 @@ def _records(run_dir):
 def uninterrupted(tiny_corpus, tmp_path_factory):
     """Reference: one process, 12 steps, no interruption (both models): every metrics record."""
     out = tmp_path_factory.mktemp("ckpt_ref")
-    run_many([tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS) for m in ("gpt", "llama")], nproc=0, workdir=out)
-    return {m: _records(out / m) for m in ("gpt", "llama")}
+    moe = tiny_overrides(tiny_corpus, str(out / "moe"), "moe", steps=STEPS) + MOE + ["checkpoint.interval=6"]
+    run_many([tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS) for m in ("gpt", "llama")] + [moe], nproc=0,
+             workdir=out)
+    return {m: _records(out / m) for m in ("gpt", "llama", "moe")} | {"moe_step_6": out / "moe" / "checkpoints" / "step_6"}
 
 
 def check_against(ref: list[dict], got: list[dict], what, keys=("loss",)) -> float:
@@ -200,21 +204,36 @@ def _safe_metrics(run_dir):
 
 @pytest.mark.slow
 def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
-    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the uninterrupted records."""
+    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the uninterrupted records.
+    Mixture-of-Experts: ep2 (dp2 ranks sharing out the experts) writes step 6 and one process and tp2 continue
+    (ep2 -> 1, ep2 -> tp2); ep2 continues from one process's step 6 (1 -> ep2)."""
     src = tmp_path / "dp2"
     runs = [tiny_overrides(tiny_corpus, str(src / m), m, steps=STEPS) + ["+parallel=dp2", "checkpoint.interval=6"]
             for m in ("gpt", "llama")]
+    ep2 = ["+parallel=dp2", "parallel.ep=2"]
+    runs.append(tiny_overrides(tiny_corpus, str(src / "moe"), "moe", steps=STEPS) + MOE + ep2 + ["checkpoint.interval=6"])
+    runs.append(tiny_overrides(tiny_corpus, str(src / "moe_from_single"), "moe", steps=STEPS) + MOE + ep2
+                + [f"checkpoint.resume={uninterrupted['moe_step_6']}"])
     run_many(runs, nproc=2, workdir=src)
-    for m in ("gpt", "llama"):
+    for m in ("gpt", "llama", "moe"):
         check_against(uninterrupted[m], _records(src / m), ("dp2", m), keys=("loss", "grad_norm"))
+    recs = _records(src / "moe_from_single")
+    assert [r["step"] for r in recs] == list(range(7, STEPS + 1))
+    worst = check_against(uninterrupted["moe"], recs, "single -> ep2 moe", keys=("loss", "grad_norm"))
+    print(f"single -> ep2 moe: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
     for layout, nproc in (("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2), (None, 0)):
         out = tmp_path / (layout or "single")
         runs = [tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS)
                 + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
                 + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])  # really slice the tiny params
                 for m in ("gpt", "llama")]
+        models = ("gpt", "llama") + (("moe",) if layout in (None, "tp2") else ())
+        if layout in (None, "tp2"):  # ep2 -> one process, ep2 -> tp2 (experts whole on both tp ranks)
+            runs.append(tiny_overrides(tiny_corpus, str(out / "moe"), "moe", steps=STEPS) + MOE
+                        + [f"checkpoint.resume={src / 'moe' / 'checkpoints' / 'step_6'}"]
+                        + ([f"+parallel={layout}"] if layout else []))
         run_many(runs, nproc=nproc, workdir=out)
-        for m in ("gpt", "llama"):
+        for m in models:
             recs = _records(out / m)
             assert [r["step"] for r in recs] == list(range(7, STEPS + 1)), (layout, m)
             worst = check_against(uninterrupted[m], recs, (layout, m), keys=("loss", "grad_norm"))

@@ -70,3 +70,28 @@ def assert_close(ours: np.ndarray, theirs: np.ndarray, what: str) -> None:
     assert np.abs(theirs).max() > 0.1, f"{what}: logits too small for the comparison to mean anything"
     diff = float(np.abs(ours - theirs).max())
     assert diff <= TOL, f"{what}: max abs logit difference {diff:.3g} > {TOL}"
+
+
+class _PreV3Where:
+    """`paddle` as PaddleNLP 2.8.1's Mixtral expects it: `paddle.where(cond)` returning [n, 1] index tensors.
+
+    Paddle 3.3.1's one-argument `where` (= `nonzero(as_tuple=True)`) returns 1-D [n] tensors, so
+    `MixtralSparseMoeBlock.forward` multiplies [n, h] by `routing_weights[top_x, idx]` of shape [n]
+    and fails ("Broadcast dimension mismatch") whenever an expert receives n != 1 tokens (n != h).
+    With [n, 1] indices (the form it was written for) the weights are [n, 1]; nothing else changes."""
+
+    def __getattr__(self, name):
+        return getattr(paddle, name)
+
+    @staticmethod
+    def where(condition, x=None, y=None, name=None):
+        if x is None and y is None:
+            return tuple(t.unsqueeze(-1) for t in paddle.nonzero(condition, as_tuple=True))
+        return paddle.where(condition, x, y, name)
+
+
+def runnable_paddlenlp_mixtral(monkeypatch) -> None:
+    """Let PaddleNLP 2.8.1's MixtralForCausalLM run its forward on Paddle 3.3.1 (see `_PreV3Where`)."""
+    from paddlenlp.transformers.mixtral import modeling
+
+    monkeypatch.setattr(modeling, "paddle", _PreV3Where())

@@ -210,3 +210,51 @@ def check_predicted(got: dict, layout: str) -> None:
         p = by_coords[(e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"])]
         wrong = [(k, p[k], e[k]) for k in keys if p[k] != e[k]]
         assert not wrong, f"{layout}: rank {e['rank']} predicted vs measured (field, plan, measured): {wrong}"
+
+
+EXPERTS = re.compile(r"layers\.\d+\.mlp\.experts\.w_(gate|up|down)")
+"""Stacked routed experts [E, ...]: under expert parallelism each ep rank holds E / ep of them."""
+FROZEN = re.compile(r"layers\.\d+\.mlp\.expert_bias")
+"""The auxiliary-loss-free bias: a parameter without gradient or optimizer state."""
+
+
+def check_expert_memory(got: dict, ref: dict, dp: int, ep: int, tp: int = 1) -> None:
+    """A data-parallel (x tp) MoE run with `ep` (1: experts replicated) against its one-process run: every rank holds
+    the dense parameters as the tp layout says (`SPLIT_AXES`) and exactly E / ep experts of each stacked expert
+    tensor (axis 0; whole over tp); the element counts of an ep group's ranks sum to the model's for every expert
+    tensor; over all ranks, numel / copies (dense: dp x tp unless tp-split, experts: dp / ep x tp) sums to the
+    model; optimizer state is AdamW's for every held trainable parameter, none for the frozen expert bias."""
+    full = {n: p["shape"] for n, p in ref["ranks"][0]["params"].items()}
+    assert got["model_numel"] == ref["model_numel"] == sum(prod(s) for s in full.values())
+    assert any(EXPERTS.fullmatch(n) for n in full), "not an MoE model"
+    ranks = got["ranks"]
+    coords = sorted((e["dp_rank"], e["tp_rank"]) for e in ranks)
+    assert coords == sorted(itertools.product(range(dp), range(tp))) and all(e["pp_rank"] == 0 for e in ranks), coords
+    groups: dict = {}
+    total = Fraction(0)
+    for e in ranks:
+        assert set(e["params"]) == set(full), (e["rank"], set(full) ^ set(e["params"]))
+        groups.setdefault((e["dp_rank"] // ep, e["tp_rank"]), []).append(e)
+        for name, p in e["params"].items():
+            want = list(full[name])
+            expert = EXPERTS.fullmatch(name) is not None
+            axis = None if expert else split_axis(name)
+            if expert:
+                want[0] //= ep
+            elif axis is not None:
+                want[axis] //= tp
+            assert p["shape"] == want, (
+                f"ep{ep} tp{tp}: rank {e['rank']} holds {name} as {p['shape']}, expected {want} (full {full[name]})")
+            copies = (dp // ep if expert else dp) * (1 if axis is not None else tp)
+            total += Fraction(p["numel"], copies)
+            state = e["optimizer_params"].get(name)
+            assert state == (None if FROZEN.fullmatch(name) else adam_state(p["numel"])), (e["rank"], name, state)
+        frozen = sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))
+        assert e["grad_bytes"] == e["param_bytes"] - frozen, (e["rank"], e["grad_bytes"], e["param_bytes"])
+    assert total == got["model_numel"], (f"ep{ep} tp{tp}: ranks hold {float(total)} elements net of replication, "
+                                         f"the model has {got['model_numel']}")
+    for members in groups.values():
+        assert len(members) == ep
+        for name in full:
+            if EXPERTS.fullmatch(name):
+                assert sum(m["params"][name]["numel"] for m in members) == prod(full[name]), name

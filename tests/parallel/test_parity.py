@@ -28,7 +28,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import metrics, run_many
-from memory_checks import DEGREES, check_memory, check_predicted
+from memory_checks import DEGREES, check_expert_memory, check_memory, check_predicted
 
 MODELS = ("gpt", "llama")
 LAYERS = ["model.num_layers=8"]
@@ -44,12 +44,24 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp",), "dp2tp2": ("gpt_sp",)}
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp",), "dp2tp2": ("gpt_sp", "moe_ep2"),
+         "dp2": ("moe", "moe_ep2", "moe_cap_ep2"), "dp4": ("moe_ep2",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
 SP = ["parallel.sequence_parallel=true"]
+MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
+       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
+"""Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
+drops and a sigmoid router. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks)."""
+
+
+def reference_name(run: str) -> str:
+    """The one-process run a parallel run is compared with (`moe_ep2` -> `moe`, `llama_sp` -> `llama`)."""
+    if run in SAME_AS:
+        return SAME_AS[run]
+    return run[: -len("_ep2")] if run.endswith("_ep2") else run
 
 
 def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
@@ -67,6 +79,9 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
     if run == "gpt_sp":  # sequence parallelism, one all-gather per projection, biases, LayerNorm, tied head
         return tiny_overrides(corpus, str(out / run), "gpt", steps=STEPS) + LAYERS + SP
+    if run.startswith("moe"):
+        ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
+        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -80,7 +95,7 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving step_8), ernie, and llama_init from that step_8, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / "step_8"
-    names = [*MODELS, "ernie", "llama_init"]
+    names = [*MODELS, "ernie", "llama_init", *MOE]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     run_many(runs, nproc=0, workdir=out)
@@ -120,13 +135,22 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
 
         print(f"tp2 saved-for-backward bytes per block: {check(tmp_path / 'sp_act')}")
     for n in names:
-        ref, got = reference[SAME_AS.get(n, n)]["metrics"], metrics(tmp_path / n)
+        ref, got = reference[reference_name(n)]["metrics"], metrics(tmp_path / n)
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         if n != "llama_init":
             assert got[-1]["loss"] < got[0]["loss"]
-            assert got[0]["tokens"] == (8 * 32 if SAME_AS.get(n, n) in MODELS else ref[0]["tokens"])  # global batch x seq
-        check_memory(_memory(tmp_path / n), reference[SAME_AS.get(n, n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
+            assert got[0]["tokens"] == (8 * 32 if reference_name(n) in MODELS else ref[0]["tokens"])  # global batch x seq
+        if n.startswith("moe"):  # routing statistics are exact counts: equal to one process's
+            for r, g in zip(ref, got):
+                assert g["moe_load_max_mean"] == r["moe_load_max_mean"] and g["moe_dropped_frac"] == r["moe_dropped_frac"]
+                assert abs(g["moe_aux_loss"] - r["moe_aux_loss"]) <= TOL and abs(g["moe_z_loss"] - r["moe_z_loss"]) <= TOL
+            assert (got[0]["moe_dropped_frac"] > 0) == n.startswith("moe_cap")
+            check_expert_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], DEGREES[layout].dp,
+                                2 if n.endswith("_ep2") else 1, DEGREES[layout].tp)
+            check_predicted(_memory(tmp_path / n), layout)  # the planner models experts too
+            continue
+        check_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
 
 
@@ -159,3 +183,12 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
         else:
             with pytest.raises(AssertionError):
                 check()
+
+
+def test_replicated_experts_fail_the_expert_check(reference):
+    """Every dp rank holding all experts is right for ep=1 and must fail for ep=2 (a silent fallback to replication)."""
+    one = reference["moe"]["memory"]
+    fake = dict(one, ranks=[dict(one["ranks"][0], rank=r, dp_rank=r) for r in range(2)])
+    check_expert_memory(fake, one, dp=2, ep=1)
+    with pytest.raises(AssertionError):
+        check_expert_memory(fake, one, dp=2, ep=2)

@@ -1,0 +1,329 @@
+"""Mixture-of-Experts feed-forward: router, routed experts, shared experts, balancing losses. Single-device code.
+
+    python -m pytest tests/models/test_moe.py -q
+    python llmtrain/pretrain.py model=moe-tiny
+
+A block whose index is >= `model.moe_first_dense_layers` replaces its dense FFN
+with `MoEFeedForward` when `model.moe_num_experts > 0`:
+
+    y = shared(x) + scale * sum_{e in topk(x)} w_e(x) * expert_e(x)
+
+Routing (`route`): logits = x W_r (fp32, no bias); scores = softmax(logits) or
+sigmoid(logits); the top-k experts are chosen on scores + `expert_bias` (the
+auxiliary-loss-free bias, zero unless `moe_bias_update_rate > 0`), their weights
+are the unbiased scores, renormalised to sum 1 when `moe_norm_topk`. With
+`moe_capacity_factor > 0` each expert keeps at most C = ceil(factor * T * k / E)
+of a micro-batch's T tokens, first choices before second choices and earlier
+tokens before later ones (GShard's order); the rest is dropped (weight 0) and
+counted. Dropless (the default) computes every choice.
+
+Losses, added to the LM loss by `MoELMLoss`:
+- aux (Switch/GShard, Mixtral's convention): E * sum_i f_i P_i, f_i = tokens
+  choosing expert i / T (before dropping, so a balanced router gives k), P_i =
+  mean over tokens of the router probability of i (sigmoid scores normalised per
+  token), times `moe_aux_loss_coef`; per layer and averaged over the MoE layers, or
+  with `moe_aux_loss_scope=model` once over all layers' f and P pooled (PaddleNLP's
+  Mixtral);
+- z-loss (ST-MoE): mean_t logsumexp(logits_t)^2, times `moe_z_loss_coef`, averaged
+  over the MoE layers.
+
+The expert bias is a parameter with `stop_gradient=True` (so checkpoints carry
+it under its canonical name, the optimizer never touches it): after each
+optimizer step `MoEStats.finish_step` moves it (`update_bias`) from the step's observed
+load, summed over the data-parallel ranks.
+
+The routed experts are stacked tensors `experts.w_gate/w_up/w_down`
+[E, h, f] / [E, h, f] / [E, f, h] tagged `llm_expert_axis = 0`; a plan that
+spreads experts over ranks (expert parallelism) builds them through
+`Roles.experts` holding a contiguous block of E and passes a dispatcher that
+brings every token to the rank of its experts (`llmtrain/parallel/experts.py`).
+The model never asks which experts are local: it hands all (token, expert,
+weight) choices to `Experts`, which computes the ones it holds.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+from llmtrain.models.config import ModelConfig
+
+
+@dataclass
+class Routing:
+    """The routing decision of one micro-batch of T tokens over E experts."""
+
+    index: paddle.Tensor
+    """[T, k] int64 chosen experts; -1 where the choice was dropped by the capacity."""
+    weight: paddle.Tensor
+    """[T, k] fp32 combine weights (0 where dropped); differentiable w.r.t. the router."""
+    probs: paddle.Tensor
+    """[T, E] fp32 router probabilities (for the aux loss; sigmoid scores normalised per token)."""
+    logits: paddle.Tensor
+    """[T, E] fp32 router logits (for the z-loss)."""
+    counts: paddle.Tensor
+    """[E] fp32 choices per expert before dropping (no gradient)."""
+    dropped: paddle.Tensor
+    """[] fp32 number of dropped (token, expert) choices (no gradient)."""
+
+
+def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
+    """Tokens one expert takes from a micro-batch: ceil(factor * tokens * top_k / experts)."""
+    return int(math.ceil(factor * tokens * top_k / num_experts))
+
+
+def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: bool = True,
+          bias: Optional[paddle.Tensor] = None, capacity_factor: float = 0.0) -> Routing:
+    """Route T tokens from their router logits [T, E] (fp32); see the module docstring."""
+    num_tokens, num_experts = logits.shape
+    if kind == "softmax":
+        scores = F.softmax(logits, axis=-1)  # [T, E]
+        probs = scores
+    elif kind == "sigmoid":
+        scores = F.sigmoid(logits)
+        probs = scores / scores.sum(-1, keepdim=True)
+    else:
+        raise ValueError(f"model.moe_router={kind!r}: expected 'softmax' or 'sigmoid'")
+    choose = scores if bias is None else scores + bias.detach()[None]
+    _, index = paddle.topk(choose.detach(), top_k, axis=-1)  # [T, k]
+    weight = paddle.take_along_axis(scores, index, axis=-1)  # [T, k]
+    if norm_topk:
+        weight = weight / weight.sum(-1, keepdim=True)
+    with paddle.no_grad():
+        onehot = F.one_hot(index, num_experts)  # [T, k, E]
+        counts = onehot.sum([0, 1]).astype("float32")  # [E]
+        dropped = paddle.zeros([], "float32")
+        if capacity_factor > 0:
+            cap = capacity(num_tokens, top_k, num_experts, capacity_factor)
+            ordered = onehot.transpose([1, 0, 2]).reshape([top_k * num_tokens, num_experts])  # slot-major
+            position = paddle.cumsum(ordered, axis=0) * ordered  # 1-based place in its expert's queue
+            keep = (position.sum(-1) <= cap).reshape([top_k, num_tokens]).transpose([1, 0])  # [T, k]
+            dropped = (~keep).astype("float32").sum()
+            index = paddle.where(keep, index, paddle.full_like(index, -1))
+    if capacity_factor > 0:
+        weight = weight * keep.astype(weight.dtype)
+    return Routing(index, weight, probs, logits, counts, dropped)
+
+
+def aux_loss(r: Routing) -> paddle.Tensor:
+    """Switch/GShard load-balancing loss E * sum_i (counts_i / T) * mean_t probs[t, i] (balanced: top_k)."""
+    num_tokens, num_experts = r.probs.shape
+    return num_experts * (r.counts / num_tokens * r.probs.mean(0)).sum()
+
+
+def aux_terms(r: Routing):
+    """(f [E] = counts / T, no gradient; P [E] = mean router probability) of one layer's forward."""
+    return r.counts / r.probs.shape[0], r.probs.mean(0)
+
+
+def pooled_aux_loss(terms: list) -> paddle.Tensor:
+    """E * sum_i mean_l f_l,i * mean_l P_l,i: one aux loss over the layers' pooled choices (Mixtral's form,
+    layers with equal token counts)."""
+    f = paddle.stack([t[0] for t in terms]).mean(0)
+    p = paddle.stack([t[1] for t in terms]).mean(0)
+    return f.shape[0] * (f * p).sum()
+
+
+def z_loss(r: Routing) -> paddle.Tensor:
+    """Router z-loss: mean over tokens of logsumexp(logits)^2."""
+    return paddle.logsumexp(r.logits, axis=-1).pow(2).mean()
+
+
+class LocalDispatch:
+    """One device: every expert is here, tokens stay where they are."""
+
+    def dispatch(self, x, index, weight):
+        """x [T, h], index/weight [T, k] -> the tokens and choices this rank's experts must serve."""
+        return x, index, weight
+
+    def combine(self, y):
+        """y [T', h] partial outputs of this rank's experts -> [T, h] for this rank's tokens."""
+        return y
+
+
+class Experts(nn.Layer):
+    """Routed experts first .. first + n_local - 1 of num_experts, stacked; SwiGLU (or GeLU up/down)."""
+
+    def __init__(self, cfg: ModelConfig, num_local: int, first: int = 0, dispatcher=None):
+        super().__init__()
+        h, f = cfg.hidden_size, cfg.expert_ffn_size()
+        self.first, self.num_local = first, num_local
+        self.swiglu = cfg.activation == "swiglu"
+        self.approximate = cfg.activation == "gelu_tanh"
+        self.dispatcher = dispatcher or LocalDispatch()
+        if self.swiglu:
+            self.w_gate = self.create_parameter([num_local, h, f])
+        self.w_up = self.create_parameter([num_local, h, f])
+        self.w_down = self.create_parameter([num_local, f, h])
+        self.w_down.llm_residual_out = True
+        for p in self.parameters():
+            p.llm_expert_axis = 0  # the plan may hold a block of experts: full shape has num_experts rows
+
+    def forward(self, x, index, weight):  # x [T, h]; index, weight [T, k]
+        x, index, weight = self.dispatcher.dispatch(x, index, weight)  # [T', h], [T', k]
+        num_tokens, top_k = index.shape
+        flat_index = index.reshape([-1])  # [T' k]
+        flat_weight = weight.reshape([-1])
+        token = paddle.arange(num_tokens, dtype="int64").repeat_interleave(top_k)  # [T' k]
+        out = paddle.zeros_like(x)  # [T', h]
+        served = 0
+        for j in range(self.num_local):
+            pos = paddle.nonzero(flat_index == self.first + j).flatten()  # choices served by expert j
+            if pos.shape[0] == 0:
+                continue
+            served += 1
+            rows = paddle.gather(token, pos)  # [n]
+            xe = paddle.gather(x, rows)  # [n, h]
+            if self.swiglu:
+                inner = F.silu(xe @ self.w_gate[j]) * (xe @ self.w_up[j])  # [n, f]
+            else:
+                inner = F.gelu(xe @ self.w_up[j], approximate=self.approximate)
+            ye = (inner @ self.w_down[j]) * paddle.gather(flat_weight, pos).astype(x.dtype)[:, None]  # [n, h]
+            out = paddle.index_add(out, rows, 0, ye)
+        if served == 0:  # keep the stacked weights in the graph: their (zero) gradient exists on every rank
+            out = out + 0.0 * sum(p.sum() for p in self.parameters()).astype(out.dtype)
+        return self.dispatcher.combine(out)  # [T, h]
+
+
+class MoEFeedForward(nn.Layer):
+    """x [b, s, h] -> [b, s, h]; records its routing statistics and loss terms for `MoELMLoss`/`MoEStats`."""
+
+    def __init__(self, cfg: ModelConfig, roles):
+        super().__init__()
+        from llmtrain.models.layers import FeedForward
+
+        self.cfg = cfg
+        self.num_experts, self.top_k = cfg.moe_num_experts, cfg.moe_top_k
+        self.router = nn.Linear(cfg.hidden_size, self.num_experts, bias_attr=False)
+        self.expert_bias = self.create_parameter([self.num_experts], is_bias=True)
+        self.expert_bias.stop_gradient = True  # moved by MoEStats.finish_step, never by the optimizer
+        self.experts = roles.experts(cfg)
+        self.shared = None
+        if cfg.moe_num_shared_experts > 0:
+            self.shared = FeedForward(cfg, roles, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
+        self.loss_terms: list = []  # (aux, z) per forward, consumed by MoELMLoss
+        self.step_counts = None  # [E] choices summed over this step's micro-batches (training only)
+        self.step_dropped = 0.0
+        self.step_choices = 0
+
+    def forward(self, x):  # [b, s, h]
+        shape = x.shape
+        flat = x.reshape([-1, shape[-1]])  # [T, h]
+        logits = self.router(flat.astype("float32") if flat.dtype != paddle.float32 else flat).astype("float32")
+        bias = self.expert_bias if self.cfg.moe_bias_update_rate > 0 else None
+        r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias, self.cfg.moe_capacity_factor)
+        y = self.experts(flat, r.index, r.weight)  # [T, h]
+        if self.cfg.moe_routed_scale != 1.0:
+            y = y * self.cfg.moe_routed_scale
+        if self.shared is not None:
+            y = y + self.shared(flat)
+        self.loss_terms.append((aux_terms(r), z_loss(r)))
+        if self.training:
+            self.step_counts = r.counts if self.step_counts is None else self.step_counts + r.counts
+            self.step_dropped += float(r.dropped)
+            self.step_choices += int(r.index.size)
+        return y.reshape(shape)
+
+
+def moe_layers(model: nn.Layer) -> list[MoEFeedForward]:
+    """The MoE feed-forwards of a model (or of a pipeline stage), in model order."""
+    return [layer for layer in model.sublayers() if isinstance(layer, MoEFeedForward)]
+
+
+def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
+    """(coef_aux * aux + coef_z * mean z, aux, mean z) over the forwards recorded since the last call; aux is
+    the mean of per-layer aux losses (`moe_aux_loss_scope=layer`) or one over the layers pooled (`model`)."""
+    terms = [t for layer in layers for t in layer.loss_terms]
+    for layer in layers:
+        layer.loss_terms = []
+    if not terms:
+        return None, None, None
+    if cfg.moe_aux_loss_scope == "model":
+        aux = pooled_aux_loss([a for a, _ in terms])
+    else:
+        e = cfg.moe_num_experts
+        aux = paddle.stack([e * (f * p).sum() for (f, p), _ in terms]).mean()
+    z = paddle.stack([b for _, b in terms]).mean()
+    return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
+
+
+class MoEStats:
+    """Per-step routing statistics and the auxiliary-loss-free bias update.
+
+    `finish_step(reduce)` after the optimizer step: sums the step's choices per
+    expert over the data ranks through `reduce(list[float]) -> list[float]`,
+    moves every layer's expert bias (when enabled) and returns the metrics
+    `moe_aux_loss`, `moe_z_loss` (means over the step's micro-batches and data ranks), `moe_load_max_mean`
+    (per MoE layer: max / mean choices per expert) and `moe_dropped_frac`."""
+
+    def __init__(self, layers: list[MoEFeedForward], cfg: ModelConfig):
+        self.layers, self.cfg = layers, cfg
+        self.aux_sum = self.z_sum = 0.0
+        self.losses = 0
+
+    def record_loss(self, aux, z) -> None:
+        """One training micro-batch's mean aux and z loss (before their coefficients)."""
+        self.aux_sum += float(aux)
+        self.z_sum += float(z)
+        self.losses += 1
+
+    @paddle.no_grad()
+    def finish_step(self, reduce=lambda v: v) -> dict:
+        if not self.layers or self.layers[0].step_counts is None:
+            return {}
+        local = [self.aux_sum, self.z_sum, float(self.losses)]
+        for layer in self.layers:
+            local += layer.step_counts.tolist() + [layer.step_dropped, float(layer.step_choices)]
+        total = reduce(local)
+        aux, z, losses = total[:3]
+        total = total[3:]
+        self.aux_sum = self.z_sum = 0.0
+        self.losses = 0
+        e = self.cfg.moe_num_experts
+        ratios, dropped, choices = [], 0.0, 0.0
+        for i, layer in enumerate(self.layers):
+            row = total[i * (e + 2):(i + 1) * (e + 2)]
+            counts = paddle.to_tensor(row[:e], dtype="float32")
+            dropped, choices = dropped + row[e], choices + row[e + 1]
+            mean = float(counts.mean())
+            ratios.append(float(counts.max()) / mean if mean > 0 else 0.0)
+            if self.cfg.moe_bias_update_rate > 0:
+                update_bias(layer.expert_bias, counts, self.cfg.moe_bias_update_rate)
+            layer.step_counts, layer.step_dropped, layer.step_choices = None, 0.0, 0
+        out = {"moe_load_max_mean": ratios, "moe_dropped_frac": dropped / choices if choices else 0.0}
+        if losses:
+            out["moe_aux_loss"] = aux / losses
+            out["moe_z_loss"] = z / losses
+        return out
+
+
+@paddle.no_grad()
+def update_bias(bias: paddle.Tensor, counts: paddle.Tensor, rate: float) -> None:
+    """Auxiliary-loss-free balancing: b_i += rate * sign(mean(counts) - counts_i) (DeepSeek-V3)."""
+    bias.set_value(bias + rate * paddle.sign(counts.mean() - counts).astype(bias.dtype))
+
+
+class MoELMLoss(nn.Layer):
+    """Training: LM loss + coef_aux * aux + coef_z * z of the forward just run; evaluation (model.eval()): the LM
+    loss alone (the balancing terms are dropped).
+
+    logits [b, s, V/tp]; labels = (target ids [b, s], loss_mask [b, s]) -> fp32 scalar."""
+
+    def __init__(self, lm_loss: nn.Layer, layers: list[MoEFeedForward], cfg: ModelConfig):
+        super().__init__()
+        self.lm_loss = lm_loss
+        self._layers = layers  # a plain list: not sublayers of the loss
+        self.cfg = cfg
+        self.stats = MoEStats(layers, cfg)
+
+    def forward(self, logits, labels):
+        loss = self.lm_loss(logits, labels)
+        extra, aux, z = moe_loss(self._layers, self.cfg)
+        if extra is None or not self._layers[0].training:
+            return loss  # evaluation: the LM loss alone
+        self.stats.record_loss(aux, z)
+        return loss + extra
