@@ -30,16 +30,24 @@ def make_roles(layout: Layout, topo: Topology) -> Roles:
     return Roles()
 
 
-def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False):
+def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None):
     """(core, loss_fn): this rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer`.
 
-    `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss)."""
+    `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss). `lora`
+    (`finetune.lora`): adapters attached to this rank's matching linears, split like their base."""
+    from llmtrain.models.lora import attach_lora
+
     roles = make_roles(layout, topo)
     if layout.pp > 1:
         from llmtrain.parallel.pipeline import build_pipeline
 
-        return build_pipeline(model_cfg, layout, roles, topo, recompute), None
+        pipe = build_pipeline(model_cfg, layout, roles, topo, recompute)
+        if lora is not None:
+            attach_lora(pipe, lora, roles)
+        return pipe, None
     core = build_model(model_cfg, roles, recompute)
+    if lora is not None:
+        attach_lora(core, lora, roles)
     return core, core.loss_fn
 
 

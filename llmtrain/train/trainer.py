@@ -18,6 +18,7 @@ or another rank is gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
+from llmtrain.train.lora import init_adapters, split_adapters
 from llmtrain.train.memory import write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -65,8 +67,10 @@ class Built:
     """The clip whose `last_norm` is the step's global gradient norm before clipping."""
     scaler: Optional[Any]
     named_params: list
-    """(canonical name, parameter) of this rank's parameters."""
+    """(canonical name, parameter) of this rank's trained parameters (what checkpoints and the optimizer hold)."""
     pipeline: bool
+    frozen_params: list = dataclasses.field(default_factory=list)
+    """(canonical name, parameter) of this rank's frozen base parameters under LoRA (empty otherwise)."""
 
 
 def build_data(data_cls, run, topo):
@@ -85,20 +89,25 @@ def build_data(data_cls, run, topo):
 def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
     cfg, layout = run.cfg, run.layout
-    core, loss_fn = build_local_model(cfg.model, layout, topo, cfg.train.recompute)
+    lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
+    core, loss_fn = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora)
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
     slices = TensorSlices(topo.tp_rank, layout.tp)  # this rank's part of each full (seed, name) tensor
+    named, frozen = split_adapters(named) if lora else (named, [])  # LoRA: train the adapters, freeze the base
+    base = frozen if lora else named
     if run.initial_state is not None:
-        load_full_state(named, run.initial_state, slices, source=cfg.model.init_from)
+        load_full_state(base, run.initial_state, slices, source=cfg.model.init_from)
     else:
-        init_parameters(named, cfg.model, cfg.seed, slices)
+        init_parameters(base, cfg.model, cfg.seed, slices)
+    if lora:
+        init_adapters(named, frozen, run, slices)
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
     model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
     clip = install_recording_clip(optimizer)
-    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
+    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1, frozen)
 
 
 class Trainer:
@@ -193,7 +202,8 @@ class Trainer:
         """memory.json: what each rank holds (measured) beside the planner's prediction for this layout."""
         cfg, layout, topo = self.cfg, self.layout, self.topo
         on_cpu = paddle.get_device() == "cpu"  # Paddle's AMP is a no-op on CPU: everything stays fp32
-        predicted = predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu")
+        predicted = None if cfg.finetune.lora.rank > 0 else \
+            predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu")
         report = write_memory_report(cfg.run.dir, self.built, topo, layout, parameter_count(cfg.model), step, predicted)
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
