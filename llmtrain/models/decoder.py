@@ -39,11 +39,14 @@ class Embedding(nn.Layer):
         if cfg.position == "learned":
             self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
 
-    def forward(self, input_ids):  # [b, s] int64
+    def forward(self, input_ids, position_ids=None):  # [b, s] int64; position_ids [b, s] (packed) or None
         x = self.word(input_ids)  # [b, s, h]
         if self.pos is not None:
-            positions = paddle.arange(input_ids.shape[1], dtype="int64")  # [s]
-            x = x + self.pos(positions)[None]
+            if position_ids is None:
+                positions = paddle.arange(input_ids.shape[1], dtype="int64")  # [s]
+                x = x + self.pos(positions)[None]
+            else:
+                x = x + self.pos(position_ids)  # [b, s, h]
         return x
 
     @property
@@ -68,22 +71,22 @@ class Block(nn.Layer):
             raise ValueError(f"model.norm_position={cfg.norm_position!r}: expected 'pre' or 'post'")
         self.pre_norm = cfg.norm_position == "pre"
 
-    def _forward(self, x, mask=None):  # x [b, s, h]
+    def _forward(self, x, mask=None, positions=None, segments=None):  # x [b, s, h]
         if self.pre_norm:
-            x = x + self.attn(self.attn_norm(x), mask)
+            x = x + self.attn(self.attn_norm(x), mask, positions, segments)
             return x + self.mlp(self.mlp_norm(x))
-        x = self.attn_norm(x + self.attn(x, mask))
+        x = self.attn_norm(x + self.attn(x, mask, positions, segments))
         return self.mlp_norm(x + self.mlp(x))
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, positions=None, segments=None):
         if self.recompute and self.training:
             from paddle.distributed.fleet.utils import recompute
 
             # use_reentrant=False: with Paddle's default reentrant form, a block whose inputs all
             # have stop_gradient=True returns an output with stop_gradient=True, so its parameters
             # silently get no gradient (and the 1F1B pipeline schedule deadlocked).
-            return recompute(self._forward, x, mask, use_reentrant=False)
-        return self._forward(x, mask)
+            return recompute(self._forward, x, mask, positions, segments, use_reentrant=False)
+        return self._forward(x, mask, positions, segments)
 
 
 class FinalNorm(nn.Layer):
@@ -198,10 +201,12 @@ class DecoderLM(nn.Layer):
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.loss_fn = LMLoss(roles)
 
-    def forward(self, input_ids):  # [b, s] int64
-        x = self.embed(input_ids)  # [b, s, h]
+    def forward(self, input_ids, position_ids=None, segment_ids=None):
+        # input_ids [b, s] int64; packed sequences: position_ids [b, s] (restarting per example) and
+        # segment_ids [b, s] (example ids, non-decreasing): attention stays inside each example
+        x = self.embed(input_ids, position_ids)  # [b, s, h]
         for block in self.layers:
-            x = block(x)
+            x = block(x, None, position_ids, segment_ids)
         x = self.final_norm(x)
         if self.lm_head is None:
             return self.roles.tied_logits(x, self.embed.shared_weight)  # [b, s, V/tp]

@@ -77,6 +77,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
         elif layout is not None:
             problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
                                         layout.data_parallel, layout.pp)
+    if getattr(cfg.data, "packing", False) and cfg.parallel is not None and cfg.parallel.pp > 1:
+        problems.append(f"data.packing=true with parallel.pp={cfg.parallel.pp}: packed sequences need per-example "
+                        "positions and attention boundaries inside every stage; not implemented under pipeline "
+                        "parallelism (use dp/tp/sharding, or data.packing=false)")
     if problems:
         raise ConfigError(problems)
     return ResolvedRun(

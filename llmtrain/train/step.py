@@ -42,6 +42,11 @@ def to_tensors(mb: dict):
     return ids, (labels, mask)
 
 
+def packing_inputs(mb: dict) -> dict:
+    """Packed SFT micro-batches: {position_ids, segment_ids} [m, s] int64 for the model; {} otherwise."""
+    return {k: paddle.to_tensor(mb[k], dtype="int64") for k in ("position_ids", "segment_ids") if k in mb}
+
+
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None):
         self.model = model
@@ -72,7 +77,7 @@ class StepRunner:
             skip_sync = self.can_skip_sync and i < n - 1
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                 with self.amp.autocast():
-                    logits = self.model(ids)  # [m, s, V/tp]
+                    logits = self.model(ids, **packing_inputs(mb))  # [m, s, V/tp]
                     loss = self.loss_fn(logits, labels)  # fp32 scalar
                 scaled = loss / n
                 if self.scaler is not None:
@@ -107,7 +112,7 @@ class StepRunner:
                 if self.pipeline:
                     loss = self.model.eval_batch([ids, labels], compute_loss=True)
                 else:
-                    loss = self.loss_fn(self.model(ids), labels)
+                    loss = self.loss_fn(self.model(ids, **packing_inputs(mb)), labels)
             losses.append(loss.astype("float32").reshape([]))
         self.model.train()
         return paddle.stack(losses).mean()

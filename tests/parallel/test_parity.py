@@ -13,7 +13,8 @@ by `memory_checks.check_memory`, so a layout that silently replicated the model
 fails even though its losses are right, and against the planner's prediction
 (`llmtrain.plan.memory`, written into the same file) by `check_predicted`:
 parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2 launch also runs ERNIE
-(masked LM) and a Llama started with `model.init_from` (one of our checkpoints).
+(masked LM) and a Llama started with `model.init_from` (one of our checkpoints); the dp2, tp2 and pp2 launches
+also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), checked by `lora_checks`.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import metrics, run_many
+from lora_checks import check_lora_memory
 from memory_checks import DEGREES, check_memory, check_predicted
 
 MODELS = ("gpt", "llama")
@@ -37,7 +39,7 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init")}
+EXTRA = {"tp2pp2": ("ernie", "llama_init"), "dp2": ("llama_lora",), "tp2": ("llama_lora",), "pp2": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 
 
@@ -47,6 +49,9 @@ def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "ernie", steps=STEPS) + ["optim.lr=3e-3"]
     if run == "llama_init":  # the architecture (8 layers) comes from the checkpoint
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
+    if run == "llama_lora":  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss falls)
+        return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
+            + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2"]
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -60,13 +65,14 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving step_8), ernie, and llama_init from that step_8, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / "step_8"
-    names = [*MODELS, "ernie", "llama_init"]
+    names = [*MODELS, "ernie", "llama_init", "llama_lora"]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     run_many(runs, nproc=0, workdir=out)
     ref = {n: {"metrics": metrics(out / n), "memory": _memory(out / n)} for n in names}
     for n in names:
-        check_predicted(ref[n]["memory"], "single")
+        if n != "llama_lora":  # the planner does not model LoRA (memory.json carries no prediction for it)
+            check_predicted(ref[n]["memory"], "single")
     return ref | {"init_from": init_from}
 
 
@@ -100,6 +106,9 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
         if n != "llama_init":
             assert got[-1]["loss"] < got[0]["loss"]
             assert got[0]["tokens"] == (8 * 32 if n in MODELS else ref[0]["tokens"])  # global batch x seq
+        if n == "llama_lora":  # adapters split with their base, optimizer state for adapters only
+            check_lora_memory(_memory(tmp_path / n), reference[n]["memory"], layout)
+            continue
         check_memory(_memory(tmp_path / n), reference[n]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
 
@@ -133,3 +142,29 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
         else:
             with pytest.raises(AssertionError):
                 check()
+
+
+@pytest.mark.parametrize("layout", [name for name in EXTRA if "llama_lora" in EXTRA[name]])
+def test_replicated_lora_adapters_fail_the_lora_check(layout, reference):
+    """Every rank holding every adapter whole (the base split as the layout says, the adapters fallen back to
+    replication) fails `check_lora_memory` under tp2 and pp2; under dp2 that is the layout."""
+    from math import prod
+
+    from lora_checks import is_adapter
+    from memory_checks import split_axis
+
+    d, one = DEGREES[layout], reference["llama_lora"]["memory"]
+    params = {}
+    for name, p in one["ranks"][0]["params"].items():
+        shape, axis = list(p["shape"]), split_axis(name)
+        if not is_adapter(name) and axis is not None and d.tp > 1:
+            shape[axis] //= d.tp
+        params[name] = dict(p, shape=shape, numel=prod(shape))
+    coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
+    fake = dict(one, ranks=[dict(one["ranks"][0], params=params, rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2],
+                                 sharding_rank=c[3]) for r, c in enumerate(coords)])
+    if d.world == d.dp:
+        check_lora_memory(fake, one, layout)
+    else:
+        with pytest.raises(AssertionError):
+            check_lora_memory(fake, one, layout)
