@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ class Trainer:
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
-                            built.pipeline, built.scaler)
+                            built.pipeline, built.scaler, layout.grad_accum)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -217,10 +218,16 @@ class Trainer:
             meter.exporter.checkpoint_saved(time.perf_counter() - t0)
 
     def _evaluate(self, runner: StepRunner, meter: Meter, step: int) -> None:
-        loss = runner.evaluate(self.data.valid_batches(self.cfg.train.eval_batches))
-        total = meter.reduce_mean(float(loss))
-        meter.write_event({"step": step, "eval_loss": total})
-        log0(f"step {step}: eval loss {total:.4f}")
+        """Held-out loss and perplexity: the `train.eval_batches` validation micro-batches (the same under every
+        layout) split over the data ranks, token sums and counts summed exactly: a token-weighted mean."""
+        topo = self.topo
+        mine = self.data.valid_batches(self.cfg.train.eval_batches)[topo.data_rank::topo.data_world]
+        loss_sum, tokens = runner.evaluate(mine)
+        loss_sum, tokens = meter.reduce_sum([loss_sum, float(tokens)])
+        loss = loss_sum / max(tokens, 1.0)
+        meter.write_event({"step": step, "eval_loss": loss, "eval_ppl": math.exp(min(loss, 700.0)),
+                           "eval_tokens": int(tokens)})
+        log0(f"step {step}: eval loss {loss:.4f}, perplexity {math.exp(min(loss, 700.0)):.2f} ({int(tokens)} tokens)")
         meter.reset_window()
 
 

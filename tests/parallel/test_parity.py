@@ -49,9 +49,10 @@ def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "ernie", steps=STEPS) + ["optim.lr=3e-3"]
     if run == "llama_init":  # the architecture (8 layers) comes from the checkpoint
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
-    if run == "llama_lora":  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss falls)
+    if run == "llama_lora":  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss falls);
+        # held-out evaluation at steps 4 and 8 (4 micro-batches split over the data ranks, token-weighted)
         return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
-            + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2"]
+            + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2", "train.eval_interval=4", "train.eval_batches=4"]
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -101,6 +102,12 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
     run_many(runs, nproc=nproc, workdir=tmp_path)
     for n in names:
         ref, got = reference[n]["metrics"], metrics(tmp_path / n)
+        if n == "llama_lora":  # evaluation: the same exact token-weighted loss and token count as one process
+            ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in (ref, got))
+            assert [r["step"] for r in got_eval] == [r["step"] for r in ref_eval] == [4, 8], got_eval
+            for r, g in zip(ref_eval, got_eval):
+                assert abs(r["eval_loss"] - g["eval_loss"]) <= TOL and r["eval_tokens"] == g["eval_tokens"], (r, g)
+            ref, got = ([r for r in recs if "loss" in r] for recs in (ref, got))
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         if n != "llama_init":
