@@ -71,14 +71,16 @@ class Block(nn.Layer):
             raise ValueError(f"model.norm_position={cfg.norm_position!r}: expected 'pre' or 'post'")
         self.pre_norm = cfg.norm_position == "pre"
 
-    def _forward(self, x, mask=None, positions=None, segments=None):  # x [b, s, h]
+    def _forward(self, x, mask=None, positions=None, segments=None, cache=None):  # x [b, s, h]
         if self.pre_norm:
-            x = x + self.attn(self.attn_norm(x), mask, positions, segments)
+            x = x + self.attn(self.attn_norm(x), mask, positions, segments, cache)
             return x + self.mlp(self.mlp_norm(x))
-        x = self.attn_norm(x + self.attn(x, mask, positions, segments))
+        x = self.attn_norm(x + self.attn(x, mask, positions, segments, cache))
         return self.mlp_norm(x + self.mlp(x))
 
-    def forward(self, x, mask=None, positions=None, segments=None):
+    def forward(self, x, mask=None, positions=None, segments=None, cache=None):
+        if cache is not None:  # generation (no gradient): the keys/values of earlier positions are kept
+            return self._forward(x, mask, positions, segments, cache)
         if self.recompute and self.training:
             from paddle.distributed.fleet.utils import recompute
 
@@ -205,12 +207,14 @@ class DecoderLM(nn.Layer):
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.loss_fn = LMLoss(roles)
 
-    def forward(self, input_ids, position_ids=None, segment_ids=None):
+    def forward(self, input_ids, position_ids=None, segment_ids=None, cache=None):
         # input_ids [b, s] int64; packed sequences: position_ids [b, s] (restarting per example) and
-        # segment_ids [b, s] (example ids, non-decreasing): attention stays inside each example
+        # segment_ids [b, s] (example ids, non-decreasing): attention stays inside each example.
+        # Generation: `cache` a list of one dict per block (keys/values so far) and position_ids the
+        # absolute positions of input_ids (`llmtrain.generate`)
         x = self.embed(input_ids, position_ids)  # [b, s, h]
-        for block in self.layers:
-            x = block(x, None, position_ids, segment_ids)
+        for i, block in enumerate(self.layers):
+            x = block(x, None, position_ids, segment_ids, None if cache is None else cache[i])
         x = self.final_norm(x)
         if self.lm_head is None:
             return self.roles.tied_logits(x, self.embed.shared_weight)  # [b, s, V/tp]

@@ -77,6 +77,14 @@ class Rotary:
         rotated = paddle.concat([-x2, x1], axis=-1)
         return x * cos + rotated * sin
 
+    def apply_at(self, x, positions):  # x [b, s, heads, d]; positions [b, s] absolute (any value < max position)
+        limit = int(positions.max()) + 1
+        cos, sin = self.cos_sin(max(limit, x.shape[1]), x.dtype)  # [1, P, 1, d]
+        cos = paddle.gather(cos[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])  # [b, s, 1, d]
+        sin = paddle.gather(sin[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])
+        x1, x2 = x.chunk(2, axis=-1)
+        return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
+
 
 def math_attention(q, k, v, causal: bool = True, mask=None, segments=None):
     """Softmax attention. q [b, s, nh, d], k/v [b, s, nkv, d] -> [b, s, nh, d].
@@ -155,13 +163,26 @@ class Attention(nn.Layer):
         self.rotary = Rotary(d, cfg.rope_theta) if cfg.position == "rope" else None
         self.attend = choose_attention(cfg.attention)
 
-    def forward(self, x, mask=None, positions=None, segments=None):
-        # x [b, s, h]; mask [b, 1, 1, s] additive or None; positions, segments [b, s] (packed sequences) or None
+    def forward(self, x, mask=None, positions=None, segments=None, cache=None):
+        # x [b, s, h]; mask [b, 1, 1, s] additive or None; positions, segments [b, s] (packed sequences) or None;
+        # cache: a dict of this layer's keys/values of earlier positions (generation), filled here
         q = self.q_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nh/tp, d]
         k = self.k_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         v = self.v_proj(x).reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         if self.rotary is not None:
-            q, k = self.rotary.apply(q, positions), self.rotary.apply(k, positions)
+            if cache is not None and positions is not None:  # decoding: absolute positions beyond this call's s
+                q, k = self.rotary.apply_at(q, positions), self.rotary.apply_at(k, positions)
+            else:
+                q, k = self.rotary.apply(q, positions), self.rotary.apply(k, positions)
+        if cache is not None:
+            if "k" in cache:  # one new position after a prefix: it attends to every cached key
+                if q.shape[1] != 1:
+                    raise ValueError(f"KV-cache decoding takes one position per call, got {q.shape[1]}")
+                k = paddle.concat([cache["k"], k], axis=1)  # [b, t + 1, nkv, d]
+                v = paddle.concat([cache["v"], v], axis=1)
+                cache["k"], cache["v"] = k, v
+                return self.o_proj(math_attention(q, k, v, False, mask).reshape([0, 0, -1]))
+            cache["k"], cache["v"] = k, v  # the prefix (prefill): causal as usual
         if segments is None:
             out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
         else:
