@@ -38,19 +38,10 @@ CORPUS = os.environ.get("LLMTRAIN_PD1998", os.path.join(REPO, "work", "pd1998"))
 
 
 def qa_records(n: int, seed: int = 0) -> list[dict]:
-    """Prompt/response pairs from the embedded corpus's articles (real text lengths)."""
-    rng = np.random.default_rng(seed)
-    out = []
-    with open(os.path.join(CORPUS, "pd1998.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            lines = [x for x in json.loads(line)["text"].split("\n") if x.strip()]
-            if len(lines) < 2:
-                continue
-            k = int(rng.integers(1, 9))
-            out.append({"prompt": lines[0], "response": "\n".join(lines[1:1 + k])})
-            if len(out) == n:
-                break
-    return out
+    """Prompt/response pairs from the embedded corpus's articles (real text lengths; `llmtrain.corpus.qa_pairs`)."""
+    from llmtrain.corpus.qa_pairs import qa_records as pairs
+
+    return pairs(os.path.join(CORPUS, "pd1998.jsonl"), n, seed)
 
 
 def run_finetune(args, run_dir: str, data_file: str, extra: list[str]) -> tuple[dict, list[dict]]:
