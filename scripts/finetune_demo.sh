@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
-[ -f work/runs/quickstart/checkpoints/step_200/manifest.json ] || bash scripts/quickstart.sh
+ls work/runs/quickstart/checkpoints/step_*/manifest.json >/dev/null 2>&1 || bash scripts/quickstart.sh
 python -m llmtrain.export --checkpoint work/runs/quickstart --output work/pnlp/gpt-tiny --safetensors --overwrite
 python -m llmtrain.corpus.qa_pairs --input work/pd1998/pd1998.jsonl --output work/sft --valid 50
 python llmtrain/finetune.py model=gpt-tiny model.init_from=work/pnlp/gpt-tiny \
