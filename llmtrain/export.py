@@ -218,7 +218,7 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"({', '.join(info['files'])})")
     for note in info["notes"]:
         print(f"  note: {note}")
-    if info["tokenizer"] is None:
+    if info["tokenizer"] is None and info["family"] != "LoRA adapters":
         print("  note: no tokenizer included (pass --tokenizer DIR)")
     return 0
 

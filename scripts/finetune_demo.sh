@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 source scripts/env.sh
 ls work/runs/quickstart/checkpoints/step_*/manifest.json >/dev/null 2>&1 || bash scripts/quickstart.sh
 python -m llmtrain.export --checkpoint work/runs/quickstart --output work/pnlp/gpt-tiny --safetensors --overwrite
-python -m llmtrain.corpus.qa_pairs --input work/pd1998/pd1998.jsonl --output work/sft --valid 50
+python -m llmtrain.corpus.qa_pairs --input work/pd1998/pd1998.jsonl --output work/sft --valid 50 --max-lines 2
 python llmtrain/finetune.py model=gpt-tiny model.init_from=work/pnlp/gpt-tiny \
     data.files=[work/sft/train.jsonl] data.valid_files=[work/sft/valid.jsonl] data.tokenizer=work/pd1998/tokenizer \
     data.seq_len=128 data.packing=true finetune.lora.rank=8 finetune.lora.alpha=16 \

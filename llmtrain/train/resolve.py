@@ -171,6 +171,10 @@ def _read_initial_checkpoint(src: str, run_dir: str):
             raise ConfigError([f"model.init_from={src}: " + p for p in files])
         with open(os.path.join(src, "manifest.json")) as f:
             manifest = json.load(f)
+        if manifest.get("lora"):
+            raise ConfigError([f"model.init_from={src} is a LoRA checkpoint: it stores adapters only (base: "
+                               f"{manifest['lora']['base']}). Resume it with checkpoint.resume=, or start from the "
+                               "merged model (python -m llmtrain.export --checkpoint ... --merge-lora)"])
         return ModelConfig(**manifest["model"]), ShardIndex(src).model_state()
     from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
 

@@ -181,3 +181,15 @@ def test_resume_contract_refuses_another_base_for_a_lora_checkpoint():
     assert any("model.init_from" in x and "base model of a LoRA checkpoint" in x for x in r.refused), r
     r = review_resume(saved, {**saved, "finetune": {"lora": {"rank": 8}}}, None, None, 3)
     assert any("finetune.lora.rank" in x for x in r.refused), r
+
+
+def test_a_lora_checkpoint_is_not_a_base_for_init_from(lora_runs, tiny_corpus):
+    from llmtrain.config import ConfigError, compose_config, to_config
+    from llmtrain.train.resolve import resolve
+
+    root, out, _ = lora_runs
+    ov = [o for o in _common(tiny_corpus, root, out / "x", 1) if not o.startswith("model.init_from")]
+    cfg = to_config(compose_config(ov + [f"model.init_from={out / 'lora' / 'checkpoints' / 'step_6'}"],
+                                   config_name="finetune"))
+    with pytest.raises(ConfigError, match="is a LoRA checkpoint: it stores adapters only"):
+        resolve(cfg, world_size=1)
