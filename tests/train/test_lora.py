@@ -3,9 +3,10 @@ checkpoints hold adapters alone and resume exactly, exports load in PaddleNLP, P
 
     python -m pytest tests/train/test_lora.py -q
 
-One subprocess runs four fine-tuning runs (`run_many`, entry finetune): full-parameter (2 steps, for the
-memory comparison), LoRA (6 steps, checkpoints at 3 and 6), LoRA resumed from that step_3, and LoRA started
-from adapters made and saved by PaddleNLP's own `LoRAModel` (1 step).
+One subprocess runs five fine-tuning runs (`run_many`, entry finetune): full-parameter (2 steps, for the
+memory comparison), LoRA (6 steps, checkpoints at 3 and 6), LoRA resumed from that step_3, LoRA started
+from adapters made and saved by PaddleNLP's own `LoRAModel` (1 step), and LoRA on packed sequences with a
+held-out evaluation (2 steps).
 """
 from __future__ import annotations
 
@@ -64,6 +65,10 @@ def lora_runs(tiny_corpus, tmp_path_factory):
         + LORA + [f"checkpoint.resume={out / 'lora' / 'checkpoints' / 'step_3'}"],
         "from_pnlp": _common(tiny_corpus, root, out / "from_pnlp", 1)
         + ["finetune.lora.rank=1", f"finetune.lora.init_from={root / 'pnlp_lora'}"],
+        "packed": [o.replace("data.seq_len=48", "data.seq_len=96")
+                   for o in _common(tiny_corpus, root, out / "packed", 2, lr=3e-2)] + LORA
+        + ["data.packing=true", f"data.valid_files=[{root / 'sft.jsonl'}]", "train.eval_interval=2",
+           "train.eval_batches=2"],
     }
     run_many(list(runs.values()), nproc=0, workdir=out, entry="finetune")
     return root, out, lm
@@ -145,6 +150,29 @@ def test_exports_load_in_paddlenlp_with_our_logits(lora_runs, tmp_path):
     assert export_main(["--checkpoint", str(step6), "--output", str(tmp_path / "merged"), "--merge-lora"]) == 0
     assert_close(ours, paddlenlp_logits(AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")), ids),
                  "merged export vs our unmerged forward")
+    # generation from the LoRA run directory (merged on load) = from the merged PaddleNLP export
+    from llmtrain.generate import generate, load_model
+
+    a, b = load_model(str(out / "lora"))[0], load_model(str(tmp_path / "merged"), trusted=True)[0]
+    assert generate(a, [1, 40, 41, 42], 12) == generate(b, [1, 40, 41, 42], 12)
+
+
+def test_packed_lora_finetuning_counts_tokens_exactly_and_evaluates(lora_runs, tiny_corpus):
+    from llmtrain.data.sft import SFTData, SFTDataConfig
+
+    root, out, _ = lora_runs
+    recs = metrics(out / "packed")
+    train = [r for r in recs if "loss" in r]
+    evals = [r for r in recs if "eval_loss" in r]
+    cfg = SFTDataConfig(files=[str(root / "sft.jsonl")], tokenizer=tiny_corpus["tokenizer"], seq_len=96, packing=True)
+    data = SFTData(cfg, seed=1234, global_batch_size=4, micro_batch_size=2)
+    assert data.packed["examples_per_row"].max() > 1  # several examples share a row
+    for r in train:
+        assert r["tokens"] == int(sum(mb["loss_mask"].sum() for mb in data.next_step()))  # response tokens, exact
+    (ev,) = evals
+    valid = data.valid_batches(2)
+    assert ev["eval_tokens"] == int(sum(mb["loss_mask"].sum() for mb in valid))
+    assert abs(ev["eval_ppl"] - np.exp(ev["eval_loss"])) < 1e-6 * ev["eval_ppl"]
 
 
 def test_paddlenlp_adapters_continue_in_our_finetuning(lora_runs, tiny_corpus):
