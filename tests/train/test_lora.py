@@ -221,3 +221,30 @@ def test_a_lora_checkpoint_is_not_a_base_for_init_from(lora_runs, tiny_corpus):
                                    config_name="finetune"))
     with pytest.raises(ConfigError, match="is a LoRA checkpoint: it stores adapters only"):
         resolve(cfg, world_size=1)
+
+
+@pytest.mark.slow
+def test_packed_lora_finetuning_under_tp2_equals_one_process(lora_runs, tiny_corpus, tmp_path):
+    """The packed LoRA run again under tp2 (one 2-process launch): per-step loss and grad norm within 1e-5,
+    the same token counts and held-out loss; each tp rank holds half of every split adapter factor."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "parallel"))
+    from lora_checks import check_lora_memory
+
+    root, out, _ = lora_runs
+    overrides = [o.replace("data.seq_len=48", "data.seq_len=96")
+                 for o in _common(tiny_corpus, root, tmp_path / "packed", 2, lr=3e-2)] + LORA + [
+        "data.packing=true", f"data.valid_files=[{root / 'sft.jsonl'}]", "train.eval_interval=2",
+        "train.eval_batches=2", "+parallel=tp2"]
+    run_many([overrides], nproc=2, workdir=tmp_path, entry="finetune")
+    ref, got = metrics(out / "packed"), metrics(tmp_path / "packed")
+    assert len(ref) == len(got) == 3
+    for r, g in zip(ref, got):
+        for key in ("loss", "grad_norm", "eval_loss"):
+            if key in r:
+                assert abs(r[key] - g[key]) <= TOL, (key, r, g)
+        for key in ("tokens", "tokens_total", "eval_tokens"):
+            assert r.get(key) == g.get(key), (key, r, g)
+    check_lora_memory(json.loads((tmp_path / "packed" / "memory.json").read_text()),
+                      json.loads((out / "packed" / "memory.json").read_text()), "tp2")
