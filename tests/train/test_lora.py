@@ -226,7 +226,8 @@ def test_a_lora_checkpoint_is_not_a_base_for_init_from(lora_runs, tiny_corpus):
 @pytest.mark.slow
 def test_packed_lora_finetuning_under_tp2_equals_one_process(lora_runs, tiny_corpus, tmp_path):
     """The packed LoRA run again under tp2 (one 2-process launch): per-step loss and grad norm within 1e-5,
-    the same token counts and held-out loss; each tp rank holds half of every split adapter factor."""
+    the same token counts and held-out loss; each tp rank holds half of every split adapter factor. The same
+    launch resumes the one-process LoRA run's step_3 (adapters only) under tp2: steps 4-6 as uninterrupted."""
     import sys
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "parallel"))
@@ -237,7 +238,12 @@ def test_packed_lora_finetuning_under_tp2_equals_one_process(lora_runs, tiny_cor
                  for o in _common(tiny_corpus, root, tmp_path / "packed", 2, lr=3e-2)] + LORA + [
         "data.packing=true", f"data.valid_files=[{root / 'sft.jsonl'}]", "train.eval_interval=2",
         "train.eval_batches=2", "+parallel=tp2"]
-    run_many([overrides], nproc=2, workdir=tmp_path, entry="finetune")
+    resumed = [o for o in _common(tiny_corpus, root, tmp_path / "resumed", 6, lr=3e-2) if o != "checkpoint.resume=none"] \
+        + LORA + [f"checkpoint.resume={out / 'lora' / 'checkpoints' / 'step_3'}", "+parallel=tp2"]
+    run_many([overrides, resumed], nproc=2, workdir=tmp_path, entry="finetune")
+    for r, g in zip(metrics(out / "lora")[3:], metrics(tmp_path / "resumed")):
+        assert r["step"] == g["step"] and abs(r["loss"] - g["loss"]) <= TOL and r["tokens_total"] == g["tokens_total"]
+    assert [g["step"] for g in metrics(tmp_path / "resumed")] == [4, 5, 6]
     ref, got = metrics(out / "packed"), metrics(tmp_path / "packed")
     assert len(ref) == len(got) == 3
     for r, g in zip(ref, got):
