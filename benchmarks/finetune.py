@@ -1,7 +1,7 @@
 """Fine-tuning benchmarks: LoRA vs full-parameter memory and speed, and packing efficiency vs padding.
 
     scripts/prepare_default_corpus.sh                      # work/pd1998/ (tokenizer, articles)
-    python benchmarks/finetune.py --part lora [--model gpt2-small] [--steps 6] [--seq 128] [--rank 8]
+    python benchmarks/finetune.py --part lora [--model gpt2-small] [--steps 4] [--seq 128] [--rank 8]
     python benchmarks/finetune.py --part packing [--seq 512,1024,2048]
 
 --part lora: two real `llmtrain/finetune.py` runs on one CPU process (full fine-tuning, then LoRA
@@ -141,7 +141,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--part", choices=["lora", "packing", "all"], default="all")
     ap.add_argument("--model", default="gpt2-small")
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--rank", type=int, default=8)
     ap.add_argument("--seq-list", default="512,1024,2048")

@@ -115,7 +115,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print {prompt_ids, ids, text} as JSON")
     args = parser.parse_args(argv)
-    paddle.set_device("cpu") if not paddle.is_compiled_with_cuda() else None
     model, cfg, tok_path = load_model(args.model)
     tok = None
     if args.tokenizer or tok_path:
