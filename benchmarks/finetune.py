@@ -63,16 +63,23 @@ def run_finetune(args, run_dir: str, data_file: str, extra: list[str]) -> tuple[
 
 
 def llama7b_prediction(rank: int) -> list[tuple]:
-    """(what, full fine-tuning GB, LoRA GB) per device for llama-7b, bf16 weights + fp32 master and AdamW moments
-    (full) vs bf16 frozen base + fp32-mastered adapters on every block linear (LoRA); computed, one device."""
-    h, f, layers, vocab = 4096, 11008, 32, 32000
-    n = layers * (4 * h * h + 3 * h * f + 2 * h) + 2 * vocab * h + h
-    adapters = layers * (4 * rank * (h + h) + 2 * rank * (h + f) + rank * (f + h))
+    """(what, full fine-tuning, LoRA) per device for llama-7b on one GPU, bf16 with fp32 master weights, from the
+    planner's exact accounting (`llmtrain.plan.memory.predict_ranks`, which equals memory.json under LoRA too)."""
+    from types import SimpleNamespace
+
+    from llmtrain.config import compose_config, to_config
+    from llmtrain.models.lora import LoraConfig
+    from llmtrain.plan.memory import predict_ranks
+
+    cfg = to_config(compose_config(["model=llama-7b", "model.vocab_size=32000"])).model
+    one = SimpleNamespace(dp=1, tp=1, pp=1, sharding=1, sharding_stage=1, virtual_pp=1, zero3_segment_size=2**20)
+    full = predict_ranks(cfg, one, "bf16", "gpu")[0]
+    lora = predict_ranks(cfg, one, "bf16", "gpu", LoraConfig(rank=rank))[0]
     gb = 1e9
-    return [("parameters (bf16)", 2 * n / gb, 2 * (n + adapters) / gb),
-            ("optimizer state (fp32 master + 2 moments)", 12 * n / gb, 12 * adapters / gb),
-            ("gradients (bf16)", 2 * n / gb, 2 * adapters / gb),
-            ("trainable parameters (M)", n / 1e6, adapters / 1e6)]
+    return [("parameters (bf16)", full["param_bytes"] / gb, lora["param_bytes"] / gb),
+            ("optimizer state (fp32 master + 2 moments)", full["optimizer_bytes"] / gb, lora["optimizer_bytes"] / gb),
+            ("gradients (bf16)", full["grad_bytes"] / gb, lora["grad_bytes"] / gb),
+            ("trainable parameters (M)", full["param_numel"] / 1e6, (lora["param_numel"] - full["param_numel"]) / 1e6)]
 
 
 def part_lora(args) -> None:
@@ -98,7 +105,12 @@ def part_lora(args) -> None:
         print(f"| {r[0]} | {r[1]:.1f} | {r[2]:.2f} | {r[3]:.1f} | {r[4]:.1f} | {r[5]:.2f} | {r[6]:.1f} |")
     print(f"\nLoRA / full: optimizer state {rows[1][3] / rows[0][3]:.4f}, gradients {rows[1][4] / rows[0][4]:.4f}, "
           f"tokens/s {rows[1][6] / rows[0][6]:.2f}")
-    print(f"\nllama-7b per device, computed (not measured), LoRA r={args.rank} on q k v o gate up down:\n")
+    part_predict(args)
+
+
+def part_predict(args) -> None:
+    print(f"\nllama-7b on one device, predicted by the planner (not measured), LoRA r={args.rank} on q k v o gate up "
+          "down:\n")
     print("| held | full fine-tuning | LoRA |")
     print("|---|---|---|")
     for what, full, lora in llama7b_prediction(args.rank):
@@ -139,7 +151,7 @@ def part_packing(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", choices=["lora", "packing", "all"], default="all")
+    ap.add_argument("--part", choices=["lora", "packing", "predict", "all"], default="all")
     ap.add_argument("--model", default="gpt2-small")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--seq", type=int, default=128)
@@ -152,6 +164,8 @@ def main() -> None:
         part_packing(args)
     if args.part in ("lora", "all"):
         part_lora(args)
+    if args.part == "predict":
+        part_predict(args)
 
 
 if __name__ == "__main__":

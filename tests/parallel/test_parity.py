@@ -72,8 +72,7 @@ def reference(tiny_corpus, tmp_path_factory):
     run_many(runs, nproc=0, workdir=out)
     ref = {n: {"metrics": metrics(out / n), "memory": _memory(out / n)} for n in names}
     for n in names:
-        if n != "llama_lora":  # the planner does not model LoRA (memory.json carries no prediction for it)
-            check_predicted(ref[n]["memory"], "single")
+        check_predicted(ref[n]["memory"], "single")
     return ref | {"init_from": init_from}
 
 
@@ -113,8 +112,9 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
         if n != "llama_init":
             assert got[-1]["loss"] < got[0]["loss"]
             assert got[0]["tokens"] == (8 * 32 if n in MODELS else ref[0]["tokens"])  # global batch x seq
-        if n == "llama_lora":  # adapters split with their base, optimizer state for adapters only
+        if n == "llama_lora":  # adapters split with their base, optimizer state for adapters only; the planner too
             check_lora_memory(_memory(tmp_path / n), reference[n]["memory"], layout)
+            check_predicted(_memory(tmp_path / n), layout)
             continue
         check_memory(_memory(tmp_path / n), reference[n]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
