@@ -20,6 +20,7 @@ from llmtrain.checkpoint.config import CheckpointConfig
 from llmtrain.data.config import DataConfig
 from llmtrain.data.sft import SFTDataConfig
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.lora import FinetuneOptions
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.plan.config import PlanConfig
 from llmtrain.train.config import OptimConfig, TrainConfig
@@ -77,6 +78,9 @@ class Config:
 
     plan: PlanConfig = field(default_factory=PlanConfig)
     """Planner settings (`python -m llmtrain.plan`); ignored by training."""
+
+    finetune: FinetuneOptions = field(default_factory=FinetuneOptions)
+    """Parameter-efficient fine-tuning (`finetune.lora.*`, `llmtrain/models/lora.py`); off by default."""
 
 
 @dataclass

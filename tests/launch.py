@@ -66,12 +66,12 @@ def run_launch(script_and_args: list[str], nproc: int, log_dir: Path, timeout: i
     return proc
 
 
-def run_many(runs: list[list[str]], nproc: int, workdir: Path) -> None:
-    """Several override lists through tests/e2e/multirun_worker.py in one launch (a dict entry is passed as is,
-    e.g. {"call": "tests/parallel/sp_activations.py:measure", "args": [dir]})."""
+def run_many(runs: list[list[str]], nproc: int, workdir: Path, entry: str = "pretrain") -> None:
+    """Several override lists through tests/e2e/multirun_worker.py in one launch (entry: pretrain or finetune; a
+    dict entry is passed as is, e.g. {"call": "tests/parallel/sp_activations.py:measure", "args": [dir]})."""
     spec = Path(workdir) / "runs.json"
     spec.parent.mkdir(parents=True, exist_ok=True)
-    spec.write_text(json.dumps([r if isinstance(r, dict) else {"overrides": r} for r in runs]))
+    spec.write_text(json.dumps([r if isinstance(r, dict) else {"overrides": r, "entry": entry} for r in runs]))
     run_launch([str(REPO / "tests/e2e/multirun_worker.py"), str(spec)], nproc, Path(workdir) / "log")
 
 

@@ -113,6 +113,17 @@ def _manifest_nonce(ckpt_dir: str):
         return None
 
 
+def _lora_entry(cfg):
+    """Under LoRA the checkpoint stores the adapters alone: their settings and the pointer to the base
+    (`model.init_from`, or the seed whose (seed, name) draws made it); None without LoRA."""
+    lora = cfg.finetune.lora
+    if lora.rank <= 0:
+        return None
+    return {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
+            "target_modules": list(lora.target_modules), "merge": lora.merge,
+            "base": {"init_from": cfg.model.init_from, "seed": cfg.seed}}
+
+
 def list_checkpoints(root: str) -> list[tuple[int, str]]:
     """(step, path) of every step_<N> directory under root, newest first."""
     out = []
@@ -334,6 +345,7 @@ class Checkpointer:
             "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
             "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
             "tokenizer": self.tokenizer.identity() if self.tokenizer is not None else None,
+            "lora": _lora_entry(self.cfg),
             "files": files,
         }
 

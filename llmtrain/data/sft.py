@@ -14,9 +14,17 @@ produce), 0 on the bos, headers, system and user text, and padding; the token
 accounting counts exactly these positions.
 
 One example per sample, padded to seq_len + 1 with <pad> (padding sits after the
-example, so causal attention never lets a real token see it). Packing several
-examples per sequence with attention cut between them needs per-example masks
-in every parallel layout and is not implemented. An example longer than
+example, so causal attention never lets a real token see it); or, with
+`data.packing=true`, several examples per sample (PaddleNLP's zero-padding /
+`intokens`): each example contributes its len - 1 (input, target) pairs, the
+examples are placed best-fit-decreasing into rows of seq_len positions, and each
+sample carries `position_ids` (restarting at 0 in every example) and `segment_ids`
+(the example's index in the row, non-decreasing; padding one more segment), so the
+model's attention stays inside each example (block-diagonal causal: an explicit mask
+on CPU, flashmask's per-example end rows on GPU). The packing efficiency (real
+positions / all positions) is logged beside the one-example-per-row figure. A
+"sample" of the global batch is then a packed row. Not with pipeline parallelism
+(resolve refuses it: the stage boundary carries the hidden states only). An example longer than
 seq_len + 1 is truncated and counted; one whose response is cut away entirely,
 malformed JSON, a missing or non-string field, an unknown role or an empty
 response are bad records: counted by kind with file:line, never silent
@@ -72,6 +80,9 @@ class SFTDataConfig:
     strict: bool = False
     """Stop at the first bad record (with its file and line) instead of counting it."""
 
+    packing: bool = False
+    """Pack several examples into each sequence, attention cut between them (see the module docstring)."""
+
 
 def render(turns: list[tuple[str, str]], tok) -> tuple[list[int], list[int]]:
     """(ids, mask) of one conversation; mask[i] = 1 where ids[i] is a target to learn."""
@@ -116,8 +127,66 @@ def parse_record(obj, cfg: SFTDataConfig):
 
 def load_examples(files, tok, cfg: SFTDataConfig, bad: BadRecords):
     """tokens [N, seq_len + 1] (padded with pad_id) and loss mask [N, seq_len + 1], plus the truncation count."""
+    examples, truncated = load_records(files, tok, cfg, bad)
+    return (*pad_examples(examples, cfg.seq_len + 1, tok.pad_id), truncated)
+
+
+def pad_examples(examples, width: int, pad_id: int):
+    """tokens [N, width] (padded with pad_id after each example) and loss mask [N, width]."""
+    rows = np.full((len(examples), width), pad_id, dtype=np.int64)
+    masks = np.zeros((len(examples), width), dtype=np.float32)
+    for i, (ids, mask) in enumerate(examples):
+        rows[i, : len(ids)] = ids
+        masks[i, : len(mask)] = mask
+    return rows, masks
+
+
+def pack_examples(examples, seq_len: int, pad_id: int) -> dict:
+    """Best-fit-decreasing packing of (ids, mask) examples into rows of seq_len positions.
+
+    Returns arrays [M, seq_len]: input_ids, labels, loss_mask (of the targets), position_ids
+    (0.. within each example), segment_ids (example index within the row; padding gets one
+    more), and `examples_per_row` [M]. An example of n tokens takes n - 1 positions."""
+    import bisect
+
+    order = sorted(range(len(examples)), key=lambda i: (-(len(examples[i][0]) - 1), i))
+    free: list = []  # sorted (remaining positions, row index)
+    rows: list = []
+    for i in order:
+        need = len(examples[i][0]) - 1
+        at = bisect.bisect_left(free, (need, -1))
+        if at == len(free):
+            rows.append([])
+            r, left = len(rows) - 1, seq_len
+        else:
+            left, r = free.pop(at)
+        rows[r].append(i)
+        if left - need > 0:
+            bisect.insort(free, (left - need, r))
+    m = len(rows)
+    out = {"input_ids": np.full((m, seq_len), pad_id, np.int64), "labels": np.full((m, seq_len), pad_id, np.int64),
+           "loss_mask": np.zeros((m, seq_len), np.float32), "position_ids": np.zeros((m, seq_len), np.int64),
+           "segment_ids": np.zeros((m, seq_len), np.int64), "examples_per_row": np.zeros(m, np.int64)}
+    for r, members in enumerate(rows):
+        at = 0
+        for seg, i in enumerate(sorted(members)):
+            ids, mask = examples[i]
+            n = len(ids) - 1
+            out["input_ids"][r, at: at + n] = ids[:-1]
+            out["labels"][r, at: at + n] = ids[1:]
+            out["loss_mask"][r, at: at + n] = mask[1:]
+            out["position_ids"][r, at: at + n] = np.arange(n)
+            out["segment_ids"][r, at: at + n] = seg
+            at += n
+        out["segment_ids"][r, at:] = len(members)  # padding: a segment of its own after the examples
+        out["examples_per_row"][r] = len(members)
+    return out
+
+
+def load_records(files, tok, cfg: SFTDataConfig, bad: BadRecords):
+    """[(ids int64 [n], mask float32 [n]), ...] with n <= seq_len + 1, plus the truncation count."""
     width = cfg.seq_len + 1
-    rows, masks, truncated = [], [], 0
+    examples, truncated = [], 0
     for path in files:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"data.files: {path} does not exist")
@@ -146,15 +215,10 @@ def load_examples(files, tok, cfg: SFTDataConfig, bad: BadRecords):
                 if sum(mask[1:]) == 0:
                     bad.add("no_response", path, line_no, f"response starts beyond seq_len={cfg.seq_len}")
                     continue
-                row = np.full(width, tok.pad_id, dtype=np.int64)
-                row[: len(ids)] = ids
-                m = np.zeros(width, dtype=np.float32)
-                m[: len(mask)] = mask
-                rows.append(row)
-                masks.append(m)
-    if not rows:
+                examples.append((np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.float32)))
+    if not examples:
         raise ValueError(f"data.files {list(files)}: no usable example ({bad.report()})")
-    return np.stack(rows), np.stack(masks), truncated
+    return examples, truncated
 
 
 class SFTData:
@@ -166,10 +230,23 @@ class SFTData:
         self.seq_len = int(cfg.seq_len)
         self.tokenizer = tokenizer or load_tokenizer(cfg.tokenizer)
         self.bad = BadRecords(strict=cfg.strict)
-        self.tokens, self.mask, truncated = load_examples(list(cfg.files), self.tokenizer, cfg, self.bad)
-        self.valid_tokens = self.valid_mask = None
+        pad, width = self.tokenizer.pad_id, self.seq_len + 1
+        examples, truncated = load_records(list(cfg.files), self.tokenizer, cfg, self.bad)
+        self.tokens, self.mask = pad_examples(examples, width, pad)
+        self.valid_tokens = self.valid_mask = valid = None
         if cfg.valid_files:
-            self.valid_tokens, self.valid_mask, _ = load_examples(list(cfg.valid_files), self.tokenizer, cfg, self.bad)
+            valid, _ = load_records(list(cfg.valid_files), self.tokenizer, cfg, self.bad)
+            self.valid_tokens, self.valid_mask = pad_examples(valid, width, pad)
+        self.packed = self.valid_packed = None
+        if cfg.packing:
+            self.packed = pack_examples(examples, self.seq_len, pad)
+            if valid is not None:
+                self.valid_packed = pack_examples(valid, self.seq_len, pad)
+            real = int((self.packed["segment_ids"] < self.packed["examples_per_row"][:, None]).sum())
+            self.packing_efficiency = real / self.packed["input_ids"].size
+            log0(f"sft packing: {len(self.tokens)} examples in {len(self.packed['input_ids'])} rows of {self.seq_len} "
+                 f"positions; packing efficiency (real positions / positions) {self.packing_efficiency:.3f}, "
+                 f"one example per row {real / (len(self.tokens) * self.seq_len):.3f}")
         self.sampler = StepSampler(global_batch_size, micro_batch_size, dp_rank, dp_world)
         self.micro_batch_size = int(micro_batch_size)
         self.consumed_samples = int(consumed_samples)
@@ -178,8 +255,13 @@ class SFTData:
         log0(f"sft data: {len(self.tokens)} examples from {len(cfg.files)} file(s), {int(self.mask[:, 1:].sum())} "
              f"response tokens, {truncated} truncated to seq_len+1={self.seq_len + 1}; {self.bad.report()}")
 
+    @property
+    def n_samples(self) -> int:
+        """Samples of one epoch: examples, or packed rows."""
+        return len(self.packed["input_ids"]) if self.packed is not None else len(self.tokens)
+
     def _example(self, g: np.ndarray) -> np.ndarray:
-        n = len(self.tokens)
+        n = self.n_samples
         out = np.empty_like(g)
         for e in np.unique(g // n):
             if e not in self._perms:
@@ -195,31 +277,43 @@ class SFTData:
             "sample_ids": ids,
         }
 
+    @staticmethod
+    def _packed_batch(packed: dict, rows, ids) -> dict:
+        out = {k: packed[k][rows] for k in ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")}
+        return dict(out, sample_ids=ids)
+
+    def _rows(self, ex, row_ids, valid: bool = False) -> dict:
+        if self.packed is not None:
+            return self._packed_batch(self.valid_packed if valid and self.valid_packed is not None else self.packed,
+                                      ex, row_ids)
+        tokens, mask = (self.valid_tokens, self.valid_mask) if valid and self.valid_tokens is not None \
+            else (self.tokens, self.mask)
+        return self._batch(tokens[ex], mask[ex], row_ids)
+
     def next_step(self) -> list[dict]:
         t0 = time.perf_counter()
         ids = self.sampler.rank_ids(self.consumed_samples)  # [accum, micro]
         out = []
         for row in ids:
-            ex = self._example(row)
-            out.append(self._batch(self.tokens[ex], self.mask[ex], row))
+            out.append(self._rows(self._example(row), row))
         self.consumed_samples += self.sampler.global_batch_size
         self.data_wait_time = time.perf_counter() - t0
         return out
 
     def valid_batches(self, n_batches: int) -> list[dict]:
-        tokens, mask = (self.valid_tokens, self.valid_mask) if self.valid_tokens is not None else (self.tokens, self.mask)
+        if self.packed is not None:
+            n = len((self.valid_packed or self.packed)["input_ids"])
+        else:
+            n = len(self.valid_tokens if self.valid_tokens is not None else self.tokens)
         m = self.micro_batch_size
-        out = []
-        for b in range(n_batches):
-            ex = np.arange(b * m, (b + 1) * m) % len(tokens)
-            out.append(self._batch(tokens[ex], mask[ex], ex))
-        return out
+        return [self._rows(np.arange(b * m, (b + 1) * m) % n, np.arange(b * m, (b + 1) * m) % n, valid=True)
+                for b in range(n_batches)]
 
     def state_dict(self) -> dict:
-        return {"consumed_samples": self.consumed_samples, "seed": self.seed, "examples": int(len(self.tokens)),
+        return {"consumed_samples": self.consumed_samples, "seed": self.seed, "examples": int(self.n_samples),
                 "global_batch_size": self.sampler.global_batch_size}
 
     def load_state_dict(self, state: dict) -> None:
-        if state.get("examples", len(self.tokens)) != len(self.tokens):
-            log0(f"warning: the checkpoint saw {state['examples']} examples, the data now has {len(self.tokens)}")
+        if state.get("examples", self.n_samples) != self.n_samples:
+            log0(f"warning: the checkpoint saw {state['examples']} samples, the data now has {self.n_samples}")
         self.consumed_samples = int(state["consumed_samples"])

@@ -40,11 +40,14 @@ class Embedding(nn.Layer):
         if cfg.position == "learned":
             self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
 
-    def forward(self, input_ids):  # [b, s] int64
+    def forward(self, input_ids, position_ids=None):  # [b, s] int64; position_ids [b, s] (packed) or None
         x = self.word(input_ids)  # [b, s, h]
         if self.pos is not None:
-            positions = paddle.arange(input_ids.shape[1], dtype="int64")  # [s]
-            x = x + self.pos(positions)[None]
+            if position_ids is None:
+                positions = paddle.arange(input_ids.shape[1], dtype="int64")  # [s]
+                x = x + self.pos(positions)[None]
+            else:
+                x = x + self.pos(position_ids)  # [b, s, h]
         return self.roles.sequence_scatter(x)  # [b, s, h] (a sequence-parallel plan: this rank's positions)
 
     @property
@@ -75,22 +78,24 @@ class Block(nn.Layer):
             raise ValueError(f"model.norm_position={cfg.norm_position!r}: expected 'pre' or 'post'")
         self.pre_norm = cfg.norm_position == "pre"
 
-    def _forward(self, x, mask=None):  # x [b, s, h]
+    def _forward(self, x, mask=None, positions=None, segments=None, cache=None):  # x [b, s, h]
         if self.pre_norm:
-            x = x + self.attn(self.attn_norm(x), mask)
+            x = x + self.attn(self.attn_norm(x), mask, positions, segments, cache)
             return x + self.mlp(self.mlp_norm(x))
-        x = self.attn_norm(x + self.attn(x, mask))
+        x = self.attn_norm(x + self.attn(x, mask, positions, segments, cache))
         return self.mlp_norm(x + self.mlp(x))
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, positions=None, segments=None, cache=None):
+        if cache is not None:  # generation (no gradient): the keys/values of earlier positions are kept
+            return self._forward(x, mask, positions, segments, cache)
         if self.recompute and self.training:
             from paddle.distributed.fleet.utils import recompute
 
             # use_reentrant=False: with Paddle's default reentrant form, a block whose inputs all
             # have stop_gradient=True returns an output with stop_gradient=True, so its parameters
             # silently get no gradient (and the 1F1B pipeline schedule deadlocked).
-            return recompute(self._forward, x, mask, use_reentrant=False)
-        return self._forward(x, mask)
+            return recompute(self._forward, x, mask, positions, segments, use_reentrant=False)
+        return self._forward(x, mask, positions, segments)
 
 
 class FinalNorm(nn.Layer):
@@ -121,17 +126,21 @@ class LMLoss(nn.Layer):
     """Mean next-token cross entropy over loss-bearing positions.
 
     logits [b, s, V/tp]; labels = (target ids [b, s] int64, loss_mask [b, s] fp32).
-    Returns sum(ce * mask) / sum(mask) for this micro-batch (fp32 scalar).
+    Returns sum(ce * mask) / sum(mask) for this micro-batch (fp32 scalar); with
+    `sum_tokens` set (evaluation: exact token-weighted means over any batching) sum(ce * mask).
     """
 
     def __init__(self, roles: Roles):
         super().__init__()
         self.roles = roles
+        self.sum_tokens = False
 
     def forward(self, logits, labels):
         target, mask = labels
         ce = self.roles.token_loss(logits, target)  # [b, s]
         mask = mask.astype("float32")
+        if self.sum_tokens:
+            return (ce * mask).sum()
         return (ce * mask).sum() / paddle.clip(mask.sum(), min=1.0)
 
 
@@ -209,10 +218,14 @@ class DecoderLM(nn.Layer):
 
             self.loss_fn = MoELMLoss(self.loss_fn, moe_layers(self), cfg)
 
-    def forward(self, input_ids):  # [b, s] int64
-        x = self.embed(input_ids)  # [b, s, h]
-        for block in self.layers:
-            x = block(x)
+    def forward(self, input_ids, position_ids=None, segment_ids=None, cache=None):
+        # input_ids [b, s] int64; packed sequences: position_ids [b, s] (restarting per example) and
+        # segment_ids [b, s] (example ids, non-decreasing): attention stays inside each example.
+        # Generation: `cache` a list of one dict per block (keys/values so far) and position_ids the
+        # absolute positions of input_ids (`llmtrain.generate`)
+        x = self.embed(input_ids, position_ids)  # [b, s, h]
+        for i, block in enumerate(self.layers):
+            x = block(x, None, position_ids, segment_ids, None if cache is None else cache[i])
         x = self.final_norm(x)
         if self.lm_head is None:
             return self.roles.tied_logits(x, self.embed.shared_weight)  # [b, s, V/tp]

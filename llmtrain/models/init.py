@@ -15,7 +15,8 @@ which is what makes layout parity tests and reshardable checkpoints possible.
 
 Rules (GPT-2 / Megatron): norm weights 1, every 1-D parameter (biases, norm
 biases) 0, everything else N(0, init_std^2); output projections of the residual
-branches (`llm_residual_out`) N(0, (init_std / sqrt(2 L))^2).
+branches (`llm_residual_out`) N(0, (init_std / sqrt(2 L))^2). LoRA factors
+(`llmtrain.models.lora`): A uniform in +-1/sqrt(in), B zero.
 """
 from __future__ import annotations
 
@@ -52,8 +53,14 @@ WHOLE = Whole()
 def initial_value(name: str, param: paddle.Tensor, cfg: ModelConfig, seed: int, shape=None) -> np.ndarray:
     """The initial value of parameter `name` at its full logical `shape` (default: the parameter's), fp32 numpy."""
     shape = list(param.shape) if shape is None else list(shape)
-    if getattr(param, "llm_init", None) == "ones":
+    rule = getattr(param, "llm_init", None)
+    if rule == "ones":
         return np.ones(shape, dtype=np.float32)
+    if rule == "zeros":  # LoRA B
+        return np.zeros(shape, dtype=np.float32)
+    if isinstance(rule, tuple) and rule[0] == "lora_a":  # LoRA A [in, r]: U(+-1/sqrt(in)), PaddleNLP's bound
+        bound = 1.0 / math.sqrt(rule[1])
+        return name_rng(seed, name).uniform(-bound, bound, shape).astype(np.float32)
     if len(shape) == 1:
         return np.zeros(shape, dtype=np.float32)
     std = cfg.init_std

@@ -76,8 +76,13 @@ class Rotary:
             self._cache[key] = (cos, sin)
         return self._cache[key]
 
-    def apply(self, x):  # x [b, s, heads, d]
-        cos, sin = self.cos_sin(x.shape[1], x.dtype)
+    def apply(self, x, positions=None):  # x [b, s, heads, d]; positions [b, s] int64 or None (0..s-1)
+        if positions is None:
+            cos, sin = self.cos_sin(x.shape[1], x.dtype)
+        else:  # packed sequences: positions restart at 0 in every example
+            cos, sin = self.cos_sin(x.shape[1], x.dtype)  # [1, s, 1, d]; a packed position is < s
+            cos = paddle.gather(cos[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])  # [b, s, 1, d]
+            sin = paddle.gather(sin[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])
         x1, x2 = x.chunk(2, axis=-1)
         rotated = paddle.concat([-x2, x1], axis=-1)
         return x * cos + rotated * sin
@@ -88,12 +93,22 @@ class Rotary:
             return kernels.fused_rope(q, k, cos, sin)
         return self.apply(q), self.apply(k)
 
+    def apply_at(self, x, positions):  # x [b, s, heads, d]; positions [b, s] absolute (any value < max position)
+        limit = int(positions.max()) + 1
+        cos, sin = self.cos_sin(max(limit, x.shape[1]), x.dtype)  # [1, P, 1, d]
+        cos = paddle.gather(cos[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])  # [b, s, 1, d]
+        sin = paddle.gather(sin[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])
+        x1, x2 = x.chunk(2, axis=-1)
+        return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
 
-def math_attention(q, k, v, causal: bool = True, mask=None):
+
+def math_attention(q, k, v, causal: bool = True, mask=None, segments=None):
     """Softmax attention. q [b, s, nh, d], k/v [b, s, nkv, d] -> [b, s, nh, d].
 
     causal: position t attends to positions <= t. mask: optional additive [b, 1, 1, s]
-    (0 keep, large negative drop), for padding in the bidirectional encoder."""
+    (0 keep, large negative drop), for padding in the bidirectional encoder. segments:
+    optional [b, s] example ids of packed sequences (non-decreasing along s): a position
+    attends only to positions of its own example (block-diagonal), as an explicit mask."""
     nh, nkv = q.shape[2], k.shape[2]
     if nkv != nh:  # grouped-query: each kv head serves nh / nkv query heads
         k = paddle.repeat_interleave(k, nh // nkv, axis=2)
@@ -105,13 +120,30 @@ def math_attention(q, k, v, causal: bool = True, mask=None):
         scores = scores + paddle.triu(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=1)
     if mask is not None:
         scores = scores + mask.astype("float32")
+    if segments is not None:
+        same = segments.unsqueeze(-1) == segments.unsqueeze(-2)  # [b, s, s]: query and key in one example
+        scores = scores + paddle.where(same, 0.0, float("-inf")).astype("float32").unsqueeze(1)  # [b, 1, s, s]
     probs = F.softmax(scores, axis=-1).astype(v.dtype)
     return paddle.matmul(probs, v).transpose([0, 2, 1, 3])  # [b, s, nh, d]
 
 
-def flash_attention_gpu(q, k, v, causal: bool = True, mask=None):
+def document_end_rows(segments):
+    """[b, s] non-decreasing example ids -> [b, 1, s, 1] int32: for key j, the first query row
+    outside its example (flashmask's causal `startend_row_indices`, PaddleNLP's
+    `attn_mask_startend_row_indices`)."""
+    ends = paddle.searchsorted(segments, segments, right=True)  # [b, s]: end of each position's example
+    return ends.astype("int32").unsqueeze(1).unsqueeze(-1)
+
+
+def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None):
     """GPU only: Paddle's flash attention (handles GQA natively); with a padding mask,
-    Paddle's scaled_dot_product_attention. Shapes as math_attention."""
+    Paddle's scaled_dot_product_attention; with packed examples (`segments`), Paddle's
+    flashmask attention with per-example end rows (not run on CPU, where `auto` picks the
+    math path; untested here). Shapes as math_attention."""
+    if segments is not None:
+        from paddle.nn.functional.flash_attention import flashmask_attention
+
+        return flashmask_attention(q, k, v, document_end_rows(segments), causal=True)
     if mask is None:
         from paddle.nn.functional.flash_attention import flash_attention
 
@@ -156,7 +188,9 @@ class Attention(nn.Layer):
         self.roles = roles
         self.fuse_qkv = cfg.fused("fuse_qkv")
 
-    def forward(self, x, mask=None):  # x [b, s, h]; mask [b, 1, 1, s] additive or None
+    def forward(self, x, mask=None, positions=None, segments=None, cache=None):
+        # x [b, s, h]; mask [b, 1, 1, s] additive or None; positions, segments [b, s] (packed sequences) or None;
+        # cache: a dict of this layer's keys/values of earlier positions (generation), filled here
         if self.fuse_qkv:  # one matmul of [h, (nh + 2 nkv)/tp * d]
             q, k, v = self.roles.column_linears(x, [self.q_proj, self.k_proj, self.v_proj])
         else:
@@ -165,8 +199,25 @@ class Attention(nn.Layer):
         k = k.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         v = v.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         if self.rotary is not None:
-            q, k = self.rotary.apply_qk(q, k)
-        out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
+            if cache is not None and positions is not None:  # decoding: absolute positions beyond this call's s
+                q, k = self.rotary.apply_at(q, positions), self.rotary.apply_at(k, positions)
+            elif positions is None:
+                q, k = self.rotary.apply_qk(q, k)
+            else:
+                q, k = self.rotary.apply(q, positions), self.rotary.apply(k, positions)
+        if cache is not None:
+            if "k" in cache:  # one new position after a prefix: it attends to every cached key
+                if q.shape[1] != 1:
+                    raise ValueError(f"KV-cache decoding takes one position per call, got {q.shape[1]}")
+                k = paddle.concat([cache["k"], k], axis=1)  # [b, t + 1, nkv, d]
+                v = paddle.concat([cache["v"], v], axis=1)
+                cache["k"], cache["v"] = k, v
+                return self.o_proj(math_attention(q, k, v, False, mask).reshape([0, 0, -1]))
+            cache["k"], cache["v"] = k, v  # the prefix (prefill): causal as usual
+        if segments is None:
+            out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
+        else:
+            out = self.attend(q, k, v, self.causal, mask, segments)
         return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d] -> [b, s, h]
 
 

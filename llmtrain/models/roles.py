@@ -24,12 +24,19 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 
+def tag_linear(layer: nn.Layer, kind: str, in_features: int, out_features: int) -> nn.Layer:
+    """Record that `layer` is a `kind` ("column" / "row") linear of full size in x out (LoRA adapters read it)."""
+    layer.llm_linear = (kind, in_features, out_features)
+    return layer
+
+
 class Roles:
     """Single-device factory: plain Paddle layers, every parameter whole."""
 
     def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         """x [.., in] -> y [.., out]; a plan may split `out` (y stays split, not gathered)."""
-        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
+        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "column",
+                          in_features, out_features)
 
     def column_linears(self, x: paddle.Tensor, layers: list) -> list:
         """Several column linears of the same input as ONE matmul: x [.., in] -> [y_i [.., out_i]].
@@ -41,7 +48,16 @@ class Roles:
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         """x [.., in] -> y [.., out]; a plan may split `in` (x arrives split, y is summed over the split)."""
-        return nn.Linear(in_features, out_features, bias_attr=None if bias else False)
+        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "row",
+                          in_features, out_features)
+
+    def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
+        """((A shape, A split axis), (B shape, B split axis)) of a LoRA adapter on a `kind` linear; axes None: whole."""
+        return ([in_features, rank], None), ([rank, out_features], None)
+
+    def lora_delta(self, kind: str, x: paddle.Tensor, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
+        """The adapter branch x A B of a `kind` linear: x [.., in] -> [.., out] (unscaled)."""
+        return paddle.matmul(paddle.matmul(x, a), b)
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         """ids [b, s] -> [b, s, h] through a [V, h] table; a plan may split the table's rows."""

@@ -23,6 +23,14 @@ def c_identity(tensor, group):
     return mp_ops._c_identity(tensor, group=group)
 
 
+def mp_allreduce(tensor, group):
+    """Sum over `group` forward, identity backward (fleet's private `mp_ops._mp_allreduce`; CPU: the stand-in)."""
+    require_tested_paddle()
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    return mp_ops._mp_allreduce(tensor, group=group)
+
+
 def mark_secondary_shared_copies(pipe) -> None:
     """Mark the copy of each shared (tied) weight on every rank but the first of its group."""
     require_tested_paddle()

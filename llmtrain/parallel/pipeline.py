@@ -89,14 +89,16 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
     extra = {}
     if layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
+    loss = LMLoss(roles)
     pipe = PipelineLayer(
         layers=descs,
         num_stages=layout.pp,
         topology=topo.hcg.topology(),
-        loss_fn=LMLoss(roles),
+        loss_fn=loss,
         seg_method="layer:Block",
         **extra,
     )
+    pipe.llm_loss = loss  # a sublayer we can find (evaluation switches it to token sums); no parameters
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
     return pipe
 

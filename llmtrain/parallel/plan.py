@@ -41,10 +41,13 @@ def make_roles(layout: Layout, topo: Topology) -> Roles:
     return roles
 
 
-def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False):
+def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None):
     """(core, loss_fn): this rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer`.
 
-    `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss)."""
+    `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss). `lora`
+    (`finetune.lora`): adapters attached to this rank's matching linears, split like their base."""
+    from llmtrain.models.lora import attach_lora
+
     roles = make_roles(layout, topo)
     if layout.pp > 1:
         from llmtrain.parallel.pipeline import build_pipeline
@@ -53,6 +56,8 @@ def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool
     else:
         core = build_model(model_cfg, roles, recompute)
         loss_fn = core.loss_fn
+    if lora is not None:
+        attach_lora(core, lora, roles)
     if layout.tp > 1 and layout.sequence_parallel:
         from llmtrain.parallel.sequence import install_grad_allreduce
 

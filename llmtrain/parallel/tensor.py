@@ -23,8 +23,8 @@ from __future__ import annotations
 import paddle
 import paddle.nn as nn
 
-from llmtrain.models.roles import Roles
-from llmtrain.paddle_compat.fleet import c_identity
+from llmtrain.models.roles import Roles, tag_linear
+from llmtrain.paddle_compat.fleet import c_identity, mp_allreduce
 
 
 def tag_split(layer: nn.Layer, weight_axis, bias_axis=None) -> nn.Layer:
@@ -52,6 +52,7 @@ class TensorParallelRoles(Roles):
 
     def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         layer = self._mpu.ColumnParallelLinear(in_features, out_features, has_bias=bias, gather_output=False)
+        tag_linear(layer, "column", in_features, out_features)
         return tag_split(layer, weight_axis=1, bias_axis=0)  # weight [in, out/tp], bias [out/tp]
 
     def column_linears(self, x: paddle.Tensor, layers: list) -> list:
@@ -63,7 +64,22 @@ class TensorParallelRoles(Roles):
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         layer = self._mpu.RowParallelLinear(in_features, out_features, has_bias=bias, input_is_parallel=True)
+        tag_linear(layer, "row", in_features, out_features)
         return tag_split(layer, weight_axis=0, bias_axis=None)  # weight [in/tp, out], bias [out]
+
+    def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
+        """Split with the base (PaddleNLP's ColumnParallelLoRALinear / RowParallelLoRALinear): a column linear's
+        B [r, out/tp] (axis 1), a row linear's A [in/tp, r] (axis 0); the other factor whole on every tp rank."""
+        if kind == "column":
+            return ([in_features, rank], None), ([rank, out_features // self.tp_degree], 1)
+        return ([in_features // self.tp_degree, rank], 0), ([rank, out_features], None)
+
+    def lora_delta(self, kind: str, x: paddle.Tensor, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
+        xa = paddle.matmul(x, a)  # [.., r]: column: x whole; row: x [.., in/tp], a partial sum
+        if kind == "column":
+            # identity forward; backward all-reduces d(xA), whose parts come from each rank's out/tp columns of B
+            return paddle.matmul(c_identity(xa, self.group), b)  # [.., out/tp]
+        return paddle.matmul(mp_allreduce(xa, self.group), b)  # sum over the in/tp slices -> [.., out], whole
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         return tag_split(self._mpu.VocabParallelEmbedding(vocab_size, hidden_size), weight_axis=0)  # [V/tp, h]

@@ -72,6 +72,8 @@ class ParamSpec:
     """Stacked routed experts [E, ...]: axis 0 divided over ep ranks, whole over tp."""
     frozen: bool = False
     """No gradient and no optimizer state (the MoE expert bias, moved outside the gradient)."""
+    trainable: bool = True
+    """False for the frozen base under LoRA: no optimizer state, no gradient."""
 
     @property
     def numel(self) -> int:
@@ -85,15 +87,23 @@ def split_axis(name: str):
     return None
 
 
-def param_specs(cfg) -> list[ParamSpec]:
-    """Every parameter of the single-device model, in `canonical_parameters` order (a tied table once)."""
+def param_specs(cfg, lora=None) -> list[ParamSpec]:
+    """Every parameter of the single-device model, in `canonical_parameters` order (a tied table once).
+
+    `lora` (a `LoraConfig` with rank > 0): the adapters of the matching column/row linears follow their
+    linear (A [in, r], split on axis 0 under a row-parallel base; B [r, out], split on axis 1 under a
+    column-parallel one) and everything else is frozen."""
     h, v, f = cfg.hidden_size, cfg.vocab_size, cfg.ffn_hidden_size
     d = cfg.head_dim()
     q, kv = cfg.num_heads * d, cfg.kv_heads() * d
     out: list[ParamSpec] = []
+    lora = lora if lora is not None and lora.rank > 0 else None
+    targets = [re.compile(t) for t in lora.target_modules] if lora else []
+    base_frozen = lora is not None  # LoRA: every parameter but the adapters
 
     def add(name, shape, chunk, ln=False, expert=False, frozen=False):
-        out.append(ParamSpec(name, tuple(shape), None if expert else split_axis(name), chunk, ln, expert, frozen))
+        out.append(ParamSpec(name, tuple(shape), None if expert else split_axis(name), chunk, ln, expert, frozen,
+                             trainable=not base_frozen))
 
     def norm(prefix, chunk):
         ln = cfg.norm == "layernorm"
@@ -101,10 +111,14 @@ def param_specs(cfg) -> list[ParamSpec]:
         if ln:
             add(f"{prefix}.bias", [h], chunk, ln)
 
-    def linear(prefix, n_in, n_out, chunk, bias):
+    def linear(prefix, n_in, n_out, chunk, bias, kind=None):
         add(f"{prefix}.weight", [n_in, n_out], chunk)
         if bias:
             add(f"{prefix}.bias", [n_out], chunk)
+        if kind and any(t.fullmatch(prefix) for t in targets):
+            r = lora.rank
+            out.append(ParamSpec(f"{prefix}.lora_A", (n_in, r), 0 if kind == "row" else None, chunk))
+            out.append(ParamSpec(f"{prefix}.lora_B", (r, n_out), 1 if kind == "column" else None, chunk))
 
     encoder = cfg.family == "encoder"
     add("embed.word.weight", [v, h], "first")
@@ -120,8 +134,8 @@ def param_specs(cfg) -> list[ParamSpec]:
         p = f"layers.{i}"
         norm(f"{p}.attn_norm", i)
         for name, width in (("q", q), ("k", kv), ("v", kv)):
-            linear(f"{p}.attn.{name}_proj", h, width, i, cfg.bias)
-        linear(f"{p}.attn.o_proj", q, h, i, cfg.bias)
+            linear(f"{p}.attn.{name}_proj", h, width, i, cfg.bias, "column")
+        linear(f"{p}.attn.o_proj", q, h, i, cfg.bias, "row")
         norm(f"{p}.mlp_norm", i)
         if cfg.family == "decoder" and cfg.is_moe_layer(i):  # MoEFeedForward, in its parameter order
             e, fe = cfg.moe_num_experts, cfg.expert_ffn_size()
@@ -139,9 +153,9 @@ def param_specs(cfg) -> list[ParamSpec]:
                 linear(f"{p}.mlp.shared.down_proj", fs, h, i, cfg.bias)
             continue
         if cfg.activation == "swiglu":
-            linear(f"{p}.mlp.gate_proj", h, f, i, cfg.bias)
-        linear(f"{p}.mlp.up_proj", h, f, i, cfg.bias)
-        linear(f"{p}.mlp.down_proj", f, h, i, cfg.bias)
+            linear(f"{p}.mlp.gate_proj", h, f, i, cfg.bias, "column")
+        linear(f"{p}.mlp.up_proj", h, f, i, cfg.bias, "column")
+        linear(f"{p}.mlp.down_proj", f, h, i, cfg.bias, "row")
     if not encoder or cfg.norm_position == "pre":
         norm("final_norm.norm", "last")
     if encoder:
@@ -233,16 +247,17 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
         return [dict(one) for _ in range(sh)]
     p_numel = sum(n for _, n, _ in local)
     p_bytes = sum(n * b for _, n, b in local)
-    # a frozen parameter has no gradient, except under fleet's sharding optimizer, whose fused gradient
-    # buffers cover every parameter of its list (measured: moe-tiny sharding2)
-    g_bytes = p_bytes if sh > 1 else sum(n * b for s, n, b in local if not s.frozen)
+    trained = [x for x in local if x[0].trainable]  # what the optimizer holds (LoRA: the adapters only)
+    # a frozen parameter (the MoE expert bias) has no gradient, except under fleet's sharding optimizer, whose
+    # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2)
+    g_bytes = sum(n * b for s, n, b in trained if sh > 1 or not s.frozen)
     if stage in (1, 2) and sh > 1:
-        owners = greedy_partition([n for _, n, _ in local], sh, sort=stage == 1)
+        owners = greedy_partition([n for _, n, _ in trained], sh, sort=stage == 1)
     else:
-        owners = [list(range(len(local)))]
+        owners = [list(range(len(trained)))]
     out = []
     for owned in owners:
-        o_numel = sum(_opt_elems(local[i][1], local[i][2] == 2, local[i][0].frozen) for i in owned)
+        o_numel = sum(_opt_elems(trained[i][1], trained[i][2] == 2, trained[i][0].frozen) for i in owned)
         # gradients: exact without ZeRO-2; under ZeRO-2 an estimate: Paddle 3.3.1's stage-2 gradient storages were
         # measured at 0.76-0.99 of the parameter bytes (zero2: gpt-tiny 606208 of 609536, llama-tiny 724992 of 952448), not 1/N
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
@@ -250,24 +265,25 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     return out
 
 
-def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu") -> dict:
-    """{(pp_rank, sharding_rank): predicted holdings}: the distinct ranks (dp and tp ranks hold the same amounts)."""
-    specs = param_specs(cfg)
+def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lora=None) -> dict:
+    """{(pp_rank, sharding_rank): predicted holdings}: the distinct ranks (dp and tp ranks hold the same amounts).
+    `lora`: LoRA adapters (`param_specs`); not modelled under ZeRO-3 (its slices would follow the same rule)."""
+    specs = param_specs(cfg, lora)
     return {(pp, r): entry for pp in range(layout.pp)
             for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
 
 
-def predict_ranks(cfg, layout, amp: str = "none", device: str = "cpu") -> list[dict]:
+def predict_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lora=None) -> list[dict]:
     """Predicted `param_numel`, `param_bytes`, `optimizer_numel`, `optimizer_bytes`, `grad_bytes` of every
     (dp, tp, pp, sharding) coordinate, with the coordinates, in that nesting order.
 
     `layout`: anything with dp, tp, pp, sharding, sharding_stage, virtual_pp, zero3_segment_size."""
-    distinct = predict_stage_ranks(cfg, layout, amp, device)
+    distinct = predict_stage_ranks(cfg, layout, amp, device, lora)
     return [{"dp_rank": d, "tp_rank": t, "pp_rank": p, "sharding_rank": r, **distinct[(p, r)]}
             for d in range(layout.dp) for t in range(layout.tp) for p in range(layout.pp) for r in range(layout.sharding)]
 
 
-def predicted_report(cfg, layout, amp: str, device: str) -> dict:
+def predicted_report(cfg, layout, amp: str, device: str, lora=None) -> dict:
     """The "predicted" slot of memory.json: the same per-rank keys as the measured entries."""
     return {"source": "llmtrain.plan.memory.predict_ranks", "amp": amp, "device": device,
-            "ranks": predict_ranks(cfg, layout, amp, device)}
+            "ranks": predict_ranks(cfg, layout, amp, device, lora)}

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from llmtrain.config import ConfigError
+from llmtrain.models.lora import FinetuneOptions
 from llmtrain.train.config import OptimConfig
 from llmtrain.train.schedule import lr_at
 from llmtrain.utils.log import log0
@@ -64,6 +65,10 @@ RULES: list[tuple[str, str, str]] = [
     ("model.init_from", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model", "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
+    ("finetune.lora.dropout", "warn", "the adapters' dropout changes the update from this step on"),
+    ("finetune.lora.merge", "honoured", "what an export writes"),
+    ("finetune.lora.init_from", "honoured", "ignored at resume: the checkpoint's adapters are loaded"),
+    ("finetune.lora", "refuse", "the checkpoint holds adapters of this rank and these targets (or none)"),
     ("seed", "refuse", "the sample order of every step (and dropout and MLM masks) is a function of the seed: a new "
                        "seed mid-run re-draws the order, repeating samples already trained on and skipping others; "
                        "start a new run (checkpoint.resume=none, or model.init_from=<checkpoint>) for a new seed"),
@@ -115,7 +120,7 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
     """Compare two resolved configs (nested dicts) at checkpoint `step` (steps done); pure."""
     old, new = flatten(saved), flatten(current)
     # fields the older code did not have compare as their defaults
-    defaults = flatten({"optim": dataclasses.asdict(OptimConfig())})
+    defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions())})
     for k, v in defaults.items():
         old.setdefault(k, v)
     r = Review()
@@ -125,6 +130,8 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
         if a == b:
             continue
         rule, why = rule_of(path)
+        if path == "model.init_from" and int(old.get("finetune.lora.rank") or 0) > 0:
+            rule, why = "refuse", "the base model of a LoRA checkpoint, which stores only the adapters"
         line = f"{path}={a!r} in the checkpoint, {b!r} now"
         if rule == "schedule":
             changed_schedule.append(line)

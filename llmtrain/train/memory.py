@@ -26,7 +26,8 @@ computed from the config alone (same keys, so measured and predicted compare fie
 parameters and optimizer state are exact, gradients under ZeRO-2/3 an estimate).
 
 What counts (all local to the rank):
-- params: the tensor holding each parameter's values on this rank, by canonical name. A
+- params: the tensor holding each parameter's values on this rank, by canonical name (under
+  LoRA the frozen base too: "frozen_numel" counts it, "optimizer_params" shows it has no state). A
   tp-split parameter is its slice ([in, out/tp] for a column linear, [V/tp, h] for the
   word table); under ZeRO-3 a sliced parameter is its flat slice `param.fw_storage`
   [end - start] of the flattened parameter padded to `padded` elements
@@ -122,7 +123,7 @@ def measure_rank(built, topo) -> dict:
 
     sliced = stage3_slices(built.model)
     params, var_to_name = {}, {}
-    for name, param in built.named_params:
+    for name, param in list(built.named_params) + list(getattr(built, "frozen_params", [])):
         var_to_name[param.name] = name
         if param.name in sliced:
             start, end, padded = sliced[param.name]
@@ -150,6 +151,7 @@ def measure_rank(built, topo) -> dict:
         "params": params,
         "param_numel": sum(p["numel"] for p in params.values()),
         "param_bytes": sum(p["bytes"] for p in params.values()),
+        "frozen_numel": sum(params[n]["numel"] for n, _ in getattr(built, "frozen_params", [])),
         "optimizer_numel": opt_numel, "optimizer_bytes": opt_bytes, "optimizer_params": opt_params,
         "grad_bytes": grad_bytes,
     }

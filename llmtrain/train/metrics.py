@@ -169,6 +169,10 @@ class Meter:
         self._pending_tokens = 0
         return self.tokens_total
 
+    def reduce_sum(self, values: list[float]) -> list[float]:
+        """Sums of per-data-rank values over the data-parallel ranks, in fp64 (a collective)."""
+        return self._reduce(values)
+
     def reduce_mean(self, value: float) -> float:
         """Mean of a per-data-rank value over the data-parallel ranks (a collective)."""
         (total,) = self._reduce([value])

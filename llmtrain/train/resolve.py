@@ -51,6 +51,9 @@ class ResolvedRun:
     flops_per_token: float
     """Model FLOPs per loss-bearing token (6N + 12 L h s), for tflops and MFU."""
 
+    initial_adapters: Optional[Mapping[str, Any]] = None
+    """{canonical `...lora_A`/`lora_B`: full tensor} of `finetune.lora.init_from` (PaddleNLP adapters), or None."""
+
 
 def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError."""
@@ -63,10 +66,19 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     tokenizer = _load_tokenizer(cfg.data.tokenizer, problems)
     model, initial_state = _resolve_model(cfg, tokenizer, problems)
     resolved = dataclasses.replace(cfg, model=model)
+    resolved, initial_adapters = _resolve_lora(resolved, problems)
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     problems += fusion_problems(model, on_gpu())
+    if cfg.finetune.lora.rank > 0:  # the adapters are forward hooks of each linear's own call
+        fused = [f"model.{k}" for k in ("fuse_qkv", "fuse_ffn") if model.fused(k)]
+        if fused:
+            problems.append(f"finetune.lora.rank={cfg.finetune.lora.rank} with {' and '.join(fused)} on: the one-matmul "
+                            "projections bypass the linears the adapters hook; set them to false for LoRA")
+        if cfg.parallel is not None and cfg.parallel.sequence_parallel:
+            problems.append(f"finetune.lora.rank={cfg.finetune.lora.rank} with parallel.sequence_parallel=true: "
+                            "adapters on sequence-parallel linears are not built")
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems
 
@@ -83,13 +95,41 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
         elif layout is not None:
             problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
                                         layout.data_parallel, layout.pp)
+    if getattr(cfg.data, "packing", False) and cfg.parallel is not None and cfg.parallel.pp > 1:
+        problems.append(f"data.packing=true with parallel.pp={cfg.parallel.pp}: packed sequences need per-example "
+                        "positions and attention boundaries inside every stage; not implemented under pipeline "
+                        "parallelism (use dp/tp/sharding, or data.packing=false)")
     if problems:
         raise ConfigError(problems)
     return ResolvedRun(
         cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=cfg.model.family,
         initial_state=initial_state, world_size=world_size,
-        flops_per_token=flops_per_token(model, cfg.data.seq_len),
+        flops_per_token=flops_per_token(model, cfg.data.seq_len), initial_adapters=initial_adapters,
     )
+
+
+def _resolve_lora(cfg: Config, problems: list[str]):
+    """`finetune.lora` checked against the model; with `finetune.lora.init_from`, its rank, alpha, dropout and
+    targets replaced by the PaddleNLP adapter directory's, whose tensors are returned."""
+    from llmtrain.models.lora import lora_problems
+
+    lora, state = cfg.finetune.lora, None
+    if lora.init_from and lora.rank > 0 and cfg.model.family == "decoder":
+        from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig
+        from llmtrain.interop.lora_format import read_paddlenlp_lora
+
+        try:
+            settings, state = read_paddlenlp_lora(lora.init_from, cfg.model)
+        except (OSError, ValueError, UnsupportedConfig, CheckpointMismatch) as e:
+            problems.append(f"finetune.lora.init_from={lora.init_from}: {e}")
+        else:
+            log0(f"finetune.lora.init_from={lora.init_from}: r={settings['rank']}, alpha={settings['alpha']}, "
+                 f"{len(settings['target_modules'])} adapted linears (these replace finetune.lora's)")
+            lora = dataclasses.replace(lora, **settings)
+            cfg = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, lora=lora))
+    if cfg.model.vocab_size is not None:
+        problems += lora_problems(cfg.model, lora, cfg.parallel.tp if cfg.parallel is not None else 1)
+    return cfg, state
 
 
 def _load_tokenizer(path: str, problems: list[str]):
@@ -151,6 +191,10 @@ def _read_initial_checkpoint(src: str, run_dir: str):
             raise ConfigError([f"model.init_from={src}: " + p for p in files])
         with open(os.path.join(src, "manifest.json")) as f:
             manifest = json.load(f)
+        if manifest.get("lora"):
+            raise ConfigError([f"model.init_from={src} is a LoRA checkpoint: it stores adapters only (base: "
+                               f"{manifest['lora']['base']}). Resume it with checkpoint.resume=, or start from the "
+                               "merged model (python -m llmtrain.export --checkpoint ... --merge-lora)"])
         return ModelConfig(**manifest["model"]), ShardIndex(src).model_state()
     from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
 

@@ -42,9 +42,14 @@ def to_tensors(mb: dict):
     return ids, (labels, mask)
 
 
+def packing_inputs(mb: dict) -> dict:
+    """Packed SFT micro-batches: {position_ids, segment_ids} [m, s] int64 for the model; {} otherwise."""
+    return {k: paddle.to_tensor(mb[k], dtype="int64") for k in ("position_ids", "segment_ids") if k in mb}
+
+
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None,
-                 grad_hooks=()):
+                 grad_hooks=(), accumulate_steps: int = 1):
         self.grad_hooks = list(grad_hooks)
         """Callables run after the last backward, before the optimizer step (expert-parallel gradient reduction)."""
         self.model = model
@@ -56,6 +61,8 @@ class StepRunner:
         self.pipeline = pipeline
         self.scaler = scaler
         self.can_skip_sync = isinstance(model, paddle.DataParallel)
+        self.accumulate_steps = int(accumulate_steps)
+        """The pipeline's micro-batches per call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
 
     def run(self, micro_batches: list[dict]) -> StepOutput:
         tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
@@ -75,7 +82,7 @@ class StepRunner:
             skip_sync = self.can_skip_sync and i < n - 1
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                 with self.amp.autocast():
-                    logits = self.model(ids)  # [m, s, V/tp]
+                    logits = self.model(ids, **packing_inputs(mb))  # [m, s, V/tp]
                     loss = self.loss_fn(logits, labels)  # fp32 scalar
                 scaled = loss / n
                 if self.scaler is not None:
@@ -102,17 +109,48 @@ class StepRunner:
         return loss.detach().astype("float32").reshape([])
 
     @paddle.no_grad()
-    def evaluate(self, micro_batches: list[dict]) -> paddle.Tensor:
-        """Mean loss over validation micro-batches (this rank's share)."""
+    def evaluate(self, micro_batches: list[dict]) -> tuple[float, int]:
+        """(sum of the token losses, loss-bearing tokens) over this rank's validation micro-batches.
+
+        The loss layers return token sums meanwhile, so the caller's sum / tokens over all data ranks
+        is the exact token-weighted mean. A pipeline evaluates `accumulate_steps` micro-batches per
+        call (fleet's eval_batch cuts its input into that many; the last group is filled with copies
+        whose loss mask is zero) and returns their mean, times accumulate_steps the sum."""
+        tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
+        total = 0.0
         self.model.eval()
-        losses = []
-        for mb in micro_batches:
-            ids, labels = to_tensors(mb)
-            with self.amp.autocast():
-                if self.pipeline:
-                    loss = self.model.eval_batch([ids, labels], compute_loss=True)
-                else:
-                    loss = self.loss_fn(self.model(ids), labels)
-            losses.append(loss.astype("float32").reshape([]))
+        with token_sums(self.model, self.loss_fn):
+            if self.pipeline and micro_batches:
+                steps = self.accumulate_steps
+                blank = dict(micro_batches[-1], loss_mask=np.zeros_like(micro_batches[-1]["loss_mask"]))
+                padded = list(micro_batches) + [blank] * (-len(micro_batches) % steps)
+                for i in range(0, len(padded), steps):
+                    group = padded[i:i + steps]
+                    batch = {k: np.concatenate([mb[k] for mb in group]) for k in ("input_ids", "labels", "loss_mask")}
+                    ids, labels = to_tensors(batch)
+                    with self.amp.autocast():
+                        loss = self.model.eval_batch([ids, labels], compute_loss=True)
+                    total += float(loss.astype("float32").reshape([])) * steps
+            else:
+                for mb in micro_batches:
+                    ids, labels = to_tensors(mb)
+                    with self.amp.autocast():
+                        loss = self.loss_fn(self.model(ids, **packing_inputs(mb)), labels)
+                    total += float(loss.astype("float32"))
         self.model.train()
-        return paddle.stack(losses).mean()
+        return total, tokens
+
+
+@contextlib.contextmanager
+def token_sums(*roots):
+    """Switch every `LMLoss` under `roots` to token sums for the duration."""
+    from llmtrain.models.decoder import LMLoss
+
+    found = {id(x): x for r in roots if r is not None for x in [r, *r.sublayers()] if isinstance(x, LMLoss)}
+    for x in found.values():
+        x.sum_tokens = True
+    try:
+        yield
+    finally:
+        for x in found.values():
+            x.sum_tokens = False

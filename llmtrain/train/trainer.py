@@ -18,6 +18,8 @@ or another rank is gone.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
+from llmtrain.train.lora import init_adapters, split_adapters
 from llmtrain.train.memory import write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -66,8 +69,10 @@ class Built:
     """The clip whose `last_norm` is the step's global gradient norm before clipping."""
     scaler: Optional[Any]
     named_params: list
-    """(canonical name, parameter) of this rank's parameters."""
+    """(canonical name, parameter) of this rank's trained parameters (what checkpoints and the optimizer hold)."""
     pipeline: bool
+    frozen_params: list = dataclasses.field(default_factory=list)
+    """(canonical name, parameter) of this rank's frozen base parameters under LoRA (empty otherwise)."""
 
 
 def build_data(data_cls, run, topo):
@@ -86,21 +91,26 @@ def build_data(data_cls, run, topo):
 def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
     cfg, layout = run.cfg, run.layout
-    core, loss_fn = build_local_model(cfg.model, layout, topo, cfg.train.recompute)
+    lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
+    core, loss_fn = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora)
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
     slices = TensorSlices(topo.tp_rank, layout.tp, topo.ep_rank, layout.ep)  # this rank's part of each full tensor
+    named, frozen = split_adapters(named) if lora else (named, [])  # LoRA: train the adapters, freeze the base
+    base = frozen if lora else named
     if run.initial_state is not None:
-        load_full_state(named, run.initial_state, slices, source=cfg.model.init_from)
+        load_full_state(base, run.initial_state, slices, source=cfg.model.init_from)
     else:
-        init_parameters(named, cfg.model, cfg.seed, slices)
+        init_parameters(base, cfg.model, cfg.seed, slices)
+    if lora:
+        init_adapters(named, frozen, run, slices)
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
     model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
     clip = install_recording_clip(optimizer)
     attach_expert_parallel(core, optimizer, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
-    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1)
+    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1, frozen)
 
 
 class Trainer:
@@ -121,7 +131,8 @@ class Trainer:
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
-                            built.pipeline, built.scaler, grad_hooks=getattr(built.core, "llm_grad_hooks", ()))
+                            built.pipeline, built.scaler, grad_hooks=getattr(built.core, "llm_grad_hooks", ()),
+                            accumulate_steps=layout.grad_accum)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -203,7 +214,9 @@ class Trainer:
         """memory.json: what each rank holds (measured) beside the planner's prediction for this layout."""
         cfg, layout, topo = self.cfg, self.layout, self.topo
         on_cpu = paddle.get_device() == "cpu"  # Paddle's AMP is a no-op on CPU: everything stays fp32
-        predicted = predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu")
+        lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
+        predicted = None if lora is not None and layout.sharding_stage == 3 and layout.sharding > 1 else \
+            predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu", lora)
         report = write_memory_report(cfg.run.dir, self.built, topo, layout, parameter_count(cfg.model), step, predicted)
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
@@ -217,10 +230,16 @@ class Trainer:
             meter.exporter.checkpoint_saved(time.perf_counter() - t0)
 
     def _evaluate(self, runner: StepRunner, meter: Meter, step: int) -> None:
-        loss = runner.evaluate(self.data.valid_batches(self.cfg.train.eval_batches))
-        total = meter.reduce_mean(float(loss))
-        meter.write_event({"step": step, "eval_loss": total})
-        log0(f"step {step}: eval loss {total:.4f}")
+        """Held-out loss and perplexity: the `train.eval_batches` validation micro-batches (the same under every
+        layout) split over the data ranks, token sums and counts summed exactly: a token-weighted mean."""
+        topo = self.topo
+        mine = self.data.valid_batches(self.cfg.train.eval_batches)[topo.data_rank::topo.data_world]
+        loss_sum, tokens = runner.evaluate(mine)
+        loss_sum, tokens = meter.reduce_sum([loss_sum, float(tokens)])
+        loss = loss_sum / max(tokens, 1.0)
+        meter.write_event({"step": step, "eval_loss": loss, "eval_ppl": math.exp(min(loss, 700.0)),
+                           "eval_tokens": int(tokens)})
+        log0(f"step {step}: eval loss {loss:.4f}, perplexity {math.exp(min(loss, 700.0)):.2f} ({int(tokens)} tokens)")
         meter.reset_window()
 
 

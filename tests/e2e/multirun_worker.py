@@ -4,7 +4,8 @@
     python tests/e2e/multirun_worker.py RUNS.json           # one process
 
 RUNS.json: [{"overrides": ["model=gpt-tiny", "+parallel=dp2", ...]}, ...]. Each entry goes
-through the real entry function `llmtrain.pretrain.pretrain` with a config composed by Hydra's
+through the real entry function `llmtrain.pretrain.pretrain` (`"entry": "finetune"`:
+`llmtrain.finetune.finetune` on `conf/finetune.yaml`) with a config composed by Hydra's
 compose API; fleet is initialised once (all entries must share one layout). Starting the
 process group once per launch instead of once per model halves the parity suite's time. An entry
 {"call": "FILE.py:FUNCTION", "args": [...]} calls that function in the launched process instead
@@ -33,7 +34,12 @@ def main(path: str) -> None:
             file, func = run["call"].split(":")
             runpy.run_path(os.path.join(REPO, file))[func](*run.get("args", []))
             continue
-        pretrain(compose_config(run["overrides"]))
+        if run.get("entry") == "finetune":
+            from llmtrain.finetune import finetune
+
+            finetune(compose_config(run["overrides"], config_name="finetune"))
+        else:
+            pretrain(compose_config(run["overrides"]))
     from llmtrain.paddle_compat.process import exit_process
 
     exit_process(0)  # as llmtrain/pretrain.py's main does

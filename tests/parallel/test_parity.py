@@ -16,7 +16,8 @@ parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2
 (masked LM) and a Llama started with `model.init_from` (one of our checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
-launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py).
+launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, tp2 and pp2 launches
+also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), checked by `lora_checks`.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import metrics, run_many
+from lora_checks import check_lora_memory
 from memory_checks import DEGREES, check_expert_memory, check_memory, check_predicted
 
 MODELS = ("gpt", "llama")
@@ -44,8 +46,9 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp",), "dp2tp2": ("gpt_sp", "moe_ep2"),
-         "dp2": ("moe", "moe_ep2", "moe_cap_ep2"), "dp4": ("moe_ep2",)}
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp", "llama_lora"),
+         "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("moe", "moe_ep2", "moe_cap_ep2", "llama_lora"), "dp4": ("moe_ep2",),
+         "pp2": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama)."""
@@ -82,6 +85,10 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
     if run.startswith("moe"):
         ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
         return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep
+    if run == "llama_lora":  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss falls);
+        # held-out evaluation at steps 4 and 8 (4 micro-batches split over the data ranks, token-weighted)
+        return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
+            + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2", "train.eval_interval=4", "train.eval_batches=4"]
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -95,7 +102,7 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving step_8), ernie, and llama_init from that step_8, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / "step_8"
-    names = [*MODELS, "ernie", "llama_init", *MOE]
+    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora"]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     run_many(runs, nproc=0, workdir=out)
@@ -136,6 +143,12 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
         print(f"tp2 saved-for-backward bytes per block: {check(tmp_path / 'sp_act')}")
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(tmp_path / n)
+        if n == "llama_lora":  # evaluation: the same exact token-weighted loss and token count as one process
+            ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in (ref, got))
+            assert [r["step"] for r in got_eval] == [r["step"] for r in ref_eval] == [4, 8], got_eval
+            for r, g in zip(ref_eval, got_eval):
+                assert abs(r["eval_loss"] - g["eval_loss"]) <= TOL and r["eval_tokens"] == g["eval_tokens"], (r, g)
+            ref, got = ([r for r in recs if "loss" in r] for recs in (ref, got))
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         if n != "llama_init":
@@ -149,6 +162,10 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
             check_expert_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], DEGREES[layout].dp,
                                 2 if n.endswith("_ep2") else 1, DEGREES[layout].tp)
             check_predicted(_memory(tmp_path / n), layout)  # the planner models experts too
+            continue
+        if n == "llama_lora":  # adapters split with their base, optimizer state for adapters only; the planner too
+            check_lora_memory(_memory(tmp_path / n), reference[n]["memory"], layout)
+            check_predicted(_memory(tmp_path / n), layout)
             continue
         check_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
@@ -192,3 +209,29 @@ def test_replicated_experts_fail_the_expert_check(reference):
     check_expert_memory(fake, one, dp=2, ep=1)
     with pytest.raises(AssertionError):
         check_expert_memory(fake, one, dp=2, ep=2)
+
+
+@pytest.mark.parametrize("layout", [name for name in EXTRA if "llama_lora" in EXTRA[name]])
+def test_replicated_lora_adapters_fail_the_lora_check(layout, reference):
+    """Every rank holding every adapter whole (the base split as the layout says, the adapters fallen back to
+    replication) fails `check_lora_memory` under tp2 and pp2; under dp2 that is the layout."""
+    from math import prod
+
+    from lora_checks import is_adapter
+    from memory_checks import split_axis
+
+    d, one = DEGREES[layout], reference["llama_lora"]["memory"]
+    params = {}
+    for name, p in one["ranks"][0]["params"].items():
+        shape, axis = list(p["shape"]), split_axis(name)
+        if not is_adapter(name) and axis is not None and d.tp > 1:
+            shape[axis] //= d.tp
+        params[name] = dict(p, shape=shape, numel=prod(shape))
+    coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
+    fake = dict(one, ranks=[dict(one["ranks"][0], params=params, rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2],
+                                 sharding_rank=c[3]) for r, c in enumerate(coords)])
+    if d.world == d.dp:
+        check_lora_memory(fake, one, layout)
+    else:
+        with pytest.raises(AssertionError):
+            check_lora_memory(fake, one, layout)

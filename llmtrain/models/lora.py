@@ -1,0 +1,170 @@
+"""LoRA adapters on the model's linears, attached by canonical name (single-device code).
+
+    python llmtrain/finetune.py finetune.lora.rank=8 finetune.lora.alpha=16 model.init_from=PADDLENLP_DIR ...
+    names = attach_lora(model, cfg.finetune.lora, roles)     # after the model (or pipeline stage) is built
+
+A linear `layers.3.attn.q_proj` whose canonical module name matches one of
+`finetune.lora.target_modules` (regular expressions, `re.fullmatch`) gets two
+parameters, `lora_A` [in, r] and `lora_B` [r, out], and computes
+y = x W (+ b) + dropout(x) A B * alpha / r (PaddleNLP's `LoRALinear`, same names,
+same scaling). A starts uniform in +-1/sqrt(in) drawn from (seed, canonical name)
+like every parameter (PaddleNLP: Kaiming-uniform with a = sqrt(5), the same
+bound), B at zero, so training starts from the base model exactly.
+
+The model asks its `Roles` (the same factory that built the linear) for the
+adapter's local shapes and for the branch's forward: on one device x @ A @ B;
+under tensor parallelism the plan splits B with a column-parallel base and A
+with a row-parallel one (`llmtrain.parallel.tensor`). The model never knows.
+
+Only column and row linears can carry adapters (the LM head, embeddings and
+norms cannot); the base parameters are frozen (`stop_gradient`) by the trainer,
+which gives the optimizer the adapters alone.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+DEFAULT_TARGETS = [r"layers\.\d+\.attn\.(q|k|v|o)_proj", r"layers\.\d+\.mlp\.(gate|up|down)_proj"]
+
+
+@dataclass
+class LoraConfig:
+    rank: int = 0
+    """Adapter rank r; 0: no LoRA (full-parameter training)."""
+
+    alpha: float = 16.0
+    """Scaling numerator: the branch is multiplied by alpha / rank (PaddleNLP's `lora_alpha`)."""
+
+    dropout: float = 0.0
+    """Dropout on the adapter's input (training only). Not with tensor parallelism (resolve refuses it)."""
+
+    target_modules: List[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
+    """Regular expressions over canonical linear names (`layers.0.attn.q_proj`, `layers.1.mlp.down_proj`),
+    matched with re.fullmatch; every column/row linear that matches gets an adapter."""
+
+    merge: bool = False
+    """`python -m llmtrain.export` of this run writes the merged plain model (W + A B alpha/r) by default,
+    instead of a PaddleNLP adapter directory (`--merge-lora` / `--no-merge-lora` override)."""
+
+    init_from: Optional[str] = None
+    """A PaddleNLP adapter directory (lora_config.json + lora_model_state.pdparams) to continue from;
+    rank, alpha and the targets are then taken from its lora_config.json."""
+
+
+@dataclass
+class FinetuneOptions:
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters (`finetune.lora.rank > 0` turns them on; pretraining accepts them too)."""
+
+
+def is_adapter(name: str) -> bool:
+    """Is the canonical parameter `name` a LoRA factor?"""
+    return name.endswith(".lora_A") or name.endswith(".lora_B")
+
+
+def linear_modules(model: nn.Layer) -> list[tuple[str, nn.Layer]]:
+    """(canonical module name, layer) of every column/row linear of a model or pipeline stage."""
+    out, seen = [], set()
+    for stage_layer in [model, *model.sublayers()]:
+        prefix = getattr(stage_layer, "llm_prefix", None)
+        if prefix is None:
+            continue
+        for sub, layer in stage_layer.named_sublayers():
+            if getattr(layer, "llm_linear", None) is not None and id(layer) not in seen:
+                seen.add(id(layer))
+                out.append((f"{prefix}.{sub}", layer))
+    return out
+
+
+def matching(names: list[str], patterns: list[str]) -> list[str]:
+    """The names that fully match one of the patterns."""
+    compiled = [re.compile(p) for p in patterns]
+    return [n for n in names if any(c.fullmatch(n) for c in compiled)]
+
+
+class _Branch:
+    """The forward post-hook adding the adapter branch to a linear's output."""
+
+    def __init__(self, roles, kind: str, scaling: float, dropout: float):
+        self.roles, self.kind, self.scaling, self.dropout = roles, kind, scaling, dropout
+
+    def __call__(self, layer, inputs, output):
+        x = inputs[0]  # [.., in] (row linear under tp: [.., in/tp])
+        if self.dropout > 0 and layer.training:
+            x = F.dropout(x, self.dropout)
+        delta = self.roles.lora_delta(self.kind, x, layer.lora_A, layer.lora_B)  # [.., out] (column under tp: out/tp)
+        return output + delta * self.scaling
+
+
+def attach_lora(model: nn.Layer, cfg: LoraConfig, roles) -> list[str]:
+    """Add lora_A/lora_B to every matching linear of `model`; returns their canonical module names.
+
+    Under pipeline parallelism `model` is this rank's stage(s): only its linears are adapted."""
+    if cfg.rank <= 0:
+        return []
+    attached = []
+    wanted = set(matching([n for n, _ in linear_modules(model)], list(cfg.target_modules)))
+    for name, layer in linear_modules(model):
+        if name not in wanted:
+            continue
+        kind, in_features, out_features = layer.llm_linear
+        (a_shape, a_axis), (b_shape, b_axis) = roles.lora_shapes(kind, in_features, out_features, cfg.rank)
+        dtype = layer.weight.dtype
+        layer.lora_A = layer.create_parameter(a_shape, dtype=dtype)  # [in(/tp), r]
+        layer.lora_B = layer.create_parameter(b_shape, dtype=dtype)  # [r, out(/tp)]
+        for p, axis in ((layer.lora_A, a_axis), (layer.lora_B, b_axis)):
+            p.llm_lora = True
+            if axis is not None:
+                p.llm_split_axis = axis
+                p.is_distributed = True  # fleet: a split tensor (never broadcast over mp, norm counted per rank)
+        layer.lora_A.llm_init = ("lora_a", in_features)
+        layer.lora_B.llm_init = "zeros"
+        layer.register_forward_post_hook(_Branch(roles, kind, cfg.alpha / cfg.rank, cfg.dropout))
+        attached.append(name)
+    return attached
+
+
+def lora_targets(model_cfg, cfg: LoraConfig) -> tuple[list[str], list[str]]:
+    """(adapted module names, all linear names) of the whole model, without allocating it."""
+    from llmtrain.models import build_model
+
+    with paddle.LazyGuard():
+        model = build_model(model_cfg)
+    names = [n for n, _ in linear_modules(model)]
+    return matching(names, list(cfg.target_modules)), names
+
+
+def lora_problems(model_cfg, cfg: LoraConfig, tp: int) -> list[str]:
+    """Problems of `finetune.lora` for this model and tensor-parallel degree (empty: fine)."""
+    if cfg.rank < 0:
+        return [f"finetune.lora.rank={cfg.rank}: must be >= 0 (0: off)"]
+    if cfg.rank == 0:
+        return [] if cfg.init_from is None else [
+            f"finetune.lora.init_from={cfg.init_from} needs finetune.lora.rank > 0 (it is read from the directory's "
+            "lora_config.json, so any positive value)"]
+    problems = []
+    if cfg.alpha <= 0:
+        problems.append(f"finetune.lora.alpha={cfg.alpha}: must be > 0")
+    if not 0 <= cfg.dropout < 1:
+        problems.append(f"finetune.lora.dropout={cfg.dropout}: must be in [0, 1)")
+    if cfg.dropout > 0 and tp > 1:
+        problems.append(f"finetune.lora.dropout={cfg.dropout} with parallel.tp={tp}: the dropout masks of an input "
+                        "replicated over tp ranks would differ between ranks; not implemented, use dropout=0")
+    for p in cfg.target_modules:
+        try:
+            re.compile(p)
+        except re.error as e:
+            problems.append(f"finetune.lora.target_modules: {p!r} is not a regular expression ({e})")
+    if problems:
+        return problems
+    hit, names = lora_targets(model_cfg, cfg)
+    if not hit:
+        problems.append(f"finetune.lora.target_modules={list(cfg.target_modules)} match none of the model's "
+                        f"{len(names)} linears (e.g. {', '.join(names[:4])})")
+    return problems

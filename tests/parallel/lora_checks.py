@@ -1,0 +1,63 @@
+"""What every rank of a LoRA run holds, checked against the layout (reads `<run.dir>/memory.json`).
+
+    from lora_checks import check_lora_memory
+    check_lora_memory(json.load(open(run / "memory.json")), json.load(open(ref / "memory.json")), "tp2")
+
+Written from the definitions, not read from the product (`ref` is the one-process run: full shapes):
+- the optimizer holds state for exactly this rank's adapters (AdamW: 2 moments + 2 [1] beta powers each),
+  nothing for the frozen base; gradients exist for the adapters only;
+- tp: an adapter on a column-parallel base (q, k, v, gate, up) holds lora_B [r, out/tp] and lora_A whole,
+  on a row-parallel base (o, down) lora_A [in/tp, r] and lora_B whole; the base weights are split as in
+  `memory_checks.SPLIT_AXES`; an adapter replicated whole on every tp rank fails;
+- pp: the adapters of a layer sit on the stage holding the layer: stages disjoint, union = all adapters;
+- dp: every rank holds every adapter whole.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from math import prod
+
+from memory_checks import DEGREES, split_axis
+
+COLUMN = re.compile(r".*\.(q|k|v|gate|up)_proj\.lora_[AB]")
+
+
+def is_adapter(name: str) -> bool:
+    return name.endswith((".lora_A", ".lora_B"))
+
+
+def adapter_axis(name: str):
+    """The axis of an adapter factor split across tp ranks (None: whole)."""
+    if COLUMN.fullmatch(name):
+        return 1 if name.endswith("lora_B") else None
+    return 0 if name.endswith("lora_A") else None
+
+
+def check_lora_memory(got: dict, ref: dict, layout: str) -> None:
+    d = DEGREES[layout]
+    full = {n: p["shape"] for n, p in ref["ranks"][0]["params"].items()}
+    adapters = {n for n in full if is_adapter(n)}
+    assert adapters and set(ref["ranks"][0]["optimizer_params"]) == adapters
+    assert len(got["ranks"]) == d.world, layout
+    stage_adapters = {}
+    for e in got["ranks"]:
+        mine = {n for n in e["params"] if is_adapter(n)}
+        assert set(e["optimizer_params"]) == mine, (layout, e["rank"], sorted(set(e["optimizer_params"]) ^ mine)[:4])
+        trained = 0
+        for name, p in e["params"].items():
+            want = list(full[name])
+            axis = adapter_axis(name) if name in adapters else split_axis(name)
+            if axis is not None and d.tp > 1:
+                want[axis] //= d.tp
+            assert p["shape"] == want, (
+                f"{layout}: rank {e['rank']} (tp rank {e['tp_rank']}) holds {name} as {p['shape']}, expected {want} "
+                f"(full {full[name]}, split axis {axis}, tp={d.tp})")
+            if name in adapters:
+                assert e["optimizer_params"][name] == 2 * prod(want) + 2, (layout, name, e["optimizer_params"][name])
+                trained += prod(want)
+        assert e["grad_bytes"] == 4 * trained, (layout, e["rank"], e["grad_bytes"], trained)
+        assert stage_adapters.setdefault(e["pp_rank"], mine) == mine, (layout, e["rank"], "differs from its stage")
+    assert set().union(*stage_adapters.values()) == adapters, layout
+    for a, b in itertools.combinations(range(d.pp), 2):
+        assert not stage_adapters[a] & stage_adapters[b], f"{layout}: stages {a} and {b} share adapters"
