@@ -116,9 +116,13 @@ def test_sigstop_of_rank1_fires_the_hang_watchdog_with_stacks(tiny_corpus, tmp_p
         _cleanup(procs, worker1)
     assert procs[0].returncode != 0, out0[-3000:]
     log0 = (tmp_path / "log0" / "workerlog.0").read_text(errors="replace")
-    assert f"rank 0: no step completed for" in log0 and f"train.hang_timeout_s={HANG_S}" in log0, log0[-3000:]
+    # the hang watchdog fires (status 4) — or, when rank 0 was itself waiting for rank 1's shard inside a
+    # checkpoint save (the hang clock is paused there), the dead-peer rule does (status 3): seen under load
+    hang = f"rank 0: no step completed for" in log0 and f"train.hang_timeout_s={HANG_S}" in log0
+    peer = "rank 1 (host" in log0 and "stopped responding: no heartbeat for" in log0 and "in save" in log0
+    assert hang or peer, log0[-3000:]
     assert "Current thread" in log0 or "Thread 0x" in log0, log0[-3000:]  # faulthandler's stack dump
-    assert "in _loop" in log0 and "exits with status 4" in log0, log0[-3000:]
+    assert "in _loop" in log0 and f"exits with status {4 if hang else 3}" in log0, log0[-3000:]
     print(f"node 0 ended {took:.1f} s after rank 1 was stopped, status {procs[0].returncode}")
     assert HANG_S - 2 < took < 60
     _newest_intact(run_dir)
