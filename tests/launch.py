@@ -78,3 +78,16 @@ def run_many(runs: list[list[str]], nproc: int, workdir: Path, entry: str = "pre
 def metrics(run_dir) -> list[dict]:
     with open(Path(run_dir) / "metrics.jsonl") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def child_pids(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (from /proc): the workers of a `paddle.distributed.launch`."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from llmtest import tiny_overrides
-from launch import REPO, env, launch_cmd, metrics, run_launch, run_many
+from launch import REPO, child_pids, env, launch_cmd, metrics, run_launch, run_many
 from llmtrain.checkpoint.manager import verify_files
 
 STEPS = 12
@@ -92,18 +92,6 @@ def _first_new_step(before: list[str], after: list[str], resumed: int) -> int:
     return json.loads(after[kept])["step"]
 
 
-def _children(pid: int) -> list[int]:
-    """Processes whose parent is `pid` (from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
 
 def _kill_job(launcher: subprocess.Popen) -> None:
     """SIGKILL the launcher and its workers at once, as a node failure would.
@@ -111,7 +99,7 @@ def _kill_job(launcher: subprocess.Popen) -> None:
     Paddle's launcher starts each worker in its own session (`os.setsid`), so killing the
     launcher's process group alone leaves the workers training on as orphans: each worker's
     own group is killed here, then the launcher, and the workers are waited for until gone."""
-    workers = _children(launcher.pid)
+    workers = child_pids(launcher.pid)
     assert len(workers) == 2, workers
     for pid in workers:
         os.killpg(pid, signal.SIGKILL)

@@ -18,23 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from launch import REPO, env, free_port, launch_cmd
+from launch import REPO, child_pids, env, free_port, launch_cmd
 from llmtest import tiny_overrides
 from llmtrain.checkpoint.manager import list_checkpoints, verify_files
 
 HANG_S = 10
 
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _steps_done(run_dir: Path) -> int:
@@ -58,7 +47,7 @@ def _two_nodes(corpus, tmp_path: Path):
     while not (list_checkpoints(str(run_dir / "checkpoints")) and _steps_done(run_dir) >= 5):
         assert time.time() < deadline and all(p.poll() is None for p in procs), "the job did not start training"
         time.sleep(0.05)
-    workers = _children(procs[1].pid)
+    workers = child_pids(procs[1].pid)
     assert len(workers) == 1, workers
     return run_dir, procs, workers[0]
 
@@ -78,16 +67,22 @@ def _newest_intact(run_dir: Path) -> None:
     assert found and verify_files(found[0][1]) == [], found
 
 
-@pytest.mark.slow
-def test_sigkill_of_rank1_ends_the_other_node_naming_it(tiny_corpus, tmp_path):
-    run_dir, procs, worker1 = _two_nodes(tiny_corpus, tmp_path)
+def _signal_rank1(corpus, tmp_path, sig):
+    """Two nodes training; `sig` to rank 1; (run_dir, procs, node 0's output, seconds until node 0 ended)."""
+    run_dir, procs, worker1 = _two_nodes(corpus, tmp_path)
     try:
-        os.kill(worker1, signal.SIGKILL)
+        os.kill(worker1, sig)
         t0 = time.time()
         out0, _ = procs[0].communicate(timeout=60)
         took = time.time() - t0
     finally:
         _cleanup(procs, worker1)
+    return run_dir, procs, out0, took
+
+
+@pytest.mark.slow
+def test_sigkill_of_rank1_ends_the_other_node_naming_it(tiny_corpus, tmp_path):
+    run_dir, procs, out0, took = _signal_rank1(tiny_corpus, tmp_path, signal.SIGKILL)
     assert procs[0].returncode != 0, out0[-3000:]
     log0 = (tmp_path / "log0" / "workerlog.0").read_text(errors="replace")
     # Two ways node 0 learns it, whichever comes first: the kernel resets rank 1's gloo connections and
@@ -106,14 +101,7 @@ def test_sigkill_of_rank1_ends_the_other_node_naming_it(tiny_corpus, tmp_path):
 
 @pytest.mark.slow
 def test_sigstop_of_rank1_fires_the_hang_watchdog_with_stacks(tiny_corpus, tmp_path):
-    run_dir, procs, worker1 = _two_nodes(tiny_corpus, tmp_path)
-    try:
-        os.kill(worker1, signal.SIGSTOP)
-        t0 = time.time()
-        out0, _ = procs[0].communicate(timeout=60)
-        took = time.time() - t0
-    finally:
-        _cleanup(procs, worker1)
+    run_dir, procs, out0, took = _signal_rank1(tiny_corpus, tmp_path, signal.SIGSTOP)
     assert procs[0].returncode != 0, out0[-3000:]
     log0 = (tmp_path / "log0" / "workerlog.0").read_text(errors="replace")
     # the hang watchdog fires (status 4) — or, when rank 0 was itself waiting for rank 1's shard inside a
