@@ -192,7 +192,9 @@ def _safe_metrics(run_dir):
 
 @pytest.mark.slow
 def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
-    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the uninterrupted records.
+    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the
+    uninterrupted records. The other direction in the same launches: tp2, pp2 and zero3 write step 9 as tp slices,
+    pipeline stages and ZeRO-3 slices, and one process continues each from there.
     Mixture-of-Experts: ep2 (dp2 ranks sharing out the experts) writes step 6 and one process and tp2 continue
     (ep2 -> 1, ep2 -> tp2); ep2 continues from one process's step 6 (1 -> ep2)."""
     src = tmp_path / "dp2"
@@ -209,40 +211,35 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     assert [r["step"] for r in recs] == list(range(7, STEPS + 1))
     worst = check_against(uninterrupted["moe"], recs, "single -> ep2 moe", keys=("loss", "grad_norm"))
     print(f"single -> ep2 moe: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
+    split = ("tp2", "pp2", "zero3")  # these also write step 9, which one process then continues
     for layout, nproc in (("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2), (None, 0)):
         out = tmp_path / (layout or "single")
         runs = [tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS)
                 + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
                 + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])  # really slice the tiny params
+                + (["checkpoint.interval=3"] if layout in split and m == "llama" else [])
                 for m in ("gpt", "llama")]
         models = ("gpt", "llama") + (("moe",) if layout in (None, "tp2") else ())
         if layout in (None, "tp2"):  # ep2 -> one process, ep2 -> tp2 (experts whole on both tp ranks)
             runs.append(tiny_overrides(tiny_corpus, str(out / "moe"), "moe", steps=STEPS) + MOE
                         + [f"checkpoint.resume={src / 'moe' / 'checkpoints' / 'step_6'}"]
                         + ([f"+parallel={layout}"] if layout else []))
+        if layout is None:  # tp slices, pipeline stages and ZeRO-3 slices reassembled for one process
+            runs += [tiny_overrides(tiny_corpus, str(out / f"from_{s}"), "llama", steps=STEPS)
+                     + [f"checkpoint.resume={tmp_path / s / 'llama' / 'checkpoints' / 'step_9'}"] for s in split]
         run_many(runs, nproc=nproc, workdir=out)
         for m in models:
             recs = _records(out / m)
             assert [r["step"] for r in recs] == list(range(7, STEPS + 1)), (layout, m)
             worst = check_against(uninterrupted[m], recs, (layout, m), keys=("loss", "grad_norm"))
             print(f"dp2 -> {layout or 'single'} {m}: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
-
-
-@pytest.mark.slow
-def test_tp_split_checkpoint_resumes_on_one_process(tiny_corpus, uninterrupted, tmp_path):
-    """The other direction: tensors written as tp slices (and pp stages) are reassembled for one process."""
-    for layout in ("tp2", "pp2", "zero3"):
-        src = tmp_path / layout
-        run_many([tiny_overrides(tiny_corpus, str(src / "llama"), "llama", steps=STEPS)
-                  + [f"+parallel={layout}", "checkpoint.interval=6"]
-                  + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])], nproc=2, workdir=src)
-        out = tmp_path / f"{layout}_to_single"
-        run_many([tiny_overrides(tiny_corpus, str(out), "llama", steps=STEPS)
-                  + [f"checkpoint.resume={src / 'llama' / 'checkpoints' / 'step_6'}"]], nproc=0, workdir=out / "w")
-        recs = _records(out)
-        assert [r["step"] for r in recs] == list(range(7, STEPS + 1))
-        worst = check_against(uninterrupted["llama"], recs, layout, keys=("loss", "grad_norm"))
-        print(f"{layout} -> single llama: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
+        if layout in split:
+            assert (out / "llama" / "checkpoints" / "step_9").is_dir(), layout
+    for s in split:
+        recs = _records(tmp_path / "single" / f"from_{s}")
+        assert [r["step"] for r in recs] == list(range(10, STEPS + 1)), s
+        worst = check_against(uninterrupted["llama"], recs, (s, "-> single"), keys=("loss", "grad_norm"))
+        print(f"{s} -> single llama: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
 
 
 @pytest.mark.slow

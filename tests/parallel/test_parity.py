@@ -12,8 +12,9 @@ memory.json (what every rank holds after step 1) is checked against the layout
 by `memory_checks.check_memory`, so a layout that silently replicated the model
 fails even though its losses are right, and against the planner's prediction
 (`llmtrain.plan.memory`, written into the same file) by `check_predicted`:
-parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2 launch also runs ERNIE
-(masked LM) and a Llama started with `model.init_from` (one of our checkpoints). Sequence parallelism: the
+parameter and optimizer-state elements and bytes equal on every rank. The dp2, tp2, pp2 and tp2pp2 launches also
+run ERNIE (masked LM, tokens = masked positions); tp2pp2 also a Llama started with `model.init_from` (one of our
+checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, tp2 and pp2 launches
@@ -46,9 +47,9 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp", "llama_lora"),
-         "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("moe", "moe_ep2", "moe_cap_ep2", "llama_lora"), "dp4": ("moe_ep2",),
-         "pp2": ("llama_lora",)}
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora"),
+         "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama)."""
@@ -74,7 +75,7 @@ def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
 
 def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
     """Overrides of one named run writing to out/<run>; `llama_init` starts from the checkpoint `init_from`."""
-    if run == "ernie":  # 4 post-norm layers, as tests/parallel/test_ernie_parity.py
+    if run == "ernie":  # 4 post-norm layers, whole-word masking (tests/train/test_mlm_tokens.py checks its tokens)
         return tiny_overrides(corpus, str(out / run), "ernie", steps=STEPS) + ["optim.lr=3e-3"]
     if run == "llama_init":  # the architecture (8 layers) comes from the checkpoint
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
