@@ -7,7 +7,9 @@ as a function of the samples consumed before it.
 The batch starts at START and grows by INCREMENT every SAMPLES / ((final - START) / INCREMENT)
 consumed samples until it reaches the final `train.global_batch_size` (from SAMPLES consumed
 samples on it stays there). Since it depends on consumed samples only, it is the same on every
-layout and a resume in the middle of the ramp continues it exactly.
+layout and a resume in the middle of the ramp continues it exactly. Under pipeline parallelism
+(1F1B) the trainer sets the pipeline's micro-batch count before each step
+(`llmtrain.paddle_compat.fleet.set_pipeline_micro_batches`); interleaved pipelines are refused.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ class BatchRampup:
         return min(self.final, self.start + int(consumed_samples / per_increment) * self.increment)
 
 
-def rampup_problems(triple, final: int, micro_batch: int, data_parallel: int, pp: int) -> list[str]:
+def rampup_problems(triple, final: int, micro_batch: int, data_parallel: int, virtual_pp: int = 1) -> list[str]:
     """Config checks of train.batch_rampup=[START, INCREMENT, SAMPLES], with the numbers."""
     name = f"train.batch_rampup={list(triple)}"
     if len(triple) != 3 or not all(isinstance(v, int) for v in triple):
@@ -54,7 +56,10 @@ def rampup_problems(triple, final: int, micro_batch: int, data_parallel: int, pp
         if v % unit:
             problems.append(f"{name}: {what} {v} is not a multiple of micro batch x data-parallel ranks = "
                             f"{micro_batch} x {data_parallel} = {unit} (every step's batch must split evenly)")
-    if pp > 1:
-        problems.append(f"{name} with parallel.pp={pp}: the pipeline's accumulate_steps is fixed when fleet is "
-                        "initialised; batch ramp-up runs without pipeline parallelism")
+    if virtual_pp > 1:
+        problems.append(f"{name} with parallel.virtual_pp={virtual_pp}: absent for the interleaved schedule. fleet "
+                        "picks its class from the start-up micro-batch count (>= 2 x pp: interleaved 1F1B; pp..2pp-1: "
+                        "F-then-B, which also needs a multiple of pp), so the small steps of a ramp can need another "
+                        "class than the one built, and a per-step count is untested there (a 4-process launch); "
+                        "parallel.virtual_pp=1 (1F1B) ramps")
     return problems

@@ -33,6 +33,9 @@ AUDIT = (
      "all-reduce of the input gradient backward"),
     ("PipelineLayer.shared_comm, param.is_firstly_shared", "paddle_compat/fleet.py",
      "count a tied table once in the pipeline's gradient norm (Paddle never sets the flag)"),
+    ("PipelineParallel.accumulate_steps/forward_hooks/backward_hooks/_chunk_2_comm_buffers",
+     "paddle_compat/fleet.py", "a per-step micro-batch count for 1F1B pipelines (batch ramp-up); the strategy's "
+     "accumulate_steps is read once at construction"),
     ("paddle.base.core.host_memory_stat_current_value", "paddle_compat/host_memory.py",
      "bytes held on the host after a forward: the planner's activation check under recompute"),
     ("os._exit after closing outputs", "paddle_compat/process.py",

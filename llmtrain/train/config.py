@@ -25,8 +25,9 @@ class TrainConfig:
     batch_rampup: Optional[List[int]] = None
     """[START, INCREMENT, SAMPLES] (Megatron's --rampup-batch-size): the global batch starts at START and grows by
     INCREMENT in equal steps of consumed samples until global_batch_size at SAMPLES; micro_batch_size stays, the
-    accumulation follows. START and INCREMENT must be multiples of micro x data-parallel; no pipeline. The LR schedule follows
-    consumed samples (position = consumed samples / global_batch_size, as Megatron's). None: off."""
+    accumulation follows. START and INCREMENT must be multiples of micro x data-parallel; 1F1B pipelines ramp,
+    interleaved ones are refused. The LR schedule follows consumed samples (position = consumed samples /
+    global_batch_size, as Megatron's). None: off."""
 
     log_interval: int = 1
     """Write a metrics line (metrics.jsonl, progress bar, VisualDL) every this many steps."""

@@ -21,6 +21,10 @@ run" table is this list):
   refused; `optim.on_resume=config` takes this config's schedule,
   `optim.on_resume=checkpoint` keeps the checkpoint's (its fields and its
   max_steps as the horizon), while train.max_steps still says where the run ends.
+  Each schedule is evaluated where its run stands: at the step, or under
+  `train.batch_rampup` at consumed samples / train.global_batch_size (the LR follows
+  consumed samples there); a change of that position alone (ramp-up switched off
+  after a ramp) is checked the same way.
 """
 from __future__ import annotations
 
@@ -115,10 +119,20 @@ def _optim(flat: dict[str, Any]) -> tuple[OptimConfig, int]:
     return cfg, int(flat["train.max_steps"])
 
 
+def schedule_position(batch_rampup, step: int, consumed_samples: Optional[int], global_batch: Optional[int]) -> float:
+    """Where the LR schedule stands after `step` steps: the step, or under `train.batch_rampup` consumed samples /
+    train.global_batch_size (`WarmupDecay.follow_samples`)."""
+    return step if batch_rampup is None or consumed_samples is None else consumed_samples / global_batch
+
+
 def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], tokenizer: Optional[dict],
-                  step: int) -> Review:
-    """Compare two resolved configs (nested dicts) at checkpoint `step` (steps done); pure."""
+                  step: int, positions: Optional[tuple[float, float]] = None) -> Review:
+    """Compare two resolved configs (nested dicts) at checkpoint `step` (steps done); pure.
+
+    `positions`: the schedule position of the next step under the checkpoint's config and under this one
+    (`schedule_position`); (step, step) when not given."""
     old, new = flatten(saved), flatten(current)
+    at_old, at_new = positions if positions is not None else (step, step)
     # fields the older code did not have compare as their defaults
     defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions())})
     for k, v in defaults.items():
@@ -148,16 +162,26 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
                                  f"checkpoint, {tokenizer.get(key)!r} now): refused (token ids would change meaning)")
                 break
     on_resume = new.get("optim.on_resume")
+    moved_position = abs(at_old - at_new) > 1e-9 * max(1.0, abs(at_old))
+    if moved_position:
+        changed_schedule.append(f"schedule position (consumed samples / train.global_batch_size under "
+                                f"train.batch_rampup, else the step)={at_old:g} in the checkpoint, {at_new:g} now")
     if changed_schedule:
         (o_cfg, o_max), (n_cfg, n_max) = _optim(old), _optim(new)
-        r.lr_checkpoint, r.lr_config = lr_at(step, o_cfg, o_max), lr_at(step, n_cfg, n_max)
+        r.lr_checkpoint, r.lr_config = lr_at(at_old, o_cfg, o_max), lr_at(at_new, n_cfg, n_max)
         moved = abs(r.lr_config - r.lr_checkpoint) > LR_RTOL * max(abs(r.lr_checkpoint), abs(r.lr_config), 1e-30)
         where = (f"the LR of step {step + 1} (the first after the resume) is {r.lr_checkpoint:.6g} under the "
                  f"checkpoint's schedule and {r.lr_config:.6g} under this config's")
         if on_resume == "checkpoint":
             r.schedule_from = "checkpoint"
-            r.warnings.append(f"optim.on_resume=checkpoint: keeping the checkpoint's LR schedule ({where}); "
-                              f"ignored: " + "; ".join(changed_schedule))
+            fields = changed_schedule[:-1] if moved_position else changed_schedule
+            text = f"optim.on_resume=checkpoint: keeping the checkpoint's LR schedule ({where})"
+            if fields:
+                text += "; ignored: " + "; ".join(fields)
+            if moved_position:  # the fields are the checkpoint's, the position is this run's
+                text += (f"; the position follows this config's train.batch_rampup, so the LR of step {step + 1} "
+                         f"is {lr_at(at_new, o_cfg, o_max):.6g}")
+            r.warnings.append(text)
         elif on_resume == "config" or not moved:
             r.honoured += [f"{c}: honoured ({where})" for c in changed_schedule]
         else:
@@ -178,7 +202,12 @@ def apply_resume_contract(manifest: dict, run, scheduler) -> Review:
         saved["train"] = {**saved["train"], "max_steps": in_force["max_steps"]}
     current = OmegaConf.to_container(OmegaConf.structured(run.cfg), resolve=True)
     tok = run.tokenizer.identity() if run.tokenizer is not None else None
-    r = review_resume(saved, current, manifest.get("tokenizer"), tok, int(manifest["step"]))
+    step, data = int(manifest["step"]), manifest.get("data") or {}
+    consumed = data.get("consumed_samples")
+    positions = (schedule_position(saved["train"].get("batch_rampup"), step, consumed, data.get("global_batch_size")),
+                 schedule_position(run.cfg.train.batch_rampup, step, consumed,
+                                   run.layout.global_batch if run.cfg.train.batch_rampup is not None else None))
+    r = review_resume(saved, current, manifest.get("tokenizer"), tok, step, positions)
     if r.refused:
         raise ConfigError([f"resume from step {manifest['step']}: {p}" for p in r.refused])
     for w in r.warnings:

@@ -94,7 +94,7 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
             problems.append("train.batch_rampup is for pretraining; fine-tuning runs a constant global batch")
         elif layout is not None:
             problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
-                                        layout.data_parallel, layout.pp)
+                                        layout.data_parallel, layout.virtual_pp)
     if getattr(cfg.data, "packing", False) and cfg.parallel is not None and cfg.parallel.pp > 1:
         problems.append(f"data.packing=true with parallel.pp={cfg.parallel.pp}: packed sequences need per-example "
                         "positions and attention boundaries inside every stage; not implemented under pipeline "

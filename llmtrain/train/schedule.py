@@ -40,14 +40,15 @@ def lr_at(step: int, cfg: OptimConfig, max_steps: int) -> float:
     """Learning rate used by optimizer step `step` (0-based).
 
     Warmup: lr * (step + 1) / warmup_steps, so the first step already learns and
-    step warmup_steps - 1 uses the peak. Then progress p in [0, 1] over
+    step warmup_steps - 1 uses the peak (never more: under batch ramp-up `step` is a
+    fractional position, and one in (warmup_steps - 1, warmup_steps) gets the peak). Then progress p in [0, 1] over
     [start, horizon] and lr = min_lr + (lr - min_lr) * f(p): for cosine/linear
     start = warmup_steps and f the cosine 0.5 (1 + cos(pi p)) or 1 - p; constant
     keeps lr; wsd keeps lr until start = `wsd_decay_start` and then f is
     `optim.decay_shape` (linear, cosine or 1 - sqrt(p)).
     """
-    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.warmup_steps > 0 and step < cfg.warmup_steps:  # capped: a fractional position (ramp-up) past W - 1
+        return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps)
     if cfg.schedule == "constant":
         return cfg.lr
     end = horizon(cfg, max_steps)

@@ -8,8 +8,9 @@ is divided by the number of micro-batches and back-propagated; under
 `paddle.DataParallel` all but the last micro-batch run inside `no_sync()`, so
 gradients are all-reduced once per step. Pipeline models: the micro-batches are
 concatenated and handed to `PipelineParallel.train_batch`, whose schedule runs
-them as its own micro-batches (accumulate_steps = grad_accum) and steps the
-optimizer and scheduler itself.
+them as its own micro-batches and steps the optimizer and scheduler itself. Their
+count is set before every call (`set_pipeline_micro_batches`): grad_accum, or under
+`train.batch_rampup` the step's own count.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from llmtrain.paddle_compat.fleet import set_pipeline_micro_batches
 from llmtrain.train.amp import AmpPlan
 
 
@@ -62,7 +64,7 @@ class StepRunner:
         self.scaler = scaler
         self.can_skip_sync = isinstance(model, paddle.DataParallel)
         self.accumulate_steps = int(accumulate_steps)
-        """The pipeline's micro-batches per call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
+        """The pipeline's micro-batches per evaluation call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
 
     def run(self, micro_batches: list[dict]) -> StepOutput:
         tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
@@ -104,6 +106,7 @@ class StepRunner:
         # [accum * m, s] each: the pipeline cuts them back into its accumulate_steps micro-batches
         batch = {k: np.concatenate([mb[k] for mb in micro_batches]) for k in ("input_ids", "labels", "loss_mask")}
         ids, labels = to_tensors(batch)
+        set_pipeline_micro_batches(self.model, len(micro_batches))  # varies per step under batch ramp-up
         with self.amp.autocast():
             loss = self.model.train_batch([ids, labels], optimizer=self.optimizer, lr_scheduler=self.scheduler, scaler=self.scaler)
         return loss.detach().astype("float32").reshape([])
@@ -122,6 +125,7 @@ class StepRunner:
         with token_sums(self.model, self.loss_fn):
             if self.pipeline and micro_batches:
                 steps = self.accumulate_steps
+                set_pipeline_micro_batches(self.model, steps)  # a ramp-up step may have left another count
                 blank = dict(micro_batches[-1], loss_mask=np.zeros_like(micro_batches[-1]["loss_mask"]))
                 padded = list(micro_batches) + [blank] * (-len(micro_batches) % steps)
                 for i in range(0, len(padded), steps):

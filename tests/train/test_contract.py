@@ -147,3 +147,41 @@ def test_schedule_kept_by_on_resume_checkpoint_stays_the_reference():
                                                                             "optim.on_resume=checkpoint"])))
     apply_resume_contract(manifest, SimpleNamespace(cfg=kept, tokenizer=None), sched)
     assert sched.max_steps == 4  # the kept schedule stays in force
+
+
+def test_schedule_check_at_the_sample_position_under_rampup():
+    """Under train.batch_rampup the LR of the step after the resume is the schedule's at consumed samples /
+    train.global_batch_size, where the run stands, not at the step: step 5 of the ramp [4,4,48] to 16 has consumed 16
+    samples, position 1.0, the peak under both horizons (warmup 1), so a longer horizon is honoured (at step 5 the two
+    cosines differ). Switching the ramp-up off there moves the position from 1 to 5: refused unless chosen."""
+    from types import SimpleNamespace
+
+    from llmtrain.config import ConfigError, to_config
+    from llmtrain.parallel.layout import layout_problems
+    from llmtrain.train.config import OptimConfig
+    from llmtrain.train.contract import apply_resume_contract
+    from llmtrain.train.schedule import WarmupDecay, lr_at
+
+    ramp = ["train.global_batch_size=16", "train.batch_rampup=[4,4,48]"]
+    written = cfg(*ramp, steps=10)
+    manifest = {"step": 5, "config": OmegaConf.to_yaml(OmegaConf.create(written)), "tokenizer": None,
+                "data": {"consumed_samples": 16, "global_batch_size": 16}}
+
+    def resume(*values):
+        now = to_config(OmegaConf.merge(_composed(()), OmegaConf.from_dotlist(list(values))))
+        layout, problems = layout_problems(now.parallel, now.train, 1)
+        assert not problems, problems
+        return apply_resume_contract(manifest, SimpleNamespace(cfg=now, tokenizer=None, layout=layout),
+                                     WarmupDecay(now.optim, now.train.max_steps))
+
+    longer = resume(*ramp, "train.max_steps=12")
+    assert longer.lr_checkpoint == longer.lr_config == pytest.approx(1e-3)
+    assert any("train.max_steps=10 in the checkpoint, 12 now: honoured" in h for h in longer.honoured)
+    assert review(old=ramp, new=ramp, old_steps=10, new_steps=12, step=5).refused  # the step would say it moved
+    with pytest.raises(ConfigError) as e:
+        resume("train.global_batch_size=16", "train.max_steps=10")
+    assert "schedule position (consumed samples / train.global_batch_size under train.batch_rampup, else the step)=1 " \
+           "in the checkpoint, 5 now" in str(e.value)
+    chose = resume("train.global_batch_size=16", "train.max_steps=10", "optim.on_resume=config")
+    assert chose.lr_config == pytest.approx(lr_at(5, OptimConfig(**written["optim"]), 10)) and not chose.refused
+

@@ -18,6 +18,14 @@ def test_warmup_then_cosine_to_min():
     assert lr_at(100, c, 14) == pytest.approx(0.1)
 
 
+def test_fractional_warmup_position_never_exceeds_the_peak():
+    """Batch ramp-up evaluates the schedule at consumed samples / global batch: position 1.5 of a 2-step warmup is
+    the peak, not 1.25 x the peak (seen in the ramp-up runs' logged lr before the cap)."""
+    c = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=2, schedule="cosine")
+    assert lr_at(0.5, c, 10) == pytest.approx(0.75) and lr_at(1.5, c, 10) == 1.0
+    assert max(lr_at(x / 8, c, 10) for x in range(80)) == 1.0
+
+
 def test_linear_and_constant_and_decay_steps():
     lin = OptimConfig(lr=1.0, min_lr=0.0, warmup_steps=0, schedule="linear", decay_steps=10)
     assert lr_at(5, lin, 1000) == pytest.approx(0.5)
