@@ -140,7 +140,7 @@ def collect_shard(built, topo, layout) -> tuple[dict, dict]:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta)
             continue
         if ep > 1 and getattr(param, "llm_expert_axis", None) is not None:
-            if topo.dp_rank < ep and topo.tp_rank == 0:  # the first ep group holds every expert once (whole over tp)
+            if topo.data_rank < ep and topo.tp_rank == 0:  # the first ep group holds every expert once (whole over tp)
                 _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views)
             continue
         if not _owns_replica(param, topo, layout.tp):

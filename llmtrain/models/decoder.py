@@ -70,7 +70,7 @@ class Block(nn.Layer):
         if cfg.family == "decoder" and cfg.is_moe_layer(index):
             from llmtrain.models.moe import MoEFeedForward
 
-            self.mlp = MoEFeedForward(cfg, roles)
+            self.mlp = MoEFeedForward(cfg, roles, index)
         else:
             self.mlp = FeedForward(cfg, roles)
         self.recompute = recompute
@@ -94,8 +94,22 @@ class Block(nn.Layer):
             # use_reentrant=False: with Paddle's default reentrant form, a block whose inputs all
             # have stop_gradient=True returns an output with stop_gradient=True, so its parameters
             # silently get no gradient (and the 1F1B pipeline schedule deadlocked).
-            return recompute(self._forward, x, mask, positions, segments, use_reentrant=False)
+            return recompute(self._replayable(), x, mask, positions, segments, use_reentrant=False)
         return self._forward(x, mask, positions, segments)
+
+    def _replayable(self):
+        """`_forward` for recompute: its first call is this forward; a later one is recompute re-running it in the
+        backward, when an MoE feed-forward runs the same ops but records nothing (its losses and loads once)."""
+        calls = []
+
+        def run(*args):
+            if calls and hasattr(self.mlp, "replay"):
+                with self.mlp.replay():
+                    return self._forward(*args)
+            calls.append(1)
+            return self._forward(*args)
+
+        return run
 
 
 class FinalNorm(nn.Layer):

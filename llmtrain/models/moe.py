@@ -17,7 +17,9 @@ of a micro-batch's T tokens, first choices before second choices and earlier
 tokens before later ones (GShard's order); the rest is dropped (weight 0) and
 counted. Dropless (the default) computes every choice.
 
-Losses, added to the LM loss by `MoELMLoss`:
+Losses, added to the LM loss by `MoELMLoss` (or, once `attach_balancing_losses` ran, fed to the
+backward through each layer's output, for a loss function that sees only the LM loss: a pipeline's
+last stage):
 - aux (Switch/GShard, Mixtral's convention): E * sum_i f_i P_i, f_i = tokens
   choosing expert i / T (before dropping, so a balanced router gives k), P_i =
   mean over tokens of the router probability of i (sigmoid scores normalised per
@@ -26,6 +28,13 @@ Losses, added to the LM loss by `MoELMLoss`:
   Mixtral);
 - z-loss (ST-MoE): mean_t logsumexp(logits_t)^2, times `moe_z_loss_coef`, averaged
   over the MoE layers.
+
+Attached losses (`attach_balancing_losses(layers, grad_scale)`): each MoE layer's share of the
+balancing loss, (coef_aux * aux_l + coef_z * z_l) / (MoE layers of the model), is tied to its output by
+`_BalancingLossGrad`: identity forward; backward passes the output gradient through and gives the share
+the gradient `grad_scale` = d(objective) / d(micro-batch loss) (1 / micro-batches, as the LM loss is
+scaled). The gradients equal those of `MoELMLoss` (tests/models/test_moe.py); `MoEStats` then adds the
+balancing terms to the logged loss itself.
 
 The expert bias is a parameter with `stop_gradient=True` (so checkpoints carry
 it under its canonical name, the optimizer never touches it): after each
@@ -42,6 +51,7 @@ weight) choices to `Experts`, which computes the ones it holds.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -49,6 +59,7 @@ from typing import Optional
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
+from paddle.autograd import PyLayer
 
 from llmtrain.models.config import ModelConfig
 
@@ -133,6 +144,30 @@ def z_loss(r: Routing) -> paddle.Tensor:
     return paddle.logsumexp(r.logits, axis=-1).pow(2).mean()
 
 
+def moe_slot(cfg: ModelConfig, index: int) -> int:
+    """Position of block `index` among the model's MoE layers (its slot in the routing statistics)."""
+    return sum(cfg.is_moe_layer(j) for j in range(index))
+
+
+def moe_layer_count(cfg: ModelConfig) -> int:
+    """MoE layers of the whole model (the balancing losses are averaged over them)."""
+    return moe_slot(cfg, cfg.num_layers)
+
+
+class _BalancingLossGrad(PyLayer):
+    """y [T, h] -> y; backward: dy to y and d(objective)/d(loss) = `scale` to the balancing loss [] (Megatron's
+    MoEAuxLossAutoScaler idea: a loss computed inside the model reaches the gradient without reaching the loss)."""
+
+    @staticmethod
+    def forward(ctx, y, loss, scale):
+        ctx.scale, ctx.dtype = scale, loss.dtype
+        return y.clone()
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, paddle.full([], ctx.scale, dtype=ctx.dtype)
+
+
 class LocalDispatch:
     """One device: every expert is here, tokens stay where they are."""
 
@@ -192,11 +227,13 @@ class Experts(nn.Layer):
 class MoEFeedForward(nn.Layer):
     """x [b, s, h] -> [b, s, h]; records its routing statistics and loss terms for `MoELMLoss`/`MoEStats`."""
 
-    def __init__(self, cfg: ModelConfig, roles):
+    def __init__(self, cfg: ModelConfig, roles, index: int = 0):
         super().__init__()
         from llmtrain.models.layers import FeedForward
 
         self.cfg = cfg
+        self.slot = moe_slot(cfg, index)  # which MoE layer of the model (block `index`)
+        self.num_moe = moe_layer_count(cfg)
         self.num_experts, self.top_k = cfg.moe_num_experts, cfg.moe_top_k
         self.router = nn.Linear(cfg.hidden_size, self.num_experts, bias_attr=False)
         self.expert_bias = self.create_parameter([self.num_experts], is_bias=True)
@@ -209,6 +246,18 @@ class MoEFeedForward(nn.Layer):
         self.step_counts = None  # [E] choices summed over this step's micro-batches (training only)
         self.step_dropped = 0.0
         self.step_choices = 0
+        self.grad_scale = None  # attached losses: d(objective)/d(micro-batch loss), see attach_balancing_losses
+        self.step_aux = self.step_z = 0.0  # attached losses: sums over this step's micro-batches (for logging)
+        self.replaying = False  # set while recompute re-runs the block in the backward (see `replay`)
+
+    @contextlib.contextmanager
+    def replay(self):
+        """Recompute's second run of this layer's forward (in the backward): the same ops, nothing recorded."""
+        self.replaying = True
+        try:
+            yield
+        finally:
+            self.replaying = False
 
     def forward(self, x):  # [b, s, h]
         shape = x.shape
@@ -221,8 +270,19 @@ class MoEFeedForward(nn.Layer):
             y = y * self.cfg.moe_routed_scale
         if self.shared is not None:
             y = y + self.shared(flat)
-        self.loss_terms.append((aux_terms(r), z_loss(r)))
-        if self.training:
+        record = not self.replaying  # recompute re-runs the same ops in the backward: record them once
+        if self.grad_scale is None:
+            terms = (aux_terms(r), z_loss(r))
+            if record:
+                self.loss_terms.append(terms)
+        elif self.training:  # this layer's share of the balancing loss, fed to the backward through y
+            aux, z = aux_loss(r), z_loss(r)
+            share = (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / self.num_moe
+            y = _BalancingLossGrad.apply(y, share, self.grad_scale)
+            if record:
+                self.step_aux += float(aux)
+                self.step_z += float(z)
+        if self.training and record:
             self.step_counts = r.counts if self.step_counts is None else self.step_counts + r.counts
             self.step_dropped += float(r.dropped)
             self.step_choices += int(r.index.size)
@@ -232,6 +292,16 @@ class MoEFeedForward(nn.Layer):
 def moe_layers(model: nn.Layer) -> list[MoEFeedForward]:
     """The MoE feed-forwards of a model (or of a pipeline stage), in model order."""
     return [layer for layer in model.sublayers() if isinstance(layer, MoEFeedForward)]
+
+
+def attach_balancing_losses(layers: list[MoEFeedForward], grad_scale: float) -> None:
+    """Make `layers` feed their balancing losses to the backward through their outputs, each loss with the
+    gradient `grad_scale` (1 / micro-batches per step); the loss function then sees the LM loss alone.
+    Needs `moe_aux_loss_scope=layer` (a pooled loss is not a sum of per-layer terms)."""
+    for layer in layers:
+        if layer.cfg.moe_aux_loss_scope != "layer":
+            raise ValueError("attached balancing losses need model.moe_aux_loss_scope=layer")
+        layer.grad_scale = float(grad_scale)
 
 
 def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
@@ -258,7 +328,9 @@ class MoEStats:
     expert over the data ranks through `reduce(list[float]) -> list[float]`,
     moves every layer's expert bias (when enabled) and returns the metrics
     `moe_aux_loss`, `moe_z_loss` (means over the step's micro-batches and data ranks), `moe_load_max_mean`
-    (per MoE layer: max / mean choices per expert) and `moe_dropped_frac`."""
+    (per MoE layer of the model: max / mean choices per expert) and `moe_dropped_frac`. The reduced vector has
+    one slot per MoE layer of the model (`MoEFeedForward.slot`), so `layers` may be a part of the model (a
+    pipeline stage's, with a `reduce` that also sums over the stages)."""
 
     def __init__(self, layers: list[MoEFeedForward], cfg: ModelConfig):
         self.layers, self.cfg = layers, cfg
@@ -271,34 +343,48 @@ class MoEStats:
         self.z_sum += float(z)
         self.losses += 1
 
+    def _loss_sums(self) -> list:
+        """[sum over micro-batches of the mean aux loss over MoE layers, the same of z, micro-batches]."""
+        return [self.aux_sum, self.z_sum, float(self.losses)]
+
+    def _stepped(self) -> bool:
+        return bool(self.layers) and self.layers[0].step_counts is not None
+
     @paddle.no_grad()
     def finish_step(self, reduce=lambda v: v) -> dict:
-        if not self.layers or self.layers[0].step_counts is None:
+        if not self._stepped():
             return {}
-        local = [self.aux_sum, self.z_sum, float(self.losses)]
+        e, slots = self.cfg.moe_num_experts, moe_layer_count(self.cfg)
+        rows = [[0.0] * (e + 2) for _ in range(slots)]  # per MoE layer: choices per expert, dropped, choices
         for layer in self.layers:
-            local += layer.step_counts.tolist() + [layer.step_dropped, float(layer.step_choices)]
-        total = reduce(local)
+            if layer.step_counts is not None:
+                rows[layer.slot] = layer.step_counts.tolist() + [layer.step_dropped, float(layer.step_choices)]
+        total = reduce(self._loss_sums() + [v for row in rows for v in row])
         aux, z, losses = total[:3]
         total = total[3:]
         self.aux_sum = self.z_sum = 0.0
         self.losses = 0
-        e = self.cfg.moe_num_experts
-        ratios, dropped, choices = [], 0.0, 0.0
-        for i, layer in enumerate(self.layers):
+        ratios, counts, dropped, choices = [], [], 0.0, 0.0
+        for i in range(slots):
             row = total[i * (e + 2):(i + 1) * (e + 2)]
-            counts = paddle.to_tensor(row[:e], dtype="float32")
+            counts.append(paddle.to_tensor(row[:e], dtype="float32"))
             dropped, choices = dropped + row[e], choices + row[e + 1]
-            mean = float(counts.mean())
-            ratios.append(float(counts.max()) / mean if mean > 0 else 0.0)
+            mean = float(counts[i].mean())
+            ratios.append(float(counts[i].max()) / mean if mean > 0 else 0.0)
+        for layer in self.layers:
             if self.cfg.moe_bias_update_rate > 0:
-                update_bias(layer.expert_bias, counts, self.cfg.moe_bias_update_rate)
+                update_bias(layer.expert_bias, counts[layer.slot], self.cfg.moe_bias_update_rate)
             layer.step_counts, layer.step_dropped, layer.step_choices = None, 0.0, 0
+            layer.step_aux = layer.step_z = 0.0
         out = {"moe_load_max_mean": ratios, "moe_dropped_frac": dropped / choices if choices else 0.0}
         if losses:
             out["moe_aux_loss"] = aux / losses
             out["moe_z_loss"] = z / losses
         return out
+
+    def step_loss(self, loss, metrics: dict):
+        """The logged step loss from the runner's: unchanged here (`MoELMLoss` already added the balancing terms)."""
+        return loss
 
 
 @paddle.no_grad()

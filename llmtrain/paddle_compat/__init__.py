@@ -26,6 +26,11 @@ AUDIT = (
     ("HybridParallelClipGrad._global_norm/_clip/_hcg/_timers/split_norm_comm",
      "paddle_compat/optim.py", "subclass fleet's hybrid clip to keep its cross-group norm"),
     ("paddle.nn.clip._squared_l2_norm", "paddle_compat/optim.py", "the fused kernel every global-norm clip uses"),
+    ("HybridParallelOptimizer._hybrid_sync_grad", "paddle_compat/optim.py",
+     "leave expert gradients out of fleet's dp / ZeRO-1 sync and reduce them right after (expert parallelism)"),
+    ("DygraphShardingOptimizer._parameter_list/_partition_parameters/_rank2params/_param2rank/"
+     "_set_inner_opt_attr/_sharding_sync_parameters/_sharding_rank", "paddle_compat/optim.py",
+     "keep experts out of the ZeRO-1 partition: each sharding rank updates its own (ep x sharding)"),
     ("group_sharded_utils.GroupShardedClipGrad", "paddle_compat/optim.py", "record the ZeRO-3 clip norm"),
     ("GroupShardedStage3._param2buffer/_param2buffer_size/_rank, param.fw_storage",
      "paddle_compat/zero.py, checkpoint/", "save and load each rank's ZeRO-3 flat slice"),

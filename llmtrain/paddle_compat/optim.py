@@ -109,16 +109,72 @@ def is_allocated(tensor) -> bool:
     return tensor is not None and tensor._is_initialized()
 
 
-def skip_in_dp_grad_sync(optimizer, skip) -> None:
-    """fleet's HybridParallelOptimizer all-reduces every parameter's gradient over the dp group when the model is
-    not a `paddle.DataParallel` (tp/pp layouts, `_hybrid_sync_grad`), ignoring `no_sync`; parameters for which
-    `skip(param)` is true are left out of that all-reduce (expert parallelism reduces them itself)."""
+def skip_in_dp_grad_sync(optimizer, skip, after=None) -> None:
+    """fleet's HybridParallelOptimizer synchronises gradients in `_hybrid_sync_grad` before clipping and updating
+    (every layout: the pipeline's `train_batch` steps the optimizer itself): ZeRO-1's reduce to each parameter's
+    owner over the sharding group, then the dp all-reduce (when the model is not a `paddle.DataParallel`), both
+    ignoring `no_sync`. Parameters for which `skip(param)` is true are left out of both (expert parallelism reduces
+    them itself), and `after()` runs right after, still before the clip."""
     require_tested_paddle()
     from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
         HybridParallelOptimizer,
     )
 
+    found = False
     for opt in optimizer_chain(optimizer):
         if isinstance(opt, HybridParallelOptimizer):
+            found = True
             sync = opt._hybrid_sync_grad
-            opt._hybrid_sync_grad = lambda params, _sync=sync: _sync([p for p in params if not skip(p)])
+
+            def wrapped(params, _sync=sync):
+                _sync([p for p in params if not skip(p)])
+                if after is not None:
+                    after()
+
+            opt._hybrid_sync_grad = wrapped
+    if not found:
+        raise RuntimeError("no fleet HybridParallelOptimizer in the optimizer chain: expert gradients would not be "
+                           "reduced")
+
+
+def keep_local_in_zero1(optimizer, local) -> list:
+    """fleet's stage-1 sharding optimizer (`DygraphShardingOptimizer`) with the parameters for which `local(param)`
+    is true kept out of its partition: it partitions the others as before (sorted greedy, `_partition_parameters`),
+    and every sharding rank updates its own local parameters (their values differ per rank: experts) with its own
+    optimizer state, never reducing their gradients to an owner nor broadcasting them. Returns the local parameters.
+
+    Internals (Paddle 3.3.1, without tensor fusion or comm overlap, the CPU and default path): `_parameter_list`
+    (what it partitions and clears), `_rank2params` / `_param2rank` (owners: what `step` updates on this rank and
+    `set_state_dict` loads), the inner optimizer's `_parameter_list` / `_param_groups` (what it allocates state for)
+    and `_sharding_sync_parameters` (the broadcast of updated parameters from their owners, which must match on
+    every rank: it runs over the shared partition only)."""
+    require_tested_paddle()
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizer,
+    )
+
+    shard = next((o for o in optimizer_chain(optimizer) if isinstance(o, DygraphShardingOptimizer)), None)
+    if shard is None or shard.tensor_fusion or shard.comm_overlap:
+        raise RuntimeError("expected fleet's DygraphShardingOptimizer without tensor fusion or comm overlap")
+    everything = shard._parameter_list
+    mine = [p for p in everything if local(p)]
+    shard._parameter_list = [p for p in everything if not local(p)]
+    shared = shard._partition_parameters()  # the same rule over the replicated parameters only
+    shard._parameter_list = everything  # clear_grad still clears every gradient
+    owned = shared[shard._sharding_rank] + mine
+    shard._rank2params = {**shared, shard._sharding_rank: owned}
+    shard._param2rank = {p.name: r for r, params in shard._rank2params.items() for p in params}
+    shard._set_inner_opt_attr("_parameter_list", owned)
+    shard._set_inner_opt_attr("_param_groups", owned)
+    sync = shard._sharding_sync_parameters
+
+    def sync_shared():
+        full = shard._rank2params
+        shard._rank2params = shared
+        try:
+            sync()
+        finally:
+            shard._rank2params = full
+
+    shard._sharding_sync_parameters = sync_shared
+    return mine

@@ -8,7 +8,12 @@ Groups. EP is carved out of the data-parallel ranks (as PaddleNLP's
 cut into groups of ep consecutive ranks (the *ep group*: together they hold
 every expert once, rank j of a group the j-th block of num_experts / ep); the
 ranks holding the same block form the *expert-data-parallel group* (dp / ep
-ranks). Dense parameters stay replicated over dp as before.
+ranks). Dense parameters stay replicated over dp as before. With ZeRO-1 sharding
+(`parallel.sharding` = ep) the ep group is the sharding group instead: its ranks
+hold different experts, so the experts stay out of the sharded optimizer's
+partition and each rank updates its own; the dense parameters' optimizer state
+is partitioned as without experts. Under pipeline parallelism every stage has its
+own ep groups (the dp ranks of that stage) for its own layers' experts.
 
 Dispatch. A dispatcher has `dispatch(x, index, weight)` -> the (token, expert,
 weight) rows this rank's experts must serve, and `combine(y)` -> this rank's
@@ -33,12 +38,15 @@ memory, and the dispatcher stays independent of tp. The price is tp x the
 expert compute. (Megatron-style expert tensor parallelism is absent.)
 
 Gradients. Expert parameters are marked `no_sync` (so `paddle.DataParallel`
-skips them; under tp fleet's dp all-reduce is told to skip them too); after the backward `ExpertGradSync` sums them over the
-expert-data-parallel group and divides by the data-parallel degree (a holder's
-gradient already sums the losses of its ep group's ranks through the
-dispatcher's backward), giving the one-process gradient of the mean loss. The
-global grad norm counts each expert once: `GlobalNormClip` sums the squares of
-expert gradients over the ep group (`expert_group`), dense ones locally.
+and fleet's start-up broadcasts skip them) and left out of fleet's gradient
+synchronisation (dp all-reduce, ZeRO-1 reduce); right after it, still before the
+clip, `ExpertGradSync` sums them over the expert-data-parallel group and divides
+by the data-parallel degree (a holder's gradient already sums the losses of its
+ep group's ranks through the dispatcher's backward), giving the one-process
+gradient of the mean loss. The global grad norm counts each expert once:
+`GlobalNormClip` / fleet's hybrid clip sum the squares of expert gradients over
+the ep group (`expert_group`; under sharding fleet's own all-reduce over the
+sharding group does it), dense ones as before.
 """
 from __future__ import annotations
 
@@ -50,7 +58,13 @@ from llmtrain.models.moe import Experts
 
 
 def expert_groups(hcg, ep: int, rank: int):
-    """(ep_rank, ep group, expert-data-parallel group or None) of this rank; every rank creates every group."""
+    """(ep_rank, ep group, expert-data-parallel group or None) of this rank; every rank creates every group.
+
+    With sharding (stage 1, ep == sharding degree) the ep group is fleet's sharding group and the ranks holding the
+    same experts are fleet's dp group; otherwise both are carved out of the dp ranks."""
+    if hcg.get_sharding_parallel_world_size() > 1:
+        edp = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
+        return hcg.get_sharding_parallel_rank(), hcg.get_sharding_parallel_group(), edp
     ep_rank, ep_group, edp_group = 0, None, None
     for dp_ranks in hcg.topology().get_comm_list("data"):  # one list per (pp, sharding, sep, tp) coordinate
         for start in range(0, len(dp_ranks), ep):
@@ -205,7 +219,7 @@ class ExpertParallelRoles:
 
 
 def expert_parameters(model) -> list:
-    return [p for p in model.parameters() if getattr(p, "llm_expert_axis", None) is not None]
+    return [p for p in model.parameters() if is_expert(p)]
 
 
 class ExpertGradSync:
@@ -228,13 +242,22 @@ class ExpertGradSync:
 
 
 def attach_expert_parallel(core, optimizer, clip, layout, topo) -> None:
-    """Under ep > 1: the expert gradient reduction runs after every backward (`core.llm_grad_hooks`, read by the
-    trainer's step runner), fleet's dp gradient all-reduce (tp layouts) leaves expert gradients alone, and the clip
-    sums expert gradient squares over the ep group."""
+    """Under ep > 1: fleet's gradient synchronisation (dp all-reduce, ZeRO-1 reduce) leaves expert gradients alone
+    and the expert gradient reduction runs right after it, before the clip (every layout, the pipeline's too); the
+    clip counts each expert once. With sharding the experts stay out of the ZeRO-1 partition: each rank updates its
+    own (`keep_local_in_zero1`), and fleet's norm all-reduce over the sharding group (= the ep group) already sums
+    each expert once."""
     if layout.ep <= 1:
         return
-    from llmtrain.paddle_compat.optim import skip_in_dp_grad_sync
+    from llmtrain.paddle_compat.optim import keep_local_in_zero1, skip_in_dp_grad_sync
 
-    core.llm_grad_hooks = [ExpertGradSync(core, topo, layout.data_parallel)]
-    skip_in_dp_grad_sync(optimizer, lambda p: getattr(p, "llm_expert_axis", None) is not None)
-    clip.expert_group = topo.ep_group
+    skip_in_dp_grad_sync(optimizer, is_expert, after=ExpertGradSync(core, topo, layout.data_parallel))
+    if layout.sharding > 1:
+        keep_local_in_zero1(optimizer, is_expert)
+    else:
+        clip.expert_group = topo.ep_group
+
+
+def is_expert(param) -> bool:
+    """A stacked routed-expert tensor (its values differ per ep rank)."""
+    return getattr(param, "llm_expert_axis", None) is not None

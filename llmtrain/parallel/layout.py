@@ -151,14 +151,16 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
     if p.ep_dispatcher not in ("allgather", "alltoall"):
         problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'allgather' or 'alltoall'")
-    if p.ep > 1:
-        if p.dp % p.ep:
-            problems.append(f"parallel.ep={p.ep} does not divide parallel.dp={p.dp}: expert parallelism is carved out of "
-                            "the data-parallel ranks (each group of ep data ranks shares out the experts)")
-        for axis in ("pp", "sharding"):
-            if getattr(p, axis) > 1:
-                problems.append(f"parallel.ep={p.ep} with parallel.{axis}={getattr(p, axis)}: expert parallelism is "
-                                f"implemented with dp only so far ({axis} x ep is absent)")
+    if p.ep > 1 and p.sharding > 1:
+        if p.sharding_stage != 1:
+            problems.append(f"parallel.ep={p.ep} with parallel.sharding_stage={p.sharding_stage}: expert parallelism "
+                            "composes with ZeRO-1 only (ZeRO-2/3's flat buffers would mix the ranks' different experts)")
+        if p.ep != p.sharding:
+            problems.append(f"parallel.ep={p.ep} with parallel.sharding={p.sharding}: with sharding, the ep group is the "
+                            "sharding group (its ranks hold different experts), so ep must equal sharding")
+    elif p.ep > 1 and p.dp % p.ep:
+        problems.append(f"parallel.ep={p.ep} does not divide parallel.dp={p.dp}: expert parallelism is carved out of "
+                        "the data-parallel ranks (each group of ep data ranks shares out the experts)")
     batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
     if batch is not None and p.pp_schedule == "interleaved" and batch[2] % p.pp:
         problems.append(
@@ -200,9 +202,10 @@ def model_fit_problems(degrees, model) -> list[str]:
         problems.append(f"parallel.ep={ep} with model.moe_num_experts={e}: expert parallelism needs an MoE model")
     elif ep > 1 and e % ep:
         problems.append(f"model.moe_num_experts={e} is not divisible by parallel.ep={ep}")
-    if e > 0 and pp > 1:
-        problems.append(f"model.moe_num_experts={e} with parallel.pp={pp}: MoE under pipeline parallelism is absent "
-                        "(the routers' balancing losses would not reach the last stage's loss)")
+    if e > 0 and pp > 1 and model.moe_aux_loss_scope != "layer":
+        problems.append(f"model.moe_aux_loss_scope={model.moe_aux_loss_scope!r} with parallel.pp={pp}: under pipeline "
+                        "parallelism each stage feeds its layers' balancing losses to the backward, and a loss pooled "
+                        "over all layers is not a sum of per-stage terms; use moe_aux_loss_scope=layer")
     if e > 0 and 0 < model.moe_top_k > e:
         problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_num_experts={e}")
     if e > 0 and model.moe_top_k < 1:

@@ -28,6 +28,7 @@ from llmtrain.models import model_stages
 from llmtrain.models.decoder import LMLoss, Stage
 from llmtrain.paddle_compat.fleet import mark_secondary_shared_copies
 from llmtrain.parallel.layout import Layout
+from llmtrain.parallel.moe_pipeline import attach_pipeline_moe
 
 
 class TiedHead(nn.Layer):
@@ -100,5 +101,6 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
     )
     pipe.llm_loss = loss  # a sublayer we can find (evaluation switches it to token sums); no parameters
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
+    attach_pipeline_moe(pipe, model_cfg, layout, topo)  # MoE: every stage's balancing losses reach the gradient
     return pipe
 

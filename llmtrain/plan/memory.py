@@ -29,7 +29,8 @@ Two parts:
      optimizer state covers that slice; smaller parameters stay whole with whole state;
    - Mixture-of-Experts: router, expert bias (no gradient, no optimizer state), stacked
      routed experts [E, ...] (E / ep per rank under expert parallelism, whole over tp) and
-     shared experts (tp-split like a dense FFN);
+     shared experts (tp-split like a dense FFN); under ZeRO-1 with ep (= sharding) the experts
+     stay out of the partition (`keep_local_in_zero1`): every rank keeps its own experts' state;
    - AdamW state per parameter of n elements: two fp32 moments (2n) and two fp32 [1] beta
      powers; under AMP O2 (bf16/fp16 parameters, Paddle's `multi_precision`) an fp32 master
      copy (n) as well. Paddle's O2 `decorate` keeps `nn.LayerNorm` parameters fp32.
@@ -251,7 +252,12 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     # a frozen parameter (the MoE expert bias) has no gradient, except under fleet's sharding optimizer, whose
     # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2)
     g_bytes = sum(n * b for s, n, b in trained if sh > 1 or not s.frozen)
-    if stage in (1, 2) and sh > 1:
+    if stage == 1 and sh > 1 and ep > 1:  # ZeRO-1 x ep: experts kept out of the partition, each rank its own
+        shared = [i for i, x in enumerate(trained) if not x[0].expert]
+        experts = [i for i, x in enumerate(trained) if x[0].expert]
+        owners = [[shared[j] for j in owned] + experts
+                  for owned in greedy_partition([trained[i][1] for i in shared], sh, sort=True)]
+    elif stage in (1, 2) and sh > 1:
         owners = greedy_partition([n for _, n, _ in trained], sh, sort=stage == 1)
     else:
         owners = [list(range(len(trained)))]

@@ -84,9 +84,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 
         problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
 
-    if model.moe_num_experts > 0 and cfg.train.recompute:
-        problems.append(f"train.recompute=true with model.moe_num_experts={model.moe_num_experts}: recompute re-runs "
-                        "the routers in the backward pass and would count their losses and loads twice (absent)")
+    if model.moe_num_experts > 0 and cfg.train.amp == "fp16" and cfg.parallel is not None and cfg.parallel.pp > 1:
+        problems.append(f"train.amp=fp16 with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
+                        f"{cfg.parallel.pp}: the balancing losses enter each stage's backward without fp16's dynamic "
+                        "loss scale (absent); use train.amp=bf16")
     if cfg.train.batch_rampup is not None:
         from llmtrain.data.rampup import rampup_problems
 

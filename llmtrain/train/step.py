@@ -51,9 +51,7 @@ def packing_inputs(mb: dict) -> dict:
 
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None,
-                 grad_hooks=(), accumulate_steps: int = 1):
-        self.grad_hooks = list(grad_hooks)
-        """Callables run after the last backward, before the optimizer step (expert-parallel gradient reduction)."""
+                 accumulate_steps: int = 1):
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -91,8 +89,6 @@ class StepRunner:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             losses.append(loss.detach())
-        for hook in self.grad_hooks:
-            hook()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()

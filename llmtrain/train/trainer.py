@@ -131,8 +131,7 @@ class Trainer:
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
-                            built.pipeline, built.scaler, grad_hooks=getattr(built.core, "llm_grad_hooks", ()),
-                            accumulate_steps=layout.grad_accum)
+                            built.pipeline, built.scaler, accumulate_steps=layout.grad_accum)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -181,9 +180,12 @@ class Trainer:
             out = runner.run(micro_batches)
             step += 1
             extra = {"consumed_samples": data.consumed_samples}
-            moe_stats = getattr(built.loss_fn, "stats", None)  # MoE: routing metrics, aux-loss-free bias update
+            # MoE: routing metrics, aux-loss-free bias update (under pp: gathered from every stage)
+            moe_stats = getattr(built.loss_fn, "stats", None) or getattr(built.core, "llm_moe_stats", None)
             if moe_stats is not None:
-                extra.update(moe_stats.finish_step(meter.reduce_sum))
+                moe = moe_stats.finish_step(meter.reduce_sum)
+                extra.update(moe)
+                out = dataclasses.replace(out, loss=moe_stats.step_loss(out.loss, moe))
             meter.update(step, out, lr, data_wait, extra=extra)
             if wd is not None:
                 wd.progress(step)

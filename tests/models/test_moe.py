@@ -14,7 +14,8 @@ from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters
-from llmtrain.models.moe import MoEFeedForward, aux_loss, capacity, moe_layers, route, update_bias, z_loss
+from llmtrain.models.moe import (MoEFeedForward, attach_balancing_losses, aux_loss, capacity, moe_layers, route,
+                                 update_bias, z_loss)
 from llmtrain.models.roles import Roles
 from llmtrain.models.size import flops_parameters, parameter_count
 
@@ -175,6 +176,79 @@ def test_balancing_losses_enter_the_training_loss_and_reach_the_router():
     assert dict(named)["layers.1.mlp.expert_bias"].grad is None  # kept out of the gradient
     model.eval()  # evaluation reports the LM loss alone
     assert float(model.loss_fn(model(ids), labels)) == pytest.approx(float(lm), rel=1e-6)
+
+
+def test_attached_balancing_losses_give_the_gradients_of_the_training_loss():
+    """What pipeline parallelism runs (the last stage's loss function sees the LM loss only): each MoE layer feeds
+    its share of the balancing loss to the backward through its output with the gradient 1 / micro-batches. Two
+    micro-batches on one device give every parameter the gradient of sum (LM + coefficients x balancing) / 2, and the
+    per-layer aux and z sums the logged means are made of."""
+    cfg = moe_cfg(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.1)
+    rng = np.random.default_rng(7)
+    batches = [paddle.to_tensor(rng.integers(0, 64, (2, 12)), dtype="int64") for _ in range(2)]
+    grads, logged = [], []
+    for attached in (False, True):
+        model = build_model(cfg)
+        named = canonical_parameters(model)
+        init_parameters(named, cfg, seed=9)
+        if attached:
+            attach_balancing_losses(moe_layers(model), 0.5)
+        for ids in batches:
+            labels = (ids, paddle.ones([2, 12]))
+            loss_fn = model.loss_fn.lm_loss if attached else model.loss_fn
+            (loss_fn(model(ids), labels) / 2).backward()
+        grads.append({n: p.grad.numpy() for n, p in named if p.grad is not None})
+        stats = model.loss_fn.stats
+        layers = moe_layers(model)
+        logged.append((sum(x.step_aux for x in layers) / 2, sum(x.step_z for x in layers) / 2) if attached
+                      else (stats.aux_sum, stats.z_sum))
+    assert grads[0].keys() == grads[1].keys() and "layers.2.mlp.router.weight" in grads[0]
+    for name, want in grads[0].items():
+        np.testing.assert_allclose(grads[1][name], want, rtol=1e-5, atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(logged[1], logged[0], rtol=1e-6)
+    assert logged[0][0] > 0 and logged[0][1] > 0
+    without = build_model(cfg)  # a control: the LM loss alone gives the router another gradient
+    init_parameters(canonical_parameters(without), cfg, seed=9)
+    for ids in batches:
+        (without.loss_fn.lm_loss(without(ids), (ids, paddle.ones([2, 12]))) / 2).backward()
+    router = dict(canonical_parameters(without))["layers.2.mlp.router.weight"].grad.numpy()
+    assert np.abs(router - grads[0]["layers.2.mlp.router.weight"]).max() > 1e-4
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_recompute_records_each_forward_once_and_keeps_the_gradients(attached):
+    """`train.recompute` re-runs every block in the backward: the MoE layers run the same ops again (so the
+    recomputed activations line up) but record nothing, so losses, loads, dropped choices and every gradient equal
+    the run without recompute, for the balancing losses in the loss function and attached (pipeline) alike."""
+    cfg = moe_cfg(moe_aux_loss_coef=0.5, moe_z_loss_coef=0.1, moe_capacity_factor=1.0)
+    rng = np.random.default_rng(8)
+    batches = [paddle.to_tensor(rng.integers(0, 64, (2, 12)), dtype="int64") for _ in range(2)]
+    runs = []
+    for recompute in (False, True):
+        model = build_model(cfg, recompute=recompute)
+        named = canonical_parameters(model)
+        init_parameters(named, cfg, seed=10)
+        layers = moe_layers(model)
+        if attached:
+            attach_balancing_losses(layers, 0.5)
+        losses = []
+        for ids in batches:
+            loss_fn = model.loss_fn.lm_loss if attached else model.loss_fn
+            loss = loss_fn(model(ids), (ids, paddle.ones([2, 12])))
+            (loss / 2).backward()
+            losses.append(float(loss))
+        stats = model.loss_fn.stats
+        recorded = [stats.losses, stats.aux_sum, stats.z_sum] + [
+            x for layer in layers for x in (*layer.step_counts.tolist(), layer.step_dropped, layer.step_choices,
+                                            layer.step_aux, layer.step_z, len(layer.loss_terms))]
+        runs.append((losses, recorded, {n: p.grad.numpy() for n, p in named if p.grad is not None}))
+    (loss0, rec0, grads0), (loss1, rec1, grads1) = runs
+    np.testing.assert_allclose(loss1, loss0, rtol=1e-6)
+    np.testing.assert_allclose(rec1, rec0, rtol=1e-6)
+    assert rec0[0] == (0 if attached else 2) and sum(layer.step_dropped for layer in moe_layers(model)) > 0
+    assert grads0.keys() == grads1.keys()
+    for name, want in grads0.items():
+        np.testing.assert_allclose(grads1[name], want, rtol=1e-5, atol=1e-7, err_msg=name)
 
 
 def test_parameter_counts_all_and_active():

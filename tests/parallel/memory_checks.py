@@ -218,23 +218,39 @@ FROZEN = re.compile(r"layers\.\d+\.mlp\.expert_bias")
 """The auxiliary-loss-free bias: a parameter without gradient or optimizer state."""
 
 
-def check_expert_memory(got: dict, ref: dict, dp: int, ep: int, tp: int = 1) -> None:
-    """A data-parallel (x tp) MoE run with `ep` (1: experts replicated) against its one-process run: every rank holds
-    the dense parameters as the tp layout says (`SPLIT_AXES`) and exactly E / ep experts of each stacked expert
-    tensor (axis 0; whole over tp); the element counts of an ep group's ranks sum to the model's for every expert
-    tensor; over all ranks, numel / copies (dense: dp x tp unless tp-split, experts: dp / ep x tp) sums to the
-    model; optimizer state is AdamW's for every held trainable parameter, none for the frozen expert bias."""
+def check_expert_memory(got: dict, ref: dict, dp: int, ep: int, tp: int = 1, pp: int = 1, sharding: int = 1) -> None:
+    """An MoE run under dp (x tp, x pp, x ZeRO-1 sharding) with `ep` (1: experts replicated) against its one-process
+    run. Every rank holds the dense parameters of its pipeline stage as the tp layout says (`SPLIT_AXES`) and exactly
+    E / ep experts of each stacked expert tensor of its stage (axis 0; whole over tp); stage s holds the layers
+    s * L/pp ... (s + 1) * L/pp - 1 (the embedding with the first, the final norm and head with the last), stages are
+    disjoint and cover the model; the element counts of an ep group's ranks (dp ranks ep by ep, or with sharding the
+    sharding group) sum to the model's for every expert tensor; over all ranks, numel / copies (dense: dp x sharding
+    x tp unless tp-split, experts: dp x sharding / ep x tp) sums to the model. Optimizer state: AdamW's for every held
+    trainable parameter, none for the frozen expert bias; under ZeRO-1 every rank keeps its own experts' state and
+    the sharding ranks own disjoint sets of the dense parameters covering them, each at most 1/sharding of their
+    elements plus the largest one."""
     full = {n: p["shape"] for n, p in ref["ranks"][0]["params"].items()}
     assert got["model_numel"] == ref["model_numel"] == sum(prod(s) for s in full.values())
     assert any(EXPERTS.fullmatch(n) for n in full), "not an MoE model"
     ranks = got["ranks"]
-    coords = sorted((e["dp_rank"], e["tp_rank"]) for e in ranks)
-    assert coords == sorted(itertools.product(range(dp), range(tp))) and all(e["pp_rank"] == 0 for e in ranks), coords
+    coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"]) for e in ranks)
+    assert coords == sorted(itertools.product(range(dp), range(tp), range(pp), range(sharding))), coords
+    chunk = len({_layer(n) for n in full} - {None}) // pp
+    stages: dict = {}
+    for e in ranks:  # pipeline stages: this stage's layers only, the same names on every rank of a stage
+        s = e["pp_rank"]
+        want = {n for n in full if (_layer(n) is not None and _layer(n) // chunk == s)
+                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == pp - 1))}
+        assert set(e["params"]) == want, (f"pp{pp}: rank {e['rank']} (stage {s}) holds {sorted(set(e['params']) ^ want)[:4]} "
+                                          "beyond (or short of) its stage's layers")
+        stages.setdefault(s, set(e["params"]))
+    assert set().union(*stages.values()) == set(full)
     groups: dict = {}
     total = Fraction(0)
     for e in ranks:
-        assert set(e["params"]) == set(full), (e["rank"], set(full) ^ set(e["params"]))
-        groups.setdefault((e["dp_rank"] // ep, e["tp_rank"]), []).append(e)
+        ep_group = (e["dp_rank"], e["tp_rank"], e["pp_rank"]) if sharding > 1 else \
+            (e["dp_rank"] // ep, e["tp_rank"], e["pp_rank"])
+        groups.setdefault(ep_group, []).append(e)
         for name, p in e["params"].items():
             want = list(full[name])
             expert = EXPERTS.fullmatch(name) is not None
@@ -245,16 +261,30 @@ def check_expert_memory(got: dict, ref: dict, dp: int, ep: int, tp: int = 1) -> 
                 want[axis] //= tp
             assert p["shape"] == want, (
                 f"ep{ep} tp{tp}: rank {e['rank']} holds {name} as {p['shape']}, expected {want} (full {full[name]})")
-            copies = (dp // ep if expert else dp) * (1 if axis is not None else tp)
+            copies = (dp * sharding // ep if expert else dp * sharding) * (1 if axis is not None else tp)
             total += Fraction(p["numel"], copies)
             state = e["optimizer_params"].get(name)
-            assert state == (None if FROZEN.fullmatch(name) else adam_state(p["numel"])), (e["rank"], name, state)
-        frozen = sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))
+            if sharding == 1 or expert or FROZEN.fullmatch(name):
+                assert state == (None if FROZEN.fullmatch(name) else adam_state(p["numel"])), (e["rank"], name, state)
+            else:
+                assert state in (None, adam_state(p["numel"])), (e["rank"], name, state)
+        frozen = 0 if sharding > 1 else sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))
         assert e["grad_bytes"] == e["param_bytes"] - frozen, (e["rank"], e["grad_bytes"], e["param_bytes"])
     assert total == got["model_numel"], (f"ep{ep} tp{tp}: ranks hold {float(total)} elements net of replication, "
                                          f"the model has {got['model_numel']}")
     for members in groups.values():
         assert len(members) == ep
-        for name in full:
+        for name in stages[members[0]["pp_rank"]]:
             if EXPERTS.fullmatch(name):
                 assert sum(m["params"][name]["numel"] for m in members) == prod(full[name]), name
+        if sharding > 1:  # ZeRO-1: the dense state is partitioned over the group, disjointly and completely
+            dense = {n for n in members[0]["params"] if not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n)}
+            owned = [{n for n in m["optimizer_params"] if n in dense} for m in members]
+            for a, b in itertools.combinations(owned, 2):
+                assert not a & b, f"sharding ranks both keep optimizer state of {sorted(a & b)[:5]}"
+            assert set().union(*owned) == dense, dense - set().union(*owned)
+            elems = {n: members[0]["params"][n]["numel"] for n in dense}
+            for m, mine in zip(members, owned):
+                held = sum(elems[n] for n in mine)
+                assert 0 < held <= sum(elems.values()) / sharding + max(elems.values()) and held < sum(elems.values()), (
+                    f"rank {m['rank']} keeps optimizer state for {held} of {sum(elems.values())} dense elements")

@@ -38,15 +38,28 @@ def test_ep_is_carved_out_of_dp():
 
 @pytest.mark.parametrize("parallel,world,message", [
     (ParallelConfig(dp=3, ep=2), 3, "parallel.ep=2 does not divide parallel.dp=3"),
-    (ParallelConfig(dp=2, pp=2, ep=2), 4, "parallel.ep=2 with parallel.pp=2"),
-    (ParallelConfig(dp=2, sharding=2, ep=2), 4, "parallel.ep=2 with parallel.sharding=2"),
+    (ParallelConfig(dp=1, pp=2, ep=2), 2, "parallel.ep=2 does not divide parallel.dp=1"),
+    (ParallelConfig(sharding=4, ep=2), 4, "parallel.ep=2 with parallel.sharding=4: with sharding, the ep group is the "
+                                          "sharding group"),
+    (ParallelConfig(sharding=2, sharding_stage=2, ep=2), 2, "parallel.ep=2 with parallel.sharding_stage=2"),
     (ParallelConfig(dp=4, ep=4), 4, "model.moe_num_experts=6 is not divisible by parallel.ep=4"),
     (ParallelConfig(dp=2, ep=0), 2, "parallel.ep=0: must be >= 1"),
     (ParallelConfig(dp=2, ep=2, ep_dispatcher="nccl"), 2, "parallel.ep_dispatcher='nccl'"),
-    (ParallelConfig(pp=2), 2, "model.moe_num_experts=6 with parallel.pp=2"),
 ])
 def test_bad_expert_layouts_name_their_numbers(parallel, world, message):
     assert message in problems(parallel, world)
+
+
+def test_ep_composes_with_pp_and_zero1():
+    """ep carved out of each stage's dp ranks, or equal to a ZeRO-1 sharding group; a pooled aux loss is refused
+    under pp (each stage feeds its own layers' losses to the backward)."""
+    train = TrainConfig(global_batch_size=8, micro_batch_size=None, grad_accum=None)
+    for parallel in (ParallelConfig(dp=2, pp=2, ep=2), ParallelConfig(sharding=2, ep=2),
+                     ParallelConfig(dp=2, sharding=2, ep=2), ParallelConfig(pp=2)):
+        check_model_fits(resolve_layout(parallel, train, parallel.world()), MOE)
+    pooled = ModelConfig(**{**MOE.__dict__, "moe_aux_loss_scope": "model"})
+    assert "model.moe_aux_loss_scope='model' with parallel.pp=2" in problems(ParallelConfig(pp=2), 2, pooled)
+    assert not problems(ParallelConfig(dp=2), 2, pooled)
 
 
 def test_ep_needs_an_moe_model():

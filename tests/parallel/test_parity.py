@@ -18,7 +18,10 @@ checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, tp2 and pp2 launches
-also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), checked by `lora_checks`.
+also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), checked by `lora_checks`. Mixture-of-Experts
+(`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both stages), dp2pp2 with ep2 (also with
+recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition), each checked per rank by
+`check_expert_memory`.
 """
 from __future__ import annotations
 
@@ -49,23 +52,24 @@ LAYOUTS = [
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora")}
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
+         "sharding2": ("moe_ep2",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt"}
-"""Extra runs compared with another run of the one-process reference (the unfused Llama)."""
+SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe"}
+"""Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
 SP = ["parallel.sequence_parallel=true"]
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
        "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
-drops and a sigmoid router. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks)."""
+drops and a sigmoid router. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
+`moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
 
 
 def reference_name(run: str) -> str:
     """The one-process run a parallel run is compared with (`moe_ep2` -> `moe`, `llama_sp` -> `llama`)."""
-    if run in SAME_AS:
-        return SAME_AS[run]
-    return run[: -len("_ep2")] if run.endswith("_ep2") else run
+    base = run[: -len("_ep2")] if run.endswith("_ep2") else run
+    return SAME_AS.get(base, base)
 
 
 def run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
@@ -85,7 +89,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "gpt", steps=STEPS) + LAYERS + SP
     if run.startswith("moe"):
         ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
-        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep
+        rc = ["train.recompute=true"] if run.startswith("moe_rc") else []
+        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep + rc
     if run == "llama_lora":  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss falls);
         # held-out evaluation at steps 4 and 8 (4 micro-batches split over the data ranks, token-weighted)
         return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
@@ -160,8 +165,9 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
                 assert g["moe_load_max_mean"] == r["moe_load_max_mean"] and g["moe_dropped_frac"] == r["moe_dropped_frac"]
                 assert abs(g["moe_aux_loss"] - r["moe_aux_loss"]) <= TOL and abs(g["moe_z_loss"] - r["moe_z_loss"]) <= TOL
             assert (got[0]["moe_dropped_frac"] > 0) == n.startswith("moe_cap")
-            check_expert_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], DEGREES[layout].dp,
-                                2 if n.endswith("_ep2") else 1, DEGREES[layout].tp)
+            d = DEGREES[layout]
+            check_expert_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], d.dp,
+                                2 if n.endswith("_ep2") else 1, d.tp, d.pp, d.sharding)
             check_predicted(_memory(tmp_path / n), layout)  # the planner models experts too
             continue
         if n == "llama_lora":  # adapters split with their base, optimizer state for adapters only; the planner too
@@ -204,12 +210,18 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
 
 
 def test_replicated_experts_fail_the_expert_check(reference):
-    """Every dp rank holding all experts is right for ep=1 and must fail for ep=2 (a silent fallback to replication)."""
+    """Every rank holding all experts, every layer and all optimizer state is right for one dp2 replica pair with
+    ep=1, and must fail for ep=2 over dp2, for pp2 (every stage all layers) and for sharding2 x ep2 (experts and the
+    dense optimizer state replicated): a silent fallback to replication."""
     one = reference["moe"]["memory"]
     fake = dict(one, ranks=[dict(one["ranks"][0], rank=r, dp_rank=r) for r in range(2)])
     check_expert_memory(fake, one, dp=2, ep=1)
     with pytest.raises(AssertionError):
         check_expert_memory(fake, one, dp=2, ep=2)
+    for axis, kwargs in (("pp_rank", dict(dp=1, ep=1, pp=2)), ("sharding_rank", dict(dp=1, ep=2, sharding=2))):
+        fake = dict(one, ranks=[dict(one["ranks"][0], rank=r, **{axis: r}) for r in range(2)])
+        with pytest.raises(AssertionError):
+            check_expert_memory(fake, one, **kwargs)
 
 
 @pytest.mark.parametrize("layout", [name for name in EXTRA if "llama_lora" in EXTRA[name]])

@@ -1,0 +1,76 @@
+"""Mixture-of-Experts under pipeline parallelism: every stage's routers get their balancing-loss gradient.
+
+    python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=moe-tiny +parallel=pp2
+    python -m pytest tests/parallel/test_parity.py -q -k "pp2"
+
+fleet's `PipelineParallel` computes the loss on the last stage only, from the
+logits; the routers of earlier stages record their aux and z losses during
+their own forward, where no loss function sees them. So each MoE layer of a
+stage feeds its share of the balancing loss, (coef_aux * aux_l + coef_z *
+z_l) / (MoE layers of the model), to the backward through its output
+(`llmtrain.models.moe.attach_balancing_losses`) with the gradient 1 /
+micro-batches, the factor fleet divides each micro-batch's LM loss by
+(`accumulate_steps`; `_delay_scale_loss` is off). The gradient of every
+parameter is then that of one process's `LM + balancing` loss.
+
+What is logged: `PipelineMoEStats` sums the step's per-layer aux and z losses
+and expert loads over the pipeline stages (one slot per MoE layer of the
+model) and over the data ranks, so `moe_aux_loss`, `moe_z_loss`,
+`moe_load_max_mean` and `moe_dropped_frac` equal one process's; the logged
+`loss` is the last stage's LM loss plus the coefficients times the stages'
+balancing losses (`step_loss`), as one process logs it. The
+auxiliary-loss-free bias of each layer moves on its own stage from the
+model-wide counts of that layer.
+
+Limits (refused up front in `llmtrain.parallel.layout` / `llmtrain.train.resolve`):
+`moe_aux_loss_scope=model` (a pooled loss over all layers is not a sum of
+per-stage terms) and `train.amp=fp16` (the attached gradient would miss the
+dynamic loss scale).
+"""
+from __future__ import annotations
+
+import paddle
+import paddle.distributed as dist
+
+from llmtrain.models.moe import MoEStats, attach_balancing_losses, moe_layer_count, moe_layers
+
+
+class PipelineMoEStats(MoEStats):
+    """`MoEStats` of one pipeline stage's MoE layers (possibly none), summed over the pipeline group before the
+    data ranks; the micro-batches are counted once, by the first stage."""
+
+    def __init__(self, layers, cfg, pp_group, first_stage: bool, micro_batches: int):
+        super().__init__(layers, cfg)
+        self.pp_group, self.first_stage, self.micro_batches = pp_group, first_stage, micro_batches
+
+    def _loss_sums(self) -> list:
+        n = moe_layer_count(self.cfg)  # this stage's layers' share of the mean over the model's MoE layers
+        return [sum(layer.step_aux for layer in self.layers) / n, sum(layer.step_z for layer in self.layers) / n,
+                float(self.micro_batches if self.first_stage else 0)]
+
+    def _stepped(self) -> bool:
+        return True  # called after every training step, on every stage (a collective, even with no MoE layer here)
+
+    def _stage_sum(self, values: list) -> list:
+        t = paddle.to_tensor(values, dtype="float64")
+        dist.all_reduce(t, group=self.pp_group)
+        return t.tolist()
+
+    def finish_step(self, reduce=lambda v: v) -> dict:
+        return super().finish_step(lambda values: reduce(self._stage_sum(values)))
+
+    def step_loss(self, loss, metrics: dict):
+        """The last stage's LM loss (broadcast to every stage by fleet) + the balancing terms of all stages."""
+        return loss + (self.cfg.moe_aux_loss_coef * metrics["moe_aux_loss"]
+                       + self.cfg.moe_z_loss_coef * metrics["moe_z_loss"])
+
+
+def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> None:
+    """Under pp > 1 with an MoE model: this stage's balancing losses enter the backward through the layer outputs
+    (gradient 1 / grad_accum) and `pipe.llm_moe_stats` gathers the routing metrics of all stages."""
+    if model_cfg.moe_num_experts <= 0:
+        return
+    layers = moe_layers(pipe)
+    attach_balancing_losses(layers, 1.0 / layout.grad_accum)
+    pipe.llm_moe_stats = PipelineMoEStats(layers, model_cfg, topo.hcg.get_pipe_parallel_group(),
+                                          topo.pp_rank == 0, layout.grad_accum)
