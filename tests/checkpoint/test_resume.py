@@ -20,6 +20,7 @@ import pytest
 from llmtest import tiny_overrides
 from launch import REPO, child_pids, env, launch_cmd, metrics, run_launch, run_many
 from llmtrain.checkpoint.manager import verify_files
+from parallel.memory_checks import check_predicted  # tests/parallel (no package: a namespace import)
 
 STEPS = 12
 TOL = 1e-5
@@ -212,29 +213,35 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     worst = check_against(uninterrupted["moe"], recs, "single -> ep2 moe", keys=("loss", "grad_norm"))
     print(f"single -> ep2 moe: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
     split = ("tp2", "pp2", "zero3")  # these also write step 9, which one process then continues
-    for layout, nproc in (("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2), (None, 0)):
-        out = tmp_path / (layout or "single")
-        runs = [tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS)
-                + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
-                + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])  # really slice the tiny params
-                + (["checkpoint.interval=3"] if layout in split and m == "llama" else [])
-                for m in ("gpt", "llama")]
-        models = ("gpt", "llama") + (("moe",) if layout in (None, "tp2") else ())
-        if layout in (None, "tp2"):  # ep2 -> one process, ep2 -> tp2 (experts whole on both tp ranks)
-            runs.append(tiny_overrides(tiny_corpus, str(out / "moe"), "moe", steps=STEPS) + MOE
-                        + [f"checkpoint.resume={src / 'moe' / 'checkpoints' / 'step_6'}"]
-                        + ([f"+parallel={layout}"] if layout else []))
-        if layout is None:  # tp slices, pipeline stages and ZeRO-3 slices reassembled for one process
-            runs += [tiny_overrides(tiny_corpus, str(out / f"from_{s}"), "llama", steps=STEPS)
-                     + [f"checkpoint.resume={tmp_path / s / 'llama' / 'checkpoints' / 'step_9'}"] for s in split]
-        run_many(runs, nproc=nproc, workdir=out)
-        for m in models:
+    # one launch per fleet topology: ZeRO-1/2/3 share sharding=2 (the stage is ours, not fleet's), so they share one
+    for launch in (("tp2",), ("pp2",), ("sharding2", "zero2", "zero3"), (None,)):
+        runs, checked = [], []
+        for layout in launch:
+            out = tmp_path / (layout or "single")
+            runs += [tiny_overrides(tiny_corpus, str(out / m), m, steps=STEPS)
+                     + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
+                     + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])  # really slice the tiny params
+                     + (["checkpoint.interval=3"] if layout in split and m == "llama" else [])
+                     for m in ("gpt", "llama")]
+            checked += [(layout, out, m) for m in ("gpt", "llama")]
+            if layout in (None, "tp2"):  # ep2 -> one process, ep2 -> tp2 (experts whole on both tp ranks)
+                runs.append(tiny_overrides(tiny_corpus, str(out / "moe"), "moe", steps=STEPS) + MOE
+                            + [f"checkpoint.resume={src / 'moe' / 'checkpoints' / 'step_6'}"]
+                            + ([f"+parallel={layout}"] if layout else []))
+                checked.append((layout, out, "moe"))
+            if layout is None:  # tp slices, pipeline stages and ZeRO-3 slices reassembled for one process
+                runs += [tiny_overrides(tiny_corpus, str(out / f"from_{s}"), "llama", steps=STEPS)
+                         + [f"checkpoint.resume={tmp_path / s / 'llama' / 'checkpoints' / 'step_9'}"] for s in split]
+        run_many(runs, nproc=0 if launch == (None,) else 2, workdir=tmp_path / f"launch_{launch[0] or 'single'}")
+        for layout, out, m in checked:
             recs = _records(out / m)
             assert [r["step"] for r in recs] == list(range(7, STEPS + 1)), (layout, m)
             worst = check_against(uninterrupted[m], recs, (layout, m), keys=("loss", "grad_norm"))
             print(f"dp2 -> {layout or 'single'} {m}: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
-        if layout in split:
-            assert (out / "llama" / "checkpoints" / "step_9").is_dir(), layout
+            if layout in split and m == "llama":
+                assert (out / "llama" / "checkpoints" / "step_9").is_dir(), layout
+            if layout is not None:  # what each rank held is the layout's (the stages sharing a launch included)
+                check_predicted(json.loads((out / m / "memory.json").read_text()), layout)
     for s in split:
         recs = _records(tmp_path / "single" / f"from_{s}")
         assert [r["step"] for r in recs] == list(range(10, STEPS + 1)), s
