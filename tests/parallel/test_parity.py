@@ -46,14 +46,18 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp", "llama_lora"),
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp", "llama_lora_fsp"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("moe", "moe_ep2", "moe_cap_ep2", "llama_lora"), "dp4": ("moe_ep2",),
-         "pp2": ("llama_lora",)}
+         "pp2": ("llama_lora",), "sharding2": ("llama_lora",), "zero2": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt"}
-"""Extra runs compared with another run of the one-process reference (the unfused Llama)."""
+SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "llama_lora_fsp": "llama_lora"}
+"""Extra runs compared with another run of the one-process reference (the unfused Llama, the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
 SP = ["parallel.sequence_parallel=true"]
+LORA_FSP = ["model.fuse_qkv=true", "model.fuse_swiglu=true"] + SP
+"""`llama_lora_fsp`: q/k/v adapters as one block of the fused projection and gate/up adapters on their own
+sequence-parallel linears (fuse_ffn off), o/down adapters reduce-scattered: every LoRA path of tp + sp in one run
+(the fused gate/up block is the q/k/v code; one process compares both fusions in tests/models/test_fused.py)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
        "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
@@ -85,10 +89,11 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
     if run.startswith("moe"):
         ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
         return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep
-    if run == "llama_lora":  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss falls);
-        # held-out evaluation at steps 4 and 8 (4 micro-batches split over the data ranks, token-weighted)
+    if run.startswith("llama_lora"):  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss
+        # falls); held-out evaluation at steps 4 and 8 (4 micro-batches split over the data ranks, token-weighted)
         return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
-            + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2", "train.eval_interval=4", "train.eval_batches=4"]
+            + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2", "train.eval_interval=4", "train.eval_batches=4"] \
+            + (LORA_FSP if run == "llama_lora_fsp" else [])
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
@@ -143,7 +148,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
         print(f"tp2 saved-for-backward bytes per block: {check(tmp_path / 'sp_act')}")
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(tmp_path / n)
-        if n == "llama_lora":  # evaluation: the same exact token-weighted loss and token count as one process
+        lora = reference_name(n) == "llama_lora"
+        if lora:  # evaluation: the same exact token-weighted loss and token count as one process
             ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in (ref, got))
             assert [r["step"] for r in got_eval] == [r["step"] for r in ref_eval] == [4, 8], got_eval
             for r, g in zip(ref_eval, got_eval):
@@ -163,8 +169,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
                                 2 if n.endswith("_ep2") else 1, DEGREES[layout].tp)
             check_predicted(_memory(tmp_path / n), layout)  # the planner models experts too
             continue
-        if n == "llama_lora":  # adapters split with their base, optimizer state for adapters only; the planner too
-            check_lora_memory(_memory(tmp_path / n), reference[n]["memory"], layout)
+        if lora:  # adapters split with their base, optimizer state for adapters only (sharded under ZeRO); the planner
+            check_lora_memory(_memory(tmp_path / n), reference["llama_lora"]["memory"], layout)
             check_predicted(_memory(tmp_path / n), layout)
             continue
         check_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
@@ -211,10 +217,11 @@ def test_replicated_experts_fail_the_expert_check(reference):
         check_expert_memory(fake, one, dp=2, ep=2)
 
 
-@pytest.mark.parametrize("layout", [name for name in EXTRA if "llama_lora" in EXTRA[name]])
+@pytest.mark.parametrize("layout", [name for name in EXTRA if any(n.startswith("llama_lora") for n in EXTRA[name])])
 def test_replicated_lora_adapters_fail_the_lora_check(layout, reference):
-    """Every rank holding every adapter whole (the base split as the layout says, the adapters fallen back to
-    replication) fails `check_lora_memory` under tp2 and pp2; under dp2 that is the layout."""
+    """Every rank holding every adapter whole with all their optimizer state (the base split as tp says, the
+    adapters fallen back to replication) fails `check_lora_memory` under tp2, pp2, sharding2 and zero2;
+    under dp2 that is the layout."""
     from math import prod
 
     from lora_checks import is_adapter
