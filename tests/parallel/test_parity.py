@@ -16,8 +16,10 @@ parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2
 (masked LM) and a Llama started with `model.init_from` (one of our checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
-launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, tp2 and pp2 launches
-also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), checked by `lora_checks`.
+launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, pp2, sharding2 and zero2
+launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), the tp2 launch the same with
+sequence parallelism and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and
+checked rank by rank by `lora_checks` (LoRA under ZeRO-3 is refused).
 """
 from __future__ import annotations
 
