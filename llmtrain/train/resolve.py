@@ -121,14 +121,6 @@ def _resolve_lora(cfg: Config, problems: list[str]):
             cfg = dataclasses.replace(cfg, finetune=dataclasses.replace(cfg.finetune, lora=lora))
     if cfg.model.vocab_size is not None:
         problems += lora_problems(cfg.model, lora, cfg.parallel.tp if cfg.parallel is not None else 1)
-    par = cfg.parallel
-    if lora.rank > 0 and par is not None and par.sharding > 1 and par.sharding_stage == 3:
-        problems.append(
-            f"finetune.lora.rank={lora.rank} with parallel.sharding={par.sharding} sharding_stage=3: Paddle 3.3.1's "
-            "GroupShardedStage3 gathers every sliced parameter again for the backward pass but cuts it back to its "
-            "slice only in the gradient hook of a trainable one, so the frozen base would stay whole on every rank "
-            "from the first step on (ZeRO-3 silently fallen back to replication); use sharding_stage=1 or 2 "
-            "(the adapters' optimizer state and gradients sharded; the base is replicated either way)")
     return cfg, state
 
 

@@ -16,10 +16,10 @@ parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2
 (masked LM) and a Llama started with `model.init_from` (one of our checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
-launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, pp2, sharding2 and zero2
-launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), the tp2 launch the same with
-sequence parallelism and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and
-checked rank by rank by `lora_checks` (LoRA under ZeRO-3 is refused).
+launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, pp2, sharding2, zero2 and
+zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a segment of
+100 elements slices the frozen base and most adapters), the tp2 launch the same with sequence parallelism and fused
+q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and checked rank by rank by `lora_checks`.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ LAYOUTS = [
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("llama_sp", "llama_lora_fsp"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("moe", "moe_ep2", "moe_cap_ep2", "llama_lora"), "dp4": ("moe_ep2",),
-         "pp2": ("llama_lora",), "sharding2": ("llama_lora",), "zero2": ("llama_lora",)}
+         "pp2": ("llama_lora",), "sharding2": ("llama_lora",), "zero2": ("llama_lora",), "zero3": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "llama_lora_fsp": "llama_lora"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama, the unfused LoRA run)."""
@@ -60,6 +60,9 @@ LORA_FSP = ["model.fuse_qkv=true", "model.fuse_swiglu=true"] + SP
 """`llama_lora_fsp`: q/k/v adapters as one block of the fused projection and gate/up adapters on their own
 sequence-parallel linears (fuse_ffn off), o/down adapters reduce-scattered: every LoRA path of tp + sp in one run
 (the fused gate/up block is the q/k/v code; one process compares both fusions in tests/models/test_fused.py)."""
+SEGMENTS = {"llama_lora": 100}
+"""parallel.zero3_segment_size per run under zero3 (default 1024): 100 slices the frozen base and the larger
+adapters (lora_A [32, 4], lora_B [4, 32]) but leaves lora_B [4, 16] of k/v whole."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
        "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
@@ -136,11 +139,10 @@ def check_parity(name, layout, ref, got, steps) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,nproc", LAYOUTS, ids=[name for name, _ in LAYOUTS])
 def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tmp_path):
-    segment = 1024 if layout == "zero3" else 2**20
-    extra = [f"parallel.zero3_segment_size={segment}"] if layout == "zero3" else []  # slice even the tiny parameters
     names = [*MODELS, *EXTRA.get(layout, ())]
-    runs = [run_overrides(tiny_corpus, tmp_path, n, reference["init_from"]) + [f"+parallel={layout}"] + extra
-            for n in names]
+    segment = {n: SEGMENTS.get(n, 1024) if layout == "zero3" else 2**20 for n in names}  # slice even tiny parameters
+    runs = [run_overrides(tiny_corpus, tmp_path, n, reference["init_from"]) + [f"+parallel={layout}"]
+            + ([f"parallel.zero3_segment_size={segment[n]}"] if layout == "zero3" else []) for n in names]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(tmp_path / "sp_act")]})
     run_many(runs, nproc=nproc, workdir=tmp_path)
@@ -172,10 +174,11 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
             check_predicted(_memory(tmp_path / n), layout)  # the planner models experts too
             continue
         if lora:  # adapters split with their base, optimizer state for adapters only (sharded under ZeRO); the planner
-            check_lora_memory(_memory(tmp_path / n), reference["llama_lora"]["memory"], layout)
+            check_lora_memory(_memory(tmp_path / n), reference["llama_lora"]["memory"], layout, segment[n])
             check_predicted(_memory(tmp_path / n), layout)
             continue
-        check_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]], segment_size=segment)
+        check_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
+                     segment_size=segment[n])
         check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
 
 
@@ -222,7 +225,7 @@ def test_replicated_experts_fail_the_expert_check(reference):
 @pytest.mark.parametrize("layout", [name for name in EXTRA if any(n.startswith("llama_lora") for n in EXTRA[name])])
 def test_replicated_lora_adapters_fail_the_lora_check(layout, reference):
     """Every rank holding every adapter whole with all their optimizer state (the base split as tp says, the
-    adapters fallen back to replication) fails `check_lora_memory` under tp2, pp2, sharding2 and zero2;
+    adapters fallen back to replication) fails `check_lora_memory` under tp2, pp2, sharding2, zero2 and zero3;
     under dp2 that is the layout."""
     from math import prod
 
@@ -239,8 +242,9 @@ def test_replicated_lora_adapters_fail_the_lora_check(layout, reference):
     coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
     fake = dict(one, ranks=[dict(one["ranks"][0], params=params, rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2],
                                  sharding_rank=c[3]) for r, c in enumerate(coords)])
+    segment = SEGMENTS["llama_lora"] if layout == "zero3" else 2**20
     if d.world == d.dp:
-        check_lora_memory(fake, one, layout)
+        check_lora_memory(fake, one, layout, segment)
     else:
         with pytest.raises(AssertionError):
-            check_lora_memory(fake, one, layout)
+            check_lora_memory(fake, one, layout, segment)

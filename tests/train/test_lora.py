@@ -257,8 +257,8 @@ def test_packed_lora_finetuning_under_tp2_equals_one_process(lora_runs, tiny_cor
 
 
 def test_lora_layout_rules_at_resolve(tiny_corpus, tmp_path):
-    """Fused projections and sequence parallelism take LoRA now; ZeRO-3 is refused with its reason, ZeRO-2 not;
-    MFU counts 4 N for the frozen base (no weight gradients) plus 6 N_lora."""
+    """Fused projections, sequence parallelism and ZeRO-2/3 take LoRA; MFU counts 4 N for the frozen base (no
+    weight gradients) plus 6 N_lora."""
     from llmtest import tiny_overrides
 
     from llmtrain.config import ConfigError, compose_config, to_config
@@ -276,5 +276,6 @@ def test_lora_layout_rules_at_resolve(tiny_corpus, tmp_path):
     assert n_lora > 0 and run.flops_per_token == flops_per_token(run.cfg.model, 32, n_lora) < \
         flops_per_token(run.cfg.model, 32)
     resolved(["+parallel=zero2"])
-    with pytest.raises(ConfigError, match="sharding_stage=3: Paddle 3.3.1's GroupShardedStage3 gathers"):
-        resolved(["+parallel=zero3"])
+    resolved(["+parallel=zero3"])
+    with pytest.raises(ConfigError, match="finetune.lora.dropout=0.1 with parallel.tp=2"):
+        resolved(["+parallel=tp2", "finetune.lora.dropout=0.1"])
