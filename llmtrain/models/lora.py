@@ -12,9 +12,14 @@ like every parameter (PaddleNLP: Kaiming-uniform with a = sqrt(5), the same
 bound), B at zero, so training starts from the base model exactly.
 
 The model asks its `Roles` (the same factory that built the linear) for the
-adapter's local shapes and for the branch's forward: on one device x @ A @ B;
-under tensor parallelism the plan splits B with a column-parallel base and A
-with a row-parallel one (`llmtrain.parallel.tensor`). The model never knows.
+adapter's local shapes and for the branch's first half x A (`Roles.lora_down`):
+on one device a matmul; under tensor parallelism the plan splits B with a
+column-parallel base and A with a row-parallel one (`llmtrain.parallel.tensor`),
+under sequence parallelism x A also moves between sequence shards and the whole
+sequence as the base's activations do (`llmtrain.parallel.sequence`). The model
+never knows. The branch is a forward post-hook of the linear; fused projections
+(`model.fuse_qkv` / `fuse_ffn`: one matmul of concatenated weights, which never
+calls the linears) add the same adapters as one block (`add_fused_adapters`).
 
 Only column and row linears can carry adapters (the LM head, embeddings and
 norms cannot); the base parameters are frozen (`stop_gradient`) by the trainer,
@@ -89,17 +94,42 @@ def matching(names: list[str], patterns: list[str]) -> list[str]:
 
 
 class _Branch:
-    """The forward post-hook adding the adapter branch to a linear's output."""
+    """The forward post-hook adding the adapter branch to a linear's output (also kept as `llm_lora_branch`)."""
 
     def __init__(self, roles, kind: str, scaling: float, dropout: float):
         self.roles, self.kind, self.scaling, self.dropout = roles, kind, scaling, dropout
 
-    def __call__(self, layer, inputs, output):
-        x = inputs[0]  # [.., in] (row linear under tp: [.., in/tp])
+    def delta(self, layer, x):
+        """dropout(x) A B * alpha / r: x [.., in] (row linear under tp: [.., in/tp]) -> [.., out] (column: out/tp)."""
         if self.dropout > 0 and layer.training:
             x = F.dropout(x, self.dropout)
-        delta = self.roles.lora_delta(self.kind, x, layer.lora_A, layer.lora_B)  # [.., out] (column under tp: out/tp)
-        return output + delta * self.scaling
+        return paddle.matmul(self.roles.lora_down(self.kind, x, layer.lora_A), layer.lora_B) * self.scaling
+
+    def __call__(self, layer, inputs, output):
+        return output + self.delta(layer, inputs[0])
+
+
+def add_fused_adapters(roles, x, layers: list, outs: list) -> list:
+    """`outs` (the fused outputs of column linears fed by one input x: model.fuse_qkv / fuse_ffn) plus the
+    adapters of those layers, which their one-matmul path bypasses: x A of every adapted layer in ONE matmul,
+    x [.., in] @ [A_1 .. A_n] [in, n r] (under tp or sp one collective for the block, `Roles.lora_down`), then
+    each [.., r] block @ its B_i, scaled, onto out_i. The same parameters and numbers as each linear's own
+    hook; with dropout in training each adapter draws its own mask, as the hooks do (no shared matmul)."""
+    adapted = [i for i, layer in enumerate(layers) if getattr(layer, "llm_lora_branch", None) is not None]
+    if not adapted:
+        return outs
+    outs = list(outs)
+    branches = [layers[i].llm_lora_branch for i in adapted]
+    if layers[0].training and any(b.dropout > 0 for b in branches):
+        for i, branch in zip(adapted, branches):
+            outs[i] = outs[i] + branch.delta(layers[i], x)
+        return outs
+    a = paddle.concat([layers[i].lora_A for i in adapted], axis=1)  # [in, n r]
+    xa = roles.lora_down("column", x, a)  # [.., n r], whole
+    parts = paddle.split(xa, [int(layers[i].lora_A.shape[1]) for i in adapted], axis=-1)  # n x [.., r]
+    for i, branch, part in zip(adapted, branches, parts):
+        outs[i] = outs[i] + paddle.matmul(part, layers[i].lora_B) * branch.scaling  # [.., out_i(/tp)]
+    return outs
 
 
 def attach_lora(model: nn.Layer, cfg: LoraConfig, roles) -> list[str]:
@@ -125,19 +155,27 @@ def attach_lora(model: nn.Layer, cfg: LoraConfig, roles) -> list[str]:
                 p.is_distributed = True  # fleet: a split tensor (never broadcast over mp, norm counted per rank)
         layer.lora_A.llm_init = ("lora_a", in_features)
         layer.lora_B.llm_init = "zeros"
-        layer.register_forward_post_hook(_Branch(roles, kind, cfg.alpha / cfg.rank, cfg.dropout))
+        layer.llm_lora_branch = _Branch(roles, kind, cfg.alpha / cfg.rank, cfg.dropout)
+        layer.register_forward_post_hook(layer.llm_lora_branch)
         attached.append(name)
     return attached
 
 
-def lora_targets(model_cfg, cfg: LoraConfig) -> tuple[list[str], list[str]]:
-    """(adapted module names, all linear names) of the whole model, without allocating it."""
+def lora_targets(model_cfg, cfg: LoraConfig) -> tuple[dict, list[str]]:
+    """({adapted module name: (in, out) full sizes}, all linear names) of the whole model, without allocating it."""
     from llmtrain.models import build_model
 
     with paddle.LazyGuard():
         model = build_model(model_cfg)
-    names = [n for n, _ in linear_modules(model)]
-    return matching(names, list(cfg.target_modules)), names
+    sizes = {n: layer.llm_linear[1:] for n, layer in linear_modules(model)}
+    return {n: sizes[n] for n in matching(list(sizes), list(cfg.target_modules))}, list(sizes)
+
+
+def adapter_numel(model_cfg, cfg: LoraConfig) -> int:
+    """Elements of all adapters of the whole model: r (in + out) per adapted linear (0 without LoRA)."""
+    if cfg.rank <= 0:
+        return 0
+    return sum(cfg.rank * (i + o) for i, o in lora_targets(model_cfg, cfg)[0].values())
 
 
 def lora_problems(model_cfg, cfg: LoraConfig, tp: int) -> list[str]:

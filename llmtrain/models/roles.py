@@ -23,6 +23,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from llmtrain.models.lora import add_fused_adapters
+
 
 def tag_linear(layer: nn.Layer, kind: str, in_features: int, out_features: int) -> nn.Layer:
     """Record that `layer` is a `kind` ("column" / "row") linear of full size in x out (LoRA adapters read it)."""
@@ -43,7 +45,12 @@ class Roles:
 
         The weights (and biases) are concatenated along the output axis at each call, so the
         parameters stay the layers' own (canonical names, unchanged checkpoints); outputs equal
-        `[layer(x) for layer in layers]`."""
+        `[layer(x) for layer in layers]`, LoRA adapters included (`llmtrain.models.lora.add_fused_adapters`:
+        their x A as one block too). A plan overrides `concat_columns`, not this."""
+        return add_fused_adapters(self, x, layers, self.concat_columns(x, layers))
+
+    def concat_columns(self, x: paddle.Tensor, layers: list) -> list:
+        """The base layers of `column_linears` (no adapters): x [.., in] -> [y_i [.., out_i]], one matmul."""
         return _concat_linear(x, layers)
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
@@ -55,9 +62,11 @@ class Roles:
         """((A shape, A split axis), (B shape, B split axis)) of a LoRA adapter on a `kind` linear; axes None: whole."""
         return ([in_features, rank], None), ([rank, out_features], None)
 
-    def lora_delta(self, kind: str, x: paddle.Tensor, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
-        """The adapter branch x A B of a `kind` linear: x [.., in] -> [.., out] (unscaled)."""
-        return paddle.matmul(paddle.matmul(x, a), b)
+    def lora_down(self, kind: str, x: paddle.Tensor, a: paddle.Tensor) -> paddle.Tensor:
+        """The first half of an adapter branch on a `kind` linear, x A: x [.., in] -> [.., r], whole and laid out
+        like the linear's output rows, so that (x A) B is the branch (unscaled). Several adapters' A may come
+        concatenated ([in, n r] -> [.., n r])."""
+        return paddle.matmul(x, a)
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         """ids [b, s] -> [b, s, h] through a [V, h] table; a plan may split the table's rows."""

@@ -1,4 +1,4 @@
-"""Parameter counts and model FLOPs per token (6 N + 12 L h s), from the config alone.
+"""Parameter counts and model FLOPs per token (6 N + 12 L h s; under LoRA 4 N + 6 N_lora + 12 L h s), from the config alone.
 
     python -m pytest tests/models -q -k "parameter_count or flops"
 
@@ -75,7 +75,7 @@ def flops_parameters(cfg: ModelConfig) -> int:
     return n + cfg.vocab_size * cfg.hidden_size
 
 
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
+def flops_per_token(cfg: ModelConfig, seq_len: int, lora_numel: int | None = None) -> float:
     """Training FLOPs per token, 6 N + 12 L h s (forward + backward; PaLM/torchtitan form).
 
     Causal attention is NOT halved here (the 12 L h s term counts the full
@@ -83,5 +83,14 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
     this figure is comparable with PaLM's and torchtitan's. These are FLOPs per
     *processed* position; the trainer multiplies by positions/s, not by
     loss-bearing tokens/s (they differ for masked LM and fine-tuning).
+
+    LoRA (`lora_numel`: the adapters' elements, `llmtrain.models.lora.adapter_numel`):
+    4 N + 6 N_lora + 12 L h s. The frozen base runs its forward (2 N) and passes
+    input gradients back (2 N) but computes no weight gradients; the adapters
+    cost forward plus both backward products (6 N_lora); attention has no weights
+    and is unchanged.
     """
-    return 6.0 * flops_parameters(cfg) + 12.0 * cfg.num_layers * cfg.hidden_size * seq_len
+    attention = 12.0 * cfg.num_layers * cfg.hidden_size * seq_len
+    if lora_numel is not None:
+        return 4.0 * flops_parameters(cfg) + 6.0 * lora_numel + attention
+    return 6.0 * flops_parameters(cfg) + attention

@@ -1,10 +1,14 @@
-"""Paddle ZeRO-3 (`GroupShardedStage3`) internals llmtrain reads: which flat slice of each parameter a rank holds.
+"""Paddle ZeRO-3 (`GroupShardedStage3`) internals llmtrain reads (which flat slice of each parameter a rank holds)
+and repairs (frozen parameters cut back to their slices after the backward, `stage3_reslice`).
 
     slices = stage3_slices(model)    # {param name: (start, end, padded size)}; {} for any other model
+    stage3_reslice(model, frozen)    # gathered frozen parameters back to this rank's slices
 
 Stage 3 flattens each sliced parameter, pads it to a multiple of the sharding degree
 and keeps rank r's part in `param.fw_storage`; the bounds live in the wrapper's
-private `_param2buffer` / `_param2buffer_size` / `_rank`. Read in Paddle 3.3.1.
+private `_param2buffer` / `_param2buffer_size` / `_rank`; a layer's sliced parameters are listed in
+`_trainable_params[id(layer)]` (frozen ones too), gathered ones in `_task_flow.full_param` with
+`status` "all" / "part" and `use_count`. Read in Paddle 3.3.1.
 """
 from __future__ import annotations
 
@@ -40,3 +44,32 @@ def zero_grad_buffers(model) -> list:
             if buf is not None:
                 out.append(buf)
     return out
+
+
+def stage3_frozen_by_layer(model) -> dict:
+    """{id(layer): [its sliced parameters that are frozen]} of a ZeRO-3 model (`_trainable_params` lists every
+    sliced parameter per layer, trainable or not)."""
+    require_tested_paddle()
+    return {lid: [p for p in params if p.stop_gradient]
+            for lid, params in model._trainable_params.items() if any(p.stop_gradient for p in params)}
+
+
+def stage3_reslice(model, params) -> int:
+    """Cut each of `params` that ZeRO-3 gathered whole back to this rank's slice; returns how many were cut.
+
+    Paddle 3.3.1 gathers a layer's sliced parameters again for its backward pass (status "all", whole tensor
+    in `_task_flow.full_param`) and slices them back only in the gradient hook of a trainable parameter, so a
+    frozen one would stay whole from its first backward on. This does that slicing for the frozen ones."""
+    require_tested_paddle()
+    gathered = model._task_flow.full_param
+    cut = 0
+    for p in params:
+        if getattr(p, "status", None) != "all" or p.name not in gathered:
+            continue
+        full, _task = gathered.pop(p.name)
+        start, end = model._param2buffer[p.name][model._rank]
+        p._clear_data()
+        p.fw_storage = full._slice(start, end).detach().clone()
+        p.status, p.use_count = "part", 0
+        cut += 1
+    return cut

@@ -14,7 +14,11 @@ they are marked with fleet's `mark_as_sequence_parallel_parameter` and their gra
 all-reduced over the tp group after the last micro-batch
 (`register_sequence_parallel_allreduce_hooks`), as PaddleNLP does. All of these are fleet's
 public `paddle.distributed.fleet.utils.sequence_parallel_utils`; on CPU its two collectives
-are served by `llmtrain/paddle_compat/cpu_backend/sequence_parallel.py`.
+are served by `llmtrain/paddle_compat/cpu_backend/sequence_parallel.py`. LoRA adapters follow
+their base (`lora_down`): a column linear's x A is all-gathered like its input, a row linear's
+partial x A reduce-scattered like its output, both on r columns instead of h; the factors whole
+on every tp rank (column A, row B) get gradients from this rank's positions only and are
+all-reduced like the norms.
 
 The model code stays single-device ([b, s, ...] inside attention and MLP): these roles
 transpose at the edges of the sequence-parallel region (the shards are [s/tp, b, h] on axis
@@ -29,11 +33,12 @@ gathers (and keeps) its own copy: turn those on with sequence parallelism.
 """
 from __future__ import annotations
 
+import paddle
 import paddle.nn as nn
 from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear
 from paddle.distributed.fleet.utils import sequence_parallel_utils as spu
 
-from llmtrain.models.roles import _concat_linear
+from llmtrain.models.roles import _concat_linear, tag_linear
 from llmtrain.parallel.tensor import TensorParallelRoles, tag_split
 
 
@@ -66,16 +71,27 @@ class SequenceParallelRoles(TensorParallelRoles):
     """TensorParallelRoles with the residual stream on sequence shards (see the module docstring)."""
 
     def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
-        layer = _SeqColumn(in_features, out_features, has_bias=bias, gather_output=False)
+        layer = tag_linear(_SeqColumn(in_features, out_features, has_bias=bias, gather_output=False), "column",
+                           in_features, out_features)
         return tag_split(layer, weight_axis=1, bias_axis=0)  # weight [in, out/tp], bias [out/tp]
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
-        layer = _SeqRow(in_features, out_features, has_bias=bias, input_is_parallel=True)
+        layer = tag_linear(_SeqRow(in_features, out_features, has_bias=bias, input_is_parallel=True), "row",
+                           in_features, out_features)
         return tag_split(layer, weight_axis=0, bias_axis=None)  # weight [in/tp, out], bias [out] (sp-marked)
 
-    def column_linears(self, x, layers: list) -> list:
+    def concat_columns(self, x, layers: list) -> list:
         full = spu.AllGatherOp.apply(x)  # [s/tp, b, h] -> [s, b, h], once for all the projections
         return [_swap01(y) for y in _concat_linear(full, layers)]  # [b, s, out_i/tp]
+
+    def lora_down(self, kind: str, x, a):
+        """x A in the layout of the sequence-parallel linear's output: a column linear (x [s/tp, b, in]) gathers
+        the [s/tp, b, r] shards to [b, s, r] (backward: reduce-scatter of the partial d(xA) of each rank's B
+        columns); a row linear (x [b, s, in/tp]) reduce-scatters its partial sums to [s/tp, b, r]."""
+        xa = paddle.matmul(x, a)
+        if kind == "column":
+            return _swap01(spu.AllGatherOp.apply(xa))  # [b, s, r], then @ B [r, out/tp]
+        return spu.ReduceScatterOp.apply(_swap01(xa))  # [s/tp, b, r], then @ B [r, out]
 
     def output_linear(self, hidden_size: int, vocab_size: int) -> nn.Layer:
         layer = _GatheredColumn(hidden_size, vocab_size, has_bias=False, gather_output=False)
@@ -92,7 +108,9 @@ class SequenceParallelRoles(TensorParallelRoles):
 
 
 def mark_sequence_parallel_norms(model: nn.Layer) -> int:
-    """Mark every norm parameter (they see only this rank's positions); returns how many were marked."""
+    """Mark every parameter whose gradient each tp rank computes from its own positions only: the norms, and the
+    LoRA factors whole on every tp rank (a column linear's A sees this rank's x shard, a row linear's B its
+    reduce-scattered x A shard). Returns how many were marked."""
     from llmtrain.models.layers import RMSNorm
 
     marked = 0
@@ -101,6 +119,10 @@ def mark_sequence_parallel_norms(model: nn.Layer) -> int:
             for p in layer.parameters(include_sublayers=False):
                 spu.mark_as_sequence_parallel_parameter(p)
                 marked += 1
+    for p in model.parameters():
+        if getattr(p, "llm_lora", False) and getattr(p, "llm_split_axis", None) is None:
+            spu.mark_as_sequence_parallel_parameter(p)
+            marked += 1
     return marked
 
 

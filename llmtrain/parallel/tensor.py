@@ -55,7 +55,7 @@ class TensorParallelRoles(Roles):
         tag_linear(layer, "column", in_features, out_features)
         return tag_split(layer, weight_axis=1, bias_axis=0)  # weight [in, out/tp], bias [out/tp]
 
-    def column_linears(self, x: paddle.Tensor, layers: list) -> list:
+    def concat_columns(self, x: paddle.Tensor, layers: list) -> list:
         # ColumnParallelLinear's own forward, once for all: identity forward and ONE all-reduce of
         # d(x) backward, then this rank's concatenated output columns [.., sum out_i/tp]
         from llmtrain.models.roles import _concat_linear
@@ -74,12 +74,12 @@ class TensorParallelRoles(Roles):
             return ([in_features, rank], None), ([rank, out_features // self.tp_degree], 1)
         return ([in_features // self.tp_degree, rank], 0), ([rank, out_features], None)
 
-    def lora_delta(self, kind: str, x: paddle.Tensor, a: paddle.Tensor, b: paddle.Tensor) -> paddle.Tensor:
+    def lora_down(self, kind: str, x: paddle.Tensor, a: paddle.Tensor) -> paddle.Tensor:
         xa = paddle.matmul(x, a)  # [.., r]: column: x whole; row: x [.., in/tp], a partial sum
         if kind == "column":
             # identity forward; backward all-reduces d(xA), whose parts come from each rank's out/tp columns of B
-            return paddle.matmul(c_identity(xa, self.group), b)  # [.., out/tp]
-        return paddle.matmul(mp_allreduce(xa, self.group), b)  # sum over the in/tp slices -> [.., out], whole
+            return c_identity(xa, self.group)  # [.., r], then @ B [r, out/tp]
+        return mp_allreduce(xa, self.group)  # sum over the in/tp slices -> [.., r], then @ B [r, out] (whole)
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         return tag_split(self._mpu.VocabParallelEmbedding(vocab_size, hidden_size), weight_axis=0)  # [V/tp, h]

@@ -16,6 +16,11 @@ installs `GroupShardedClipGrad` (norm over the sharding group only — so stage 
 refuses tp > 1 in `layout.py`); `RecordingShardedClip` wraps it to record the
 norm it uses (sliced gradients' squares all-reduced over the sharding group,
 un-sliced parameters' squares added once) and then lets Paddle clip.
+
+Frozen parameters (the base under LoRA): stage 3 slices them like any parameter but, in
+Paddle 3.3.1, never cuts them back to their slice once its backward pass has gathered them
+(that happens in a trainable parameter's gradient hook). `_reslice_frozen` does it: each
+layer's as soon as the gradient of its input is complete, the rest at the end of each step.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ from llmtrain.paddle_compat.optim import (
     set_grad_clip,
     squared_l2_norm,
 )
+from llmtrain.paddle_compat.zero import stage3_frozen_by_layer, stage3_reslice
 
 LEVELS = {2: "os_g", 3: "p_g_os"}
 
@@ -88,4 +94,37 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     )
     if layout.sharding_stage == 3:
         optimizer._llm_recording_clip = _install_recorder(optimizer, group)
+        _reslice_frozen(core, model)
     return model, optimizer, scaler
+
+
+def _reslice_frozen(core, model) -> None:
+    """Frozen sliced parameters (the base under LoRA) cut back to their slices after the backward, which Paddle's
+    stage 3 does only for trainable ones (`stage3_reslice`): a layer's, as soon as the gradient of its input
+    is complete (its backward no longer needs them); those of layers whose input needs no gradient (the first
+    block's q/k/v under LoRA: nothing before them trains) at the end of each step, in `core.llm_grad_hooks`."""
+    frozen = stage3_frozen_by_layer(model)
+    if not frozen:
+        return
+    for layer in core.sublayers(include_self=True):
+        params = frozen.get(id(layer))
+        if params:
+            layer.register_forward_pre_hook(_InputGradRelease(model, params))
+    everything = [p for params in frozen.values() for p in params]
+    core.llm_grad_hooks = [*getattr(core, "llm_grad_hooks", ()), lambda: stage3_reslice(model, everything)]
+
+
+class _InputGradRelease:
+    """Forward pre-hook: a gradient hook on the layer's input that cuts its frozen parameters back to slices."""
+
+    def __init__(self, model, params):
+        self.model, self.params = model, params
+
+    def __call__(self, layer, inputs):
+        x = inputs[0] if inputs else None
+        if layer.training and isinstance(x, paddle.Tensor) and not x.stop_gradient:
+            x.register_hook(self._release)
+
+    def _release(self, grad):
+        stage3_reslice(self.model, self.params)
+        return grad

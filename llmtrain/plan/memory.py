@@ -235,16 +235,17 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     ep = getattr(layout, "ep", 1)
     local = [(s, prod(local_shape(s, tp, ep)), _param_bytes(s, amp)) for s in held]
     if stage == 3:  # every sharding rank holds an equal slice of each sliced parameter
-        p_numel = p_bytes = o_numel = 0
+        p_numel = p_bytes = o_numel = g_bytes = 0
         for s, n, b in local:
             if n > layout.zero3_segment_size and not (cfg.tie_embeddings and s.name == TIED):
                 n = zero3_padded(n, b, sh, device) // sh  # this rank's flat slice
             p_numel += n
             p_bytes += n * b
-            o_numel += _opt_elems(n, b == 2, s.frozen)
-        # gradients: an estimate (Paddle's own ZeRO-3 buffers are measured, not predicted): the slices' share
+            o_numel += _opt_elems(n, b == 2, s.frozen or not s.trainable)
+            g_bytes += n * b if s.trainable else 0
+        # gradients: an estimate (Paddle's own ZeRO-3 buffers are measured, not predicted): the trained slices' share
         one = {"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
-               "optimizer_bytes": 4 * o_numel, "grad_bytes": p_bytes}
+               "optimizer_bytes": 4 * o_numel, "grad_bytes": g_bytes}
         return [dict(one) for _ in range(sh)]
     p_numel = sum(n for _, n, _ in local)
     p_bytes = sum(n * b for _, n, b in local)
@@ -273,7 +274,7 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
 
 def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lora=None) -> dict:
     """{(pp_rank, sharding_rank): predicted holdings}: the distinct ranks (dp and tp ranks hold the same amounts).
-    `lora`: LoRA adapters (`param_specs`); not modelled under ZeRO-3 (its slices would follow the same rule)."""
+    `lora`: LoRA adapters (`param_specs`); under ZeRO-3 the frozen base is sliced by the same size rule, stateless."""
     specs = param_specs(cfg, lora)
     return {(pp, r): entry for pp in range(layout.pp)
             for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}

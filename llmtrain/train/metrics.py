@@ -12,7 +12,9 @@ Definitions (the README's "Metrics" section says the same):
   tokens_per_sec_per_device = tokens_per_sec / world size.
 - tflops_per_device = positions_per_sec_per_device x FLOPs per token / 1e12, with
   FLOPs per token = 6 N + 12 L h s (`llmtrain.models.size.flops_per_token`;
-  causal attention not halved, recompute not counted). Positions are the input
+  causal attention not halved, recompute not counted); under LoRA 4 N + 6 N_lora
+  + 12 L h s (the frozen base computes no weight gradients; N_lora: the adapters'
+  elements). Positions are the input
   tokens processed; for packed pretraining they equal the loss-bearing tokens,
   for masked LM (15% bear loss) and fine-tuning (prompts bear none) they are
   more, and model FLOPs follow positions, not loss-bearing tokens.

@@ -49,7 +49,7 @@ class ResolvedRun:
     """Processes in the job."""
 
     flops_per_token: float
-    """Model FLOPs per loss-bearing token (6N + 12 L h s), for tflops and MFU."""
+    """Model FLOPs per processed position (6N + 12 L h s; LoRA: 4N + 6 N_lora + 12 L h s), for tflops and MFU."""
 
     initial_adapters: Optional[Mapping[str, Any]] = None
     """{canonical `...lora_A`/`lora_B`: full tensor} of `finetune.lora.init_from` (PaddleNLP adapters), or None."""
@@ -57,7 +57,6 @@ class ResolvedRun:
 
 def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError."""
-    from llmtrain.models.size import flops_per_token
     from llmtrain.train.schedule import schedule_problems
 
     if world_size is None:
@@ -65,20 +64,13 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     problems: list[str] = []
     tokenizer = _load_tokenizer(cfg.data.tokenizer, problems)
     model, initial_state = _resolve_model(cfg, tokenizer, problems)
+    model = _zero3_projections(model, cfg.parallel, problems)
     resolved = dataclasses.replace(cfg, model=model)
     resolved, initial_adapters = _resolve_lora(resolved, problems)
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     problems += fusion_problems(model, on_gpu())
-    if cfg.finetune.lora.rank > 0:  # the adapters are forward hooks of each linear's own call
-        fused = [f"model.{k}" for k in ("fuse_qkv", "fuse_ffn") if model.fused(k)]
-        if fused:
-            problems.append(f"finetune.lora.rank={cfg.finetune.lora.rank} with {' and '.join(fused)} on: the one-matmul "
-                            "projections bypass the linears the adapters hook; set them to false for LoRA")
-        if cfg.parallel is not None and cfg.parallel.sequence_parallel:
-            problems.append(f"finetune.lora.rank={cfg.finetune.lora.rank} with parallel.sequence_parallel=true: "
-                            "adapters on sequence-parallel linears are not built")
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems
 
@@ -105,7 +97,7 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     return ResolvedRun(
         cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=cfg.model.family,
         initial_state=initial_state, world_size=world_size,
-        flops_per_token=flops_per_token(model, cfg.data.seq_len), initial_adapters=initial_adapters,
+        flops_per_token=_flops_per_token(resolved), initial_adapters=initial_adapters,
     )
 
 
@@ -131,6 +123,36 @@ def _resolve_lora(cfg: Config, problems: list[str]):
     if cfg.model.vocab_size is not None:
         problems += lora_problems(cfg.model, lora, cfg.parallel.tp if cfg.parallel is not None else 1)
     return cfg, state
+
+
+def _zero3_projections(model: ModelConfig, parallel, problems: list[str]) -> ModelConfig:
+    """ZeRO-3 gathers a sliced weight only around its own layer's forward, and fused projections (one matmul of
+    concatenated weights) never call the q/k/v or gate/up linears: under ZeRO-3 `auto` turns them off, `true` is
+    refused (measured on Paddle 3.3.1: "Tensor not initialized yet" in the first forward)."""
+    if parallel is None or parallel.sharding <= 1 or parallel.sharding_stage != 3:
+        return model
+    off = {}
+    for switch in ("fuse_qkv", "fuse_ffn"):
+        value = str(getattr(model, switch)).lower()
+        if value == "true":
+            problems.append(f"model.{switch}=true with parallel.sharding_stage=3: ZeRO-3 gathers each sliced weight "
+                            "only around its own linear's forward, which the one-matmul projection never calls; "
+                            f"set model.{switch}=false (or auto) under ZeRO-3")
+        elif value == "auto" and model.fused(switch):
+            off[switch] = "false"
+    if off:
+        log0(f"parallel.sharding_stage=3: {', '.join(f'model.{k}' for k in off)} auto -> false (ZeRO-3 gathers "
+             "weights per linear)")
+    return dataclasses.replace(model, **off) if off else model
+
+
+def _flops_per_token(cfg: Config) -> float:
+    """Model FLOPs per processed position; under LoRA the frozen base gets no weight gradients (`flops_per_token`)."""
+    from llmtrain.models.lora import adapter_numel
+    from llmtrain.models.size import flops_per_token
+
+    lora = cfg.finetune.lora
+    return flops_per_token(cfg.model, cfg.data.seq_len, adapter_numel(cfg.model, lora) if lora.rank > 0 else None)
 
 
 def _load_tokenizer(path: str, problems: list[str]):

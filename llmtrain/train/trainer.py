@@ -218,8 +218,8 @@ class Trainer:
         cfg, layout, topo = self.cfg, self.layout, self.topo
         on_cpu = paddle.get_device() == "cpu"  # Paddle's AMP is a no-op on CPU: everything stays fp32
         lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
-        predicted = None if lora is not None and layout.sharding_stage == 3 and layout.sharding > 1 else \
-            predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu", lora)
+        predicted = predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu",
+                                     lora)
         report = write_memory_report(cfg.run.dir, self.built, topo, layout, parameter_count(cfg.model), step, predicted)
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))

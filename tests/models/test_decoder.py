@@ -74,3 +74,18 @@ def test_flops_per_token_counts_output_projection(tiny_gpt, tiny_llama):
         expect = parameter_count(c) - pos + (table if c.tie_embeddings else 0) - table
         assert n == expect
         assert flops_per_token(c, 128) == 6 * n + 12 * c.num_layers * c.hidden_size * 128
+
+
+def test_lora_flops_per_token_frozen_base_without_weight_gradients(tiny_llama):
+    """LoRA: 4 N for the frozen base (forward + input gradients) + 6 N_lora + attention; N_lora counted by hand
+    from the adapted linears (h=32, q 32 -> 32, k/v 32 -> 16 with 2 of 4 heads, o 32 -> 32)."""
+    from llmtrain.models.lora import LoraConfig, adapter_numel
+
+    lora = LoraConfig(rank=4, target_modules=[r"layers\.\d+\.attn\.(q|k|v|o)_proj"])
+    n_lora = adapter_numel(tiny_llama, lora)
+    assert n_lora == tiny_llama.num_layers * 4 * ((32 + 32) + 2 * (32 + 16) + (32 + 32))
+    attention = 12 * tiny_llama.num_layers * tiny_llama.hidden_size * 128
+    n = flops_parameters(tiny_llama)
+    assert flops_per_token(tiny_llama, 128, n_lora) == 4 * n + 6 * n_lora + attention
+    assert flops_per_token(tiny_llama, 128, n_lora) < flops_per_token(tiny_llama, 128)
+    assert adapter_numel(tiny_llama, LoraConfig(rank=0)) == 0

@@ -4,7 +4,7 @@
 
 fuse_swiglu (Paddle's swiglu kernel), fuse_qkv and fuse_ffn (one matmul of concatenated
 weights) run here: forward and every gradient are compared with the unfused path on the
-same weights. fuse_rms_norm and fuse_rope have no working CPU kernel (see
+same weights, also with LoRA adapters on the fused projections. fuse_rms_norm and fuse_rope have no working CPU kernel (see
 llmtrain/paddle_compat/kernels.py) and are refused on CPU; on a GPU (scripts/gpu_acceptance.sh
 runs this file there) every switch is compared, in fp32.
 """
@@ -21,16 +21,24 @@ from llmtrain.models import build_model
 from llmtrain.models.config import FUSE_SWITCHES, fusion_problems
 from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters
+from llmtrain.models.lora import LoraConfig, attach_lora
+from llmtrain.models.roles import Roles
 from llmtrain.paddle_compat.kernels import CPU_KERNELS, on_gpu
 
 FUSIONS = {k: "true" for k in FUSE_SWITCHES if on_gpu() or CPU_KERNELS[k]}
 """Every switch on GPU (scripts/gpu_acceptance.sh runs this file there); on CPU the three with CPU kernels."""
 
 
-def _run(cfg, ids, labels):
+def _run(cfg, ids, labels, lora=None):
     paddle.seed(0)
     model = build_model(cfg)
+    if lora is not None:
+        attach_lora(model, lora, Roles())
     init_parameters(canonical_parameters(model), cfg, 11)
+    rng = np.random.default_rng(5)
+    for name, p in canonical_parameters(model):
+        if name.endswith(".lora_B"):  # B starts at zero; give the branch something to add
+            p.set_value(paddle.to_tensor((0.2 * rng.standard_normal(p.shape)).astype("float32")))
     logits = model(ids)
     loss = model.loss_fn(logits, (labels, paddle.ones(labels.shape, dtype="float32")))
     loss.backward()
@@ -49,6 +57,28 @@ def test_fusions_equal_unfused_forward_and_grads(tiny_llama, bias):
     ref_logits, ref_grads = _run(base, ids, labels)
     got_logits, got_grads = _run(fused, ids, labels)
     assert sorted(got_grads) == sorted(ref_grads)  # canonical names unchanged: q_proj/k_proj/v_proj, gate/up
+    np.testing.assert_allclose(got_logits, ref_logits, rtol=0, atol=1e-5)
+    for name in ref_grads:
+        np.testing.assert_allclose(got_grads[name], ref_grads[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("targets", [None, [r".*\.(q|v|up)_proj"]], ids=["all", "q-v-up"])
+def test_lora_on_fused_projections_equals_unfused(tiny_llama, targets):
+    """LoRA adapters under fuse_qkv / fuse_ffn (the q/k/v or gate/up adapters as one block of the fused output)
+    give the unfused model's logits and every gradient, adapters and base; also when only some of a fused
+    group's linears are adapted (PaddleNLP's usual q, v)."""
+    base = dataclasses.replace(tiny_llama, **{k: "false" for k in FUSE_SWITCHES})
+    fused = dataclasses.replace(base, **FUSIONS)
+    lora = LoraConfig(rank=3, alpha=6.0, **({} if targets is None else {"target_modules": targets}))
+    rng = np.random.default_rng(4)
+    ids = paddle.to_tensor(rng.integers(0, base.vocab_size, (2, 12)))
+    labels = paddle.to_tensor(rng.integers(0, base.vocab_size, (2, 12)))
+    ref_logits, ref_grads = _run(base, ids, labels, lora)
+    got_logits, got_grads = _run(fused, ids, labels, lora)
+    plain_logits, _ = _run(fused, ids, labels)
+    assert sorted(got_grads) == sorted(ref_grads) and sum(n.endswith(".lora_B") for n in got_grads) == \
+        base.num_layers * (7 if targets is None else 3)
+    assert np.abs(got_logits - plain_logits).max() > 1e-3  # the adapters changed the fused model's output
     np.testing.assert_allclose(got_logits, ref_logits, rtol=0, atol=1e-5)
     for name in ref_grads:
         np.testing.assert_allclose(got_grads[name], ref_grads[name], rtol=1e-5, atol=1e-6, err_msg=name)
@@ -89,3 +119,20 @@ def test_auto_is_off_on_cpu_and_gpu_only_switches_refused(tiny_llama, tiny_gpt):
 def test_hydra_switches_compose():
     cfg = to_config(compose_config(["model=llama-tiny", "model.fuse_qkv=true", "model.fuse_ffn=false"]))
     assert cfg.model.fused("fuse_qkv") and not cfg.model.fused("fuse_ffn") and cfg.model.fused("fuse_rope") == on_gpu()
+
+
+def test_fused_projections_under_zero3_auto_off_true_refused(tiny_corpus, tmp_path, monkeypatch):
+    """ZeRO-3 gathers sliced weights per linear; the one-matmul projections never call the linears (a crash on
+    Paddle 3.3.1), so under sharding_stage=3 `auto` (on for GPU, simulated here) resolves to off, `true` is refused."""
+    from llmtest import tiny_overrides
+
+    from llmtrain.config import ConfigError
+    from llmtrain.paddle_compat import kernels
+    from llmtrain.train.resolve import resolve
+
+    base = tiny_overrides(tiny_corpus, str(tmp_path), "llama") + ["+parallel=zero3"]
+    monkeypatch.setattr(kernels, "on_gpu", lambda: True)  # `auto` as on a GPU
+    model = resolve(to_config(compose_config(base)), world_size=2).cfg.model
+    assert (model.fuse_qkv, model.fuse_ffn) == ("false", "false") and model.fused("fuse_swiglu")
+    with pytest.raises(ConfigError, match="model.fuse_ffn=true with parallel.sharding_stage=3"):
+        resolve(to_config(compose_config(base + ["model.fuse_ffn=true"])), world_size=2)

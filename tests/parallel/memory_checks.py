@@ -106,16 +106,8 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
     for e in ranks:
         for name, p in e["params"].items():
             assert name in full, (layout, e["rank"], name)
-            sliced = d.stage == 3 and numel[name] > segment_size and not (tied and name == TIED)
-            if sliced:
-                z = p.get("zero3")
-                assert z is not None, f"{layout}: rank {e['rank']} holds {name} {p['shape']} whole; ZeRO-3 must slice it"
-                padded = z["padded"]
-                assert z["full_shape"] == full[name] and not z["full_held"], (layout, e["rank"], name, z)
-                assert padded % d.sharding == 0 and 0 <= padded - numel[name] < CPU_ALIGN_ELEMENTS + d.sharding, (name, z)
-                share = padded // d.sharding
-                assert (z["start"], z["end"]) == (e["sharding_rank"] * share, (e["sharding_rank"] + 1) * share), (name, z)
-                assert p["shape"] == [share] and p["numel"] == share, (layout, e["rank"], name, p)
+            if d.stage == 3 and numel[name] > segment_size and not (tied and name == TIED):
+                check_zero3_slice(layout, e, name, p, full[name])
                 continue
             assert "zero3" not in p, (layout, e["rank"], name, p)
             want = list(full[name])
@@ -159,9 +151,6 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
         f" (+{padding} ZeRO-3 padding)")
 
     # 4. optimizer state
-    groups = {}  # ranks that share one copy of the parameters: a sharding group
-    for e in ranks:
-        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"]), []).append(e)
     for e in ranks:
         held = {n: adam_state(p["numel"]) for n, p in e["params"].items()}
         state = e["optimizer_params"]
@@ -169,19 +158,7 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
         if d.sharding == 1 or d.stage == 3:
             assert state == held, f"{layout}: rank {e['rank']} optimizer state {_diff(state, held)}"
     if d.sharding > 1 and d.stage in (1, 2):
-        for key, members in groups.items():
-            names = set(members[0]["params"])
-            owned = [set(m["optimizer_params"]) for m in members]
-            for a, b in itertools.combinations(owned, 2):
-                assert not a & b, f"{layout}: sharding ranks {key} both keep optimizer state of {sorted(a & b)[:5]}"
-            assert set().union(*owned) == names, (layout, key, names - set().union(*owned))
-            group_elems = sum(members[0]["params"][n]["numel"] for n in names)
-            biggest = max(members[0]["params"][n]["numel"] for n in names)
-            for m in members:
-                assert m["optimizer_params"] == {n: adam_state(m["params"][n]["numel"]) for n in m["optimizer_params"]}
-                mine = sum(m["params"][n]["numel"] for n in m["optimizer_params"])
-                assert 0 < mine <= group_elems / d.sharding + biggest and mine < group_elems, (
-                    f"{layout}: rank {m['rank']} keeps optimizer state for {mine} of {group_elems} elements")
+        check_sharded_optimizer(layout, ranks, lambda name: True)
 
     # 5. gradients
     for e in ranks:
@@ -189,6 +166,44 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
             assert e["grad_bytes"] > 0, (layout, e["rank"])
         else:
             assert e["grad_bytes"] == e["param_bytes"], (layout, e["rank"], e["grad_bytes"], e["param_bytes"])
+
+
+def check_zero3_slice(layout: str, e: dict, name: str, p: dict, full_shape: list) -> None:
+    """Rank entry `e` holds parameter `name` (memory.json entry `p`) as its ZeRO-3 flat slice: [start, end) of the
+    flattened parameter padded to a multiple of the sharding degree after Paddle's CPU alignment, in rank order;
+    the full tensor is not kept outside the forward."""
+    d = DEGREES[layout]
+    z = p.get("zero3")
+    assert z is not None, f"{layout}: rank {e['rank']} holds {name} {p['shape']} whole; ZeRO-3 must slice it"
+    padded = z["padded"]
+    assert z["full_shape"] == full_shape and not z["full_held"], (layout, e["rank"], name, z)
+    assert padded % d.sharding == 0 and 0 <= padded - prod(full_shape) < CPU_ALIGN_ELEMENTS + d.sharding, (name, z)
+    share = padded // d.sharding
+    assert (z["start"], z["end"]) == (e["sharding_rank"] * share, (e["sharding_rank"] + 1) * share), (name, z)
+    assert p["shape"] == [share] and p["numel"] == share, (layout, e["rank"], name, p)
+
+
+def check_sharded_optimizer(layout: str, ranks: list, trained) -> None:
+    """ZeRO-1/2: the sharding ranks of each group keep optimizer state (AdamW's, whole) for disjoint sets of the
+    group's `trained(name)` parameters covering them all, each at most 1/sharding of their elements plus the
+    largest one (Paddle's greedy partition)."""
+    d = DEGREES[layout]
+    groups = {}  # ranks that share one copy of the parameters: a sharding group
+    for e in ranks:
+        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"]), []).append(e)
+    for key, members in groups.items():
+        names = {n for n in members[0]["params"] if trained(n)}
+        owned = [set(m["optimizer_params"]) for m in members]
+        for a, b in itertools.combinations(owned, 2):
+            assert not a & b, f"{layout}: sharding ranks {key} both keep optimizer state of {sorted(a & b)[:5]}"
+        assert set().union(*owned) == names, (layout, key, sorted(names ^ set().union(*owned))[:5])
+        group_elems = sum(members[0]["params"][n]["numel"] for n in names)
+        biggest = max(members[0]["params"][n]["numel"] for n in names)
+        for m in members:
+            assert m["optimizer_params"] == {n: adam_state(m["params"][n]["numel"]) for n in m["optimizer_params"]}
+            mine = sum(m["params"][n]["numel"] for n in m["optimizer_params"])
+            assert 0 < mine <= group_elems / d.sharding + biggest and mine < group_elems, (
+                f"{layout}: rank {m['rank']} keeps optimizer state for {mine} of {group_elems} elements")
 
 
 def _diff(got: dict, want: dict) -> str:

@@ -254,3 +254,28 @@ def test_packed_lora_finetuning_under_tp2_equals_one_process(lora_runs, tiny_cor
             assert r.get(key) == g.get(key), (key, r, g)
     check_lora_memory(json.loads((tmp_path / "packed" / "memory.json").read_text()),
                       json.loads((out / "packed" / "memory.json").read_text()), "tp2")
+
+
+def test_lora_layout_rules_at_resolve(tiny_corpus, tmp_path):
+    """Fused projections, sequence parallelism and ZeRO-2/3 take LoRA; MFU counts 4 N for the frozen base (no
+    weight gradients) plus 6 N_lora."""
+    from llmtest import tiny_overrides
+
+    from llmtrain.config import ConfigError, compose_config, to_config
+    from llmtrain.models.lora import adapter_numel
+    from llmtrain.models.size import flops_per_token
+    from llmtrain.train.resolve import resolve
+
+    base = tiny_overrides(tiny_corpus, str(tmp_path), "llama") + ["finetune.lora.rank=4"]
+
+    def resolved(extra, world=2):
+        return resolve(to_config(compose_config(base + extra)), world_size=world)
+
+    run = resolved(["model.fuse_qkv=true", "model.fuse_ffn=true", "+parallel=tp2", "parallel.sequence_parallel=true"])
+    n_lora = adapter_numel(run.cfg.model, run.cfg.finetune.lora)
+    assert n_lora > 0 and run.flops_per_token == flops_per_token(run.cfg.model, 32, n_lora) < \
+        flops_per_token(run.cfg.model, 32)
+    resolved(["+parallel=zero2"])
+    resolved(["+parallel=zero3"])
+    with pytest.raises(ConfigError, match="finetune.lora.dropout=0.1 with parallel.tp=2"):
+        resolved(["+parallel=tp2", "finetune.lora.dropout=0.1"])
