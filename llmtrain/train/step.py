@@ -51,7 +51,7 @@ def packing_inputs(mb: dict) -> dict:
 
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None,
-                 accumulate_steps: int = 1):
+                 accumulate_steps: int = 1, grad_hooks=()):
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -63,6 +63,10 @@ class StepRunner:
         self.can_skip_sync = isinstance(model, paddle.DataParallel)
         self.accumulate_steps = int(accumulate_steps)
         """The pipeline's micro-batches per evaluation call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
+        self.grad_hooks = list(grad_hooks)
+        """Called after a step's last backward, before the optimizer step (the plan's `core.llm_grad_hooks`; ZeRO-3
+        cuts frozen parameters back to their slices there). Not called under pp (the pipeline steps the optimizer
+        itself; no plan that sets hooks composes with pp)."""
 
     def run(self, micro_batches: list[dict]) -> StepOutput:
         tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
@@ -89,6 +93,8 @@ class StepRunner:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             losses.append(loss.detach())
+        for hook in self.grad_hooks:
+            hook()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()

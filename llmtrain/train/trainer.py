@@ -131,7 +131,8 @@ class Trainer:
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
-                            built.pipeline, built.scaler, accumulate_steps=layout.grad_accum)
+                            built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
+                            grad_hooks=getattr(built.core, "llm_grad_hooks", ()))
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
