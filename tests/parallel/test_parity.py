@@ -5,7 +5,8 @@
 A tiny GPT-2-style and a tiny Llama-style model (8 layers, so pp4 x 2 virtual
 stages divides them), fixed seed and data, fp32, 8 optimizer steps with a
 global batch of 8 (micro-batch 2), run through the real entry function under
-`paddle.distributed.launch` on CPU processes (gloo + llmtrain's CPU backend).
+`paddle.distributed.launch` on CPU processes (gloo + llmtrain's CPU backend); one launch per layout, except
+sharding2, zero2 and zero3, which share one fleet topology and one launch (`SHARED_LAUNCH`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -144,22 +145,57 @@ def check_parity(name, layout, ref, got, steps) -> float:
     return worst
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout,nproc", LAYOUTS, ids=[name for name, _ in LAYOUTS])
-def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tmp_path):
+SHARED_LAUNCH = ("sharding2", "zero2", "zero3")
+"""Layouts of one fleet topology (sharding degree 2; the ZeRO stage is llmtrain's wrapper, not fleet's): their runs
+go through one launch, started by whichever of them runs first; each is still checked by its own test."""
+
+
+def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], dict, list]:
+    """(run names, ZeRO-3 segment per run, run_many entries) of one layout's runs, writing under `out`."""
     names = [*MODELS, *EXTRA.get(layout, ())]
     segment = {n: SEGMENTS.get(n, 1024) if layout == "zero3" else 2**20 for n in names}  # slice even tiny parameters
-    runs = [run_overrides(tiny_corpus, tmp_path, n, reference["init_from"]) + [f"+parallel={layout}"]
+    runs = [run_overrides(tiny_corpus, out, n, reference["init_from"]) + [f"+parallel={layout}"]
             + ([f"parallel.zero3_segment_size={segment[n]}"] if layout == "zero3" else []) for n in names]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
-        runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(tmp_path / "sp_act")]})
-    run_many(runs, nproc=nproc, workdir=tmp_path)
+        runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
+    return names, segment, runs
+
+
+@pytest.fixture(scope="module")
+def launched(reference, tiny_corpus, tmp_path_factory):
+    """launched(layout, nproc) -> the directory holding that layout's runs (launching them, with the other layouts
+    of SHARED_LAUNCH when it is one of them, on first use)."""
+    done = {}
+
+    def launch(layout: str, nproc: int):
+        if layout not in done:
+            group = SHARED_LAUNCH if layout in SHARED_LAUNCH else (layout,)
+            root = tmp_path_factory.mktemp("parity_" + "_".join(group))
+            runs = [r for g in group for r in layout_runs(g, root / g, reference, tiny_corpus)[2]]
+            try:
+                run_many(runs, nproc=nproc, workdir=root)
+            except AssertionError as e:  # every layout of the launch fails with it, without launching again
+                done.update({g: e for g in group})
+                raise
+            done.update({g: root / g for g in group})
+        if isinstance(done[layout], AssertionError):
+            raise done[layout]
+        return done[layout]
+
+    return launch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,nproc", LAYOUTS, ids=[name for name, _ in LAYOUTS])
+def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, launched):
+    runs_dir = launched(layout, nproc)
+    names, segment, _ = layout_runs(layout, runs_dir, reference, tiny_corpus)
     if layout == "tp2":
         from sp_activations import check
 
-        print(f"tp2 saved-for-backward bytes per block: {check(tmp_path / 'sp_act')}")
+        print(f"tp2 saved-for-backward bytes per block: {check(runs_dir / 'sp_act')}")
     for n in names:
-        ref, got = reference[reference_name(n)]["metrics"], metrics(tmp_path / n)
+        ref, got = reference[reference_name(n)]["metrics"], metrics(runs_dir / n)
         lora = reference_name(n) == "llama_lora"
         if lora:  # evaluation: the same exact token-weighted loss and token count as one process
             ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in (ref, got))
@@ -178,17 +214,17 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
                 assert abs(g["moe_aux_loss"] - r["moe_aux_loss"]) <= TOL and abs(g["moe_z_loss"] - r["moe_z_loss"]) <= TOL
             assert (got[0]["moe_dropped_frac"] > 0) == n.startswith("moe_cap")
             d = DEGREES[layout]
-            check_expert_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], d.dp,
+            check_expert_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], d.dp,
                                 2 if n.endswith("_ep2") else 1, d.tp, d.pp, d.sharding)
-            check_predicted(_memory(tmp_path / n), layout)  # the planner models experts too
+            check_predicted(_memory(runs_dir / n), layout)  # the planner models experts too
             continue
         if lora:  # adapters split with their base, optimizer state for adapters only (sharded under ZeRO); the planner
-            check_lora_memory(_memory(tmp_path / n), reference["llama_lora"]["memory"], layout, segment[n])
-            check_predicted(_memory(tmp_path / n), layout)
+            check_lora_memory(_memory(runs_dir / n), reference["llama_lora"]["memory"], layout, segment[n])
+            check_predicted(_memory(runs_dir / n), layout)
             continue
-        check_memory(_memory(tmp_path / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
+        check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n])
-        check_predicted(_memory(tmp_path / n), layout)  # the planner, to the element and byte
+        check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
 
 
 @pytest.mark.slow
