@@ -183,7 +183,8 @@ class Checkpointer:
             from llmtrain.checkpoint.background import BackgroundWriter
 
             self.writer = BackgroundWriter(self.write)
-            self.buffers = HostBuffers()
+            if paddle.get_device() == "cpu":  # on GPU the copy is .numpy() (device to host), no reused buffers
+                self.buffers = HostBuffers()
 
     # ---- collectives (no-ops on one process) ----
     def _all_ok(self, ok: bool) -> bool:
@@ -242,6 +243,12 @@ class Checkpointer:
         log_all(f"checkpoint step {step}: training paused {stall:.3f} s (waiting for the previous write {t1 - t0:.3f} s, "
                 f"copying the state {t2 - t1:.3f} s{'' if self.writer else f', writing {stall - (t2 - t0):.3f} s'})")
         return path
+
+    def prepare(self) -> None:
+        """After the first optimizer step (the state's shapes are known): async saves on CPU allocate and touch
+        their host buffers in the background, so the first save's copy does not pay for fresh memory."""
+        if self.buffers is not None:
+            self.buffers.reserve(HostBuffers.shapes(self.built, self.topo, self.layout))
 
     def wait(self) -> None:
         """Block until the background write (if any) is complete; raises if it failed."""

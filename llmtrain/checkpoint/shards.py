@@ -19,6 +19,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import threading
 from typing import Optional
 
 import numpy as np
@@ -45,17 +46,43 @@ class HostBuffers:
     allocated by an earlier save runs at ~6 GB/s (0.018-0.023 s). The first save allocates. The buffers of a
     save are handed to the background writer, so they may be reused only after that write is complete
     (`Checkpointer.save` waits for it before copying); host memory keeps one copy of the shard between saves.
-    Buffers are taken by shape, in the order of the copies, which is the same at every save."""
+    Buffers are taken by shape, in the order of the copies, which is the same at every save.
+
+    First touching fresh memory is slow on some hosts (~90 MB/s on this CPU machine), so `reserve` allocates
+    and touches a save's buffers on a thread once their shapes are known (after the first optimizer step;
+    numpy releases the GIL while it fills) and the first save finds them ready."""
 
     def __init__(self):
         self._free: dict[tuple, list] = {}
         self._used: dict[tuple, list] = {}
+        self._reserving: Optional[threading.Thread] = None
+
+    def reserve(self, shapes: list) -> None:
+        """Allocate and touch one buffer per shape, in the background (once)."""
+        def touch():
+            for shape in shapes:
+                buf = np.empty(shape, dtype=np.float32)
+                buf.fill(0)
+                self._free.setdefault(tuple(shape), []).append(buf)
+
+        if self._reserving is None:
+            self._reserving = threading.Thread(target=touch, name="llmtrain-checkpoint-buffers", daemon=True)
+            self._reserving.start()
 
     def start(self) -> None:
-        """A new save: every buffer may be taken again."""
+        """A new save: every buffer may be taken again (the background reservation, if any, is complete)."""
+        if self._reserving is not None:
+            self._reserving.join()
         for shape, used in self._used.items():
             self._free.setdefault(shape, []).extend(used)
         self._used = {}
+
+    @staticmethod
+    def shapes(built, topo, layout) -> list:
+        """The shapes of the buffers a save of this rank takes, in order (nothing copied)."""
+        probe = _ShapeProbe()
+        collect_shard(built, topo, layout, probe)
+        return probe.seen
 
     def copy(self, t) -> np.ndarray:
         shape = tuple(int(x) for x in t.shape)
@@ -64,6 +91,17 @@ class HostBuffers:
         self._used.setdefault(shape, []).append(buf)
         np.copyto(buf, np.from_dlpack(t.detach()))  # detach: no copy, the same storage (and offset)
         return buf
+
+
+class _ShapeProbe:
+    """Stands where HostBuffers does in collect_shard and records the shapes instead of copying."""
+
+    def __init__(self):
+        self.seen: list = []
+
+    def copy(self, t) -> np.ndarray:
+        self.seen.append(tuple(int(x) for x in t.shape))
+        return np.empty(self.seen[-1], dtype=np.float32)  # untouched: costs no memory
 
 
 def _np32(t, clone: bool = True, pool: Optional[HostBuffers] = None) -> np.ndarray:
