@@ -43,7 +43,7 @@ class HostBuffers:
 
     `.numpy()` of a CPU tensor allocates a new array and fills it at ~0.5 GB/s here (128 MB: 0.23-0.31 s);
     viewing the tensor through DLPack (no copy; a view's offset included) and copying into an array
-    allocated by an earlier save runs at ~6 GB/s (0.018-0.023 s). The first save allocates. The buffers of a
+    allocated before runs at ~6 GB/s (0.018-0.023 s). The buffers of a
     save are handed to the background writer, so they may be reused only after that write is complete
     (`Checkpointer.save` waits for it before copying); host memory keeps one copy of the shard between saves.
     Buffers are taken by shape, in the order of the copies, which is the same at every save.
