@@ -1,6 +1,6 @@
 # Source me: creates ./.venv (once) and installs llmtrain into it (again only when pyproject.toml changed).
 #   source scripts/env.sh            # runtime dependencies
-#   LLMTRAIN_EXTRAS=dev source scripts/env.sh   # + test dependencies (pytest, paddlenlp with its pins)
+#   LLMTRAIN_EXTRAS=dev source scripts/env.sh   # + test dependencies (pytest, paddlenlp with its pins, etcd3)
 # Needs only python3 (3.10+) and pip on PATH.
 _repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 _venv="$_repo/.venv"

@@ -14,9 +14,9 @@ checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored). It stops a
 SIGTERM / SIGINT to the supervisor go to the launcher (which forwards them: the ranks finish
 their step, save and exit 0) and no relaunch follows. Each attempt sees LLMTRAIN_ATTEMPT=<n>.
 
-Why not Paddle's own restart: `paddle.distributed.launch --max_restart N --elastic_level 1`
-restarts only with an etcd master (`--master etcd://HOST:2379`); this script needs nothing
-but the launcher and a shared filesystem.
+Paddle's own restart (`paddle.distributed.launch --master etcd://HOST:PORT --max_restart N
+--elastic_level 1`, README "Long runs") needs an etcd server and the etcd3 client; this script
+is the path without them: it needs nothing but the launcher and a shared filesystem.
 """
 from __future__ import annotations
 

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLMTRAIN_EXTRAS=dev source scripts/env.sh
-bash scripts/install_system_deps.sh   # prometheus + promtool for tests/deploy (apt on Debian)
+bash scripts/install_system_deps.sh   # prometheus + promtool for tests/deploy, etcd for the restart tests (apt on Debian)
 python -m pytest -q tests "$@"

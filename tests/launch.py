@@ -4,14 +4,19 @@
 
 One free master port per launch, one OpenMP thread per worker, the repository on
 PYTHONPATH; on failure the AssertionError carries the tail of every worker log.
+`etcd_server(tmp)` runs a real etcd for Paddle's restarting launcher (`--master etcd://`).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,3 +96,40 @@ def child_pids(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             out.append(int(stat.parent.name))
     return out
+
+
+@contextlib.contextmanager
+def etcd_server(tmp_path: Path):
+    """A real etcd server (Debian's etcd-server) on free 127.0.0.1 ports with its data in tmp_path; yields HOST:PORT."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        import pytest
+
+        pytest.skip("the `etcd` binary is not on PATH: scripts/install_system_deps.sh (run by scripts/test.sh) "
+                    "installs Debian's etcd-server with apt; without apt or root it cannot")
+    client, peer = f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}"
+    log = open(tmp_path / "etcd.log", "w")
+    proc = subprocess.Popen([binary, "--name", "llmtrain-test", "--data-dir", str(tmp_path / "etcd-data"),
+                             "--listen-client-urls", client, "--advertise-client-urls", client,
+                             "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                             "--initial-cluster", f"llmtrain-test={peer}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 30
+        while True:
+            assert proc.poll() is None and time.time() < deadline, (tmp_path / "etcd.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(f"{client}/health", timeout=1) as r:
+                    if json.loads(r.read()).get("health") == "true":
+                        break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        yield client.removeprefix("http://")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()

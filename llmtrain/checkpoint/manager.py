@@ -46,7 +46,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
-from llmtrain.checkpoint.shards import ShardIndex, collect_shard, is_split_like_param
+from llmtrain.checkpoint.shards import HostBuffers, ShardIndex, collect_shard, is_split_like_param
 from llmtrain.models.init import load_full_state
 from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
 from llmtrain.parallel.slicing import TensorSlices, local_slice
@@ -177,11 +177,14 @@ class Checkpointer:
         self.root = os.path.join(cfg.run.dir, "checkpoints")
         self.last_saved_step = -1
         self.writer = None
+        self.buffers = None  # async saves: host arrays reused by every save's copy (shards.HostBuffers)
         self.stalls: list[float] = []  # seconds the training thread spent in each save()
         if getattr(cfg.checkpoint, "async_save", False):
             from llmtrain.checkpoint.background import BackgroundWriter
 
             self.writer = BackgroundWriter(self.write)
+            if paddle.get_device() == "cpu":  # on GPU the copy is .numpy() (device to host), no reused buffers
+                self.buffers = HostBuffers()
 
     # ---- collectives (no-ops on one process) ----
     def _all_ok(self, ok: bool) -> bool:
@@ -241,6 +244,12 @@ class Checkpointer:
                 f"copying the state {t2 - t1:.3f} s{'' if self.writer else f', writing {stall - (t2 - t0):.3f} s'})")
         return path
 
+    def prepare(self) -> None:
+        """After the first optimizer step (the state's shapes are known): async saves on CPU allocate and touch
+        their host buffers in the background, so the first save's copy does not pay for fresh memory."""
+        if self.buffers is not None:
+            self.buffers.reserve(HostBuffers.shapes(self.built, self.topo, self.layout))
+
     def wait(self) -> None:
         """Block until the background write (if any) is complete; raises if it failed."""
         if self.writer is not None:
@@ -254,7 +263,9 @@ class Checkpointer:
     def snapshot(self, step: int, tokens_total: int) -> Snapshot:
         """Everything a save writes, copied out of the training state (training thread; one broadcast)."""
         nonce = self._nonce()
-        tensors, meta = collect_shard(self.built, self.topo, self.layout)  # numpy copies that own their memory
+        if self.buffers is not None:
+            self.buffers.start()  # the previous write is complete (save() waited): its buffers are free again
+        tensors, meta = collect_shard(self.built, self.topo, self.layout, self.buffers)  # numpy copies
         rng = {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         manifest = self._manifest(step, tokens_total, {}) if self.topo.rank == 0 else None
         return Snapshot(step, nonce, os.path.join(self.root, f"step_{step}"),

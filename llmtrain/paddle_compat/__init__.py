@@ -11,7 +11,8 @@ of `AUDIT` in the new release, fix what moved, then raise `TESTED_PADDLE_VERSION
   pipeline p2p, gloo sub-groups, ZeRO-2/3 device gates) run on CPU processes over gloo;
   installed only when the device is CPU, so the GPU path never sees them.
 - `optim.py`, `zero.py`, `fleet.py`, `process.py`: the private attributes the training
-  path reads or sets on every device; `host_memory.py`: the host allocator's counter (planner checks).
+  path reads or sets on every device; `host_memory.py`: the host allocator's counter (planner checks);
+  `elastic.py`: the restart race of Paddle's etcd launcher (installed by `python -m llmtrain.launch`).
 """
 from __future__ import annotations
 
@@ -43,6 +44,10 @@ AUDIT = (
      "accumulate_steps is read once at construction"),
     ("paddle.base.core.host_memory_stat_current_value", "paddle_compat/host_memory.py",
      "bytes held on the host after a forward: the planner's activation check under recompute"),
+    ("launch.controllers.master.ETCDMaster.register_heartbeat/restart_peer/wait_peer_ready, beat_thread, "
+     "heartbeat_prefix, Context.status", "paddle_compat/elastic.py",
+     "fix the etcd launcher's restart race (FAILED -> RESTARTING only via a watch callback; a heartbeat thread "
+     "that ends while FAILED never comes back)"),
     ("os._exit after closing outputs", "paddle_compat/process.py",
      "skip an interpreter teardown that can crash in gloo after a CPU job finished"),
     ("collective._new_process_group_impl, mp_ops._c_*/_mp_allreduce/_c_softmax_with_cross_entropy, "

@@ -192,6 +192,7 @@ class Trainer:
                 wd.progress(step)
             if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
                 self._record_memory(step, exporter)
+                ckpt.prepare()  # async saves: their host buffers, allocated in the background
             if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
                 self._evaluate(runner, meter, step)
             stopped = stop.agreed(topo.world)

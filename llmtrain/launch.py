@@ -1,0 +1,63 @@
+"""Paddle's launcher for restarting jobs over etcd: `python -m paddle.distributed.launch` plus two fixes.
+
+    python -m llmtrain.launch --master etcd://127.0.0.1:2379 --job_id run1 --nnodes 1 --nproc_per_node 2 \\
+        --max_restart 3 --elastic_level 1 llmtrain/pretrain.py +parallel=dp2 checkpoint.interval=100
+
+Same arguments and behaviour as `python -m paddle.distributed.launch` (it is that launcher,
+run in this process). With an `etcd://` master, before Paddle is imported:
+
+- protobuf's pure-Python implementation is selected for this process only. Paddle imports
+  the `etcd3` client (0.12.0, its last release), whose generated code predates protobuf 4;
+  the compiled implementation refuses it ("Descriptors cannot be created directly"). The
+  variable is removed again before the launcher copies its environment for the workers, so
+  they keep the compiled one.
+- `GRPC_ENABLE_FORK_SUPPORT=0`: the launcher forks its workers while etcd3's gRPC threads
+  run; with gRPC's fork handlers on, a forked child sometimes aborts before it execs
+  (status -6, 2 of 40 forks in a check here, 0 of 150 with the variable set), which the
+  launcher counts as a failed worker.
+- `llmtrain.paddle_compat.elastic.install()`: Paddle 3.3.1's restart race (see there).
+
+Without an etcd master it only runs Paddle's launcher.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _etcd_master(argv: list[str]) -> bool:
+    """Is the launcher's master (`--master X`, `--master=X`, or PADDLE_MASTER, which overrides them) an etcd URL?"""
+    master = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--master="):
+            master = arg.split("=", 1)[1]
+        elif arg == "--master" and i + 1 < len(argv):
+            master = argv[i + 1]
+    master = os.environ.get("PADDLE_MASTER", master)
+    return bool(master) and master.startswith("etcd://")
+
+
+def main() -> None:
+    if _etcd_master(sys.argv[1:]):
+        os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
+        set_here = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION" not in os.environ
+        if set_here:
+            os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"] = "python"
+        import google.protobuf.internal.api_implementation  # noqa: F401  (reads the variable once, here)
+        try:
+            import etcd3  # noqa: F401
+        except ImportError as e:
+            sys.exit(f"llmtrain.launch: an etcd:// master needs the etcd3 client ({e}): pip install -e '.[elastic]'")
+
+        if set_here:
+            del os.environ["PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION"]
+        from llmtrain.paddle_compat.elastic import install
+
+        install()
+    from paddle.distributed.launch.main import launch
+
+    launch()
+
+
+if __name__ == "__main__":
+    main()
