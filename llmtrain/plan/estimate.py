@@ -58,7 +58,9 @@ def recompute_mode(recompute) -> str:
 
 def fused_paths(cfg, gpu: bool) -> dict:
     """{switch: on} for the `model.fuse_*` switches of a run on a GPU (`auto` on) or on CPU (`auto` off)."""
-    return {k: cfg.fused(k, gpu) for k in ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")}
+    from llmtrain.models.config import FUSE_SWITCHES
+
+    return {k: cfg.fused(k, gpu) for k in FUSE_SWITCHES}
 
 
 def column_inputs(cfg, gpu: bool) -> int:
