@@ -19,3 +19,23 @@ def host_allocated_bytes() -> int:
     from paddle.base import core
 
     return int(core.host_memory_stat_current_value("Allocated", 0))
+
+
+class host_peak_bytes:
+    """`with host_peak_bytes() as peak: ...` -> `peak.bytes`: the host allocator's peak during the block, above
+    what was allocated when it began (Paddle's "Allocated" peak counter, reset on entry)."""
+
+    def __enter__(self):
+        require_tested_paddle()
+        from paddle.base import core
+
+        core.host_memory_stat_reset_peak_value("Allocated", 0)
+        self._start = host_allocated_bytes()
+        self.bytes = 0
+        return self
+
+    def __exit__(self, *exc):
+        from paddle.base import core
+
+        self.bytes = int(core.host_memory_stat_peak_value("Allocated", 0)) - self._start
+        return False

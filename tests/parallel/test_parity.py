@@ -16,7 +16,8 @@ parameter and optimizer-state elements and bytes equal on every rank. The tp2pp2
 (masked LM) and a Llama started with `model.init_from` (one of our checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
-launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, tp2 and pp2 launches
+launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
+pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py). The dp2, tp2 and pp2 launches
 also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen), checked by `lora_checks`.
 """
 from __future__ import annotations
@@ -136,11 +137,17 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, tm
             for n in names]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(tmp_path / "sp_act")]})
+    if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
+        runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(tmp_path / "pp_act")]})
     run_many(runs, nproc=nproc, workdir=tmp_path)
     if layout == "tp2":
         from sp_activations import check
 
         print(f"tp2 saved-for-backward bytes per block: {check(tmp_path / 'sp_act')}")
+    if layout == "pp2":
+        from pp_activations import check as check_pp
+
+        print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(tmp_path / 'pp_act')}")
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(tmp_path / n)
         if n == "llama_lora":  # evaluation: the same exact token-weighted loss and token count as one process
