@@ -43,7 +43,12 @@ LLAMA3_70B = ["model.hidden_size=8192", "model.num_layers=80", "model.num_heads=
               "model.ffn_hidden_size=28672", "model.vocab_size=128256"]
 BASE = ["model=llama-7b", "model.vocab_size=32000", "model.attention=flash", "train.amp=bf16"]
 PADDLENLP = ["data.seq_len=4096", "train.global_batch_size=64", "plan.devices=8", "plan.device=a100-80g",
-             "+parallel=tp2sharding2", "parallel.sharding=4", "parallel.sharding_stage=2"]
+             "+parallel=tp2sharding2", "parallel.sharding=4", "parallel.sharding_stage=2",
+             # the recipe's kernels (pretrain-llama2_*-tp2sd4_stage2.json: use_fused_rope true, use_fused_rms_norm
+             # false; PaddleNLP's defaults fuse_attention_qkv/ffn false; its Llama MLP was silu(gate) * up until
+             # the fused swiglu came in early 2024, PaddleNLP #7967, after these Nov 2023 figures)
+             "model.fuse_rope=true", "model.fuse_rms_norm=false", "model.fuse_qkv=false", "model.fuse_ffn=false",
+             "model.fuse_swiglu=false"]
 FSDP64 = ["plan.devices=64", "plan.device=a100-80g", "+parallel=zero3", "parallel.sharding=64"]
 PUBLISHED = [  # (label, overrides, tokens/s/device, max allocated MB or None)
     ("PaddleNLP Llama2-7B 8xA100-80G tp2 sd4 s2 mb2", PADDLENLP + ["train.micro_batch_size=2"], 3755, 52092),
@@ -119,13 +124,21 @@ def ratio_table() -> None:
 
 def main() -> None:
     register_configs()
-    print("| point | tokens/s/device published | predicted | error | max allocated MB published | predicted MiB | error |")
-    print("|---|---|---|---|---|---|---|")
+    print("| point | tokens/s/device published | predicted | error | max allocated MiB published | predicted "
+          "allocated MiB | error | predicted total with margin, MiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    parts = []
     for label, extra, tps, mb in PUBLISHED:
         row = plan(to_config(compose_config(BASE + extra)))[0]
-        pred_t, pred_m = row["tokens_per_sec_per_device"], row["memory_bytes"]["total"] / MIB
+        m = row["memory_bytes"]
+        pred_t, pred_m = row["tokens_per_sec_per_device"], m["allocated"] / MIB
         mem = f"{mb} | {pred_m:.0f} | {100 * (pred_m / mb - 1):+.1f}%" if mb else f"- | {pred_m:.0f} | -"
-        print(f"| {label} | {tps} | {pred_t:.0f} | {100 * (pred_t / tps - 1):+.1f}% | {mem} |")
+        print(f"| {label} | {tps} | {pred_t:.0f} | {100 * (pred_t / tps - 1):+.1f}% | {mem} | {m['total'] / MIB:.0f} |")
+        parts.append(f"{label}: " + ", ".join(f"{k} {m[k] / MIB:.0f}" for k in
+                                              ("params", "grads", "optimizer", "activations", "other", "allocated")))
+    print("\nMiB on the worst rank (other = logits/loss buffers + the margin; allocated = total - margin):")
+    for line in parts:
+        print(f"- {line}")
 
 
 CPU_LAYOUTS = ["dp2", "tp2", "pp2", "sharding2", "zero2", "zero3"]

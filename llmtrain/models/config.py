@@ -134,17 +134,20 @@ class ModelConfig:
     init_from: Optional[str] = None
     """PaddleNLP checkpoint directory (config.json + weights) to start from instead of random init."""
 
-    def fused(self, switch: str) -> bool:
+    def fused(self, switch: str, gpu: Optional[bool] = None) -> bool:
         """Whether `switch` (`fuse_rms_norm`, `fuse_rope`, `fuse_swiglu`, `fuse_qkv`, `fuse_ffn`) is on here:
-        `auto` means on for GPU and off on CPU; the path must also apply to this architecture."""
+        `auto` means on for GPU and off on CPU; the path must also apply to this architecture. `gpu`: decide for
+        a run on a GPU (True) or a CPU (False) instead of this process's device (the planner's case)."""
         value = str(getattr(self, switch)).lower()
         applies = {"fuse_rms_norm": self.norm == "rmsnorm", "fuse_rope": self.position == "rope",
                    "fuse_swiglu": self.activation == "swiglu", "fuse_ffn": self.activation == "swiglu",
                    "fuse_qkv": True}[switch]
         if value == "auto":
-            from llmtrain.paddle_compat.kernels import on_gpu
+            if gpu is None:
+                from llmtrain.paddle_compat.kernels import on_gpu
 
-            return applies and on_gpu()
+                gpu = on_gpu()
+            return applies and gpu
         return applies and value == "true"
 
     moe_num_experts: int = 0

@@ -1,12 +1,15 @@
 """Bytes Paddle's host (CPU) allocator has handed out right now: `paddle.base.core.host_memory_stat_current_value`.
 
-    from llmtrain.paddle_compat.host_memory import host_allocated_bytes
+    from llmtrain.paddle_compat.host_memory import host_allocated_bytes, host_peak_bytes
     before = host_allocated_bytes(); out = model(ids); held = host_allocated_bytes() - before
+    with host_peak_bytes() as peak: pipe.train_batch(...)      # peak.bytes above the start
 
 Paddle 3.3.1 keeps per-device "Allocated" counters for host memory as for GPU memory, but exposes the host
 one only through `paddle.base.core` (no public `paddle.device` function reads it). The planner's CPU
 activation checks (llmtrain/plan/activations.py) read it where saved-tensor hooks cannot be used: under
-non-reentrant recompute, which installs its own hooks (Paddle allows one pair at a time).
+non-reentrant recompute, which installs its own hooks (Paddle allows one pair at a time), and inside fleet's
+pipeline schedule, where the peak counter (`host_memory_stat_peak_value`, reset by
+`host_memory_stat_reset_peak_value`) shows how many micro-batches a stage holds.
 """
 from __future__ import annotations
 
@@ -19,3 +22,23 @@ def host_allocated_bytes() -> int:
     from paddle.base import core
 
     return int(core.host_memory_stat_current_value("Allocated", 0))
+
+
+class host_peak_bytes:
+    """`with host_peak_bytes() as peak: ...` -> `peak.bytes`: the host allocator's peak during the block, above
+    what was allocated when it began (Paddle's "Allocated" peak counter, reset on entry)."""
+
+    def __enter__(self):
+        require_tested_paddle()
+        from paddle.base import core
+
+        core.host_memory_stat_reset_peak_value("Allocated", 0)
+        self._start = host_allocated_bytes()
+        self.bytes = 0
+        return self
+
+    def __exit__(self, *exc):
+        from paddle.base import core
+
+        self.bytes = int(core.host_memory_stat_peak_value("Allocated", 0)) - self._start
+        return False

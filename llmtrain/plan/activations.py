@@ -32,15 +32,21 @@ def saved_bytes(model, input_ids) -> int:
     return sum(seen.values())
 
 
-def saved_bytes_per_layer(model_cfg, batch: int, seq: int, seed: int = 0) -> int:
-    """Saved-for-backward bytes of one block: a 2-block model minus a 1-block model, input [batch, seq]."""
+def saved_bytes_per_layer(model_cfg, batch: int, seq: int, seed: int = 0, dtype: str = "float32") -> int:
+    """Saved-for-backward bytes of one block: a 2-block model minus a 1-block model, input [batch, seq].
+    `dtype`: every parameter cast to it first (a compute dtype other than fp32; CPU has no bf16 matmul)."""
     import paddle
 
     from llmtrain.models import build_model
 
     paddle.seed(seed)
     ids = paddle.randint(0, model_cfg.vocab_size, [batch, seq])
-    got = [saved_bytes(build_model(dataclasses.replace(model_cfg, num_layers=n)), ids) for n in (1, 2)]
+    got = []
+    for n in (1, 2):
+        model = build_model(dataclasses.replace(model_cfg, num_layers=n))
+        if dtype != "float32":
+            model.to(dtype=dtype)
+        got.append(saved_bytes(model, ids))
     return got[1] - got[0]
 
 

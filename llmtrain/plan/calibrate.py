@@ -12,8 +12,12 @@ by least squares; when c0 comes out not positive (a latency small against the no
 machine) the line goes through the smallest message's time instead. For 2 ranks a ring all-reduce costs
 2·(n-1)/n·bytes/bw + 2·(n-1)·alpha = bytes/bw + 2·alpha, so bw = 1/c1 and alpha = c0/2; one send/recv
 (half a ping-pong) costs alpha + bytes/bw, alpha = c0.
-The planner (`devices.get_device("cpu-here", profile)`) uses the collective figures for dp/sharding/tp
-and the send/recv figures for pipeline p2p. Everything on loopback TCP of one host: both "links" of the
+Then, with no barrier, 10 x `repeats` all-reduces of 128 KiB between ranks that each run a ~1 ms matmul
+before every call, as training interleaves compute and collectives: their mean per call, less the transfer
+time, halved, is `collective_alpha_busy` (each call also waits for the other rank to arrive, which on this
+shared host costs milliseconds where the quiet alpha is tens of microseconds).
+The planner (`devices.get_device("cpu-here", profile)`) uses the collective bandwidth and the busy alpha for
+dp/sharding/tp and the send/recv figures for pipeline p2p. Everything on loopback TCP of one host: both "links" of the
 profile (in-node and across nodes) get the same figures.
 """
 from __future__ import annotations
@@ -94,12 +98,38 @@ def _worker(out: str, sizes, repeats: int) -> None:
                 pp.append((time.perf_counter() - t0) / 2)
         rows.append({"bytes": nbytes, "all_reduce_s": min(ar), "send_recv_s": min(pp),
                      "all_reduce_median_s": statistics.median(ar), "send_recv_median_s": statistics.median(pp)})
+    busy = _busy_all_reduce(dist, repeats * BUSY_CALLS_PER_REPEAT)
     if rank == 0:
-        Path(out).write_text(json.dumps(rows))
+        Path(out).write_text(json.dumps({"rows": rows, "busy": busy}))
 
 
-def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> list[dict]:
-    """Median all-reduce and one-way send/recv seconds per message size, from one 2-process launch."""
+BUSY_BYTES = 128 * 2**10  # one all-reduce of a tiny model's [2, 128, 128] fp32 activation
+BUSY_MATMUL = 256  # an n x n x n fp32 matmul between two calls: about 1 ms on one thread here
+BUSY_CALLS_PER_REPEAT = 10
+
+
+def _busy_all_reduce(dist, calls: int) -> dict:
+    """All-reduces of BUSY_BYTES between two processes that compute between the calls, as training does (no
+    barrier): each call also waits for the other rank to arrive, which on a shared host (other tenants, ranks
+    descheduled) costs far more than the quiet alpha above. Mean and median seconds per call."""
+    import paddle
+
+    x = paddle.ones([BUSY_BYTES // 4], dtype="float32")
+    a = paddle.randn([BUSY_MATMUL, BUSY_MATMUL], dtype="float32")
+    dist.barrier()
+    times = []
+    for i in range(calls + 1):
+        float(paddle.matmul(a, a)[0, 0])
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return {"bytes": BUSY_BYTES, "calls": calls, "mean_s": statistics.fmean(times), "median_s": statistics.median(times)}
+
+
+def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> dict:
+    """{"rows": fastest and median all-reduce and one-way send/recv seconds per message size, "busy": the
+    all-reduce between computing ranks (`_busy_all_reduce`)}, from one 2-process launch."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "gloo.json"
         with socket.socket() as s:
@@ -121,7 +151,8 @@ def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> 
 
 def calibrate(out: str = "work/cpu-here.json", sizes=SIZES, repeats: int = 10) -> dict:
     """Measure, fit and write the profile; returns it."""
-    rows = measure_gloo(sizes, repeats)
+    measured = measure_gloo(sizes, repeats)
+    rows, busy = measured["rows"], measured["busy"]
     xs = [r["bytes"] for r in rows]
     c0, c1 = fit_line(xs, [r["all_reduce_s"] for r in rows])
     p0, p1 = fit_line(xs, [r["send_recv_s"] for r in rows])
@@ -137,6 +168,10 @@ def calibrate(out: str = "work/cpu-here.json", sizes=SIZES, repeats: int = 10) -
         "peak_flops": matmul_flops(),
         "collective_bw": 1.0 / c1, "collective_alpha": c0 / 2,
         "p2p_bw": 1.0 / p1, "p2p_alpha": p0,
+        # per-call latency of a collective between computing ranks: the busy call's mean minus its transfer time,
+        # halved as alpha is for a 2-rank ring (never below the quiet alpha)
+        "collective_alpha_busy": max(c0 / 2, (busy["mean_s"] - busy["bytes"] * c1) / 2),
+        "busy_all_reduce": busy,
         "measurements": rows,
     }
     Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -151,7 +186,8 @@ def main(argv: list[str]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     p = calibrate(out)
     print(f"cpu-here calibrated -> {out}: fp32 matmul {p['peak_flops'] / 1e9:.1f} GFLOP/s; gloo all-reduce "
-          f"{p['collective_bw'] / 1e9:.3f} GB/s, alpha {p['collective_alpha'] * 1e6:.0f} us; send/recv "
+          f"{p['collective_bw'] / 1e9:.3f} GB/s, alpha {p['collective_alpha'] * 1e6:.0f} us (between computing "
+          f"ranks {p['collective_alpha_busy'] * 1e6:.0f} us); send/recv "
           f"{p['p2p_bw'] / 1e9:.3f} GB/s, alpha {p['p2p_alpha'] * 1e6:.0f} us (load average {p['load_average']:.1f})")
 
 

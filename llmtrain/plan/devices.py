@@ -14,7 +14,7 @@ best published MFUs once communication and bubbles are removed; Megatron-LM repo
 `framework_bytes` is the stated margin for the CUDA context, NCCL buffers and allocator
 fragmentation. `cpu-here` is this machine: `python -m llmtrain.plan --calibrate` measures it
 (llmtrain/plan/calibrate.py: fp32 matmul peak, gloo all-reduce and send/recv alpha-beta by least
-squares) into `plan.profile` (default work/cpu-here.json), which `get_device` then reads. Without that
+squares, and the all-reduce latency between computing ranks, used as the collectives' alpha) into `plan.profile` (default work/cpu-here.json), which `get_device` then reads. Without that
 file the peak is the fp32 matmul peak measured when the profile is read and the gloo figures (1 GB/s,
 200 us) are ASSUMED.
 """
@@ -81,8 +81,9 @@ def calibrated(dev: Device, path: str) -> Device:
     bad = [k for k in need if not isinstance(p.get(k), (int, float)) or p[k] <= 0]
     if bad:
         raise ValueError(f"{path}: calibrated profile lacks positive {bad}; run python -m llmtrain.plan --calibrate")
+    alpha = p.get("collective_alpha_busy", p["collective_alpha"])  # between computing ranks (older files: quiet)
     return replace(dev, peak_flops=dev.peak_flops or float(p["peak_flops"]), nvlink_bw=p["collective_bw"],
-                   net_bw=p["collective_bw"], nvlink_alpha=p["collective_alpha"], net_alpha=p["collective_alpha"],
+                   net_bw=p["collective_bw"], nvlink_alpha=alpha, net_alpha=alpha,
                    p2p_bw=p["p2p_bw"], p2p_alpha=p["p2p_alpha"],
                    source=f"calibrated {p.get('measured_at', '?')} ({path}): fp32 matmul, gloo all-reduce and send/recv "
                           "alpha-beta measured on 2 processes")

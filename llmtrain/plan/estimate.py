@@ -7,10 +7,9 @@ Memory (bytes, the worst rank): params/optimizer from `memory.predict_ranks` (ex
 parameters' dtype (ZeRO-2/3: an estimate, see `memory._stage_ranks`); activations per transformer layer per micro-batch
 after Korthikanti et al. 2022 (Table 2: s·b·h·(34 + 5·a·s/h) bytes for fp16 GPT without parallelism,
 s·b·h·(10 + 24/t + 5·a·s/(h·t)) with tensor parallelism and no sequence parallelism), written out for our
-blocks: saved inputs of the two norms and of q/k/v (replicated, 3·s·b·h), q/k/v outputs (s·b·(q + 2kv)/t),
-the attention output (s·b·q/t), math attention's scores and softmax (2·a·s²·b/t; flash attention keeps
-only a fp32 log-sum-exp of a·s·b/t), the MLP input (s·b·h), and the MLP's inner tensors (GeLU: 2·s·b·f/t;
-SwiGLU: gate, up, silu(gate), product: 4·s·b·f/t), in the compute dtype; no dropout. With full recompute
+blocks and the fused paths the run takes (`layer_activation_bytes`: the norms' own tensors, the column
+linears' inputs (one copy per projection under tp), q/k/v, the attention output, math attention's
+probabilities or flash attention's log-sum-exp, the MLP's inner tensors); no dropout. With full recompute
 a layer keeps only its input (s·b·h; with RoPE also the block's cached cos/sin tables, 2·s·d; both
 measured on CPU through the host allocator) plus one layer's full set during its backward. Selective recompute
 (Korthikanti et al. 2022, section 4.2: only the attention core, softmax(q·kᵀ)·v, is recomputed) drops the
@@ -19,12 +18,16 @@ attention: its log-sum-exp) and keeps everything else; it is a planner option on
 "selective" rows are marked not runnable: llmtrain's Trainer recomputes whole blocks). In flight on the
 first pipeline stage: 1F1B holds min(pp, m) micro-batches of its L/pp layers; interleaved holds
 (pp - 1)·2 + (v - 1)·pp + 1 chunk-micro-batches of L/(pp·v) layers (fleet's warm-up count). other: logits
-and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and the framework margin.
+and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and the framework margin (CUDA
+context, NCCL buffers, fragmentation: outside the allocator's count, so `allocated` = total - margin is the
+figure to hold against Paddle's max_memory_allocated).
 
 Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; full recompute adds one more
 forward, 2N + 4·L·h·s, selective recompute the attention core's forward, 4·L·h·s) x tokens per device per
-step / (peak x efficiency); tp: 4 all-reduces of b·s·h per layer per micro-batch (2 forward, 2 backward;
-ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha; full recompute repeats the 2 forward ones), not overlapped;
+step / (peak x efficiency); tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
+backward per column-parallel input (q, k, v, gate, up; 2 with fused projections, `column_inputs`), ring:
+2·(t-1)/t·bytes/bw + 2·(t-1)·alpha, full recompute repeating the 2 forward ones, plus per micro-batch the
+embedding's and the head's [b, s, h] and the parallel cross entropy's three [b, s]; not overlapped;
 pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
 profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
 share) and, for sharding stage 1/2, a gradient reduce-scatter, overlapped with the backward of the last
@@ -53,47 +56,71 @@ def recompute_mode(recompute) -> str:
     return recompute
 
 
+def fused_paths(cfg, gpu: bool) -> dict:
+    """{switch: on} for the `model.fuse_*` switches of a run on a GPU (`auto` on) or on CPU (`auto` off)."""
+    from llmtrain.models.config import FUSE_SWITCHES
+
+    return {k: cfg.fused(k, gpu) for k in FUSE_SWITCHES}
+
+
+def column_inputs(cfg, gpu: bool) -> int:
+    """Column-parallel inputs of one block under tp, each copied by fleet's c_identity and all-reduced in the
+    backward: q, k, v and gate, up (GeLU: up), or one per fused projection (`fuse_qkv`, `fuse_ffn`)."""
+    on = fused_paths(cfg, gpu)
+    return (1 if on["fuse_qkv"] else 3) + (1 if on["fuse_ffn"] or cfg.activation != "swiglu" else 2)
+
+
 def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, selective: bool = False,
-                           sp: bool = False) -> float:
+                           sp: bool = False, gpu: bool = False) -> float:
     """Bytes one transformer block saves for backward for one micro-batch [b, s] on a tp rank (no recompute, or
     `selective`: without the attention core's own saved tensors, Korthikanti et al. 2022 section 4.2).
 
     Korthikanti et al. 2022, Table 2 (s·b·h·(10 + 24/t + 5·a·s/(h·t)) for GPT in fp16 without sequence
-    parallelism), written out tensor by tensor for our blocks (llmtrain/models/layers.py) and checked
-    against `saved_tensors_hooks` on CPU (tests/plan/test_activations.py):
-    - norms: LayerNorm keeps its input and output (2·s·b·h each, + fp32 mean/var 2·s·b); our RMSNorm keeps
-      its fp32 input copy and the fp32 normalised tensor (2·s·b·h in fp32 whatever the compute dtype), its
-      output (s·b·h) and rsqrt (s·b, fp32);
-    - attention: the o_proj input (s·b·q/t); RoPE keeps q and k and their rotated halves (2·s·b·(q + kv)/t)
-      and, with grouped-query heads, k and v before repeating (2·s·b·kv/t); math attention keeps the
-      transposed q and nh-wide k, v (3·s·b·q/t) and the probabilities (a·s²·b/t, fp32, plus a copy in the
-      compute dtype when that is not fp32); flash attention keeps q, k, v, its output and an fp32
-      log-sum-exp (a·s·b/t);
-    - MLP: GeLU keeps its input and output (2·s·b·f/t), SwiGLU gate, silu(gate), up and the product (4·s·b·f/t).
-    With sequence parallelism (`sp`, llmtrain/parallel/sequence.py) what the norms keep of their own is 1/t (the
-    norm outputs are replaced by the all-gathered linear inputs, still whole); checked against the bytes saved
+    parallelism), written out tensor by tensor for our blocks (llmtrain/models/layers.py) with the
+    `model.fuse_*` paths on for this run (`gpu`: how `auto` resolves, `ModelConfig.fused`), checked against
+    `saved_tensors_hooks` on CPU (tests/plan/test_activations.py; under tp2, tests/parallel/sp_activations.py):
+    - norms, of their own: LayerNorm its input (s·b·h) and fp32 mean/rstd (2·s·b); our RMSNorm an fp32 copy of
+      its input (s·b·h fp32), the normalised tensor before the weight (s·b·h, compute dtype) and rsqrt (s·b
+      fp32); fused RMSNorm (`fuse_rms_norm`, Paddle's rms_norm_grad takes x and inv_var) its input and s·b fp32;
+    - the inputs of the column linears: one s·b·h per sub-block on one device (the norm output, shared by the
+      projections); under tp each ColumnParallelLinear keeps its own copy (fleet's c_identity copies:
+      phi CIdentityKernel), 3 for q/k/v and 2 for SwiGLU's gate/up, 1 per fused projection (`fuse_qkv`,
+      `fuse_ffn`), which also keeps its concatenated weight [h, out/t] per call;
+    - attention: the o_proj input (s·b·q/t; flash attention's output is the same storage); RoPE keeps q and k
+      and their rotated halves (2·s·b·(q + kv)/t; fused RoPE nothing: its backward takes only cos/sin) and the
+      cos/sin tables [s, d]; math attention keeps, with grouped-query heads, k and v before repeating
+      (2·s·b·kv/t), the transposed q and nh-wide k, v (3·s·b·q/t) and the probabilities (a·s²·b/t, fp32, plus a
+      copy in the compute dtype when that is not fp32); flash attention keeps q, k, v and an fp32 log-sum-exp
+      (a·s·b/t);
+    - MLP: GeLU keeps its input and output (2·s·b·f/t); SwiGLU gate, silu(gate), up and the product
+      (4·s·b·f/t), fused (`fuse_swiglu`: swiglu_grad takes gate and up) 3·s·b·f/t.
+    With sequence parallelism (`sp`, llmtrain/parallel/sequence.py) what the norms keep of their own is 1/t and
+    the linear inputs are the all-gathered copies (one per projection, whole); checked against the bytes saved
     on 2 CPU processes for a Llama block, RMSNorm (tests/parallel/sp_activations.py); the LayerNorm case is
-    written the same way, not measured. Fused kernels (model.fuse_*) are not modelled.
+    written the same way, not measured. The GPU-only kernels (fused RMSNorm and RoPE, flash attention) are
+    counted from their backward's inputs, not measured.
     """
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     d = cfg.head_dim()
     q, kv, a = cfg.num_heads * d / t, cfg.kv_heads() * d / t, cfg.num_heads / t
     sb = s * b
+    on = fused_paths(cfg, gpu)
+    swiglu = cfg.activation == "swiglu"
     shard = t if sp else 1  # positions a norm sees on this rank: s / shard
-    if cfg.norm == "layernorm":  # two norms: input (1/shard) and output (whole: the next linear's input)
-        n, stats = 2 * sb * h / shard + 2 * sb * h, 4 * sb / shard
-    else:  # two norms: output in the compute dtype, fp32 input copy and normalised tensor (counted as stats)
-        n, stats = 2 * sb * h, (4 * sb * h + 2 * sb) / shard
+    if cfg.norm == "layernorm" or on["fuse_rms_norm"]:  # two norms: input (compute dtype), fp32 statistics
+        n, stats = 2 * sb * h / shard, (4 if cfg.norm == "layernorm" else 2) * sb / shard
+    else:  # two norms: normalised tensor (compute dtype), fp32 input copy, fp32 rsqrt
+        n, stats = 2 * sb * h / shard, (2 * sb * h + 2 * sb) / shard
+    n += (2 if t == 1 and not sp else column_inputs(cfg, gpu)) * sb * h  # column linears' inputs
+    n += h * (q + 2 * kv) * on["fuse_qkv"] + h * 2 * f / t * (on["fuse_ffn"] and swiglu)  # concatenated weights
     n += sb * q  # o_proj input
     if cfg.position == "rope":
-        n += 2 * sb * (q + kv) + 2 * s * d  # + the cos/sin tables [s, d]
-        if kv != q:
-            n += 2 * sb * kv
-    n += (4 if cfg.activation == "swiglu" else 2) * sb * f / t
+        n += 2 * s * d + (0 if on["fuse_rope"] else 2 * sb * (q + kv))  # cos/sin tables [s, d]; q, k, rotated
+    n += (3 if on["fuse_swiglu"] else 4) * sb * f / t if swiglu else 2 * sb * f / t
     if flash:
-        n += sb * (q + 2 * kv) + sb * q
+        n += sb * (q + 2 * kv)
         return n * e + stats * 4 + (0 if selective else 4 * a * sb)
-    n += 3 * sb * q
+    n += 3 * sb * q + (2 * sb * kv if kv != q else 0)
     probs = 0 if selective else a * s * s * b * (4 + (e if e != 4 else 0))
     return n * e + stats * 4 + probs
 
@@ -112,7 +139,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     worst = None
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective",
-                                       sp=getattr(layout, "sequence_parallel", False))
+                                       sp=getattr(layout, "sequence_parallel", False), gpu=device == "gpu")
     layers_here = cfg.num_layers / p
     if p == 1:
         in_flight_layers = layers_here
@@ -129,10 +156,11 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         last = pp_rank == p - 1
         other = framework_bytes + (logits if last else 0)
         entry = {"params": r["param_bytes"], "grads": r["grad_bytes"], "optimizer": r["optimizer_bytes"],
-                 "activations": act, "other": other}
+                 "activations": int(act), "other": int(other)}
         entry["total"] = sum(entry.values())
         if worst is None or entry["total"] > worst["total"]:
             worst = entry
+    worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
     return {k: int(v) for k, v in worst.items()}
 
 
@@ -161,8 +189,13 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
     bw_tp, a_tp = _link(t, dev, devices_per_node)
-    n_ar = 6 if mode == "full" else 4  # full recompute repeats the forward's two all-reduces
-    tp_comm = m * (cfg.num_layers / p) * n_ar * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) if t > 1 else 0.0
+    # per block: 2 forward (o_proj, down_proj outputs; again under full recompute), one backward per column input
+    n_ar = 2 * (2 if mode == "full" else 1) + column_inputs(cfg, dev.name != "cpu-here")
+    # per micro-batch: the vocabulary-parallel embedding (forward) and head input (backward) [b, s, h], and the
+    # parallel cross entropy's max, sum and target logit [b, s] (fp32)
+    per_micro = 2 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + 3 * _ring(b * s * 4, t, bw_tp, a_tp)
+    tp_comm = m * ((cfg.num_layers / p) * n_ar * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + per_micro) \
+        if t > 1 else 0.0
     bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
     bw_pp, a_pp = dev.p2p_bw or bw_pp, dev.p2p_alpha or a_pp  # measured send/recv figures when calibrated
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0

@@ -37,7 +37,8 @@ Two parts:
 
 2. **Estimated** elsewhere (`llmtrain/plan/estimate.py`): activations (Korthikanti et al. 2022, Table 2,
    written out for our blocks), in-flight micro-batches, logits/loss buffers and a stated margin. Gradient
-   bytes here are exact without ZeRO-2/3 and an estimate under them (Paddle's own buffers).
+   bytes here are exact without ZeRO-2/3 and an estimate under them (Paddle's own buffers; ZeRO-2: the
+   backward's peak, `zero2_grad_bytes`).
 """
 from __future__ import annotations
 
@@ -263,13 +264,53 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     else:
         owners = [list(range(len(trained)))]
     out = []
-    for owned in owners:
+    for rank, owned in enumerate(owners):
         o_numel = sum(_opt_elems(trained[i][1], trained[i][2] == 2, trained[i][0].frozen) for i in owned)
-        # gradients: exact without ZeRO-2; under ZeRO-2 an estimate: Paddle 3.3.1's stage-2 gradient storages were
-        # measured at 0.76-0.99 of the parameter bytes (zero2: gpt-tiny 606208 of 609536, llama-tiny 724992 of 952448), not 1/N
+        # gradients: exact without ZeRO-2; under ZeRO-2 an estimate of the backward's peak (`zero2_grad_bytes`)
+        grads = zero2_grad_bytes([(n, b) for _, n, b in trained], owners, rank) if stage == 2 and sh > 1 else g_bytes
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
-                    "optimizer_bytes": 4 * o_numel, "grad_bytes": g_bytes})
+                    "optimizer_bytes": 4 * o_numel, "grad_bytes": grads})
     return out
+
+
+ZERO2_BUFFER = 2**23
+"""`GroupShardedStage2`'s default `buffer_max_size`: elements of one gradient storage (Paddle 3.3.1)."""
+
+
+def zero2_grad_bytes(trained: list[tuple[int, int]], owners: list[list[int]], rank: int) -> int:
+    """Gradient bytes sharding rank `rank` holds at the start of a backward under ZeRO-2 (an estimate).
+
+    `trained`: (elements, bytes per element) of the stage's trained parameters in optimizer order; `owners`: the
+    indices each sharding rank owns. Paddle's `GroupShardedStage2` (group_sharded_stage2.py) keeps, per dtype
+    and per owning rank, one gradient storage of min(largest rank's elements, 2**23) elements, rebuilt by every
+    forward, holding that rank's parameters in order while they fit (alignment padding ignored); a parameter
+    that does not fit has its own gradient, reduced to its owner as soon as it is produced and freed on the
+    other ranks, so only the owned ones persist across the accumulated micro-batches; the first gradient of the
+    backward (the largest other one is counted) is in flight beside them. Measured after a step on 2 CPU
+    processes, where every tiny parameter fits a storage: 0.76-0.99 of the parameter bytes (gpt-tiny 606,208 of
+    609,536, llama-tiny 724,992 of 952,448: the other rank's storage is cleared by then); for Llama-7B under tp2
+    about the owned quarter."""
+    total = 0
+    for width in {b for _, b in trained}:
+        sizes = [sum(trained[i][0] for i in owned if trained[i][1] == width) for owned in owners]
+        cap = min(max(sizes), ZERO2_BUFFER)
+        own, others = 0, [0]
+        for r, owned in enumerate(owners):
+            fill, has = 0, False
+            for i in owned:
+                n, b = trained[i]
+                if b != width:
+                    continue
+                has = True
+                if fill + n <= cap:
+                    fill += n
+                elif r == rank:
+                    own += n * b
+                else:
+                    others.append(n * b)
+            total += cap * width if has else 0
+        total += own + max(others)
+    return total
 
 
 def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lora=None) -> dict:

@@ -11,8 +11,9 @@ distinct storage once, parameters excluded), fp32, math attention, micro-batch 2
   block      one Llama block (RMSNorm, SwiGLU, GQA, RoPE) from its input on this rank
              ([b, s, h] under tp; this rank's [s/tp, b, h] under tp + sp)
   norms      the two RMSNorms alone on the same input (the sequence-parallel region: no dropout here)
-for three variants: `tp`, `tp_sp` (fused q/k/v and gate/up: one all-gather per sub-block),
-`tp_sp_unfused` (one all-gather, and one kept copy, per projection).
+for four variants: `tp` (fused q/k/v and gate/up: one c_identity copy per sub-block), `tp_unfused` (one
+copy per projection), `tp_sp` (fused: one all-gather per sub-block), `tp_sp_unfused` (one all-gather, and one
+kept copy, per projection). The planner's `layer_activation_bytes` must equal each `block` figure.
 """
 from __future__ import annotations
 
@@ -44,8 +45,8 @@ def measure(out_dir: str) -> None:
 
     hcg = fleet.get_hybrid_communicate_group()
     out = {"degree": hcg.get_model_parallel_world_size(), "batch": B, "seq": S}
-    for name, roles_cls, fused in (("tp", TensorParallelRoles, True), ("tp_sp", SequenceParallelRoles, True),
-                                   ("tp_sp_unfused", SequenceParallelRoles, False)):
+    for name, roles_cls, fused in (("tp", TensorParallelRoles, True), ("tp_unfused", TensorParallelRoles, False),
+                                   ("tp_sp", SequenceParallelRoles, True), ("tp_sp_unfused", SequenceParallelRoles, False)):
         roles = roles_cls(hcg)
         paddle.seed(5)
         block = Block(_cfg(fused), roles)
@@ -100,12 +101,13 @@ def check(out_dir) -> dict:
         assert tp["block"] - sp["block"] == tp["norms"] - sp["norms"], r  # the rest of the block saves the same
         assert unfused["block"] > sp["block"], r  # q, k, v, gate, up each keep their own gathered [s, b, h]
         assert r["fused_vs_unfused_tp"] <= 1e-5, r
-        # the planner's difference between tp and tp + sp is exactly what the norms stop keeping
+        # the planner's count of each variant, tensor by tensor (fleet's column linears keep a copy of their input)
         from llmtrain.plan.estimate import layer_activation_bytes
 
-        cfg = _cfg(True)
-        planned = [layer_activation_bytes(cfg, S, B, t, e=4, flash=False, sp=sp) for sp in (False, True)]
-        assert planned[0] - planned[1] == tp["block"] - sp["block"], (planned, r)
+        for name, fused, seq in (("tp", True, False), ("tp_unfused", False, False), ("tp_sp", True, True),
+                                 ("tp_sp_unfused", False, True)):
+            planned = layer_activation_bytes(_cfg(fused), S, B, t, e=4, flash=False, sp=seq)
+            assert planned == r[name]["block"], (name, planned, r)
     return results[0]
 
 

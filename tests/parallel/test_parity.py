@@ -18,13 +18,14 @@ run ERNIE (masked LM, tokens = masked positions); tp2pp2 also a Llama started wi
 checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
-launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py). The dp2, pp2, sharding2, zero2 and
-zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a segment of
-200 elements slices the frozen base and some adapters), the tp2 launch the same with sequence parallelism and fused
-q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and checked rank by rank by `lora_checks`.
-Mixture-of-Experts (`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both stages), dp2pp2 with
-ep2 (also with recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition), each checked per rank
-by `check_expert_memory`.
+launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
+pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py). The dp2, pp2, sharding2,
+zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
+segment of 200 elements slices the frozen base and some adapters), the tp2 launch the same with sequence parallelism
+and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and checked rank by rank by
+`lora_checks`. Mixture-of-Experts (`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both
+stages), dp2pp2 with ep2 (also with recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition),
+each checked per rank by `check_expert_memory`.
 """
 from __future__ import annotations
 
@@ -158,6 +159,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
             + ([f"parallel.zero3_segment_size={segment[n]}"] if layout == "zero3" else []) for n in names]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
+    if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
+        runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     return names, segment, runs
 
 
@@ -194,6 +197,10 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from sp_activations import check
 
         print(f"tp2 saved-for-backward bytes per block: {check(runs_dir / 'sp_act')}")
+    if layout == "pp2":
+        from pp_activations import check as check_pp
+
+        print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(runs_dir / 'pp_act')}")
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(runs_dir / n)
         lora = reference_name(n) == "llama_lora"

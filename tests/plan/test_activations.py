@@ -38,6 +38,26 @@ def test_activation_bytes_per_layer(case):
     assert abs(planned / measured - 1) < 0.01, (case, measured, planned)
 
 
+FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_activation_bytes_fused_and_other_dtype(dtype):
+    """The wider Llama with the fused paths that run on CPU (q/k/v and gate/up as one matmul each, whose
+    concatenated weights are kept; Paddle's swiglu kernel), and unfused with every parameter cast to a compute
+    dtype other than fp32 (as AMP O2's bf16 on GPU; Paddle's CPU build has no bf16 matmul, float64 stands in):
+    the RMSNorm keeps its normalised tensor in the compute dtype beside an fp32 copy of its input, math
+    attention its fp32 probabilities and their copy in the compute dtype."""
+    fused = dtype == "float32"
+    cfg = to_config(compose(CASES["llama-wide"] + (FUSED if fused else []) + [
+        "model.vocab_size=2560", "model.max_position_embeddings=256", "model.attention=math"])).model
+    b, s = 2, 256
+    measured = saved_bytes_per_layer(cfg, b, s, dtype=dtype)
+    planned = layer_activation_bytes(cfg, s, b, t=1, e=4 if fused else 8, flash=False)
+    print(f"llama-wide {'fused' if fused else dtype}: measured {measured} B per block, plan {planned:.0f} B")
+    assert planned == measured, (dtype, measured, planned)
+
+
 @pytest.mark.parametrize("case", ["gpt-tiny", "llama-wide"])
 def test_held_bytes_per_layer_under_recompute(case):
     """Under full recompute a block keeps its input (and RoPE's cached tables): measured by the host allocator,

@@ -28,14 +28,15 @@ def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
     out = tmp_path / "cpu-here.json"
     calibrate(str(out), sizes=(4096, 2**20, 4 * 2**20), repeats=3)
     p = json.loads(out.read_text())
-    for k in ("peak_flops", "collective_bw", "collective_alpha", "p2p_bw", "p2p_alpha"):
+    for k in ("peak_flops", "collective_bw", "collective_alpha", "collective_alpha_busy", "p2p_bw", "p2p_alpha"):
         assert isinstance(p[k], float) and p[k] > 0, (k, p[k])
+    assert p["collective_alpha_busy"] >= p["collective_alpha"] and p["busy_all_reduce"]["calls"] == 30
     assert [r["bytes"] for r in p["measurements"]] == [4096, 2**20, 4 * 2**20]
     assert all(r["all_reduce_s"] > 0 and r["send_recv_s"] > 0 for r in p["measurements"])
 
     dev = get_device("cpu-here", str(out))
     assert (dev.peak_flops, dev.nvlink_bw, dev.net_alpha, dev.p2p_alpha) == (
-        p["peak_flops"], p["collective_bw"], p["collective_alpha"], p["p2p_alpha"])
+        p["peak_flops"], p["collective_bw"], p["collective_alpha_busy"], p["p2p_alpha"])
     assert "calibrated" in dev.source
 
     from llmtrain.plan.__main__ import plan
