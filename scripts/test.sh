@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test suite (CPU; ~15-17 minutes on 2 cores). Extra arguments go to pytest.
+# The test suite (CPU; ~15 minutes on 2 cores with the first install). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLMTRAIN_EXTRAS=dev source scripts/env.sh
