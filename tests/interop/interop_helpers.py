@@ -41,6 +41,16 @@ def randomize_paddlenlp(model, seed: int) -> None:
         p.set_value(paddle.to_tensor(random_values(name, list(p.shape), rng)))
 
 
+@paddle.no_grad()
+def randomize_lora(lora_model, marker: str, scale: float, seed: int) -> None:
+    """Overwrite the adapter parameters of a PaddleNLP `LoRAModel` whose names contain `marker` ("lora_": A and B;
+    "lora_B": B only, PaddleNLP initialises it to zero) with `scale` x standard normal noise."""
+    rng = np.random.default_rng(seed)
+    for name, p in lora_model.model.named_parameters():
+        if marker in name:
+            p.set_value(paddle.to_tensor((scale * rng.standard_normal(p.shape)).astype(np.float32)))
+
+
 def random_state(cfg, seed: int) -> dict[str, np.ndarray]:
     """A canonical state for our model `cfg` with `random_values`."""
     rng = np.random.default_rng(seed)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import paddle
 import pytest
-from interop_helpers import assert_close, paddlenlp_logits, random_state, token_ids
+from interop_helpers import assert_close, paddlenlp_logits, random_state, randomize_lora, token_ids
 
 from llmtrain.interop import write_paddlenlp_checkpoint
 from llmtrain.interop.lora_format import merge_adapters, read_paddlenlp_lora, write_paddlenlp_lora
@@ -90,11 +90,7 @@ def test_paddlenlp_made_adapters_load_into_ours(tmp_path):
     write_paddlenlp_checkpoint(cfg, base, str(tmp_path / "base"))
     ref = AutoModelForCausalLM.from_pretrained(str(tmp_path / "base"))
     lm = LoRAModel(ref, LoRAConfig(r=4, lora_alpha=16, target_modules=[".*q_proj", ".*k_proj", ".*down_proj"]))
-    rng = np.random.default_rng(6)
-    with paddle.no_grad():
-        for name, p in lm.model.named_parameters():
-            if "lora_" in name:
-                p.set_value(paddle.to_tensor((0.2 * rng.standard_normal(p.shape)).astype(np.float32)))
+    randomize_lora(lm, "lora_", 0.2, seed=6)
     lm.save_pretrained(str(tmp_path / "pnlp_lora"))
     ids = token_ids(cfg.vocab_size, seed=2)
     theirs = paddlenlp_logits(lm, ids)

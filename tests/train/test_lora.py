@@ -15,6 +15,7 @@ import json
 import numpy as np
 import pytest
 
+from interop.interop_helpers import randomize_lora  # tests/interop (a namespace import)
 from launch import metrics, run_many
 
 EXAMPLES = [("人民日报的总部在哪里？", "人民日报社位于北京。"), ("请用一句话介绍长江。", "长江是中国最长的河流。"),
@@ -48,11 +49,7 @@ def lora_runs(tiny_corpus, tmp_path_factory):
     base = LlamaForCausalLM(cfg)
     base.save_pretrained(str(root / "base"), safe_serialization=True)
     lm = LoRAModel(base, LoRAConfig(r=2, lora_alpha=4, target_modules=[".*q_proj", ".*v_proj", ".*up_proj"]))
-    rng = np.random.default_rng(12)
-    with paddle.no_grad():
-        for name, p in lm.model.named_parameters():
-            if "lora_B" in name:
-                p.set_value(paddle.to_tensor((0.3 * rng.standard_normal(p.shape)).astype(np.float32)))
+    randomize_lora(lm, "lora_B", 0.3, seed=12)
     lm.save_pretrained(str(root / "pnlp_lora"))
     (root / "sft.jsonl").write_text("\n".join(json.dumps({"prompt": p, "response": r}, ensure_ascii=False)
                                               for p, r in EXAMPLES) + "\n", encoding="utf-8")
