@@ -88,6 +88,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
         elif layout is not None:
             problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
                                         layout.data_parallel, layout.virtual_pp)
+        if model.moe_num_experts > 0 and cfg.parallel is not None and cfg.parallel.pp > 1:
+            problems.append(f"train.batch_rampup with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
+                            f"{cfg.parallel.pp}: each stage's attached balancing-loss gradient is scaled by a "
+                            "micro-batch count fixed at start-up; a ramp changes it per step (absent)")
     if getattr(cfg.data, "packing", False) and cfg.parallel is not None and cfg.parallel.pp > 1:
         problems.append(f"data.packing=true with parallel.pp={cfg.parallel.pp}: packed sequences need per-example "
                         "positions and attention boundaries inside every stage; not implemented under pipeline "

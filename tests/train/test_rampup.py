@@ -168,3 +168,5 @@ def test_resolve_lists_rampup_problems(tiny_corpus):
     assert "train.batch_rampup=[6, 4, 48]: START 6 is not a multiple of micro batch x data-parallel ranks" in text
     assert "parallel.pp" not in text and "virtual_pp" not in text  # a 1F1B pipeline ramps
     assert "parallel.virtual_pp=2" in problems("+parallel=pp4v2", "train.batch_rampup=[16,8,48]")
+    moe = problems("+parallel=pp2", "model=moe-tiny", "train.batch_rampup=[16,8,48]")
+    assert "train.batch_rampup with model.moe_num_experts=" in moe and "parallel.pp=2" in moe
