@@ -41,6 +41,7 @@ import paddle
 import paddle.distributed as dist
 
 from llmtrain.train.step import StepOutput
+from llmtrain.utils.log import log0
 
 
 class Meter:
@@ -102,11 +103,8 @@ class Meter:
         remeasure, self._remeasure_peak = self._remeasure_peak, None
         old, new = self.peak, remeasure()
         self.peak = max(old, new)
-        if self.is_writer:
-            from llmtrain.utils.log import log0
-
-            log0(f"model FLOP/s {achieved / 1e12:.3f} T exceed the peak measured at start-up ({old / 1e12:.3f} T, "
-                 f"measured under load?): re-measured {new / 1e12:.3f} T, MFU now uses {self.peak / 1e12:.3f} T")
+        log0(f"model FLOP/s {achieved / 1e12:.3f} T exceed the peak measured at start-up ({old / 1e12:.3f} T, "
+             f"measured under load?): re-measured {new / 1e12:.3f} T, MFU now uses {self.peak / 1e12:.3f} T")
 
     def _max_memory_allocated(self) -> int:
         """paddle.device.cuda.max_memory_allocated(), maximum over every rank of the job."""
