@@ -1,4 +1,4 @@
-"""Paddle's launcher for restarting jobs over etcd: `python -m paddle.distributed.launch` plus two fixes.
+"""Paddle's launcher for restarting jobs over etcd: `python -m paddle.distributed.launch` plus three fixes.
 
     python -m llmtrain.launch --master etcd://127.0.0.1:2379 --job_id run1 --nnodes 1 --nproc_per_node 2 \\
         --max_restart 3 --elastic_level 1 llmtrain/pretrain.py +parallel=dp2 checkpoint.interval=100
