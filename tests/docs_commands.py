@@ -1,0 +1,310 @@
+"""Every command in README.md and docs/*.md, checked without training (used by tests/test_docs.py).
+
+    python tests/docs_commands.py            # check them all, print one line per command
+
+A command is a line (with its `\\` continuations) of a ```bash block, split at `&&`, `;`, `|` and `&`. What "real"
+means depends on the command:
+
+- `python llmtrain/<recipe>.py OVERRIDES`, also behind `python -m paddle.distributed.launch`, `python -m
+  llmtrain.launch`, `bash scripts/launch_multinode.sh` and `python scripts/supervise.py ... --`: Hydra composes the
+  recipe's root config with exactly those overrides, and `llmtrain.train.resolve.resolve` accepts it for the
+  launcher's world size (nproc_per_node x nnodes), after `+parallel=auto` is chosen as the recipe chooses it. A
+  command whose line ends in `# expect: refused` must be refused instead. Paths that exist only after other
+  commands ran (a tokenizer under work/, a PaddleNLP directory, placeholders such as TOKENIZER_DIR) are stood in
+  for: a missing `data.tokenizer` by the shipped `tokenizers/pd1998-bpe16k`, a missing `model.init_from` or
+  `finetune.lora.init_from` by none (the preset's architecture).
+- `python -m llmtrain.plan OVERRIDES`: composed; the device profile's name, and a given layout's degrees against
+  `plan.devices`, checked as the planner checks them (the search itself is not run).
+- `python -m llmtrain.<module> ARGS` and `python scripts/<x>.py ARGS`: the module or file exists and, when it has an
+  argparse command line, its parser accepts ARGS (the parser runs; the command does not).
+- `bash scripts/<x>.sh ARGS`: the script exists; when it passes "$@" on to a command above, that command is
+  checked with ARGS in place of "$@".
+- A few outside programs (docker, kubectl, etcd, pip, mkdocs) are taken as they are; any other program fails.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass, field
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STAND_IN_TOKENIZER = "tokenizers/pd1998-bpe16k"
+RECIPES = {"llmtrain/pretrain.py": "config", "llmtrain/finetune.py": "finetune"}
+OUTSIDE = {"docker", "kubectl", "etcd", "pip", "mkdocs"}
+SEPARATORS = {"&&", "||", ";", "|", "&"}
+REFUSED = "# expect: refused"
+
+
+@dataclass
+class Command:
+    """One command of a document: where it is, its words, and whether the document says it is refused."""
+
+    source: str
+    line: int
+    argv: list
+    refused: bool = False
+    notes: list = field(default_factory=list)
+
+    def where(self) -> str:
+        return f"{os.path.relpath(self.source, REPO)}:{self.line}: {shlex.join(self.argv)}"
+
+
+def doc_files() -> list[str]:
+    return [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md")))
+
+
+def commands_of_text(text: str, source: str) -> list[Command]:
+    """The commands of every ```bash (or sh, shell) block of a Markdown text."""
+    out, lang, buf, start = [], None, "", 0
+    for n, raw in enumerate(text.split("\n"), 1):
+        stripped = raw.strip()
+        if stripped.startswith("```"):
+            lang = stripped[3:].strip() if lang is None else None
+            continue
+        if lang not in ("bash", "sh", "shell"):
+            continue
+        if not buf:
+            start = n
+        buf += (" " if buf else "") + stripped
+        if buf.endswith("\\"):
+            buf = buf[:-1].rstrip()
+            continue
+        out += split_commands(buf, source, start)
+        buf = ""
+    return out
+
+
+def split_commands(line: str, source: str, lineno: int) -> list[Command]:
+    lex = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lex.whitespace_split = True
+    words, cmds = list(lex), [[]]
+    for w in words:
+        if w in SEPARATORS:
+            cmds.append([])
+        else:
+            cmds[-1].append(w)
+    refused = line.rstrip().endswith(REFUSED)
+    return [Command(source, lineno, c, refused) for c in cmds if c]
+
+
+def script_commands(path: str) -> list[Command]:
+    """The commands of a bash script (its lines read as one ```bash block)."""
+    with open(path, encoding="utf-8") as f:
+        lines = [ln for ln in f.read().split("\n") if not ln.lstrip().startswith("#")]
+    return commands_of_text("```bash\n" + "\n".join(lines) + "\n```", path)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+def check(cmd: Command) -> None:
+    """Raise AssertionError (with the document's file:line) when the command is not real; return when it is."""
+    argv = list(cmd.argv)
+    while argv and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", argv[0]):  # VAR=value before the program
+        argv.pop(0)
+    if argv and argv[0] == "exec":
+        argv.pop(0)
+    assert argv, f"{cmd.where()}: empty command"
+    prog, args = argv[0], argv[1:]
+    if prog in ("python", "python3"):
+        _check_python(cmd, args)
+    elif prog in ("bash", "sh"):
+        _check_bash_script(cmd, args)
+    elif prog in OUTSIDE:
+        cmd.notes.append("outside program")
+    else:
+        raise AssertionError(f"{cmd.where()}: unknown program {prog!r} (not python, bash or one of {sorted(OUTSIDE)})")
+
+
+def _check_python(cmd: Command, args: list) -> None:
+    if args[:2] == ["-m", "pip"]:
+        cmd.notes.append("pip")
+        return
+    if args[:2] in (["-m", "paddle.distributed.launch"], ["-m", "llmtrain.launch"]):
+        return _check_launcher(cmd, args[2:], {"--nproc_per_node": 1, "--nnodes": 1})
+    if args[:1] == ["-m"]:
+        assert len(args) > 1, f"{cmd.where()}: python -m without a module"
+        module = args[1]
+        if module == "llmtrain.plan":
+            return _check_plan(cmd, args[2:])
+        assert module.startswith("llmtrain."), f"{cmd.where()}: python -m {module}: not one of llmtrain's modules"
+        assert importlib.util.find_spec(module) is not None, f"{cmd.where()}: no module {module}"
+        return _check_argparse(cmd, importlib.import_module(module), args[2:])
+    assert args, f"{cmd.where()}: python without a script"
+    script = args[0]
+    assert os.path.isfile(os.path.join(REPO, script)), f"{cmd.where()}: {script} does not exist"
+    if script in RECIPES:
+        return _check_recipe(cmd, script, args[1:], world=1)
+    if script == "scripts/supervise.py":
+        assert "--" in args, f"{cmd.where()}: supervise.py needs `-- COMMAND`"
+        cut = args.index("--")
+        _check_argparse(cmd, _load_file(script), args[1:cut] + ["--", "true"])
+        return check(Command(cmd.source, cmd.line, args[cut + 1:], cmd.refused, cmd.notes))
+    return _check_argparse(cmd, _load_file(script), args[1:])
+
+
+def _check_launcher(cmd: Command, args: list, sizes: dict) -> None:
+    """Launcher options up to the recipe, then the recipe with the world size the options give."""
+    i = 0
+    while i < len(args) and not args[i].endswith(".py"):
+        opt = args[i].split("=", 1)[0].replace("-", "_").lstrip("_")
+        value = args[i].split("=", 1)[1] if "=" in args[i] else (args[i + 1] if i + 1 < len(args) else "")
+        for name in sizes:
+            if opt == name.replace("-", "_").lstrip("_"):
+                sizes[name] = int(value.split(":")[0])
+        i += 1 if "=" in args[i] or not args[i].startswith("-") else 2
+    assert i < len(args), f"{cmd.where()}: the launcher is given no script"
+    script = args[i]
+    assert script in RECIPES, f"{cmd.where()}: {script} is not one of the recipes {sorted(RECIPES)}"
+    world = 1
+    for v in sizes.values():
+        world *= v
+    _check_recipe(cmd, script, args[i + 1:], world)
+
+
+def _compose(overrides: list, config_name: str):
+    from llmtrain.config import compose_config, to_config
+
+    return to_config(compose_config(overrides, config_name=config_name))
+
+
+def _stand_ins(cmd: Command, cfg):
+    """Paths made by earlier commands (or placeholders) replaced so that validation can run here."""
+    data, model, ft = cfg.data, cfg.model, getattr(cfg, "finetune", None)
+    if not os.path.exists(os.path.join(REPO, data.tokenizer)) and not os.path.exists(data.tokenizer):
+        cmd.notes.append(f"data.tokenizer={data.tokenizer} absent here: {STAND_IN_TOKENIZER}")
+        data = dataclasses.replace(data, tokenizer=os.path.join(REPO, STAND_IN_TOKENIZER))
+    if model.init_from and not os.path.exists(model.init_from):
+        cmd.notes.append(f"model.init_from={model.init_from} absent here: the preset")
+        model = dataclasses.replace(model, init_from=None)
+    if ft is not None and ft.lora.init_from and not os.path.exists(ft.lora.init_from):
+        cmd.notes.append(f"finetune.lora.init_from={ft.lora.init_from} absent here: none")
+        ft = dataclasses.replace(ft, lora=dataclasses.replace(ft.lora, init_from=None))
+    cfg = dataclasses.replace(cfg, data=data, model=model)
+    return dataclasses.replace(cfg, finetune=ft) if ft is not None else cfg
+
+
+def _check_recipe(cmd: Command, script: str, overrides: list, world: int) -> None:
+    from llmtrain.config import ConfigError
+    from llmtrain.plan.auto import choose_layout
+    from llmtrain.train.resolve import resolve
+
+    cfg = _stand_ins(cmd, _compose(overrides, RECIPES[script]))
+    try:
+        resolve(choose_layout(cfg, world_size=world, log=lambda _: None), world_size=world)
+    except ConfigError as e:
+        if cmd.refused:
+            cmd.notes.append("refused, as the document says")
+            return
+        raise AssertionError(f"{cmd.where()}: refused on {world} process(es):\n{e}") from None
+    assert not cmd.refused, f"{cmd.where()}: marked `{REFUSED}` but accepted on {world} process(es)"
+
+
+def _check_plan(cmd: Command, args: list) -> None:
+    from llmtrain.parallel.layout import layout_problems, model_fit_problems
+    from llmtrain.plan.devices import PROFILES
+
+    if "--calibrate" in args:
+        rest = [a for a in args if a != "--calibrate"]
+        assert rest == [] or (len(rest) == 2 and rest[0] == "--out"), \
+            f"{cmd.where()}: --calibrate takes only --out PATH"
+        return
+    cfg = _compose(args, "config")
+    problems = []
+    if cfg.plan.device not in PROFILES:
+        problems.append(f"plan.device={cfg.plan.device!r}: expected one of {sorted(PROFILES)}")
+    if cfg.plan.format not in ("table", "json"):
+        problems.append(f"plan.format={cfg.plan.format}: expected table or json")
+    if cfg.parallel is not None:
+        _, issues = layout_problems(cfg.parallel, cfg.train, cfg.plan.devices)
+        problems += issues
+        if cfg.model.vocab_size is not None:
+            problems += model_fit_problems(cfg.parallel, cfg.model)
+    assert not problems, f"{cmd.where()}: the planner would refuse it:\n" + "\n".join(problems)
+
+
+class _Parsed(Exception):
+    pass
+
+
+def _check_argparse(cmd: Command, module, args: list) -> None:
+    """The module's own parser on `args`: parsed, then stopped before the command does any work."""
+    main = getattr(module, "main", None)
+    if main is None or "ArgumentParser(" not in inspect.getsource(module):
+        cmd.notes.append("exists (no argparse command line)")
+        return
+    original = argparse.ArgumentParser.parse_known_args
+
+    def parse_then_stop(self, a=None, namespace=None):
+        result = original(self, a, namespace)
+        raise _Parsed(result)
+
+    saved_argv = sys.argv
+    argparse.ArgumentParser.parse_known_args = parse_then_stop
+    sys.argv = [module.__name__] + list(args)
+    try:
+        if inspect.signature(main).parameters:
+            main(list(args))
+        else:
+            main()
+    except _Parsed:
+        cmd.notes.append("arguments parsed")
+        return
+    except SystemExit as e:
+        raise AssertionError(f"{cmd.where()}: its argument parser refuses the arguments (exit {e.code})") from None
+    finally:
+        argparse.ArgumentParser.parse_known_args = original
+        sys.argv = saved_argv
+    raise AssertionError(f"{cmd.where()}: main() returned without parsing arguments")
+
+
+def _load_file(path: str):
+    name = "docs_cmd_" + re.sub(r"\W", "_", path)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_bash_script(cmd: Command, args: list) -> None:
+    assert args, f"{cmd.where()}: bash without a script"
+    script, rest = args[0], args[1:]
+    assert script.startswith("scripts/") and os.path.isfile(os.path.join(REPO, script)), \
+        f"{cmd.where()}: {script} does not exist"
+    if script == "scripts/launch_multinode.sh":
+        return _check_launcher(cmd, rest, {"--nproc-per-node": 1, "--nnodes": 1})
+    forwarded = [c for c in script_commands(os.path.join(REPO, script)) if "$@" in c.argv]
+    if not rest:
+        cmd.notes.append("script exists")
+        return
+    assert forwarded, f"{cmd.where()}: {script} takes no arguments (it passes no \"$@\" on)"
+    for inner in forwarded:
+        k = inner.argv.index("$@")
+        check(Command(cmd.source, cmd.line, inner.argv[:k] + rest + inner.argv[k + 1:], cmd.refused, cmd.notes))
+
+
+def all_commands() -> list[Command]:
+    out = []
+    for path in doc_files():
+        with open(path, encoding="utf-8") as f:
+            out += commands_of_text(f.read(), path)
+    return out
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, REPO)
+    failed = 0
+    for c in all_commands():
+        try:
+            check(c)
+            print(f"ok   {c.where()}  [{'; '.join(c.notes)}]")
+        except AssertionError as e:
+            failed += 1
+            print(f"FAIL {e}")
+    sys.exit(1 if failed else 0)
