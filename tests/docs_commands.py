@@ -24,6 +24,7 @@ means depends on the command:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import glob
 import importlib
@@ -168,9 +169,30 @@ def _check_launcher(cmd: Command, args: list, sizes: dict) -> None:
     _check_recipe(cmd, script, args[i + 1:], world)
 
 
+@contextlib.contextmanager
+def hydra_session():
+    """One Hydra initialisation of `conf/` for many compositions (each `compose_config` would initialise anew)."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from llmtrain.config import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(version_base="1.3", config_dir=os.path.join(REPO, "conf")):
+        yield
+    GlobalHydra.instance().clear()
+
+
 def _compose(overrides: list, config_name: str):
+    """The recipe's root config composed with exactly these overrides, as a typed `Config`."""
+    from hydra import compose
+    from hydra.core.global_hydra import GlobalHydra
+
     from llmtrain.config import compose_config, to_config
 
+    if GlobalHydra.instance().is_initialized():
+        return to_config(compose(config_name=config_name, overrides=list(overrides)))
     return to_config(compose_config(overrides, config_name=config_name))
 
 
@@ -190,20 +212,35 @@ def _stand_ins(cmd: Command, cfg):
     return dataclasses.replace(cfg, finetune=ft) if ft is not None else cfg
 
 
+_RESOLVED: dict = {}  # (script, overrides, world) -> (notes, ConfigError or None): a command repeated in two pages
+
+
 def _check_recipe(cmd: Command, script: str, overrides: list, world: int) -> None:
+    key = (script, tuple(overrides), world)
+    if key not in _RESOLVED:
+        _RESOLVED[key] = _resolve(script, overrides, world)
+    notes, error = _RESOLVED[key]
+    cmd.notes += notes
+    if error is not None:
+        if cmd.refused:
+            cmd.notes.append("refused, as the document says")
+            return
+        raise AssertionError(f"{cmd.where()}: refused on {world} process(es):\n{error}")
+    assert not cmd.refused, f"{cmd.where()}: marked `{REFUSED}` but accepted on {world} process(es)"
+
+
+def _resolve(script: str, overrides: list, world: int):
     from llmtrain.config import ConfigError
     from llmtrain.plan.auto import choose_layout
     from llmtrain.train.resolve import resolve
 
-    cfg = _stand_ins(cmd, _compose(overrides, RECIPES[script]))
+    probe = Command("", 0, [])
+    cfg = _stand_ins(probe, _compose(overrides, RECIPES[script]))
     try:
         resolve(choose_layout(cfg, world_size=world, log=lambda _: None), world_size=world)
     except ConfigError as e:
-        if cmd.refused:
-            cmd.notes.append("refused, as the document says")
-            return
-        raise AssertionError(f"{cmd.where()}: refused on {world} process(es):\n{e}") from None
-    assert not cmd.refused, f"{cmd.where()}: marked `{REFUSED}` but accepted on {world} process(es)"
+        return probe.notes, e
+    return probe.notes, None
 
 
 def _check_plan(cmd: Command, args: list) -> None:
@@ -297,14 +334,21 @@ def all_commands() -> list[Command]:
     return out
 
 
+def _report(c: Command) -> bool:
+    try:
+        check(c)
+    except AssertionError as e:
+        print(f"FAIL {e}")
+        return False
+    print(f"ok   {c.where()}  [{'; '.join(c.notes)}]")
+    return True
+
+
 if __name__ == "__main__":
     sys.path.insert(0, REPO)
     failed = 0
-    for c in all_commands():
-        try:
-            check(c)
-            print(f"ok   {c.where()}  [{'; '.join(c.notes)}]")
-        except AssertionError as e:
-            failed += 1
-            print(f"FAIL {e}")
+    with hydra_session():
+        commands = all_commands()
+        for c in commands:
+            failed += not _report(c)
     sys.exit(1 if failed else 0)

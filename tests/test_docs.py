@@ -1,0 +1,84 @@
+"""The documentation: the site builds in strict mode, README links resolve, and every command in README.md and
+docs/*.md is real (tests/docs_commands.py says what "real" means per kind of command).
+
+    python -m pytest -q tests/test_docs.py
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from docs_commands import REPO, Command, all_commands, check, commands_of_text, hydra_session
+
+COMMANDS = all_commands()
+
+
+def test_site_builds_in_strict_mode(tmp_path):
+    """`mkdocs build --strict`: a broken link or anchor, or a page missing from the nav, fails the build."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    r = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict",
+                        "-f", os.path.join(REPO, "mkdocs.yml"), "-d", str(tmp_path / "site")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, f"mkdocs build --strict failed:\n{r.stdout}\n{r.stderr}"
+    assert (tmp_path / "site" / "index.html").is_file()
+
+
+def test_readme_links_resolve():
+    """README.md is outside the site: its relative links (and their anchors in docs/) are checked here."""
+    from markdown.extensions.toc import slugify
+
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links, "README.md links nowhere"
+    bad = []
+    for link in links:
+        if re.match(r"^[a-z]+://", link):
+            continue
+        path, _, anchor = link.partition("#")
+        full = os.path.join(REPO, path)
+        if not os.path.exists(full):
+            bad.append(f"{link}: no {path}")
+        elif anchor:
+            with open(full, encoding="utf-8") as f:
+                heads = [slugify(m, "-") for m in re.findall(r"^#+\s+(.*?)\s*$", f.read(), flags=re.M)]
+            if anchor not in heads:
+                bad.append(f"{link}: no heading #{anchor} in {path}")
+    assert not bad, "README.md links that lead nowhere:\n" + "\n".join(bad)
+
+
+def test_readme_opens_with_the_two_commands():
+    readme = [c for c in COMMANDS if c.source.endswith("README.md")]
+    assert [c.argv for c in readme[:2]] == [["bash", "scripts/quickstart.sh"], ["bash", "scripts/test.sh"]]
+
+
+@pytest.fixture(scope="module")
+def hydra():
+    with hydra_session():
+        yield
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[f"{os.path.relpath(c.source, REPO)}:{c.line}" for c in COMMANDS])
+def test_doc_command_is_real(cmd: Command, hydra):
+    check(cmd)
+
+
+@pytest.mark.parametrize("line", [
+    "python llmtrain/pretrain.py model=llama-tiny train.max_stepz=50",  # no such field
+    "python llmtrain/pretrain.py model=llama-tinyy",  # no such preset
+    "python llmtrain/pretrain.py +parallel=dp2",  # 2 ranks' layout on one process
+    "python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py +parallel=dp2   # expect: refused",
+    "python -m llmtrain.export --checkpoint run --outptu out/",  # the parser's own error
+    "python -m llmtrain.plan model=llama-7b plan.device=a100-81g",
+    "bash scripts/quickstart.sh train.max_steps=0",  # forwarded to the script's own launch command
+    "pyhton llmtrain/pretrain.py",
+])
+def test_a_wrong_doc_command_fails(line, hydra):
+    """The checker is not a rubber stamp: each of these wrong commands must fail it."""
+    (cmd,) = commands_of_text(f"```bash\n{line}\n```", os.path.join(REPO, "README.md"))
+    with pytest.raises(Exception):
+        check(cmd)
