@@ -15,7 +15,7 @@ SIGTERM / SIGINT to the supervisor go to the launcher (which forwards them: the 
 their step, save and exit 0) and no relaunch follows. Each attempt sees LLMTRAIN_ATTEMPT=<n>.
 
 Paddle's own restart (`paddle.distributed.launch --master etcd://HOST:PORT --max_restart N
---elastic_level 1`, README "Long runs") needs an etcd server and the etcd3 client; this script
+--elastic_level 1`, docs/long-runs.md) needs an etcd server and the etcd3 client; this script
 is the path without them: it needs nothing but the launcher and a shared filesystem.
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@
     # -> work/sft/train.jsonl, work/sft/valid.jsonl: {"prompt": ..., "response": ...} per line
 
 Not a chat dataset: it gives the fine-tuning recipe real Chinese text of realistic, varied
-lengths (1..--max-lines response lines, drawn uniformly with a fixed seed) so the README's LoRA, packing
-and generation commands run from a fresh clone. The last `--valid` pairs are held out.
+lengths (1..--max-lines response lines, drawn uniformly with a fixed seed) so the LoRA, packing
+and generation commands of docs/finetuning.md run from a fresh clone. The last `--valid` pairs are held out.
 """
 from __future__ import annotations
 

@@ -108,7 +108,7 @@ class OptimConfig:
     """At a resume whose LR-schedule fields (train.max_steps, lr, min_lr, warmup_steps, decay_steps, schedule,
     decay_*) differ from the checkpoint's: `config` uses this config's schedule from the resume step on,
     `checkpoint` keeps the checkpoint's (its horizon too); None refuses a change that moves the resume
-    step's LR by more than 1e-3 relative (see `llmtrain/train/contract.py` and the README's "Changing a run")."""
+    step's LR by more than 1e-3 relative (see `llmtrain/train/contract.py` and docs/changing-runs.md)."""
 
     weight_decay: float = 0.1
     """Decoupled weight decay for matrices and embeddings (not norms and biases)."""

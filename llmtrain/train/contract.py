@@ -6,8 +6,8 @@
 
 A checkpoint's manifest carries the resolved config of the run that wrote it. At
 resume every field of the two configs is compared and each difference falls
-under one rule of `RULES` (first matching prefix wins; the README's "Changing a
-run" table is this list):
+under one rule of `RULES` (first matching prefix wins; the table in
+docs/changing-runs.md is this list):
 
 - honoured: the new value is used (layout degrees, batch sizes, AMP, logging, ...);
 - warn: the new value is used and a warning names the field, both values and the

@@ -3,7 +3,7 @@
     meter = Meter(run_dir, topo, flops_per_token, peak, ...)
     meter.update(step, out, lr, step_time, data_wait)   # every step; writes on log steps
 
-Definitions (the README's "Metrics" section says the same):
+Definitions (docs/configuration.md, "Metrics", says the same):
 - tokens: loss-bearing target tokens (sum of loss_mask: padding and masked-out
   positions excluded), summed over all data-parallel and sharding ranks, never
   multiplied by tp or pp. `tokens` is this step's count, `tokens_total` the exact

@@ -1,4 +1,4 @@
-"""The resume contract, one test per row of the README's "Changing a run" table (pure: no training).
+"""The resume contract, one test per row of the table in docs/changing-runs.md (pure: no training).
 
     python -m pytest tests/train/test_contract.py -q
 
