@@ -5,6 +5,7 @@ docs/*.md is real (tests/docs_commands.py says what "real" means per kind of com
 """
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
@@ -49,6 +50,27 @@ def test_readme_links_resolve():
             if anchor not in heads:
                 bad.append(f"{link}: no heading #{anchor} in {path}")
     assert not bad, "README.md links that lead nowhere:\n" + "\n".join(bad)
+
+
+def test_paths_named_in_the_docs_exist():
+    """Every repository path the README and the pages name in code spans (`llmtrain/train/resolve.py`,
+    `tests/x.py::test_y`, `conf/parallel/`) exists: a moved or renamed module shows up here."""
+    span = re.compile(r"`((?:llmtrain|scripts|conf|tests|deploy|docker|benchmarks|tokenizers)/[^`\s]*)`")
+    placeholder = re.compile(r"[<>{}*]|/[A-Z_]+(\.|/|$)")  # step_<N>, {a,b}, conf/data/NAME.yaml
+    missing, seen = [], 0
+    for path in [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        for m in span.finditer(text):
+            named = m.group(1).split("::")[0].rstrip("/.,;:")
+            if placeholder.search(named):
+                continue
+            seen += 1
+            if not os.path.exists(os.path.join(REPO, named)):
+                line = text[:m.start()].count("\n") + 1
+                missing.append(f"{os.path.relpath(path, REPO)}:{line}: {named}")
+    assert seen > 50, f"only {seen} repository paths found in the docs: is the pattern still right?"
+    assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
 def test_readme_opens_with_the_two_commands():
