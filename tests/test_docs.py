@@ -54,7 +54,7 @@ def test_readme_links_resolve():
 
 def test_paths_named_in_the_docs_exist():
     """Every repository path the README and the pages name in code spans (`llmtrain/train/resolve.py`,
-    `tests/x.py::test_y`, `conf/parallel/`) exists: a moved or renamed module shows up here."""
+    `tests/x.py::test_y`, `conf/parallel/`) exists, with the named test: a moved or renamed module shows up here."""
     span = re.compile(r"`((?:llmtrain|scripts|conf|tests|deploy|docker|benchmarks|tokenizers)/[^`\s]*)`")
     placeholder = re.compile(r"[<>{}*]|/[A-Z_]+(\.|/|$)")  # step_<N>, {a,b}, conf/data/NAME.yaml
     missing, seen = [], 0
@@ -62,13 +62,20 @@ def test_paths_named_in_the_docs_exist():
         with open(path, encoding="utf-8") as f:
             text = f.read()
         for m in span.finditer(text):
-            named = m.group(1).split("::")[0].rstrip("/.,;:")
+            named, _, test = m.group(1).partition("::")
+            named = named.rstrip("/.,;:")
             if placeholder.search(named):
                 continue
             seen += 1
-            if not os.path.exists(os.path.join(REPO, named)):
-                line = text[:m.start()].count("\n") + 1
-                missing.append(f"{os.path.relpath(path, REPO)}:{line}: {named}")
+            where = f"{os.path.relpath(path, REPO)}:{text[:m.start()].count(chr(10)) + 1}"
+            full = os.path.join(REPO, named)
+            if not os.path.exists(full):
+                missing.append(f"{where}: {named}")
+            elif test:  # tests/x.py::test_name or ::test_prefix_*
+                with open(full, encoding="utf-8") as f:
+                    if not re.search(rf"^def {re.escape(test.rstrip('*'))}{'' if test.endswith('*') else '[(]'}",
+                                     f.read(), flags=re.M):
+                        missing.append(f"{where}: {named}::{test}")
     assert seen > 50, f"only {seen} repository paths found in the docs: is the pattern still right?"
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
