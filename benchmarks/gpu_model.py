@@ -85,19 +85,19 @@ def gpt(layers, hidden, heads, ffn, seq, vocab=50304) -> Arch:
 class Decoder(torch.nn.Module):
     """llmtrain's DecoderLM for one `Arch`, every parameter created in `dtype` on `device`."""
 
-    def __init__(self, a: Arch, device, dtype=torch.bfloat16, recompute: bool = False):
+    def __init__(self, a: Arch, device, dtype=torch.bfloat16, recompute: bool = False, generator=None):
         super().__init__()
         self.a, self.recompute = a, recompute
         kw = dict(device=device, dtype=dtype)
 
         def mat(i, o, std=0.02):  # [in, out], as Paddle's Linear weight
-            return torch.nn.Parameter(torch.randn(i, o, **kw) * std)
+            return torch.nn.Parameter(torch.randn(i, o, **kw, generator=generator) * std)
 
         def vec(n, value=0.0):
             return torch.nn.Parameter(torch.full((n,), value, **kw))
 
-        self.word = torch.nn.Parameter(torch.randn(a.vocab, a.hidden, **kw) * 0.02)  # [V, h]
-        self.pos = torch.nn.Parameter(torch.randn(a.seq, a.hidden, **kw) * 0.02) if a.position == "learned" else None
+        self.word = torch.nn.Parameter(torch.randn(a.vocab, a.hidden, **kw, generator=generator) * 0.02)  # [V, h]
+        self.pos = torch.nn.Parameter(torch.randn(a.seq, a.hidden, **kw, generator=generator) * 0.02) if a.position == "learned" else None
         d, nh, nkv = a.head_dim, a.heads, a.kv_heads
         self.blocks = torch.nn.ModuleList()
         for _ in range(a.layers):
@@ -232,7 +232,7 @@ def train_step(model, opt, batch):
     return loss
 
 
-def make_batch(a: Arch, micro_batch: int, device):
-    ids = torch.randint(0, a.vocab, (micro_batch, a.seq + 1), device=device)
+def make_batch(a: Arch, micro_batch: int, device, generator=None):
+    ids = torch.randint(0, a.vocab, (micro_batch, a.seq + 1), device=device, generator=generator)
     mask = torch.ones(micro_batch, a.seq, device=device, dtype=torch.float32)
     return ids[:, :-1].contiguous(), ids[:, 1:].contiguous(), mask

@@ -64,6 +64,11 @@ class Bench:
         self.dev = torch.device("cuda" if torch.cuda.is_available() and not args.cpu else "cpu")
         self.cuda = self.dev.type == "cuda"
         self.dtype = torch.bfloat16
+        # every random operand comes from this generator: the default one is tied to the CUDA graphs captured
+        # here (dropout), and drawing from it outside a capture then fails ("Offset increment outside graph
+        # capture encountered unexpectedly", seen on torch 2.11)
+        self.gen = torch.Generator(device=self.dev)
+        self.gen.manual_seed(0)
         if self.cuda:  # flash attention only: SDPA must not fall back silently to another kernel
             torch.backends.cuda.enable_mem_efficient_sdp(False)
             torch.backends.cuda.enable_math_sdp(False)
@@ -192,7 +197,11 @@ def cpu_model() -> str:
 
 
 def randn(b: Bench, *shape, dtype=None):
-    return torch.randn(*shape, device=b.dev, dtype=dtype or b.dtype)
+    return torch.randn(*shape, device=b.dev, dtype=dtype or b.dtype, generator=b.gen)
+
+
+def randint(b: Bench, high: int, *shape):
+    return torch.randint(0, high, shape, device=b.dev, generator=b.gen)
 
 
 # ---------------------------------------------------------------- gemm
@@ -263,7 +272,7 @@ def run_attention(b: Bench, deadline: float):
                "impl": "flash (torch SDPA, only the flash backend enabled)" if b.cuda else "sdpa-cpu"}
         try:
             out = fwd()
-            dout = torch.randn_like(out)
+            dout = randn(b, *out.shape, dtype=out.dtype)
             row["fwd_s"], row["timing"] = b.time_calls([fwd], graph=False)
             grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
             row["bwd_s"], _ = b.time_calls([grad], graph=False)
@@ -290,7 +299,7 @@ def memory_ops(b: Bench, numel: int):
         def make():
             ins = [randn(b, *s).requires_grad_(True) for s in shapes]
             y = f(*ins)
-            dy = torch.randn_like(y)
+            dy = randn(b, *y.shape, dtype=y.dtype)
             return lambda: torch.autograd.grad(y, ins, dy, retain_graph=True)
         return make
 
@@ -314,7 +323,7 @@ def memory_ops(b: Bench, numel: int):
         "gelu_tanh_fwd": (lambda: (lambda x=x16(): F.gelu(x, approximate="tanh")), 2 * n, 2 * n),
         "gelu_tanh_bwd": (autograd(lambda x: F.gelu(x, approximate="tanh"), (rows, h)), 4 * n, 2 * n),
         "dropout_fwd": (lambda: (lambda x=x16(): F.dropout(x, 0.1, True)), 2 * n, 3 * n),
-        "embedding_fwd": (lambda: (lambda ids=torch.randint(0, 32000, (rows,), device=b.dev): F.embedding(ids, table)),
+        "embedding_fwd": (lambda: (lambda ids=randint(b, 32000, rows): F.embedding(ids, table)),
                           2 * n, 2 * n),
     }
     if rope_cos is not None and rows >= 1:
@@ -328,7 +337,7 @@ def memory_ops(b: Bench, numel: int):
     tokens = max(1, n // vocab)
     ce_n = tokens * vocab
 
-    def ce(lg, t=torch.randint(0, vocab, (tokens,), device=b.dev)):
+    def ce(lg, t=randint(b, vocab, tokens)):
         return F.cross_entropy(lg.float(), t, reduction="none").sum()
     ops["cross_entropy_fwd"] = (lambda: (lambda lg=randn(b, tokens, vocab): ce(lg)), 2 * ce_n, 0, ce_n)
 
@@ -419,7 +428,7 @@ def run_host(b: Bench):
     for count in (16, 128, 1024) if not b.args.smoke else (4, 16):
         params = [randn(b, 64).requires_grad_(True) for _ in range(count)]
         for p in params:
-            p.grad = torch.randn_like(p)
+            p.grad = randn(b, *p.shape)
         opt = MasterAdamW(params)
         sec = _wall(b, opt.step, 10 if not b.args.smoke else 3)
         b.add("host", {"kind": "optimizer_step_tiny_tensors", "tensors": count, "seconds": sec,
@@ -448,7 +457,7 @@ def run_optimizer(b: Bench, deadline: float):
         per = total // count
         params = [randn(b, per).requires_grad_(True) for _ in range(count)]
         for p in params:
-            p.grad = torch.randn_like(p)
+            p.grad = randn(b, *p.shape)
         opt = MasterAdamW(params)
         grads = [p.grad for p in params]
         norm = lambda: torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)  # noqa: E731
@@ -505,11 +514,10 @@ def run_steps(b: Bench, rows: dict, deadline: float):
             if b.cuda:
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats()
-            torch.manual_seed(0)
-            model = Decoder(a, b.dev, b.dtype, recompute)
+            model = Decoder(a, b.dev, b.dtype, recompute, generator=b.gen)
             opt = MasterAdamW(model.parameters())
             row.update(count_params(model, a))
-            batch = make_batch(a, mb, b.dev)
+            batch = make_batch(a, mb, b.dev, b.gen)
             losses = []
             for _ in range(b.args.warmup):
                 losses.append(float(train_step(model, opt, batch)))
