@@ -168,6 +168,11 @@ class Decoder(torch.nn.Module):
         return x + self.mlp(blk, self.norm(x, blk.norm2_w, b2))
 
     def forward(self, ids, target, mask):  # ids, target [b, s] int64; mask [b, s] fp32 -> scalar fp32 loss
+        logits = self.logits(ids)  # [b, s, V]
+        ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view_as(mask)
+        return (ce * mask).sum() / mask.sum().clamp(min=1.0)
+
+    def logits(self, ids):  # ids [b, s] int64 -> [b, s, V]
         x = F.embedding(ids, self.word)  # [b, s, h]
         if self.pos is not None:
             x = x + self.pos[None, : ids.shape[1]]
@@ -177,9 +182,7 @@ class Decoder(torch.nn.Module):
             else:
                 x = self.block(blk, x)
         x = self.norm(x, self.final_w, self.final_b)
-        logits = x @ (self.word.t() if self.head is None else self.head)  # [b, s, V]
-        ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view_as(mask)
-        return (ce * mask).sum() / mask.sum().clamp(min=1.0)
+        return x @ (self.word.t() if self.head is None else self.head)  # [b, s, V]
 
 
 class MasterAdamW:
