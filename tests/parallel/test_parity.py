@@ -161,6 +161,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
+    if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
+        runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     return names, segment, runs
 
 
@@ -201,6 +203,11 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from pp_activations import check as check_pp
 
         print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(runs_dir / 'pp_act')}")
+    if layout == "dp2":
+        import runpy
+
+        check_collectives = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "plan", "collectives_check.py"))["check"]
+        print(f"dp2 gloo collectives (alpha s, bus bytes/s): {check_collectives(runs_dir / 'collectives')}")
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(runs_dir / n)
         lora = reference_name(n) == "llama_lora"
