@@ -6,8 +6,8 @@
     write_paddlenlp_checkpoint(cfg, state, "out/", safetensors=True, tokenizer_dir="tokenizers/zh")
     # paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("out/") gives our logits
 
-Families: GPT (`gpt.py`), Llama (`llama.py`), Mixtral (`mixtral.py`, our MoE decoder) and ERNIE
-(`ernie.py`, our encoder family),
+Families: GPT (`gpt.py`), Llama (`llama.py`), Qwen (`qwen.py`), Mixtral (`mixtral.py`, our MoE decoder)
+and ERNIE (`ernie.py`, our encoder family),
 detected from `model_type` or `architectures`; each module documents the numerics it
 reproduces (ERNIE: `ErnieForMaskedLM.from_pretrained("out/")`). Reading checks that every
 tensor of the file is used, every tensor the config needs is present and has its shape,
@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop import ernie, gpt, llama, mixtral
+from llmtrain.interop import ernie, gpt, llama, mixtral, qwen
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, fsync_tree, read_tensors, write_pdparams,
@@ -34,7 +34,8 @@ from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokeniz
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
-FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie."), "mixtral": (mixtral, "mixtral.")}
+FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie."), "mixtral": (mixtral, "mixtral."),
+            "qwen": (qwen, "qwen.")}
 
 
 def detect_family(c: dict, source: str) -> str:
@@ -43,13 +44,14 @@ def detect_family(c: dict, source: str) -> str:
     if model_type in FAMILIES:
         return model_type
     for arch in c.get("architectures") or []:
-        for family, prefix in (("gpt", "GPT"), ("llama", "Llama"), ("mixtral", "Mixtral")):
+        for family, prefix in (("gpt", "GPT"), ("llama", "Llama"), ("mixtral", "Mixtral"), ("qwen", "QWen")):
             if arch.startswith(prefix):
                 return family
         if arch in ernie.ARCHITECTURES:  # exact: ErnieM, ErnieGram, ErnieCtm... are other models
             return "ernie"
     raise UnsupportedConfig(f"{source}: model_type={model_type!r}, architectures={c.get('architectures')!r}: "
-                            "only PaddleNLP GPT, Llama, Mixtral and ERNIE checkpoints are supported")
+                            "only PaddleNLP GPT, Llama, Qwen, Mixtral and ERNIE checkpoints (and Hugging Face Llama and "
+                            "Qwen2) are supported")
 
 
 def read_config(ckpt_dir: str) -> dict:
@@ -130,12 +132,15 @@ def _as_fp32(value) -> np.ndarray:
 
 
 def family_of(cfg: ModelConfig) -> str:
-    """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT, RoPE -> Llama."""
+    """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT; RoPE with
+    biases (q/k/v only, or everywhere) -> Qwen, without -> Llama."""
     if cfg.family == "encoder":
         return "ernie"
     if cfg.moe_num_experts > 0:
         return "mixtral"
-    return "gpt" if cfg.position == "learned" else "llama"
+    if cfg.position == "learned":
+        return "gpt"
+    return "qwen" if cfg.has_qkv_bias() or cfg.bias else "llama"
 
 
 def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
