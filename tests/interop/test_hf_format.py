@@ -1,0 +1,91 @@
+"""Hugging Face-layout Llama / Qwen2 checkpoints in and out, against a numpy forward of the published architecture.
+
+    python -m pytest tests/interop/test_hf_format.py -q
+
+The checkpoints are built by `tests/hf_tiny.py` (its own writer: transformers' names, [out, in] weights,
+two shards + index); the reference is `hf_tiny.reference_logits` (float64 numpy), not our model.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hf_tiny import make_hf_checkpoint, reference_logits
+from interop_helpers import TOL, our_logits, random_state
+
+from llmtrain.interop import read_paddlenlp_checkpoint
+from llmtrain.interop.hf_format import write_hf_checkpoint
+from llmtrain.interop.keys import UnsupportedConfig
+
+CASES = {
+    "qwen2-gqa-tied": ("qwen2", {}),
+    "qwen2-mha-untied": ("qwen2", dict(num_key_value_heads=4, tie_word_embeddings=False, rope_theta=10000.0)),
+    "llama-gqa": ("llama", {}),
+    "llama-mqa-tied-bias": ("llama", dict(num_key_value_heads=1, tie_word_embeddings=True, attention_bias=True,
+                                          mlp_bias=True)),
+}
+
+
+def close(ours, ref, what):
+    assert np.abs(ref).max() > 0.1, what
+    diff = float(np.abs(ours - ref).max())
+    assert diff <= TOL, f"{what}: max abs logit difference {diff:.3g} > {TOL}"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hf_checkpoint_imports_with_reference_logits(case, tmp_path):
+    family, kw = CASES[case]
+    make_hf_checkpoint(tmp_path, family, seed=len(case), **kw)
+    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), lazy=True)
+    assert meta["layout"] == "huggingface" and meta["family"] == family and meta["sharded"]
+    assert not isinstance(state["layers.0.attn.q_proj.weight"], np.ndarray)  # lazy: mapped, transposed on read
+    assert cfg.has_qkv_bias() == (family == "qwen2" or "attention_bias" in kw)
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 16))
+    close(our_logits(cfg, state, __import__("paddle").to_tensor(ids)), reference_logits(tmp_path, ids), case)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_export_to_hf_layout_gives_reference_logits_and_reads_back(family, tmp_path):
+    import paddle
+
+    make_hf_checkpoint(tmp_path / "src", family, seed=3)
+    cfg, _, _ = read_paddlenlp_checkpoint(str(tmp_path / "src"))
+    state = random_state(cfg, seed=4)
+    info = write_hf_checkpoint(cfg, state, str(tmp_path / "out"), max_shard_bytes=20_000)
+    assert info["shards"] > 1 and "model.safetensors.index.json" in info["files"]
+    index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {f for f in info["files"] if f.endswith(".safetensors")}
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 16))
+    ours = our_logits(cfg, state, paddle.to_tensor(ids))
+    close(ours, reference_logits(tmp_path / "out", ids), f"{family} written")
+    cfg2, state2, _ = read_paddlenlp_checkpoint(str(tmp_path / "out"))
+    assert cfg2.qkv_bias == cfg.qkv_bias and cfg2.tie_embeddings == cfg.tie_embeddings
+    close(our_logits(cfg2, state2, paddle.to_tensor(ids)), ours, f"{family} read back")
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(rope_scaling={"type": "yarn", "factor": 4.0}), "rope_scaling"),
+    (dict(use_sliding_window=True), "use_sliding_window"),
+    (dict(head_dim=16), "head_dim=16"),
+])
+def test_unsupported_hf_configs_are_named(change, match, tmp_path):
+    make_hf_checkpoint(tmp_path, "qwen2", shards=1)
+    c = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**c, **change}))
+    with pytest.raises(UnsupportedConfig, match=match):
+        read_paddlenlp_checkpoint(str(tmp_path))
+
+
+def test_hf_missing_and_unexpected_tensors_are_listed(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from llmtrain.interop import CheckpointMismatch
+
+    make_hf_checkpoint(tmp_path, "qwen2", shards=1)
+    t = load_file(str(tmp_path / "model.safetensors"))
+    t.pop("model.layers.1.self_attn.k_proj.bias")
+    t["model.layers.0.self_attn.extra.weight"] = np.zeros([2, 2], np.float32)
+    save_file(t, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(CheckpointMismatch, match=r"(?s)model.layers.1.self_attn.k_proj.bias.*extra.weight"):
+        read_paddlenlp_checkpoint(str(tmp_path))
