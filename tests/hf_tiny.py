@@ -18,6 +18,24 @@ import os
 import numpy as np
 
 
+def make_hf_tokenizer(out_dir, texts: list[str], vocab_size: int = 320) -> None:
+    """A byte-level BPE `tokenizer.json` (Qwen2's kind) trained here with `tokenizers`, plus tokenizer_config.json
+    naming `<|endoftext|>` as eos and pad (as Qwen2's does; no bos)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(texts, trainer)
+    os.makedirs(out_dir, exist_ok=True)
+    tk.save(os.path.join(out_dir, "tokenizer.json"))
+    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                   "unk_token": None, "model_max_length": 32768}, f)
+
+
 def hf_config(family: str, **kw) -> dict:
     c = dict(architectures=["Qwen2ForCausalLM" if family == "qwen2" else "LlamaForCausalLM"], model_type=family,
              vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,

@@ -132,7 +132,8 @@ class Tokenizer(TokenFileInfo):
 
 def load_tokenizer(path: str | os.PathLike):
     """Load a tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) or a ``.model`` file,
-    or a PaddleNLP WordPiece directory (``vocab.txt``, e.g. an ERNIE checkpoint's:
+    a Hugging Face ``tokenizer.json`` directory without a ``tokenizer.model``
+    (:class:`llmtrain.tokenizer.hf.HFTokenizer`, same interface), or a PaddleNLP WordPiece directory (``vocab.txt``, e.g. an ERNIE checkpoint's:
     :class:`llmtrain.tokenizer.wordpiece.WordPieceTokenizer`, same interface).
 
     A relative path is resolved against the launch directory, then the repository root
@@ -141,6 +142,10 @@ def load_tokenizer(path: str | os.PathLike):
     from llmtrain.utils.paths import resolve_path
 
     p = Path(resolve_path(path))
+    if p.is_dir() and not (p / MODEL_FILE).is_file() and (p / "tokenizer.json").is_file():
+        from llmtrain.tokenizer.hf import HFTokenizer  # Hugging Face directory (Qwen2, Llama 3, ...)
+
+        return HFTokenizer(p)
     if p.is_dir() and not (p / MODEL_FILE).is_file() and (p / "vocab.txt").is_file():
         from llmtrain.tokenizer.wordpiece import WordPieceTokenizer  # PaddleNLP ERNIE/BERT directory
 

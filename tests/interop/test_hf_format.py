@@ -89,3 +89,31 @@ def test_hf_missing_and_unexpected_tensors_are_listed(tmp_path):
     save_file(t, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointMismatch, match=r"(?s)model.layers.1.self_attn.k_proj.bias.*extra.weight"):
         read_paddlenlp_checkpoint(str(tmp_path))
+
+
+def test_hf_tokenizer_json_loads_through_data_tokenizer(tmp_path):
+    """tokenizer.json (byte-level BPE, made with `tokenizers`) through `load_tokenizer`: the library's own ids,
+    exact round trip, Qwen2-style special ids, embedding rows from config.json, documents packed with eos."""
+    from hf_tiny import make_hf_tokenizer
+    from tokenizers import Tokenizer as RustTokenizer
+
+    from llmtrain.tokenizer import load_tokenizer
+    from llmtrain.tokenizer.hf import HFTokenizer
+
+    texts = ["人民日报社位于北京。", "长江是中国最长的河流。", "Qwen2 reads tokenizer.json, 一加一等于二。"] * 20
+    make_hf_tokenizer(tmp_path, texts)
+    make_hf_checkpoint(tmp_path, "qwen2", shards=1, vocab_size=384)
+    tok = load_tokenizer(tmp_path)
+    assert isinstance(tok, HFTokenizer) and tok.vocab_size == 384 and tok.sp_vocab_size <= 384
+    lib = RustTokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    eos = lib.token_to_id("<|endoftext|>")
+    assert tok.eos_id == tok.eod_id == tok.pad_id == tok.bos_id == eos and tok.unk_id is None
+    for text in texts[:3] + ["没见过的字：龘 and emoji 🙂"]:
+        ids = tok.encode(text)
+        assert ids == lib.encode(text, add_special_tokens=False).ids
+        assert tok.decode(ids + [eos, 383]) == text  # specials and padding rows decode to nothing
+        starts = tok.byte_starts(text, ids)
+        assert starts[0] == 0 and (np.diff(starts) >= 0).all()
+    tokens, lengths = tok.encode_documents(texts[:2])
+    assert list(lengths) == [len(tok.encode(t)) + 1 for t in texts[:2]] and tokens[lengths[0] - 1] == eos
+    assert tok.identity()["sha256"] == tok.sha256
