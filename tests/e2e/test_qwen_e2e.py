@@ -15,6 +15,7 @@ the logits of the trained checkpoint within 1e-4.
 """
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -84,18 +85,26 @@ def pretrain_run(root, tiny_corpus, name):
             *_common(root / "pp2" / name)]
 
 
-def source_logits(root, name, ids):
-    """The source model's own logits [b, s, V]: PaddleNLP's Qwen (+ its LoRAModel), or the numpy Qwen2."""
-    import paddle
+@functools.lru_cache(maxsize=None)
+def source_model(root, name):
+    """PaddleNLP's Qwen of the source directory (+ its LoRAModel for `*lora`), loaded once."""
     from paddlenlp.peft import LoRAModel
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    if name.startswith("hf"):
-        return reference_logits(root / "hf_qwen2", ids)
     model = AutoModelForCausalLM.from_pretrained(str(root / "pnlp_qwen"))
     if name.endswith("lora"):
         model = LoRAModel.from_pretrained(model, str(root / "pnlp_lora"))
     model.eval()
+    return model
+
+
+def source_logits(root, name, ids):
+    """The source model's own logits [b, s, V]: PaddleNLP's Qwen (+ its LoRAModel), or the numpy Qwen2."""
+    import paddle
+
+    if name.startswith("hf"):
+        return reference_logits(root / "hf_qwen2", ids)
+    model = source_model(root, name)
     with paddle.no_grad():
         out = model(paddle.to_tensor(ids))
     return (out[0] if isinstance(out, (tuple, list)) else out).numpy().astype(np.float64)
