@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 import tempfile
 from typing import Optional
 
@@ -75,8 +76,20 @@ def hf_family(c: dict, ckpt_dir: str) -> Optional[str]:
         return None
     if kind != "safetensors":
         return None
-    names = read_tensors(files[:1], kind, lazy=True)[0]
-    return "llama" if any(n.startswith("model.") for n in names) else None
+    return "llama" if any(n.startswith("model.") for n in _tensor_names(files[0])) else None
+
+
+def _tensor_names(path: str) -> list[str]:
+    """Tensor names in a safetensors file's JSON header (nothing else is read)."""
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointFileError(f"{path}: truncated safetensors file")
+        try:
+            header = json.loads(f.read(struct.unpack("<Q", head)[0]))
+        except ValueError as e:
+            raise CheckpointFileError(f"{path}: unreadable safetensors header ({e})") from e
+    return [k for k in header if k != "__metadata__"]
 
 
 def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelConfig, list[str]]:

@@ -61,7 +61,12 @@ def family_of(cfg: ModelConfig) -> str:
     if cfg.family != "decoder" or cfg.moe_num_experts:
         raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: dense decoder models (GPT, Llama, Qwen) only; "
                                 f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")
-    return checkpoint_family(cfg)
+    family = checkpoint_family(cfg)
+    if family != "qwen" and cfg.has_qkv_bias() != cfg.bias:
+        raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with bias={cfg.bias} "
+                                "and grouped-query attention is no PaddleNLP model (a Qwen2: export with --merge-lora "
+                                "--format hf)")
+    return family
 
 
 def module_map(cfg: ModelConfig) -> dict[str, str]:

@@ -139,14 +139,14 @@ def _as_fp32(value) -> np.ndarray:
 
 def family_of(cfg: ModelConfig) -> str:
     """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT; RoPE with
-    biases (q/k/v only, or everywhere) -> Qwen, without -> Llama."""
+    biases (q/k/v only, or everywhere) and no grouped-query attention -> Qwen, otherwise Llama (which refuses biases)."""
     if cfg.family == "encoder":
         return "ernie"
     if cfg.moe_num_experts > 0:
         return "mixtral"
     if cfg.position == "learned":
         return "gpt"
-    return "qwen" if cfg.has_qkv_bias() or cfg.bias else "llama"
+    return "qwen" if (cfg.has_qkv_bias() or cfg.bias) and cfg.kv_heads() == cfg.num_heads else "llama"
 
 
 def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
@@ -163,6 +163,10 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
     family = family_of(model_cfg)
     module, _ = FAMILIES[family]
+    if family != "qwen" and model_cfg.has_qkv_bias() != model_cfg.bias:
+        raise UnsupportedConfig(f"model {model_cfg.name!r}: model.qkv_bias={model_cfg.qkv_bias} with bias="
+                                f"{model_cfg.bias} cannot be written as a PaddleNLP {family} (only Qwen has q/k/v-only "
+                                "biases; a grouped-query Qwen2 goes out with --format hf)")
     config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
     state = {k: _as_fp32(v) for k, v in state.items()}
     check_canonical(state, model_shapes(model_cfg), "state to export")

@@ -43,3 +43,14 @@ def test_planner_plans_qwen2_7b():
     cfg = to_config(compose(["model=qwen2-7b", "data.seq_len=4096", "train.global_batch_size=64", "plan.devices=4"]))
     rows = plan(cfg)
     assert rows and any(r["fits"] for r in rows)
+
+
+def test_qkv_bias_is_validated_and_changing_it_at_resume_is_refused():
+    from llmtrain.config import config_problems
+    from llmtrain.train.contract import rule_of
+
+    cfg = to_config(compose(["model=ernie-tiny", "model.qkv_bias=true", "model.bias=false"]))
+    assert any("model.qkv_bias=True with model.family=encoder" in p for p in config_problems(cfg))
+    assert not any("qkv_bias" in p for p in config_problems(to_config(compose(["model=qwen2-0.5b"]))))
+    rule, why = rule_of("model.qkv_bias")  # its own rule, not only the `model` prefix's
+    assert rule == "refuse" and "q/k/v" in why
