@@ -117,3 +117,18 @@ def test_hf_tokenizer_json_loads_through_data_tokenizer(tmp_path):
     tokens, lengths = tok.encode_documents(texts[:2])
     assert list(lengths) == [len(tok.encode(t)) + 1 for t in texts[:2]] and tokens[lengths[0] - 1] == eos
     assert tok.identity()["sha256"] == tok.sha256
+
+
+def test_paddlenlp_export_refuses_a_tokenizer_json_tokenizer(tmp_path):
+    from hf_tiny import make_hf_tokenizer
+
+    from llmtrain.interop import write_paddlenlp_checkpoint
+
+    make_hf_tokenizer(tmp_path / "tok", ["人民日报社位于北京。"] * 5)
+    make_hf_checkpoint(tmp_path / "src", "llama", shards=1, vocab_size=384)
+    cfg, state, _ = read_paddlenlp_checkpoint(str(tmp_path / "src"))
+    with pytest.raises(UnsupportedConfig, match="not SentencePiece.*--format hf"):
+        write_paddlenlp_checkpoint(cfg, state, str(tmp_path / "out"), tokenizer_dir=str(tmp_path / "tok"))
+    assert not (tmp_path / "out").exists()
+    info = write_hf_checkpoint(cfg, state, str(tmp_path / "out"), tokenizer_dir=str(tmp_path / "tok"))
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(info["files"])
