@@ -218,7 +218,8 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmtrain.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="step_<N> directory, or a run directory")
-    parser.add_argument("--output", required=True, help="directory to create (from_pretrained format of PaddleNLP or Hugging Face)")
+    parser.add_argument("--output", required=True,
+                        help="directory to create (from_pretrained format of PaddleNLP or Hugging Face)")
     parser.add_argument("--format", default="auto", choices=["auto", "paddlenlp", "hf"],
                         help="auto: the format of the run's model.init_from (hf for a Hugging Face directory), "
                              "else paddlenlp")

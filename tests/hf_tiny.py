@@ -100,7 +100,8 @@ def make_hf_checkpoint(out_dir, family: str, seed: int = 0, shards: int = 2, **k
         weight_map.update({names[k]: fname for k in idx})
     if shards > 1:
         with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}, f)
+            total = sum(t.nbytes for t in tensors.values())
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(c, f, indent=2)
     return c

@@ -63,7 +63,8 @@ def family_of(cfg: ModelConfig) -> str:
                                 f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")
     family = checkpoint_family(cfg)
     if family != "qwen" and cfg.has_qkv_bias() != cfg.bias:
-        raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with bias={cfg.bias} "
+        raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with "
+                                f"bias={cfg.bias} "
                                 "and grouped-query attention is no PaddleNLP model (a Qwen2: export with --merge-lora "
                                 "--format hf)")
     return family

@@ -50,8 +50,8 @@ def detect_family(c: dict, source: str) -> str:
         if arch in ernie.ARCHITECTURES:  # exact: ErnieM, ErnieGram, ErnieCtm... are other models
             return "ernie"
     raise UnsupportedConfig(f"{source}: model_type={model_type!r}, architectures={c.get('architectures')!r}: "
-                            "only PaddleNLP GPT, Llama, Qwen, Mixtral and ERNIE checkpoints (and Hugging Face Llama and "
-                            "Qwen2) are supported")
+                            "only PaddleNLP GPT, Llama, Qwen, Mixtral and ERNIE checkpoints (and Hugging Face Llama "
+                            "and Qwen2) are supported")
 
 
 def read_config(ckpt_dir: str) -> dict:
@@ -139,7 +139,8 @@ def _as_fp32(value) -> np.ndarray:
 
 def family_of(cfg: ModelConfig) -> str:
     """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT; RoPE with
-    biases (q/k/v only, or everywhere) and no grouped-query attention -> Qwen, otherwise Llama (which refuses biases)."""
+    biases (q/k/v only, or everywhere) and no grouped-query attention -> Qwen, otherwise Llama (which refuses
+    biases)."""
     if cfg.family == "encoder":
         return "ernie"
     if cfg.moe_num_experts > 0:

@@ -77,7 +77,8 @@ def config_from_paddlenlp(c: dict, name: str, source: str) -> tuple[ModelConfig,
     cfg = ModelConfig(
         name=name, hidden_size=h, num_layers=g["num_hidden_layers"], num_heads=heads, num_kv_heads=None,
         ffn_hidden_size=g["intermediate_size"] // 2, vocab_size=g["vocab_size"], max_position_embeddings=max_pos,
-        position="rope", rope_theta=float(g["rotary_emb_base"]), norm="rmsnorm", norm_eps=float(g["layer_norm_epsilon"]),
+        position="rope", rope_theta=float(g["rotary_emb_base"]), norm="rmsnorm",
+        norm_eps=float(g["layer_norm_epsilon"]),
         activation="swiglu", bias=not g["no_bias"], qkv_bias=True, tie_embeddings=bool(g["tie_word_embeddings"]),
         init_std=float(g["initializer_range"]))
     return cfg, notes
@@ -101,7 +102,8 @@ def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     out = dict(
         architectures=[ARCHITECTURE], model_type=MODEL_TYPE, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=2 * cfg.ffn_hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, kv_channels=cfg.head_dim(), max_position_embeddings=cfg.max_position_embeddings,
+        num_attention_heads=cfg.num_heads, kv_channels=cfg.head_dim(),
+        max_position_embeddings=cfg.max_position_embeddings,
         seq_length=cfg.max_position_embeddings, layer_norm_epsilon=cfg.norm_eps, rotary_emb_base=cfg.rope_theta,
         rotary_pct=1.0, no_bias=not cfg.bias, tie_word_embeddings=cfg.tie_embeddings,
         initializer_range=cfg.init_std, use_dynamic_ntk=False, use_logn_attn=False, use_long_sequence_strategies=False,
