@@ -102,16 +102,16 @@ def test_hf_tokenizer_json_loads_through_data_tokenizer(tmp_path):
 
     texts = ["人民日报社位于北京。", "长江是中国最长的河流。", "Qwen2 reads tokenizer.json, 一加一等于二。"] * 20
     make_hf_tokenizer(tmp_path, texts)
-    make_hf_checkpoint(tmp_path, "qwen2", shards=1, vocab_size=384)
+    make_hf_checkpoint(tmp_path, "qwen2", shards=1, vocab_size=512)  # rows beyond the ids rounded up to 128 (384)
     tok = load_tokenizer(tmp_path)
-    assert isinstance(tok, HFTokenizer) and tok.vocab_size == 384 and tok.sp_vocab_size <= 384
+    assert isinstance(tok, HFTokenizer) and tok.vocab_size == 512 and tok.sp_vocab_size <= 320
     lib = RustTokenizer.from_file(str(tmp_path / "tokenizer.json"))
     eos = lib.token_to_id("<|endoftext|>")
     assert tok.eos_id == tok.eod_id == tok.pad_id == tok.bos_id == eos and tok.unk_id is None
     for text in texts[:3] + ["没见过的字：龘 and emoji 🙂"]:
         ids = tok.encode(text)
         assert ids == lib.encode(text, add_special_tokens=False).ids
-        assert tok.decode(ids + [eos, 383]) == text  # specials and padding rows decode to nothing
+        assert tok.decode(ids + [eos, 511]) == text  # specials and padding rows decode to nothing
         starts = tok.byte_starts(text, ids)
         assert starts[0] == 0 and (np.diff(starts) >= 0).all()
     tokens, lengths = tok.encode_documents(texts[:2])
