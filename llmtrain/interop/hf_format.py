@@ -64,7 +64,7 @@ def hf_family(c: dict, ckpt_dir: str) -> Optional[str]:
     """`llama` or `qwen2` when `ckpt_dir` (config dict `c`) is in the Hugging Face layout, else None.
 
     model_type qwen2 is always HF (PaddleNLP 2.8.1 has no Qwen2). A Llama is HF when its tensor names start
-    with `model.` (PaddleNLP's start with `llama.`): the safetensors headers are read, no data."""
+    with `model.` (PaddleNLP's start with `llama.`): the safetensors headers are read, no tensor data."""
     archs = c.get("architectures") or []
     if c.get("model_type") == "qwen2" or any(a.startswith("Qwen2") for a in archs):
         return "qwen2"
@@ -76,7 +76,7 @@ def hf_family(c: dict, ckpt_dir: str) -> Optional[str]:
         return None
     if kind != "safetensors":
         return None
-    return "llama" if any(n.startswith("model.") for n in _tensor_names(files[0])) else None
+    return "llama" if any(n.startswith("model.") for f in files for n in _tensor_names(f)) else None
 
 
 def _tensor_names(path: str) -> list[str]:
