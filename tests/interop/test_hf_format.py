@@ -132,3 +132,25 @@ def test_paddlenlp_export_refuses_a_tokenizer_json_tokenizer(tmp_path):
     assert not (tmp_path / "out").exists()
     info = write_hf_checkpoint(cfg, state, str(tmp_path / "out"), tokenizer_dir=str(tmp_path / "tok"))
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(info["files"])
+
+
+@pytest.mark.parametrize("source", ["built", "ours"])
+def test_hf_llama_matches_paddlenlp_from_pretrained(source, tmp_path):
+    """PaddleNLP 2.8.1 reads an HF-layout Llama itself (`convert_from_torch=True`: it transposes the [out, in]
+    weights; no PyTorch needed; its conversion path does not take a shard index, so one file): one built here and
+    one our exporter wrote give its logits (and so the numpy reference is checked against a peer too)."""
+    import paddle
+    from interop_helpers import assert_close, paddlenlp_logits
+    from paddlenlp.transformers import LlamaForCausalLM
+
+    make_hf_checkpoint(tmp_path / "src", "llama", seed=7, shards=1)
+    cfg, state, _ = read_paddlenlp_checkpoint(str(tmp_path / "src"))
+    if source == "ours":
+        state = random_state(cfg, seed=8)
+        write_hf_checkpoint(cfg, state, str(tmp_path / "out"))
+    path = tmp_path / ("src" if source == "built" else "out")
+    theirs = LlamaForCausalLM.from_pretrained(str(path), convert_from_torch=True)
+    ids = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 16))
+    want = paddlenlp_logits(theirs, paddle.to_tensor(ids))
+    assert_close(our_logits(cfg, state, paddle.to_tensor(ids)), want, f"HF Llama ({source}) vs PaddleNLP")
+    close(reference_logits(path, ids), want, "numpy reference vs PaddleNLP")
