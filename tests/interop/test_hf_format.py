@@ -154,3 +154,33 @@ def test_hf_llama_matches_paddlenlp_from_pretrained(source, tmp_path):
     want = paddlenlp_logits(theirs, paddle.to_tensor(ids))
     assert_close(our_logits(cfg, state, paddle.to_tensor(ids)), want, f"HF Llama ({source}) vs PaddleNLP")
     close(reference_logits(path, ids), want, "numpy reference vs PaddleNLP")
+
+
+def test_hf_bf16_shards_read_exactly_as_fp32(tmp_path):
+    """Released Qwen2 / Llama checkpoints are BF16 (`torch_dtype: bfloat16`, safetensors dtype BF16), which
+    numpy cannot hold: the file is written here by hand (header + raw bf16 bits) and every tensor must read as
+    the exact fp32 value of its bits."""
+    import struct
+
+    from safetensors.numpy import load_file
+
+    make_hf_checkpoint(tmp_path / "f32", "qwen2", shards=1)
+    t = load_file(str(tmp_path / "f32" / "model.safetensors"))
+    bits = {k: (v.view(np.uint32) >> 16).astype(np.uint16) for k, v in t.items()}  # bf16 = top half of fp32
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for k, b in bits.items():
+        header[k] = {"dtype": "BF16", "shape": list(b.shape), "data_offsets": [offset, offset + b.nbytes]}
+        offset += b.nbytes
+    raw = json.dumps(header).encode()
+    (tmp_path / "bf16").mkdir()
+    with open(tmp_path / "bf16" / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + b"".join(b.tobytes() for b in bits.values()))
+    c = json.loads((tmp_path / "f32" / "config.json").read_text())
+    (tmp_path / "bf16" / "config.json").write_text(json.dumps({**c, "torch_dtype": "bfloat16"}))
+    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path / "bf16"))
+    assert meta["dtype"] == "bfloat16"
+    want = (bits["model.layers.1.self_attn.q_proj.weight"].astype(np.uint32) << 16).view(np.float32)
+    got = state["layers.1.attn.q_proj.weight"]
+    assert got.dtype == np.float32 and np.array_equal(got, want.T)
+    assert np.array_equal(state["layers.0.attn.k_proj.bias"],
+                          (bits["model.layers.0.self_attn.k_proj.bias"].astype(np.uint32) << 16).view(np.float32))
