@@ -176,6 +176,10 @@ def config_problems(cfg: Config) -> list[str]:
                             f"{cfg.model.hidden_size}/{cfg.model.num_heads} is odd")
     if cfg.model.family == "encoder" and cfg.model.position != "learned":
         problems.append("model.family=encoder uses learned positions: set model.position=learned")
+    if cfg.model.qkv_bias is not None and cfg.model.family != "decoder" and cfg.model.qkv_bias != cfg.model.bias:
+        problems.append(f"model.qkv_bias={cfg.model.qkv_bias} with model.family={cfg.model.family}: q/k/v-only biases "
+                        f"are a decoder switch (Qwen); the encoder follows model.bias={cfg.model.bias} "
+                        "(set qkv_bias=null)")
     return problems
 
 

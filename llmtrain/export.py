@@ -1,8 +1,13 @@
-"""Export a training checkpoint as one merged PaddleNLP model directory.
+"""Export a training checkpoint as one merged PaddleNLP or Hugging Face-layout model directory.
 
     python -m llmtrain.export --checkpoint outputs/RUN/checkpoints/step_1000 --output exported/ \\
-        [--format paddlenlp] [--safetensors] [--tokenizer tokenizers/zh-32k] [--overwrite] [--merge-lora]
-    # then: paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("exported/")
+        [--format auto|paddlenlp|hf] [--safetensors] [--tokenizer tokenizers/zh-32k] [--overwrite] [--merge-lora]
+    # then: paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("exported/")   (--format paddlenlp)
+    #   or: transformers' AutoModelForCausalLM.from_pretrained("exported/")          (--format hf)
+
+--format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama or Qwen2: config.json +
+safetensors shards + index, `llmtrain.interop.hf_format`), or `auto` (the default): `hf` when the run
+started from a Hugging Face-layout directory (`model.init_from`), else `paddlenlp` — the format it came in.
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
 in which case the newest complete checkpoint is used. The checkpoint is verified
@@ -156,7 +161,17 @@ def base_state(cfg: ModelConfig, manifest: dict, ckpt_dir: str) -> dict[str, np.
     return {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
 
 
-def export_checkpoint(checkpoint: str, output: str, fmt: str = "paddlenlp", safetensors: bool = False,
+def source_format(init_from: Optional[str]) -> str:
+    """`hf` when `init_from` is a Hugging Face-layout Llama / Qwen2 directory (still present), else `paddlenlp`."""
+    if not init_from or not os.path.isfile(os.path.join(init_from, "config.json")):
+        return "paddlenlp"
+    from llmtrain.interop.hf_format import hf_family
+    from llmtrain.interop.paddlenlp_format import read_config
+
+    return "hf" if hf_family(read_config(init_from), init_from) else "paddlenlp"
+
+
+def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetensors: bool = False,
                       tokenizer: Optional[str] = None, overwrite: bool = False,
                       merge_lora: Optional[bool] = None) -> dict:
     """Export `checkpoint` (step dir or run dir) to `output`; returns what was written.
@@ -164,12 +179,14 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "paddlenlp", safe
     A LoRA checkpoint becomes a PaddleNLP adapter directory (`lora_config.json` + weights, loadable with
     `paddlenlp.peft.LoRAModel.from_pretrained` on its base), or with `merge_lora` (default: the run's
     `finetune.lora.merge`) a plain PaddleNLP model with W + A B alpha/r."""
-    if fmt != "paddlenlp":
-        raise ExportError(f"--format {fmt!r}: only 'paddlenlp' is supported")
+    if fmt not in ("auto", "paddlenlp", "hf"):
+        raise ExportError(f"--format {fmt!r}: expected auto, paddlenlp or hf")
     from llmtrain.interop import write_paddlenlp_checkpoint
 
     ckpt_dir = resolve_checkpoint(checkpoint)
     cfg, state, manifest = read_checkpoint_model(ckpt_dir)
+    if fmt == "auto":
+        fmt = source_format(cfg.init_from)
     tok = tokenizer_for(manifest, ckpt_dir, tokenizer)
     lora = lora_of(manifest)
     if lora is not None and not (lora.merge if merge_lora is None else merge_lora):
@@ -186,8 +203,13 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "paddlenlp", safe
         state = merge_adapters(base_state(cfg, manifest, ckpt_dir), state, lora.alpha / lora.rank)
     elif merge_lora:
         raise ExportError(f"--merge-lora: {ckpt_dir} is not a LoRA checkpoint (its manifest has no 'lora' entry)")
-    info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
-                                      overwrite=overwrite)
+    if fmt == "hf":
+        from llmtrain.interop.hf_format import write_hf_checkpoint
+
+        info = write_hf_checkpoint(cfg, state, output, tokenizer_dir=tok, overwrite=overwrite)
+    else:
+        info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
+                                          overwrite=overwrite)
     info["checkpoint"] = ckpt_dir
     info["tokenizer"] = tok
     return info
@@ -196,8 +218,11 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "paddlenlp", safe
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmtrain.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="step_<N> directory, or a run directory")
-    parser.add_argument("--output", required=True, help="directory to create (PaddleNLP from_pretrained format)")
-    parser.add_argument("--format", default="paddlenlp", choices=["paddlenlp"])
+    parser.add_argument("--output", required=True,
+                        help="directory to create (from_pretrained format of PaddleNLP or Hugging Face)")
+    parser.add_argument("--format", default="auto", choices=["auto", "paddlenlp", "hf"],
+                        help="auto: the format of the run's model.init_from (hf for a Hugging Face directory), "
+                             "else paddlenlp")
     parser.add_argument("--safetensors", action="store_true", help="write model.safetensors (default: pdparams)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory to include (default: the run's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output directory")
@@ -214,7 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ExportError, UnsupportedConfig, CheckpointMismatch, FileExistsError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1
-    print(f"exported {info['checkpoint']} -> {info['out_dir']} as PaddleNLP {info['family']} "
+    kind = "Hugging Face" if info["family"] in ("LlamaForCausalLM", "Qwen2ForCausalLM") else "PaddleNLP"
+    print(f"exported {info['checkpoint']} -> {info['out_dir']} as {kind} {info['family']} "
           f"({', '.join(info['files'])})")
     for note in info["notes"]:
         print(f"  note: {note}")

@@ -13,6 +13,8 @@ with the trainable tensors under the model's state-dict names:
 `LoRALinear`: y = x W + dropout(x) A B * lora_alpha / r). Ours have the same shapes and
 scaling under canonical names (`layers.0.attn.q_proj.lora_A`); only module names map.
 We write `target_modules` as the exact (escaped) names of the adapted modules.
+Qwen adapts its fused `c_attn` (q, k and v in one linear): `llmtrain/interop/qwen.py` says how
+its adapters map to ours both ways, exactly.
 
 Read but refused with the field named (their numbers would not be reproduced): rslora,
 pissa, DoRA-like variants, quantized / QAT adapters, `trainable_modules` or
@@ -54,10 +56,18 @@ REFUSED_FLAGS = {"rslora": False, "pissa": False, "do_qat": False, "use_dora": F
 
 
 def family_of(cfg: ModelConfig) -> str:
-    if cfg.family != "decoder":
-        raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: decoder models (GPT, Llama) only; "
-                                f"model.family={cfg.family!r}")
-    return "gpt" if cfg.position == "learned" else "llama"
+    from llmtrain.interop.paddlenlp_format import family_of as checkpoint_family
+
+    if cfg.family != "decoder" or cfg.moe_num_experts:
+        raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: dense decoder models (GPT, Llama, Qwen) only; "
+                                f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")
+    family = checkpoint_family(cfg)
+    if family != "qwen" and cfg.has_qkv_bias() != cfg.bias:
+        raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with "
+                                f"bias={cfg.bias} "
+                                "and grouped-query attention is no PaddleNLP model (a Qwen2: export with --merge-lora "
+                                "--format hf)")
+    return family
 
 
 def module_map(cfg: ModelConfig) -> dict[str, str]:
@@ -87,15 +97,22 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
 
     `lora`: rank, alpha, dropout (a `LoraConfig`); `base`: the base model's path, recorded as
     `base_model_name_or_path`. safetensors: `peft_model.safetensors` + its index (else pdparams)."""
-    names = module_map(model_cfg)
-    tensors, modules = {}, []
-    for key, arr in sorted(adapters.items()):
-        module, factor = key.rsplit(".", 1)
-        if module not in names or factor not in ("lora_A", "lora_B"):
-            raise UnsupportedConfig(f"adapter {key}: no PaddleNLP {family_of(model_cfg)} module for it")
-        tensors[f"{names[module]}.{factor}"] = np.asarray(arr, dtype=np.float32)
-        if factor == "lora_A":
-            modules.append(names[module])
+    rank, alpha = lora.rank, lora.alpha
+    if family_of(model_cfg) == "qwen":  # q/k/v adapters stacked into one c_attn adapter of rank n r
+        from llmtrain.interop.qwen import lora_to_paddlenlp
+
+        tensors, file_rank, modules = lora_to_paddlenlp(adapters, model_cfg, rank)
+        rank, alpha = file_rank, alpha * file_rank / rank
+    else:
+        names = module_map(model_cfg)
+        tensors, modules = {}, []
+        for key, arr in sorted(adapters.items()):
+            module, factor = key.rsplit(".", 1)
+            if module not in names or factor not in ("lora_A", "lora_B"):
+                raise UnsupportedConfig(f"adapter {key}: no PaddleNLP {family_of(model_cfg)} module for it")
+            tensors[f"{names[module]}.{factor}"] = np.asarray(arr, dtype=np.float32)
+            if factor == "lora_A":
+                modules.append(names[module])
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
     parent = os.path.dirname(os.path.abspath(out_dir))
@@ -103,7 +120,7 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
         with open(os.path.join(tmp, CONFIG_NAME), "w") as f:
-            json.dump(lora_config_json(lora.rank, lora.alpha, lora.dropout, modules, base), f, indent=2)
+            json.dump(lora_config_json(rank, alpha, lora.dropout, modules, base), f, indent=2)
         if safetensors:  # PaddleNLP 2.8.1 finds safetensors adapters only through the index file
             write_safetensors(tensors, os.path.join(tmp, SAFE_NAME))
             index = {"metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
@@ -120,7 +137,7 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dict(out_dir=out_dir, files=sorted(os.listdir(out_dir)), modules=len(modules))
+    return dict(out_dir=out_dir, files=sorted(os.listdir(out_dir)), modules=len(modules), rank=rank)
 
 
 def read_paddlenlp_lora(lora_dir: str, model_cfg: ModelConfig, trusted: bool = False) -> tuple[dict, dict]:
@@ -144,14 +161,20 @@ def read_paddlenlp_lora(lora_dir: str, model_cfg: ModelConfig, trusted: bool = F
     else:
         raise FileNotFoundError(f"{lora_dir}: neither {PDPARAMS_NAME} nor {SAFE_NAME}")
     tensors, origin = read_tensors(files, kind, pickle_warning=not trusted)
-    theirs = {v: k for k, v in module_map(model_cfg).items()}
     state, unexpected, rank = {}, [], int(c.get("r", 8))
-    for key, arr in tensors.items():
-        module, _, factor = key.rpartition(".")
-        if module not in theirs or factor not in ("lora_A", "lora_B"):
-            unexpected.append(f"{key} ({origin[key]})")
-            continue
-        state[f"{theirs[module]}.{factor}"] = np.asarray(arr, dtype=np.float32)
+    if family_of(model_cfg) == "qwen":
+        from llmtrain.interop.qwen import lora_from_paddlenlp
+
+        state, odd = lora_from_paddlenlp(tensors, model_cfg)
+        unexpected = [f"{key} ({origin[key]})" for key in odd]
+    else:
+        theirs = {v: k for k, v in module_map(model_cfg).items()}
+        for key, arr in tensors.items():
+            module, _, factor = key.rpartition(".")
+            if module not in theirs or factor not in ("lora_A", "lora_B"):
+                unexpected.append(f"{key} ({origin[key]})")
+                continue
+            state[f"{theirs[module]}.{factor}"] = np.asarray(arr, dtype=np.float32)
     modules = sorted({k.rsplit(".", 1)[0] for k in state})
     problems = [f"unexpected keys (fused or unknown modules) ({len(unexpected)}): {', '.join(unexpected)}"] \
         if unexpected else []

@@ -6,8 +6,8 @@
     write_paddlenlp_checkpoint(cfg, state, "out/", safetensors=True, tokenizer_dir="tokenizers/zh")
     # paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("out/") gives our logits
 
-Families: GPT (`gpt.py`), Llama (`llama.py`), Mixtral (`mixtral.py`, our MoE decoder) and ERNIE
-(`ernie.py`, our encoder family),
+Families: GPT (`gpt.py`), Llama (`llama.py`), Qwen (`qwen.py`), Mixtral (`mixtral.py`, our MoE decoder)
+and ERNIE (`ernie.py`, our encoder family),
 detected from `model_type` or `architectures`; each module documents the numerics it
 reproduces (ERNIE: `ErnieForMaskedLM.from_pretrained("out/")`). Reading checks that every
 tensor of the file is used, every tensor the config needs is present and has its shape,
@@ -25,7 +25,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop import ernie, gpt, llama, mixtral
+from llmtrain.interop import ernie, gpt, llama, mixtral, qwen
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, fsync_tree, read_tensors, write_pdparams,
@@ -34,7 +34,8 @@ from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokeniz
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
-FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie."), "mixtral": (mixtral, "mixtral.")}
+FAMILIES = {"gpt": (gpt, "gpt."), "llama": (llama, "llama."), "ernie": (ernie, "ernie."), "mixtral": (mixtral, "mixtral."),
+            "qwen": (qwen, "qwen.")}
 
 
 def detect_family(c: dict, source: str) -> str:
@@ -43,13 +44,14 @@ def detect_family(c: dict, source: str) -> str:
     if model_type in FAMILIES:
         return model_type
     for arch in c.get("architectures") or []:
-        for family, prefix in (("gpt", "GPT"), ("llama", "Llama"), ("mixtral", "Mixtral")):
+        for family, prefix in (("gpt", "GPT"), ("llama", "Llama"), ("mixtral", "Mixtral"), ("qwen", "QWen")):
             if arch.startswith(prefix):
                 return family
         if arch in ernie.ARCHITECTURES:  # exact: ErnieM, ErnieGram, ErnieCtm... are other models
             return "ernie"
     raise UnsupportedConfig(f"{source}: model_type={model_type!r}, architectures={c.get('architectures')!r}: "
-                            "only PaddleNLP GPT, Llama, Mixtral and ERNIE checkpoints are supported")
+                            "only PaddleNLP GPT, Llama, Qwen, Mixtral and ERNIE checkpoints (and Hugging Face Llama "
+                            "and Qwen2) are supported")
 
 
 def read_config(ckpt_dir: str) -> dict:
@@ -80,7 +82,8 @@ def _add_base_prefix(tensors: dict, origin: dict, prefix: str) -> bool:
 
 def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Optional[str] = None,
                               lazy: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
-    """(ModelConfig, canonical state as fp32 numpy, meta) of a PaddleNLP GPT or Llama checkpoint directory.
+    """(ModelConfig, canonical state as fp32 numpy, meta) of a PaddleNLP checkpoint directory, or of a Hugging
+    Face-layout Llama / Qwen2 one (`llmtrain.interop.hf_format`; meta["layout"] == "huggingface").
 
     trusted: the directory is inside the run directory (our own files). Otherwise loading a
         pickled `.pdparams` first prints a warning that unpickling can run code.
@@ -95,6 +98,11 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Option
         tokenizer model found beside the weights.
     """
     c = read_config(ckpt_dir)
+    from llmtrain.interop.hf_format import hf_family, read_hf_checkpoint
+
+    hf = hf_family(c, ckpt_dir)
+    if hf is not None:  # a Hugging Face-layout Llama / Qwen2 (`hf_format.py`)
+        return read_hf_checkpoint(ckpt_dir, c, hf, name=name, lazy=lazy)
     family = detect_family(c, ckpt_dir)
     module, prefix = FAMILIES[family]
     name = name or f"paddlenlp-{os.path.basename(os.path.normpath(ckpt_dir))}"
@@ -130,12 +138,16 @@ def _as_fp32(value) -> np.ndarray:
 
 
 def family_of(cfg: ModelConfig) -> str:
-    """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT, RoPE -> Llama."""
+    """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT; RoPE with
+    biases (q/k/v only, or everywhere) and no grouped-query attention -> Qwen, otherwise Llama (which refuses
+    biases)."""
     if cfg.family == "encoder":
         return "ernie"
     if cfg.moe_num_experts > 0:
         return "mixtral"
-    return "gpt" if cfg.position == "learned" else "llama"
+    if cfg.position == "learned":
+        return "gpt"
+    return "qwen" if (cfg.has_qkv_bias() or cfg.bias) and cfg.kv_heads() == cfg.num_heads else "llama"
 
 
 def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
@@ -152,6 +164,10 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
     family = family_of(model_cfg)
     module, _ = FAMILIES[family]
+    if family != "qwen" and model_cfg.has_qkv_bias() != model_cfg.bias:
+        raise UnsupportedConfig(f"model {model_cfg.name!r}: model.qkv_bias={model_cfg.qkv_bias} with bias="
+                                f"{model_cfg.bias} cannot be written as a PaddleNLP {family} (only Qwen has q/k/v-only "
+                                "biases; a grouped-query Qwen2 goes out with --format hf)")
     config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
     state = {k: _as_fp32(v) for k, v in state.items()}
     check_canonical(state, model_shapes(model_cfg), "state to export")

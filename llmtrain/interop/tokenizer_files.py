@@ -28,9 +28,13 @@ PADDLENLP_SP_FILE = "sentencepiece.bpe.model"  # LlamaTokenizer.resource_files_n
 
 def write_tokenizer_files(tokenizer_path: str, out_dir: str, model_vocab_size: int) -> dict:
     """Copy our tokenizer into `out_dir` with PaddleNLP's tokenizer files; returns the special ids for config.json."""
-    from llmtrain.tokenizer import META_FILE, MODEL_FILE, load_tokenizer
+    from llmtrain.tokenizer import META_FILE, MODEL_FILE, Tokenizer, load_tokenizer
 
     tok = load_tokenizer(tokenizer_path)
+    if not isinstance(tok, Tokenizer):
+        raise UnsupportedConfig(f"tokenizer {tokenizer_path} is not SentencePiece ({type(tok).__name__}): a PaddleNLP "
+                                "directory carries a SentencePiece model here; export with --format hf (which copies "
+                                "tokenizer.json) or pass --tokenizer with a SentencePiece directory")
     if tok.sp_vocab_size > model_vocab_size:
         raise UnsupportedConfig(f"tokenizer {tok.model_file} has {tok.sp_vocab_size} pieces but the model's "
                                 f"embedding has only {model_vocab_size} rows")

@@ -86,6 +86,10 @@ class ModelConfig:
     bias: bool = True
     """Whether linear layers carry a bias (GPT-2 yes, Llama no)."""
 
+    qkv_bias: Optional[bool] = None
+    """Bias on the q, k and v projections, whatever `bias` says of the other linears (Qwen and Qwen2: true with
+    bias=false, their only biases). None: as `bias`."""
+
     norm_position: str = "pre"
     """Where each block normalises: `pre` (x + f(norm(x)), GPT-2/Llama) or `post` (norm(x + f(x)), BERT/ERNIE)."""
 
@@ -195,6 +199,10 @@ class ModelConfig:
     def kv_heads(self) -> int:
         """Number of key/value heads actually used."""
         return self.num_kv_heads or self.num_heads
+
+    def has_qkv_bias(self) -> bool:
+        """Whether the q, k and v projections carry a bias (`qkv_bias`, else `bias`)."""
+        return self.bias if self.qkv_bias is None else bool(self.qkv_bias)
 
     def head_dim(self) -> int:
         """Per-head width, hidden_size / num_heads."""

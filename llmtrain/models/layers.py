@@ -178,9 +178,10 @@ class Attention(nn.Layer):
         self.causal = cfg.family == "decoder"
         self.head_dim = cfg.head_dim()
         h, d = cfg.hidden_size, self.head_dim
-        self.q_proj = roles.column_linear(h, cfg.num_heads * d, cfg.bias)
-        self.k_proj = roles.column_linear(h, cfg.kv_heads() * d, cfg.bias)
-        self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, cfg.bias)
+        qkv_bias = cfg.has_qkv_bias()
+        self.q_proj = roles.column_linear(h, cfg.num_heads * d, qkv_bias)
+        self.k_proj = roles.column_linear(h, cfg.kv_heads() * d, qkv_bias)
+        self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, qkv_bias)
         self.o_proj = roles.row_linear(cfg.num_heads * d, h, cfg.bias)
         self.o_proj.weight.llm_residual_out = True
         self.rotary = Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope")) if cfg.position == "rope" else None

@@ -22,7 +22,7 @@ def block_parameters(cfg: ModelConfig, index: int = 0, active: bool = False) -> 
     all routed experts, or with `active=True` only the top_k routed experts a token passes through (and no bias)."""
     h, d = cfg.hidden_size, cfg.head_dim()
     q, kv = cfg.num_heads * d, cfg.kv_heads() * d
-    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv + h if cfg.bias else 0)
+    attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if cfg.has_qkv_bias() else 0) + (h if cfg.bias else 0)
     norm = h * (2 if cfg.norm == "layernorm" else 1)
     if not cfg.is_moe_layer(index):
         return attn + _ffn_parameters(cfg, cfg.ffn_hidden_size, cfg.bias) + 2 * norm

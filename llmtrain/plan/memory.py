@@ -136,7 +136,7 @@ def param_specs(cfg, lora=None) -> list[ParamSpec]:
         p = f"layers.{i}"
         norm(f"{p}.attn_norm", i)
         for name, width in (("q", q), ("k", kv), ("v", kv)):
-            linear(f"{p}.attn.{name}_proj", h, width, i, cfg.bias, "column")
+            linear(f"{p}.attn.{name}_proj", h, width, i, cfg.has_qkv_bias(), "column")
         linear(f"{p}.attn.o_proj", q, h, i, cfg.bias, "row")
         norm(f"{p}.mlp_norm", i)
         if cfg.family == "decoder" and cfg.is_moe_layer(i):  # MoEFeedForward, in its parameter order

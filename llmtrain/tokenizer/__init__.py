@@ -132,8 +132,9 @@ class Tokenizer(TokenFileInfo):
 
 def load_tokenizer(path: str | os.PathLike):
     """Load a tokenizer directory (``tokenizer.model`` + ``tokenizer_meta.json``) or a ``.model`` file,
-    or a PaddleNLP WordPiece directory (``vocab.txt``, e.g. an ERNIE checkpoint's:
-    :class:`llmtrain.tokenizer.wordpiece.WordPieceTokenizer`, same interface).
+    a PaddleNLP WordPiece directory (``vocab.txt``, e.g. an ERNIE checkpoint's:
+    :class:`llmtrain.tokenizer.wordpiece.WordPieceTokenizer`, same interface), or a Hugging Face
+    ``tokenizer.json`` directory with neither (Qwen2's: :class:`llmtrain.tokenizer.hf.HFTokenizer`, same interface).
 
     A relative path is resolved against the launch directory, then the repository root
     (:func:`llmtrain.utils.paths.resolve_path`).
@@ -145,6 +146,10 @@ def load_tokenizer(path: str | os.PathLike):
         from llmtrain.tokenizer.wordpiece import WordPieceTokenizer  # PaddleNLP ERNIE/BERT directory
 
         return WordPieceTokenizer(p)
+    if p.is_dir() and not (p / MODEL_FILE).is_file() and (p / "tokenizer.json").is_file():
+        from llmtrain.tokenizer.hf import HFTokenizer  # Hugging Face directory (Qwen2, Llama 3, ...)
+
+        return HFTokenizer(p)
     if p.is_dir():
         model, meta_file = p / MODEL_FILE, p / META_FILE
         if not model.is_file():

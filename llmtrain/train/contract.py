@@ -68,6 +68,8 @@ RULES: list[tuple[str, str, str]] = [
     ("model.attention", "honoured", "kernel choice, same numbers"),
     ("model.init_from", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
+    ("model.qkv_bias", "refuse", "the checkpoint's q/k/v projections have (or lack) bias tensors; the architecture "
+                                 "changes"),
     ("model", "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
     ("finetune.lora.dropout", "warn", "the adapters' dropout changes the update from this step on"),
     ("finetune.lora.merge", "honoured", "what an export writes"),

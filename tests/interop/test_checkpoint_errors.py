@@ -171,6 +171,6 @@ def test_no_weights_and_tensor_parallel_files(tmp_path):
 
 def test_unknown_model_type(tmp_path):
     ckpt, _ = exported(tmp_path)
-    edit_config(ckpt, model_type="qwen2", architectures=["Qwen2ForCausalLM"])
-    with pytest.raises(UnsupportedConfig, match="qwen2"):
+    edit_config(ckpt, model_type="chatglm", architectures=["ChatGLMForCausalLM"])
+    with pytest.raises(UnsupportedConfig, match="chatglm"):
         read_paddlenlp_checkpoint(ckpt)

@@ -89,7 +89,7 @@ def test_export_cli_refuses_corrupt_checkpoint_and_wrong_tokenizer(tmp_path, cap
     assert not os.path.exists(tmp_path / "o")
 
 
-@pytest.mark.parametrize("fmt", ["hf"])
+@pytest.mark.parametrize("fmt", ["onnx", "gguf"])
 def test_export_cli_unknown_format_is_rejected(fmt, tmp_path):
     with pytest.raises(SystemExit):
         main(["--checkpoint", str(tmp_path), "--output", str(tmp_path / "o"), "--format", fmt])
