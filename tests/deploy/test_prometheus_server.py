@@ -9,7 +9,6 @@ config and storage directory, scraping both ranks (metrics_port, metrics_port + 
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import time
@@ -18,15 +17,9 @@ import urllib.request
 
 import pytest
 
-from launch import free_port, metrics, run_launch
+from launch import free_port, metrics, require_binary, run_launch
 from llmtest import tiny_overrides
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="the `prometheus` binary is not on PATH: scripts/install_system_deps.sh (run by scripts/test.sh) could not "
-           "install it (no apt-get, no root, or apt failed; it printed which)",
-)
 
 
 def _two_free_ports() -> int:
@@ -58,7 +51,7 @@ def _start_prometheus(tmp_path, targets: list[str]):
     )
     log = open(tmp_path / "prometheus.log", "w")
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        [require_binary("prometheus", "prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=log, stderr=subprocess.STDOUT,
     )
