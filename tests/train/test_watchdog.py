@@ -26,7 +26,7 @@ from launch import REPO, child_pids, env, free_port, launch_cmd
 from llmtest import tiny_overrides
 from llmtrain.checkpoint.manager import list_checkpoints, verify_files
 
-HANG_S = 10
+HANG_S = 6
 
 
 
