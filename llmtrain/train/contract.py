@@ -45,6 +45,7 @@ LR_RTOL = 1e-3
 SCHEDULE_FIELDS = ("train.max_steps", "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps",
                    "optim.schedule", "optim.decay_fraction", "optim.decay_start_step", "optim.decay_shape")
 
+
 def _each(fields: str, rule: str, why: str) -> list[tuple[str, str, str]]:
     return [(f, rule, why) for f in fields.split()]
 
@@ -63,8 +64,8 @@ _MODEL_SHAPE = """model.family model.vocab_size model.hidden_size model.num_laye
 RULES: list[tuple[str, str, str]] = [
     ("parallel", "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
     *_each("""parallel.name parallel.dp parallel.tp parallel.pp parallel.sharding parallel.sharding_stage
-        parallel.zero3_segment_size parallel.zero2_buffer_size parallel.pp_schedule parallel.virtual_pp parallel.ep parallel.ep_dispatcher
-        parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
+        parallel.zero3_segment_size parallel.zero2_buffer_size parallel.pp_schedule parallel.virtual_pp parallel.ep
+        parallel.ep_dispatcher parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
         parallel.pp_enable_timer parallel.dp_comm_overlap parallel.pp_sharding_comm_overlap
         parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param""",
            "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
