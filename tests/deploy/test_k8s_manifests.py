@@ -184,6 +184,12 @@ def test_manifests_are_valid_under_kubernetes_and_paddlejob_schemas(tmp_path):
     for kind, files in by_kind.items():
         rc, output = check(SCHEMAS / SCHEMA_OF[kind], files)
         assert rc == 0, f"{kind}: {output}"
+    # the schemas are strict: a misspelt field is an error, not ignored
+    (pvc,) = _docs("pvc.yaml")
+    pvc["spec"]["accessMode"] = pvc["spec"].pop("accessModes")
+    (tmp_path / "typo.json").write_text(json.dumps(pvc))
+    rc, output = check(SCHEMAS / SCHEMA_OF["PersistentVolumeClaim"], [tmp_path / "typo.json"])
+    assert rc == 1 and "'accessMode' was unexpected" in output, output
 
 
 def test_dockerfiles_pass_hadolint():
