@@ -418,9 +418,9 @@ def test_paddle_elastic_launcher_over_etcd_restarts_two_nodes_after_a_sigkill_an
     """Paddle's own restart over a real etcd server, through `python -m llmtrain.launch --master etcd://...
     --nnodes 2 --max_restart 2 --elastic_level 1` (Paddle's launcher with its restart race fixed,
     llmtrain/paddle_compat/elastic.py): two launchers on 127.0.0.1 as two nodes of one job (one rank each) share
-    the etcd. Node 1's worker is SIGKILLed after step 2's checkpoint is complete and step 3 has run; node 1's
-    launcher reports the failure, node 0 learns it through etcd (or its watchdog ends its rank), both start their
-    pods again, the job resumes from a checkpoint (resume=auto), both launchers exit 0, and every record equals
+    the etcd. Node 1's worker is SIGKILLed after step 2's checkpoint is complete and step 3 has run; the launcher
+    that sees a failure first (node 1's: its worker; node 0's: its rank lost its peer) reports it, the other learns
+    it through etcd, both start their pods again, the job resumes from a checkpoint (resume=auto), both launchers exit 0, and every record equals
     the uninterrupted run's (losses within 1e-5, tokens and tokens_total exact).
 
     Paddle's heartbeat watch may fire once more just after the new pod started (its own heartbeat coming back),
@@ -459,8 +459,12 @@ def test_paddle_elastic_launcher_over_etcd_restarts_two_nodes_after_a_sigkill_an
     for node, (p, text) in enumerate(zip(procs, texts)):
         assert p.returncode == 0, (node, text[-4000:])
     assert 3 <= killed_at < STEPS, killed_at  # the kill landed mid-training, after a checkpoint
-    # node 1's launcher names its killed worker
-    assert re.search(r"Pod failed\n.*\nContainer rank \d status failed .* code -9 ", texts[1]), texts[1][-4000:]
+    # whichever launcher sees a failure first reports it (the other one learns it through etcd and restarts without
+    # a report of its own): node 1's killed worker (-9), or node 0's rank stopped by the loss of its peer (gloo's
+    # connection reset: abort, -6; llmtrain's watchdog: 3)
+    reports = [re.search(r"Pod failed\n.*\nContainer rank \d status failed .* code (-?\d+) ", t) for t in texts]
+    assert (reports[1] and reports[1].group(1) == "-9") or (reports[0] and reports[0].group(1) in ("-6", "3")), \
+        "\n".join(t[-3000:] for t in texts)
     pods = [t.count("Run Pod") for t in texts]  # one per attempt, on each node
     assert min(pods) >= 2, (pods, texts[0][-3000:])  # both nodes started their pods again
     worker_env = (tmp_path / "log0" / "envlog.0").read_text()  # llmtrain.launch: pure-Python protobuf for the launcher
