@@ -34,6 +34,12 @@ class ParallelConfig:
     zero3_segment_size: int = 1048576
     """ZeRO-3 only: parameters with fewer elements than this stay whole on every rank (Paddle's `segment_size`)."""
 
+    zero2_buffer_size: int = 8388608
+    """ZeRO-2 only: elements of the one gradient storage per owning rank (Paddle's `buffer_max_size`, 2**23).
+    Parameters that do not fit have their own gradients, freed on the other ranks as soon as they are reduced
+    to their owner; the storages live through the whole backward. Gradient sharding shows at the backward's
+    peak only for parameters outside the storages (`llmtrain.plan.memory.zero2_grad_bytes`)."""
+
     pp_schedule: str = "1f1b"
     """Pipeline schedule: `1f1b`, or `interleaved` (virtual stages; needs pp > 2 and virtual_pp > 1)."""
 

@@ -36,6 +36,7 @@ class Layout:
     pp_schedule: str = "1f1b"
     virtual_pp: int = 1
     zero3_segment_size: int = 1048576
+    zero2_buffer_size: int = 8388608
     ep: int = 1
     """Expert-parallel degree, carved out of dp (llmtrain/parallel/experts.py)."""
     ep_dispatcher: str = "allgather"
@@ -166,6 +167,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
         problems.append(
             f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
         )
+    if p.zero2_buffer_size < 1:
+        problems.append(f"parallel.zero2_buffer_size={p.zero2_buffer_size}: must be >= 1 (elements)")
     from llmtrain.parallel.overlap import overlap_problems
 
     problems += overlap_problems(p, batch[2] if batch is not None else None)
@@ -175,7 +178,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
         pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
-        zero3_segment_size=p.zero3_segment_size, ep=p.ep, ep_dispatcher=p.ep_dispatcher,
+        zero3_segment_size=p.zero3_segment_size, zero2_buffer_size=p.zero2_buffer_size,
+        ep=p.ep, ep_dispatcher=p.ep_dispatcher,
         global_batch=g, micro_batch=m, grad_accum=a,
         sequence_parallel=p.sequence_parallel, mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
         pp_enable_timer=p.pp_enable_timer,

@@ -89,6 +89,8 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
         # table is also read by the output projection, outside that forward, so it stays unsliced.
         extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if getattr(layer, "llm_tied_table", False)]
         extra["segment_size"] = layout.zero3_segment_size
+    else:
+        extra["buffer_max_size"] = layout.zero2_buffer_size
     model, optimizer, scaler = paddle.distributed.sharding.group_sharded_parallel(
         core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group, **extra,
     )

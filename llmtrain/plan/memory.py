@@ -267,7 +267,8 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     for rank, owned in enumerate(owners):
         o_numel = sum(_opt_elems(trained[i][1], trained[i][2] == 2, trained[i][0].frozen) for i in owned)
         # gradients: exact without ZeRO-2; under ZeRO-2 an estimate of the backward's peak (`zero2_grad_bytes`)
-        grads = zero2_grad_bytes([(n, b) for _, n, b in trained], owners, rank) if stage == 2 and sh > 1 else g_bytes
+        grads = zero2_grad_bytes([(n, b) for _, n, b in trained], owners, rank,
+                                 getattr(layout, "zero2_buffer_size", ZERO2_BUFFER)) if stage == 2 and sh > 1 else g_bytes
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
                     "optimizer_bytes": 4 * o_numel, "grad_bytes": grads})
     return out
@@ -277,12 +278,14 @@ ZERO2_BUFFER = 2**23
 """`GroupShardedStage2`'s default `buffer_max_size`: elements of one gradient storage (Paddle 3.3.1)."""
 
 
-def zero2_grad_bytes(trained: list[tuple[int, int]], owners: list[list[int]], rank: int) -> int:
+def zero2_grad_bytes(trained: list[tuple[int, int]], owners: list[list[int]], rank: int,
+                     buffer_size: int = ZERO2_BUFFER) -> int:
     """Gradient bytes sharding rank `rank` holds at the start of a backward under ZeRO-2 (an estimate).
 
     `trained`: (elements, bytes per element) of the stage's trained parameters in optimizer order; `owners`: the
     indices each sharding rank owns. Paddle's `GroupShardedStage2` (group_sharded_stage2.py) keeps, per dtype
-    and per owning rank, one gradient storage of min(largest rank's elements, 2**23) elements, rebuilt by every
+    and per owning rank, one gradient storage of min(largest rank's elements, `buffer_size`) elements
+    (`parallel.zero2_buffer_size`, Paddle's `buffer_max_size`, default 2**23), rebuilt by every
     forward, holding that rank's parameters in order while they fit (alignment padding ignored); a parameter
     that does not fit has its own gradient, reduced to its owner as soon as it is produced and freed on the
     other ranks, so only the owned ones persist across the accumulated micro-batches; the first gradient of the
@@ -293,7 +296,7 @@ def zero2_grad_bytes(trained: list[tuple[int, int]], owners: list[list[int]], ra
     total = 0
     for width in {b for _, b in trained}:
         sizes = [sum(trained[i][0] for i in owned if trained[i][1] == width) for owned in owners]
-        cap = min(max(sizes), ZERO2_BUFFER)
+        cap = min(max(sizes), buffer_size)
         own, others = 0, [0]
         for r, owned in enumerate(owners):
             fill, has = 0, False

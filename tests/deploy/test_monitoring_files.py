@@ -1,19 +1,24 @@
-"""deploy/prometheus and deploy/grafana: promtool accepts them, alerts fire on synthetic series, and every
-metric they query is one the exporter serves.
+"""deploy/prometheus and deploy/grafana: promtool accepts them, alerts fire on synthetic series, every metric
+they query is one the exporter serves, the dashboard is valid under Grafana's dashboard JSON schema, and the
+scrape ports agree with the Kubernetes manifests without colliding.
 
     python -m pytest -q tests/deploy/test_monitoring_files.py
+
+Every expression is also executed against a live Prometheus scraping a real run in
+tests/deploy/test_prometheus_server.py. The dashboard schema is Grafana's own (tests/deploy/schemas/README.md).
 """
 from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
+from deploy.schema_check import check
+from launch import require_binary
 from llmtest import REPO
 from llmtrain.train.prometheus import METRIC_NAMES
 
@@ -21,12 +26,12 @@ DEPLOY = Path(REPO) / "deploy"
 RULES = DEPLOY / "prometheus" / "llmtrain.rules.yml"
 CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "llmtrain.json"
-PROMTOOL = shutil.which("promtool")
-needs_promtool = pytest.mark.skipif(
-    PROMTOOL is None,
-    reason="`promtool` is not on PATH: scripts/install_system_deps.sh (run by scripts/test.sh) could not install "
-           "Debian's prometheus package (no apt-get, no root, or apt failed; it printed which)",
-)
+
+
+@pytest.fixture
+def promtool() -> str:
+    """Debian's promtool; missing: skip locally, fail under CI=true (naming the package)."""
+    return require_binary("promtool", "prometheus")
 
 # Served names plus the series a histogram family adds.
 SERVED = set(METRIC_NAMES) | {
@@ -64,10 +69,9 @@ def dashboard_exprs() -> list[str]:
     dash = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
     for var in dash["templating"]["list"]:
-        q = var.get("query")
-        if isinstance(q, dict):
-            m = re.fullmatch(r"label_values\((.*),\s*\w+\)", q["query"])
-            assert m, q
+        if var["type"] == "query":
+            m = re.fullmatch(r"label_values\((.*),\s*\w+\)", var["query"])
+            assert m, var["query"]
             exprs.append(m.group(1))
     return exprs
 
@@ -91,15 +95,13 @@ def test_every_queried_metric_is_served():
         assert any(name in metric_names(e) for e in dash), name
 
 
-@needs_promtool
-def test_promtool_checks_config_and_rules():
+def test_promtool_checks_config_and_rules(promtool):
     for args in (["check", "rules", str(RULES)], ["check", "config", str(CONFIG)]):
-        proc = subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@needs_promtool
-def test_alerts_fire_on_synthetic_series(tmp_path):
+def test_alerts_fire_on_synthetic_series(tmp_path, promtool):
     """promtool's rule unit tests: each alert stays quiet on a healthy stretch and fires on its fault."""
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
@@ -147,5 +149,64 @@ def test_alerts_fire_on_synthetic_series(tmp_path):
     }
     path = tmp_path / "rules_test.yml"
     path.write_text(yaml.safe_dump(tests))
-    proc = subprocess.run([PROMTOOL, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+SCHEMAS = Path(REPO) / "tests" / "deploy" / "schemas"
+
+
+def test_dashboard_is_valid_under_grafanas_dashboard_schema():
+    """check-jsonschema with Grafana's dashboard JSON schema (grafana-foundation-sdk, vendored): unknown or
+    misspelt fields, wrong types and missing required parts (annotations, templating) are errors."""
+    rc, output = check(SCHEMAS / "grafana-dashboard.jsonschema.json", [DASHBOARD])
+    assert rc == 0, output
+
+
+def _k8s_metrics_ranges() -> dict:
+    """{manifest: (train.metrics_port, processes per node, {container port name: number})} of the `paddle`
+    container of each Kubernetes workload in deploy/k8s."""
+    out = {}
+    for path in sorted((DEPLOY / "k8s").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc["kind"] not in ("PaddleJob", "Job"):
+                continue
+            spec = (doc["spec"]["paddleReplicaSpecs"]["Worker"]["template"]["spec"] if doc["kind"] == "PaddleJob"
+                    else doc["spec"]["template"]["spec"])
+            (c,) = [c for c in spec["containers"] if c["name"] == "paddle"]
+            (port,) = [int(a.split("=", 1)[1]) for a in c["args"] if a.startswith("train.metrics_port=")]
+            nproc = int({e["name"]: e.get("value") for e in c["env"]}["PADDLE_NPROC_PER_NODE"])
+            ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+            assert len(set(ports.values())) == len(ports), (path.name, ports)  # no port listed twice
+            out[f"{path.name}:{doc['kind']}"] = (port, nproc, ports)
+    return out
+
+
+def test_ports_agree_across_prometheus_config_and_manifests_without_collisions():
+    """Each rank serves train.metrics_port + local rank: on a node of the manifests' size that is a range of
+    processes-per-node ports. The manifests' `metrics-K` container ports are metrics_port + K inside it and no
+    other container port is; every llmtrain scrape target of prometheus.yml is inside it; no other scrape job
+    (NVIDIA's DCGM exporter) uses a port inside it, and no host:port is scraped by two jobs."""
+    ranges = _k8s_metrics_ranges()
+    assert len(ranges) == 2, ranges
+    (base, nproc), = {(b, n) for b, n, _ in ranges.values()}  # one metrics range for every workload
+    in_range = range(base, base + nproc)
+    for name, (_, _, ports) in ranges.items():
+        for pname, number in ports.items():
+            if pname.startswith("metrics-"):
+                assert number == base + int(pname.split("-", 1)[1]) and number in in_range, (name, pname, number)
+            else:
+                assert number not in in_range, f"{name}: container port {pname}={number} inside the metrics range"
+    config = yaml.safe_load(CONFIG.read_text())
+    seen = {}
+    for job in config["scrape_configs"]:
+        for target in (t for sc in job["static_configs"] for t in sc["targets"]):
+            host, port = target.rsplit(":", 1)
+            assert seen.setdefault((host, int(port)), job["job_name"]) == job["job_name"], (target, seen)
+            if job["job_name"] == "llmtrain":
+                assert int(port) in in_range, f"llmtrain target {target} outside metrics ports {in_range}"
+            else:
+                assert int(port) not in in_range, (
+                    f"scrape job {job['job_name']}: {target} collides with local rank {int(port) - base}'s metrics "
+                    f"port ({base}..{base + nproc - 1} with train.metrics_port={base}, {nproc} processes per node)")
+    assert {j for j in seen.values()} == {"llmtrain", "dcgm"}, seen

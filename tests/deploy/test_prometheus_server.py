@@ -1,15 +1,23 @@
-"""A real Prometheus server scrapes a 2-process CPU run; its query API sees the exact tokens_total.
+"""A real Prometheus server scrapes a 2-process CPU run; its query API sees the exact tokens_total, and every
+Grafana panel's and every alert rule's expression of deploy/ runs against it and returns series.
 
     python -m pytest -q tests/deploy/test_prometheus_server.py
 
 Needs the `prometheus` binary (Debian's package; `bash scripts/test.sh` installs it through
 scripts/install_system_deps.sh). The server runs from the test on 127.0.0.1 with its own
 config and storage directory, scraping both ranks (metrics_port, metrics_port + 1) every second.
+
+Executed expressions (`_executed`), at the time of the run's last scrape: each dashboard query with its
+variables set ($job: this run, $node: any, $__rate_interval: 10 s) must return series, except the DCGM panels
+(NVIDIA's exporter needs a GPU: they must run without error and are the only ones allowed to be empty); each
+alert rule's expression with every comparison made a `bool` comparison (so a quiet alert still yields its
+0/1 series: the metrics exist with the labels its matching needs) must return series. New panels and rules are
+picked up from the files, none is listed here.
 """
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import socket
 import subprocess
 import time
@@ -18,15 +26,10 @@ import urllib.request
 
 import pytest
 
-from launch import free_port, metrics, run_launch
+from deploy.test_monitoring_files import FOREIGN_PREFIXES, dashboard_exprs, metric_names, rule_exprs
+from launch import free_port, metrics, require_binary, run_launch
 from llmtest import tiny_overrides
 
-PROMETHEUS = shutil.which("prometheus")
-pytestmark = pytest.mark.skipif(
-    PROMETHEUS is None,
-    reason="the `prometheus` binary is not on PATH: scripts/install_system_deps.sh (run by scripts/test.sh) could not "
-           "install it (no apt-get, no root, or apt failed; it printed which)",
-)
 
 
 def _two_free_ports() -> int:
@@ -58,7 +61,7 @@ def _start_prometheus(tmp_path, targets: list[str]):
     )
     log = open(tmp_path / "prometheus.log", "w")
     proc = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+        [require_binary("prometheus", "prometheus"), f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
          f"--web.listen-address=127.0.0.1:{port}"],
         stdout=log, stderr=subprocess.STDOUT,
     )
@@ -73,6 +76,66 @@ def _start_prometheus(tmp_path, targets: list[str]):
                 proc.kill()
                 raise AssertionError("prometheus did not start:\n" + (tmp_path / "prometheus.log").read_text()[-3000:])
             time.sleep(0.2)
+
+
+COMPARISON = re.compile(r"(==|!=|>=|<=|>(?!=)|<(?!=))(?!\s*bool\b)")
+
+
+def as_bool(expr: str) -> str:
+    """`expr` with every comparison operator outside label matchers and strings turned into its `bool` form
+    (`a > 600` -> `a > bool 600`): filtering comparisons keep their operands' series, valued 0 or 1."""
+    out, i, depth, quote = [], 0, 0, None
+    while i < len(expr):
+        c = expr[i]
+        if quote:
+            out.append(c)
+            if c == "\\":
+                out.append(expr[i + 1])
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'`":
+            quote = c
+            out.append(c)
+        elif c == "{":
+            depth += 1
+            out.append(c)
+        elif c == "}":
+            depth -= 1
+            out.append(c)
+        elif depth == 0 and (m := COMPARISON.match(expr, i)):
+            out.append(m.group(1) + " bool ")
+            i = m.end()
+            continue
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def test_as_bool():
+    assert as_bool('time() - max by (job) (x{a=~"b", c!="d"}) > 600') == \
+        'time() - max by (job) (x{a=~"b", c!="d"}) > bool  600'
+    assert as_bool("(l != l) or (abs(l) == Inf) and a >= bool 1 and b<2") == \
+        "(l != bool  l) or (abs(l) == bool  Inf) and a >= bool 1 and b< bool 2"
+
+
+def _executed(base: str, at: float) -> dict:
+    """{expression as sent: number of series} for every dashboard query and (bool form) alert expression."""
+    subst = {"$job": "promtest", "$node": ".+", "$__rate_interval": "10s"}
+    queries = []
+    for expr in dashboard_exprs():
+        for k, v in subst.items():
+            expr = expr.replace(k, v)
+        queries.append(expr)
+    queries += [as_bool(e) for e in rule_exprs()]
+    got = {}
+    for expr in queries:
+        q = urllib.parse.urlencode({"query": expr, "time": at})
+        r = _get(f"{base}/api/v1/query?{q}")
+        assert r["status"] == "success", (expr, r)
+        got[expr] = len(r["data"]["result"])
+    return got
 
 
 @pytest.mark.slow
@@ -100,10 +163,17 @@ def test_prometheus_scrapes_exact_tokens_total(tiny_corpus, tmp_path):
                       "llmtrain_info"):
             q = urllib.parse.urlencode({"query": f"last_over_time({query}[2m])", "time": end})
             at_end[query] = {r["metric"]["rank"]: float(r["value"][1]) for r in _get(f"{base}/api/v1/query?{q}")["data"]["result"]}
+        # the last moment both ranks' series were live (the endpoints close after train.metrics_linger_s)
+        live = min(float(s["values"][-1][0]) for s in steps["data"]["result"])
+        executed = _executed(base, live)
     finally:
         proc.terminate()
         proc.wait(timeout=20)
     assert res["status"] == steps["status"] == "success", (res, steps)
+    gpu_only = {e for e in executed if any(n.startswith(FOREIGN_PREFIXES) for n in metric_names(e))}
+    empty = sorted(e for e, n in executed.items() if n == 0 and e not in gpu_only)
+    assert not empty, f"expressions of deploy/ returning no series on a live run: {empty}"
+    assert len(executed) - len(gpu_only) >= 20 and len(gpu_only) == 2, executed
     for rank in ("0", "1"):
         assert at_end["llmtrain_step"][rank] == 60 == at_end["llmtrain_step_duration_seconds_count"][rank], at_end
         assert at_end["llmtrain_checkpoint_last_success_timestamp_seconds"][rank] >= start, at_end  # the final save

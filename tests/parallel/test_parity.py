@@ -19,7 +19,9 @@ checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
-pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py). The dp2, pp2, sharding2,
+pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the zero2 launch the
+gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
+storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
 segment of 200 elements slices the frozen base and some adapters), the tp2 launch the same with sequence parallelism
 and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and checked rank by rank by
@@ -146,6 +148,12 @@ def check_parity(name, layout, ref, got, steps) -> float:
     return worst
 
 
+ZERO2_WIDE = [*LAYERS, "model.ffn_hidden_size=256", "+parallel=zero2", "parallel.zero2_buffer_size=4096"]
+"""One ZeRO-2 step of a Llama whose layers outweigh its embedding tables (the greedy partition splits it about evenly)
+with 4096-element gradient storages: the parameters that do not fit are reduced and freed one by one, so each rank's
+backward peak is about its owned share (tests/parallel/zero2_peak.py), where the default storages hold every
+gradient on every rank."""
+
 SHARED_LAUNCH = ("sharding2", "zero2", "zero3")
 """Layouts of one fleet topology (sharding degree 2; the ZeRO stage is llmtrain's wrapper, not fleet's): their runs
 go through one launch, started by whichever of them runs first; each is still checked by its own test."""
@@ -157,6 +165,11 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
     segment = {n: SEGMENTS.get(n, 1024) if layout == "zero3" else 2**20 for n in names}  # slice even tiny parameters
     runs = [run_overrides(tiny_corpus, out, n, reference["init_from"]) + [f"+parallel={layout}"]
             + ([f"parallel.zero3_segment_size={segment[n]}"] if layout == "zero3" else []) for n in names]
+    if layout == "zero2":  # gradient bytes at each run's backward peak; ZERO2_WIDE: storages small enough to shard
+        runs = [r for n, run in zip(names, runs)
+                for r in ({"call": "tests/parallel/zero2_peak.py:record_into", "args": [str(out / n)]}, run)]
+        runs += [{"call": "tests/parallel/zero2_peak.py:record_into", "args": [str(out / "llama_wide")]},
+                 tiny_overrides(tiny_corpus, str(out / "llama_wide"), "llama", steps=1) + ZERO2_WIDE]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
@@ -199,6 +212,12 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from sp_activations import check
 
         print(f"tp2 saved-for-backward bytes per block: {check(runs_dir / 'sp_act')}")
+    if layout == "zero2":
+        from zero2_peak import check as check_zero2
+
+        for n, sharded in [*((n, False) for n in MODELS), ("llama_wide", True)]:  # (LoRA: its base has no gradient)
+            print(f"zero2 {n} (rank, gradient bytes at the backward's peak, plan, parameter bytes): "
+                  f"{check_zero2(runs_dir / n, sharded)}")
     if layout == "pp2":
         from pp_activations import check as check_pp
 

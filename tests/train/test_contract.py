@@ -185,3 +185,50 @@ def test_schedule_check_at_the_sample_position_under_rampup():
     chose = resume("train.global_batch_size=16", "train.max_steps=10", "optim.on_resume=config")
     assert chose.lr_config == pytest.approx(lr_at(5, OptimConfig(**written["optim"]), 10)) and not chose.refused
 
+
+
+def _schema_fields(cls, prefix: str = "") -> set[str]:
+    """Every dotted field of a config dataclass, through nested (and Optional) dataclasses; the Optional groups
+    themselves too (they may be null as a whole: `parallel`)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = set()
+    for f in dataclasses.fields(cls):
+        t, path = hints[f.name], prefix + f.name
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        inner = t if dataclasses.is_dataclass(t) else (args[0] if len(args) == 1 and dataclasses.is_dataclass(args[0])
+                                                       else None)
+        if inner is None:
+            out.add(path)
+            continue
+        if len(args) == 1 and type(None) in typing.get_args(t):
+            out.add(path)
+        out |= _schema_fields(inner, path + ".")
+    return out
+
+
+def test_every_config_field_has_an_explicit_rule():
+    """The contract is total: every field of the pretraining and fine-tuning schemas, and of the composed configs as
+    the recipes see them (with a layout and LoRA adapters), is named by a rule of its own; no rule names a field
+    that does not exist. A field added without a rule fails here (and is refused at resume)."""
+    from llmtrain.config import Config, FinetuneConfig, compose_config
+    from llmtrain.train.contract import RULES, flatten, rule_of
+
+    named = {path for path, _, _ in RULES}
+    fields = _schema_fields(Config) | _schema_fields(FinetuneConfig)
+    composed = set()
+    for overrides, name in (([*tiny_overrides(CORPUS, "/runs/r", "gpt"), "+parallel=dp2", "finetune.lora.rank=4"],
+                             "config"),
+                            ([f"data.tokenizer={CORPUS['tokenizer']}", "data.files=[/data/sft.jsonl]", "+parallel=tp2",
+                              "finetune.lora.rank=4"], "finetune")):
+        composed |= set(flatten(OmegaConf.to_container(compose_config(overrides, config_name=name), resolve=False)))
+    assert composed - {f for f in fields} == set(), "composed fields the schemas do not list"
+    missing = sorted(fields - named)
+    assert not missing, f"config fields without a resume rule in llmtrain/train/contract.py RULES: {missing}"
+    stale = sorted(named - fields)
+    assert not stale, f"RULES names fields no config has: {stale}"
+    # no default: a field the contract does not name is refused, naming the field
+    r = review_resume({**cfg(), "new_field": 1}, {**cfg(), "new_field": 2}, TOK, TOK, 4)
+    assert rule_of("new_field")[0] == "refuse" and len(r.refused) == 1 and "new_field=1" in r.refused[0], r.refused
