@@ -41,7 +41,7 @@ def worker(layout: str, model: str, out: str) -> None:
     from llmtrain.data.loader import PretrainData
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.train.amp import AmpPlan
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
     from llmtrain.train.step import StepRunner
     from llmtrain.train.trainer import build_data, build_model_and_optimizer
 

@@ -4,7 +4,7 @@
     from llmtrain.models import build_model; model = build_model(cfg.model)
 
 Both are single-device descriptions; a parallel plan takes part only through
-the `Roles` it passes in (`llmtrain/parallel/plan.py`) and by cutting the stage
+the `Roles` it passes in (`llmtrain/parallel/build.py`) and by cutting the stage
 list (`llmtrain/parallel/pipeline.py`).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The parallel plan: build this rank's part of the model, then wrap it (and its optimizer) for the layout.
+"""Applying a layout: build this rank's part of the model, then wrap it (and its optimizer) for the layout.
 
     core, loss_fn = build_local_model(cfg.model, layout, topo, recompute)   # tp roles at construction, pp cut
     ... initialise, build the optimizer, AMP-decorate (llmtrain.train.trainer) ...

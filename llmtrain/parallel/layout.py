@@ -7,7 +7,7 @@
 
 One source of truth for what a layout may be: each problem is a line naming the
 config fields and their numbers (torchtitan's `ParallelDims._validate` idea);
-`llmtrain.train.resolve` collects them with every other problem of the run.
+`llmtrain.resolve` collects them with every other problem of the run.
 """
 from __future__ import annotations
 

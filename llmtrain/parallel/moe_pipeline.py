@@ -22,7 +22,7 @@ balancing losses (`step_loss`), as one process logs it. The
 auxiliary-loss-free bias of each layer moves on its own stage from the
 model-wide counts of that layer.
 
-Limits (refused up front in `llmtrain.parallel.layout` / `llmtrain.train.resolve`):
+Limits (refused up front in `llmtrain.parallel.layout` / `llmtrain.resolve`):
 `moe_aux_loss_scope=model` (a pooled loss over all layers is not a sum of
 per-stage terms) and `train.amp=fp16` (the attached gradient would miss the
 dynamic loss scale).

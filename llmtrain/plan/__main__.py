@@ -26,7 +26,7 @@ GIB = 2**30
 def _model(cfg):
     model = cfg.model
     if model.vocab_size is None:  # the tokenizer's padded size, as resolve does
-        from llmtrain.train.resolve import _load_tokenizer
+        from llmtrain.resolve import _load_tokenizer
 
         problems: list[str] = []
         tok = _load_tokenizer(cfg.data.tokenizer, problems)

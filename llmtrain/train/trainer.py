@@ -34,7 +34,7 @@ from llmtrain.models.decoder import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
 from llmtrain.parallel.experts import attach_expert_parallel
-from llmtrain.parallel.plan import build_local_model, parallelize
+from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip

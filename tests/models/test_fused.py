@@ -128,7 +128,7 @@ def test_fused_projections_under_zero3_auto_off_true_refused(tiny_corpus, tmp_pa
 
     from llmtrain.config import ConfigError
     from llmtrain.paddle_compat import kernels
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     base = tiny_overrides(tiny_corpus, str(tmp_path), "llama") + ["+parallel=zero3"]
     monkeypatch.setattr(kernels, "on_gpu", lambda: True)  # `auto` as on a GPU

@@ -210,7 +210,7 @@ def test_resume_contract_refuses_another_base_for_a_lora_checkpoint():
 
 def test_a_lora_checkpoint_is_not_a_base_for_init_from(lora_runs, tiny_corpus):
     from llmtrain.config import ConfigError, compose_config, to_config
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     root, out, _ = lora_runs
     ov = [o for o in _common(tiny_corpus, root, out / "x", 1) if not o.startswith("model.init_from")]
@@ -261,7 +261,7 @@ def test_lora_layout_rules_at_resolve(tiny_corpus, tmp_path):
     from llmtrain.config import ConfigError, compose_config, to_config
     from llmtrain.models.lora import adapter_numel
     from llmtrain.models.size import flops_per_token
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     base = tiny_overrides(tiny_corpus, str(tmp_path), "llama") + ["finetune.lora.rank=4"]
 
