@@ -138,7 +138,7 @@ def base_state(cfg: ModelConfig, manifest: dict, ckpt_dir: str) -> dict[str, np.
         import paddle
 
         from llmtrain.models import build_model
-        from llmtrain.models.decoder import canonical_parameters
+        from llmtrain.models.stages import canonical_parameters
         from llmtrain.models.init import initial_value
 
         with paddle.LazyGuard():

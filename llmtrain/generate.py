@@ -33,7 +33,7 @@ from llmtrain.utils.log import log0
 def load_model(path: str, trusted: bool = False):
     """(model in eval mode, ModelConfig, tokenizer path or None) from our checkpoint or a PaddleNLP directory."""
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     if os.path.exists(os.path.join(path, "config.json")) and not os.path.exists(os.path.join(path, "manifest.json")) \

@@ -29,7 +29,7 @@ def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool
 
 
 def model_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False):
-    """The model of `cfg.family` as an ordered list of `decoder.Stage` entries (the pipeline plan cuts it)."""
+    """The model of `cfg.family` as an ordered list of `stages.Stage` entries (the pipeline plan cuts it)."""
     if cfg.family == "decoder":
         from llmtrain.models.decoder import decoder_stages
 

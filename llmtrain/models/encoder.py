@@ -24,7 +24,9 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import Block, FinalNorm, LMHead, LMLoss, Stage, stage
+from llmtrain.models.decoder import Block, FinalNorm, LMHead
+from llmtrain.models.loss import LMLoss
+from llmtrain.models.stages import Stage, stage
 from llmtrain.models.layers import build_norm
 from llmtrain.models.roles import Roles
 
@@ -97,7 +99,7 @@ class MLMBias(nn.Layer):
 
 
 def encoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
-    """The encoder as an ordered stage list (see `decoder.Stage`), in the order `EncoderMLM.forward` runs them."""
+    """The encoder as an ordered stage list (see `stages.Stage`), in the order `EncoderMLM.forward` runs them."""
     tied = "embed" if cfg.tie_embeddings else None
     stages = [stage(cfg, roles, "embed", EncoderEmbedding, tied)]
     stages += [stage(cfg, roles, f"layers.{i}", Block, recompute=recompute) for i in range(cfg.num_layers)]

@@ -130,6 +130,6 @@ def expected_names(cfg: ModelConfig) -> list[str]:
 
     with paddle.LazyGuard():
         model = build_model(cfg)
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
 
     return [n for n, _ in canonical_parameters(model)]

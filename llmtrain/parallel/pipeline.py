@@ -6,7 +6,7 @@
     model = fleet.distributed_model(pipe)          # -> PipelineParallel
     loss = model.train_batch([input_ids, (labels, loss_mask)], optimizer, lr_scheduler)
 
-The model says what its stages are (`llmtrain.models.decoder.Stage`: prefix,
+The model says what its stages are (`llmtrain.models.stages.Stage`: prefix,
 layer class, kwargs, shared key); this module says how fleet runs them. Each
 stage becomes a `LayerDesc`; a stage with a shared key (the tied word table)
 becomes a `SharedLayerDesc`: its first appearance builds the model's layer (the
@@ -25,7 +25,8 @@ from functools import partial
 import paddle.nn as nn
 
 from llmtrain.models import model_stages
-from llmtrain.models.decoder import LMLoss, Stage
+from llmtrain.models.loss import LMLoss
+from llmtrain.models.stages import Stage
 from llmtrain.paddle_compat.fleet import mark_secondary_shared_copies
 from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.moe_pipeline import attach_pipeline_moe

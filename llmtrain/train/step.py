@@ -150,7 +150,7 @@ class StepRunner:
 @contextlib.contextmanager
 def token_sums(*roots):
     """Switch every `LMLoss` under `roots` to token sums for the duration."""
-    from llmtrain.models.decoder import LMLoss
+    from llmtrain.models.loss import LMLoss
 
     found = {id(x): x for r in roots if r is not None for x in [r, *r.sublayers()] if isinstance(x, LMLoss)}
     for x in found.values():

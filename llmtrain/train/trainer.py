@@ -30,7 +30,7 @@ from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.manager import Checkpointer
 from llmtrain.data.rampup import BatchRampup
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
 from llmtrain.parallel.experts import attach_expert_parallel

@@ -22,7 +22,7 @@ def test_tp2_checkpoint_exports_to_paddlenlp(arch, tiny_corpus, tmp_path):
 
     from llmtrain.export import read_checkpoint_model
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     run = tmp_path / "run"

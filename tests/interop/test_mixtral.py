@@ -86,7 +86,7 @@ def test_training_loss_equals_paddlenlp_loss_with_its_aux_term(tmp_path, monkeyp
     import paddle
 
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     runnable_paddlenlp_mixtral(monkeypatch)

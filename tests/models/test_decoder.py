@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.size import flops_parameters, flops_per_token, parameter_count
 

@@ -19,7 +19,7 @@ import pytest
 from llmtrain.config import compose_config, to_config
 from llmtrain.models import build_model
 from llmtrain.models.config import FUSE_SWITCHES, fusion_problems
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.lora import LoraConfig, attach_lora
 from llmtrain.models.roles import Roles

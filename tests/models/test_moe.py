@@ -12,7 +12,7 @@ import pytest
 
 from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.moe import (MoEFeedForward, attach_balancing_losses, aux_loss, capacity, moe_layers, route,
                                  update_bias, z_loss)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, initial_value, load_full_state
 from llmtrain.parallel.slicing import TensorSlices, full_shape, local_slice
 

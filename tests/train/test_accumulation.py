@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.config import OptimConfig

@@ -119,7 +119,7 @@ def test_exports_load_in_paddlenlp_with_our_logits(lora_runs, tmp_path):
     from llmtrain.checkpoint.shards import ShardIndex
     from llmtrain.export import base_state, lora_of, main as export_main, model_config_of
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
     from llmtrain.models.lora import attach_lora
     from llmtrain.models.roles import Roles
