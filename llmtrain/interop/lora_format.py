@@ -53,7 +53,10 @@ REFUSED_FLAGS = {"rslora": False, "pissa": False, "do_qat": False, "use_dora": F
                  "lora_plus_scale": 1.0}
 
 
-def family_of(cfg: ModelConfig) -> str:
+def lora_family(cfg: ModelConfig) -> str:
+    """The PaddleNLP family whose LoRA module names `cfg`'s adapters take: GPT (learned positions) or Llama (RoPE);
+    decoders only (encoders raise UnsupportedConfig). Unlike `llmtrain.interop.paddlenlp_format.paddlenlp_family`
+    (the checkpoint's family), the rule reads the positions only: an MoE decoder is not told apart."""
     if cfg.family != "decoder":
         raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: decoder models (GPT, Llama) only; "
                                 f"model.family={cfg.family!r}")
@@ -64,7 +67,7 @@ def module_map(cfg: ModelConfig) -> dict[str, str]:
     """{our canonical linear name: PaddleNLP module name} of every linear LoRA can adapt in `cfg`'s model."""
     out = {}
     for i in range(cfg.num_layers):
-        for ours, theirs, names in MODULES[family_of(cfg)]:
+        for ours, theirs, names in MODULES[lora_family(cfg)]:
             for n in names:
                 out[ours.format(i=i, n=n)] = theirs.format(i=i, n=n)
     return out
@@ -92,7 +95,7 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
     for key, arr in sorted(adapters.items()):
         module, factor = key.rsplit(".", 1)
         if module not in names or factor not in ("lora_A", "lora_B"):
-            raise UnsupportedConfig(f"adapter {key}: no PaddleNLP {family_of(model_cfg)} module for it")
+            raise UnsupportedConfig(f"adapter {key}: no PaddleNLP {lora_family(model_cfg)} module for it")
         tensors[f"{names[module]}.{factor}"] = np.asarray(arr, dtype=np.float32)
         if factor == "lora_A":
             modules.append(names[module])

@@ -129,7 +129,7 @@ def _as_fp32(value) -> np.ndarray:
     return np.asarray(value, dtype=np.float32)
 
 
-def family_of(cfg: ModelConfig) -> str:
+def paddlenlp_family(cfg: ModelConfig) -> str:
     """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT, RoPE -> Llama."""
     if cfg.family == "encoder":
         return "ernie"
@@ -150,7 +150,7 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    family = family_of(model_cfg)
+    family = paddlenlp_family(model_cfg)
     module, _ = FAMILIES[family]
     config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
     state = {k: _as_fp32(v) for k, v in state.items()}
