@@ -19,25 +19,12 @@ from omegaconf import MISSING, OmegaConf
 from llmtrain.checkpoint.config import CheckpointConfig
 from llmtrain.data.config import DataConfig
 from llmtrain.data.sft import SFTDataConfig
+from llmtrain.errors import ConfigError, FrozenConfigError  # noqa: F401  (raised here; importable from here)
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.lora import FinetuneOptions
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.plan.config import PlanConfig
 from llmtrain.train.config import OptimConfig, TrainConfig
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message lists every problem found (field names and numbers).
-
-    The entry scripts print the message and exit with status 2 (a traceback only with HYDRA_FULL_ERROR=1)."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
-
-
-class FrozenConfigError(AttributeError):
-    """Raised on an assignment to a resolved (frozen) configuration."""
 
 
 @dataclass

@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from llmtrain.config import Config, ConfigError, config_problems, freeze
+from llmtrain.config import Config, config_problems, freeze
+from llmtrain.errors import ConfigError
 from llmtrain.models.config import FUSE_SWITCHES, ModelConfig, fusion_problems
 from llmtrain.paddle_compat.kernels import on_gpu
 from llmtrain.parallel.layout import Layout, layout_problems, model_fit_problems
