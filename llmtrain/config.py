@@ -175,11 +175,11 @@ def check_config(cfg: Config) -> None:
 
 def _frozen_class(cls: type) -> type:
     """A subclass of the dataclass `cls` whose instances refuse attribute assignment once frozen."""
-    cls = getattr(cls, "_llm_unfrozen", cls)  # dataclasses.replace of a frozen object: same frozen class
+    cls = getattr(cls, "_cfg_unfrozen", cls)  # dataclasses.replace of a frozen object: same frozen class
     frozen = _FROZEN_CLASSES.get(cls)
     if frozen is None:
         def __setattr__(self, name, value):
-            if self.__dict__.get("_llm_frozen"):
+            if self.__dict__.get("_cfg_frozen"):
                 raise FrozenConfigError(
                     f"cannot set {cls.__name__}.{name}={value!r}: the configuration was resolved once and is frozen "
                     "(derive a new value with dataclasses.replace or change the config before resolving)")
@@ -191,7 +191,7 @@ def _frozen_class(cls: type) -> type:
 
         frozen = type(cls.__name__, (cls,), {"__setattr__": __setattr__, "__delattr__": __setattr__,
                                             "__reduce__": __reduce__, "__module__": cls.__module__,
-                                            "__qualname__": cls.__qualname__, "_llm_unfrozen": cls})
+                                            "__qualname__": cls.__qualname__, "_cfg_unfrozen": cls})
         _FROZEN_CLASSES[cls] = frozen
     return frozen
 
@@ -210,7 +210,7 @@ def freeze(obj):
         run_cfg.model.hidden_size = 8     # FrozenConfigError
     """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        if obj.__dict__.get("_llm_frozen"):
+        if obj.__dict__.get("_cfg_frozen"):
             return obj
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
@@ -220,5 +220,5 @@ def freeze(obj):
                 value = freeze(value)
             object.__setattr__(obj, f.name, value)
         obj.__class__ = _frozen_class(type(obj))
-        object.__setattr__(obj, "_llm_frozen", True)
+        object.__setattr__(obj, "_cfg_frozen", True)
     return obj

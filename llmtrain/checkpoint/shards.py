@@ -25,6 +25,7 @@ from typing import Optional
 import numpy as np
 import paddle
 
+from llmtrain.contracts import tags
 from llmtrain.parallel.slicing import full_shape
 
 ACCUMULATORS = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc", "moment2_max")
@@ -127,19 +128,19 @@ def _owns_replica(param, topo, tp_degree: int) -> bool:
     """True if this rank is the one that writes `param` (or its tp slice)."""
     if getattr(param, "is_firstly_shared", True) is False:
         return False  # the tied table's copy on a later pipeline stage
-    if getattr(param, "llm_split_axis", None) is None and topo.tp_rank != 0:
+    if tags.split_axis(param) is None and topo.tp_rank != 0:
         return False  # replicated over tp ranks: tp rank 0 writes it
     return True
 
 
 def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int, split: bool = True, ep_degree: int = 1) -> dict:
-    expert = ep_degree > 1 and getattr(param, "llm_expert_axis", None) is not None
+    expert = ep_degree > 1 and tags.is_expert(param)
     if expert:  # a block of routed experts: rows ep_rank * E/ep ... of the expert axis
-        axis = param.llm_expert_axis if split else None
+        axis = tags.expert_axis(param) if split else None
         gshape = full_shape(param, tp_degree, ep_degree) if axis is not None else list(arr_shape)
         offset = topo.ep_rank * int(arr_shape[axis]) if axis is not None else 0
         return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
-    axis = getattr(param, "llm_split_axis", None) if split else None
+    axis = tags.split_axis(param) if split else None
     gshape = full_shape(param, tp_degree) if axis is not None else list(arr_shape)
     offset = topo.tp_rank * int(arr_shape[axis]) if axis is not None else 0
     return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
@@ -211,7 +212,7 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
             if first_data_rank:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta, pool)
             continue
-        if ep > 1 and getattr(param, "llm_expert_axis", None) is not None:
+        if ep > 1 and tags.is_expert(param):
             if topo.data_rank < ep and topo.tp_rank == 0:  # the first ep group holds every expert once (whole over tp)
                 _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views, pool)
             continue

@@ -19,6 +19,7 @@ from typing import Optional
 import paddle
 import paddle.nn as nn
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.layers import Attention, FeedForward, build_norm
 from llmtrain.models.loss import LMLoss
@@ -34,10 +35,10 @@ class Embedding(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
-        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
+        tags.mark_tied_table(self.word, cfg.tie_embeddings)  # read outside its own forward by the tied output projection
         self.pos = None
         if cfg.position == "learned":
             self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
@@ -64,7 +65,7 @@ class Block(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, recompute: bool = False, prefix: str = "layers.0"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.attn_norm = build_norm(cfg, cfg.hidden_size)
         self.attn = Attention(cfg, roles)
         self.mlp_norm = build_norm(cfg, cfg.hidden_size)
@@ -119,7 +120,7 @@ class FinalNorm(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "final_norm"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.norm = build_norm(cfg, cfg.hidden_size)
 
     def forward(self, x):
@@ -131,7 +132,7 @@ class LMHead(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "lm_head"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.proj = roles.output_linear(cfg.hidden_size, cfg.vocab_size)
 
     def forward(self, x):

@@ -23,6 +23,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.decoder import Block, FinalNorm, LMHead
 from llmtrain.models.loss import LMLoss
@@ -38,11 +39,11 @@ class EncoderEmbedding(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.task_id = cfg.task_id
         self.pad_token_id = cfg.pad_token_id
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
-        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
+        tags.mark_tied_table(self.word, cfg.tie_embeddings)  # read outside its own forward by the tied output projection
         self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = None
         if cfg.type_vocab_size > 0:
@@ -77,7 +78,7 @@ class MLMTransform(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_head"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.approximate = cfg.activation == "gelu_tanh"
         self.norm = build_norm(cfg, cfg.hidden_size)
@@ -91,7 +92,7 @@ class MLMBias(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_bias"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.bias = roles.output_bias(self, cfg.vocab_size)
 
     def forward(self, logits):

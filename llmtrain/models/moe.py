@@ -42,7 +42,7 @@ optimizer step `MoEStats.finish_step` moves it (`update_bias`) from the step's o
 load, summed over the data-parallel ranks.
 
 The routed experts are stacked tensors `experts.w_gate/w_up/w_down`
-[E, h, f] / [E, h, f] / [E, f, h] tagged `llm_expert_axis = 0`; a plan that
+[E, h, f] / [E, h, f] / [E, f, h] tagged with expert axis 0 (`tags.set_expert_axis`); a plan that
 spreads experts over ranks (expert parallelism) builds them through
 `Roles.experts` holding a contiguous block of E and passes a dispatcher that
 brings every token to the rank of its experts (`llmtrain/parallel/experts.py`).
@@ -61,6 +61,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 
 
@@ -194,9 +195,9 @@ class Experts(nn.Layer):
             self.w_gate = self.create_parameter([num_local, h, f])
         self.w_up = self.create_parameter([num_local, h, f])
         self.w_down = self.create_parameter([num_local, f, h])
-        self.w_down.llm_residual_out = True
+        tags.mark_residual_out(self.w_down)
         for p in self.parameters():
-            p.llm_expert_axis = 0  # the plan may hold a block of experts: full shape has num_experts rows
+            tags.set_expert_axis(p, 0)  # the plan may hold a block of experts: full shape has num_experts rows
 
     def forward(self, x, index, weight):  # x [T, h]; index, weight [T, k]
         x, index, weight = self.dispatcher.dispatch(x, index, weight)  # [T', h], [T', k]

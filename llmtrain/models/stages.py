@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 import paddle
 import paddle.nn as nn
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.roles import Roles
 
@@ -41,14 +42,14 @@ class Stage(NamedTuple):
 def canonical_parameters(model: nn.Layer) -> list[tuple[str, paddle.Tensor]]:
     """(canonical name, parameter) for every parameter of a model or pipeline stage.
 
-    Each stage layer carries `llm_prefix`; a parameter's canonical name is that
+    Each stage layer carries its prefix (`tags.prefix_of`); a parameter's canonical name is that
     prefix plus its name inside the stage, whatever wraps the stage (a plain
     model, a `PipelineLayer`, a virtual-stage chunk). Shared layers seen twice
     are listed once.
     """
     out, seen = [], set()
     for layer in [model, *model.sublayers()]:
-        prefix = getattr(layer, "llm_prefix", None)
+        prefix = tags.prefix_of(layer)
         if prefix is None:
             continue
         for name, param in layer.named_parameters():

@@ -11,6 +11,7 @@ inner clip, group and timers in `_clip`, `_hcg`, `_timers`. Read in Paddle 3.3.1
 """
 from __future__ import annotations
 
+from llmtrain.contracts import tags
 from llmtrain.paddle_compat.version import require_tested_paddle
 
 
@@ -64,7 +65,7 @@ def recording_hybrid_clip_classes():
             if self.expert_group is not None:  # fleet counts them as replicated (identical on every rank)
                 local = [squared_l2_norm(g).astype("float32").reshape([1]) for p, g in params_grads
                          if g is not None and getattr(p, "need_clip", True)
-                         and getattr(p, "llm_expert_axis", None) is not None]
+                         and tags.is_expert(p)]
                 local = paddle.add_n(local) if local else paddle.zeros([1], "float32")
                 total = local.clone()
                 paddle.distributed.all_reduce(total, group=self.expert_group)

@@ -24,6 +24,7 @@ from functools import partial
 
 import paddle.nn as nn
 
+from llmtrain.contracts import tags
 from llmtrain.models import model_stages
 from llmtrain.models.loss import LMLoss
 from llmtrain.models.stages import Stage
@@ -43,10 +44,10 @@ class TiedHead(nn.Layer):
 
     def __init__(self, cfg, roles, prefix: str = "embed", **_layer_specific):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)  # [V/tp, h]
-        self.word.llm_tied_table = True  # read outside its own forward (see llmtrain.parallel.zero)
+        tags.mark_tied_table(self.word)  # read outside its own forward (see llmtrain.parallel.zero)
 
     @property
     def shared_weight(self):

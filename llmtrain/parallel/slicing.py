@@ -23,15 +23,17 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from llmtrain.contracts import tags
+
 
 def split_axis(param: paddle.Tensor):
     """The axis of `param` cut across tp ranks, or None when every rank holds it whole."""
-    return getattr(param, "llm_split_axis", None)
+    return tags.split_axis(param)
 
 
 def expert_axis(param: paddle.Tensor):
     """The expert axis of a stacked routed-expert tensor (cut across ep ranks), or None."""
-    return getattr(param, "llm_expert_axis", None)
+    return tags.expert_axis(param)
 
 
 def full_shape(param: paddle.Tensor, tp_degree: int, ep_degree: int = 1) -> list[int]:

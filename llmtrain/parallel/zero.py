@@ -27,6 +27,7 @@ from __future__ import annotations
 import paddle
 import paddle.distributed as dist
 
+from llmtrain.contracts import tags
 from llmtrain.paddle_compat.optim import (
     get_grad_clip,
     group_sharded_clip_class,
@@ -87,13 +88,13 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     if layout.sharding_stage == 3:
         # Stage 3 gathers a sliced parameter only around its own layer's forward; a tied word
         # table is also read by the output projection, outside that forward, so it stays unsliced.
-        extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if getattr(layer, "llm_tied_table", False)]
+        extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if tags.is_tied_table(layer)]
         extra["segment_size"] = layout.zero3_segment_size
     model, optimizer, scaler = paddle.distributed.sharding.group_sharded_parallel(
         core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group, **extra,
     )
     if layout.sharding_stage == 3:
-        optimizer._llm_recording_clip = _install_recorder(optimizer, group)
+        tags.set_recording_clip(optimizer, _install_recorder(optimizer, group))
         _reslice_frozen(core, model)
     return model, optimizer, scaler
 
