@@ -109,7 +109,7 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 def _resolve_lora(cfg: Config, problems: list[str]):
     """`finetune.lora` checked against the model; with `finetune.lora.init_from`, its rank, alpha, dropout and
     targets replaced by the PaddleNLP adapter directory's, whose tensors are returned."""
-    from llmtrain.models.lora import lora_problems
+    from llmtrain.models.lora_targets import lora_problems
 
     lora, state = cfg.finetune.lora, None
     if lora.init_from and lora.rank > 0 and cfg.model.family == "decoder":
@@ -153,7 +153,7 @@ def _zero3_projections(model: ModelConfig, parallel, problems: list[str]) -> Mod
 
 def _flops_per_token(cfg: Config) -> float:
     """Model FLOPs per processed position; under LoRA the frozen base gets no weight gradients (`flops_per_token`)."""
-    from llmtrain.models.lora import adapter_numel
+    from llmtrain.models.lora_targets import adapter_numel
     from llmtrain.models.size import flops_per_token
 
     lora = cfg.finetune.lora

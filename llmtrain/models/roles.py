@@ -95,9 +95,9 @@ class Roles:
         return x
 
     def experts(self, cfg) -> nn.Layer:
-        """The routed experts of one MoE layer (`llmtrain.models.moe.Experts`); a plan may hold a block of them
+        """The routed experts of one MoE layer (`llmtrain.models.experts.Experts`); a plan may hold a block of them
         and bring tokens to them through a dispatcher (expert parallelism)."""
-        from llmtrain.models.moe import Experts
+        from llmtrain.models.experts import Experts
 
         return Experts(cfg, cfg.moe_num_experts)
 

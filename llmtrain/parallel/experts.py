@@ -55,7 +55,7 @@ import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
 from llmtrain.contracts import tags
-from llmtrain.models.moe import Experts
+from llmtrain.models.experts import Experts
 
 
 def expert_groups(hcg, ep: int, rank: int):

@@ -259,7 +259,7 @@ def test_lora_layout_rules_at_resolve(tiny_corpus, tmp_path):
     from llmtest import tiny_overrides
 
     from llmtrain.config import ConfigError, compose_config, to_config
-    from llmtrain.models.lora import adapter_numel
+    from llmtrain.models.lora_targets import adapter_numel
     from llmtrain.models.size import flops_per_token
     from llmtrain.resolve import resolve
 
