@@ -56,7 +56,8 @@ def worker(layout: str, model: str, out: str) -> None:
     data = build_data(PretrainData, run, topo)
     amp = AmpPlan.from_config("none")
     built = build_model_and_optimizer(run, topo, amp)
-    StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, amp).run(data.next_step())
+    StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, amp,
+               hooks=built.hooks).run(data.next_step())
     params = 0
     for p in built.core.parameters():
         store = getattr(p, "fw_storage", None)

@@ -152,7 +152,7 @@ def decoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> l
 class DecoderLM(nn.Layer):
     """The decoder, built with the layers `roles` hands out (plain ones when None).
 
-    forward(input_ids [b, s]) -> logits [b, s, V/tp]; `self.loss_fn(logits, (labels, mask))`.
+    forward(input_ids [b, s]) -> logits [b, s, V/tp]; `self.loss_fn(logits, (labels, mask))` -> (loss_sum, tokens).
     """
 
     def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
@@ -165,10 +165,17 @@ class DecoderLM(nn.Layer):
         self.final_norm = FinalNorm(cfg, roles)
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.loss_fn = LMLoss(roles)
+        self._step_hooks = []
         if cfg.moe_num_experts > 0:  # + the routers' balancing losses of the same forward
             from llmtrain.models.moe import MoELMLoss, moe_layers
 
             self.loss_fn = MoELMLoss(self.loss_fn, moe_layers(self), cfg)
+            self._step_hooks.append(self.loss_fn.stats)
+
+    def step_hooks(self) -> list:
+        """The model's `StepHook`s for the training loop (`llmtrain.contracts.steps`): an MoE model's routing
+        statistics and bias update (`MoEStats`); none for a dense model."""
+        return list(self._step_hooks)
 
     def forward(self, input_ids, position_ids=None, segment_ids=None, cache=None):
         # input_ids [b, s] int64; packed sequences: position_ids [b, s] (restarting per example) and

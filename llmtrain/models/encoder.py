@@ -133,6 +133,10 @@ class EncoderMLM(nn.Layer):
         self.mlm_bias = MLMBias(cfg, roles)
         self.loss_fn = LMLoss(roles)
 
+    def step_hooks(self) -> list:
+        """The model's `StepHook`s for the training loop: none (`llmtrain.contracts.steps`)."""
+        return []
+
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         mask = None
         if attention_mask is not None:

@@ -61,6 +61,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
+from llmtrain.contracts.steps import StepHook
 from llmtrain.models.config import ModelConfig
 
 
@@ -265,8 +266,11 @@ def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
     return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
 
 
-class MoEStats:
-    """Per-step routing statistics and the auxiliary-loss-free bias update.
+class MoEStats(StepHook):
+    """Per-step routing statistics and the auxiliary-loss-free bias update: the MoE model's step hook.
+
+    `after_step(record)` (`llmtrain.contracts.steps`) runs `finish_step(record.reduce_sum)`, adds the metrics to
+    the record and sets the logged loss (`step_loss`).
 
     `finish_step(reduce)` after the optimizer step: sums the step's choices per
     expert over the data ranks through `reduce(list[float]) -> list[float]`,
@@ -330,6 +334,11 @@ class MoEStats:
         """The logged step loss from the runner's: unchanged here (`MoELMLoss` already added the balancing terms)."""
         return loss
 
+    def after_step(self, record) -> None:
+        metrics = self.finish_step(record.reduce_sum)
+        record.metrics.update(metrics)
+        record.loss = self.step_loss(record.loss, metrics)
+
 
 @paddle.no_grad()
 def update_bias(bias: paddle.Tensor, counts: paddle.Tensor, rate: float) -> None:
@@ -341,7 +350,9 @@ class MoELMLoss(nn.Layer):
     """Training: LM loss + coef_aux * aux + coef_z * z of the forward just run; evaluation (model.eval()): the LM
     loss alone (the balancing terms are dropped).
 
-    logits [b, s, V/tp]; labels = (target ids [b, s], loss_mask [b, s]) -> fp32 scalar."""
+    logits [b, s, V/tp]; labels = (target ids [b, s], loss_mask [b, s]) -> (loss_sum, tokens), fp32 scalars, as
+    `LMLoss` returns them; the balancing terms (per micro-batch, not per token) enter the sum as
+    terms * max(tokens, 1), so that the caller's loss_sum / max(tokens, 1) is the LM mean + the terms."""
 
     def __init__(self, lm_loss: nn.Layer, layers: list[MoEFeedForward], cfg: ModelConfig):
         super().__init__()
@@ -351,9 +362,9 @@ class MoELMLoss(nn.Layer):
         self.stats = MoEStats(layers, cfg)
 
     def forward(self, logits, labels):
-        loss = self.lm_loss(logits, labels)
+        loss_sum, tokens = self.lm_loss(logits, labels)
         extra, aux, z = moe_loss(self._layers, self.cfg)
         if extra is None or not self._layers[0].training:
-            return loss  # evaluation: the LM loss alone
+            return loss_sum, tokens  # evaluation: the LM loss alone
         self.stats.record_loss(aux, z)
-        return loss + extra
+        return loss_sum + extra * paddle.clip(tokens, min=1.0), tokens

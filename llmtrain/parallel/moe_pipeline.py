@@ -10,7 +10,8 @@ stage feeds its share of the balancing loss, (coef_aux * aux_l + coef_z *
 z_l) / (MoE layers of the model), to the backward through its output
 (`llmtrain.models.moe.attach_balancing_losses`) with the gradient 1 /
 micro-batches, the factor fleet divides each micro-batch's LM loss by
-(`accumulate_steps`; `_delay_scale_loss` is off). The gradient of every
+(`accumulate_steps`; `_delay_scale_loss` is off), set before every step by
+the step hook (`PipelineMoEStats.before_step`). The gradient of every
 parameter is then that of one process's `LM + balancing` loss.
 
 What is logged: `PipelineMoEStats` sums the step's per-layer aux and z losses
@@ -43,6 +44,12 @@ class PipelineMoEStats(MoEStats):
         super().__init__(layers, cfg)
         self.pp_group, self.first_stage, self.micro_batches = pp_group, first_stage, micro_batches
 
+    def before_step(self, micro_batches: int) -> None:
+        """fleet divides each micro-batch's LM loss by the step's micro-batch count: the attached balancing losses
+        get the same factor, and the first stage counts them."""
+        self.micro_batches = micro_batches
+        attach_balancing_losses(self.layers, 1.0 / micro_batches)
+
     def _loss_sums(self) -> list:
         n = moe_layer_count(self.cfg)  # this stage's layers' share of the mean over the model's MoE layers
         return [sum(layer.step_aux for layer in self.layers) / n, sum(layer.step_z for layer in self.layers) / n,
@@ -65,12 +72,13 @@ class PipelineMoEStats(MoEStats):
                        + self.cfg.moe_z_loss_coef * metrics["moe_z_loss"])
 
 
-def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> None:
+def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> list:
     """Under pp > 1 with an MoE model: this stage's balancing losses enter the backward through the layer outputs
-    (gradient 1 / grad_accum) and `pipe.llm_moe_stats` gathers the routing metrics of all stages."""
+    (gradient 1 / micro-batches) and the returned step hook (`PipelineMoEStats`) sets that scale before each step
+    and gathers the routing metrics of all stages after it. No hook for a dense model."""
     if model_cfg.moe_num_experts <= 0:
-        return
+        return []
     layers = moe_layers(pipe)
     attach_balancing_losses(layers, 1.0 / layout.grad_accum)
-    pipe.llm_moe_stats = PipelineMoEStats(layers, model_cfg, topo.hcg.get_pipe_parallel_group(),
-                                          topo.pp_rank == 0, layout.grad_accum)
+    return [PipelineMoEStats(layers, model_cfg, topo.hcg.get_pipe_parallel_group(), topo.pp_rank == 0,
+                             layout.grad_accum)]

@@ -8,11 +8,11 @@
 Initialisation and checkpoints work on the full logical tensor under its
 canonical name; this module goes between that tensor and what one tp rank
 holds. `TensorParallelRoles` (`tensor.py`) tags every parameter it splits with
-`llm_split_axis`; each tp rank holds one contiguous chunk of that axis, rank r
+its split axis (`llmtrain.contracts.tags`); each tp rank holds one contiguous chunk of that axis, rank r
 the r-th (fleet's layout). An untagged parameter is whole on every rank.
 
 Expert parallelism (`llmtrain/parallel/experts.py`): stacked routed experts are
-tagged `llm_expert_axis` (axis 0, the expert index); each ep rank holds one
+tagged with their expert axis (axis 0, the expert index); each ep rank holds one
 contiguous block of num_experts / ep experts, rank r the r-th. Experts are never
 split across tp (they are whole on every tp rank).
 """

@@ -24,6 +24,7 @@ from llmtrain.models.init import init_parameters
 from llmtrain.models.lora import LoraConfig, attach_lora
 from llmtrain.models.roles import Roles
 from llmtrain.paddle_compat.kernels import CPU_KERNELS, on_gpu
+from llmtrain.contracts.steps import mean_loss
 
 FUSIONS = {k: "true" for k in FUSE_SWITCHES if on_gpu() or CPU_KERNELS[k]}
 """Every switch on GPU (scripts/gpu_acceptance.sh runs this file there); on CPU the three with CPU kernels."""
@@ -40,7 +41,7 @@ def _run(cfg, ids, labels, lora=None):
         if name.endswith(".lora_B"):  # B starts at zero; give the branch something to add
             p.set_value(paddle.to_tensor((0.2 * rng.standard_normal(p.shape)).astype("float32")))
     logits = model(ids)
-    loss = model.loss_fn(logits, (labels, paddle.ones(labels.shape, dtype="float32")))
+    loss = mean_loss(model.loss_fn(logits, (labels, paddle.ones(labels.shape, dtype="float32"))))
     loss.backward()
     grads = {name: p.grad.numpy() for name, p in canonical_parameters(model)}
     return logits.numpy(), grads

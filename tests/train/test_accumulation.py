@@ -11,6 +11,7 @@ from llmtrain.train.amp import AmpPlan
 from llmtrain.train.config import OptimConfig
 from llmtrain.train.optim import build_optimizer
 from llmtrain.train.step import StepRunner
+from llmtrain.contracts.steps import mean_loss
 
 
 def _batches(steps, global_batch, seq, vocab, seed=0):
@@ -75,7 +76,7 @@ def test_clipping_uses_global_norm(tiny_gpt):
     init_parameters(named, tiny_gpt, seed=1)
     clip = GlobalNormClip(1e-3)
     batch = _batches(1, 4, 8, tiny_gpt.vocab_size)[0]
-    loss = model.loss_fn(model(paddle.to_tensor(batch["input_ids"])), (paddle.to_tensor(batch["labels"]), paddle.to_tensor(batch["loss_mask"])))
+    loss = mean_loss(model.loss_fn(model(paddle.to_tensor(batch["input_ids"])), (paddle.to_tensor(batch["labels"]), paddle.to_tensor(batch["loss_mask"]))))
     loss.backward()
     grads = [(p, p.grad) for _, p in named]
     norm = float(np.sqrt(sum(float((g.numpy().astype(np.float64) ** 2).sum()) for _, g in grads)))
