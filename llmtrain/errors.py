@@ -22,3 +22,7 @@ class ConfigError(ValueError):
 
 class FrozenConfigError(AttributeError):
     """Raised on an assignment to a resolved (frozen) configuration."""
+
+
+class CheckpointReadError(ValueError):
+    """A checkpoint that cannot be read as a model; the message names the directory (or file) and the reason."""

@@ -205,27 +205,24 @@ def _resolve_model(cfg: Config, tokenizer, problems: list[str]) -> tuple[ModelCo
 
 
 def _read_initial_checkpoint(src: str, run_dir: str):
-    """(ModelConfig, lazy {canonical name: tensor}) of a PaddleNLP directory or one of our step_<N> checkpoints.
+    """(ModelConfig, lazy {canonical name: tensor}) of a PaddleNLP directory or one of our step_<N> checkpoints
+    (`llmtrain.checkpoint.reader`).
 
     Ours: model weights only (optimizer, schedule and data position start fresh, as fine-tuning wants)."""
-    if os.path.exists(os.path.join(src, "manifest.json")):
-        import json
+    from llmtrain.checkpoint import reader
 
+    if os.path.exists(os.path.join(src, "manifest.json")):
         from llmtrain.checkpoint.manager import verify_files
-        from llmtrain.checkpoint.shards import ShardIndex
 
         files = verify_files(src)
         if files:
             raise ConfigError([f"model.init_from={src}: " + p for p in files])
-        with open(os.path.join(src, "manifest.json")) as f:
-            manifest = json.load(f)
-        if manifest.get("lora"):
+        manifest = reader.Manifest.read(src)
+        if manifest.lora is not None:
             raise ConfigError([f"model.init_from={src} is a LoRA checkpoint: it stores adapters only (base: "
-                               f"{manifest['lora']['base']}). Resume it with checkpoint.resume=, or start from the "
+                               f"{manifest.lora_base}). Resume it with checkpoint.resume=, or start from the "
                                "merged model (python -m llmtrain.export --checkpoint ... --merge-lora)"])
-        return ModelConfig(**manifest["model"]), ShardIndex(src).model_state()
-    from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
-
+        return manifest.model, reader.model_state(manifest, lazy=True)
     inside_run = os.path.abspath(src).startswith(os.path.abspath(run_dir) + os.sep)
-    model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run, lazy=True)
-    return model_cfg, state
+    ckpt = reader.read_paddlenlp(src, trusted=inside_run, lazy=True)
+    return ckpt.config, ckpt.state

@@ -117,7 +117,8 @@ def test_exports_load_in_paddlenlp_with_our_logits(lora_runs, tmp_path):
     from paddlenlp.transformers import AutoModelForCausalLM
 
     from llmtrain.checkpoint.shards import ShardIndex
-    from llmtrain.export import base_state, lora_of, main as export_main, model_config_of
+    from llmtrain.checkpoint.reader import Manifest, base_state
+    from llmtrain.export import main as export_main
     from llmtrain.models import build_model
     from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
@@ -126,12 +127,12 @@ def test_exports_load_in_paddlenlp_with_our_logits(lora_runs, tmp_path):
 
     root, out, _ = lora_runs
     step6 = out / "lora" / "checkpoints" / "step_6"
-    manifest = json.loads((step6 / "manifest.json").read_text())
-    cfg = model_config_of(manifest, str(step6))
+    manifest = Manifest.read(str(step6))
+    cfg = manifest.model
     model = build_model(cfg)
-    attach_lora(model, lora_of(manifest), Roles())
+    attach_lora(model, manifest.lora, Roles())
     adapters = ShardIndex(str(step6)).model_state()
-    load_full_state(canonical_parameters(model), {**base_state(cfg, manifest, str(step6)), **adapters})
+    load_full_state(canonical_parameters(model), {**base_state(manifest), **adapters})
     model.eval()
     ids = token_ids(cfg.vocab_size, seed=5)
     with paddle.no_grad():
