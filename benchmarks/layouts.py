@@ -65,7 +65,10 @@ def worker(layout: str, model: str, out: str) -> None:
     state = built.optimizer.state_dict()
     opt = sum(tensor_bytes(v) for k, v in state.items() if hasattr(v, "_numel"))
     opt += sum(tensor_bytes(v) for v in (state.get("master_weights") or {}).values())
-    ckpt = Checkpointer(cfg, lay, topo, built, data, run.tokenizer)
+    from llmtrain.checkpoint.state import training_state
+
+    ckpt = Checkpointer(cfg, lay, topo, training_state(built.named_params, built.model, built.optimizer,
+                                                       built.scheduler, built.scaler, data), run.tokenizer)
     saves, loads = [], []
     for i in range(2):
         t0 = time.perf_counter()

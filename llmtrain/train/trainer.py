@@ -29,6 +29,7 @@ import paddle
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.manager import Checkpointer
+from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
@@ -128,7 +129,9 @@ class Trainer:
         paddle.seed(self.cfg.seed)
         _prepare_run_dir(self.cfg, topo)
         self.built = build_model_and_optimizer(run, topo, self.amp)
-        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer,
+        b = self.built
+        state = training_state(b.named_params, b.model, b.optimizer, b.scheduler, b.scaler, data)  # what a save holds
+        self.ckpt = Checkpointer(self.cfg, self.layout, topo, state, run.tokenizer,
                                  on_manifest=lambda m: apply_resume_contract(m, run, self.built.scheduler))
 
     def fit(self) -> dict:
