@@ -77,26 +77,13 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 
         problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
 
-    if model.moe_num_experts > 0 and cfg.train.amp == "fp16" and cfg.parallel is not None and cfg.parallel.pp > 1:
-        problems.append(f"train.amp=fp16 with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
-                        f"{cfg.parallel.pp}: the balancing losses enter each stage's backward without fp16's dynamic "
-                        "loss scale (absent); use train.amp=bf16")
-    if cfg.train.batch_rampup is not None:
-        from llmtrain.data.rampup import rampup_problems
+    from llmtrain.data.rampup import rampup_config_problems
+    from llmtrain.data.sft import packing_problems
+    from llmtrain.parallel.moe_pipeline import pipeline_moe_problems
 
-        if not hasattr(cfg.data, "prefixes"):
-            problems.append("train.batch_rampup is for pretraining; fine-tuning runs a constant global batch")
-        elif layout is not None:
-            problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
-                                        layout.data_parallel, layout.virtual_pp)
-        if model.moe_num_experts > 0 and cfg.parallel is not None and cfg.parallel.pp > 1:
-            problems.append(f"train.batch_rampup with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
-                            f"{cfg.parallel.pp}: each stage's attached balancing-loss gradient is scaled by a "
-                            "micro-batch count fixed at start-up; a ramp changes it per step (absent)")
-    if getattr(cfg.data, "packing", False) and cfg.parallel is not None and cfg.parallel.pp > 1:
-        problems.append(f"data.packing=true with parallel.pp={cfg.parallel.pp}: packed sequences need per-example "
-                        "positions and attention boundaries inside every stage; not implemented under pipeline "
-                        "parallelism (use dp/tp/sharding, or data.packing=false)")
+    problems += rampup_config_problems(cfg.train.batch_rampup, cfg.data, layout)
+    problems += pipeline_moe_problems(model, cfg.parallel, cfg.train.amp, cfg.train.batch_rampup)
+    problems += packing_problems(cfg.data, cfg.parallel)
     if problems:
         raise ConfigError(problems)
     return ResolvedRun(

@@ -36,6 +36,22 @@ import paddle.distributed as dist
 from llmtrain.models.moe import MoEStats, attach_balancing_losses, moe_layer_count, moe_layers
 
 
+def pipeline_moe_problems(model, parallel, amp: str, rampup) -> list[str]:
+    """Problems of an MoE model under pipeline parallelism with this AMP mode and batch ramp-up (empty: fine)."""
+    if model.moe_num_experts <= 0 or parallel is None or parallel.pp <= 1:
+        return []
+    problems = []
+    if amp == "fp16":
+        problems.append(f"train.amp=fp16 with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
+                        f"{parallel.pp}: the balancing losses enter each stage's backward without fp16's dynamic "
+                        "loss scale (absent); use train.amp=bf16")
+    if rampup is not None:
+        problems.append(f"train.batch_rampup with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
+                        f"{parallel.pp}: each stage's attached balancing-loss gradient follows the step's micro-batch "
+                        "count, but the combination is not checked against a one-process run (absent)")
+    return problems
+
+
 class PipelineMoEStats(MoEStats):
     """`MoEStats` of one pipeline stage's MoE layers (possibly none), summed over the pipeline group before the
     data ranks; the micro-batches are counted once, by the first stage."""
