@@ -140,13 +140,15 @@ def test_step_hooks_see_each_step_and_a_veto_skips_the_update(tiny_gpt):
     hook = _Recorder(veto={2})
     runner = StepRunner(model, model.loss_fn, opt, sched, opt._grad_clip, plan, hooks=[hook])
     batch = _split(_batches(1, 4, 8, tiny_gpt.vocab_size)[0], 2)
-    weights = []
+    weights, lrs = [], []
     for step in (1, 2, 3):
         out = runner.run(batch)
         record = runner.finish(step, out, lambda v: v)
         assert out.updated == (step != 2) and record.metrics == {"seen": step}
         assert float(record.loss) == pytest.approx(2 * float(out.loss))
         weights.append({n: p.numpy().copy() for n, p in named})
+        lrs.append(opt.get_lr())
+    assert lrs[1] == lrs[0] != lrs[2]  # the vetoed step did not advance the schedule
     assert [c[0] for c in hook.calls] == ["before_step", "before_update", "after_step"] * 3
     assert hook.calls[0] == ("before_step", 2) and hook.calls[1][1] == 2
     assert [c[3] for c in hook.calls if c[0] == "after_step"] == [False, True, False]  # no norm without an update
