@@ -60,7 +60,7 @@ def bare(overrides: list[str]) -> dict:
     from llmtrain.config import compose_config, to_config
     from llmtrain.data.mlm import MLMData
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import init_parameters
     from llmtrain.tokenizer import load_tokenizer
 

@@ -36,7 +36,7 @@ def export(out: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from llmtrain.models import build_model
     from llmtrain.models.config import ModelConfig
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
 
     os.makedirs(out, exist_ok=True)
     for name, (fields, _) in ARCHS.items():

@@ -41,7 +41,7 @@ def worker(layout: str, model: str, out: str) -> None:
     from llmtrain.data.loader import PretrainData
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.train.amp import AmpPlan
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
     from llmtrain.train.step import StepRunner
     from llmtrain.train.trainer import build_data, build_model_and_optimizer
 
@@ -56,7 +56,8 @@ def worker(layout: str, model: str, out: str) -> None:
     data = build_data(PretrainData, run, topo)
     amp = AmpPlan.from_config("none")
     built = build_model_and_optimizer(run, topo, amp)
-    StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, amp).run(data.next_step())
+    StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, amp,
+               hooks=built.hooks).run(data.next_step())
     params = 0
     for p in built.core.parameters():
         store = getattr(p, "fw_storage", None)
@@ -64,7 +65,10 @@ def worker(layout: str, model: str, out: str) -> None:
     state = built.optimizer.state_dict()
     opt = sum(tensor_bytes(v) for k, v in state.items() if hasattr(v, "_numel"))
     opt += sum(tensor_bytes(v) for v in (state.get("master_weights") or {}).values())
-    ckpt = Checkpointer(cfg, lay, topo, built, data, run.tokenizer)
+    from llmtrain.checkpoint.state import training_state
+
+    ckpt = Checkpointer(cfg, lay, topo, training_state(built.named_params, built.model, built.optimizer,
+                                                       built.scheduler, built.scaler, data), run.tokenizer)
     saves, loads = [], []
     for i in range(2):
         t0 = time.perf_counter()

@@ -44,7 +44,7 @@ def bare(overrides: list[str], steps: int) -> float:
     from llmtrain.config import compose_config, to_config
     from llmtrain.data.loader import PretrainData
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import init_parameters
     from llmtrain.tokenizer import load_tokenizer
 

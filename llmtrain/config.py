@@ -19,25 +19,12 @@ from omegaconf import MISSING, OmegaConf
 from llmtrain.checkpoint.config import CheckpointConfig
 from llmtrain.data.config import DataConfig
 from llmtrain.data.sft import SFTDataConfig
+from llmtrain.errors import ConfigError, FrozenConfigError  # noqa: F401  (raised here; importable from here)
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.lora import FinetuneOptions
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.plan.config import PlanConfig
 from llmtrain.train.config import OptimConfig, TrainConfig
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message lists every problem found (field names and numbers).
-
-    The entry scripts print the message and exit with status 2 (a traceback only with HYDRA_FULL_ERROR=1)."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
-
-
-class FrozenConfigError(AttributeError):
-    """Raised on an assignment to a resolved (frozen) configuration."""
 
 
 @dataclass
@@ -192,11 +179,11 @@ def check_config(cfg: Config) -> None:
 
 def _frozen_class(cls: type) -> type:
     """A subclass of the dataclass `cls` whose instances refuse attribute assignment once frozen."""
-    cls = getattr(cls, "_llm_unfrozen", cls)  # dataclasses.replace of a frozen object: same frozen class
+    cls = getattr(cls, "_cfg_unfrozen", cls)  # dataclasses.replace of a frozen object: same frozen class
     frozen = _FROZEN_CLASSES.get(cls)
     if frozen is None:
         def __setattr__(self, name, value):
-            if self.__dict__.get("_llm_frozen"):
+            if self.__dict__.get("_cfg_frozen"):
                 raise FrozenConfigError(
                     f"cannot set {cls.__name__}.{name}={value!r}: the configuration was resolved once and is frozen "
                     "(derive a new value with dataclasses.replace or change the config before resolving)")
@@ -208,7 +195,7 @@ def _frozen_class(cls: type) -> type:
 
         frozen = type(cls.__name__, (cls,), {"__setattr__": __setattr__, "__delattr__": __setattr__,
                                             "__reduce__": __reduce__, "__module__": cls.__module__,
-                                            "__qualname__": cls.__qualname__, "_llm_unfrozen": cls})
+                                            "__qualname__": cls.__qualname__, "_cfg_unfrozen": cls})
         _FROZEN_CLASSES[cls] = frozen
     return frozen
 
@@ -227,7 +214,7 @@ def freeze(obj):
         run_cfg.model.hidden_size = 8     # FrozenConfigError
     """
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        if obj.__dict__.get("_llm_frozen"):
+        if obj.__dict__.get("_cfg_frozen"):
             return obj
         for f in dataclasses.fields(obj):
             value = getattr(obj, f.name)
@@ -237,5 +224,5 @@ def freeze(obj):
                 value = freeze(value)
             object.__setattr__(obj, f.name, value)
         obj.__class__ = _frozen_class(type(obj))
-        object.__setattr__(obj, "_llm_frozen", True)
+        object.__setattr__(obj, "_cfg_frozen", True)
     return obj

@@ -10,7 +10,8 @@ safetensors shards + index, `llmtrain.interop.hf_format`), or `auto` (the defaul
 started from a Hugging Face-layout directory (`model.init_from`), else `paddlenlp` — the format it came in.
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
-in which case the newest complete checkpoint is used. The checkpoint is verified
+in which case the newest complete checkpoint is used (`llmtrain.checkpoint.reader`, the
+reader generation and `model.init_from` use too). The checkpoint is verified
 (manifest, sizes, sha256) before anything is read; its tensors, written by any
 parallel layout, are assembled into full tensors (`llmtrain.checkpoint.shards`) and
 written by `llmtrain.interop.write_paddlenlp_checkpoint` as a GPT (learned positions)
@@ -28,137 +29,16 @@ as PaddleNLP adapters (`lora_config.json` + `lora_model_state.pdparams`, or
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import hashlib
-import json
 import os
 import sys
 from typing import Optional
 
-import numpy as np
-
-from llmtrain.models.config import ModelConfig
-from llmtrain.utils.log import log0
+from llmtrain.checkpoint.reader import Manifest, find_checkpoint, merged_state, model_state, tokenizer_of
+from llmtrain.errors import CheckpointReadError
 
 
-class ExportError(RuntimeError):
+class ExportError(CheckpointReadError):
     """The checkpoint cannot be exported; the message names the directory and the reason."""
-
-
-def resolve_checkpoint(path: str) -> str:
-    """A `step_<N>` directory: `path` itself, or the newest complete one under `path` or `path/checkpoints`."""
-    from llmtrain.checkpoint.manager import list_checkpoints, verify_files
-
-    if os.path.isfile(os.path.join(path, "manifest.json")):
-        problems = verify_files(path)
-        if problems:
-            raise ExportError(f"checkpoint {path} is incomplete or corrupt:\n  " + "\n  ".join(problems))
-        return path
-    root = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
-    skipped = []
-    for _, candidate in list_checkpoints(root):
-        problems = verify_files(candidate)
-        if not problems:
-            for p in skipped:
-                log0(f"export: skipped {p}")
-            return candidate
-        skipped.append("; ".join(problems))
-    raise ExportError(f"{path}: no complete checkpoint (step_<N>/ with a valid manifest.json) found"
-                      + ("; skipped:\n  " + "\n  ".join(skipped) if skipped else ""))
-
-
-def model_config_of(manifest: dict, ckpt_dir: str) -> ModelConfig:
-    """The ModelConfig recorded in a checkpoint manifest."""
-    recorded = manifest.get("model")
-    if not isinstance(recorded, dict):
-        raise ExportError(f"{ckpt_dir}/manifest.json has no 'model' section")
-    known = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(recorded) - known)
-    if unknown:
-        raise ExportError(f"{ckpt_dir}/manifest.json: model fields this version does not know: {', '.join(unknown)}")
-    return ModelConfig(**recorded)
-
-
-def read_checkpoint_model(ckpt_dir: str) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
-    """(ModelConfig, full canonical model tensors, manifest) of one verified checkpoint directory."""
-    from llmtrain.checkpoint.shards import ShardIndex
-
-    with open(os.path.join(ckpt_dir, "manifest.json")) as f:
-        manifest = json.load(f)
-    cfg = model_config_of(manifest, ckpt_dir)
-    index = ShardIndex(ckpt_dir)
-    try:
-        state = {key[len("model/"):]: np.asarray(index.full(key), dtype=np.float32) for key in index.keys("model/")}
-    finally:
-        index.close()
-    if not state:
-        raise ExportError(f"{ckpt_dir}: no model tensors (keys 'model/...') in its rank_*.json files")
-    return cfg, state, manifest
-
-
-def tokenizer_for(manifest: dict, ckpt_dir: str, given: Optional[str]) -> Optional[str]:
-    """The tokenizer to include: `given`, else the resolved config's `data.tokenizer`; checked against the manifest."""
-    path = given
-    if path is None and manifest.get("config"):
-        from omegaconf import OmegaConf
-
-        try:
-            path = OmegaConf.select(OmegaConf.create(manifest["config"]), "data.tokenizer", default=None)
-        except Exception:  # noqa: BLE001 - an unparsable config only means we cannot find the tokenizer
-            path = None
-        if path is not None and not os.path.exists(path):
-            log0(f"export: the run's tokenizer {path} is not here; pass --tokenizer to include one")
-            return None
-    if path is None:
-        return None
-    recorded = (manifest.get("tokenizer") or {}).get("sha256")
-    if recorded:
-        from llmtrain.tokenizer import load_tokenizer
-
-        model_file = load_tokenizer(path).model_file
-        actual = hashlib.sha256(open(model_file, "rb").read()).hexdigest()
-        if actual != recorded:
-            raise ExportError(f"tokenizer {path} (sha256 {actual[:12]}…) is not the one checkpoint {ckpt_dir} was "
-                              f"trained with (sha256 {recorded[:12]}…)")
-    return path
-
-
-def lora_of(manifest: dict):
-    """The `LoraConfig` of a LoRA checkpoint (its manifest's "lora" entry), or None."""
-    from llmtrain.models.lora import LoraConfig
-
-    entry = manifest.get("lora")
-    if not entry:
-        return None
-    return LoraConfig(rank=entry["rank"], alpha=entry["alpha"], dropout=entry["dropout"],
-                      target_modules=list(entry["target_modules"]), merge=entry["merge"])
-
-
-def base_state(cfg: ModelConfig, manifest: dict, ckpt_dir: str) -> dict[str, np.ndarray]:
-    """The frozen base of a LoRA checkpoint, from its pointer: `model.init_from` (a PaddleNLP directory or one
-    of our checkpoints) or, without one, the (seed, canonical name) initialisation."""
-    base = manifest["lora"]["base"]
-    src = base.get("init_from")
-    if src is None:
-        import paddle
-
-        from llmtrain.models import build_model
-        from llmtrain.models.decoder import canonical_parameters
-        from llmtrain.models.init import initial_value
-
-        with paddle.LazyGuard():
-            model = build_model(cfg)
-        return {n: initial_value(n, p, cfg, int(base["seed"])) for n, p in canonical_parameters(model)}
-    if not os.path.exists(src):
-        raise ExportError(f"{ckpt_dir} stores LoRA adapters only; its base model.init_from={src} is not here")
-    if os.path.exists(os.path.join(src, "manifest.json")):
-        from llmtrain.checkpoint.shards import ShardIndex
-
-        return {k: np.asarray(v, dtype=np.float32) for k, v in ShardIndex(src).model_state().items()}
-    from llmtrain.interop import read_paddlenlp_checkpoint
-
-    _, state, _ = read_paddlenlp_checkpoint(src)
-    return {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
 
 
 def source_format(init_from: Optional[str]) -> str:
@@ -183,24 +63,22 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         raise ExportError(f"--format {fmt!r}: expected auto, paddlenlp or hf")
     from llmtrain.interop import write_paddlenlp_checkpoint
 
-    ckpt_dir = resolve_checkpoint(checkpoint)
-    cfg, state, manifest = read_checkpoint_model(ckpt_dir)
+    manifest = Manifest.read(find_checkpoint(checkpoint))
+    ckpt_dir, cfg, lora = manifest.path, manifest.model, manifest.lora
     if fmt == "auto":
         fmt = source_format(cfg.init_from)
-    tok = tokenizer_for(manifest, ckpt_dir, tokenizer)
-    lora = lora_of(manifest)
+    state = model_state(manifest)
+    tok = tokenizer_of(manifest, tokenizer)
     if lora is not None and not (lora.merge if merge_lora is None else merge_lora):
         from llmtrain.interop.lora_format import write_paddlenlp_lora
 
-        info = write_paddlenlp_lora(cfg, lora, state, output, base=manifest["lora"]["base"].get("init_from"),
+        info = write_paddlenlp_lora(cfg, lora, state, output, base=manifest.lora_base.get("init_from"),
                                     safetensors=safetensors, overwrite=overwrite)
-        info.update(family="LoRA adapters", notes=[f"base model: {manifest['lora']['base']}"],
+        info.update(family="LoRA adapters", notes=[f"base model: {manifest.lora_base}"],
                     checkpoint=ckpt_dir, tokenizer=None)
         return info
     if lora is not None:
-        from llmtrain.interop.lora_format import merge_adapters
-
-        state = merge_adapters(base_state(cfg, manifest, ckpt_dir), state, lora.alpha / lora.rank)
+        state = merged_state(manifest, state)
     elif merge_lora:
         raise ExportError(f"--merge-lora: {ckpt_dir} is not a LoRA checkpoint (its manifest has no 'lora' entry)")
     if fmt == "hf":
@@ -236,7 +114,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         info = export_checkpoint(args.checkpoint, args.output, args.format, args.safetensors, args.tokenizer,
                                  args.overwrite, args.merge_lora)
-    except (ExportError, UnsupportedConfig, CheckpointMismatch, FileExistsError) as e:
+    except (CheckpointReadError, UnsupportedConfig, CheckpointMismatch, FileExistsError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 1
     kind = "Hugging Face" if info["family"] in ("LlamaForCausalLM", "Qwen2ForCausalLM") else "PaddleNLP"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Optional
 
@@ -31,33 +30,21 @@ from llmtrain.utils.log import log0
 
 
 def load_model(path: str, trusted: bool = False):
-    """(model in eval mode, ModelConfig, tokenizer path or None) from our checkpoint or a PaddleNLP directory."""
+    """(model in eval mode, ModelConfig, tokenizer path or None) from our checkpoint or a PaddleNLP directory
+    (`llmtrain.checkpoint.reader.read_model`; a LoRA checkpoint's adapters merged into its base)."""
+    from llmtrain.checkpoint.reader import read_model
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
     from llmtrain.models.init import load_full_state
+    from llmtrain.models.stages import canonical_parameters
 
-    if os.path.exists(os.path.join(path, "config.json")) and not os.path.exists(os.path.join(path, "manifest.json")) \
-            and not os.path.isdir(os.path.join(path, "checkpoints")):
-        from llmtrain.interop import read_paddlenlp_checkpoint
-
-        cfg, state, meta = read_paddlenlp_checkpoint(path, trusted=trusted)
-        tok = meta.get("tokenizer_model") if isinstance(meta, dict) else None
-    else:
-        from llmtrain.export import base_state, lora_of, read_checkpoint_model, resolve_checkpoint, tokenizer_for
-        from llmtrain.interop.lora_format import merge_adapters
-
-        ckpt = resolve_checkpoint(path)
-        cfg, state, manifest = read_checkpoint_model(ckpt)
-        lora = lora_of(manifest)
-        if lora is not None:
-            state = merge_adapters(base_state(cfg, manifest, ckpt), state, lora.alpha / lora.rank)
-        tok = tokenizer_for(manifest, ckpt, None)
+    ckpt = read_model(path, trusted=trusted)
+    cfg = ckpt.config
     if cfg.family != "decoder":
         raise ValueError(f"{path}: a {cfg.family} model; generation needs a decoder (GPT, Llama)")
     model = build_model(cfg)
-    load_full_state(canonical_parameters(model), state, source=path)
+    load_full_state(canonical_parameters(model), ckpt.state, source=path)
     model.eval()
-    return model, cfg, tok
+    return model, cfg, ckpt.tokenizer
 
 
 def _top_p(logits: np.ndarray, top_p: float, temperature: float, rng: np.random.Generator) -> int:

@@ -27,7 +27,7 @@ def pretrain(dcfg) -> dict:
     from llmtrain.data.mlm import MLMData
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.plan.auto import choose_layout
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
     from llmtrain.train.trainer import Trainer, build_data
 
     run = resolve(choose_layout(to_config(dcfg)))  # +parallel=auto -> the planner's layout; then every derived value

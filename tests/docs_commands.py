@@ -7,7 +7,7 @@ means depends on the command:
 
 - `python llmtrain/<recipe>.py OVERRIDES`, also behind `python -m paddle.distributed.launch`, `python -m
   llmtrain.launch`, `bash scripts/launch_multinode.sh` and `python scripts/supervise.py ... --`: Hydra composes the
-  recipe's root config with exactly those overrides, and `llmtrain.train.resolve.resolve` accepts it for the
+  recipe's root config with exactly those overrides, and `llmtrain.resolve.resolve` accepts it for the
   launcher's world size (nproc_per_node x nnodes), after `+parallel=auto` is chosen as the recipe chooses it. A
   command whose line ends in `# expect: refused` must be refused instead. Paths that exist only after other
   commands ran (a tokenizer under work/, a PaddleNLP directory, placeholders such as TOKENIZER_DIR) are stood in
@@ -232,7 +232,7 @@ def _check_recipe(cmd: Command, script: str, overrides: list, world: int) -> Non
 def _resolve(script: str, overrides: list, world: int):
     from llmtrain.config import ConfigError
     from llmtrain.plan.auto import choose_layout
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     probe = Command("", 0, [])
     cfg = _stand_ins(probe, _compose(overrides, RECIPES[script]))

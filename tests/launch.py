@@ -40,6 +40,13 @@ def env() -> dict:
     return e
 
 
+def fault_env(**faults: str) -> dict:
+    """`env()` with checkpoint faults injected into every process of the job (tests/faults/sitecustomize.py)."""
+    e = env()
+    e["PYTHONPATH"] = os.pathsep.join((str(REPO / "tests" / "faults"), e["PYTHONPATH"]))
+    return e | faults
+
+
 def logs(log_dir: Path, tail: int = 60) -> str:
     parts = []
     for p in sorted(Path(log_dir).glob("workerlog.*")):

@@ -53,7 +53,7 @@ def test_readme_links_resolve():
 
 
 def test_paths_named_in_the_docs_exist():
-    """Every repository path the README and the pages name in code spans (`llmtrain/train/resolve.py`,
+    """Every repository path the README and the pages name in code spans (`llmtrain/resolve.py`,
     `tests/x.py::test_y`, `conf/parallel/`) exists, with the named test: a moved or renamed module shows up here."""
     span = re.compile(r"`((?:llmtrain|scripts|conf|tests|deploy|docker|benchmarks|tokenizers)/[^`\s]*)`")
     placeholder = re.compile(r"[<>{}*]|/[A-Z_]+(\.|/|$)")  # step_<N>, {a,b}, conf/data/NAME.yaml

@@ -1,6 +1,7 @@
 """Atomic, verifiable, layout-free checkpoints: save, prune, resume.
 
-    ckpt = Checkpointer(cfg, layout, topo, built, data, tokenizer)
+    state = training_state(named_params, model, optimizer, scheduler, scaler, data)   # checkpoint/state.py
+    ckpt = Checkpointer(cfg, layout, topo, state, tokenizer)
     state = ckpt.resume()            # newest complete checkpoint, any layout; skips corrupt ones
     ckpt.save(step, tokens_total)    # every rank writes its shard in parallel (async_save: in the background)
     ckpt.close()                     # end of run: the last background write is complete
@@ -18,15 +19,13 @@ manifest, with a missing or truncated file or a checksum mismatch is reported
 and skipped, never loaded; old checkpoints are deleted only after a newer one
 is complete. All ranks must see one filesystem (one node, or shared storage).
 
-Fault injection (tests only): with LLMTRAIN_FAULT_KILL_IN_SAVE=<step>, rank 0
-SIGKILLs itself in the middle of saving that step (shards written, no
-manifest), which is what a node failure during a save leaves behind; with
-LLMTRAIN_FAULT_KILL_BEFORE_PRUNE=<step>, right after that step's checkpoint is
-renamed complete and before older ones are pruned; with
-LLMTRAIN_FAULT_WRITE_ERROR=<step>:<rank>, that rank's write of that step raises
-OSError (a full disk). With checkpoint.async_save these run on the background
-writer (`background.py`) while training continues. Under `scripts/supervise.py` they
-fire on the first attempt only (LLMTRAIN_ATTEMPT=0), so the relaunch can finish.
+What is saved comes from components (`state.py`): the trained parameters and the
+optimizer's accumulators as pieces of full tensors in each rank's shard, and the
+schedule, the loss scaler and the data position as manifest entries. Loading reads
+the manifest (the resume contract may refuse it), then the tensors, the optimizer
+state, the manifest components and the RNG states, each in its own method. A save's
+steps are methods too (`_write_shard`, `_after_rename`), so tests inject failures by
+patching them from outside (a kill mid-save, before pruning, a failed write).
 """
 from __future__ import annotations
 
@@ -37,7 +36,6 @@ import pickle
 import random
 import re
 import shutil
-import signal
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -47,7 +45,9 @@ import paddle
 import paddle.distributed as dist
 
 from llmtrain.checkpoint.shards import HostBuffers, ShardIndex, collect_shard, is_split_like_param
+from llmtrain.checkpoint.state import TrainingState
 from llmtrain.models.init import load_full_state
+from llmtrain.paddle_compat.optim import optimizer_state_dict
 from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
 from llmtrain.parallel.slicing import TensorSlices, local_slice
 from llmtrain.utils.log import log0, log_all
@@ -78,11 +78,6 @@ class ResumeState:
     path: Optional[str] = None
 
 
-
-
-def _fault(name: str, value: str) -> bool:
-    """Is the fault-injection variable `name` set to `value` (and is this the supervisor's first attempt)?"""
-    return os.environ.get(name) == value and os.environ.get("LLMTRAIN_ATTEMPT", "0") == "0"
 
 
 def _fsync_file(path: str) -> None:
@@ -164,15 +159,15 @@ def verify_files(ckpt_dir: str, names: Optional[list[str]] = None) -> list[str]:
 
 
 class Checkpointer:
-    def __init__(self, cfg, layout, topo, built, data, tokenizer=None, on_manifest=None):
-        """`on_manifest(manifest)`: called before a checkpoint's tensors are read (the resume contract);
-        it may raise to refuse the resume and may change the scheduler's schedule."""
+    def __init__(self, cfg, layout, topo, state: TrainingState, tokenizer=None, on_manifest=None):
+        """`state`: what a checkpoint holds (`llmtrain.checkpoint.state.training_state`). `on_manifest(manifest)`:
+        called before a checkpoint's tensors are read (the resume contract); it may raise to refuse the resume and
+        may change the scheduler's schedule."""
         self.on_manifest = on_manifest
         self.cfg = cfg
         self.layout = layout
         self.topo = topo
-        self.built = built
-        self.data = data
+        self.state = state
         self.tokenizer = tokenizer
         self.root = os.path.join(cfg.run.dir, "checkpoints")
         self.last_saved_step = -1
@@ -248,7 +243,7 @@ class Checkpointer:
         """After the first optimizer step (the state's shapes are known): async saves on CPU allocate and touch
         their host buffers in the background, so the first save's copy does not pay for fresh memory."""
         if self.buffers is not None:
-            self.buffers.reserve(HostBuffers.shapes(self.built, self.topo, self.layout))
+            self.buffers.reserve(HostBuffers.shapes(self.state.tensors, self.topo, self.layout))
 
     def wait(self) -> None:
         """Block until the background write (if any) is complete; raises if it failed."""
@@ -265,7 +260,7 @@ class Checkpointer:
         nonce = self._nonce()
         if self.buffers is not None:
             self.buffers.start()  # the previous write is complete (save() waited): its buffers are free again
-        tensors, meta = collect_shard(self.built, self.topo, self.layout, self.buffers)  # numpy copies
+        tensors, meta = collect_shard(self.state.tensors, self.topo, self.layout, self.buffers)  # numpy copies
         rng = {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         manifest = self._manifest(step, tokens_total, {}) if self.topo.rank == 0 else None
         return Snapshot(step, nonce, os.path.join(self.root, f"step_{step}"),
@@ -290,8 +285,6 @@ class Checkpointer:
             except OSError:
                 pass
             raise
-        if rank == 0 and _fault("LLMTRAIN_FAULT_KILL_IN_SAVE", str(step)):
-            os.kill(os.getpid(), signal.SIGKILL)
         if rank == 0:
             listings = [os.path.join(tmp, f"rank_{r:05d}.files") for r in range(self.topo.world)]
             self._wait_for(f"shards of {tmp}", lambda: all(os.path.exists(p) for p in listings), tmp)
@@ -307,23 +300,23 @@ class Checkpointer:
                 shutil.rmtree(final)
             os.rename(tmp, final)
             _fsync_dir(self.root)
-            if _fault("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE", str(step)):
-                os.kill(os.getpid(), signal.SIGKILL)
-            for stale in glob.glob(os.path.join(self.root, ".tmp-step_*")):
-                shutil.rmtree(stale, ignore_errors=True)  # interrupted saves, superseded now
-            self._prune(step)
+            self._after_rename(step)
             log0(f"checkpoint saved: {final} ({sum(v['size'] for v in all_files.values()) / 1e6:.1f} MB)")
         else:
             self._wait_for(f"manifest of {final}", lambda: _manifest_nonce(final) == nonce, tmp)
         return final
 
+    def _after_rename(self, step: int) -> None:
+        """Rank 0, once step_<step> is complete: interrupted saves are superseded, older checkpoints pruned."""
+        for stale in glob.glob(os.path.join(self.root, ".tmp-step_*")):
+            shutil.rmtree(stale, ignore_errors=True)  # interrupted saves, superseded now
+        self._prune(step)
+
     def _write_shard(self, snap: Snapshot) -> None:
+        """This rank's tensors, metadata and RNG states into the save's temporary directory, then their listing."""
         from safetensors.numpy import save_file
 
         os.makedirs(snap.tmp, exist_ok=True)
-        fail = os.environ.get("LLMTRAIN_FAULT_WRITE_ERROR")  # tests: "<step>:<rank>" raises OSError mid-write
-        if fail == f"{snap.step}:{self.topo.rank}":
-            raise OSError(f"LLMTRAIN_FAULT_WRITE_ERROR={fail}: injected write failure")
         stem = os.path.join(snap.tmp, f"rank_{self.topo.rank:05d}")
         save_file(snap.tensors, stem + ".safetensors")
         _write_json(stem + ".json", {"rank": self.topo.rank, "tensors": snap.meta})
@@ -340,17 +333,14 @@ class Checkpointer:
     def _manifest(self, step: int, tokens_total: int, files: dict) -> dict:
         from omegaconf import OmegaConf
 
-        sched = self.built.scheduler.state_dict()
-        scaler = self.built.scaler.state_dict() if self.built.scaler is not None else None
-        return {
+        manifest = {
             "format": FORMAT,
             "step": step,
             "tokens_total": int(tokens_total),
-            "data": self.data.state_dict(),
-            "scheduler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in sched.items()},
-            # the LR schedule in force (optim.on_resume=checkpoint may have kept an older one than the config's)
-            "schedule_in_force": self.built.scheduler.in_force(),
-            "scaler": {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in (scaler or {}).items()} or None,
+        }
+        for component in self.state.components:  # the schedule, the loss scaler, the data position
+            manifest.update(component.state_dict())
+        return manifest | {
             "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
             "world": self.topo.world,
             "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
@@ -411,58 +401,75 @@ class Checkpointer:
         return ResumeState()
 
     def load(self, path: str) -> ResumeState:
+        """Restore this rank from `path`: the manifest (and the resume contract), the parameters, the optimizer
+        state, the manifest components (schedule, scaler, data position), the RNG states."""
         with open(os.path.join(path, "manifest.json")) as f:
             manifest = json.load(f)
         if self.on_manifest is not None:
             self.on_manifest(manifest)
         index = ShardIndex(path)
-        b, tp, tp_rank = self.built, self.layout.tp, self.topo.tp_rank
-        sliced = stage3_slices(b.model)  # ZeRO-3 parameters held as flat slices on this rank
+        try:
+            self._load_parameters(index, path)
+            self._load_optimizer(index, manifest)
+        finally:
+            index.close()
+        for component in self.state.components:
+            component.load_state_dict(manifest)
+        self._load_rng(path, manifest)
+        log0(
+            f"resumed from {path}: step {manifest['step']}, {manifest['tokens_total']} tokens, "
+            f"written under {manifest['layout']} (world {manifest['world']}), now {self.layout.name} (world {self.topo.world})"
+        )
+        self.last_saved_step = manifest["step"]
+        return ResumeState(step=manifest["step"], tokens_total=manifest["tokens_total"], path=path)
 
-        def cut(full: np.ndarray, param, key: str) -> np.ndarray:
-            if not is_split_like_param(key):
-                return full
-            if param.name in sliced:
-                start, end, padded = sliced[param.name]
-                return np.pad(full.ravel(), (0, padded - full.size))[start:end]
-            return local_slice(full, param, tp_rank, tp, self.topo.ep_rank, self.layout.ep)
+    def _cut(self, full: np.ndarray, param, key: str, sliced: dict) -> np.ndarray:
+        """This rank's part of a full tensor: a ZeRO-3 flat slice, a tp/ep piece, or the whole."""
+        if not is_split_like_param(key):
+            return full
+        if param.name in sliced:
+            start, end, padded = sliced[param.name]
+            return np.pad(full.ravel(), (0, padded - full.size))[start:end]
+        return local_slice(full, param, self.topo.tp_rank, self.layout.tp, self.topo.ep_rank, self.layout.ep)
 
-        # model
+    def _load_parameters(self, index: ShardIndex, path: str) -> None:
+        """The trained parameters, cut for this layout (ZeRO-3 ones into their flat storage)."""
+        t = self.state.tensors
+        sliced = stage3_slices(t.model)  # ZeRO-3 parameters held as flat slices on this rank
         state = {}
-        for name, _ in b.named_params:
+        for name, _ in t.named_params:
             full = index.full(f"model/{name}")
             if full is not None:
                 state[name] = full
-        whole = [(n, p) for n, p in b.named_params if p.name not in sliced]
-        load_full_state(whole, state, TensorSlices(tp_rank, tp, self.topo.ep_rank, self.layout.ep), source=path)
-        for name, param in b.named_params:
+        whole = [(n, p) for n, p in t.named_params if p.name not in sliced]
+        load_full_state(whole, state, TensorSlices(self.topo.tp_rank, self.layout.tp, self.topo.ep_rank, self.layout.ep),
+                        source=path)
+        for name, param in t.named_params:
             if param.name in sliced:
                 if name not in state or list(state[name].shape) != [int(x) for x in param.shape]:
                     raise ValueError(f"{path}: {name} missing or mis-shaped for the ZeRO-3 parameter {list(param.shape)}")
-                value = cut(state[name], param, f"model/{name}")
+                value = self._cut(state[name], param, f"model/{name}", sliced)
                 store = stage3_storage(param)
                 store.set_value(paddle.to_tensor(value, dtype=store.dtype))
-        # optimizer: accumulators keyed by this run's optimizer variable names, cut for this layout
-        opt_state: dict = {"master_weights": {}}
-        for name, param in b.named_params:
+
+    def _load_optimizer(self, index: ShardIndex, manifest: dict) -> None:
+        """Accumulators and master weights keyed by this run's optimizer variable names, cut for this layout."""
+        t = self.state.tensors
+        sliced = stage3_slices(t.model)
+        accumulators, masters = {}, {}
+        for name, param in t.named_params:
             var_name = stage3_storage(param).name if param.name in sliced else param.name
             for key in index.keys(f"optim/{name}/"):
                 acc = key.rsplit("/", 1)[1]
-                tensor = paddle.to_tensor(np.ascontiguousarray(cut(index.full(key), param, key)))
+                tensor = paddle.to_tensor(np.ascontiguousarray(self._cut(index.full(key), param, key, sliced)))
                 if acc == "master":
-                    opt_state["master_weights"][var_name] = tensor
+                    masters[var_name] = tensor
                 else:
-                    opt_state[f"{var_name}_{acc}_0"] = tensor
-        if not opt_state["master_weights"]:
-            del opt_state["master_weights"]
-        opt_state["LR_Scheduler"] = manifest["scheduler"]  # Paddle's optimizer requires the key
-        b.optimizer.set_state_dict(opt_state)
-        # the LR of the next step is the schedule in force at that step; the saved `last_lr`
-        # belongs to the schedule of the run that wrote the checkpoint (issue 16's bug)
-        b.scheduler.resume_at(manifest["step"])
-        if b.scaler is not None and manifest.get("scaler"):
-            b.scaler.load_state_dict(manifest["scaler"])
-        self.data.load_state_dict(manifest["data"])
+                    accumulators.setdefault(var_name, {})[acc] = tensor
+        t.optimizer.set_state_dict(optimizer_state_dict(accumulators, masters, manifest["scheduler"]))
+
+    def _load_rng(self, path: str, manifest: dict) -> None:
+        """This rank's RNG states, when the checkpoint was written by as many ranks (else they start fresh)."""
         rng_path = os.path.join(path, f"rank_{self.topo.rank:05d}.rng")
         if manifest["world"] == self.topo.world and os.path.exists(rng_path):
             with open(rng_path, "rb") as f:
@@ -470,10 +477,3 @@ class Checkpointer:
             paddle.set_rng_state(rng["paddle"])
             np.random.set_state(rng["numpy"])
             random.setstate(rng["python"])
-        index.close()
-        log0(
-            f"resumed from {path}: step {manifest['step']}, {manifest['tokens_total']} tokens, "
-            f"written under {manifest['layout']} (world {manifest['world']}), now {self.layout.name} (world {self.topo.world})"
-        )
-        self.last_saved_step = manifest["step"]
-        return ResumeState(step=manifest["step"], tokens_total=manifest["tokens_total"], path=path)

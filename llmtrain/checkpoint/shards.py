@@ -25,9 +25,10 @@ from typing import Optional
 import numpy as np
 import paddle
 
+from llmtrain.contracts import tags
+from llmtrain.paddle_compat.optim import OptimizerState
 from llmtrain.parallel.slicing import full_shape
 
-ACCUMULATORS = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc", "moment2_max")
 SCALAR_ACCUMULATORS = ("beta1_pow_acc", "beta2_pow_acc")
 """Per-parameter [1] tensors: never split, whatever the parameter's layout."""
 
@@ -127,27 +128,27 @@ def _owns_replica(param, topo, tp_degree: int) -> bool:
     """True if this rank is the one that writes `param` (or its tp slice)."""
     if getattr(param, "is_firstly_shared", True) is False:
         return False  # the tied table's copy on a later pipeline stage
-    if getattr(param, "llm_split_axis", None) is None and topo.tp_rank != 0:
+    if tags.split_axis(param) is None and topo.tp_rank != 0:
         return False  # replicated over tp ranks: tp rank 0 writes it
     return True
 
 
 def _piece_meta(name: str, param, arr_shape, topo, tp_degree: int, split: bool = True, ep_degree: int = 1) -> dict:
-    expert = ep_degree > 1 and getattr(param, "llm_expert_axis", None) is not None
+    expert = ep_degree > 1 and tags.is_expert(param)
     if expert:  # a block of routed experts: rows ep_rank * E/ep ... of the expert axis
-        axis = param.llm_expert_axis if split else None
+        axis = tags.expert_axis(param) if split else None
         gshape = full_shape(param, tp_degree, ep_degree) if axis is not None else list(arr_shape)
         offset = topo.ep_rank * int(arr_shape[axis]) if axis is not None else 0
         return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
-    axis = getattr(param, "llm_split_axis", None) if split else None
+    axis = tags.split_axis(param) if split else None
     gshape = full_shape(param, tp_degree) if axis is not None else list(arr_shape)
     offset = topo.tp_rank * int(arr_shape[axis]) if axis is not None else 0
     return {"name": name, "global_shape": [int(x) for x in gshape], "axis": axis, "offset": offset}
 
 
-def optimizer_state(optimizer) -> dict:
-    """The optimizer's local state dict (accumulators by var name, master_weights, LR_Scheduler)."""
-    return optimizer.state_dict()
+def optimizer_state(optimizer) -> OptimizerState:
+    """The optimizer's local state, read by (parameter variable name, accumulator)."""
+    return OptimizerState(optimizer.state_dict())
 
 
 def _flat_meta(name: str, param, start: int, padded: int) -> dict:
@@ -165,10 +166,7 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta, pool=N
     store = stage3_storage(param)
     tensors[f"model/{name}"] = _np32(store, pool=pool)
     meta[f"model/{name}"] = _flat_meta(name, param, start, padded)
-    for acc in ACCUMULATORS:
-        var = opt_state.get(f"{store.name}_{acc}_0")
-        if var is None:
-            continue
+    for acc, var in opt_state.accumulators(store.name):
         key = f"optim/{name}/{acc}"
         tensors[key] = _np32(var, pool=pool)
         meta[key] = (_flat_meta(name, param, start, padded) if is_split_like_param(key)
@@ -203,7 +201,7 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     param_writer = _balanced_owners(built.named_params, data_ranks)  # model tensors: any data rank
     state_writer = _balanced_owners(built.named_params, layout.dp)   # optimizer state: any dp replica
     opt_state = optimizer_state(built.optimizer)
-    masters = opt_state.get("master_weights", {}) or {}
+    masters = opt_state.masters
     sliced = stage3_slices(built.model)
     ep = getattr(layout, "ep", 1)
     for name, param in built.named_params:
@@ -211,7 +209,7 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
             if first_data_rank:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta, pool)
             continue
-        if ep > 1 and getattr(param, "llm_expert_axis", None) is not None:
+        if ep > 1 and tags.is_expert(param):
             if topo.data_rank < ep and topo.tp_rank == 0:  # the first ep group holds every expert once (whole over tp)
                 _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views, pool)
             continue
@@ -226,10 +224,7 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
             continue  # optimizer state is identical across dp replicas; sharding owners write their part
         if sliced and topo.sharding_rank != 0:
             continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
-        for acc in ACCUMULATORS:
-            var = opt_state.get(f"{param.name}_{acc}_0")
-            if var is None:
-                continue
+        for acc, var in opt_state.accumulators(param.name):
             key = f"optim/{name}/{acc}"
             arr = _np32(var, clone=views, pool=pool)
             tensors[key] = arr
@@ -246,10 +241,9 @@ def _collect_experts(name, param, topo, layout, opt_state, masters, tensors, met
     """Expert parallelism: this rank's block of experts (value and optimizer state) as pieces of the full tensor."""
     tensors[f"model/{name}"] = arr = _np32(param, clone=views, pool=pool)
     meta[f"model/{name}"] = _piece_meta(name, param, arr.shape, topo, layout.tp, ep_degree=layout.ep)
-    for acc in ACCUMULATORS:
-        var = opt_state.get(f"{param.name}_{acc}_0")
+    for acc, var in opt_state.accumulators(param.name):
         key = f"optim/{name}/{acc}"
-        if var is None or (not is_split_like_param(key) and topo.ep_rank != 0):
+        if not is_split_like_param(key) and topo.ep_rank != 0:
             continue  # [1] beta powers: the same on every rank, written once
         tensors[key] = arr = _np32(var, clone=views, pool=pool)
         meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, split=is_split_like_param(key), ep_degree=layout.ep)

@@ -4,7 +4,7 @@
 
 :func:`parse_chunk` runs where the work is (in ``python -m llmtrain.data.preprocess``'s
 worker processes, or in-line for :func:`llmtrain.corpus.documents.iter_documents`) on a
-:class:`llmtrain.corpus.sources.Chunk`. It returns the accepted texts with their line
+:class:`llmtrain.corpus.chunk.Chunk`. It returns the accepted texts with their line
 numbers (and gold word lists, and fingerprints for dedup) and every bad record as
 ``(kind, line, detail)``; kinds are those of :mod:`llmtrain.corpus.badrecords`.
 
@@ -20,14 +20,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import orjson
 
+from llmtrain.corpus.chunk import Chunk
 from llmtrain.corpus.normalize import Normalizer, fingerprint
-
-if TYPE_CHECKING:
-    from llmtrain.corpus.sources import Chunk
 
 
 @dataclass(frozen=True)

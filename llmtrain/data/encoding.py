@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from llmtrain.corpus.parse import ParseOptions, parse_chunk
-from llmtrain.corpus.sources import Chunk
+from llmtrain.corpus.chunk import Chunk
 from llmtrain.data.wordbound import WordSegmenter, word_start_flags
 from llmtrain.tokenizer import load_tokenizer
 

@@ -63,3 +63,17 @@ def rampup_problems(triple, final: int, micro_batch: int, data_parallel: int, vi
                         "class than the one built, and a per-step count is untested there (a 4-process launch); "
                         "parallel.virtual_pp=1 (1F1B) ramps")
     return problems
+
+
+def rampup_config_problems(rampup, data_cfg, layout) -> list[str]:
+    """Problems of `train.batch_rampup` for this run (empty when off): pretraining only (fine-tuning runs a constant
+    global batch), then `rampup_problems` against the layout's batch sizes (None: the layout itself is invalid)."""
+    if rampup is None:
+        return []
+    if not hasattr(data_cfg, "prefixes"):
+        return ["train.batch_rampup is for pretraining; fine-tuning runs a constant global batch"]
+    if layout is None:
+        return []
+    return rampup_problems(list(rampup), layout.global_batch, layout.micro_batch, layout.data_parallel,
+                           layout.virtual_pp)
+

@@ -84,6 +84,15 @@ class SFTDataConfig:
     """Pack several examples into each sequence, attention cut between them (see the module docstring)."""
 
 
+def packing_problems(data_cfg, parallel) -> list[str]:
+    """Problems of `data.packing` under this layout (empty: fine)."""
+    if getattr(data_cfg, "packing", False) and parallel is not None and parallel.pp > 1:
+        return [f"data.packing=true with parallel.pp={parallel.pp}: packed sequences need per-example "
+                "positions and attention boundaries inside every stage; not implemented under pipeline "
+                "parallelism (use dp/tp/sharding, or data.packing=false)"]
+    return []
+
+
 def render(turns: list[tuple[str, str]], tok) -> tuple[list[int], list[int]]:
     """(ids, mask) of one conversation; mask[i] = 1 where ids[i] is a target to learn."""
     ids, mask = [tok.bos_id], [0]

@@ -135,15 +135,15 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
     return cfg, notes
 
 
-def family_of(cfg: ModelConfig) -> str:
-    """The HF architecture our config is written as: q/k/v-only bias -> Qwen2, otherwise Llama."""
+def hf_family_for(cfg: ModelConfig) -> str:
+    """The HF family our config is written as (`hf_family` tells a directory's): q/k/v-only bias -> Qwen2, otherwise Llama."""
     return "qwen2" if cfg.has_qkv_bias() and not cfg.bias else "llama"
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
     """config.json fields of the HF Llama / Qwen2 computing what `cfg` computes (raises UnsupportedConfig)."""
     wants = (("position", "rope"), ("norm", "rmsnorm"), ("activation", "swiglu"), ("norm_position", "pre"))
-    family = family_of(cfg)
+    family = hf_family_for(cfg)
     bad = switch_mismatches(cfg, "decoder", ARCHITECTURES[family], family, wants)
     if cfg.moe_num_experts:
         bad.append(f"model.moe_num_experts={cfg.moe_num_experts} (dense Llama / Qwen2 only)")
@@ -322,5 +322,5 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dict(family=ARCHITECTURES[family_of(cfg)], out_dir=out_dir, files=sorted(os.listdir(out_dir)),
+    return dict(family=ARCHITECTURES[hf_family_for(cfg)], out_dir=out_dir, files=sorted(os.listdir(out_dir)),
                 config=config, notes=[], shards=len(shards))

@@ -120,7 +120,7 @@ def model_shapes(cfg) -> dict[str, list[int]]:
     import paddle
 
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
 
     with paddle.LazyGuard():
         model = build_model(cfg)

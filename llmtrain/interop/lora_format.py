@@ -55,13 +55,16 @@ REFUSED_FLAGS = {"rslora": False, "pissa": False, "do_qat": False, "use_dora": F
                  "lora_plus_scale": 1.0}
 
 
-def family_of(cfg: ModelConfig) -> str:
-    from llmtrain.interop.paddlenlp_format import family_of as checkpoint_family
+def lora_family(cfg: ModelConfig) -> str:
+    """The PaddleNLP family whose LoRA module names `cfg`'s adapters take (GPT, Llama or Qwen): the checkpoint's
+    family (`llmtrain.interop.paddlenlp_format.paddlenlp_family`) restricted to dense decoders whose biases PaddleNLP
+    can express (encoders, MoE and q/k/v-only biases outside Qwen raise UnsupportedConfig)."""
+    from llmtrain.interop.paddlenlp_format import paddlenlp_family
 
     if cfg.family != "decoder" or cfg.moe_num_experts:
         raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: dense decoder models (GPT, Llama, Qwen) only; "
                                 f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")
-    family = checkpoint_family(cfg)
+    family = paddlenlp_family(cfg)
     if family != "qwen" and cfg.has_qkv_bias() != cfg.bias:
         raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with "
                                 f"bias={cfg.bias} "
@@ -74,7 +77,7 @@ def module_map(cfg: ModelConfig) -> dict[str, str]:
     """{our canonical linear name: PaddleNLP module name} of every linear LoRA can adapt in `cfg`'s model."""
     out = {}
     for i in range(cfg.num_layers):
-        for ours, theirs, names in MODULES[family_of(cfg)]:
+        for ours, theirs, names in MODULES[lora_family(cfg)]:
             for n in names:
                 out[ours.format(i=i, n=n)] = theirs.format(i=i, n=n)
     return out
@@ -98,7 +101,7 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
     `lora`: rank, alpha, dropout (a `LoraConfig`); `base`: the base model's path, recorded as
     `base_model_name_or_path`. safetensors: `peft_model.safetensors` + its index (else pdparams)."""
     rank, alpha = lora.rank, lora.alpha
-    if family_of(model_cfg) == "qwen":  # q/k/v adapters stacked into one c_attn adapter of rank n r
+    if lora_family(model_cfg) == "qwen":  # q/k/v adapters stacked into one c_attn adapter of rank n r
         from llmtrain.interop.qwen import lora_to_paddlenlp
 
         tensors, file_rank, modules = lora_to_paddlenlp(adapters, model_cfg, rank)
@@ -109,7 +112,7 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
         for key, arr in sorted(adapters.items()):
             module, factor = key.rsplit(".", 1)
             if module not in names or factor not in ("lora_A", "lora_B"):
-                raise UnsupportedConfig(f"adapter {key}: no PaddleNLP {family_of(model_cfg)} module for it")
+                raise UnsupportedConfig(f"adapter {key}: no PaddleNLP {lora_family(model_cfg)} module for it")
             tensors[f"{names[module]}.{factor}"] = np.asarray(arr, dtype=np.float32)
             if factor == "lora_A":
                 modules.append(names[module])
@@ -162,7 +165,7 @@ def read_paddlenlp_lora(lora_dir: str, model_cfg: ModelConfig, trusted: bool = F
         raise FileNotFoundError(f"{lora_dir}: neither {PDPARAMS_NAME} nor {SAFE_NAME}")
     tensors, origin = read_tensors(files, kind, pickle_warning=not trusted)
     state, unexpected, rank = {}, [], int(c.get("r", 8))
-    if family_of(model_cfg) == "qwen":
+    if lora_family(model_cfg) == "qwen":
         from llmtrain.interop.qwen import lora_from_paddlenlp
 
         state, odd = lora_from_paddlenlp(tensors, model_cfg)

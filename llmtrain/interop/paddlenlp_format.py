@@ -137,7 +137,7 @@ def _as_fp32(value) -> np.ndarray:
     return np.asarray(value, dtype=np.float32)
 
 
-def family_of(cfg: ModelConfig) -> str:
+def paddlenlp_family(cfg: ModelConfig) -> str:
     """The PaddleNLP family our config is written as: encoder -> ERNIE; learned positions -> GPT; RoPE with
     biases (q/k/v only, or everywhere) and no grouped-query attention -> Qwen, otherwise Llama (which refuses
     biases)."""
@@ -162,7 +162,7 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    family = family_of(model_cfg)
+    family = paddlenlp_family(model_cfg)
     module, _ = FAMILIES[family]
     if family != "qwen" and model_cfg.has_qkv_bias() != model_cfg.bias:
         raise UnsupportedConfig(f"model {model_cfg.name!r}: model.qkv_bias={model_cfg.qkv_bias} with bias="

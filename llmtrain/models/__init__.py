@@ -4,7 +4,7 @@
     from llmtrain.models import build_model; model = build_model(cfg.model)
 
 Both are single-device descriptions; a parallel plan takes part only through
-the `Roles` it passes in (`llmtrain/parallel/plan.py`) and by cutting the stage
+the `Roles` it passes in (`llmtrain/parallel/build.py`) and by cutting the stage
 list (`llmtrain/parallel/pipeline.py`).
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool
 
 
 def model_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False):
-    """The model of `cfg.family` as an ordered list of `decoder.Stage` entries (the pipeline plan cuts it)."""
+    """The model of `cfg.family` as an ordered list of `stages.Stage` entries (the pipeline plan cuts it)."""
     if cfg.family == "decoder":
         from llmtrain.models.decoder import decoder_stages
 

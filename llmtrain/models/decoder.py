@@ -14,14 +14,17 @@ stage has a canonical name prefix, so a parameter has the same name
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import paddle
 import paddle.nn as nn
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.layers import Attention, FeedForward, build_norm
+from llmtrain.models.loss import LMLoss
 from llmtrain.models.roles import Roles
+from llmtrain.models.stages import Stage, stage
 
 
 class Embedding(nn.Layer):
@@ -32,10 +35,10 @@ class Embedding(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
-        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
+        tags.mark_tied_table(self.word, cfg.tie_embeddings)  # read outside its own forward by the tied output projection
         self.pos = None
         if cfg.position == "learned":
             self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
@@ -62,7 +65,7 @@ class Block(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, recompute: bool = False, prefix: str = "layers.0"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.attn_norm = build_norm(cfg, cfg.hidden_size)
         self.attn = Attention(cfg, roles)
         self.mlp_norm = build_norm(cfg, cfg.hidden_size)
@@ -117,7 +120,7 @@ class FinalNorm(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "final_norm"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.norm = build_norm(cfg, cfg.hidden_size)
 
     def forward(self, x):
@@ -129,76 +132,11 @@ class LMHead(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "lm_head"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.proj = roles.output_linear(cfg.hidden_size, cfg.vocab_size)
 
     def forward(self, x):
         return self.proj(x)
-
-
-class LMLoss(nn.Layer):
-    """Mean next-token cross entropy over loss-bearing positions.
-
-    logits [b, s, V/tp]; labels = (target ids [b, s] int64, loss_mask [b, s] fp32).
-    Returns sum(ce * mask) / sum(mask) for this micro-batch (fp32 scalar); with
-    `sum_tokens` set (evaluation: exact token-weighted means over any batching) sum(ce * mask).
-    """
-
-    def __init__(self, roles: Roles):
-        super().__init__()
-        self.roles = roles
-        self.sum_tokens = False
-
-    def forward(self, logits, labels):
-        target, mask = labels
-        ce = self.roles.token_loss(logits, target)  # [b, s]
-        mask = mask.astype("float32")
-        if self.sum_tokens:
-            return (ce * mask).sum()
-        return (ce * mask).sum() / paddle.clip(mask.sum(), min=1.0)
-
-
-class Stage(NamedTuple):
-    """One entry of a model's ordered stage list: `layer_cls(**kwargs)` applied to the previous entry's output.
-
-    Entries with the same `shared_key` are one layer (a tied word table): the
-    first is that layer in its place (the embedding); a later entry with the key
-    is the same table used as the output projection, hidden [b, s, h] ->
-    `roles.tied_logits(hidden, layer.shared_weight)` [b, s, V/tp]. A layer with a
-    shared key holds its table as `word` (a `roles.vocab_embedding`) and exposes
-    it as `shared_weight`."""
-
-    prefix: str
-    """Canonical name prefix of this stage's parameters (`embed`, `layers.3`, `final_norm`, `lm_head`)."""
-    layer_cls: type
-    kwargs: dict
-    """Constructor arguments: `cfg`, `roles`, `prefix`, and layer-specific ones (`recompute`)."""
-    shared_key: Optional[str] = None
-
-
-def canonical_parameters(model: nn.Layer) -> list[tuple[str, paddle.Tensor]]:
-    """(canonical name, parameter) for every parameter of a model or pipeline stage.
-
-    Each stage layer carries `llm_prefix`; a parameter's canonical name is that
-    prefix plus its name inside the stage, whatever wraps the stage (a plain
-    model, a `PipelineLayer`, a virtual-stage chunk). Shared layers seen twice
-    are listed once.
-    """
-    out, seen = [], set()
-    for layer in [model, *model.sublayers()]:
-        prefix = getattr(layer, "llm_prefix", None)
-        if prefix is None:
-            continue
-        for name, param in layer.named_parameters():
-            if id(param) not in seen:
-                seen.add(id(param))
-                out.append((f"{prefix}.{name}", param))
-    return out
-
-
-def stage(cfg: ModelConfig, roles: Roles, prefix: str, layer_cls: type, shared_key=None, **extra) -> Stage:
-    """A `Stage` whose layer is built as `layer_cls(cfg=cfg, roles=roles, prefix=prefix, **extra)`."""
-    return Stage(prefix, layer_cls, dict(cfg=cfg, roles=roles, prefix=prefix, **extra), shared_key)
 
 
 def decoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
@@ -214,7 +152,7 @@ def decoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> l
 class DecoderLM(nn.Layer):
     """The decoder, built with the layers `roles` hands out (plain ones when None).
 
-    forward(input_ids [b, s]) -> logits [b, s, V/tp]; `self.loss_fn(logits, (labels, mask))`.
+    forward(input_ids [b, s]) -> logits [b, s, V/tp]; `self.loss_fn(logits, (labels, mask))` -> (loss_sum, tokens).
     """
 
     def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
@@ -227,10 +165,17 @@ class DecoderLM(nn.Layer):
         self.final_norm = FinalNorm(cfg, roles)
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.loss_fn = LMLoss(roles)
+        self._step_hooks = []
         if cfg.moe_num_experts > 0:  # + the routers' balancing losses of the same forward
             from llmtrain.models.moe import MoELMLoss, moe_layers
 
             self.loss_fn = MoELMLoss(self.loss_fn, moe_layers(self), cfg)
+            self._step_hooks.append(self.loss_fn.stats)
+
+    def step_hooks(self) -> list:
+        """The model's `StepHook`s for the training loop (`llmtrain.contracts.steps`): an MoE model's routing
+        statistics and bias update (`MoEStats`); none for a dense model."""
+        return list(self._step_hooks)
 
     def forward(self, input_ids, position_ids=None, segment_ids=None, cache=None):
         # input_ids [b, s] int64; packed sequences: position_ids [b, s] (restarting per example) and

@@ -23,8 +23,11 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import Block, FinalNorm, LMHead, LMLoss, Stage, stage
+from llmtrain.models.decoder import Block, FinalNorm, LMHead
+from llmtrain.models.loss import LMLoss
+from llmtrain.models.stages import Stage, stage
 from llmtrain.models.layers import build_norm
 from llmtrain.models.roles import Roles
 
@@ -36,11 +39,11 @@ class EncoderEmbedding(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "embed"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.task_id = cfg.task_id
         self.pad_token_id = cfg.pad_token_id
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)
-        self.word.llm_tied_table = cfg.tie_embeddings  # read outside its own forward by the tied output projection
+        tags.mark_tied_table(self.word, cfg.tie_embeddings)  # read outside its own forward by the tied output projection
         self.pos = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.token_type = None
         if cfg.type_vocab_size > 0:
@@ -75,7 +78,7 @@ class MLMTransform(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_head"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.approximate = cfg.activation == "gelu_tanh"
         self.norm = build_norm(cfg, cfg.hidden_size)
@@ -89,7 +92,7 @@ class MLMBias(nn.Layer):
 
     def __init__(self, cfg: ModelConfig, roles: Roles, prefix: str = "mlm_bias"):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.bias = roles.output_bias(self, cfg.vocab_size)
 
     def forward(self, logits):
@@ -97,7 +100,7 @@ class MLMBias(nn.Layer):
 
 
 def encoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
-    """The encoder as an ordered stage list (see `decoder.Stage`), in the order `EncoderMLM.forward` runs them."""
+    """The encoder as an ordered stage list (see `stages.Stage`), in the order `EncoderMLM.forward` runs them."""
     tied = "embed" if cfg.tie_embeddings else None
     stages = [stage(cfg, roles, "embed", EncoderEmbedding, tied)]
     stages += [stage(cfg, roles, f"layers.{i}", Block, recompute=recompute) for i in range(cfg.num_layers)]
@@ -129,6 +132,10 @@ class EncoderMLM(nn.Layer):
         self.lm_head = None if cfg.tie_embeddings else LMHead(cfg, roles)
         self.mlm_bias = MLMBias(cfg, roles)
         self.loss_fn = LMLoss(roles)
+
+    def step_hooks(self) -> list:
+        """The model's `StepHook`s for the training loop: none (`llmtrain.contracts.steps`)."""
+        return []
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None):
         mask = None

@@ -15,7 +15,7 @@ which is what makes layout parity tests and reshardable checkpoints possible.
 
 Rules (GPT-2 / Megatron): norm weights 1, every 1-D parameter (biases, norm
 biases) 0, everything else N(0, init_std^2); output projections of the residual
-branches (`llm_residual_out`) N(0, (init_std / sqrt(2 L))^2). LoRA factors
+branches (`tags.is_residual_out`) N(0, (init_std / sqrt(2 L))^2). LoRA factors
 (`llmtrain.models.lora`): A uniform in +-1/sqrt(in), B zero.
 """
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Iterable
 import numpy as np
 import paddle
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 
 
@@ -53,7 +54,7 @@ WHOLE = Whole()
 def initial_value(name: str, param: paddle.Tensor, cfg: ModelConfig, seed: int, shape=None) -> np.ndarray:
     """The initial value of parameter `name` at its full logical `shape` (default: the parameter's), fp32 numpy."""
     shape = list(param.shape) if shape is None else list(shape)
-    rule = getattr(param, "llm_init", None)
+    rule = tags.init_rule(param)
     if rule == "ones":
         return np.ones(shape, dtype=np.float32)
     if rule == "zeros":  # LoRA B
@@ -64,7 +65,7 @@ def initial_value(name: str, param: paddle.Tensor, cfg: ModelConfig, seed: int, 
     if len(shape) == 1:
         return np.zeros(shape, dtype=np.float32)
     std = cfg.init_std
-    if getattr(param, "llm_residual_out", False):
+    if tags.is_residual_out(param):
         std = std / math.sqrt(2.0 * cfg.num_layers)
     return name_rng(seed, name).standard_normal(shape, dtype=np.float32) * np.float32(std)
 
@@ -130,6 +131,6 @@ def expected_names(cfg: ModelConfig) -> list[str]:
 
     with paddle.LazyGuard():
         model = build_model(cfg)
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
 
     return [n for n, _ in canonical_parameters(model)]

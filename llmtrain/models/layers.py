@@ -21,6 +21,7 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.roles import Roles
 from llmtrain.paddle_compat import kernels
@@ -51,7 +52,7 @@ def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
         norm = RMSNorm(hidden_size, cfg.norm_eps, fused=cfg.fused("fuse_rms_norm"))
     else:
         raise ValueError(f"model.norm={cfg.norm!r}: expected 'layernorm' or 'rmsnorm'")
-    norm.weight.llm_init = "ones"
+    tags.set_init(norm.weight, "ones")
     return norm
 
 
@@ -183,7 +184,7 @@ class Attention(nn.Layer):
         self.k_proj = roles.column_linear(h, cfg.kv_heads() * d, qkv_bias)
         self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, qkv_bias)
         self.o_proj = roles.row_linear(cfg.num_heads * d, h, cfg.bias)
-        self.o_proj.weight.llm_residual_out = True
+        tags.mark_residual_out(self.o_proj.weight)
         self.rotary = Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope")) if cfg.position == "rope" else None
         self.attend = choose_attention(cfg.attention)
         self.roles = roles
@@ -235,7 +236,7 @@ class FeedForward(nn.Layer):
             self.gate_proj = roles.column_linear(h, f, cfg.bias)
         self.up_proj = roles.column_linear(h, f, cfg.bias)
         self.down_proj = roles.row_linear(f, h, cfg.bias)
-        self.down_proj.weight.llm_residual_out = True
+        tags.mark_residual_out(self.down_proj.weight)
         self.roles = roles
         self.fuse_ffn = cfg.fused("fuse_ffn")
         self.fuse_swiglu = cfg.fused("fuse_swiglu")

@@ -35,6 +35,8 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from llmtrain.contracts import tags
+
 DEFAULT_TARGETS = [r"layers\.\d+\.attn\.(q|k|v|o)_proj", r"layers\.\d+\.mlp\.(gate|up|down)_proj"]
 
 
@@ -77,11 +79,11 @@ def linear_modules(model: nn.Layer) -> list[tuple[str, nn.Layer]]:
     """(canonical module name, layer) of every column/row linear of a model or pipeline stage."""
     out, seen = [], set()
     for stage_layer in [model, *model.sublayers()]:
-        prefix = getattr(stage_layer, "llm_prefix", None)
+        prefix = tags.prefix_of(stage_layer)
         if prefix is None:
             continue
         for sub, layer in stage_layer.named_sublayers():
-            if getattr(layer, "llm_linear", None) is not None and id(layer) not in seen:
+            if tags.linear_of(layer) is not None and id(layer) not in seen:
                 seen.add(id(layer))
                 out.append((f"{prefix}.{sub}", layer))
     return out
@@ -94,7 +96,7 @@ def matching(names: list[str], patterns: list[str]) -> list[str]:
 
 
 class _Branch:
-    """The forward post-hook adding the adapter branch to a linear's output (also kept as `llm_lora_branch`)."""
+    """The forward post-hook adding the adapter branch to a linear's output (also kept as the layer's `tags.lora_branch_of`)."""
 
     def __init__(self, roles, kind: str, scaling: float, dropout: float):
         self.roles, self.kind, self.scaling, self.dropout = roles, kind, scaling, dropout
@@ -115,11 +117,11 @@ def add_fused_adapters(roles, x, layers: list, outs: list) -> list:
     x [.., in] @ [A_1 .. A_n] [in, n r] (under tp or sp one collective for the block, `Roles.lora_down`), then
     each [.., r] block @ its B_i, scaled, onto out_i. The same parameters and numbers as each linear's own
     hook; with dropout in training each adapter draws its own mask, as the hooks do (no shared matmul)."""
-    adapted = [i for i, layer in enumerate(layers) if getattr(layer, "llm_lora_branch", None) is not None]
+    adapted = [i for i, layer in enumerate(layers) if tags.lora_branch_of(layer) is not None]
     if not adapted:
         return outs
     outs = list(outs)
-    branches = [layers[i].llm_lora_branch for i in adapted]
+    branches = [tags.lora_branch_of(layers[i]) for i in adapted]
     if layers[0].training and any(b.dropout > 0 for b in branches):
         for i, branch in zip(adapted, branches):
             outs[i] = outs[i] + branch.delta(layers[i], x)
@@ -143,66 +145,20 @@ def attach_lora(model: nn.Layer, cfg: LoraConfig, roles) -> list[str]:
     for name, layer in linear_modules(model):
         if name not in wanted:
             continue
-        kind, in_features, out_features = layer.llm_linear
+        kind, in_features, out_features = tags.linear_of(layer)
         (a_shape, a_axis), (b_shape, b_axis) = roles.lora_shapes(kind, in_features, out_features, cfg.rank)
         dtype = layer.weight.dtype
         layer.lora_A = layer.create_parameter(a_shape, dtype=dtype)  # [in(/tp), r]
         layer.lora_B = layer.create_parameter(b_shape, dtype=dtype)  # [r, out(/tp)]
         for p, axis in ((layer.lora_A, a_axis), (layer.lora_B, b_axis)):
-            p.llm_lora = True
+            tags.mark_lora(p)
             if axis is not None:
-                p.llm_split_axis = axis
+                tags.set_split_axis(p, axis)
                 p.is_distributed = True  # fleet: a split tensor (never broadcast over mp, norm counted per rank)
-        layer.lora_A.llm_init = ("lora_a", in_features)
-        layer.lora_B.llm_init = "zeros"
-        layer.llm_lora_branch = _Branch(roles, kind, cfg.alpha / cfg.rank, cfg.dropout)
-        layer.register_forward_post_hook(layer.llm_lora_branch)
+        tags.set_init(layer.lora_A, ("lora_a", in_features))
+        tags.set_init(layer.lora_B, "zeros")
+        branch = _Branch(roles, kind, cfg.alpha / cfg.rank, cfg.dropout)
+        tags.set_lora_branch(layer, branch)
+        layer.register_forward_post_hook(branch)
         attached.append(name)
     return attached
-
-
-def lora_targets(model_cfg, cfg: LoraConfig) -> tuple[dict, list[str]]:
-    """({adapted module name: (in, out) full sizes}, all linear names) of the whole model, without allocating it."""
-    from llmtrain.models import build_model
-
-    with paddle.LazyGuard():
-        model = build_model(model_cfg)
-    sizes = {n: layer.llm_linear[1:] for n, layer in linear_modules(model)}
-    return {n: sizes[n] for n in matching(list(sizes), list(cfg.target_modules))}, list(sizes)
-
-
-def adapter_numel(model_cfg, cfg: LoraConfig) -> int:
-    """Elements of all adapters of the whole model: r (in + out) per adapted linear (0 without LoRA)."""
-    if cfg.rank <= 0:
-        return 0
-    return sum(cfg.rank * (i + o) for i, o in lora_targets(model_cfg, cfg)[0].values())
-
-
-def lora_problems(model_cfg, cfg: LoraConfig, tp: int) -> list[str]:
-    """Problems of `finetune.lora` for this model and tensor-parallel degree (empty: fine)."""
-    if cfg.rank < 0:
-        return [f"finetune.lora.rank={cfg.rank}: must be >= 0 (0: off)"]
-    if cfg.rank == 0:
-        return [] if cfg.init_from is None else [
-            f"finetune.lora.init_from={cfg.init_from} needs finetune.lora.rank > 0 (it is read from the directory's "
-            "lora_config.json, so any positive value)"]
-    problems = []
-    if cfg.alpha <= 0:
-        problems.append(f"finetune.lora.alpha={cfg.alpha}: must be > 0")
-    if not 0 <= cfg.dropout < 1:
-        problems.append(f"finetune.lora.dropout={cfg.dropout}: must be in [0, 1)")
-    if cfg.dropout > 0 and tp > 1:
-        problems.append(f"finetune.lora.dropout={cfg.dropout} with parallel.tp={tp}: the dropout masks of an input "
-                        "replicated over tp ranks would differ between ranks; not implemented, use dropout=0")
-    for p in cfg.target_modules:
-        try:
-            re.compile(p)
-        except re.error as e:
-            problems.append(f"finetune.lora.target_modules: {p!r} is not a regular expression ({e})")
-    if problems:
-        return problems
-    hit, names = lora_targets(model_cfg, cfg)
-    if not hit:
-        problems.append(f"finetune.lora.target_modules={list(cfg.target_modules)} match none of the model's "
-                        f"{len(names)} linears (e.g. {', '.join(names[:4])})")
-    return problems

@@ -42,12 +42,12 @@ optimizer step `MoEStats.finish_step` moves it (`update_bias`) from the step's o
 load, summed over the data-parallel ranks.
 
 The routed experts are stacked tensors `experts.w_gate/w_up/w_down`
-[E, h, f] / [E, h, f] / [E, f, h] tagged `llm_expert_axis = 0`; a plan that
+[E, h, f] / [E, h, f] / [E, f, h] tagged with expert axis 0 (`tags.set_expert_axis`); a plan that
 spreads experts over ranks (expert parallelism) builds them through
 `Roles.experts` holding a contiguous block of E and passes a dispatcher that
 brings every token to the rank of its experts (`llmtrain/parallel/experts.py`).
 The model never asks which experts are local: it hands all (token, expert,
-weight) choices to `Experts`, which computes the ones it holds.
+weight) choices to `llmtrain.models.experts.Experts`, which computes the ones it holds.
 """
 from __future__ import annotations
 
@@ -61,6 +61,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 from paddle.autograd import PyLayer
 
+from llmtrain.contracts.steps import StepHook
 from llmtrain.models.config import ModelConfig
 
 
@@ -168,62 +169,6 @@ class _BalancingLossGrad(PyLayer):
         return dy, paddle.full([], ctx.scale, dtype=ctx.dtype)
 
 
-class LocalDispatch:
-    """One device: every expert is here, tokens stay where they are."""
-
-    def dispatch(self, x, index, weight):
-        """x [T, h], index/weight [T, k] -> the tokens and choices this rank's experts must serve."""
-        return x, index, weight
-
-    def combine(self, y):
-        """y [T', h] partial outputs of this rank's experts -> [T, h] for this rank's tokens."""
-        return y
-
-
-class Experts(nn.Layer):
-    """Routed experts first .. first + n_local - 1 of num_experts, stacked; SwiGLU (or GeLU up/down)."""
-
-    def __init__(self, cfg: ModelConfig, num_local: int, first: int = 0, dispatcher=None):
-        super().__init__()
-        h, f = cfg.hidden_size, cfg.expert_ffn_size()
-        self.first, self.num_local = first, num_local
-        self.swiglu = cfg.activation == "swiglu"
-        self.approximate = cfg.activation == "gelu_tanh"
-        self.dispatcher = dispatcher or LocalDispatch()
-        if self.swiglu:
-            self.w_gate = self.create_parameter([num_local, h, f])
-        self.w_up = self.create_parameter([num_local, h, f])
-        self.w_down = self.create_parameter([num_local, f, h])
-        self.w_down.llm_residual_out = True
-        for p in self.parameters():
-            p.llm_expert_axis = 0  # the plan may hold a block of experts: full shape has num_experts rows
-
-    def forward(self, x, index, weight):  # x [T, h]; index, weight [T, k]
-        x, index, weight = self.dispatcher.dispatch(x, index, weight)  # [T', h], [T', k]
-        num_tokens, top_k = index.shape
-        flat_index = index.reshape([-1])  # [T' k]
-        flat_weight = weight.reshape([-1])
-        token = paddle.arange(num_tokens, dtype="int64").repeat_interleave(top_k)  # [T' k]
-        out = paddle.zeros_like(x)  # [T', h]
-        served = 0
-        for j in range(self.num_local):
-            pos = paddle.nonzero(flat_index == self.first + j).flatten()  # choices served by expert j
-            if pos.shape[0] == 0:
-                continue
-            served += 1
-            rows = paddle.gather(token, pos)  # [n]
-            xe = paddle.gather(x, rows)  # [n, h]
-            if self.swiglu:
-                inner = F.silu(xe @ self.w_gate[j]) * (xe @ self.w_up[j])  # [n, f]
-            else:
-                inner = F.gelu(xe @ self.w_up[j], approximate=self.approximate)
-            ye = (inner @ self.w_down[j]) * paddle.gather(flat_weight, pos).astype(x.dtype)[:, None]  # [n, h]
-            out = paddle.index_add(out, rows, 0, ye)
-        if served == 0:  # keep the stacked weights in the graph: their (zero) gradient exists on every rank
-            out = out + 0.0 * sum(p.sum() for p in self.parameters()).astype(out.dtype)
-        return self.dispatcher.combine(out)  # [T, h]
-
-
 class MoEFeedForward(nn.Layer):
     """x [b, s, h] -> [b, s, h]; records its routing statistics and loss terms for `MoELMLoss`/`MoEStats`."""
 
@@ -321,8 +266,11 @@ def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
     return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
 
 
-class MoEStats:
-    """Per-step routing statistics and the auxiliary-loss-free bias update.
+class MoEStats(StepHook):
+    """Per-step routing statistics and the auxiliary-loss-free bias update: the MoE model's step hook.
+
+    `after_step(record)` (`llmtrain.contracts.steps`) runs `finish_step(record.reduce_sum)`, adds the metrics to
+    the record and sets the logged loss (`step_loss`).
 
     `finish_step(reduce)` after the optimizer step: sums the step's choices per
     expert over the data ranks through `reduce(list[float]) -> list[float]`,
@@ -386,6 +334,11 @@ class MoEStats:
         """The logged step loss from the runner's: unchanged here (`MoELMLoss` already added the balancing terms)."""
         return loss
 
+    def after_step(self, record) -> None:
+        metrics = self.finish_step(record.reduce_sum)
+        record.metrics.update(metrics)
+        record.loss = self.step_loss(record.loss, metrics)
+
 
 @paddle.no_grad()
 def update_bias(bias: paddle.Tensor, counts: paddle.Tensor, rate: float) -> None:
@@ -397,7 +350,9 @@ class MoELMLoss(nn.Layer):
     """Training: LM loss + coef_aux * aux + coef_z * z of the forward just run; evaluation (model.eval()): the LM
     loss alone (the balancing terms are dropped).
 
-    logits [b, s, V/tp]; labels = (target ids [b, s], loss_mask [b, s]) -> fp32 scalar."""
+    logits [b, s, V/tp]; labels = (target ids [b, s], loss_mask [b, s]) -> (loss_sum, tokens), fp32 scalars, as
+    `LMLoss` returns them; the balancing terms (per micro-batch, not per token) enter the sum as
+    terms * max(tokens, 1), so that the caller's loss_sum / max(tokens, 1) is the LM mean + the terms."""
 
     def __init__(self, lm_loss: nn.Layer, layers: list[MoEFeedForward], cfg: ModelConfig):
         super().__init__()
@@ -407,9 +362,9 @@ class MoELMLoss(nn.Layer):
         self.stats = MoEStats(layers, cfg)
 
     def forward(self, logits, labels):
-        loss = self.lm_loss(logits, labels)
+        loss_sum, tokens = self.lm_loss(logits, labels)
         extra, aux, z = moe_loss(self._layers, self.cfg)
         if extra is None or not self._layers[0].training:
-            return loss  # evaluation: the LM loss alone
+            return loss_sum, tokens  # evaluation: the LM loss alone
         self.stats.record_loss(aux, z)
-        return loss + extra
+        return loss_sum + extra * paddle.clip(tokens, min=1.0), tokens

@@ -23,12 +23,13 @@ import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
 
+from llmtrain.contracts import tags
 from llmtrain.models.lora import add_fused_adapters
 
 
 def tag_linear(layer: nn.Layer, kind: str, in_features: int, out_features: int) -> nn.Layer:
     """Record that `layer` is a `kind` ("column" / "row") linear of full size in x out (LoRA adapters read it)."""
-    layer.llm_linear = (kind, in_features, out_features)
+    tags.set_linear(layer, kind, in_features, out_features)
     return layer
 
 
@@ -51,7 +52,7 @@ class Roles:
 
     def concat_columns(self, x: paddle.Tensor, layers: list) -> list:
         """The base layers of `column_linears` (no adapters): x [.., in] -> [y_i [.., out_i]], one matmul."""
-        return _concat_linear(x, layers)
+        return concat_linear(x, layers)
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         """x [.., in] -> y [.., out]; a plan may split `in` (x arrives split, y is summed over the split)."""
@@ -94,9 +95,9 @@ class Roles:
         return x
 
     def experts(self, cfg) -> nn.Layer:
-        """The routed experts of one MoE layer (`llmtrain.models.moe.Experts`); a plan may hold a block of them
+        """The routed experts of one MoE layer (`llmtrain.models.experts.Experts`); a plan may hold a block of them
         and bring tokens to them through a dispatcher (expert parallelism)."""
-        from llmtrain.models.moe import Experts
+        from llmtrain.models.experts import Experts
 
         return Experts(cfg, cfg.moe_num_experts)
 
@@ -106,7 +107,7 @@ class Roles:
         return loss.squeeze(-1)
 
 
-def _concat_linear(x, layers):
+def concat_linear(x, layers):
     """y = x @ concat(W_i) + concat(b_i), split back per layer: x [.., in] -> [[.., out_i] ...]."""
     weight = paddle.concat([layer.weight for layer in layers], axis=1)  # [in, sum out_i]
     biases = [layer.bias for layer in layers]

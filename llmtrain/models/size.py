@@ -84,7 +84,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int, lora_numel: int | None = Non
     *processed* position; the trainer multiplies by positions/s, not by
     loss-bearing tokens/s (they differ for masked LM and fine-tuning).
 
-    LoRA (`lora_numel`: the adapters' elements, `llmtrain.models.lora.adapter_numel`):
+    LoRA (`lora_numel`: the adapters' elements, `llmtrain.models.lora_targets.adapter_numel`):
     4 N + 6 N_lora + 12 L h s. The frozen base runs its forward (2 N) and passes
     input gradients back (2 N) but computes no weight gradients; the adapters
     cost forward plus both backward products (6 N_lora); attention has no weights

@@ -11,6 +11,7 @@ inner clip, group and timers in `_clip`, `_hcg`, `_timers`. Read in Paddle 3.3.1
 """
 from __future__ import annotations
 
+from llmtrain.contracts import tags
 from llmtrain.paddle_compat.version import require_tested_paddle
 
 
@@ -64,7 +65,7 @@ def recording_hybrid_clip_classes():
             if self.expert_group is not None:  # fleet counts them as replicated (identical on every rank)
                 local = [squared_l2_norm(g).astype("float32").reshape([1]) for p, g in params_grads
                          if g is not None and getattr(p, "need_clip", True)
-                         and getattr(p, "llm_expert_axis", None) is not None]
+                         and tags.is_expert(p)]
                 local = paddle.add_n(local) if local else paddle.zeros([1], "float32")
                 total = local.clone()
                 paddle.distributed.all_reduce(total, group=self.expert_group)
@@ -178,3 +179,40 @@ def keep_local_in_zero1(optimizer, local) -> list:
 
     shard._sharding_sync_parameters = sync_shared
     return mine
+
+
+ADAM_ACCUMULATORS = ("moment1", "moment2", "beta1_pow_acc", "beta2_pow_acc", "moment2_max")
+"""The accumulators of Paddle's Adam/AdamW per parameter (`moment2_max`: amsgrad)."""
+
+
+class OptimizerState:
+    """A Paddle optimizer's `state_dict()` read by (parameter variable name, accumulator name).
+
+    Paddle keys an accumulator `<var name>_<accumulator>_0` and keeps master weights (AMP O2) under
+    `master_weights`; this is the one place that knows it."""
+
+    def __init__(self, state: dict):
+        self.state = state
+        self.masters = state.get("master_weights", {}) or {}
+
+    def accumulators(self, var_name: str):
+        """(accumulator name, tensor) of every Adam accumulator `var_name` has, in `ADAM_ACCUMULATORS` order."""
+        for acc in ADAM_ACCUMULATORS:
+            var = self.state.get(f"{var_name}_{acc}_0")
+            if var is not None:
+                yield acc, var
+
+    def master(self, var_name: str):
+        """The fp32 master weight of `var_name`, or None."""
+        return self.masters.get(var_name)
+
+
+def optimizer_state_dict(accumulators: dict, masters: dict, lr_state) -> dict:
+    """The dict Paddle's `optimizer.set_state_dict` takes: accumulators {var name: {accumulator: tensor}}, master
+    weights {var name: tensor} and the LR scheduler's state (Paddle's optimizer requires the key)."""
+    state = {f"{var}_{acc}_0": tensor for var, per_var in accumulators.items() for acc, tensor in per_var.items()}
+    if masters:
+        state["master_weights"] = dict(masters)
+    state["LR_Scheduler"] = lr_state
+    return state
+

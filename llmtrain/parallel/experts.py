@@ -54,7 +54,8 @@ import paddle
 import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
-from llmtrain.models.moe import Experts
+from llmtrain.contracts import tags
+from llmtrain.models.experts import Experts
 
 
 def expert_groups(hcg, ep: int, rank: int):
@@ -260,4 +261,4 @@ def attach_expert_parallel(core, optimizer, clip, layout, topo) -> None:
 
 def is_expert(param) -> bool:
     """A stacked routed-expert tensor (its values differ per ep rank)."""
-    return getattr(param, "llm_expert_axis", None) is not None
+    return tags.is_expert(param)

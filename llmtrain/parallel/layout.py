@@ -7,21 +7,29 @@
 
 One source of truth for what a layout may be: each problem is a line naming the
 config fields and their numbers (torchtitan's `ParallelDims._validate` idea);
-`llmtrain.train.resolve` collects them with every other problem of the run.
+`llmtrain.resolve` collects them with every other problem of the run.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Protocol
 
-from llmtrain.config import ConfigError
+from llmtrain.errors import ConfigError
 from llmtrain.parallel.config import ParallelConfig
-from llmtrain.train.config import TrainConfig
 
 __all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout", "model_fit_problems",
            "check_model_fits"]
 
 AXES = ("dp", "pp", "sharding", "tp")
+
+
+class BatchSizes(Protocol):
+    """The batch fields a layout is checked against (`llmtrain.train.config.TrainConfig` has them; the layout
+    reads them without importing the trainer's package, which sits above this one)."""
+
+    global_batch_size: Optional[int]
+    micro_batch_size: Optional[int]
+    grad_accum: Optional[int]
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class Layout:
         return self.world > 1
 
 
-def _resolve_batch(train: TrainConfig, data_parallel: int, layout_desc: str, problems: list[str]):
+def _resolve_batch(train: BatchSizes, data_parallel: int, layout_desc: str, problems: list[str]):
     g, m, a = train.global_batch_size, train.micro_batch_size, train.grad_accum
     for fname, val in (("global_batch_size", g), ("micro_batch_size", m), ("grad_accum", a)):
         if val is not None and val < 1:
@@ -99,7 +107,7 @@ def _resolve_batch(train: TrainConfig, data_parallel: int, layout_desc: str, pro
     return g, g // (a * d), a
 
 
-def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world_size: int) -> Layout:
+def resolve_layout(parallel: Optional[ParallelConfig], train: BatchSizes, world_size: int) -> Layout:
     """Degrees from `parallel` (None = one device) checked against the world size, plus batch sizes."""
     layout, problems = layout_problems(parallel, train, world_size)
     if problems:
@@ -107,7 +115,7 @@ def resolve_layout(parallel: Optional[ParallelConfig], train: TrainConfig, world
     return layout
 
 
-def layout_problems(parallel: Optional[ParallelConfig], train: TrainConfig,
+def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
                     world_size: int) -> tuple[Optional[Layout], list[str]]:
     """(the layout, []) or (None, every problem with its numbers)."""
     p = parallel or ParallelConfig(name="single")

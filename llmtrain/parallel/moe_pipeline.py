@@ -10,7 +10,8 @@ stage feeds its share of the balancing loss, (coef_aux * aux_l + coef_z *
 z_l) / (MoE layers of the model), to the backward through its output
 (`llmtrain.models.moe.attach_balancing_losses`) with the gradient 1 /
 micro-batches, the factor fleet divides each micro-batch's LM loss by
-(`accumulate_steps`; `_delay_scale_loss` is off). The gradient of every
+(`accumulate_steps`; `_delay_scale_loss` is off), set before every step by
+the step hook (`PipelineMoEStats.before_step`). The gradient of every
 parameter is then that of one process's `LM + balancing` loss.
 
 What is logged: `PipelineMoEStats` sums the step's per-layer aux and z losses
@@ -22,7 +23,7 @@ balancing losses (`step_loss`), as one process logs it. The
 auxiliary-loss-free bias of each layer moves on its own stage from the
 model-wide counts of that layer.
 
-Limits (refused up front in `llmtrain.parallel.layout` / `llmtrain.train.resolve`):
+Limits (refused up front in `llmtrain.parallel.layout` / `llmtrain.resolve`):
 `moe_aux_loss_scope=model` (a pooled loss over all layers is not a sum of
 per-stage terms) and `train.amp=fp16` (the attached gradient would miss the
 dynamic loss scale).
@@ -35,6 +36,22 @@ import paddle.distributed as dist
 from llmtrain.models.moe import MoEStats, attach_balancing_losses, moe_layer_count, moe_layers
 
 
+def pipeline_moe_problems(model, parallel, amp: str, rampup) -> list[str]:
+    """Problems of an MoE model under pipeline parallelism with this AMP mode and batch ramp-up (empty: fine)."""
+    if model.moe_num_experts <= 0 or parallel is None or parallel.pp <= 1:
+        return []
+    problems = []
+    if amp == "fp16":
+        problems.append(f"train.amp=fp16 with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
+                        f"{parallel.pp}: the balancing losses enter each stage's backward without fp16's dynamic "
+                        "loss scale (absent); use train.amp=bf16")
+    if rampup is not None:
+        problems.append(f"train.batch_rampup with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
+                        f"{parallel.pp}: each stage's attached balancing-loss gradient follows the step's micro-batch "
+                        "count, but the combination is not checked against a one-process run (absent)")
+    return problems
+
+
 class PipelineMoEStats(MoEStats):
     """`MoEStats` of one pipeline stage's MoE layers (possibly none), summed over the pipeline group before the
     data ranks; the micro-batches are counted once, by the first stage."""
@@ -42,6 +59,12 @@ class PipelineMoEStats(MoEStats):
     def __init__(self, layers, cfg, pp_group, first_stage: bool, micro_batches: int):
         super().__init__(layers, cfg)
         self.pp_group, self.first_stage, self.micro_batches = pp_group, first_stage, micro_batches
+
+    def before_step(self, micro_batches: int) -> None:
+        """fleet divides each micro-batch's LM loss by the step's micro-batch count: the attached balancing losses
+        get the same factor, and the first stage counts them."""
+        self.micro_batches = micro_batches
+        attach_balancing_losses(self.layers, 1.0 / micro_batches)
 
     def _loss_sums(self) -> list:
         n = moe_layer_count(self.cfg)  # this stage's layers' share of the mean over the model's MoE layers
@@ -65,12 +88,13 @@ class PipelineMoEStats(MoEStats):
                        + self.cfg.moe_z_loss_coef * metrics["moe_z_loss"])
 
 
-def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> None:
+def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> list:
     """Under pp > 1 with an MoE model: this stage's balancing losses enter the backward through the layer outputs
-    (gradient 1 / grad_accum) and `pipe.llm_moe_stats` gathers the routing metrics of all stages."""
+    (gradient 1 / micro-batches) and the returned step hook (`PipelineMoEStats`) sets that scale before each step
+    and gathers the routing metrics of all stages after it. No hook for a dense model."""
     if model_cfg.moe_num_experts <= 0:
-        return
+        return []
     layers = moe_layers(pipe)
     attach_balancing_losses(layers, 1.0 / layout.grad_accum)
-    pipe.llm_moe_stats = PipelineMoEStats(layers, model_cfg, topo.hcg.get_pipe_parallel_group(),
-                                          topo.pp_rank == 0, layout.grad_accum)
+    return [PipelineMoEStats(layers, model_cfg, topo.hcg.get_pipe_parallel_group(), topo.pp_rank == 0,
+                             layout.grad_accum)]

@@ -6,7 +6,7 @@
     model = fleet.distributed_model(pipe)          # -> PipelineParallel
     loss = model.train_batch([input_ids, (labels, loss_mask)], optimizer, lr_scheduler)
 
-The model says what its stages are (`llmtrain.models.decoder.Stage`: prefix,
+The model says what its stages are (`llmtrain.models.stages.Stage`: prefix,
 layer class, kwargs, shared key); this module says how fleet runs them. Each
 stage becomes a `LayerDesc`; a stage with a shared key (the tied word table)
 becomes a `SharedLayerDesc`: its first appearance builds the model's layer (the
@@ -20,12 +20,16 @@ pipeline's micro-batches are the gradient-accumulation micro-batches
 """
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
 import paddle.nn as nn
 
+from llmtrain.contracts import tags
+from llmtrain.contracts.steps import StepHook, mean_loss
 from llmtrain.models import model_stages
-from llmtrain.models.decoder import LMLoss, Stage
+from llmtrain.models.loss import LMLoss
+from llmtrain.models.stages import Stage
 from llmtrain.paddle_compat.fleet import mark_secondary_shared_copies
 from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.moe_pipeline import attach_pipeline_moe
@@ -42,10 +46,10 @@ class TiedHead(nn.Layer):
 
     def __init__(self, cfg, roles, prefix: str = "embed", **_layer_specific):
         super().__init__()
-        self.llm_prefix = prefix
+        tags.set_prefix(self, prefix)
         self.roles = roles
         self.word = roles.vocab_embedding(cfg.vocab_size, cfg.hidden_size)  # [V/tp, h]
-        self.word.llm_tied_table = True  # read outside its own forward (see llmtrain.parallel.zero)
+        tags.mark_tied_table(self.word)  # read outside its own forward (see llmtrain.parallel.zero)
 
     @property
     def shared_weight(self):
@@ -82,15 +86,45 @@ def stage_descs(stages: list[Stage], roles) -> list:
     return descs
 
 
+class PipelineLoss(nn.Layer):
+    """The loss fleet's schedule calls on the last stage: a scalar, so the mean token loss of the micro-batch
+    (`LMLoss`'s sum / count); during evaluation the token sum (`TokenSums`), which makes the caller's
+    sum over batches / tokens the exact token-weighted mean."""
+
+    def __init__(self, lm_loss: nn.Layer):
+        super().__init__()
+        self.lm_loss = lm_loss
+        self.sum_tokens = False
+
+    def forward(self, logits, labels):
+        terms = self.lm_loss(logits, labels)  # (loss_sum, tokens)
+        return terms[0] if self.sum_tokens else mean_loss(terms)
+
+
+class TokenSums(StepHook):
+    """The pipeline's step hook: its loss returns token sums while an evaluation runs."""
+
+    def __init__(self, loss: PipelineLoss):
+        self.loss = loss
+
+    @contextlib.contextmanager
+    def evaluation(self):
+        self.loss.sum_tokens = True
+        try:
+            yield
+        finally:
+            self.loss.sum_tokens = False
+
+
 def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = False):
-    """A `PipelineLayer` holding this rank's stage(s) of the model."""
+    """(pipe, hooks): a `PipelineLayer` holding this rank's stage(s) of the model, and its `StepHook`s."""
     from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
     descs = stage_descs(model_stages(model_cfg, roles, recompute), roles)
     extra = {}
     if layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
-    loss = LMLoss(roles)
+    loss = PipelineLoss(LMLoss(roles))
     pipe = PipelineLayer(
         layers=descs,
         num_stages=layout.pp,
@@ -99,8 +133,8 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         seg_method="layer:Block",
         **extra,
     )
-    pipe.llm_loss = loss  # a sublayer we can find (evaluation switches it to token sums); no parameters
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
-    attach_pipeline_moe(pipe, model_cfg, layout, topo)  # MoE: every stage's balancing losses reach the gradient
-    return pipe
+    hooks = [TokenSums(loss)]
+    hooks += attach_pipeline_moe(pipe, model_cfg, layout, topo)  # MoE: every stage's balancing losses, statistics
+    return pipe, hooks
 

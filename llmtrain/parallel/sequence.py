@@ -38,7 +38,8 @@ import paddle.nn as nn
 from paddle.distributed.fleet.meta_parallel import ColumnParallelLinear
 from paddle.distributed.fleet.utils import sequence_parallel_utils as spu
 
-from llmtrain.models.roles import _concat_linear, tag_linear
+from llmtrain.contracts import tags
+from llmtrain.models.roles import concat_linear, tag_linear
 from llmtrain.parallel.tensor import TensorParallelRoles, tag_split
 
 
@@ -82,7 +83,7 @@ class SequenceParallelRoles(TensorParallelRoles):
 
     def concat_columns(self, x, layers: list) -> list:
         full = spu.AllGatherOp.apply(x)  # [s/tp, b, h] -> [s, b, h], once for all the projections
-        return [_swap01(y) for y in _concat_linear(full, layers)]  # [b, s, out_i/tp]
+        return [_swap01(y) for y in concat_linear(full, layers)]  # [b, s, out_i/tp]
 
     def lora_down(self, kind: str, x, a):
         """x A in the layout of the sequence-parallel linear's output: a column linear (x [s/tp, b, in]) gathers
@@ -120,7 +121,7 @@ def mark_sequence_parallel_norms(model: nn.Layer) -> int:
                 spu.mark_as_sequence_parallel_parameter(p)
                 marked += 1
     for p in model.parameters():
-        if getattr(p, "llm_lora", False) and getattr(p, "llm_split_axis", None) is None:
+        if tags.is_lora(p) and tags.split_axis(p) is None:
             spu.mark_as_sequence_parallel_parameter(p)
             marked += 1
     return marked

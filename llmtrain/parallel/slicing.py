@@ -8,11 +8,11 @@
 Initialisation and checkpoints work on the full logical tensor under its
 canonical name; this module goes between that tensor and what one tp rank
 holds. `TensorParallelRoles` (`tensor.py`) tags every parameter it splits with
-`llm_split_axis`; each tp rank holds one contiguous chunk of that axis, rank r
+its split axis (`llmtrain.contracts.tags`); each tp rank holds one contiguous chunk of that axis, rank r
 the r-th (fleet's layout). An untagged parameter is whole on every rank.
 
 Expert parallelism (`llmtrain/parallel/experts.py`): stacked routed experts are
-tagged `llm_expert_axis` (axis 0, the expert index); each ep rank holds one
+tagged with their expert axis (axis 0, the expert index); each ep rank holds one
 contiguous block of num_experts / ep experts, rank r the r-th. Experts are never
 split across tp (they are whole on every tp rank).
 """
@@ -23,15 +23,17 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from llmtrain.contracts import tags
+
 
 def split_axis(param: paddle.Tensor):
     """The axis of `param` cut across tp ranks, or None when every rank holds it whole."""
-    return getattr(param, "llm_split_axis", None)
+    return tags.split_axis(param)
 
 
 def expert_axis(param: paddle.Tensor):
     """The expert axis of a stacked routed-expert tensor (cut across ep ranks), or None."""
-    return getattr(param, "llm_expert_axis", None)
+    return tags.expert_axis(param)
 
 
 def full_shape(param: paddle.Tensor, tp_degree: int, ep_degree: int = 1) -> list[int]:

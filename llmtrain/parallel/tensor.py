@@ -12,7 +12,7 @@ vocabulary-split logits, so the full [b, s, V] logits never exist on one rank.
 On CPU the collectives inside these layers are served by
 `llmtrain.paddle_compat.cpu_backend`; on GPU they are fleet's own kernels.
 
-Every split parameter is tagged with `llm_split_axis` (the axis cut across the
+Every split parameter is tagged with its split axis (`llmtrain.contracts.tags.set_split_axis`) (the axis cut across the
 tp ranks, each rank holding one contiguous chunk in rank order); an untagged
 parameter is whole on every rank. `llmtrain.parallel.slicing` and the
 checkpoint read the tag to go between the full logical tensor and this rank's
@@ -23,6 +23,7 @@ from __future__ import annotations
 import paddle
 import paddle.nn as nn
 
+from llmtrain.contracts import tags
 from llmtrain.models.roles import Roles, tag_linear
 from llmtrain.paddle_compat.fleet import c_identity, mp_allreduce
 
@@ -32,7 +33,7 @@ def tag_split(layer: nn.Layer, weight_axis, bias_axis=None) -> nn.Layer:
     for pname, axis in (("weight", weight_axis), ("bias", bias_axis)):
         p = getattr(layer, pname, None)
         if p is not None:
-            p.llm_split_axis = axis
+            tags.set_split_axis(p, axis)
     return layer
 
 
@@ -58,9 +59,9 @@ class TensorParallelRoles(Roles):
     def concat_columns(self, x: paddle.Tensor, layers: list) -> list:
         # ColumnParallelLinear's own forward, once for all: identity forward and ONE all-reduce of
         # d(x) backward, then this rank's concatenated output columns [.., sum out_i/tp]
-        from llmtrain.models.roles import _concat_linear
+        from llmtrain.models.roles import concat_linear
 
-        return _concat_linear(c_identity(x, self.group), layers)
+        return concat_linear(c_identity(x, self.group), layers)
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         layer = self._mpu.RowParallelLinear(in_features, out_features, has_bias=bias, input_is_parallel=True)
@@ -90,7 +91,7 @@ class TensorParallelRoles(Roles):
 
     def output_bias(self, layer: nn.Layer, vocab_size: int) -> paddle.Tensor:
         bias = layer.create_parameter([vocab_size // self.tp_degree], is_bias=True)  # [V/tp]
-        bias.llm_split_axis = 0
+        tags.set_split_axis(bias, 0)
         bias.is_distributed = True  # fleet: a split tensor (norm counted per rank, never broadcast over mp)
         return bias
 

@@ -1,6 +1,6 @@
 """ZeRO stages 2 and 3 through Paddle's own group-sharded classes.
 
-    model, optimizer, scaler = wrap_zero(core, optimizer, scaler, layout, topo)   # after fleet.init
+    model, optimizer, scaler, hooks = wrap_zero(core, optimizer, scaler, layout, topo)   # after fleet.init
 
 `parallel.sharding_stage=2` -> `group_sharded_parallel(level="os_g")`
 (GroupShardedOptimizerStage2 + GroupShardedStage2: optimizer states and gradients
@@ -27,6 +27,8 @@ from __future__ import annotations
 import paddle
 import paddle.distributed as dist
 
+from llmtrain.contracts import tags
+from llmtrain.contracts.steps import StepHook
 from llmtrain.paddle_compat.optim import (
     get_grad_clip,
     group_sharded_clip_class,
@@ -79,7 +81,8 @@ def _install_recorder(optimizer, group) -> RecordingShardedClip:
 
 
 def wrap_zero(core, optimizer, scaler, layout, topo):
-    """ZeRO-2/3 wrappers over the sharding group; returns (model, optimizer, scaler) with a recording clip."""
+    """ZeRO-2/3 wrappers over the sharding group; returns (model, optimizer, scaler, step hooks) with a recording
+    clip."""
     hcg = topo.hcg
     group = hcg.get_sharding_parallel_group()
     dp_group = hcg.get_data_parallel_group() if layout.dp > 1 else None
@@ -87,33 +90,46 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     if layout.sharding_stage == 3:
         # Stage 3 gathers a sliced parameter only around its own layer's forward; a tied word
         # table is also read by the output projection, outside that forward, so it stays unsliced.
-        extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if getattr(layer, "llm_tied_table", False)]
+        extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if tags.is_tied_table(layer)]
         extra["segment_size"] = layout.zero3_segment_size
     else:
         extra["buffer_max_size"] = layout.zero2_buffer_size
     model, optimizer, scaler = paddle.distributed.sharding.group_sharded_parallel(
         core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group, **extra,
     )
+    hooks = []
     if layout.sharding_stage == 3:
-        optimizer._llm_recording_clip = _install_recorder(optimizer, group)
-        _reslice_frozen(core, model)
-    return model, optimizer, scaler
+        tags.set_recording_clip(optimizer, _install_recorder(optimizer, group))
+        hooks = _reslice_frozen(core, model)
+    return model, optimizer, scaler, hooks
 
 
-def _reslice_frozen(core, model) -> None:
+class ResliceFrozen(StepHook):
+    """ZeRO-3's step hook: the frozen parameters still whole after the backward are cut back to their slices
+    before the optimizer update."""
+
+    def __init__(self, model, params):
+        self.model, self.params = model, params
+
+    def before_update(self, check) -> bool:
+        stage3_reslice(self.model, self.params)
+        return True
+
+
+def _reslice_frozen(core, model) -> list:
     """Frozen sliced parameters (the base under LoRA) cut back to their slices after the backward, which Paddle's
     stage 3 does only for trainable ones (`stage3_reslice`): a layer's, as soon as the gradient of its input
     is complete (its backward no longer needs them); those of layers whose input needs no gradient (the first
-    block's q/k/v under LoRA: nothing before them trains) at the end of each step, in `core.llm_grad_hooks`."""
+    block's q/k/v under LoRA: nothing before them trains) at the end of each step, by the returned step hook."""
     frozen = stage3_frozen_by_layer(model)
     if not frozen:
-        return
+        return []
     for layer in core.sublayers(include_self=True):
         params = frozen.get(id(layer))
         if params:
             layer.register_forward_pre_hook(_InputGradRelease(model, params))
     everything = [p for params in frozen.values() for p in params]
-    core.llm_grad_hooks = [*getattr(core, "llm_grad_hooks", ()), lambda: stage3_reslice(model, everything)]
+    return [ResliceFrozen(model, everything)]
 
 
 class _InputGradRelease:

@@ -11,29 +11,17 @@ counts) and estimate.py (activations, time); device constants: devices.py.
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 
 import hydra
 
-from llmtrain.config import ConfigError, register_configs, to_config
+from llmtrain.config import register_configs, to_config
+from llmtrain.errors import ConfigError
+from llmtrain.plan.model import planned_model
 
 register_configs()
 GIB = 2**30
-
-
-def _model(cfg):
-    model = cfg.model
-    if model.vocab_size is None:  # the tokenizer's padded size, as resolve does
-        from llmtrain.train.resolve import _load_tokenizer
-
-        problems: list[str] = []
-        tok = _load_tokenizer(cfg.data.tokenizer, problems)
-        if tok is None:
-            raise ConfigError(problems + ["model.vocab_size is null and the tokenizer could not be read: give model.vocab_size"])
-        model = dataclasses.replace(model, vocab_size=tok.vocab_size)
-    return model
 
 
 RECOMPUTE_SHORT = {"none": "none", "full": "full", "selective": "sel*"}
@@ -59,7 +47,7 @@ def plan(cfg) -> list[dict]:
     from llmtrain.plan.devices import get_device
     from llmtrain.plan.search import evaluate, rank_layouts
 
-    model = _model(cfg)
+    model = planned_model(cfg)
     if cfg.parallel is not None:  # explain the given layout
         layout, problems = layout_problems(cfg.parallel, cfg.train, cfg.plan.devices)
         problems += model_fit_problems(cfg.parallel, model)

@@ -28,9 +28,9 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
         return cfg
     import paddle
 
-    from llmtrain.config import ConfigError
+    from llmtrain.errors import ConfigError
     from llmtrain.plan import devices
-    from llmtrain.plan.__main__ import _model
+    from llmtrain.plan.model import planned_model
     from llmtrain.plan.search import rank_layouts
 
     if log is None:
@@ -43,7 +43,7 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     if on_cpu:
         devices.PROFILES["cpu-here"] = dataclasses.replace(saved, peak_flops=CPU_NOMINAL_PEAK)
     try:
-        rows = rank_layouts(planned, _model(planned))
+        rows = rank_layouts(planned, planned_model(planned))
     finally:
         devices.PROFILES["cpu-here"] = saved
     fitting = [r for r in rows if r["fits"] and r["runnable"]]  # selective recompute is planned, not trained

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import paddle
 
+from llmtrain.contracts import tags
 from llmtrain.paddle_compat.optim import (
     get_grad_clip,
     optimizer_chain,
@@ -42,10 +43,10 @@ class GlobalNormClip(paddle.nn.ClipGradByGlobalNorm):
         clipped = [(p, g) for p, g in params_grads if g is not None and getattr(p, "need_clip", True)]
         # the fused kernel Paddle's and fleet's clips use
         squares = [squared_l2_norm(g).astype("float32") for p, g in clipped
-                   if self.expert_group is None or getattr(p, "llm_expert_axis", None) is None]
+                   if self.expert_group is None or not tags.is_expert(p)]
         if self.expert_group is not None:  # each ep rank holds other experts: count each expert once
             experts = [squared_l2_norm(g).astype("float32").reshape([]) for p, g in clipped
-                       if getattr(p, "llm_expert_axis", None) is not None]
+                       if tags.is_expert(p)]
             total = paddle.add_n(experts) if experts else paddle.zeros([], "float32")
             paddle.distributed.all_reduce(total, group=self.expert_group)
             squares.append(total.reshape(squares[0].shape) if squares else total)
@@ -70,7 +71,7 @@ def install_recording_clip(optimizer):
     Walks fleet's optimizer wrappers; where fleet installed a
     `HybridParallelClipGrad`, replaces it with an equivalent recording subclass.
     """
-    zero_clip = getattr(optimizer, "_llm_recording_clip", None)
+    zero_clip = tags.recording_clip(optimizer)
     if zero_clip is not None:  # ZeRO-2/3: llmtrain.parallel.zero installed it
         return zero_clip
     hybrid_cls, recording_cls, clone = recording_hybrid_clip_classes()

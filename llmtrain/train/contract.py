@@ -33,7 +33,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from llmtrain.config import ConfigError
+from llmtrain.errors import ConfigError
 from llmtrain.models.lora import FinetuneOptions
 from llmtrain.train.config import OptimConfig
 from llmtrain.train.schedule import lr_at

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from llmtrain.config import ConfigError
+from llmtrain.errors import ConfigError
 from llmtrain.utils.log import global_rank
 
 EXIT_CONFIG_ERROR = 2

@@ -1,10 +1,14 @@
 """One optimizer step over this rank's micro-batches: accumulate, clip, update.
 
-    runner = StepRunner(model, loss_fn, optimizer, scheduler, clip, amp, pipeline=False)
+    runner = StepRunner(model, loss_fn, optimizer, scheduler, clip, amp, pipeline=False, hooks=built.hooks)
     out = runner.run(micro_batches)     # StepOutput(loss, tokens, grad_norm)
+    record = runner.finish(step, out, reduce_sum)      # the step hooks' metrics and logged loss
 
-Flat models (one device, dp, tp, sharding): each micro-batch's mean token loss
-is divided by the number of micro-batches and back-propagated; under
+The model family and the plan take part only through their step hooks
+(`llmtrain.contracts.steps.StepHook`: before the step, before the update, after
+the step, around an evaluation). Flat models (one device, dp, tp, sharding): each
+micro-batch's mean token loss (the loss function's sum / count) is divided by the
+number of micro-batches and back-propagated; under
 `paddle.DataParallel` all but the last micro-batch run inside `no_sync()`, so
 gradients are all-reduced once per step. Pipeline models: the micro-batches are
 concatenated and handed to `PipelineParallel.train_batch`, whose schedule runs
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import paddle
 
+from llmtrain.contracts.steps import StepRecord, UpdateCheck, evaluating, mean_loss
 from llmtrain.paddle_compat.fleet import set_pipeline_micro_batches
 from llmtrain.train.amp import AmpPlan
 
@@ -33,7 +38,9 @@ class StepOutput:
     positions: int
     """Input positions this rank processed (micro x seq x accum): what model FLOPs scale with."""
     grad_norm: paddle.Tensor
-    """Global gradient norm before clipping (over all ranks and groups)."""
+    """Global gradient norm before clipping (over all ranks and groups); None when a step hook vetoed the update."""
+    updated: bool = True
+    """False when a step hook vetoed the optimizer update (`StepHook.before_update`)."""
 
 
 def to_tensors(mb: dict):
@@ -51,7 +58,7 @@ def packing_inputs(mb: dict) -> dict:
 
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None,
-                 accumulate_steps: int = 1, grad_hooks=()):
+                 accumulate_steps: int = 1, hooks=()):
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -63,19 +70,30 @@ class StepRunner:
         self.can_skip_sync = isinstance(model, paddle.DataParallel)
         self.accumulate_steps = int(accumulate_steps)
         """The pipeline's micro-batches per evaluation call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
-        self.grad_hooks = list(grad_hooks)
-        """Called after a step's last backward, before the optimizer step (the plan's `core.llm_grad_hooks`; ZeRO-3
-        cuts frozen parameters back to their slices there). Not called under pp (the pipeline steps the optimizer
-        itself; no plan that sets hooks composes with pp)."""
+        self.hooks = list(hooks)
+        """The model's and the plan's `StepHook`s (`BuiltModel.hooks`). `before_update` is not called under pp (the
+        pipeline steps the optimizer itself)."""
 
     def run(self, micro_batches: list[dict]) -> StepOutput:
         tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
         positions = int(sum(np.asarray(mb["input_ids"]).size for mb in micro_batches))
+        for hook in self.hooks:
+            hook.before_step(len(micro_batches))
+        updated = True
         if self.pipeline:
             loss = self._run_pipeline(micro_batches)
         else:
-            loss = self._run_flat(micro_batches)
-        return StepOutput(loss=loss, tokens=tokens, positions=positions, grad_norm=self.clip.last_norm)
+            loss, updated = self._run_flat(micro_batches)
+        return StepOutput(loss=loss, tokens=tokens, positions=positions,
+                          grad_norm=self.clip.last_norm if updated else None, updated=updated)
+
+    def finish(self, step: int, out: StepOutput, reduce_sum) -> StepRecord:
+        """After the step: every hook's `after_step` (metrics such as MoE routing statistics; the logged loss)."""
+        record = StepRecord(step=step, loss=out.loss, grad_norm=out.grad_norm, tokens=out.tokens,
+                            reduce_sum=reduce_sum)
+        for hook in self.hooks:
+            hook.after_step(record)
+        return record
 
     def _run_flat(self, micro_batches):
         self.model.train()
@@ -87,22 +105,25 @@ class StepRunner:
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
                 with self.amp.autocast():
                     logits = self.model(ids, **packing_inputs(mb))  # [m, s, V/tp]
-                    loss = self.loss_fn(logits, labels)  # fp32 scalar
+                    loss = mean_loss(self.loss_fn(logits, labels))  # fp32 scalar
                 scaled = loss / n
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             losses.append(loss.detach())
-        for hook in self.grad_hooks:
-            hook()
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-        else:
-            self.optimizer.step()
+        loss = paddle.stack(losses).mean()
+        check = UpdateCheck(loss=loss, micro_batches=n)
+        updated = all([hook.before_update(check) for hook in self.hooks])  # every hook runs, then the veto
+        if updated:
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
         self.optimizer.clear_grad()
-        self.scheduler.step()
-        return paddle.stack(losses).mean()
+        if updated:
+            self.scheduler.step()
+        return loss, updated
 
     def _run_pipeline(self, micro_batches):
         # [accum * m, s] each: the pipeline cuts them back into its accumulate_steps micro-batches
@@ -117,14 +138,15 @@ class StepRunner:
     def evaluate(self, micro_batches: list[dict]) -> tuple[float, int]:
         """(sum of the token losses, loss-bearing tokens) over this rank's validation micro-batches.
 
-        The loss layers return token sums meanwhile, so the caller's sum / tokens over all data ranks
-        is the exact token-weighted mean. A pipeline evaluates `accumulate_steps` micro-batches per
+        Flat models: the loss function's token sums are added up; a pipeline's loss returns token sums
+        while the step hooks' `evaluation()` contexts are entered. The caller's sum / tokens over all
+        data ranks is the exact token-weighted mean. A pipeline evaluates `accumulate_steps` micro-batches per
         call (fleet's eval_batch cuts its input into that many; the last group is filled with copies
         whose loss mask is zero) and returns their mean, times accumulate_steps the sum."""
         tokens = int(sum(float(np.asarray(mb["loss_mask"]).sum()) for mb in micro_batches))
         total = 0.0
         self.model.eval()
-        with token_sums(self.model, self.loss_fn):
+        with evaluating(self.hooks):
             if self.pipeline and micro_batches:
                 steps = self.accumulate_steps
                 set_pipeline_micro_batches(self.model, steps)  # a ramp-up step may have left another count
@@ -141,22 +163,7 @@ class StepRunner:
                 for mb in micro_batches:
                     ids, labels = to_tensors(mb)
                     with self.amp.autocast():
-                        loss = self.loss_fn(self.model(ids, **packing_inputs(mb)), labels)
-                    total += float(loss.astype("float32"))
+                        loss_sum, _ = self.loss_fn(self.model(ids, **packing_inputs(mb)), labels)
+                    total += float(loss_sum.astype("float32"))
         self.model.train()
         return total, tokens
-
-
-@contextlib.contextmanager
-def token_sums(*roots):
-    """Switch every `LMLoss` under `roots` to token sums for the duration."""
-    from llmtrain.models.decoder import LMLoss
-
-    found = {id(x): x for r in roots if r is not None for x in [r, *r.sublayers()] if isinstance(x, LMLoss)}
-    for x in found.values():
-        x.sum_tokens = True
-    try:
-        yield
-    finally:
-        for x in found.values():
-            x.sum_tokens = False

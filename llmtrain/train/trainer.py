@@ -29,12 +29,13 @@ import paddle
 from omegaconf import OmegaConf
 
 from llmtrain.checkpoint.manager import Checkpointer
+from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
 from llmtrain.parallel.experts import attach_expert_parallel
-from llmtrain.parallel.plan import build_local_model, parallelize
+from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.clip import install_recording_clip
@@ -62,7 +63,8 @@ class Built:
     core: Any
     """The unwrapped model (or PipelineLayer) whose parameters are ours."""
     loss_fn: Optional[Any]
-    """Loss for flat models; None under pipeline parallelism (the PipelineLayer owns it)."""
+    """Loss for flat models, (logits, labels) -> (loss_sum, tokens); None under pipeline parallelism (the
+    PipelineLayer owns it)."""
     optimizer: Any
     scheduler: Any
     clip: Any
@@ -73,6 +75,8 @@ class Built:
     pipeline: bool
     frozen_params: list = dataclasses.field(default_factory=list)
     """(canonical name, parameter) of this rank's frozen base parameters under LoRA (empty otherwise)."""
+    hooks: list = dataclasses.field(default_factory=list)
+    """The model's and the plan's step hooks (`llmtrain.contracts.steps.StepHook`), run by the `StepRunner`."""
 
 
 def build_data(data_cls, run, topo):
@@ -92,7 +96,8 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
     cfg, layout = run.cfg, run.layout
     lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
-    core, loss_fn = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora)
+    local = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora)  # BuiltModel
+    core = local.core
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
@@ -107,10 +112,12 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
         init_adapters(named, frozen, run, slices)
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
-    model, optimizer, scaler = parallelize(core, optimizer, amp.scaler(), layout, topo)
+    local.core = core
+    model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
     attach_expert_parallel(core, optimizer, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
-    return Built(model, core, loss_fn, optimizer, scheduler, clip, scaler, named, layout.pp > 1, frozen)
+    return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
+                 local.hooks)
 
 
 class Trainer:
@@ -122,7 +129,9 @@ class Trainer:
         paddle.seed(self.cfg.seed)
         _prepare_run_dir(self.cfg, topo)
         self.built = build_model_and_optimizer(run, topo, self.amp)
-        self.ckpt = Checkpointer(self.cfg, self.layout, topo, self.built, data, run.tokenizer,
+        b = self.built
+        state = training_state(b.named_params, b.model, b.optimizer, b.scheduler, b.scaler, data)  # what a save holds
+        self.ckpt = Checkpointer(self.cfg, self.layout, topo, state, run.tokenizer,
                                  on_manifest=lambda m: apply_resume_contract(m, run, self.built.scheduler))
 
     def fit(self) -> dict:
@@ -132,7 +141,7 @@ class Trainer:
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
-                            grad_hooks=getattr(built.core, "llm_grad_hooks", ()))
+                            hooks=built.hooks)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -180,13 +189,9 @@ class Trainer:
             lr = built.optimizer.get_lr()
             out = runner.run(micro_batches)
             step += 1
-            extra = {"consumed_samples": data.consumed_samples}
-            # MoE: routing metrics, aux-loss-free bias update (under pp: gathered from every stage)
-            moe_stats = getattr(built.loss_fn, "stats", None) or getattr(built.core, "llm_moe_stats", None)
-            if moe_stats is not None:
-                moe = moe_stats.finish_step(meter.reduce_sum)
-                extra.update(moe)
-                out = dataclasses.replace(out, loss=moe_stats.step_loss(out.loss, moe))
+            record = runner.finish(step, out, meter.reduce_sum)  # step hooks: e.g. MoE routing metrics, bias update
+            out = dataclasses.replace(out, loss=record.loss)
+            extra = {"consumed_samples": data.consumed_samples, **record.metrics}
             meter.update(step, out, lr, data_wait, extra=extra)
             if wd is not None:
                 wd.progress(step)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from llmtest import tiny_overrides
-from launch import REPO, child_pids, env, etcd_server, launch_cmd, metrics, run_launch, run_many
+from launch import REPO, child_pids, env, etcd_server, fault_env, launch_cmd, metrics, run_launch, run_many
 from llmtrain.checkpoint.manager import verify_files
 from parallel.memory_checks import check_predicted  # tests/parallel (no package: a namespace import)
 
@@ -137,7 +137,7 @@ def test_sigkill_mid_training_and_during_save_then_resume(tiny_corpus, uninterru
     run_dir = tmp_path / "run"
     ckpts = run_dir / "checkpoints"
     # 1. killed while saving step 4: shards written, no manifest; rank 0 died of the SIGKILL, the launcher reports it
-    env1 = env() | {"LLMTRAIN_FAULT_KILL_IN_SAVE": "4"}
+    env1 = fault_env(LLMTRAIN_FAULT_KILL_IN_SAVE="4")
     proc = subprocess.run(_dp2_cmd(tiny_corpus, run_dir, tmp_path / "log1"), cwd=REPO, env=env1,
                           capture_output=True, text=True, timeout=300)
     _assert_rank0_was_killed(proc)
@@ -163,7 +163,7 @@ def test_sigkill_mid_training_and_during_save_then_resume(tiny_corpus, uninterru
     assert 7 <= killed_at < STEPS, killed_at  # the kill landed mid-training
     before = after
     # 3. resumed from the newest complete checkpoint, killed right after step 10 is complete, before pruning
-    env3 = env() | {"LLMTRAIN_FAULT_KILL_BEFORE_PRUNE": "10"}
+    env3 = fault_env(LLMTRAIN_FAULT_KILL_BEFORE_PRUNE="10")
     proc = subprocess.run(_dp2_cmd(tiny_corpus, run_dir, tmp_path / "log3"), cwd=REPO, env=env3,
                           capture_output=True, text=True, timeout=300)
     _assert_rank0_was_killed(proc)
@@ -373,7 +373,7 @@ def test_async_write_failure_stops_the_run_and_leaves_no_checkpoint(tiny_corpus,
     args = ["llmtrain/pretrain.py", *tiny_overrides(tiny_corpus, str(run_dir), "gpt", steps=6),
             "checkpoint.interval=2", "checkpoint.async_save=true"]
     proc = subprocess.run(launch_cmd(args, 0, tmp_path), cwd=REPO, text=True, capture_output=True,
-                          env=env() | {"LLMTRAIN_FAULT_WRITE_ERROR": "4:0"}, timeout=120)
+                          env=fault_env(LLMTRAIN_FAULT_WRITE_ERROR="4:0"), timeout=120)
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     assert "checkpoint write of step 4 failed" in out and "injected write failure" in out, out[-3000:]
@@ -395,7 +395,7 @@ def test_supervisor_relaunches_after_a_kill_mid_async_write_and_matches_uninterr
     cmd = [*launch_cmd([], 0, tmp_path)[:1], str(REPO / "scripts/supervise.py"), "--max-restarts", "2", "--delay", "1",
            "--", *launch_cmd(args, 2, tmp_path / "log")]
     # the fault fires on the first attempt only (LLMTRAIN_ATTEMPT=0)
-    out = subprocess.run(cmd, cwd=REPO, env=env() | {"LLMTRAIN_FAULT_KILL_IN_SAVE": "4"}, capture_output=True,
+    out = subprocess.run(cmd, cwd=REPO, env=fault_env(LLMTRAIN_FAULT_KILL_IN_SAVE="4"), capture_output=True,
                          text=True, timeout=400)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]

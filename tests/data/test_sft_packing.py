@@ -16,7 +16,7 @@ import pytest
 from llmtrain.data.sft import pack_examples
 from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 
 CFGS = {

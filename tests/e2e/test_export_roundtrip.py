@@ -20,9 +20,9 @@ def test_tp2_checkpoint_exports_to_paddlenlp(arch, tiny_corpus, tmp_path):
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM
 
-    from llmtrain.export import read_checkpoint_model
+    from llmtrain.checkpoint.reader import read_model
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     run = tmp_path / "run"
@@ -34,7 +34,8 @@ def test_tp2_checkpoint_exports_to_paddlenlp(arch, tiny_corpus, tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (out / "config.json").exists() and (out / "model.safetensors").exists()
     # ours, from the (tp-split, reassembled) checkpoint
-    cfg, state, _ = read_checkpoint_model(str(run / "checkpoints" / "step_3"))
+    ckpt = read_model(str(run / "checkpoints" / "step_3"))
+    cfg, state = ckpt.config, ckpt.state
     ours = build_model(cfg)
     load_full_state(canonical_parameters(ours), state)
     ours.eval()

@@ -126,7 +126,8 @@ def check_run(root, tiny_corpus, layout, name, overrides, entry):
     from llmtrain.config import compose_config, to_config
     from llmtrain.data.loader import PretrainData
     from llmtrain.data.sft import SFTData
-    from llmtrain.export import export_checkpoint, read_checkpoint_model
+    from llmtrain.checkpoint.reader import Manifest, model_state
+    from llmtrain.export import export_checkpoint
     from llmtrain.tokenizer import load_tokenizer
 
     run_dir = root / layout / name
@@ -152,7 +153,8 @@ def check_run(root, tiny_corpus, layout, name, overrides, entry):
     out = root / "exported" / f"{layout}_{name}"
     info = export_checkpoint(str(run_dir), str(out))  # --format auto: the source's format
     step = run_dir / "checkpoints" / f"step_{STEPS}"
-    cfg_m, state, manifest = read_checkpoint_model(str(step))
+    manifest = Manifest.read(str(step))
+    cfg_m, state = manifest.model, dict(model_state(manifest))
     ids = np.random.default_rng(2).integers(0, cfg_m.vocab_size, (2, 20))
     if name.endswith("lora"):
         ours = trained_lora_logits(cfg_m, state, manifest, ids)
@@ -186,7 +188,7 @@ def trained_logits(cfg, state, ids):
     import paddle
 
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     model = build_model(cfg)
@@ -198,11 +200,11 @@ def trained_logits(cfg, state, ids):
 
 def trained_lora_logits(cfg, adapters, manifest, ids):
     """Our model: the LoRA checkpoint's base (its model.init_from) merged with its trained adapters."""
-    from llmtrain.export import base_state, lora_of
+    from llmtrain.checkpoint.reader import base_state
     from llmtrain.interop.lora_format import merge_adapters
 
-    lora = lora_of(manifest)
-    return trained_logits(cfg, merge_adapters(base_state(cfg, manifest, ""), adapters, lora.alpha / lora.rank), ids)
+    lora = manifest.lora
+    return trained_logits(cfg, merge_adapters(base_state(manifest), adapters, lora.alpha / lora.rank), ids)
 
 
 @pytest.mark.slow

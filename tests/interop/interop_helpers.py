@@ -9,7 +9,7 @@ import paddle
 
 from llmtrain.interop.keys import model_shapes
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import load_full_state
 
 TOL = 1e-4  # max abs logit difference allowed in fp32

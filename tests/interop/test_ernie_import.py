@@ -17,7 +17,7 @@ from llmtrain.interop import CheckpointMismatch, UnsupportedConfig, read_paddlen
 from llmtrain.interop.ernie import HEAD_INIT_SEED, paddlenlp_default_mask
 from llmtrain.interop.tensor_files import read_safetensors, write_safetensors
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import load_full_state
 
 # the real package (dev extra); a missing paddlenlp fails these tests rather than skipping them

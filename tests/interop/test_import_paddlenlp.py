@@ -111,7 +111,7 @@ def test_lazy_read_gives_the_same_state_and_loads(tmp_path):
     import numpy as np
 
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     ref = llama(num_key_value_heads=2, fuse_attention_qkv=True)

@@ -19,7 +19,7 @@ from llmtrain.interop import write_paddlenlp_checkpoint
 from llmtrain.interop.lora_format import merge_adapters, read_paddlenlp_lora, write_paddlenlp_lora
 from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import load_full_state
 from llmtrain.models.lora import LoraConfig, attach_lora, is_adapter
 from llmtrain.models.roles import Roles

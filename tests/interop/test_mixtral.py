@@ -15,6 +15,7 @@ from interop_helpers import (assert_close, our_logits, paddlenlp_logits, random_
 
 from llmtrain.interop import UnsupportedConfig, read_paddlenlp_checkpoint, write_paddlenlp_checkpoint
 from llmtrain.models.config import ModelConfig
+from llmtrain.contracts.steps import mean_loss
 
 # the real package (dev extra); a missing paddlenlp fails these tests rather than skipping them
 from paddlenlp.transformers import AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM  # noqa: E402
@@ -86,7 +87,7 @@ def test_training_loss_equals_paddlenlp_loss_with_its_aux_term(tmp_path, monkeyp
     import paddle
 
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
     runnable_paddlenlp_mixtral(monkeypatch)
@@ -104,8 +105,8 @@ def test_training_loss_equals_paddlenlp_loss_with_its_aux_term(tmp_path, monkeyp
     model = build_model(cfg)
     load_full_state(canonical_parameters(model), state)
     model.train()
-    loss = model.loss_fn(model(ids), (labels, paddle.ones(labels.shape, "float32")))
-    lm_only = float(model.loss_fn.lm_loss(model(ids), (labels, paddle.ones(labels.shape, "float32"))))
+    loss = mean_loss(model.loss_fn(model(ids), (labels, paddle.ones(labels.shape, "float32"))))
+    lm_only = float(mean_loss(model.loss_fn.lm_loss(model(ids), (labels, paddle.ones(labels.shape, "float32")))))
     assert their_aux > 1.0  # a real aux term (balanced would be top_k = 2)
     assert abs(float(loss) - theirs) <= 1e-5, (float(loss), theirs)
     assert abs(float(loss) - lm_only - 0.5 * their_aux) <= 1e-5

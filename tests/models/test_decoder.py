@@ -6,7 +6,7 @@ import paddle
 import pytest
 
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.size import flops_parameters, flops_per_token, parameter_count
 
@@ -79,7 +79,8 @@ def test_flops_per_token_counts_output_projection(tiny_gpt, tiny_llama):
 def test_lora_flops_per_token_frozen_base_without_weight_gradients(tiny_llama):
     """LoRA: 4 N for the frozen base (forward + input gradients) + 6 N_lora + attention; N_lora counted by hand
     from the adapted linears (h=32, q 32 -> 32, k/v 32 -> 16 with 2 of 4 heads, o 32 -> 32)."""
-    from llmtrain.models.lora import LoraConfig, adapter_numel
+    from llmtrain.models.lora import LoraConfig
+    from llmtrain.models.lora_targets import adapter_numel
 
     lora = LoraConfig(rank=4, target_modules=[r"layers\.\d+\.attn\.(q|k|v|o)_proj"])
     n_lora = adapter_numel(tiny_llama, lora)

@@ -19,11 +19,12 @@ import pytest
 from llmtrain.config import compose_config, to_config
 from llmtrain.models import build_model
 from llmtrain.models.config import FUSE_SWITCHES, fusion_problems
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.lora import LoraConfig, attach_lora
 from llmtrain.models.roles import Roles
 from llmtrain.paddle_compat.kernels import CPU_KERNELS, on_gpu
+from llmtrain.contracts.steps import mean_loss
 
 FUSIONS = {k: "true" for k in FUSE_SWITCHES if on_gpu() or CPU_KERNELS[k]}
 """Every switch on GPU (scripts/gpu_acceptance.sh runs this file there); on CPU the three with CPU kernels."""
@@ -40,7 +41,7 @@ def _run(cfg, ids, labels, lora=None):
         if name.endswith(".lora_B"):  # B starts at zero; give the branch something to add
             p.set_value(paddle.to_tensor((0.2 * rng.standard_normal(p.shape)).astype("float32")))
     logits = model(ids)
-    loss = model.loss_fn(logits, (labels, paddle.ones(labels.shape, dtype="float32")))
+    loss = mean_loss(model.loss_fn(logits, (labels, paddle.ones(labels.shape, dtype="float32"))))
     loss.backward()
     grads = {name: p.grad.numpy() for name, p in canonical_parameters(model)}
     return logits.numpy(), grads
@@ -128,7 +129,7 @@ def test_fused_projections_under_zero3_auto_off_true_refused(tiny_corpus, tmp_pa
 
     from llmtrain.config import ConfigError
     from llmtrain.paddle_compat import kernels
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     base = tiny_overrides(tiny_corpus, str(tmp_path), "llama") + ["+parallel=zero3"]
     monkeypatch.setattr(kernels, "on_gpu", lambda: True)  # `auto` as on a GPU

@@ -12,12 +12,13 @@ import pytest
 
 from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.moe import (MoEFeedForward, attach_balancing_losses, aux_loss, capacity, moe_layers, route,
                                  update_bias, z_loss)
 from llmtrain.models.roles import Roles
 from llmtrain.models.size import flops_parameters, parameter_count
+from llmtrain.contracts.steps import mean_loss
 
 
 def moe_cfg(**kw) -> ModelConfig:
@@ -161,21 +162,21 @@ def test_balancing_losses_enter_the_training_loss_and_reach_the_router():
     init_parameters(named, cfg, seed=6)
     ids = paddle.to_tensor(np.random.default_rng(5).integers(0, 64, (2, 12)), dtype="int64")
     labels = (ids, paddle.ones([2, 12]))
-    lm = model.loss_fn.lm_loss(model(ids), labels)
+    lm = mean_loss(model.loss_fn.lm_loss(model(ids), labels))
     [layer.loss_terms.clear() for layer in moe_layers(model)]
     logits = model(ids)
     terms = [t for layer in moe_layers(model) for t in layer.loss_terms]
     aux = np.mean([6 * float((f * p).sum()) for (f, p), _ in terms])  # per layer E * sum f P, averaged
     z = np.mean([float(b) for _, b in terms])
     assert len(terms) == 2  # layers 1 and 2 (layer 0 dense)
-    loss = model.loss_fn(logits, labels)
+    loss = mean_loss(model.loss_fn(logits, labels))
     assert float(loss) == pytest.approx(float(lm) + 0.5 * aux + 0.1 * z, rel=1e-6)
     loss.backward()
     router = dict(named)["layers.1.mlp.router.weight"]
     assert router.grad is not None and float(router.grad.abs().sum()) > 0
     assert dict(named)["layers.1.mlp.expert_bias"].grad is None  # kept out of the gradient
     model.eval()  # evaluation reports the LM loss alone
-    assert float(model.loss_fn(model(ids), labels)) == pytest.approx(float(lm), rel=1e-6)
+    assert float(mean_loss(model.loss_fn(model(ids), labels))) == pytest.approx(float(lm), rel=1e-6)
 
 
 def test_attached_balancing_losses_give_the_gradients_of_the_training_loss():
@@ -196,7 +197,7 @@ def test_attached_balancing_losses_give_the_gradients_of_the_training_loss():
         for ids in batches:
             labels = (ids, paddle.ones([2, 12]))
             loss_fn = model.loss_fn.lm_loss if attached else model.loss_fn
-            (loss_fn(model(ids), labels) / 2).backward()
+            (mean_loss(loss_fn(model(ids), labels)) / 2).backward()
         grads.append({n: p.grad.numpy() for n, p in named if p.grad is not None})
         stats = model.loss_fn.stats
         layers = moe_layers(model)
@@ -210,7 +211,7 @@ def test_attached_balancing_losses_give_the_gradients_of_the_training_loss():
     without = build_model(cfg)  # a control: the LM loss alone gives the router another gradient
     init_parameters(canonical_parameters(without), cfg, seed=9)
     for ids in batches:
-        (without.loss_fn.lm_loss(without(ids), (ids, paddle.ones([2, 12]))) / 2).backward()
+        (mean_loss(without.loss_fn.lm_loss(without(ids), (ids, paddle.ones([2, 12])))) / 2).backward()
     router = dict(canonical_parameters(without))["layers.2.mlp.router.weight"].grad.numpy()
     assert np.abs(router - grads[0]["layers.2.mlp.router.weight"]).max() > 1e-4
 
@@ -234,7 +235,7 @@ def test_recompute_records_each_forward_once_and_keeps_the_gradients(attached):
         losses = []
         for ids in batches:
             loss_fn = model.loss_fn.lm_loss if attached else model.loss_fn
-            loss = loss_fn(model(ids), (ids, paddle.ones([2, 12])))
+            loss = mean_loss(loss_fn(model(ids), (ids, paddle.ones([2, 12]))))
             (loss / 2).backward()
             losses.append(float(loss))
         stats = model.loss_fn.stats

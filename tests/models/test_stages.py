@@ -7,7 +7,7 @@ import pytest
 
 from llmtrain.models import build_model, model_stages
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.roles import Roles
 

@@ -9,7 +9,7 @@ import paddle
 import pytest
 
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.moe import Experts
+from llmtrain.models.experts import Experts
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import ConfigError, check_model_fits, layout_problems, resolve_layout
 from llmtrain.parallel.slicing import TensorSlices

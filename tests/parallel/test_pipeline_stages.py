@@ -8,7 +8,7 @@ from paddle.distributed.fleet.meta_parallel import SharedLayerDesc
 
 from llmtrain.models import build_model, model_stages
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.models.roles import Roles
 from llmtrain.parallel.pipeline import TiedHead, stage_descs

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from llmtrain.contracts import tags
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, initial_value, load_full_state
 from llmtrain.parallel.slicing import TensorSlices, full_shape, local_slice
 
@@ -19,7 +20,7 @@ def test_tp_slices_tile_the_full_tensor(tiny_llama):
     """The slices two tp ranks keep concatenate to the single-device tensor."""
     m = _model(tiny_llama, seed=5)
     for name, p in canonical_parameters(m):
-        p.llm_split_axis = 1 if name.endswith("q_proj.weight") else getattr(p, "llm_split_axis", None)
+        tags.set_split_axis(p, 1 if name.endswith("q_proj.weight") else tags.split_axis(p))
         if name.endswith("q_proj.weight"):
             full = initial_value(name, p, tiny_llama, 5, full_shape(p, 1))
             halves = [local_slice(full, p, r, 2) for r in range(2)]
@@ -31,7 +32,7 @@ def _half(layer, param, axis):
     shape = list(param.shape)
     shape[axis] //= 2
     local = layer.create_parameter(shape)
-    local.llm_split_axis = axis
+    tags.set_split_axis(local, axis)
     return local
 
 

@@ -5,11 +5,12 @@ import numpy as np
 import pytest
 
 from llmtrain.models import build_model
-from llmtrain.models.decoder import canonical_parameters
+from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.config import OptimConfig
 from llmtrain.train.optim import build_optimizer
+from llmtrain.contracts.steps import StepHook, mean_loss
 from llmtrain.train.step import StepRunner
 
 
@@ -75,7 +76,7 @@ def test_clipping_uses_global_norm(tiny_gpt):
     init_parameters(named, tiny_gpt, seed=1)
     clip = GlobalNormClip(1e-3)
     batch = _batches(1, 4, 8, tiny_gpt.vocab_size)[0]
-    loss = model.loss_fn(model(paddle.to_tensor(batch["input_ids"])), (paddle.to_tensor(batch["labels"]), paddle.to_tensor(batch["loss_mask"])))
+    loss = mean_loss(model.loss_fn(model(paddle.to_tensor(batch["input_ids"])), (paddle.to_tensor(batch["labels"]), paddle.to_tensor(batch["loss_mask"]))))
     loss.backward()
     grads = [(p, p.grad) for _, p in named]
     norm = float(np.sqrt(sum(float((g.numpy().astype(np.float64) ** 2).sum()) for _, g in grads)))
@@ -106,3 +107,52 @@ def test_recompute_gives_the_same_losses_and_weights(arch, request):
     np.testing.assert_allclose(l1, l0, atol=1e-6)
     for name in w0:
         np.testing.assert_allclose(w1[name], w0[name], atol=1e-6, err_msg=name)
+
+
+class _Recorder(StepHook):
+    """Records what the loop shows a hook; vetoes the update of the steps listed in `veto`."""
+
+    def __init__(self, veto=()):
+        self.veto, self.calls, self.step = set(veto), [], 0
+
+    def before_step(self, micro_batches):
+        self.step += 1
+        self.calls.append(("before_step", micro_batches))
+
+    def before_update(self, check):
+        self.calls.append(("before_update", check.micro_batches, float(check.loss)))
+        return self.step not in self.veto
+
+    def after_step(self, record):
+        self.calls.append(("after_step", record.step, record.tokens, record.grad_norm is None))
+        record.metrics["seen"] = record.step
+        record.loss = record.loss * 2
+
+
+def test_step_hooks_see_each_step_and_a_veto_skips_the_update(tiny_gpt):
+    """The loop's hook protocol (`llmtrain.contracts.steps`): before the step, before the update (with the step's
+    loss), after it (metrics, the logged loss); a veto leaves every weight and the schedule as they were."""
+    model = build_model(tiny_gpt)
+    named = canonical_parameters(model)
+    init_parameters(named, tiny_gpt, seed=3)
+    plan = AmpPlan.from_config("none")
+    opt, sched = build_optimizer(named, OptimConfig(lr=1e-2, warmup_steps=1), max_steps=3)
+    hook = _Recorder(veto={2})
+    runner = StepRunner(model, model.loss_fn, opt, sched, opt._grad_clip, plan, hooks=[hook])
+    batch = _split(_batches(1, 4, 8, tiny_gpt.vocab_size)[0], 2)
+    weights, lrs = [], []
+    for step in (1, 2, 3):
+        out = runner.run(batch)
+        record = runner.finish(step, out, lambda v: v)
+        assert out.updated == (step != 2) and record.metrics == {"seen": step}
+        assert float(record.loss) == pytest.approx(2 * float(out.loss))
+        weights.append({n: p.numpy().copy() for n, p in named})
+        lrs.append(opt.get_lr())
+    assert lrs[1] == lrs[0] != lrs[2]  # the vetoed step did not advance the schedule
+    assert [c[0] for c in hook.calls] == ["before_step", "before_update", "after_step"] * 3
+    assert hook.calls[0] == ("before_step", 2) and hook.calls[1][1] == 2
+    assert [c[3] for c in hook.calls if c[0] == "after_step"] == [False, True, False]  # no norm without an update
+    for name in weights[0]:
+        np.testing.assert_array_equal(weights[1][name], weights[0][name], err_msg=name)  # step 2 vetoed
+    assert any(not np.array_equal(weights[2][n], weights[1][n]) for n in weights[0])  # step 3 updated
+

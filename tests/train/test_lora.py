@@ -117,21 +117,22 @@ def test_exports_load_in_paddlenlp_with_our_logits(lora_runs, tmp_path):
     from paddlenlp.transformers import AutoModelForCausalLM
 
     from llmtrain.checkpoint.shards import ShardIndex
-    from llmtrain.export import base_state, lora_of, main as export_main, model_config_of
+    from llmtrain.checkpoint.reader import Manifest, base_state
+    from llmtrain.export import main as export_main
     from llmtrain.models import build_model
-    from llmtrain.models.decoder import canonical_parameters
+    from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
     from llmtrain.models.lora import attach_lora
     from llmtrain.models.roles import Roles
 
     root, out, _ = lora_runs
     step6 = out / "lora" / "checkpoints" / "step_6"
-    manifest = json.loads((step6 / "manifest.json").read_text())
-    cfg = model_config_of(manifest, str(step6))
+    manifest = Manifest.read(str(step6))
+    cfg = manifest.model
     model = build_model(cfg)
-    attach_lora(model, lora_of(manifest), Roles())
+    attach_lora(model, manifest.lora, Roles())
     adapters = ShardIndex(str(step6)).model_state()
-    load_full_state(canonical_parameters(model), {**base_state(cfg, manifest, str(step6)), **adapters})
+    load_full_state(canonical_parameters(model), {**base_state(manifest), **adapters})
     model.eval()
     ids = token_ids(cfg.vocab_size, seed=5)
     with paddle.no_grad():
@@ -210,7 +211,7 @@ def test_resume_contract_refuses_another_base_for_a_lora_checkpoint():
 
 def test_a_lora_checkpoint_is_not_a_base_for_init_from(lora_runs, tiny_corpus):
     from llmtrain.config import ConfigError, compose_config, to_config
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     root, out, _ = lora_runs
     ov = [o for o in _common(tiny_corpus, root, out / "x", 1) if not o.startswith("model.init_from")]
@@ -259,9 +260,9 @@ def test_lora_layout_rules_at_resolve(tiny_corpus, tmp_path):
     from llmtest import tiny_overrides
 
     from llmtrain.config import ConfigError, compose_config, to_config
-    from llmtrain.models.lora import adapter_numel
+    from llmtrain.models.lora_targets import adapter_numel
     from llmtrain.models.size import flops_per_token
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     base = tiny_overrides(tiny_corpus, str(tmp_path), "llama") + ["finetune.lora.rank=4"]
 

@@ -155,7 +155,7 @@ def test_lr_follows_consumed_samples_through_the_ramp(ramp_runs, tiny_corpus):
 def test_resolve_lists_rampup_problems(tiny_corpus):
     from llmtest import compose
     from llmtrain.config import ConfigError, to_config
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
 
     def problems(*extra):
         cfg = to_config(compose(tiny_overrides(tiny_corpus, "/tmp/unused", "gpt") + [

@@ -11,7 +11,7 @@ import pytest
 
 from llmtest import REPO, compose
 from llmtrain.config import ConfigError, FrozenConfigError, to_config
-from llmtrain.train.resolve import resolve
+from llmtrain.resolve import resolve
 
 SHIPPED_TOKENIZER = os.path.join(REPO, "tokenizers", "pd1998-bpe16k")
 

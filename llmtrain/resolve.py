@@ -19,7 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from llmtrain.config import Config, ConfigError, config_problems, freeze
+from llmtrain.config import Config, config_problems, freeze
+from llmtrain.errors import ConfigError
 from llmtrain.models.config import FUSE_SWITCHES, ModelConfig, fusion_problems
 from llmtrain.paddle_compat.kernels import on_gpu
 from llmtrain.parallel.layout import Layout, layout_problems, model_fit_problems
@@ -76,26 +77,13 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 
         problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
 
-    if model.moe_num_experts > 0 and cfg.train.amp == "fp16" and cfg.parallel is not None and cfg.parallel.pp > 1:
-        problems.append(f"train.amp=fp16 with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
-                        f"{cfg.parallel.pp}: the balancing losses enter each stage's backward without fp16's dynamic "
-                        "loss scale (absent); use train.amp=bf16")
-    if cfg.train.batch_rampup is not None:
-        from llmtrain.data.rampup import rampup_problems
+    from llmtrain.data.rampup import rampup_config_problems
+    from llmtrain.data.sft import packing_problems
+    from llmtrain.parallel.moe_pipeline import pipeline_moe_problems
 
-        if not hasattr(cfg.data, "prefixes"):
-            problems.append("train.batch_rampup is for pretraining; fine-tuning runs a constant global batch")
-        elif layout is not None:
-            problems += rampup_problems(list(cfg.train.batch_rampup), layout.global_batch, layout.micro_batch,
-                                        layout.data_parallel, layout.virtual_pp)
-        if model.moe_num_experts > 0 and cfg.parallel is not None and cfg.parallel.pp > 1:
-            problems.append(f"train.batch_rampup with model.moe_num_experts={model.moe_num_experts} and parallel.pp="
-                            f"{cfg.parallel.pp}: each stage's attached balancing-loss gradient is scaled by a "
-                            "micro-batch count fixed at start-up; a ramp changes it per step (absent)")
-    if getattr(cfg.data, "packing", False) and cfg.parallel is not None and cfg.parallel.pp > 1:
-        problems.append(f"data.packing=true with parallel.pp={cfg.parallel.pp}: packed sequences need per-example "
-                        "positions and attention boundaries inside every stage; not implemented under pipeline "
-                        "parallelism (use dp/tp/sharding, or data.packing=false)")
+    problems += rampup_config_problems(cfg.train.batch_rampup, cfg.data, layout)
+    problems += pipeline_moe_problems(model, cfg.parallel, cfg.train.amp, cfg.train.batch_rampup)
+    problems += packing_problems(cfg.data, cfg.parallel)
     if problems:
         raise ConfigError(problems)
     return ResolvedRun(
@@ -108,7 +96,7 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 def _resolve_lora(cfg: Config, problems: list[str]):
     """`finetune.lora` checked against the model; with `finetune.lora.init_from`, its rank, alpha, dropout and
     targets replaced by the PaddleNLP adapter directory's, whose tensors are returned."""
-    from llmtrain.models.lora import lora_problems
+    from llmtrain.models.lora_targets import lora_problems
 
     lora, state = cfg.finetune.lora, None
     if lora.init_from and lora.rank > 0 and cfg.model.family == "decoder":
@@ -152,7 +140,7 @@ def _zero3_projections(model: ModelConfig, parallel, problems: list[str]) -> Mod
 
 def _flops_per_token(cfg: Config) -> float:
     """Model FLOPs per processed position; under LoRA the frozen base gets no weight gradients (`flops_per_token`)."""
-    from llmtrain.models.lora import adapter_numel
+    from llmtrain.models.lora_targets import adapter_numel
     from llmtrain.models.size import flops_per_token
 
     lora = cfg.finetune.lora
@@ -204,27 +192,24 @@ def _resolve_model(cfg: Config, tokenizer, problems: list[str]) -> tuple[ModelCo
 
 
 def _read_initial_checkpoint(src: str, run_dir: str):
-    """(ModelConfig, lazy {canonical name: tensor}) of a PaddleNLP directory or one of our step_<N> checkpoints.
+    """(ModelConfig, lazy {canonical name: tensor}) of a PaddleNLP directory or one of our step_<N> checkpoints
+    (`llmtrain.checkpoint.reader`).
 
     Ours: model weights only (optimizer, schedule and data position start fresh, as fine-tuning wants)."""
-    if os.path.exists(os.path.join(src, "manifest.json")):
-        import json
+    from llmtrain.checkpoint import reader
 
+    if os.path.exists(os.path.join(src, "manifest.json")):
         from llmtrain.checkpoint.manager import verify_files
-        from llmtrain.checkpoint.shards import ShardIndex
 
         files = verify_files(src)
         if files:
             raise ConfigError([f"model.init_from={src}: " + p for p in files])
-        with open(os.path.join(src, "manifest.json")) as f:
-            manifest = json.load(f)
-        if manifest.get("lora"):
+        manifest = reader.Manifest.read(src)
+        if manifest.lora is not None:
             raise ConfigError([f"model.init_from={src} is a LoRA checkpoint: it stores adapters only (base: "
-                               f"{manifest['lora']['base']}). Resume it with checkpoint.resume=, or start from the "
+                               f"{manifest.lora_base}). Resume it with checkpoint.resume=, or start from the "
                                "merged model (python -m llmtrain.export --checkpoint ... --merge-lora)"])
-        return ModelConfig(**manifest["model"]), ShardIndex(src).model_state()
-    from llmtrain.interop.paddlenlp_format import read_paddlenlp_checkpoint
-
+        return manifest.model, reader.model_state(manifest, lazy=True)
     inside_run = os.path.abspath(src).startswith(os.path.abspath(run_dir) + os.sep)
-    model_cfg, state, _ = read_paddlenlp_checkpoint(src, trusted=inside_run, lazy=True)
-    return model_cfg, state
+    ckpt = reader.read_paddlenlp(src, trusted=inside_run, lazy=True)
+    return ckpt.config, ckpt.state

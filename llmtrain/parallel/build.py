@@ -1,8 +1,8 @@
-"""The parallel plan: build this rank's part of the model, then wrap it (and its optimizer) for the layout.
+"""Applying a layout: build this rank's part of the model, then wrap it (and its optimizer) for the layout.
 
-    core, loss_fn = build_local_model(cfg.model, layout, topo, recompute)   # tp roles at construction, pp cut
+    built = build_local_model(cfg.model, layout, topo, recompute)   # BuiltModel; tp roles at construction, pp cut
     ... initialise, build the optimizer, AMP-decorate (llmtrain.train.trainer) ...
-    model, optimizer, scaler = parallelize(core, optimizer, scaler, layout, topo)
+    model, optimizer, scaler = parallelize(built, optimizer, scaler, layout, topo)
 
 Paddle's manual hybrid mode fixes the order: tensor parallelism acts while the
 model is constructed (the model asks `Roles` for its layers; under tp they are
@@ -15,6 +15,7 @@ training loop, AMP or clipping (`llmtrain.train` uses this module, not the rever
 """
 from __future__ import annotations
 
+from llmtrain.contracts.steps import BuiltModel
 from llmtrain.models import build_model
 from llmtrain.models.roles import Roles
 from llmtrain.parallel.layout import Layout
@@ -41,8 +42,9 @@ def make_roles(layout: Layout, topo: Topology) -> Roles:
     return roles
 
 
-def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None):
-    """(core, loss_fn): this rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer`.
+def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None) -> BuiltModel:
+    """This rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer` — with its loss and the
+    step hooks of the model and the plan (`llmtrain.contracts.steps.BuiltModel`).
 
     `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss). `lora`
     (`finetune.lora`): adapters attached to this rank's matching linears, split like their base."""
@@ -52,32 +54,37 @@ def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool
     if layout.pp > 1:
         from llmtrain.parallel.pipeline import build_pipeline
 
-        core, loss_fn = build_pipeline(model_cfg, layout, roles, topo, recompute), None
+        core, hooks = build_pipeline(model_cfg, layout, roles, topo, recompute)
+        built = BuiltModel(core, None, pipeline=True, hooks=hooks)
     else:
         core = build_model(model_cfg, roles, recompute)
-        loss_fn = core.loss_fn
+        built = BuiltModel(core, core.loss_fn, pipeline=False, hooks=core.step_hooks())
     if lora is not None:
         attach_lora(core, lora, roles)
     if layout.tp > 1 and layout.sequence_parallel:
         from llmtrain.parallel.sequence import install_grad_allreduce
 
         install_grad_allreduce(core, layout.grad_accum)  # norm weights: all-reduce their gradients over tp
-    return core, loss_fn
+    return built
 
 
-def parallelize(core, optimizer, scaler, layout: Layout, topo: Topology):
-    """(model, optimizer, scaler) wrapped for `layout`; unchanged on one process.
+def parallelize(built: BuiltModel, optimizer, scaler, layout: Layout, topo: Topology):
+    """(model, optimizer, scaler) wrapped for `layout`; unchanged on one process. A wrapper's step hooks (ZeRO-3's)
+    join `built.hooks`.
 
     dp/tp/pp/sharding stage 1: fleet's `distributed_model` (DataParallel, TensorParallel
     or PipelineParallel), `distributed_optimizer` (HybridParallelOptimizer, with the
     stage-1 sharding optimizer) and `distributed_scaler`. Sharding stage 2/3: Paddle's
     `group_sharded_parallel` over fleet's sharding group (`llmtrain.parallel.zero`)."""
+    core = built.core
     if not layout.distributed:
         return core, optimizer, scaler
     if layout.sharding_stage in (2, 3):
         from llmtrain.parallel.zero import wrap_zero
 
-        return wrap_zero(core, optimizer, scaler, layout, topo)
+        model, optimizer, scaler, hooks = wrap_zero(core, optimizer, scaler, layout, topo)
+        built.hooks.extend(hooks)
+        return model, optimizer, scaler
     from paddle.distributed import fleet
 
     model = fleet.distributed_model(core)
