@@ -176,6 +176,9 @@ def config_problems(cfg: Config) -> list[str]:
                             f"{cfg.model.hidden_size}/{cfg.model.num_heads} is odd")
     if cfg.model.family == "encoder" and cfg.model.position != "learned":
         problems.append("model.family=encoder uses learned positions: set model.position=learned")
+    from llmtrain.train.anomaly import config_problems as anomaly_problems  # train.anomaly.* (divergence guard)
+
+    problems += anomaly_problems(cfg.train.anomaly)
     return problems
 
 

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from llmtrain.config import ConfigError
 from llmtrain.models.lora import FinetuneOptions
+from llmtrain.train.anomaly import AnomalyConfig
 from llmtrain.train.config import OptimConfig
 from llmtrain.train.schedule import lr_at
 from llmtrain.utils.log import log0
@@ -57,6 +58,8 @@ RULES: list[tuple[str, str, str]] = [
     ("optim.on_resume", "honoured", "how schedule changes are treated"),
     ("optim.name", "refuse", "the optimizer state is AdamW's"),
     ("optim", "warn", "optimizer hyperparameters change the update from this step on"),
+    ("train.anomaly", "honoured", "divergence guard settings: a healthy step trains the same; the detector's "
+                                  "history restarts empty at a resume (its warm-up applies again)"),
     ("train", "honoured", "logging, evaluation and memory settings do not change the numbers"),
     ("checkpoint", "honoured", "saving settings"),
     ("run", "honoured", "where the run writes"),
@@ -134,7 +137,8 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
     old, new = flatten(saved), flatten(current)
     at_old, at_new = positions if positions is not None else (step, step)
     # fields the older code did not have compare as their defaults
-    defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions())})
+    defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions()),
+                        "train": {"anomaly": dataclasses.asdict(AnomalyConfig())}})
     for k, v in defaults.items():
         old.setdefault(k, v)
     r = Review()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 import paddle
@@ -34,6 +35,8 @@ class StepOutput:
     """Input positions this rank processed (micro x seq x accum): what model FLOPs scale with."""
     grad_norm: paddle.Tensor
     """Global gradient norm before clipping (over all ranks and groups)."""
+    anomaly: Optional[Any] = None
+    """The divergence guard's verdict when it rejected the step (`llmtrain.train.anomaly.Verdict`), else None."""
 
 
 def to_tensors(mb: dict):
@@ -93,6 +96,7 @@ class StepRunner:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             losses.append(loss.detach())
+        self.step_losses = losses  # divergence guard: read by its check inside optimizer.step() (anomaly.py)
         for hook in self.grad_hooks:
             hook()
         if self.scaler is not None:
