@@ -242,7 +242,9 @@ def _truncate_after(path: str, step: int) -> None:
     if not os.path.exists(path):
         return
     with open(path) as f:
-        keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        # records of later steps go (they are redone); divergence-guard events (rewind, stopped) are history: kept
+        keep = [line for line in f if line.strip() and (json.loads(line).get("step", 0) <= step
+                                                        or "event" in json.loads(line))]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.writelines(keep)

@@ -191,6 +191,8 @@ class Trainer:
             # divergence guard: runner.run under a verdict before the update, re-run once if non-finite
             out = guard.run_step(runner, micro_batches, step + 1, (consumed_before, data.consumed_samples))
             step += 1
+            # divergence guard: the policy's action for a rejected step (skip / rewind / stop), counted before the record
+            action = self._policy(out.anomaly) if out.anomaly is not None else None
             extra = {"consumed_samples": data.consumed_samples, **guard.metrics()}
             # MoE: routing metrics, aux-loss-free bias update (under pp: gathered from every stage)
             moe_stats = getattr(built.loss_fn, "stats", None) or getattr(built.core, "llm_moe_stats", None)
@@ -203,10 +205,11 @@ class Trainer:
                 wd.progress(step)
             if exporter is not None:
                 exporter.guard_counts(guard.counts, guard.kind_counts)
-            if out.anomaly is not None:  # divergence guard: skip (go on), rewind (reload, continue) or stop (raise)
-                if self._on_anomaly(out.anomaly, meter) == "rewind":
-                    step = self._rewind(out.anomaly, meter)
-                    continue
+            if action == "stop":  # divergence guard: end the run (Diverged: exit status 5)
+                self._stop(out.anomaly, meter)
+            if action == "rewind":  # divergence guard: reload the newest healthy checkpoint, skip the data window
+                step = self._rewind(out.anomaly, meter)
+                continue
             if step == state.step + 1 and not guard.counts["rewinds"]:  # optimizer state exists from the first step on: what each rank holds
                 self._record_memory(step, exporter)
                 ckpt.prepare()  # async saves: their host buffers, allocated in the background
@@ -243,23 +246,25 @@ class Trainer:
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
 
-    def _on_anomaly(self, v, meter: Meter) -> str:
-        """The policy's action for a rejected step: `skip` or `rewind`; `stop` raises Diverged."""
+    def _policy(self, v) -> str:
+        """The policy's action for a rejected step: `skip`, `rewind` or `stop` (counted)."""
+        self.ckpt.wait()  # async saves: the checkpoint being written counts
+        target = newest_healthy(list_checkpoints(self.ckpt.root),
+                                before=v.step - 1 - self.cfg.train.anomaly.rewind_back_steps)
+        return self.guard.act(v, has_healthy_checkpoint=target is not None)
+
+    def _stop(self, v, meter: Meter) -> None:
+        """Raise Diverged with the step, the anomaly, its values and the newest healthy checkpoint."""
         guard, ckpt = self.guard, self.ckpt
-        ckpt.wait()  # async saves: the checkpoint being written counts
-        target = newest_healthy(list_checkpoints(ckpt.root), before=v.step - 1 - self.cfg.train.anomaly.rewind_back_steps)
-        action = guard.act(v, has_healthy_checkpoint=target is not None)
-        if action == "stop":
-            ckpt.close()  # the last background write is complete: the newest healthy checkpoint is whole
-            newest = newest_healthy(list_checkpoints(ckpt.root))
-            where = "none" if newest is None else f"{newest[1]} (step {newest[0]}{_health_text(newest[1])})"
-            msg = (f"training stopped at {v.describe()}: {guard.reason}; newest healthy checkpoint: {where}. "
-                   f"After fixing the cause (a lower optim.lr for a run that diverges again after rewinds), "
-                   f"checkpoint.resume=auto continues from it")
-            meter.write_event({"step": v.step, "event": "stopped", "anomaly": list(v.kinds), "reason": guard.reason})
-            meter.close()
-            raise Diverged(msg)
-        return action
+        ckpt.close()  # the last background write is complete: the newest healthy checkpoint is whole
+        newest = newest_healthy(list_checkpoints(ckpt.root))
+        where = "none" if newest is None else f"{newest[1]} (step {newest[0]}{_health_text(newest[1])})"
+        msg = (f"training stopped at {v.describe()}: {guard.reason}; newest healthy checkpoint: {where}. "
+               f"After fixing the cause (a lower optim.lr for a run that diverges again after rewinds), "
+               f"checkpoint.resume=auto continues from it")
+        meter.write_event({"step": v.step, "event": "stopped", "anomaly": list(v.kinds), "reason": guard.reason})
+        meter.close()
+        raise Diverged(msg)
 
     def _rewind(self, v, meter: Meter) -> int:
         """Reload the newest healthy checkpoint before the anomaly; returns its step (the loop continues there)."""

@@ -37,6 +37,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import metrics, run_many
+from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
 from memory_checks import DEGREES, check_expert_memory, check_memory, check_predicted
 
@@ -125,6 +126,7 @@ def reference(tiny_corpus, tmp_path_factory):
     names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora"]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
+    runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
     run_many(runs, nproc=0, workdir=out)
     ref = {n: {"metrics": metrics(out / n), "memory": _memory(out / n)} for n in names}
     for n in names:
@@ -161,6 +163,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
+    if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
+        runs += guard_runs(tiny_corpus, out, layout)
     return names, segment, runs
 
 
@@ -232,6 +236,15 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n])
         check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["single", *GUARD_LAYOUTS])
+def test_divergence_guard(layout, reference, tiny_corpus, launched):
+    """A gradient poisoned once on rank 1 is a transient fault (re-run, continue, equal to the clean run); a batch
+    whose loss spikes is rewound over and skipped (equal to a run that never saw it); one process: policy=skip."""
+    ref_dir = reference["init_from"].parents[2]
+    check_guard(ref_dir, ref_dir if layout == "single" else launched(layout, 2), layout)
 
 
 @pytest.mark.slow
