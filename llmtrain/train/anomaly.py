@@ -225,23 +225,22 @@ class AnomalyGuard:
         """The step's verdict from one all-reduce; raises AnomalousStep (every rank alike) when it is rejected."""
         self._judged = True
         loss = self._local_loss()
-        loss_v = float(loss) if loss is not None else 0.0
-        bad = loss is not None and not math.isfinite(loss_v)
-        rank = self.topo.rank
-        norm_v = float(norm) if norm is not None else 0.0
-        vec = [loss_v if loss is not None else 0.0, 1.0 if loss is not None else 0.0,
-               norm_v if rank == 0 else 0.0, 1.0 if bad else 0.0, float(rank + 1) if bad else 0.0]
+        rank, zero = self.topo.rank, paddle.zeros([], "float32")
+        mine = loss.astype("float32").reshape([]) if loss is not None else zero
+        bad = (~paddle.isfinite(mine)).astype("float32")
+        parts = [mine, paddle.full([], 1.0 if loss is not None else 0.0, "float32"),
+                 norm.astype("float32").reshape([]) if norm is not None and rank == 0 else zero, bad, bad * (rank + 1)]
+        vec = paddle.stack(parts).astype("float64")  # [5], built on the device: one read to the host below
         if self.topo.world > 1:
-            t = paddle.to_tensor(vec, dtype="float64")
-            dist.all_reduce(t)  # the whole job: every rank gets the same five numbers
-            vec = t.tolist()
+            dist.all_reduce(vec)  # the whole job: every rank gets the same five numbers
+        vec = vec.numpy().tolist()
         v = Verdict(self._step, loss=vec[0] / vec[1] if vec[1] else None,
                     grad_norm=vec[2] if norm is not None else None)
         if vec[3] == 1:
             v.bad_ranks = [int(vec[4]) - 1]
         elif vec[3] > 1:
             v.bad_ranks = [f"{int(vec[3])} ranks"]
-        if bad:
+        if rank in v.bad_ranks or (vec[3] > 1 and float(bad) > 0):
             log_all(f"step {self._step}: non-finite local loss on host {socket.gethostname()}")
         if v.loss is not None and not math.isfinite(v.loss):
             v.kinds.append("nonfinite_loss")

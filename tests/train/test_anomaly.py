@@ -17,14 +17,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from launch import run_launch
 from llmtest import compose, tiny_overrides
 from llmtrain.checkpoint.manager import list_checkpoints
 from llmtrain.config import ConfigError, check_config
 from llmtrain.train.anomaly import EXIT_DIVERGED
 from llmtrain.train.contract import rule_of
-
-import pytest
 
 
 def _health(run_dir: Path, step: int) -> dict:
@@ -92,3 +92,17 @@ def test_config_values_checked_and_resume_rule():
     assert "train.anomaly.policy='ignore'" in text and "train.anomaly.loss_spike=1.0" in text
     assert "train.anomaly.window=0" in text
     assert rule_of("train.anomaly.policy")[0] == "honoured" and "divergence guard" in rule_of("train.anomaly.window")[1]
+
+
+def test_supervisor_does_not_relaunch_a_diverged_run(tmp_path):
+    """scripts/supervise.py relaunches failed jobs, but not status 5: the same healthy checkpoint would diverge again."""
+    import subprocess
+    import sys
+
+    from llmtest import REPO
+
+    proc = subprocess.run([sys.executable, f"{REPO}/scripts/supervise.py", "--max-restarts", "2", "--delay", "0", "--",
+                           sys.executable, "-c", f"import sys; sys.exit({EXIT_DIVERGED})"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == EXIT_DIVERGED and "attempt 2" not in proc.stderr, proc.stderr
+    assert "divergence guard stopped the job" in proc.stderr
