@@ -12,6 +12,8 @@ Faults come from tests/train/faults.py, installed by `call` entries in the launc
   the one-process `guard_skipped` run, which never saw samples 32..39 (the data jumps over them).
 - one process only, `guard_skip` (train.anomaly.policy=skip, the same spike, a checkpoint every step): the
   checkpoint of step 5 (the skipped step) holds exactly the tensors of step 4 and is marked anomalous.
+- one process only, `guard_nan`: a NaN written into the word-embedding table at step 5 (corrupted memory that the
+  loss need not show): the saves of steps 6 and 8 are refused, steps 2 and 4 stay (keep_last=2).
 """
 from __future__ import annotations
 
@@ -43,7 +45,9 @@ def guard_runs(corpus, out, layout=None) -> list:
         runs += [_run(corpus, out, "guard_skip", None, ["checkpoint.interval=1", "checkpoint.keep_last=0",
                                                         "train.anomaly.policy=skip"]),
                  {"call": f"{FAULTS}:clear"}, {"call": f"{FAULTS}:skip_samples", "args": list(SPIKE)},
-                 _run(corpus, out, "guard_skipped", None)]
+                 _run(corpus, out, "guard_skipped", None), {"call": f"{FAULTS}:clear"},
+                 {"call": f"{FAULTS}:nan_weights", "args": [5]},
+                 _run(corpus, out, "guard_nan", None, ["checkpoint.interval=2", "train.anomaly.policy=skip"])]
     return runs + [{"call": f"{FAULTS}:clear"}]
 
 
@@ -77,6 +81,9 @@ def check_guard(ref_dir, got_dir, layout: str) -> None:
         (last["loss"], last["grad_norm"]), rel=1e-6), (health, last)
     if layout == "single":
         check_skip(ref_dir / "guard_skip")
+        steps = sorted(int(p.name[5:]) for p in (ref_dir / "guard_nan" / "checkpoints").glob("step_*"))
+        assert steps == [2, 4], steps  # never written from a non-finite state (else 4, 6, 8)
+        assert [r["step"] for r in recs(ref_dir, "guard_nan")] == list(range(1, 9))
 
 
 def check_skip(run_dir) -> None:

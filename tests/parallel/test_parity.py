@@ -26,6 +26,9 @@ and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA ru
 `lora_checks`. Mixture-of-Experts (`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both
 stages), dp2pp2 with ep2 (also with recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition),
 each checked per rank by `check_expert_memory`.
+The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the dp2, tp2, pp2 and
+zero2 launches also run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes
+(rewound over), faults installed from tests/train/faults.py by `call` entries in the same processes.
 """
 from __future__ import annotations
 
