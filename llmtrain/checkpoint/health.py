@@ -45,17 +45,20 @@ def newest_healthy(checkpoints: list[tuple[int, str]], before: Optional[int] = N
 
 
 def resume_order(paths: list[str]) -> tuple[list[str], list[str]]:
-    """(paths with the healthy ones first, both groups newest first; what to log about the reordering)."""
-    healthy = [p for p in paths if is_healthy(p)]
-    other = [p for p in paths if p not in healthy]
+    """(paths with the ones whose manifest says anomalous moved last, each group newest first; what to log).
+
+    Incomplete or unreadable checkpoints keep their place: resuming verifies them and reports them."""
+    anomalous = [p for p in paths if health_of(p).get("status") == "anomalous"]
+    rest = [p for p in paths if p not in anomalous]
     notes = []
-    if healthy and other and paths.index(healthy[0]) > 0:
-        passed = [p for p in paths[: paths.index(healthy[0])]]
-        notes.append(f"checkpoint.resume=auto: newest healthy checkpoint {healthy[0]}; passing over newer "
+    if anomalous and rest and paths.index(rest[0]) > 0:
+        passed = paths[: paths.index(rest[0])]
+        notes.append(f"checkpoint.resume=auto: newest healthy checkpoint {rest[0]}; passing over newer "
                      + ", ".join(f"{os.path.basename(p)} ({_status(p)})" for p in passed))
-    elif not healthy and other:
-        notes.append(f"checkpoint.resume=auto: no healthy checkpoint; the newest is {other[0]} ({_status(other[0])})")
-    return healthy + other, notes
+    elif anomalous and not rest:
+        notes.append(f"checkpoint.resume=auto: no healthy checkpoint; the newest is {anomalous[0]} "
+                     f"({_status(anomalous[0])})")
+    return rest + anomalous, notes
 
 
 def _status(path: str) -> str:
