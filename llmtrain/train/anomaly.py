@@ -198,6 +198,7 @@ class AnomalyGuard:
         self.counts = {"anomalies": 0, "skipped_steps": 0, "rewinds": 0, "transient_faults": 0}
         self.kind_counts = {k: 0 for k in KINDS}
         self.consecutive_skips = 0
+        self.reason = ""  # why the last `act` said stop
         self.last: Optional[Verdict] = None  # the verdict of the latest step
         self.positions: dict = {}  # step -> consumed samples before it (the recent ones)
         self.skip_windows: list = []  # [from, to) consumed-sample windows every rewind of this process skips
