@@ -3,17 +3,18 @@
     runs += guard_runs(corpus, out, layout)      # entries of that layout's run_many launch
     check_guard(reference_dir, layout_dir, layout)
 
-Faults come from tests/train/faults.py, installed by `call` entries in the launched processes:
-- `guard_poison`: rank 1's gradients of step 3 become NaN once (its loss stays finite). The guard rejects the
-  step on every rank, re-runs it from the same state, finds it finite (a transient fault) and continues: every
-  record equals the one-process `gpt` run of the parity reference, and transient_faults_total is 1.
-- `guard_spike`: the batch of step 5 (samples 32..39) has its logits scaled by 300 on every rank: a loss spike.
-  The default policy rewinds to step 4 (checkpoint.interval=2) and skips those samples; the run then equals
-  the one-process `guard_skipped` run, which never saw samples 32..39 (the data jumps over them).
-- one process only, `guard_skip` (train.anomaly.policy=skip, the same spike, a checkpoint every step): the
-  checkpoint of step 5 (the skipped step) holds exactly the tensors of step 4 and is marked anomalous.
-- one process only, `guard_nan`: a NaN written into the word-embedding table at step 5 (corrupted memory that the
-  loss need not show): the saves of steps 6 and 8 are refused, steps 2 and 4 stay (keep_last=2).
+Faults come from tests/train/faults.py, installed by `call` entries in the launched processes. One run per
+layout, `guard_faults` (6 steps, checkpoint.interval=2, default settings), meets two faults:
+- step 2: rank 1's gradients become NaN once (its loss stays finite). The guard rejects the step on every rank,
+  re-runs it from the same state, finds it finite (a transient fault, transient_faults_total 1) and continues;
+- step 5: the batch of samples 32..39 has its logits scaled by 300 on every rank: a loss spike. The default
+  policy rewinds to step 4 and skips those samples.
+Every record then equals the one-process `guard_skipped` run, which has no fault and never sees samples 32..39
+(the data jumps over them): the re-run left no trace, the rewind undid the spike. One process only:
+- `guard_skip` (train.anomaly.policy=skip, the same spike, a checkpoint every step): the checkpoint of step 5
+  (the skipped step) holds exactly the tensors of step 4 and is marked anomalous;
+- `guard_nan`: a NaN written into the word-embedding table at step 5 (corrupted memory): the save of step 6 is
+  refused, steps 2 and 4 stay (keep_last=2).
 """
 from __future__ import annotations
 
@@ -28,19 +29,20 @@ from llmtest import tiny_overrides
 FAULTS = "tests/train/faults.py"
 LAYOUTS = ("dp2", "tp2", "pp2", "zero2")
 TOL = 1e-5
+STEPS = 6
 SPIKE = (32, 40)  # samples of step 5 (global batch 8)
 
 
 def _run(corpus, out, name: str, layout, extra=()) -> list[str]:
-    return (tiny_overrides(corpus, str(out / name), "gpt", steps=8) + ["model.num_layers=8", *extra]
+    return (tiny_overrides(corpus, str(out / name), "gpt", steps=STEPS) + ["model.num_layers=8", *extra]
             + ([f"+parallel={layout}"] if layout else []))
 
 
 def guard_runs(corpus, out, layout=None) -> list:
     """run_many entries: the guard's runs of one layout (None: the one-process reference's)."""
-    runs = [{"call": f"{FAULTS}:poison_grads", "args": [3, 1 if layout else 0]}, _run(corpus, out, "guard_poison", layout),
+    runs = [{"call": f"{FAULTS}:poison_grads", "args": [2, 1 if layout else 0]},
             {"call": f"{FAULTS}:spike", "args": [SPIKE[0], 300.0]},
-            _run(corpus, out, "guard_spike", layout, ["checkpoint.interval=2"])]
+            _run(corpus, out, "guard_faults", layout, ["checkpoint.interval=2"])]
     if layout is None:
         runs += [_run(corpus, out, "guard_skip", None, ["checkpoint.interval=1", "checkpoint.keep_last=0",
                                                         "train.anomaly.policy=skip"]),
@@ -52,7 +54,7 @@ def guard_runs(corpus, out, layout=None) -> list:
 
 
 def _same(ref: list[dict], got: list[dict], what: str) -> None:
-    assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, 9)), what
+    assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1)), what
     for r, g in zip(ref, got):
         for k in ("loss", "grad_norm"):
             assert abs(g[k] - r[k]) <= TOL, (what, r["step"], k, g[k], r[k])
@@ -62,28 +64,25 @@ def _same(ref: list[dict], got: list[dict], what: str) -> None:
 
 def check_guard(ref_dir, got_dir, layout: str) -> None:
     recs = lambda d, n: [r for r in metrics(d / n) if "loss" in r]  # noqa: E731
-    # transient fault: rejected everywhere, re-run, continued with the re-run's (clean) result
-    poison = recs(got_dir, "guard_poison")
-    _same(recs(ref_dir, "gpt"), poison, f"{layout} guard_poison")
-    assert [r["transient_faults_total"] for r in poison] == [0, 0] + [1] * 6, poison
-    assert all(r["anomalies_total"] == 0 and "anomaly" not in r for r in poison)
-    # loss spike: rewound to step 4, samples 32..39 skipped: equal to the run that never saw them
-    spike = metrics(got_dir / "guard_spike")
-    events = [r for r in spike if r.get("event") == "rewind"]
+    got = recs(got_dir, "guard_faults")
+    # a transient fault at step 2 (rejected everywhere, re-run, continued) and a rewind over the spike of step 5:
+    # equal to the clean run that never saw samples 32..39
+    _same(recs(ref_dir, "guard_skipped"), got, f"{layout} guard_faults")
+    assert [r["transient_faults_total"] for r in got] == [0] + [1] * (STEPS - 1), got
+    assert [r["rewinds_total"] for r in got] == [0] * 4 + [1] * (STEPS - 4), got
+    assert not any("anomaly" in r for r in got)  # the rejected step-5 record was redone
+    events = [r for r in metrics(got_dir / "guard_faults") if r.get("event") == "rewind"]
     assert len(events) == 1 and events[0]["step"] == 5 and events[0]["to_step"] == 4, events
     assert events[0]["anomaly"] == ["loss_spike"] and events[0]["skip_samples"] == list(SPIKE), events
-    _same(recs(ref_dir, "guard_skipped"), recs(got_dir, "guard_spike"), f"{layout} guard_spike")
-    assert recs(got_dir, "guard_spike")[-1]["rewinds_total"] == 1
-    with open(got_dir / "guard_spike" / "checkpoints" / "step_8" / "manifest.json") as f:
+    with open(got_dir / "guard_faults" / "checkpoints" / f"step_{STEPS}" / "manifest.json") as f:
         health = json.load(f)["health"]  # the step's own loss and grad norm, recorded with its verdict
-    last = recs(got_dir, "guard_spike")[-1]
     assert health["status"] == "healthy" and (health["loss"], health["grad_norm"]) == pytest.approx(
-        (last["loss"], last["grad_norm"]), rel=1e-6), (health, last)
+        (got[-1]["loss"], got[-1]["grad_norm"]), rel=1e-6), (health, got[-1])
     if layout == "single":
         check_skip(ref_dir / "guard_skip")
         steps = sorted(int(p.name[5:]) for p in (ref_dir / "guard_nan" / "checkpoints").glob("step_*"))
-        assert steps == [2, 4], steps  # never written from a non-finite state (else 4, 6, 8)
-        assert [r["step"] for r in recs(ref_dir, "guard_nan")] == list(range(1, 9))
+        assert steps == [2, 4], steps  # never written from a non-finite state (else 4, 6)
+        assert [r["step"] for r in recs(ref_dir, "guard_nan")] == list(range(1, STEPS + 1))
 
 
 def check_skip(run_dir) -> None:

@@ -57,13 +57,15 @@ class _NanGrad(paddle.autograd.PyLayer):
 
 
 def _track() -> dict:
-    """Count batches and remember where the current one starts (PretrainData.next_step)."""
+    """Count batches and remember where the current one starts (PretrainData.next_step); once per `clear`."""
     st = _state()
-    st.update(batches=0, batch_start=None)
+    if st.get("tracking"):
+        return st
+    st.update(batches=0, batch_start=None, tracking=True)
     orig = _ORIG["next_step"]
-    skip = st.get("skip")
 
     def next_step(self):
+        skip = st.get("skip")
         if skip is not None and self.consumed_samples == skip[0]:
             self.load_state_dict(dict(self.state_dict(), consumed_samples=skip[1]))
         st["batches"] += 1
@@ -77,7 +79,7 @@ def _track() -> dict:
 def poison_grads(step: int, rank: int) -> None:
     st = _track()
     st["fired"] = False
-    orig = _ORIG["forward"]
+    orig = LMLoss.forward  # faults compose: each wraps the forward in place
 
     def forward(self, logits, labels):
         if st["batches"] == int(step) and _rank() == int(rank) and not st["fired"] and not self.sum_tokens:
@@ -90,7 +92,7 @@ def poison_grads(step: int, rank: int) -> None:
 
 def spike(sample: int, factor: float) -> None:
     st = _track()
-    orig = _ORIG["forward"]
+    orig = LMLoss.forward
 
     def forward(self, logits, labels):
         if st["batch_start"] == int(sample) and not self.sum_tokens:
@@ -101,8 +103,7 @@ def spike(sample: int, factor: float) -> None:
 
 
 def skip_samples(start: int, end: int) -> None:
-    _state()["skip"] = (int(start), int(end))
-    _track()
+    _track()["skip"] = (int(start), int(end))
 
 
 def lr_from(step: int, lr: float) -> None:
