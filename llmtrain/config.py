@@ -167,6 +167,10 @@ def config_problems(cfg: Config) -> list[str]:
         problems.append(f"model.qkv_bias={cfg.model.qkv_bias} with model.family={cfg.model.family}: q/k/v-only biases "
                         f"are a decoder switch (Qwen); the encoder follows model.bias={cfg.model.bias} "
                         "(set qkv_bias=null)")
+
+    from llmtrain.train.anomaly import config_problems as anomaly_problems  # train.anomaly.* (divergence guard)
+
+    problems += anomaly_problems(cfg.train.anomaly)
     return problems
 
 

@@ -9,7 +9,8 @@ Paddle's launcher stops the node's other ranks and exits with the first failure;
 other nodes llmtrain's watchdog ends the ranks within train.peer_timeout_s), the supervisor
 waits `--delay` seconds and starts the same command again with `checkpoint.resume=auto`
 appended (unless the command already says so), so the job continues from the newest complete
-checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored). It stops after
+checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored). Status 5 (the divergence guard stopped the run,
+docs/divergence.md) is not relaunched: a resume would start from the same newest healthy checkpoint. It stops after
 `--max-restarts` relaunches and exits with the last status; exit 0 ends it at once.
 SIGTERM / SIGINT to the supervisor go to the launcher (which forwards them: the ranks finish
 their step, save and exit 0) and no relaunch follows. Each attempt sees LLMTRAIN_ATTEMPT=<n>.
@@ -26,6 +27,10 @@ import signal
 import subprocess
 import sys
 import time
+
+
+EXIT_DIVERGED = 5
+"""The status of a run the divergence guard stopped (`llmtrain.train.anomaly.EXIT_DIVERGED`): never relaunched."""
 
 
 def main() -> int:
@@ -64,6 +69,10 @@ def main() -> int:
         if code == 0:
             print(f"[supervise] the job finished (attempt {attempt + 1})", file=sys.stderr, flush=True)
             return 0
+        if code == EXIT_DIVERGED:
+            print(f"[supervise] the divergence guard stopped the job (status {code}): no relaunch (it would resume "
+                  f"from the newest healthy checkpoint and diverge again); fix the cause first", file=sys.stderr, flush=True)
+            return code
         if stopping:
             print(f"[supervise] stopped by {signal.Signals(stopping[0]).name}; status {code}; no relaunch",
                   file=sys.stderr, flush=True)

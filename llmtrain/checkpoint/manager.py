@@ -44,10 +44,11 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from llmtrain.checkpoint.health import newest_healthy, resume_order, state_is_finite
 from llmtrain.checkpoint.shards import HostBuffers, ShardIndex, collect_shard, is_split_like_param
 from llmtrain.checkpoint.state import TrainingState
 from llmtrain.models.init import load_full_state
-from llmtrain.paddle_compat.optim import optimizer_state_dict
+from llmtrain.paddle_compat.optim import fresh_optimizer_entries, optimizer_state_dict
 from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
 from llmtrain.parallel.slicing import TensorSlices, local_slice
 from llmtrain.utils.log import log0, log_all
@@ -215,8 +216,10 @@ class Checkpointer:
                                    f"{self.cfg.checkpoint.timeout_minutes}")
             time.sleep(0.05)
 
-    def save(self, step: int, tokens_total: int) -> str:
-        """Write step_<step> atomically; returns its path.
+    def save(self, step: int, tokens_total: int, health: Optional[dict] = None) -> Optional[str]:
+        """Write step_<step> atomically; returns its path (None: refused, the state is not finite).
+
+        `health`: the divergence guard's verdict of the step, recorded in the manifest (`health.py`).
 
         With checkpoint.async_save the step pays only for `snapshot` (host copies of this
         rank's tensors, one broadcast of the save's nonce); the persistent background writer
@@ -225,7 +228,9 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.wait()  # the previous write (and its pruning) is complete, or its failure raises here
         t1 = time.perf_counter()
-        snap = self.snapshot(step, tokens_total)
+        snap = self.snapshot(step, tokens_total, health)
+        if snap is None:  # divergence guard: a non-finite state is never written (every rank agreed)
+            return None
         self.last_saved_step = step
         t2 = time.perf_counter()
         if self.writer is not None:
@@ -255,14 +260,24 @@ class Checkpointer:
         if self.writer is not None:
             self.writer.close()
 
-    def snapshot(self, step: int, tokens_total: int) -> Snapshot:
-        """Everything a save writes, copied out of the training state (training thread; one broadcast)."""
+    def snapshot(self, step: int, tokens_total: int, health: Optional[dict] = None) -> Optional[Snapshot]:
+        """Everything a save writes, copied out of the training state (training thread; one broadcast and one
+        all-reduce); None on every rank when any rank's copy holds NaN/inf (the save is refused)."""
         nonce = self._nonce()
         if self.buffers is not None:
             self.buffers.start()  # the previous write is complete (save() waited): its buffers are free again
         tensors, meta = collect_shard(self.state.tensors, self.topo, self.layout, self.buffers)  # numpy copies
+        # divergence guard: never write a non-finite state (llmtrain/checkpoint/health.py)
+        bad = state_is_finite(tensors)
+        if bad:
+            log_all(f"checkpoint step {step}: non-finite values in {', '.join(bad[:5])}{' ...' if len(bad) > 5 else ''}")
+        if not self._all_ok(not bad):
+            log0(f"checkpoint step {step} NOT saved: the state holds NaN/inf; the existing checkpoints are kept")
+            return None
         rng = {"paddle": paddle.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
         manifest = self._manifest(step, tokens_total, {}) if self.topo.rank == 0 else None
+        if manifest is not None:  # the step's loss, grad norm and verdict (divergence guard)
+            manifest["health"] = health or {"status": "healthy", "loss": None, "grad_norm": None, "anomaly": []}
         return Snapshot(step, nonce, os.path.join(self.root, f"step_{step}"),
                         os.path.join(self.root, f".tmp-step_{step}-{nonce}"), tensors, meta, rng, manifest)
 
@@ -355,7 +370,11 @@ class Checkpointer:
         if keep <= 0:
             return
         complete = [(s, p) for s, p in list_checkpoints(self.root) if s <= newest and not verify_files(p, names=[])]
+        protect = newest_healthy(complete)  # divergence guard: the newest healthy one survives any keep_last
         for s, path in complete[keep:]:
+            if (s, path) == protect:
+                log0(f"checkpoint kept beyond keep_last={keep}: {path} is the newest healthy one")
+                continue
             shutil.rmtree(path, ignore_errors=True)
             log0(f"checkpoint deleted (keep_last={keep}): {path}")
 
@@ -367,7 +386,10 @@ class Checkpointer:
         if how == "auto":
             for tmp in glob.glob(os.path.join(self.root, ".tmp-step_*")):
                 log0(f"ignoring incomplete checkpoint {tmp} (a save was interrupted)")
-            return [p for _, p in list_checkpoints(self.root)]
+            ordered, notes = resume_order([p for _, p in list_checkpoints(self.root)])  # healthy ones first
+            for note in notes:
+                log0(note)
+            return ordered
         if not os.path.isdir(how):
             raise FileNotFoundError(f"checkpoint.resume={how}: no such checkpoint directory")
         return [how]
@@ -466,7 +488,10 @@ class Checkpointer:
                     masters[var_name] = tensor
                 else:
                     accumulators.setdefault(var_name, {})[acc] = tensor
-        t.optimizer.set_state_dict(optimizer_state_dict(accumulators, masters, manifest["scheduler"]))
+        state = optimizer_state_dict(accumulators, masters, manifest["scheduler"])
+        # a checkpoint from before the first update (step 0) holds no optimizer state: fresh values (divergence guard)
+        state.update(fresh_optimizer_entries(t.optimizer, state))
+        t.optimizer.set_state_dict(state)
 
     def _load_rng(self, path: str, manifest: dict) -> None:
         """This rank's RNG states, when the checkpoint was written by as many ranks (else they start fresh)."""

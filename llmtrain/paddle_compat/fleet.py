@@ -78,3 +78,18 @@ def set_pipeline_micro_batches(pipe, n: int) -> None:
     for hooks in (pipe.forward_hooks, pipe.backward_hooks):  # capacity = virtual stages (1 here) x micro-batches
         if hooks is not None:
             hooks.set_hooks_capacity(n)
+
+
+def pipeline_step_loss(pipe):
+    """The step's mean loss held by fleet's `PipelineParallel` on its last stage, read between the schedule and the
+    optimizer step (inside `train_batch`); None on the other stages. Fleet keeps each micro-batch's loss, already
+    divided by accumulate_steps, in `total_loss[0]` (a list, or one tensor once `_broadcast_final_loss` ran)."""
+    require_tested_paddle()
+    import paddle
+
+    held = getattr(pipe, "total_loss", None)
+    if not held or not pipe.is_pipeline_last_stage(ignore_virtual=True):
+        return None
+    losses = held[0]
+    t = losses if isinstance(losses, paddle.Tensor) else paddle.stack([x.reshape([]) for x in losses])
+    return t.astype("float32").sum().reshape([])

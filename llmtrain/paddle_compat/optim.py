@@ -216,3 +216,30 @@ def optimizer_state_dict(accumulators: dict, masters: dict, lr_state) -> dict:
     state["LR_Scheduler"] = lr_state
     return state
 
+
+def fresh_optimizer_entries(optimizer, present: dict) -> dict:
+    """{accumulator variable name: its value at creation} for every AdamW accumulator that exists on this rank but
+    is not in `present` (a set_state_dict argument): zeros for the moments, beta1/beta2 for their power accumulators.
+
+    A checkpoint written before the first update (the divergence guard's step 0) holds no optimizer state; Paddle's
+    `set_state_dict` asserts every existing accumulator is given, so a rewind to it passes these fresh values."""
+    require_tested_paddle()
+    import paddle
+
+    out = {}
+    for opt in optimizer_chain(optimizer):
+        accs = opt.__dict__.get("_accumulators") or {}
+        for kind, per_param in accs.items():
+            for var in per_param.values():
+                if var.name in present:
+                    continue
+                if kind == "beta1_pow_acc":
+                    fill = float(opt._beta1)
+                elif kind == "beta2_pow_acc":
+                    fill = float(opt._beta2)
+                elif kind in ("moment1", "moment2", "moment2_max"):
+                    fill = 0.0
+                else:
+                    raise ValueError(f"fresh_optimizer_entries: unknown accumulator {kind!r} of {type(opt).__name__}")
+                out[var.name] = paddle.full(var.shape, fill, dtype=var.dtype)
+    return out

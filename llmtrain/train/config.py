@@ -4,8 +4,10 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional
+
+from llmtrain.train.anomaly import AnomalyConfig
 
 
 @dataclass
@@ -70,6 +72,10 @@ class TrainConfig:
 
     metrics_linger_s: float = 0.0
     """After the run, keep serving the Prometheus metrics this many seconds so the final values get scraped."""
+
+    anomaly: AnomalyConfig = field(default_factory=AnomalyConfig)
+    """Divergence guard: non-finite and spike detection, re-run check, skip/rewind/stop (llmtrain/train/anomaly.py,
+    docs/divergence.md)."""
 
 
 @dataclass

@@ -35,6 +35,7 @@ from typing import Any, Optional
 
 from llmtrain.errors import ConfigError
 from llmtrain.models.lora import FinetuneOptions
+from llmtrain.train.anomaly import AnomalyConfig
 from llmtrain.train.config import OptimConfig
 from llmtrain.train.schedule import lr_at
 from llmtrain.utils.log import log0
@@ -87,6 +88,9 @@ RULES: list[tuple[str, str, str]] = [
     *_each("run.name run.dir", "honoured", "where the run writes"),
     *_each("plan.devices plan.devices_per_node plan.device plan.top plan.recompute plan.profile plan.format",
            "honoured", "planner settings (`python -m llmtrain.plan`), ignored by training"),
+    *_each(" ".join(f"train.anomaly.{f.name}" for f in dataclasses.fields(AnomalyConfig)), "honoured",
+           "divergence guard settings: a healthy step trains the same; the detector's history restarts empty at a "
+           "resume (its warm-up applies again)"),
     ("data.tokenizer", "honoured", "the path may change; the vocabulary is compared separately (refused if it differs)"),
     ("data.num_workers", "honoured", "loader threads do not change the samples"),
     ("data.cache_dir", "honoured", "index cache location"),
@@ -168,7 +172,8 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
     old, new = flatten(saved), flatten(current)
     at_old, at_new = positions if positions is not None else (step, step)
     # fields the older code did not have compare as their defaults
-    defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions())})
+    defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions()),
+                        "train": {"anomaly": dataclasses.asdict(AnomalyConfig())}})
     for k, v in defaults.items():
         old.setdefault(k, v)
     r = Review()

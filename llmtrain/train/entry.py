@@ -5,7 +5,8 @@
 
 A `ConfigError` (a configuration that cannot run) is printed once, by rank 0,
 as the list of problems, and the process exits with status 2 without a Python
-traceback (set HYDRA_FULL_ERROR=1 to get the traceback). A finished CPU job
+traceback (set HYDRA_FULL_ERROR=1 to get the traceback). A run the divergence guard stopped
+(`llmtrain.train.anomaly.Diverged`) prints its message and exits with status 5. A finished CPU job
 exits without the interpreter teardown that can crash in gloo after the work is
 done (`llmtrain.paddle_compat.process.exit_process`).
 """
@@ -21,8 +22,17 @@ EXIT_CONFIG_ERROR = 2
 
 
 def run_entry(recipe, dcfg) -> None:
+    from llmtrain.train.anomaly import EXIT_DIVERGED, Diverged
+
     try:
         recipe(dcfg)
+    except Diverged as e:  # the divergence guard stopped the run: its message, status EXIT_DIVERGED
+        if global_rank() == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        from llmtrain.paddle_compat.process import exit_process
+
+        exit_process(EXIT_DIVERGED)  # CPU: without the gloo teardown
+        sys.exit(EXIT_DIVERGED)
     except ConfigError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise

@@ -196,6 +196,17 @@ class Meter:
         (total,) = self._reduce([value])
         return total / self.topo.data_world
 
+    def rewind(self, step: int, tokens_total: int) -> None:
+        """After the divergence guard reloaded the checkpoint of `step`: drop the later records (they are redone),
+        restore the token count, restart the window and the progress bar there."""
+        self.tokens_total, self._pending_tokens = tokens_total, 0
+        if self.is_writer:
+            _truncate_after(self.path, step)
+            if self._bar is not None:
+                self._bar.n = step
+                self._bar.refresh()
+        self.reset_window()
+
     def write_event(self, rec: dict) -> None:
         """A non-step record (evaluation) in metrics.jsonl and VisualDL."""
         if self.is_writer:
@@ -213,6 +224,10 @@ class Meter:
             post = {"loss": f"{rec['loss']:.4f}", "tok/s": f"{rec['tokens_per_sec']:.0f}"}
             if rec.get("mfu") is not None:
                 post["mfu"] = f"{100 * rec['mfu']:.1f}%"
+            for key, short in (("anomalies_total", "anomalies"), ("skipped_steps_total", "skipped"),
+                               ("rewinds_total", "rewinds"), ("transient_faults_total", "transient")):
+                if rec.get(key):  # divergence guard counters, shown once non-zero
+                    post[short] = rec[key]
             self._bar.set_postfix(post)
 
     def close(self) -> None:
@@ -227,7 +242,9 @@ def _truncate_after(path: str, step: int) -> None:
     if not os.path.exists(path):
         return
     with open(path) as f:
-        keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+        # records of later steps go (they are redone); divergence-guard events (rewind, stopped) are history: kept
+        keep = [line for line in f if line.strip() and (json.loads(line).get("step", 0) <= step
+                                                        or "event" in json.loads(line))]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.writelines(keep)

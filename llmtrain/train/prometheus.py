@@ -26,6 +26,10 @@ The values are the ones metrics.jsonl gets (`Meter` feeds both):
 - llmtrain_memory_bytes{kind=parameters|optimizer|gradients}: this rank's holdings as
   measured for memory.json after the first step.
 - llmtrain_info{model,layout,version} 1.
+- Divergence guard (`llmtrain.train.anomaly`), counters since the process started, every rank the same value:
+  llmtrain_anomalies_total{kind=nonfinite_loss|nonfinite_grad_norm|loss_spike|grad_norm_spike} (steps the
+  guard rejected), llmtrain_skipped_steps_total, llmtrain_rewinds_total, llmtrain_transient_faults_total (a
+  non-finite step whose re-run was finite).
 """
 from __future__ import annotations
 
@@ -46,7 +50,8 @@ METRIC_NAMES = (
     "llmtrain_grad_norm", "llmtrain_learning_rate", "llmtrain_step_duration_seconds", "llmtrain_data_wait_seconds",
     "llmtrain_checkpoint_save_duration_seconds", "llmtrain_checkpoint_last_success_timestamp_seconds",
     "llmtrain_last_step_timestamp_seconds", "llmtrain_checkpoint_interval_steps", "llmtrain_memory_bytes",
-    "llmtrain_info",
+    "llmtrain_info", "llmtrain_anomalies_total", "llmtrain_skipped_steps_total", "llmtrain_rewinds_total",
+    "llmtrain_transient_faults_total",
 )
 """Every metric family served (a histogram adds _bucket/_sum/_count, the counter is named with _total)."""
 
@@ -91,6 +96,19 @@ class PrometheusExporter:
                                names, buckets=STEP_BUCKETS, registry=reg)
         info = Info("llmtrain", "The run: model, layout, llmtrain version.", names, registry=reg)
         info.labels(**self.labels).info({"model": model, "layout": layout, "version": version})
+        from llmtrain.train.anomaly import KINDS
+
+        self._anomalies = Counter("llmtrain_anomalies", "Steps the divergence guard rejected, by anomaly kind.",
+                                  names + ["kind"], registry=reg)
+        self._guard = {key: Counter(f"llmtrain_{key}", doc, names, registry=reg) for key, doc in (
+            ("skipped_steps", "Steps whose update the divergence guard dropped (train.anomaly.policy=skip)."),
+            ("rewinds", "Reloads of the newest healthy checkpoint after an anomaly (train.anomaly.policy=rewind)."),
+            ("transient_faults", "Steps with a non-finite result whose re-run from the same state was finite."))}
+        for kind in KINDS:  # every series exists from the start, at 0
+            self._anomalies.labels(**self.labels, kind=kind).inc(0)
+        for c in self._guard.values():
+            c.labels(**self.labels).inc(0)
+        self._guard_seen: dict = {}
         self._tokens_seen = 0
         self._tokens.labels(**self.labels).inc(0)  # the series exists from the start, at 0
         self.set_tokens_total(tokens_total)
@@ -124,6 +142,17 @@ class PrometheusExporter:
         for gauge, key in pairs:
             value = rec.get(key)
             gauge.labels(**self.labels).set(math.nan if value is None else float(value))
+
+    def guard_counts(self, counts: dict, kind_counts: dict) -> None:
+        """The divergence guard's running totals (`AnomalyGuard.counts`, `.kind_counts`): raise the counters to them."""
+        for key, total in [*((k, v) for k, v in counts.items() if k in self._guard),
+                           *((("kind", k), v) for k, v in kind_counts.items())]:
+            delta = total - self._guard_seen.get(key, 0)
+            if delta > 0:
+                c = self._anomalies.labels(**self.labels, kind=key[1]) if isinstance(key, tuple) \
+                    else self._guard[key].labels(**self.labels)
+                c.inc(delta)
+                self._guard_seen[key] = total
 
     def checkpoint_saved(self, seconds: float) -> None:
         self._ckpt_s.labels(**self.labels).set(seconds)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 import paddle
@@ -41,6 +42,8 @@ class StepOutput:
     """Global gradient norm before clipping (over all ranks and groups); None when a step hook vetoed the update."""
     updated: bool = True
     """False when a step hook vetoed the optimizer update (`StepHook.before_update`)."""
+    anomaly: Optional[Any] = None
+    """The divergence guard's verdict when it rejected the step (`llmtrain.train.anomaly.Verdict`), else None."""
 
 
 def to_tensors(mb: dict):
@@ -111,6 +114,7 @@ class StepRunner:
                     scaled = self.scaler.scale(scaled)
                 scaled.backward()
             losses.append(loss.detach())
+        self.step_losses = losses  # divergence guard: read by its check inside optimizer.step() (anomaly.py)
         loss = paddle.stack(losses).mean()
         check = UpdateCheck(loss=loss, micro_batches=n)
         updated = all([hook.before_update(check) for hook in self.hooks])  # every hook runs, then the veto

@@ -28,7 +28,8 @@ from typing import Any, Optional
 import paddle
 from omegaconf import OmegaConf
 
-from llmtrain.checkpoint.manager import Checkpointer
+from llmtrain.checkpoint.health import newest_healthy
+from llmtrain.checkpoint.manager import Checkpointer, list_checkpoints
 from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.stages import canonical_parameters
@@ -38,6 +39,7 @@ from llmtrain.parallel.experts import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
+from llmtrain.train.anomaly import AnomalyGuard, Diverged
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
@@ -142,6 +144,8 @@ class Trainer:
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
                             hooks=built.hooks)
+        # divergence guard: gates the clip (a verdict before every update), re-run, policies (anomaly.py)
+        self.guard = AnomalyGuard(cfg.train.anomaly, topo, runner, built.clip, built.optimizer)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -179,7 +183,13 @@ class Trainer:
         paused = wd.paused if wd is not None else contextlib.nullcontext
         exporter = meter.exporter
         step, stopped = state.step, False
+        guard = self.guard
+        if state.path is None and cfg.checkpoint.interval > 0 and cfg.train.anomaly.initial_checkpoint:
+            with paused():  # divergence guard: a healthy checkpoint from before the first update (anomaly.py)
+                self._save(0, meter)
+            meter.reset_window()
         while step < max_steps:
+            guard.before_next_step(data)  # divergence guard: after a rewind, skip the anomalous data window
             t0 = time.perf_counter()
             consumed_before = data.consumed_samples
             micro_batches = data.next_step()
@@ -187,15 +197,25 @@ class Trainer:
             if cfg.train.batch_rampup is not None:  # the LR follows consumed samples, as Megatron's does
                 built.scheduler.follow_samples(consumed_before, layout.global_batch)
             lr = built.optimizer.get_lr()
-            out = runner.run(micro_batches)
+            # divergence guard: runner.run under a verdict before the update, re-run once if non-finite
+            out = guard.run_step(runner, micro_batches, step + 1, (consumed_before, data.consumed_samples))
             step += 1
+            # divergence guard: the policy's action for a rejected step (skip / rewind / stop), counted before the record
+            action = self._policy(out.anomaly) if out.anomaly is not None else None
             record = runner.finish(step, out, meter.reduce_sum)  # step hooks: e.g. MoE routing metrics, bias update
             out = dataclasses.replace(out, loss=record.loss)
-            extra = {"consumed_samples": data.consumed_samples, **record.metrics}
+            extra = {"consumed_samples": data.consumed_samples, **guard.metrics(), **record.metrics}
             meter.update(step, out, lr, data_wait, extra=extra)
             if wd is not None:
                 wd.progress(step)
-            if step == state.step + 1:  # optimizer state exists from the first step on: what each rank holds
+            if exporter is not None:
+                exporter.guard_counts(guard.counts, guard.kind_counts)
+            if action == "stop":  # divergence guard: end the run (Diverged: exit status 5)
+                self._stop(out.anomaly, meter)
+            if action == "rewind":  # divergence guard: reload the newest healthy checkpoint, skip the data window
+                step = self._rewind(out.anomaly, meter)
+                continue
+            if step == state.step + 1 and not guard.counts["rewinds"]:  # optimizer state exists from the first step on: what each rank holds
                 self._record_memory(step, exporter)
                 ckpt.prepare()  # async saves: their host buffers, allocated in the background
             if cfg.train.eval_interval and step % cfg.train.eval_interval == 0:
@@ -231,10 +251,44 @@ class Trainer:
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
 
+    def _policy(self, v) -> str:
+        """The policy's action for a rejected step: `skip`, `rewind` or `stop` (counted)."""
+        self.ckpt.wait()  # async saves: the checkpoint being written counts
+        target = newest_healthy(list_checkpoints(self.ckpt.root),
+                                before=v.step - 1 - self.cfg.train.anomaly.rewind_back_steps)
+        return self.guard.act(v, has_healthy_checkpoint=target is not None)
+
+    def _stop(self, v, meter: Meter) -> None:
+        """Raise Diverged with the step, the anomaly, its values and the newest healthy checkpoint."""
+        guard, ckpt = self.guard, self.ckpt
+        ckpt.close()  # the last background write is complete: the newest healthy checkpoint is whole
+        newest = newest_healthy(list_checkpoints(ckpt.root))
+        where = "none" if newest is None else f"{newest[1]} (step {newest[0]}{_health_text(newest[1])})"
+        msg = (f"training stopped at {v.describe()}: {guard.reason}; newest healthy checkpoint: {where}. "
+               f"After fixing the cause (a lower optim.lr for a run that diverges again after rewinds), "
+               f"checkpoint.resume=auto continues from it")
+        meter.write_event({"step": v.step, "event": "stopped", "anomaly": list(v.kinds), "reason": guard.reason})
+        meter.close()
+        raise Diverged(msg)
+
+    def _rewind(self, v, meter: Meter) -> int:
+        """Reload the newest healthy checkpoint before the anomaly; returns its step (the loop continues there)."""
+        ckpt, guard = self.ckpt, self.guard
+        _, path = newest_healthy(list_checkpoints(ckpt.root), before=v.step - 1 - self.cfg.train.anomaly.rewind_back_steps)
+        if not ckpt._verify_shared(path):
+            raise Diverged(f"training stopped at {v.describe()}: the rewind checkpoint {path} is incomplete or corrupt")
+        state = ckpt.load(path)
+        window = guard.rewound(v, state.step, self.data.consumed_samples)
+        meter.rewind(state.step, state.tokens_total)
+        meter.write_event({"step": v.step, "event": "rewind", "anomaly": list(v.kinds), "to_step": state.step,
+                           "skip_samples": list(window), **guard.metrics()})
+        return state.step
+
     def _save(self, step: int, meter: Meter) -> None:
         """A checkpoint; its duration and completion time go to the Prometheus exporter."""
         t0 = time.perf_counter()
-        self.ckpt.save(step, meter.tokens_total_exact())
+        if self.ckpt.save(step, meter.tokens_total_exact(), health=self.guard.health()) is None:
+            return  # refused: the state is not finite (divergence guard)
         if meter.exporter is not None:
             meter.exporter.set_tokens_total(meter.tokens_total)
             meter.exporter.checkpoint_saved(time.perf_counter() - t0)
@@ -251,6 +305,13 @@ class Trainer:
                            "eval_tokens": int(tokens)})
         log0(f"step {step}: eval loss {loss:.4f}, perplexity {math.exp(min(loss, 700.0)):.2f} ({int(tokens)} tokens)")
         meter.reset_window()
+
+
+def _health_text(path: str) -> str:
+    from llmtrain.checkpoint.health import health_of
+
+    h = health_of(path)
+    return "" if h.get("loss") is None else f", loss {h['loss']:.6g}, grad_norm {h['grad_norm']:.6g}"
 
 
 def _prepare_run_dir(cfg, topo) -> None:

@@ -84,7 +84,7 @@ def test_metric_name_parser():
 
 def test_every_queried_metric_is_served():
     rules, dash = rule_exprs(), dashboard_exprs()
-    assert len(rules) == 5 and len(dash) >= 12
+    assert len(rules) == 7 and len(dash) >= 12
     used = set().union(*(metric_names(e) for e in rules + dash))
     unknown = {n for n in used if n not in SERVED and n not in FOREIGN and not n.startswith(FOREIGN_PREFIXES)}
     assert not unknown, f"queried but not served by llmtrain/train/prometheus.py: {sorted(unknown)}"
@@ -127,6 +127,9 @@ def test_alerts_fire_on_synthetic_series(tmp_path, promtool):
                 {"series": f'llmtrain_checkpoint_interval_steps{{{lab},rank="0"}}', "values": "10x40"},
                 {"series": f'llmtrain_step_duration_seconds_sum{{{lab},rank="0"}}', "values": "0+60x40"},
                 {"series": f'llmtrain_step_duration_seconds_count{{{lab},rank="0"}}', "values": "0+6x40"},
+                # divergence guard: one rejected step at minute 20; a transient fault at minute 10
+                {"series": f'llmtrain_anomalies_total{{{lab},rank="0",kind="loss_spike"}}', "values": "0x20 1x40"},
+                {"series": f'llmtrain_transient_faults_total{{{lab},rank="0"}}', "values": "0x10 1x40"},
             ],
             "alert_rule_test": [
                 {"eval_time": "3m", "alertname": "LLMTrainStalled", "exp_alerts": []},
@@ -144,6 +147,13 @@ def test_alerts_fire_on_synthetic_series(tmp_path, promtool):
                 {"eval_time": "30m", "alertname": "LLMTrainRankMissing", "exp_alerts": []},
                 {"eval_time": "50m", "alertname": "LLMTrainRankMissing",
                  "exp_alerts": [{"exp_labels": {"job": "r", "severity": "page"}}]},
+                {"eval_time": "19m", "alertname": "LLMTrainDivergence", "exp_alerts": []},
+                {"eval_time": "22m", "alertname": "LLMTrainDivergence",
+                 "exp_alerts": [{"exp_labels": {"job": "r", "severity": "page"}}]},
+                {"eval_time": "45m", "alertname": "LLMTrainDivergence", "exp_alerts": []},  # quiet 15 min later
+                {"eval_time": "9m", "alertname": "LLMTrainTransientFault", "exp_alerts": []},
+                {"eval_time": "12m", "alertname": "LLMTrainTransientFault",
+                 "exp_alerts": [{"exp_labels": {"job": "r", "node": "n", "severity": "warn"}}]},
             ],
         }],
     }

@@ -28,6 +28,9 @@ and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA ru
 `lora_checks`. Mixture-of-Experts (`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both
 stages), dp2pp2 with ep2 (also with recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition),
 each checked per rank by `check_expert_memory`.
+The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the dp2, tp2, pp2 and
+zero2 launches also run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes
+(rewound over), faults installed from tests/train/faults.py by `call` entries in the same processes.
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import metrics, run_many
+from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
 from memory_checks import DEGREES, check_expert_memory, check_memory, check_predicted
 
@@ -127,6 +131,7 @@ def reference(tiny_corpus, tmp_path_factory):
     names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora"]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
+    runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
     run_many(runs, nproc=0, workdir=out)
     ref = {n: {"metrics": metrics(out / n), "memory": _memory(out / n)} for n in names}
     for n in names:
@@ -176,6 +181,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
+    if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
+        runs += guard_runs(tiny_corpus, out, layout)
     return names, segment, runs
 
 
@@ -258,6 +265,15 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n])
         check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["single", *GUARD_LAYOUTS])
+def test_divergence_guard(layout, reference, tiny_corpus, launched):
+    """A gradient poisoned once on rank 1 is a transient fault (re-run, continue, equal to the clean run); a batch
+    whose loss spikes is rewound over and skipped (equal to a run that never saw it); one process: policy=skip."""
+    ref_dir = reference["init_from"].parents[2]
+    check_guard(ref_dir, ref_dir if layout == "single" else launched(layout, 2), layout)
 
 
 @pytest.mark.slow

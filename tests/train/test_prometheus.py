@@ -19,6 +19,8 @@ TYPES = {
     "llmtrain_tokens": "counter",  # the parser names a counter family without _total
     "llmtrain_step_duration_seconds": "histogram",
     "llmtrain_info": "gauge",  # an Info metric is a gauge of value 1 in the text format
+    "llmtrain_anomalies": "counter", "llmtrain_skipped_steps": "counter", "llmtrain_rewinds": "counter",
+    "llmtrain_transient_faults": "counter",
 }
 
 
@@ -38,6 +40,9 @@ def test_exposition_names_types_labels_values():
                     "lr": 3e-4, "data_wait_time": 0.01})
         exp.checkpoint_saved(2.5)
         exp.memory({"param_bytes": 10, "optimizer_bytes": 20, "grad_bytes": 30})
+        kinds = {"nonfinite_loss": 0, "nonfinite_grad_norm": 1, "loss_spike": 2, "grad_norm_spike": 0}
+        exp.guard_counts({"anomalies": 3, "skipped_steps": 1, "rewinds": 2, "transient_faults": 1}, kinds)
+        exp.guard_counts({"anomalies": 3, "skipped_steps": 1, "rewinds": 2, "transient_faults": 1}, kinds)  # totals
         fams, text = _scrape(port)
     finally:
         exp.close()
@@ -71,6 +76,9 @@ def test_exposition_names_types_labels_values():
     assert value("llmtrain_last_step_timestamp_seconds") > 1.7e9
     assert value("llmtrain_checkpoint_interval_steps") == 50
     assert [value("llmtrain_memory_bytes", kind=k) for k in ("parameters", "optimizer", "gradients")] == [10, 20, 30]
+    # divergence guard: the running totals, once (a repeated total adds nothing)
+    assert [value("llmtrain_anomalies", kind=k) for k in kinds] == [0, 1, 2, 0]
+    assert (value("llmtrain_skipped_steps"), value("llmtrain_rewinds"), value("llmtrain_transient_faults")) == (1, 2, 1)
     hist = {s.name: s for s in fams["llmtrain_step_duration_seconds"].samples if "le" not in s.labels}
     assert hist["llmtrain_step_duration_seconds_count"].value == 2
     assert hist["llmtrain_step_duration_seconds_sum"].value == pytest.approx(3.2)

@@ -1,0 +1,172 @@
+"""Faults the divergence-guard tests inject into real training runs, from the test side (no switch in production code).
+
+    {"call": "tests/train/faults.py:poison_grads", "args": [STEP, RANK]}   # a multirun entry before the run
+    {"call": "tests/train/faults.py:clear"}                                # and one after it
+    faults.spike(32, 300.0); ...; faults.clear()                           # or in-process
+
+Each function patches the real classes for the runs that follow in this process (the
+multirun worker runs every entry of a launch in the same processes, in order):
+- `poison_grads(step, rank)`: on that global rank, the first loss computation of the `step`-th
+  batch passes its logits through a layer whose backward returns NaN (the loss stays finite):
+  a gradient corrupted once, as a faulty device would. A re-run of the step is clean.
+- `spike(sample, factor)`: the batch that starts at consumed-samples position `sample` has its logits
+  multiplied by `factor` on every rank: a batch whose loss spikes (and whose gradients are huge).
+- `skip_samples(start, end)`: the data jumps from `start` to `end`: a run that never saw those samples.
+- `lr_from(step, lr)`: from the `step`-th optimizer step on, the learning rate is `lr` (a diverging LR).
+- `nan_weights(step)`: when the `step`-th batch is read, the first element of the word-embedding table becomes
+  NaN in place, as corrupted memory would: every later step is non-finite, and so is the state: no checkpoint
+  may be written from it.
+"""
+from __future__ import annotations
+
+import os
+
+import paddle
+
+from llmtrain.data.loader import PretrainData
+from llmtrain.models.loss import LMLoss
+from llmtrain.train.schedule import WarmupDecay
+from llmtrain.train.step import StepRunner
+
+STATE_HOLDER = PretrainData  # runpy runs this file afresh for every call: originals and state live on a class
+if not hasattr(STATE_HOLDER, "_llm_fault_originals"):
+    STATE_HOLDER._llm_fault_originals = {"next_step": PretrainData.next_step, "forward": LMLoss.forward,
+                                         "get_lr": WarmupDecay.get_lr,
+                                         "evaluate": StepRunner.evaluate}
+_ORIG = STATE_HOLDER._llm_fault_originals
+
+
+def _state() -> dict:
+    if not hasattr(STATE_HOLDER, "_llm_fault_state"):
+        STATE_HOLDER._llm_fault_state = {}
+    return STATE_HOLDER._llm_fault_state
+
+
+def _rank() -> int:
+    return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+
+
+class _NanGrad(paddle.autograd.PyLayer):
+    """Identity forward, NaN gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+def _track() -> dict:
+    """Count batches and remember where the current one starts (PretrainData.next_step); once per `clear`."""
+    st = _state()
+    if st.get("tracking"):
+        return st
+    st.update(batches=0, batch_start=None, tracking=True)
+    orig = _ORIG["next_step"]
+
+    def next_step(self):
+        skip = st.get("skip")
+        if skip is not None and self.consumed_samples == skip[0]:
+            self.load_state_dict(dict(self.state_dict(), consumed_samples=skip[1]))
+        st["batches"] += 1
+        st["batch_start"] = self.consumed_samples
+        return orig(self)
+
+    PretrainData.next_step = next_step
+    orig_evaluate = _ORIG["evaluate"]
+
+    def evaluate(self, micro_batches):  # faults fire on training batches only, never inside an evaluation
+        st["evaluating"] = True
+        try:
+            return orig_evaluate(self, micro_batches)
+        finally:
+            st["evaluating"] = False
+
+    StepRunner.evaluate = evaluate
+    return st
+
+
+def poison_grads(step: int, rank: int) -> None:
+    st = _track()
+    st["fired"] = False
+    orig = LMLoss.forward  # faults compose: each wraps the forward in place
+
+    def forward(self, logits, labels):
+        if st["batches"] == int(step) and _rank() == int(rank) and not st["fired"] and not st.get("evaluating"):
+            st["fired"] = True
+            logits = _NanGrad.apply(logits)
+        return orig(self, logits, labels)
+
+    LMLoss.forward = forward
+
+
+def spike(sample: int, factor: float) -> None:
+    st = _track()
+    orig = LMLoss.forward
+
+    def forward(self, logits, labels):
+        if st["batch_start"] == int(sample) and not st.get("evaluating"):
+            logits = logits * float(factor)
+        return orig(self, logits, labels)
+
+    LMLoss.forward = forward
+
+
+def skip_samples(start: int, end: int) -> None:
+    _track()["skip"] = (int(start), int(end))
+
+
+def lr_from(step: int, lr: float) -> None:
+    orig = _ORIG["get_lr"]
+
+    def get_lr(self):
+        # the scheduler's last_epoch is the number of steps taken: step `step` runs at last_epoch == step - 1
+        return float(lr) if self.last_epoch >= int(step) - 1 else orig(self)
+
+    WarmupDecay.get_lr = get_lr
+
+
+def nan_weights(step: int) -> None:
+    """At the `step`-th batch, write NaN into the first element of every parameter named like a word embedding."""
+    st = _track()
+    tracked = PretrainData.next_step
+
+    def next_step(self):
+        out = tracked(self)
+        if st["batches"] == int(step):
+            for layer in st["models"]:
+                for p in layer.parameters():
+                    if "embedding" in p.name:
+                        flat = p.numpy().copy()
+                        flat.reshape(-1)[0] = float("nan")
+                        p.set_value(flat)
+        return out
+
+    PretrainData.next_step = next_step
+    from llmtrain.train import trainer
+
+    st["models"] = []
+    build = trainer.build_model_and_optimizer
+    if not hasattr(STATE_HOLDER, "_llm_fault_build"):
+        STATE_HOLDER._llm_fault_build = build
+
+    def recording(*a, **k):
+        built = STATE_HOLDER._llm_fault_build(*a, **k)
+        st["models"].append(built.core)
+        return built
+
+    trainer.build_model_and_optimizer = recording
+
+
+def clear() -> None:
+    PretrainData.next_step = _ORIG["next_step"]
+    LMLoss.forward = _ORIG["forward"]
+    WarmupDecay.get_lr = _ORIG["get_lr"]
+    StepRunner.evaluate = _ORIG["evaluate"]
+    if hasattr(STATE_HOLDER, "_llm_fault_build"):
+        from llmtrain.train import trainer
+
+        trainer.build_model_and_optimizer = STATE_HOLDER._llm_fault_build
+    _state().clear()
