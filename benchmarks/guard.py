@@ -39,7 +39,7 @@ def main() -> None:
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.train.amp import AmpPlan
     from llmtrain.train.anomaly import AnomalyGuard
-    from llmtrain.train.resolve import resolve
+    from llmtrain.resolve import resolve
     from llmtrain.train.step import StepRunner
     from llmtrain.train.trainer import build_data, build_model_and_optimizer
 
@@ -51,7 +51,7 @@ def main() -> None:
     amp = AmpPlan.from_config(run.cfg.train.amp)
     b = build_model_and_optimizer(run, topo, amp)
     runner = StepRunner(b.model, b.loss_fn, b.optimizer, b.scheduler, b.clip, amp, b.pipeline, b.scaler,
-                        accumulate_steps=run.layout.grad_accum, grad_hooks=getattr(b.core, "llm_grad_hooks", ()))
+                        accumulate_steps=run.layout.grad_accum, hooks=b.hooks)
     guard = AnomalyGuard(run.cfg.train.anomaly, topo, runner, b.clip, b.optimizer)
     gated = [(opt, get_grad_clip(opt)) for opt in optimizer_chain(b.optimizer) if get_grad_clip(opt) is not None
              and get_grad_clip(opt) is not b.clip and getattr(get_grad_clip(opt), "inner", None) is b.clip]

@@ -174,7 +174,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs = [r for n, run in zip(names, runs)
                 for r in ({"call": "tests/parallel/zero2_peak.py:record_into", "args": [str(out / n)]}, run)]
         runs += [{"call": "tests/parallel/zero2_peak.py:record_into", "args": [str(out / "llama_wide")]},
-                 tiny_overrides(tiny_corpus, str(out / "llama_wide"), "llama", steps=1) + ZERO2_WIDE]
+                 tiny_overrides(tiny_corpus, str(out / "llama_wide"), "llama", steps=1) + ZERO2_WIDE,
+                 {"call": "tests/parallel/zero2_peak.py:stop_recording"}]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes

@@ -47,6 +47,8 @@ def record_into(out_dir: str) -> None:
         out = GroupShardedStage2._llmtest_peak_dir
 
         def measured(*args):
+            if out is None:  # recording stopped (`stop_recording`): a later run of the launch
+                return reduce(*args)
             held = _grad_bytes(self)
             path = os.path.join(out, f"zero2_peak.{dist.get_rank()}.json")
             if held > getattr(self, "_llmtest_peak", -1):
@@ -59,6 +61,13 @@ def record_into(out_dir: str) -> None:
 
     GroupShardedStage2._get_reduce_fn = get_reduce_fn
     GroupShardedStage2._llmtest_wrapped = True
+
+
+def stop_recording() -> None:
+    """The runs after this call are not measured (later runs of the same launch would overwrite the last file)."""
+    from paddle.distributed.fleet.meta_parallel.sharding.group_sharded_stage2 import GroupShardedStage2
+
+    GroupShardedStage2._llmtest_peak_dir = None
 
 
 PLAN_RTOL = 0.03

@@ -29,17 +29,17 @@ from llmtrain.train.schedule import WarmupDecay
 from llmtrain.train.step import StepRunner
 
 STATE_HOLDER = PretrainData  # runpy runs this file afresh for every call: originals and state live on a class
-if not hasattr(STATE_HOLDER, "_llm_fault_originals"):
-    STATE_HOLDER._llm_fault_originals = {"next_step": PretrainData.next_step, "forward": LMLoss.forward,
+if not hasattr(STATE_HOLDER, "_fault_originals"):
+    STATE_HOLDER._fault_originals = {"next_step": PretrainData.next_step, "forward": LMLoss.forward,
                                          "get_lr": WarmupDecay.get_lr,
                                          "evaluate": StepRunner.evaluate}
-_ORIG = STATE_HOLDER._llm_fault_originals
+_ORIG = STATE_HOLDER._fault_originals
 
 
 def _state() -> dict:
-    if not hasattr(STATE_HOLDER, "_llm_fault_state"):
-        STATE_HOLDER._llm_fault_state = {}
-    return STATE_HOLDER._llm_fault_state
+    if not hasattr(STATE_HOLDER, "_fault_state"):
+        STATE_HOLDER._fault_state = {}
+    return STATE_HOLDER._fault_state
 
 
 def _rank() -> int:
@@ -149,11 +149,11 @@ def nan_weights(step: int) -> None:
 
     st["models"] = []
     build = trainer.build_model_and_optimizer
-    if not hasattr(STATE_HOLDER, "_llm_fault_build"):
-        STATE_HOLDER._llm_fault_build = build
+    if not hasattr(STATE_HOLDER, "_fault_build"):
+        STATE_HOLDER._fault_build = build
 
     def recording(*a, **k):
-        built = STATE_HOLDER._llm_fault_build(*a, **k)
+        built = STATE_HOLDER._fault_build(*a, **k)
         st["models"].append(built.core)
         return built
 
@@ -165,8 +165,8 @@ def clear() -> None:
     LMLoss.forward = _ORIG["forward"]
     WarmupDecay.get_lr = _ORIG["get_lr"]
     StepRunner.evaluate = _ORIG["evaluate"]
-    if hasattr(STATE_HOLDER, "_llm_fault_build"):
+    if hasattr(STATE_HOLDER, "_fault_build"):
         from llmtrain.train import trainer
 
-        trainer.build_model_and_optimizer = STATE_HOLDER._llm_fault_build
+        trainer.build_model_and_optimizer = STATE_HOLDER._fault_build
     _state().clear()
