@@ -17,6 +17,8 @@ filesystem, not collectives: gloo's time out after ~30 s, a big save takes longe
 manifest, with a missing or truncated file or a checksum mismatch is reported
 and skipped, never loaded; old checkpoints are deleted only after a newer one
 is complete. All ranks must see one filesystem (one node, or shared storage).
+Health (`health.py`, the divergence guard): the manifest records the step's loss, grad norm and verdict; a
+state holding NaN/inf is never written; pruning keeps the newest healthy checkpoint; resume=auto prefers it.
 
 Fault injection (tests only): with LLMTRAIN_FAULT_KILL_IN_SAVE=<step>, rank 0
 SIGKILLs itself in the middle of saving that step (shards written, no
