@@ -18,6 +18,8 @@ filesystem, not collectives: gloo's time out after ~30 s, a big save takes longe
 manifest, with a missing or truncated file or a checksum mismatch is reported
 and skipped, never loaded; old checkpoints are deleted only after a newer one
 is complete. All ranks must see one filesystem (one node, or shared storage).
+Health (`health.py`, the divergence guard): the manifest records the step's loss, grad norm and verdict; a
+state holding NaN/inf is never written; pruning keeps the newest healthy checkpoint; resume=auto prefers it.
 
 What is saved comes from components (`state.py`): the trained parameters and the
 optimizer's accumulators as pieces of full tensors in each rank's shard, and the

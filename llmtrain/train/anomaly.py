@@ -343,7 +343,50 @@ class AnomalyGuard:
         self.reason = "train.anomaly.policy=stop"
         return "stop"
 
-    def rewound(self, v: Verdict, to_step: int, to_samples: int) -> None:
+    # ---- the trainer's calls for a rejected step (checkpointer, data, meter are the loop's) ----
+    def policy(self, v: Verdict, ckpt) -> str:
+        """`skip`, `rewind` or `stop` for a rejected step (counted; a rewind needs a healthy checkpoint before it)."""
+        from llmtrain.checkpoint.health import newest_healthy
+        from llmtrain.checkpoint.manager import list_checkpoints
+
+        ckpt.wait()  # async saves: the checkpoint being written counts
+        target = newest_healthy(list_checkpoints(ckpt.root), before=v.step - 1 - self.cfg.rewind_back_steps)
+        return self.act(v, has_healthy_checkpoint=target is not None)
+
+    def stop(self, v: Verdict, ckpt, meter) -> None:
+        """Raise Diverged naming the step, the anomaly, its values and the newest healthy checkpoint."""
+        from llmtrain.checkpoint.health import health_of, newest_healthy
+        from llmtrain.checkpoint.manager import list_checkpoints
+
+        ckpt.close()  # the last background write is complete: the newest healthy checkpoint is whole
+        newest = newest_healthy(list_checkpoints(ckpt.root))
+        where = "none"
+        if newest is not None:
+            h = health_of(newest[1])
+            values = "" if h.get("loss") is None else f", loss {h['loss']:.6g}, grad_norm {h['grad_norm']:.6g}"
+            where = f"{newest[1]} (step {newest[0]}{values})"
+        meter.write_event({"step": v.step, "event": "stopped", "anomaly": list(v.kinds), "reason": self.reason})
+        meter.close()
+        raise Diverged(f"training stopped at {v.describe()}: {self.reason}; newest healthy checkpoint: {where}. "
+                       f"After fixing the cause (a lower optim.lr for a run that diverges again after rewinds), "
+                       f"checkpoint.resume=auto continues from it")
+
+    def rewind(self, v: Verdict, ckpt, data, meter) -> int:
+        """Reload the newest healthy checkpoint before the anomaly; returns its step (the loop continues there)."""
+        from llmtrain.checkpoint.health import newest_healthy
+        from llmtrain.checkpoint.manager import list_checkpoints
+
+        _, path = newest_healthy(list_checkpoints(ckpt.root), before=v.step - 1 - self.cfg.rewind_back_steps)
+        if not ckpt._verify_shared(path):
+            raise Diverged(f"training stopped at {v.describe()}: the rewind checkpoint {path} is incomplete or corrupt")
+        state = ckpt.load(path)
+        window = self.rewound(v, state.step, data.consumed_samples)
+        meter.rewind(state.step, state.tokens_total)
+        meter.write_event({"step": v.step, "event": "rewind", "anomaly": list(v.kinds), "to_step": state.step,
+                           "skip_samples": list(window), **self.metrics()})
+        return state.step
+
+    def rewound(self, v: Verdict, to_step: int, to_samples: int) -> tuple[int, int]:
         """After reloading the checkpoint of `to_step`: skip the data window, forget the undone history."""
         self.counts["rewinds"] += 1
         first = max(v.step - self.cfg.skip_batches + 1, to_step + 1)

@@ -28,8 +28,7 @@ from typing import Any, Optional
 import paddle
 from omegaconf import OmegaConf
 
-from llmtrain.checkpoint.health import newest_healthy
-from llmtrain.checkpoint.manager import Checkpointer, list_checkpoints
+from llmtrain.checkpoint.manager import Checkpointer
 from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.stages import canonical_parameters
@@ -39,7 +38,7 @@ from llmtrain.parallel.experts import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
-from llmtrain.train.anomaly import AnomalyGuard, Diverged
+from llmtrain.train.anomaly import AnomalyGuard
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
@@ -201,7 +200,7 @@ class Trainer:
             out = guard.run_step(runner, micro_batches, step + 1, (consumed_before, data.consumed_samples))
             step += 1
             # divergence guard: the policy's action for a rejected step (skip / rewind / stop), counted before the record
-            action = self._policy(out.anomaly) if out.anomaly is not None else None
+            action = guard.policy(out.anomaly, ckpt) if out.anomaly is not None else None
             record = runner.finish(step, out, meter.reduce_sum)  # step hooks: e.g. MoE routing metrics, bias update
             out = dataclasses.replace(out, loss=record.loss)
             extra = {"consumed_samples": data.consumed_samples, **guard.metrics(), **record.metrics}
@@ -210,10 +209,10 @@ class Trainer:
                 wd.progress(step)
             if exporter is not None:
                 exporter.guard_counts(guard.counts, guard.kind_counts)
-            if action == "stop":  # divergence guard: end the run (Diverged: exit status 5)
-                self._stop(out.anomaly, meter)
+            if action == "stop":  # divergence guard: end the run (raises Diverged: exit status 5)
+                guard.stop(out.anomaly, ckpt, meter)
             if action == "rewind":  # divergence guard: reload the newest healthy checkpoint, skip the data window
-                step = self._rewind(out.anomaly, meter)
+                step = guard.rewind(out.anomaly, ckpt, data, meter)
                 continue
             if step == state.step + 1 and not guard.counts["rewinds"]:  # optimizer state exists from the first step on: what each rank holds
                 self._record_memory(step, exporter)
@@ -251,39 +250,6 @@ class Trainer:
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
 
-    def _policy(self, v) -> str:
-        """The policy's action for a rejected step: `skip`, `rewind` or `stop` (counted)."""
-        self.ckpt.wait()  # async saves: the checkpoint being written counts
-        target = newest_healthy(list_checkpoints(self.ckpt.root),
-                                before=v.step - 1 - self.cfg.train.anomaly.rewind_back_steps)
-        return self.guard.act(v, has_healthy_checkpoint=target is not None)
-
-    def _stop(self, v, meter: Meter) -> None:
-        """Raise Diverged with the step, the anomaly, its values and the newest healthy checkpoint."""
-        guard, ckpt = self.guard, self.ckpt
-        ckpt.close()  # the last background write is complete: the newest healthy checkpoint is whole
-        newest = newest_healthy(list_checkpoints(ckpt.root))
-        where = "none" if newest is None else f"{newest[1]} (step {newest[0]}{_health_text(newest[1])})"
-        msg = (f"training stopped at {v.describe()}: {guard.reason}; newest healthy checkpoint: {where}. "
-               f"After fixing the cause (a lower optim.lr for a run that diverges again after rewinds), "
-               f"checkpoint.resume=auto continues from it")
-        meter.write_event({"step": v.step, "event": "stopped", "anomaly": list(v.kinds), "reason": guard.reason})
-        meter.close()
-        raise Diverged(msg)
-
-    def _rewind(self, v, meter: Meter) -> int:
-        """Reload the newest healthy checkpoint before the anomaly; returns its step (the loop continues there)."""
-        ckpt, guard = self.ckpt, self.guard
-        _, path = newest_healthy(list_checkpoints(ckpt.root), before=v.step - 1 - self.cfg.train.anomaly.rewind_back_steps)
-        if not ckpt._verify_shared(path):
-            raise Diverged(f"training stopped at {v.describe()}: the rewind checkpoint {path} is incomplete or corrupt")
-        state = ckpt.load(path)
-        window = guard.rewound(v, state.step, self.data.consumed_samples)
-        meter.rewind(state.step, state.tokens_total)
-        meter.write_event({"step": v.step, "event": "rewind", "anomaly": list(v.kinds), "to_step": state.step,
-                           "skip_samples": list(window), **guard.metrics()})
-        return state.step
-
     def _save(self, step: int, meter: Meter) -> None:
         """A checkpoint; its duration and completion time go to the Prometheus exporter."""
         t0 = time.perf_counter()
@@ -305,13 +271,6 @@ class Trainer:
                            "eval_tokens": int(tokens)})
         log0(f"step {step}: eval loss {loss:.4f}, perplexity {math.exp(min(loss, 700.0)):.2f} ({int(tokens)} tokens)")
         meter.reset_window()
-
-
-def _health_text(path: str) -> str:
-    from llmtrain.checkpoint.health import health_of
-
-    h = health_of(path)
-    return "" if h.get("loss") is None else f", loss {h['loss']:.6g}, grad_norm {h['grad_norm']:.6g}"
 
 
 def _prepare_run_dir(cfg, topo) -> None:
