@@ -9,8 +9,8 @@ boundaries), then `llmtrain/pretrain.py model=ernie-tiny model.init_from=DIR +pa
 pretraining with whole-word masking on 2 CPU processes: loss finite and falling, and the first step's
 loss equal, within 1e-4, to the loss PaddleNLP's own model computes on the same masked batches
 (`masked_positions=` and `labels=`, as PaddleNLP's ERNIE pretraining calls it). The run goes through the entry
-function `llmtrain.pretrain.pretrain` in the tp2 launch it shares with tests/e2e/test_export_roundtrip.py when both
-files are collected (tests/e2e/shared_launch.py).
+function `llmtrain.pretrain.pretrain` in the tp2 launch it shares with the other tp2 end-to-end files collected
+with it (tests/e2e/shared_launch.py: test_export_roundtrip.py, test_qwen_e2e.py).
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
     python -m pytest tests/e2e/test_export_roundtrip.py -q
 
-Both architectures train in one tp2 launch, shared with tests/e2e/test_ernie_paddlenlp.py when both files are
-collected (tests/e2e/shared_launch.py); each is exported and checked by its own test.
+Both architectures train in one tp2 launch, shared with the other tp2 end-to-end files collected with this one
+(tests/e2e/shared_launch.py: test_ernie_paddlenlp.py, test_qwen_e2e.py); each is exported and checked by its own test.
 """
 from __future__ import annotations
 
