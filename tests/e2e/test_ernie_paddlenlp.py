@@ -8,9 +8,9 @@ articles are preprocessed with that tokenizer directory (`data.tokenizer=DIR`, g
 boundaries), then `llmtrain/pretrain.py model=ernie-tiny model.init_from=DIR +parallel=tp2` continues
 pretraining with whole-word masking on 2 CPU processes: loss finite and falling, and the first step's
 loss equal, within 1e-4, to the loss PaddleNLP's own model computes on the same masked batches
-(`masked_positions=` and `labels=`, as PaddleNLP's ERNIE pretraining calls it). The run goes through the entry
-function `llmtrain.pretrain.pretrain` in the tp2 launch it shares with the other tp2 end-to-end files collected
-with it (tests/e2e/shared_launch.py: test_export_roundtrip.py, test_qwen_e2e.py).
+(`masked_positions=` and `labels=`, as PaddleNLP's ERNIE pretraining calls it). The run is `llmtrain/pretrain.py`'s
+own main, started in place as the last run of the tp2 launch it shares with the other tp2 end-to-end files
+collected with it (tests/e2e/shared_launch.py: test_export_roundtrip.py, test_qwen_e2e.py; tests/e2e/run_script.py).
 """
 from __future__ import annotations
 
@@ -82,10 +82,11 @@ def build(root, tiny_corpus):
     """(run_many entries, (model_dir, overrides, run_dir)): the tp2 run from the PaddleNLP ERNIE directory."""
     model_dir, prefix = ernie_dir(root)
     overrides = run_overrides(model_dir, prefix, str(root / "run"))
-    return [{"overrides": [*overrides, "+parallel=tp2"], "entry": "pretrain"}], (model_dir, overrides, root / "run")
+    args = ["llmtrain/pretrain.py", *overrides, "+parallel=tp2"]
+    return [{"call": "tests/e2e/run_script.py:run", "args": args}], (model_dir, overrides, root / "run")
 
 
-join("tp2", "ernie", build)
+join("tp2", "ernie", build, last=True)
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@
 
 The run goes through tests/e2e/multirun_worker.py in the dp2 launch it shares with tests/e2e/test_finetune.py when
 both files are collected (tests/e2e/shared_launch.py); `llmtrain/pretrain.py`'s own main runs under the launcher in
-tests/deploy, tests/checkpoint and tests/train.
+tests/e2e/test_ernie_paddlenlp.py, tests/deploy, tests/checkpoint and tests/train.
 """
 from __future__ import annotations
 
