@@ -8,7 +8,9 @@ articles are preprocessed with that tokenizer directory (`data.tokenizer=DIR`, g
 boundaries), then `llmtrain/pretrain.py model=ernie-tiny model.init_from=DIR +parallel=tp2` continues
 pretraining with whole-word masking on 2 CPU processes: loss finite and falling, and the first step's
 loss equal, within 1e-4, to the loss PaddleNLP's own model computes on the same masked batches
-(`masked_positions=` and `labels=`, as PaddleNLP's ERNIE pretraining calls it).
+(`masked_positions=` and `labels=`, as PaddleNLP's ERNIE pretraining calls it). The run is `llmtrain/pretrain.py`'s
+own main, started in place as the last run of the tp2 launch it shares with the other tp2 end-to-end files
+collected with it (tests/e2e/shared_launch.py: test_export_roundtrip.py, test_qwen_e2e.py; tests/e2e/run_script.py).
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import paddle
 import pytest
 
 from llmtest import compose
-from launch import metrics, run_launch
+from launch import metrics
+from shared_launch import join, shared
 
 # the real package (dev extra); a missing paddlenlp fails this test rather than skipping it
 from paddlenlp.transformers import ErnieConfig, ErnieForMaskedLM, ErnieTokenizer  # noqa: E402
@@ -37,14 +40,13 @@ def vocabulary(texts) -> list[str]:
     return vocab
 
 
-@pytest.fixture(scope="module")
-def ernie_dir(tmp_path_factory):
+def ernie_dir(root):
     """(PaddleNLP ERNIE directory with model + tokenizer, data prefix) for a few pd1998 articles."""
     from llmtrain.corpus.parse import ParseOptions
     from llmtrain.corpus.peoples_daily import records
     from llmtrain.data.preprocess import preprocess
 
-    root = tmp_path_factory.mktemp("paddlenlp_ernie")
+    root.mkdir(parents=True)
     recs = list(records(limit=N_DOCS))
     model_dir = root / "ernie"
     model_dir.mkdir()
@@ -76,15 +78,24 @@ def run_overrides(model_dir, prefix, run_dir) -> list[str]:
             "optim.warmup_steps=1", f"run.dir={run_dir}"]
 
 
+def build(root, tiny_corpus):
+    """(run_many entries, (model_dir, overrides, run_dir)): the tp2 run from the PaddleNLP ERNIE directory."""
+    model_dir, prefix = ernie_dir(root)
+    overrides = run_overrides(model_dir, prefix, str(root / "run"))
+    args = ["llmtrain/pretrain.py", *overrides, "+parallel=tp2"]
+    return [{"call": "tests/e2e/run_script.py:run", "args": args}], (model_dir, overrides, root / "run")
+
+
+join("tp2", "ernie", build, last=True)
+
+
 @pytest.mark.slow
-def test_paddlenlp_ernie_continues_mlm_pretraining_under_tp2(ernie_dir, tmp_path):
+def test_paddlenlp_ernie_continues_mlm_pretraining_under_tp2(tiny_corpus, tmp_path_factory):
     from llmtrain.config import to_config
     from llmtrain.data.mlm import MLMData
 
-    model_dir, prefix = ernie_dir
-    overrides = run_overrides(model_dir, prefix, str(tmp_path / "run"))
-    run_launch(["llmtrain/pretrain.py", *overrides, "+parallel=tp2"], nproc=2, log_dir=tmp_path / "log")
-    recs = metrics(tmp_path / "run")
+    model_dir, overrides, run_dir = shared("tp2", "ernie", tiny_corpus, tmp_path_factory)
+    recs = metrics(run_dir)
     assert [r["step"] for r in recs] == list(range(1, STEPS + 1))
     losses = [r["loss"] for r in recs]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0] - 0.1, losses

@@ -1,6 +1,9 @@
 """A checkpoint written by a real tp2 run -> `python -m llmtrain.export` -> PaddleNLP loads it with our logits.
 
     python -m pytest tests/e2e/test_export_roundtrip.py -q
+
+Both architectures train in one tp2 launch, shared with the other tp2 end-to-end files collected with this one
+(tests/e2e/shared_launch.py: test_ernie_paddlenlp.py, test_qwen_e2e.py); each is exported and checked by its own test.
 """
 from __future__ import annotations
 
@@ -10,13 +13,32 @@ import sys
 import numpy as np
 import pytest
 
-from launch import REPO, env, run_many
+from launch import REPO, env
 from llmtest import tiny_overrides
+from shared_launch import join, shared
+
+
+ARCHS = ("llama", "gpt")
+
+
+def build(root, tiny_corpus):
+    """(run_many entries, {arch: run directory}): 3 tp2 steps of each architecture."""
+    runs = [tiny_overrides(tiny_corpus, str(root / arch), arch, steps=3) + ["+parallel=tp2", "checkpoint.save_final=true"]
+            for arch in ARCHS]
+    return [{"overrides": r, "entry": "pretrain"} for r in runs], {arch: root / arch for arch in ARCHS}
+
+
+join("tp2", "export", build)
+
+
+@pytest.fixture(scope="module")
+def tp2_runs(tiny_corpus, tmp_path_factory):
+    return shared("tp2", "export", tiny_corpus, tmp_path_factory)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("arch", ["llama", "gpt"])
-def test_tp2_checkpoint_exports_to_paddlenlp(arch, tiny_corpus, tmp_path):
+@pytest.mark.parametrize("arch", ARCHS)
+def test_tp2_checkpoint_exports_to_paddlenlp(arch, tp2_runs, tmp_path):
     import paddle
     from paddlenlp.transformers import AutoModelForCausalLM
 
@@ -25,9 +47,7 @@ def test_tp2_checkpoint_exports_to_paddlenlp(arch, tiny_corpus, tmp_path):
     from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.init import load_full_state
 
-    run = tmp_path / "run"
-    run_many([tiny_overrides(tiny_corpus, str(run), arch, steps=3) + ["+parallel=tp2", "checkpoint.save_final=true"]],
-             nproc=2, workdir=tmp_path / "w")
+    run = tp2_runs[arch]
     out = tmp_path / "exported"
     proc = subprocess.run([sys.executable, "-m", "llmtrain.export", "--checkpoint", str(run), "--output", str(out),
                            "--safetensors"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)

@@ -1,6 +1,10 @@
 """Fine-tuning from a real PaddleNLP checkpoint: prompt tokens carry no loss, the loss on the examples falls.
 
     python -m pytest tests/e2e/test_finetune.py -q
+
+The dp2 run is `llmtrain/finetune.py`'s own main (Hydra's command line), started in place as the last run of the dp2
+launch it shares with tests/e2e/test_pretrain.py when both files are collected (tests/e2e/shared_launch.py,
+tests/e2e/run_script.py); hence a global batch of 8, that launch's batch layout.
 """
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ import json
 import numpy as np
 import pytest
 
-from launch import metrics, run_launch
+from launch import metrics
+from shared_launch import join, shared
 
 EXAMPLES = [
     ("人民日报的总部在哪里？", "人民日报社位于北京。"),
@@ -22,14 +27,29 @@ EXAMPLES = [
 ]
 
 
+GLOBAL_BATCH = 8
+_BUILT = {}
+
+
 @pytest.fixture(scope="module")
 def sft_setup(tiny_corpus, tmp_path_factory):
+    return built_setup(tmp_path_factory.mktemp("sft"), tiny_corpus)
+
+
+def built_setup(root, tiny_corpus):
+    """(directory, PaddleNLP model): made once, by the dp2 launch or the first test that needs it."""
+    if "setup" not in _BUILT:
+        _BUILT["setup"] = make_setup(root, tiny_corpus)
+    return _BUILT["setup"]
+
+
+def make_setup(root, tiny_corpus):
     import paddle
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
     from llmtrain.tokenizer import load_tokenizer
 
-    root = tmp_path_factory.mktemp("sft")
+    root.mkdir(parents=True, exist_ok=True)
     vocab = load_tokenizer(tiny_corpus["tokenizer"]).vocab_size
     paddle.seed(7)
     cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -48,7 +68,7 @@ def sft_setup(tiny_corpus, tmp_path_factory):
 def _overrides(tiny_corpus, root, run_dir, steps):
     return [
         f"model.init_from={root / 'pnlp'}", f"data.files=[{root / 'sft.jsonl'}]", f"data.tokenizer={tiny_corpus['tokenizer']}",
-        "data.seq_len=48", f"train.max_steps={steps}", "train.global_batch_size=4", "train.micro_batch_size=2",
+        "data.seq_len=48", f"train.max_steps={steps}", f"train.global_batch_size={GLOBAL_BATCH}", "train.micro_batch_size=2",
         "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.warmup_steps=2", "train.eval_interval=5", "train.eval_batches=4",
         "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=true", "checkpoint.resume=none",
         f"run.dir={run_dir}",
@@ -77,16 +97,25 @@ def test_prompt_tokens_carry_no_loss_and_bad_records_are_counted(tiny_corpus, sf
     assert mb["loss_mask"].sum() < mb["loss_mask"].size / 2  # prompts and padding excluded
 
 
+def build(root, tiny_corpus):
+    """(run_many entries, (setup directory, PaddleNLP model, run directory)): `llmtrain/finetune.py` in place."""
+    setup_root, model = built_setup(root / "setup", tiny_corpus)
+    run_dir = root / "run"
+    args = ["llmtrain/finetune.py", "+parallel=dp2", *_overrides(tiny_corpus, setup_root, run_dir, 15)]
+    return [{"call": "tests/e2e/run_script.py:run", "args": args}], (setup_root, model, run_dir)
+
+
+join("dp2", "finetune", build, last=True)
+
+
 @pytest.mark.slow
-def test_finetune_imported_paddlenlp_llama_under_dp2(tiny_corpus, sft_setup, tmp_path):
+def test_finetune_imported_paddlenlp_llama_under_dp2(tiny_corpus, tmp_path_factory):
     import paddle
     import paddle.nn.functional as F
 
     from llmtrain.data.sft import SFTData, SFTDataConfig
 
-    root, pnlp_model = sft_setup
-    run_dir = tmp_path / "run"
-    run_launch(["llmtrain/finetune.py", "+parallel=dp2", *_overrides(tiny_corpus, root, run_dir, 15)], 2, tmp_path / "log")
+    root, pnlp_model, run_dir = shared("dp2", "finetune", tiny_corpus, tmp_path_factory)
     recs = metrics(run_dir)
     train = [r for r in recs if "loss" in r]
     evals = [r["eval_loss"] for r in recs if "eval_loss" in r]
@@ -95,7 +124,7 @@ def test_finetune_imported_paddlenlp_llama_under_dp2(tiny_corpus, sft_setup, tmp
     assert train[-1]["loss"] < train[0]["loss"]
     # step 1 starts from the PaddleNLP weights: its loss equals PaddleNLP's own forward on the same batches
     data = SFTData(SFTDataConfig(files=[str(root / "sft.jsonl")], tokenizer=tiny_corpus["tokenizer"], seq_len=48),
-                   seed=1234, global_batch_size=4, micro_batch_size=2, dp_world=1)
+                   seed=1234, global_batch_size=GLOBAL_BATCH, micro_batch_size=2, dp_world=1)
     pnlp_model.eval()
     means, tokens = [], 0
     for mb in data.next_step():

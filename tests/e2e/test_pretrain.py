@@ -1,6 +1,10 @@
-"""End to end through `python -m paddle.distributed.launch ... llmtrain/pretrain.py +parallel=dp2`.
+"""End to end on 2 processes: the pretraining entry (`llmtrain.pretrain.pretrain`) under `+parallel=dp2`.
 
     python -m pytest tests/e2e/test_pretrain.py -q
+
+The run goes through tests/e2e/multirun_worker.py in the dp2 launch it shares with tests/e2e/test_finetune.py when
+both files are collected (tests/e2e/shared_launch.py); `llmtrain/pretrain.py`'s own main runs under the launcher in
+tests/e2e/test_ernie_paddlenlp.py, tests/deploy, tests/checkpoint and tests/train.
 """
 from __future__ import annotations
 
@@ -11,22 +15,29 @@ import numpy as np
 import pytest
 
 from llmtest import compose, tiny_overrides
-from launch import metrics, run_launch
+from launch import metrics
+from shared_launch import join, shared
 
 FIELDS = ("step", "loss", "lr", "grad_norm", "tokens", "tokens_total", "tokens_per_sec", "tokens_per_sec_per_device",
           "step_time", "data_wait_time", "tflops_per_device", "mfu")
 STEPS = 16
 
 
-@pytest.fixture(scope="module")
-def dp2_run(tiny_corpus, tmp_path_factory):
-    out = tmp_path_factory.mktemp("e2e_dp2")
+def build(out, tiny_corpus):
+    """(run_many entries, (run directory, overrides)): the dp2 pretraining run."""
     overrides = tiny_overrides(tiny_corpus, str(out / "run"), "gpt", steps=STEPS) + [
         "+parallel=dp2", "optim.lr=3e-3", "data.eod_mask_loss=true", "train.eval_interval=8", "train.eval_batches=2",
         "checkpoint.save_final=true", "train.visualdl=true",
     ]
-    run_launch(["llmtrain/pretrain.py", *overrides], nproc=2, log_dir=out / "log")
-    return out / "run", overrides
+    return [{"overrides": overrides, "entry": "pretrain"}], (out / "run", overrides)
+
+
+join("dp2", "pretrain", build)
+
+
+@pytest.fixture(scope="module")
+def dp2_run(tiny_corpus, tmp_path_factory):
+    return shared("dp2", "pretrain", tiny_corpus, tmp_path_factory)
 
 
 @pytest.mark.slow

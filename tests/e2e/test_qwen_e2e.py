@@ -5,7 +5,8 @@
 Two launches cover both sources (`run_many`, one fleet topology each):
 - tp2 (`llmtrain/finetune.py`'s entry): supervised fine-tuning from the PaddleNLP Qwen (our SentencePiece
   tokenizer), from the HF Qwen2 (its own tokenizer.json), and LoRA from the PaddleNLP Qwen starting from
-  adapters PaddleNLP's `LoRAModel` made (fused c_attn);
+  adapters PaddleNLP's `LoRAModel` made (fused c_attn); the tp2 launch is shared with the other tp2 end-to-end
+  files collected with this one (tests/e2e/shared_launch.py; hence a global batch of 8, their batch layout);
 - pp2 (`llmtrain/pretrain.py`'s entry): continued pretraining from both directories.
 Each run: step 1's loss equals the source model's own forward on the same micro-batches (PaddleNLP's Qwen, or
 the numpy Qwen2 of tests/hf_tiny.py), so the weights arrived whole under the layout; memory.json shows each rank
@@ -23,22 +24,26 @@ import pytest
 from hf_tiny import make_hf_checkpoint, make_hf_tokenizer, reference_logits
 
 from launch import metrics, run_many
+from shared_launch import join, shared
 
 EXAMPLES = [("人民日报的总部在哪里？", "人民日报社位于北京。"), ("请用一句话介绍长江。", "长江是中国最长的河流。"),
             ("一加一等于几？", "一加一等于二。"), ("谁写了《春》？", "朱自清写了《春》。"),
             ("今天天气怎么样？", "今天晴，适合出门。"), ("什么是分词？", "分词是把句子切成词语。")]
 STEPS = 3
+GLOBAL_BATCH = {"tp2": 8, "pp2": 4}
+"""Global batch per layout (micro-batch 2): tp2 matches the other runs of the shared tp2 launch."""
+TP2 = ["pnlp", "hf", "pnlp_lora"]
+PP2 = ["pnlp", "hf"]
 
 
-@pytest.fixture(scope="module")
-def sources(tiny_corpus, tmp_path_factory):
+def make_sources(root, tiny_corpus):
     import paddle
     from paddlenlp.peft import LoRAConfig, LoRAModel
     from paddlenlp.transformers import QWenConfig, QWenForCausalLM
 
     from llmtrain.tokenizer import load_tokenizer
 
-    root = tmp_path_factory.mktemp("qwen_e2e")
+    root.mkdir(parents=True, exist_ok=True)
     vocab = load_tokenizer(tiny_corpus["tokenizer"]).vocab_size
     paddle.seed(11)
     qwen = QWenForCausalLM(QWenConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -64,8 +69,24 @@ def sources(tiny_corpus, tmp_path_factory):
     return root
 
 
-def _common(run_dir):
-    return [f"train.max_steps={STEPS}", "train.global_batch_size=4", "train.micro_batch_size=2", "optim.lr=3e-3",
+_BUILT = {}
+
+
+def built_sources(root, tiny_corpus):
+    """The source directories, made once (in `root`) by whichever needs them first: the tp2 launch or the pp2 test."""
+    if "root" not in _BUILT:
+        _BUILT["root"] = make_sources(root, tiny_corpus)
+    return _BUILT["root"]
+
+
+@pytest.fixture(scope="module")
+def sources(tiny_corpus, tmp_path_factory):
+    return built_sources(tmp_path_factory.mktemp("qwen_e2e"), tiny_corpus)
+
+
+def _common(run_dir, layout):
+    return [f"train.max_steps={STEPS}", f"train.global_batch_size={GLOBAL_BATCH[layout]}", "train.micro_batch_size=2",
+            "optim.lr=3e-3",
             "optim.min_lr=3e-4", "optim.warmup_steps=1", "train.progress_bar=false", "train.visualdl=false",
             "train.eval_interval=0", "checkpoint.save_final=true", "checkpoint.resume=none", f"run.dir={run_dir}"]
 
@@ -75,14 +96,14 @@ def finetune_run(root, tiny_corpus, name):
     tok = root / "hf_qwen2" if name.startswith("hf") else tiny_corpus["tokenizer"]
     extra = [f"finetune.lora.init_from={root / 'pnlp_lora'}", "finetune.lora.rank=2"] if name.endswith("lora") else []
     return [f"model.init_from={root / src}", f"data.files=[{root / 'sft.jsonl'}]", f"data.tokenizer={tok}",
-            "data.seq_len=40", *extra, *_common(root / "tp2" / name)]
+            "data.seq_len=40", *extra, *_common(root / "tp2" / name, "tp2")]
 
 
 def pretrain_run(root, tiny_corpus, name):
     src = "hf_qwen2" if name.startswith("hf") else "pnlp_qwen"
     return [f"model.init_from={root / src}", f"data.prefixes=[{tiny_corpus['prefix']}]",
             f"data.tokenizer={tiny_corpus['tokenizer']}", "data.seq_len=32", "data.num_workers=0",
-            *_common(root / "pp2" / name)]
+            *_common(root / "pp2" / name, "pp2")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -135,7 +156,7 @@ def check_run(root, tiny_corpus, layout, name, overrides, entry):
     assert len(train) == STEPS and all(np.isfinite(r["loss"]) for r in train), train
     cfg = to_config(compose_config(overrides, config_name="finetune" if entry == "finetune" else "config"))
     cls = SFTData if entry == "finetune" else PretrainData
-    data = cls(cfg.data, seed=cfg.seed, global_batch_size=4, micro_batch_size=2, dp_world=1,
+    data = cls(cfg.data, seed=cfg.seed, global_batch_size=GLOBAL_BATCH[layout], micro_batch_size=2, dp_world=1,
                tokenizer=load_tokenizer(cfg.data.tokenizer))
     want = first_step_loss(root, name, data.next_step())
     assert abs(train[0]["loss"] - want) < 1e-4, (layout, name, train[0]["loss"], want)
@@ -207,18 +228,26 @@ def trained_lora_logits(cfg, adapters, manifest, ids):
     return trained_logits(cfg, merge_adapters(base_state(manifest), adapters, lora.alpha / lora.rank), ids)
 
 
+def build_tp2(root, tiny_corpus):
+    """(run_many entries, (sources root, overrides per run)): the fine-tuning runs of the shared tp2 launch."""
+    src = built_sources(root, tiny_corpus)
+    runs = {n: finetune_run(src, tiny_corpus, n) for n in TP2}
+    return [{"overrides": r + ["+parallel=tp2"], "entry": "finetune"} for r in runs.values()], (src, runs)
+
+
+join("tp2", "qwen", build_tp2)
+
+
 @pytest.mark.slow
-def test_qwen_sources_finetune_under_tp2_and_export_back(sources, tiny_corpus, tmp_path):
-    names = ["pnlp", "hf", "pnlp_lora"]
-    runs = {n: finetune_run(sources, tiny_corpus, n) for n in names}
-    run_many([r + ["+parallel=tp2"] for r in runs.values()], nproc=2, workdir=tmp_path, entry="finetune")
-    for n in names:
-        check_run(sources, tiny_corpus, "tp2", n, runs[n], "finetune")
+def test_qwen_sources_finetune_under_tp2_and_export_back(tiny_corpus, tmp_path_factory):
+    root, runs = shared("tp2", "qwen", tiny_corpus, tmp_path_factory)
+    for n in TP2:
+        check_run(root, tiny_corpus, "tp2", n, runs[n], "finetune")
 
 
 @pytest.mark.slow
 def test_qwen_sources_continue_pretraining_under_pp2_and_export_back(sources, tiny_corpus, tmp_path):
-    names = ["pnlp", "hf"]
+    names = PP2
     runs = {n: pretrain_run(sources, tiny_corpus, n) for n in names}
     run_many([r + ["+parallel=pp2"] for r in runs.values()], nproc=2, workdir=tmp_path)
     for n in names:

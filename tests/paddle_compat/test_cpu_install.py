@@ -41,25 +41,34 @@ def test_version_check_names_both_versions():
         check_paddle_version("3.0.0")
 
 
-def test_install_refuses_other_paddle_versions_before_patching():
+@pytest.fixture(scope="module")
+def fresh_process():
+    """(refusal part, install part, process) of one fresh process (one Paddle import for both tests below): first
+    install() under a fake Paddle version (refused, nothing patched), then, the real version back, install() twice."""
     proc = run_python(
-        "import paddle; paddle.__version__ = '3.0.0'\n"
+        "import paddle; real = paddle.__version__; paddle.__version__ = '3.0.0'\n"
         "from llmtrain.paddle_compat import cpu_backend\n"
         "try:\n    cpu_backend.install()\nexcept RuntimeError as e:\n"
         "    print('REFUSED', len(cpu_backend.installed_patches()), str(e).splitlines()[0])\n"
-    )
-    assert "REFUSED 0" in proc.stdout, proc.stdout + proc.stderr
-    assert TESTED_PADDLE_VERSION in proc.stdout
-
-
-def test_install_on_cpu_is_idempotent_and_lists_every_patch():
-    proc = run_python(
-        "from llmtrain.paddle_compat import cpu_backend\n"
+        "paddle.__version__ = real\n"
+        "print('INSTALL', flush=True)\n"
         "assert cpu_backend.install() is True and cpu_backend.install() is True\n"
         "print('\\n'.join(cpu_backend.installed_patches()))\n"
     )
-    assert proc.returncode == 0, proc.stderr
-    patched = proc.stdout.split()
+    refusal, _, install = proc.stdout.partition("INSTALL\n")
+    return refusal, install, proc
+
+
+def test_install_refuses_other_paddle_versions_before_patching(fresh_process):
+    refusal, _, proc = fresh_process
+    assert "REFUSED 0" in refusal, proc.stdout + proc.stderr
+    assert TESTED_PADDLE_VERSION in refusal
+
+
+def test_install_on_cpu_is_idempotent_and_lists_every_patch(fresh_process):
+    _, install, proc = fresh_process
+    assert proc.returncode == 0 and "INSTALL" in proc.stdout, proc.stdout + proc.stderr
+    patched = install.split()
     assert len(patched) == len(set(patched))
     for expected in [
         "paddle.distributed.collective._new_process_group_impl",

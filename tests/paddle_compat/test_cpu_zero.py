@@ -8,7 +8,8 @@ GroupShardedStage2 built without a device argument (stage 2), or with
 paddle.distributed.sharding.group_sharded_parallel(level="p_g_os", segment_size=0)
 (stage 3, every parameter sliced). Losses and full parameters after training
 must equal the single-process run (fp32, atol 1e-5), and each rank must hold about half
-of the single-process optimizer state (stage 2 exactly partitions it).
+of the single-process optimizer state (stage 2 exactly partitions it). Both stages run in one
+launch (the worker trains them one after another in the same two processes).
 """
 
 from __future__ import annotations
@@ -26,12 +27,25 @@ from launching import run_workers  # noqa: E402
 ATOL = 1e-5
 
 
+LAYOUTS = ("zero2", "zero3")
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every rank's results of both stages, from one launch on 2 processes."""
+    assert {common.ZERO_LAYOUTS[name]["sharding"] for name in LAYOUTS} == {2}
+    return run_workers("zero_worker.py", [",".join(LAYOUTS)], 2, tmp_path_factory.mktemp("zero"))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["zero2", "zero3"])
-def test_group_sharded_matches_single_process(layout, tmp_path):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_group_sharded_matches_single_process(layout, launched):
     spec = common.ZERO_LAYOUTS[layout]
     ref = common.zero_reference_run(spec["sharding"])
-    results = run_workers("zero_worker.py", [layout], spec["sharding"], tmp_path)
+    prefix = f"{layout}/"
+    results = {rank: {k[len(prefix):]: v for k, v in got.items() if k.startswith(prefix)}
+               for rank, got in launched.items()}
+    assert all(results.values()), f"{layout}: no results in the launch"
 
     for step in range(common.ZERO_STEPS):
         mean = np.mean([float(got[f"loss/{step}"]) for got in results.values()])

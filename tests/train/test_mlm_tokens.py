@@ -4,7 +4,7 @@
 
 A tiny ERNIE-style encoder (4 post-norm layers, tied MLM head) with whole-word masking on the
 gold-segmented tiny corpus, 8 optimizer steps with a global batch of 8 (micro-batch 2), through the
-real entry function on one process. The objective follows the
+real entry function in this process (as tests/checkpoint/test_integrity.py runs it). The objective follows the
 model family (`model=ernie-tiny` gives MLMData). The same run under dp2, tp2, pp2 and tp2pp2 is compared with
 one process in those launches of tests/parallel/test_parity.py (run "ernie").
 """
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from llmtest import compose, tiny_overrides
-from launch import metrics, run_many
+from launch import metrics
 
 STEPS = 8
 
@@ -25,8 +25,10 @@ def overrides(corpus, run_dir):
 
 @pytest.fixture(scope="module")
 def reference(tiny_corpus, tmp_path_factory):
+    from llmtrain.pretrain import pretrain
+
     out = tmp_path_factory.mktemp("ernie_ref")
-    run_many([overrides(tiny_corpus, str(out / "run"))], nproc=0, workdir=out)
+    pretrain(compose(overrides(tiny_corpus, str(out / "run"))))
     return metrics(out / "run")
 
 
