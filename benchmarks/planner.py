@@ -1,7 +1,8 @@
 """The planner against published results (held to the same device constants, no per-point tuning).
 
     python benchmarks/planner.py            # published points
-    python benchmarks/planner.py --cpu      # + predicted vs measured step time of six 2-process CPU layouts
+    python benchmarks/planner.py --cpu      # + predicted vs measured step time of CPU runs (1 process mb 1/2/4/8, 6 layouts)
+    python benchmarks/planner.py --cpu-only [--no-run]   # the CPU table alone (--no-run: re-predict the last runs)
 
 Done: PaddleNLP's Llama2-7B/13B on 8 x A100-80G, tp2 + sharding4 stage 2, seq 4096, global batch 64, flash
 attention, bf16 O2, no recompute (llm/docs/pretrain.md; llm/llama/pretrain-llama2_*-tp2sd4_stage2.json);
@@ -142,38 +143,68 @@ def main() -> None:
 
 
 CPU_LAYOUTS = ["dp2", "tp2", "pp2", "sharding2", "zero2", "zero3"]
+CPU_MICRO_BATCHES = [1, 2, 4, 8]
 
 
-def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu") -> None:
-    """Predicted vs measured step time of six 2-process CPU layouts (one launch each, through tests/launch.py)."""
+def _cpu_common() -> list[str]:
+    corpus = ["data.prefixes=[work/pd1998/pd1998_text_document]", "data.tokenizer=work/pd1998/tokenizer"]
+    if not os.path.exists("work/pd1998/pd1998_text_document.bin"):
+        corpus = ["data.prefixes=[/work/main/work/pd1998/pd1998_text_document]",
+                  "data.tokenizer=/work/main/work/pd1998/tokenizer"]
+    return corpus + ["train.max_steps=8", "train.global_batch_size=8", "train.progress_bar=false",
+                     "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none", "data.num_workers=0"]
+
+
+def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> list[dict]:
+    """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8 (one process runs the
+    four in turn), then six 2-process layouts at micro-batch 2 (one launch each, through tests/launch.py).
+    `run=False` re-predicts the runs already in `workdir`."""
     import statistics
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from launch import metrics, run_many
 
-    corpus = ["data.prefixes=[work/pd1998/pd1998_text_document]", "data.tokenizer=work/pd1998/tokenizer"]
-    if not os.path.exists("work/pd1998/pd1998_text_document.bin"):
-        corpus = ["data.prefixes=[/work/main/work/pd1998/pd1998_text_document]",
-                  "data.tokenizer=/work/main/work/pd1998/tokenizer"]
-    common = corpus + ["train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2",
-                       "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false",
-                       "checkpoint.resume=none", "data.num_workers=0"]
+    common = _cpu_common()
     out = Path(workdir)
-    for name in CPU_LAYOUTS:  # one launch per layout (fleet is initialised once per process)
-        run_many([common + [f"+parallel={name}", f"run.dir={out / name}"]], nproc=2, workdir=out / f"{name}_launch")
-    print("| layout | measured step s (median, steps 3-8) | predicted | error |")
+    single = [(f"single mb{mb}", common + [f"train.micro_batch_size={mb}", f"run.dir={out / f'mb{mb}'}"],
+               ["+parallel=dp2", "parallel.dp=1", "plan.devices=1"]) for mb in CPU_MICRO_BATCHES]
+    layouts = [(name, common + ["train.micro_batch_size=2", f"+parallel={name}", f"run.dir={out / name}"], ["plan.devices=2"])
+               for name in CPU_LAYOUTS]
+    loads = []
+    if run:
+        loads.append(os.getloadavg()[0])
+        run_many([o for _, o, _ in single], nproc=0, workdir=out / "single_launch")
+        loads.append(os.getloadavg()[0])
+        for _, overrides, _ in layouts:  # one launch per layout (fleet is initialised once per process)
+            run_many([overrides], nproc=2, workdir=out / f"{overrides[-1].rsplit('/', 1)[-1]}_launch")
+            loads.append(os.getloadavg()[0])
+    rows = []
+    for name, overrides, plan_extra in single + layouts:
+        measured = statistics.median(r["step_time"] for r in metrics(Path(overrides[-1].split("=", 1)[1]))[2:])
+        row = plan(to_config(compose_config([o for o in overrides if not o.startswith("run.dir")] + plan_extra
+                                            + ["plan.device=cpu-here"])))[0]
+        rows.append({"name": name, "measured_s": measured, "predicted_s": row["step_time_s"],
+                     "error": row["step_time_s"] / measured - 1})
+    if loads:
+        print(f"load average (1 min) before and after each launch: {', '.join(f'{x:.1f}' for x in loads)}")
+    return rows
+
+
+def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> None:
+    rows = cpu_rows(workdir, run)
+    print("| run | measured step s (median, steps 3-8) | predicted | error |")
     print("|---|---|---|---|")
-    for name in CPU_LAYOUTS:
-        measured = statistics.median(r["step_time"] for r in metrics(out / name)[2:])
-        row = plan(to_config(compose_config(common + [f"+parallel={name}", "plan.devices=2", "plan.device=cpu-here"])))[0]
-        pred = row["step_time_s"]
-        print(f"| {name} | {measured:.3f} | {pred:.3f} | {100 * (pred / measured - 1):+.1f}% |")
+    for r in rows:
+        print(f"| {r['name']} | {r['measured_s']:.3f} | {r['predicted_s']:.3f} | {100 * r['error']:+.1f}% |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
 if __name__ == "__main__":
-    main()
-    megatron_table()
-    ratio_table()
-    if "--cpu" in sys.argv:
-        cpu_table()
+    if "--cpu-only" not in sys.argv:
+        main()
+        megatron_table()
+        ratio_table()
+    if "--cpu" in sys.argv or "--cpu-only" in sys.argv:
+        cpu_table(run="--no-run" not in sys.argv)
