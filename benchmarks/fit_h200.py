@@ -32,19 +32,31 @@ BASE = {
 }
 
 
-def host_times(host: dict) -> dict:
-    """The profile's host block from host.json: seconds per forward op with autograd recording, per backward
-    node, per view op (timeline.py)."""
-    def pick(*keys):
-        for k in keys:
-            if k in host and isinstance(host[k], (int, float)):
-                return float(host[k])
-        raise KeyError(f"host.json: none of {keys} (keys: {sorted(host)})")
+BWD_KERNELS = {"add": 1, "mul": 2, "matmul": 2, "rms_norm": 1, "layer_norm": 1, "silu": 1, "gelu_tanh": 1,
+               "cat_split": 2}
+"""Backward kernels of each tiny eager op of host.json (mul, matmul: one per input; cat/split: split and concat)."""
 
-    return {"fwd_op_s": pick("fwd_op_s", "forward_op_s", "per_op_fwd_s"),
-            "bwd_op_s": pick("bwd_op_s", "backward_op_s", "per_op_bwd_s"),
-            "view_op_s": pick("view_op_s", "view_s", "launch_floor_s"),
-            "source": "host.json: time per op of long loops of tiny eager ops (PyTorch on the H200's host)"}
+
+def host_times(host: dict) -> dict:
+    """The profile's host block (timeline.py) from host.json's loops of tiny eager ops: `fwd_op_s` = median per-op
+    time of the forward loops (autograd recording on), `bwd_op_s` = median of (forward+backward - forward) per
+    op over its backward kernels, `view_op_s` = the eager launch floor (an in-place add without autograd)."""
+    import statistics
+
+    ops = [r for r in host["rows"] if r.get("kind") == "eager_op"]
+    floor = [r["seconds_per_op"] for r in host["rows"] if r.get("kind") == "eager_launch_floor"]
+    return {"fwd_op_s": statistics.median(r["fwd_s_per_op"] for r in ops),
+            "bwd_op_s": statistics.median((r["fwd_bwd_s_per_op"] - r["fwd_s_per_op"]) / BWD_KERNELS.get(r["op"], 1)
+                                          for r in ops),
+            "view_op_s": floor[0] if floor else statistics.median(r["fwd_s_per_op"] for r in ops),
+            "source": "host.json: loops of tiny eager PyTorch ops on the H200's host (16-core Xeon): forward per "
+                      "op, backward per kernel, launch floor for host-only dispatches",
+            "ops": {r["op"]: [r["fwd_s_per_op"], r["fwd_bwd_s_per_op"]] for r in ops}}
+
+
+def optimizer_rows(rows: list[dict]) -> list[dict]:
+    """optimizer.json rows -> {tensors, numel, seconds}: the whole step (clip, AdamW per chunk, zeroing)."""
+    return [{"tensors": r["tensors"], "numel": r["params"], "seconds": r["step_s"]} for r in rows if r.get("step_s")]
 
 
 def main(argv: list[str]) -> None:
@@ -53,11 +65,13 @@ def main(argv: list[str]) -> None:
         Path(__file__).resolve().parent.parent / "llmtrain/plan/profiles/h200.json"
     raw, prov = read_tables(data)
     raw["host"] = host_times(raw["host"])
+    raw["optimizer"] = optimizer_rows(raw["optimizer"])
     g = prov.get("gemm", {})
-    prov["summary"] = (f"({g.get('gpu', g.get('device', 'H200'))}, {g.get('date', g.get('date_utc', '?'))}, "
-                       f"{g.get('method', g.get('timing', ''))})").replace(", )", ")")
+    prov["summary"] = (f"({g.get('gpu', 'H200')}, driver {g.get('driver', '?')}, CUDA {g.get('cuda', '?')}, torch "
+                       f"{g.get('torch', '?')}, {g.get('date_utc', '?')}; CUDA events, medians)")
     prov["fitted_by"] = f"python benchmarks/fit_h200.py {data}"
     prof = fit_profile(raw, BASE, prov)
+    prof["optimizer"]["includes_clip"] = True  # step_s holds the clip (and zeroing the grads)
     out.write_text(json.dumps(prof, indent=1))
     print(f"wrote {out}: {len(prof['gemm']['rows'])} GEMM shapes, {len(prof.get('attention', {}).get('rows', []))} "
           f"attention rows, memory-bound classes {sorted(prof['memory_bound']['classes'])}, host {prof['host']}, "

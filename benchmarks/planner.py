@@ -201,10 +201,71 @@ def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> N
     print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%")
 
 
+H200_DATA = "benchmarks/data/h200"
+
+
+def h200_overrides(arch: dict, micro_batch: int, recompute: bool) -> list[str]:
+    """Planner overrides for one steps.json row: llmtrain's preset of the family with the row's shape, one
+    micro-batch per step, bf16, flash attention, and the kernels the instrument runs (benchmarks/gpu_model.py:
+    fused q|k|v and gate|up GEMMs and RMSNorm as on llmtrain's GPU path; RoPE and silu * up unfused)."""
+    a = arch
+    if a["family"] == "llama":
+        base = ["model=llama-7b", "model.fuse_rope=false", "model.fuse_swiglu=false", "model.fuse_rms_norm=true",
+                "model.fuse_qkv=true", "model.fuse_ffn=true", f"model.num_kv_heads={a['kv_heads']}"]
+    else:
+        base = ["model=gpt2-small", "model.activation=gelu_tanh", "model.fuse_qkv=true"]
+    return base + [f"model.name={a['family']}-h{a['hidden']}", f"model.hidden_size={a['hidden']}",
+                   f"model.num_layers={a['layers']}", f"model.num_heads={a['heads']}",
+                   f"model.ffn_hidden_size={a['ffn']}", f"model.vocab_size={a['vocab']}",
+                   f"model.max_position_embeddings={a['seq']}", f"model.tie_embeddings={str(a['tie_embeddings']).lower()}",
+                   "model.attention=flash", "train.amp=bf16", f"data.seq_len={a['seq']}",
+                   f"train.global_batch_size={micro_batch}", f"train.micro_batch_size={micro_batch}",
+                   f"train.recompute={str(recompute).lower()}", "plan.device=h200", "plan.devices=1",
+                   "+parallel=dp2", "parallel.dp=1"]
+
+
+def h200_rows(data_dir: str = H200_DATA) -> list[dict]:
+    """Predicted (the fitted h200 profile) vs measured (steps.json, never fitted) step time of every H200 row."""
+    import json
+    from pathlib import Path
+
+    d = json.loads((Path(data_dir) / "steps.json").read_text())
+    rep = Path(data_dir) / "steps_repeat.json"
+    repeat = {r["name"]: r["step_s_median"] for r in json.loads(rep.read_text())["rows"]} if rep.exists() else {}
+    out = []
+    for r in d["rows"]:
+        if r.get("error") or not r.get("step_s_median"):
+            continue
+        row = _row(h200_overrides(r["arch"], r["micro_batch"], r["recompute"]))
+        out.append({"name": r["name"], "measured_s": r["step_s_median"], "repeat_s": repeat.get(r["name"]),
+                    "predicted_s": row["step_time_s"], "error": row["step_time_s"] / r["step_s_median"] - 1,
+                    "host_s": row["host_s"], "device_s": row["device_s"], "kernels": row["kernels_per_step"],
+                    "kernels_measured": r.get("kernels_per_step")})
+    return out
+
+
+def h200_table(data_dir: str = H200_DATA) -> None:
+    rows = h200_rows(data_dir)
+    print("\n| H200 row | measured step s (steps.json; repeat) | predicted | error | predicted host / device s | "
+          "kernels predicted / profiled |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        rep = f"; {r['repeat_s']:.4f}" if r["repeat_s"] else ""
+        print(f"| {r['name']} | {r['measured_s']:.4f}{rep} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | "
+              f"{r['host_s']:.4f} / {r['device_s']:.4f} | {r['kernels']} / {r['kernels_measured']} |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}% over {len(rows)} rows")
+
+
 if __name__ == "__main__":
-    if "--cpu-only" not in sys.argv:
+    register_configs()
+    if "--cpu-only" not in sys.argv and "--h200-only" not in sys.argv:
         main()
         megatron_table()
         ratio_table()
+    for flag in ("--h200", "--h200-only"):
+        if flag in sys.argv:
+            i = sys.argv.index(flag)
+            h200_table(sys.argv[i + 1] if i + 1 < len(sys.argv) and not sys.argv[i + 1].startswith("--") else H200_DATA)
     if "--cpu" in sys.argv or "--cpu-only" in sys.argv:
         cpu_table(run="--no-run" not in sys.argv)

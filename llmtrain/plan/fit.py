@@ -8,7 +8,7 @@
 - attention: per row [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] with the FLOPs of
   kernels.attention_flops (causal halves, backward 2.5x);
 - memory_bound: rows grouped into op classes (`op_class`: rmsnorm_fwd -> rmsnorm, cast_bf16_fp32 -> cast, ...),
-  each class [bytes read + written, seconds] (median per size);
+  each class [elements of one input (`numel`), seconds] (median per size);
 - host: the per-op times of eager execution (GPU: `fwd_op_s`, `bwd_op_s`, `view_op_s`; CPU: the autograd
   extras over a bare call, the bare call being inside the tables);
 - optimizer: least squares of seconds = per_tensor_s·tensors + per_elem_s·elements over the AdamW rows
@@ -71,9 +71,14 @@ def fit_attention(rows: list[dict]) -> list[list]:
 def fit_memory_bound(rows: list[dict]) -> dict:
     by = defaultdict(list)
     for r in rows:
-        by[op_class(r["op"])].append(r)
+        if r.get("seconds") and not r.get("error"):
+            by[op_class(r["op"])].append(r)
+    for cls, rs in by.items():  # a row timed eagerly (host dispatch included) where graph-timed rows exist: dropped
+        graphed = [r for r in rs if "eager" not in str(r.get("timing", ""))]
+        if graphed and len(graphed) < len(rs) and any("graph" in str(r.get("timing", "")) for r in graphed):
+            by[cls] = graphed
     return {cls: [[b, t] for b, t in sorted(_median_by(
-        rs, lambda r: float(r["bytes_read"]) + float(r["bytes_written"]), lambda r: float(r["seconds"])).items())]
+        rs, lambda r: float(r["numel"]), lambda r: float(r["seconds"])).items())]
         for cls, rs in sorted(by.items())}
 
 

@@ -15,7 +15,8 @@ linears hold out/tp features, row linears in/tp):
 - the attention core (`attn`): flash attention by (batch·heads, seq, head dim, causal), forward and
   backward; the math path (CPU, `attention=math`) as its batched GEMMs (q·kᵀ, probs·v and their
   gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward;
-- memory-bound ops (`mem`) by the bytes they read and write, per op class (norms, RoPE, activations,
+- memory-bound ops (`mem`) by their size (elements of one input, the index of the profile's measured rows),
+  per op class (norms, RoPE, activations,
   residual adds, casts, the embedding gather and its scatter-add gradient, the logits' fp32 cast,
   softmax cross entropy and its gradient); the models have no dropout;
 - `view` ops (reshape, split, chunk views): host time only.
@@ -34,13 +35,15 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Kernel:
     kind: str
-    """gemm | attn_fwd | attn_bwd | mem | view"""
+    """gemm | attn_fwd | attn_bwd | mem | view (a host-only dispatch: a view, or an op whose device time is
+    inside a composite memory-bound row of the profile)"""
     op: str
-    """Op class of a memory-bound kernel (a row class of the profile's memory_bound table) or a name."""
+    """Op class of a memory-bound kernel (a class of the profile's memory_bound table) or a name."""
     shape: tuple = ()
-    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal)."""
-    bytes: float = 0.0
-    """Bytes read + written (memory-bound kernels)."""
+    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal, kv_heads)."""
+    numel: float = 0.0
+    """Memory-bound kernels: elements of one input, the table's index (fp32 statistics and the like are
+    folded into the op's measured time)."""
     flops: float = 0.0
 
 
@@ -48,8 +51,8 @@ def gemm(m, n, k, batch=1, op="gemm") -> Kernel:
     return Kernel("gemm", op, (int(m), int(n), int(k), int(batch)), flops=2.0 * m * n * k * batch)
 
 
-def mem(op: str, nbytes: float) -> Kernel:
-    return Kernel("mem", op, bytes=float(nbytes))
+def mem(op: str, numel: float) -> Kernel:
+    return Kernel("mem", op, numel=float(numel))
 
 
 def view(op: str = "view") -> Kernel:
@@ -77,34 +80,45 @@ class _Pass:
         return [k for group in reversed(self.bwd) for k in group]
 
 
-def _linear(p: _Pass, T, K, N, bias: bool, e: int, name: str):
+def _linear(p: _Pass, T, K, N, bias: bool, name: str):
     """x [T, K] @ W [K, N] (+ b)."""
-    fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", (2 * T * N + N) * e)] if bias else [])
+    fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", T * N)] if bias else [])
     bwd = [gemm(T, K, N, op=f"{name}.dgrad"), gemm(K, N, T, op=f"{name}.wgrad")]
     if bias:
-        bwd.append(mem("reduce", T * N * e + N * e))  # bias gradient: sum over tokens
+        bwd.append(mem("reduce", T * N))  # bias gradient: sum over tokens
     p.op(fwd, bwd)
 
 
 def _norm(p: _Pass, cfg, T, h, e, fused_rms: bool):
     if cfg.norm == "layernorm":
-        p.op([mem("layernorm", 2 * T * h * e + 8 * T)], [mem("layernorm_bwd", 3 * T * h * e + 8 * T)])
+        p.op([mem("layernorm", T * h)], [mem("layernorm_bwd", T * h)])
     elif fused_rms:
-        p.op([mem("rmsnorm", 2 * T * h * e + 4 * T)], [mem("rmsnorm_bwd", 3 * T * h * e + 4 * T)])
+        p.op([mem("rmsnorm", T * h)], [mem("rmsnorm_bwd", T * h)])
     else:  # x.astype(fp32); pow; mean; +eps, rsqrt; x32 * r; astype; * weight (layers.RMSNorm)
-        f = 4
-        p.op([mem("cast", T * h * (e + f))], [mem("cast", T * h * (e + f))] if e != f else [])
-        p.op([mem("mul", 2 * T * h * f)], [mem("mul", 3 * T * h * f)])
-        p.op([mem("reduce", T * h * f + T * f)], [mem("add", T * h * f + T * f)])
-        p.op([mem("add", 2 * T * f)], [mem("add", 2 * T * f)])
-        p.op([mem("mul", 2 * T * f)], [mem("mul", 3 * T * f)])
-        p.op([mem("mul", 2 * T * h * f + T * f)], [mem("mul", 3 * T * h * f), mem("reduce", 2 * T * h * f)])
-        p.op([mem("cast", T * h * (e + f))], [mem("cast", T * h * (e + f))] if e != f else [])
-        p.op([mem("mul", 2 * T * h * e + h * e)], [mem("mul", 3 * T * h * e), mem("reduce", 2 * T * h * e)])
+        n = T * h
+        cast = [mem("cast", n)] if e != 4 else []
+        p.op(cast, cast)
+        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
+        p.op([mem("reduce", n)], [mem("copy", n)])
+        p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
+        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+        p.op(cast, cast)
+        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
 
 
-def _residual(p: _Pass, T, h, e):
-    p.op([mem("add", 3 * T * h * e)], [])  # the gradient passes through both inputs (no kernel)
+def _residual(p: _Pass, T, h):
+    p.op([mem("add", T * h)], [])  # the gradient passes through both inputs (no kernel)
+
+
+def _rope(p: _Pass, T, width, fused: bool):
+    """Rotary embedding of q ([T, q]) and k ([T, kv]); `width` = (q, kv) widths."""
+    q, kv = width
+    if fused:  # one kernel for q and k
+        p.op([mem("rope", T * (q + kv))], [mem("rope_bwd", T * (q + kv))])
+        return
+    for w in (q, kv):  # layers.Rotary.apply: chunk, -x2, concat, x*cos, rotated*sin, add: one composite row
+        host = [view("chunk")] + [view("rope-part")] * 4
+        p.op([mem("rope", T * w)] + host, [mem("rope_bwd", T * w)] + host)
 
 
 def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
@@ -114,73 +128,58 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
     nh, nkv = cfg.num_heads // t, cfg.kv_heads() // t
     f = cfg.ffn_hidden_size // t
     fused = {k: cfg.fused(k, gpu) for k in ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")}
-    swiglu = cfg.activation == "swiglu"
     causal = cfg.family == "decoder"
     _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
-    # q, k, v projections
-    if fused["fuse_qkv"]:
-        w = h * (q + 2 * kv)
-        p.op([mem("copy", 2 * w * e)], [mem("copy", 2 * w * e)])  # concat of the weights; split of their grad
-        _linear(p, T, h, q + 2 * kv, cfg.bias, e, "qkv")
-        p.op([view("split")] * 1, [mem("copy", 2 * T * (q + 2 * kv) * e)])  # backward concatenates the grads
+    if fused["fuse_qkv"]:  # one GEMM of the weights concatenated at every forward (a copy; its grad split back)
+        p.op([mem("copy", h * (q + 2 * kv))], [mem("copy", h * (q + 2 * kv))])
+        _linear(p, T, h, q + 2 * kv, cfg.bias, "qkv")
+        p.op([view("split")], [mem("copy", T * (q + 2 * kv))])  # the backward concatenates q, k, v grads
     else:
         for name, width in (("q", q), ("k", kv), ("v", kv)):
-            _linear(p, T, h, width, cfg.bias, e, name)
-        p.op([], [mem("add", 3 * T * h * e), mem("add", 3 * T * h * e)])  # the norm output's three grads summed
+            _linear(p, T, h, width, cfg.bias, name)
+        p.op([], [mem("add", T * h), mem("add", T * h)])  # the norm output's three gradients summed
     p.op([view("reshape")] * 3, [view("reshape")] * 3)
     if cfg.position == "rope":
-        if fused["fuse_rope"]:
-            p.op([mem("rope", 2 * T * (q + kv) * e + 2 * s * d * e)], [mem("rope_bwd", 2 * T * (q + kv) * e + 2 * s * d * e)])
-        else:  # per tensor: chunk, -x2, concat, x*cos, rotated*sin, add (layers.Rotary.apply)
-            for width in (q, kv):
-                n = T * width * e
-                p.op([view("chunk"), mem("mul", n), mem("copy", 2 * n), mem("mul", 2 * n), mem("mul", 2 * n),
-                      mem("add", 3 * n)],
-                     [mem("add", 3 * n), mem("mul", 2 * n), mem("mul", 2 * n), mem("copy", 2 * n), mem("mul", n),
-                      mem("copy", 2 * n), mem("add", 3 * n)])
+        _rope(p, T, (q, kv), fused["fuse_rope"])
     if flash:
         shape = (b * nh, s, d, causal, nkv)
         fl = attention_flops(b * nh, s, d, causal)
         p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
     else:  # layers.math_attention
-        if nkv != nh:
-            p.op([mem("copy", 2 * T * (kv + q) * e)] * 2, [mem("reduce", T * (q + kv) * e)] * 2)
-        p.op([mem("copy", 2 * T * q * e)] * 3, [mem("copy", 2 * T * q * e)] * 3)  # transposes to [b, nh, s, d]
-        bh = b * nh
+        if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
+            p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
+        p.op([mem("copy", T * q)] * 3, [mem("copy", T * q)] * 3)  # transposes to [b, nh, s, d]
+        bh, ss = b * nh, b * nh * s * s
         p.op([gemm(s, s, d, bh, "qk")], [gemm(s, d, s, bh, "qk.dgrad_q"), gemm(s, d, s, bh, "qk.dgrad_k")])
-        ss = bh * s * s
-        p.op([mem("cast", ss * (e + 4))] if e != 4 else [], [mem("cast", ss * (e + 4))] if e != 4 else [])
-        p.op([mem("mul", 2 * ss * 4)], [mem("mul", 2 * ss * 4)])  # / sqrt(d)
-        if causal:
-            p.op([mem("copy", s * s * 4), mem("copy", 2 * s * s * 4), mem("add", 2 * ss * 4 + s * s * 4)], [])
-        p.op([mem("softmax", 2 * ss * 4)], [mem("softmax_bwd", 3 * ss * 4)])
-        p.op([mem("cast", ss * (e + 4))] if e != 4 else [], [mem("cast", ss * (e + 4))] if e != 4 else [])
-        p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(s, d, s, bh, "pv.dgrad_v")])
-        p.op([mem("copy", 2 * T * q * e)], [mem("copy", 2 * T * q * e)])  # back to [b, s, nh, d]
+        p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
+        p.op([mem("mul", ss)], [mem("mul", ss)])  # / sqrt(d)
+        if causal:  # full, triu, add
+            p.op([mem("copy", s * s), mem("copy", s * s), mem("add", ss)], [])
+        p.op([mem("softmax", ss)], [mem("softmax_bwd", ss)])
+        p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
+        p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(d, s, s, bh, "pv.dgrad_v")])
+        p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
     p.op([view("reshape")], [view("reshape")])
-    _linear(p, T, q, h, cfg.bias, e, "o")
-    _residual(p, T, h, e)
+    _linear(p, T, q, h, cfg.bias, "o")
+    _residual(p, T, h)
     _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
-    if swiglu:
+    if cfg.activation == "swiglu":
         if fused["fuse_ffn"]:
-            w = h * 2 * f
-            p.op([mem("copy", 2 * w * e)], [mem("copy", 2 * w * e)])
-            _linear(p, T, h, 2 * f, cfg.bias, e, "gate_up")
-            p.op([view("split")], [mem("copy", 4 * T * f * e)])
+            p.op([mem("copy", h * 2 * f)], [mem("copy", h * 2 * f)])
+            _linear(p, T, h, 2 * f, cfg.bias, "gate_up")
+            p.op([view("split")], [mem("copy", 2 * T * f)])
         else:
-            _linear(p, T, h, f, cfg.bias, e, "gate")
-            _linear(p, T, h, f, cfg.bias, e, "up")
-            p.op([], [mem("add", 3 * T * h * e)])
-        if fused["fuse_swiglu"]:
-            p.op([mem("swiglu", 3 * T * f * e)], [mem("swiglu_bwd", 5 * T * f * e)])
-        else:  # silu(gate) * up
-            p.op([mem("silu", 2 * T * f * e)], [mem("silu_bwd", 3 * T * f * e)])
-            p.op([mem("mul", 3 * T * f * e)], [mem("mul", 3 * T * f * e), mem("mul", 3 * T * f * e)])
+            _linear(p, T, h, f, cfg.bias, "gate")
+            _linear(p, T, h, f, cfg.bias, "up")
+            p.op([], [mem("add", T * h)])
+        # silu(gate) * up: one kernel fused (`fuse_swiglu`), two unfused (the profile's row is the pair)
+        host = [] if fused["fuse_swiglu"] else [view("mul")]
+        p.op([mem("swiglu", T * f)] + host, [mem("swiglu_bwd", T * f)] + host + host)
     else:
-        _linear(p, T, h, f, cfg.bias, e, "up")
-        p.op([mem("gelu", 2 * T * f * e)], [mem("gelu_bwd", 3 * T * f * e)])
-    _linear(p, T, f, h, cfg.bias, e, "down")
-    _residual(p, T, h, e)
+        _linear(p, T, h, f, cfg.bias, "up")
+        p.op([mem("gelu", T * f)], [mem("gelu_bwd", T * f)])
+    _linear(p, T, f, h, cfg.bias, "down")
+    _residual(p, T, h)
 
 
 def block_kernels(cfg, b, s, t, e, gpu, flash) -> tuple[list[Kernel], list[Kernel]]:
@@ -195,28 +194,27 @@ def embedding_kernels(cfg, b, s, t, e) -> tuple[list[Kernel], list[Kernel]]:
     h, T = cfg.hidden_size, b * s
     p = _Pass()
     v = cfg.vocab_size // t
-    p.op([mem("embedding", T * h * e + T * 8)], [mem("copy", v * h * e), mem("embedding_bwd", 2 * T * h * e + T * 8)])
+    # backward: the table's gradient, zero-filled and scattered into (indexed by the table's elements)
+    p.op([mem("embedding", T * h)], [mem("embedding_bwd", v * h)])
     if t > 1:  # VocabParallelEmbedding: mask the ids outside this rank's rows, zero their outputs
-        p.op([mem("mul", 3 * T * 8)] * 3 + [mem("mul", 3 * T * h * e)], [mem("mul", 3 * T * h * e)])
+        p.op([mem("mul", T)] * 3 + [mem("mul", T * h)], [mem("mul", T * h)])
     if cfg.position == "learned":
-        p.op([mem("embedding", s * h * e + s * 8)],
-             [mem("copy", cfg.max_position_embeddings * h * e), mem("embedding_bwd", 2 * s * h * e)])
-        p.op([mem("add", (2 * T * h + s * h) * e)], [mem("reduce", T * h * e + s * h * e)])
+        p.op([mem("embedding", s * h)], [mem("embedding_bwd", cfg.max_position_embeddings * h)])
+        p.op([mem("add", T * h)], [mem("reduce", T * h)])
     return p.fwd, p.backward()
 
 
 def head_kernels(cfg, b, s, t, e, gpu) -> tuple[list[Kernel], list[Kernel]]:
-    """Final norm, LM head GEMM (tied: x @ tableᵀ), the logits' fp32 cast and softmax cross entropy, the masked mean."""
+    """Final norm, LM head GEMM (tied: x @ tableᵀ), cross entropy over fp32 logits (the cast and the loss: one
+    composite row of the profile, `cross_entropy`, over T·V elements), the masked mean."""
     h, T, V = cfg.hidden_size, b * s, cfg.vocab_size // t
     p = _Pass()
     _norm(p, cfg, T, h, e, cfg.fused("fuse_rms_norm", gpu))
-    _linear(p, T, h, V, False, e, "lm_head")
-    if e != 4:
-        p.op([mem("cast", T * V * (e + 4))], [mem("cast", T * V * (e + 4))])
-    # softmax_with_cross_entropy keeps the fp32 softmax; its gradient reads it and writes the logits' gradient
-    p.op([mem("cross_entropy", 2 * T * V * 4 + T * 12)], [mem("cross_entropy_bwd", 2 * T * V * 4 + T * 12)])
-    p.op([view("squeeze"), mem("cast", 8 * T), mem("mul", 12 * T), mem("reduce", 4 * T), mem("reduce", 4 * T),
-          mem("add", 8), mem("mul", 12)], [mem("mul", 12), mem("mul", 12 * T), mem("copy", 8 * T)])
+    _linear(p, T, h, V, False, "lm_head")
+    cast = [view("cast")] if e != 4 else []
+    p.op([mem("cross_entropy", T * V)] + cast, [mem("cross_entropy_bwd", T * V)] + cast)
+    p.op([view("squeeze"), mem("cast", T), mem("mul", T), mem("reduce", T), mem("reduce", T), mem("add", 1),
+          mem("mul", 1)], [mem("mul", 1), mem("mul", T), mem("copy", T)])
     return p.fwd, p.backward()
 
 
@@ -258,12 +256,12 @@ def optimizer_kernels(grads: list[tuple[int, int]], owned: list[tuple[int, int]]
     tensors it updates (`owned`): a squared norm per tensor, their sum, a scale per tensor. (AdamW itself is
     the profile's fitted `optimizer_seconds`.)"""
     ks = []
-    for n, pb in grads:
-        ks += [mem("add", 3 * n * pb)] * max(0, micro_batches - 1)  # grad += this micro-batch's grad
+    for n, _ in grads:
+        ks += [mem("add", n)] * max(0, micro_batches - 1)  # grad += this micro-batch's grad
     if clip:
-        for n, pb in owned:
-            ks.append(mem("reduce", n * pb + 4))  # squared L2 norm of the gradient
-        ks += [mem("add", 8 * len(owned)), mem("add", 8)]  # add_n of the squares, sqrt, scale
-        for n, pb in owned:
-            ks.append(mem("mul", 2 * n * pb + 4))  # grad *= scale
+        for n, _ in owned:
+            ks.append(mem("reduce", n))  # squared L2 norm of the gradient
+        ks += [mem("add", len(owned)), mem("add", 1)]  # add_n of the squares, sqrt, scale
+        for n, _ in owned:
+            ks.append(mem("mul", n))  # grad *= scale
     return ks

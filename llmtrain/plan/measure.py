@@ -111,41 +111,86 @@ def attention_table(configs, dtype: str = "bfloat16", reps: int = 5) -> list[dic
 
 
 def _mem_ops(numel: int, dtype: str):
-    """{op class: (callable, bytes read, bytes written)} over tensors of `numel` elements (rows of 1024)."""
+    """{op class: (make() -> callable, numel)}: elementwise, reduction, norm, activation, rotary, gather and
+    cross-entropy ops over `numel` elements of one input (rows of 1024; cross entropy: rows of a 4096 vocabulary;
+    the embedding's gradient: elements of the table),
+    as llmtrain's layers call them; `X_bwd`: the gradient of X through autograd over a kept forward."""
     import paddle
     import paddle.nn.functional as F
 
-    e = paddle.to_tensor([], dtype=dtype).element_size()
     cols = 1024 if numel >= 1024 else numel
-    shape = [numel // cols, cols]
-    x, y = paddle.randn(shape).astype(dtype), paddle.randn(shape).astype(dtype)
-    w = paddle.ones([cols]).astype(dtype)
-    ln_w, ln_b = paddle.ones([cols], dtype="float32"), paddle.zeros([cols], dtype="float32")
-    x32 = x.astype("float32")
-    ids = paddle.randint(0, shape[0], [shape[0]])
-    n = numel
+    rows = max(1, numel // cols)
+    n = rows * cols
+
+    def t(*shape, dt=dtype, grad=False):
+        x = paddle.randn(list(shape)).astype(dt)
+        x.stop_gradient = not grad
+        return x
+
+    def fwd(f, *shapes):
+        def make():
+            ins = [t(*sh) for sh in shapes]
+            return lambda: f(*ins)
+        return make
+
+    def bwd(f, *shapes):
+        def make():
+            ins = [t(*sh, grad=True) for sh in shapes]
+            y = f(*ins)
+            dy = paddle.ones_like(y)
+            return lambda: paddle.grad([y], ins, [dy], retain_graph=True)
+        return make
+
+    def rope(x):  # layers.Rotary.apply on [1, rows, cols/64, 64]
+        x1, x2 = x.chunk(2, axis=-1)
+        return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
+
+    d = 64 if cols % 64 == 0 else cols
+    cos, sin = t(1, rows, 1, d), t(1, rows, 1, d)
+    w, bias = paddle.ones([cols], dtype=dtype), paddle.zeros([cols], dtype=dtype)
+    vocab = 4096
+    tokens = max(1, n // vocab)
+    labels = paddle.randint(0, vocab, [tokens, 1])
+    table = t(vocab, cols)
+
+    def ce(lg):
+        return F.cross_entropy(lg.astype("float32"), labels, reduction="none")
+
+    def emb(tab):
+        return F.embedding(paddle.randint(0, vocab, [rows]), tab)
+
+    sq = (rows, cols)
     ops = {
-        "copy": (lambda: paddle.assign(x), n * e, n * e),
-        "add": (lambda: x + y, 2 * n * e, n * e),
-        "mul": (lambda: x * y, 2 * n * e, n * e),
-        "cast": (lambda: x.astype("float16" if dtype == "float32" else "float32"), n * e, n * (2 if dtype == "float32" else 4)),
-        "reduce": (lambda: x.sum(-1), n * e, shape[0] * e),
-        "softmax": (lambda: F.softmax(x32, -1), n * 4, n * 4),
-        "gelu": (lambda: F.gelu(x, approximate=True), n * e, n * e),
-        "silu": (lambda: F.silu(x), n * e, n * e),
-        "layernorm": (lambda: F.layer_norm(x32, [cols], ln_w, ln_b), n * 4, n * 4 + 8 * shape[0]),
-        "embedding": (lambda: F.embedding(ids, x), shape[0] * 8 + n * e, n * e),
+        "copy": (fwd(paddle.assign, sq), n), "add": (fwd(paddle.add, sq, sq), n), "mul": (fwd(paddle.multiply, sq, sq), n),
+        "cast": (fwd(lambda x: x.astype("float16" if dtype == "float32" else "float32"), sq), n),
+        "reduce": (fwd(lambda x: x.sum(-1), sq), n),
+        "softmax": (fwd(lambda x: F.softmax(x, -1), sq), n), "softmax_bwd": (bwd(lambda x: F.softmax(x, -1), sq), n),
+        "gelu": (fwd(lambda x: F.gelu(x, approximate=True), sq), n),
+        "gelu_bwd": (bwd(lambda x: F.gelu(x, approximate=True), sq), n),
+        "swiglu": (fwd(lambda g, u: F.silu(g) * u, sq, sq), n), "swiglu_bwd": (bwd(lambda g, u: F.silu(g) * u, sq, sq), n),
+        "layernorm": (fwd(lambda x: F.layer_norm(x, [cols], w, bias), sq), n),
+        "layernorm_bwd": (bwd(lambda x: F.layer_norm(x, [cols], w, bias), sq), n),
+        "rope": (fwd(rope, (1, rows, cols // d, d)), n), "rope_bwd": (bwd(rope, (1, rows, cols // d, d)), n),
+        "cross_entropy": (fwd(ce, (tokens, vocab)), tokens * vocab),
+        "cross_entropy_bwd": (bwd(ce, (tokens, vocab)), tokens * vocab),
+        "embedding": (lambda: (lambda: emb(table)), n),
     }
+
+    def emb_bwd():  # indexed by the table's elements (its zero-filled gradient dominates): [n / 64, 64], 256 ids
+        tab = t(max(1, n // 64), 64, grad=True)
+        y = F.embedding(paddle.randint(0, max(1, n // 64), [256]), tab)
+        return lambda: paddle.grad([y], [tab], [paddle.ones_like(y)], retain_graph=True)
+
+    ops["embedding_bwd"] = (emb_bwd, n)
     return ops
 
 
 def memory_bound_table(sizes=(2**10, 2**13, 2**16, 2**19, 2**22), dtype: str = "float32", reps: int = 5) -> list[dict]:
-    """Elementwise, reduction, norm, activation and gather ops over `sizes` elements (forward calls)."""
+    """Memory-bound ops (`_mem_ops`) over `sizes` elements: rows {op, numel, dtype, seconds}."""
     rows = []
     for numel in sizes:
-        for op, (fn, r, w) in _mem_ops(numel, dtype).items():
-            rows.append({"op": op, "numel": numel, "dtype": dtype, "bytes_read": r, "bytes_written": w,
-                         "seconds": timeit(fn, reps)})
+        for op, (make, n) in _mem_ops(numel, dtype).items():
+            rows.append({"op": op, "numel": n, "dtype": dtype, "seconds": timeit(make(), reps)})
     return rows
 
 

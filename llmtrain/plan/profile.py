@@ -13,8 +13,8 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   renormalised; with no corner at all, inverse-distance weighting of the nearest rows);
 - `attention.rows` [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] (flash attention), the same way
   in (log batch·heads, log seq), among rows of the same head dim and causality when there are any;
-- `memory_bound.classes` {op class: [[bytes read+written, seconds], ...]}: piecewise-linear in log-log between
-  sizes, the smallest size's time below it, the largest size's bandwidth above it; a class without rows takes
+- `memory_bound.classes` {op class: [[elements of one input, seconds], ...]}: piecewise-linear in log-log
+  between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes
   the `fallback` class (its backward `X_bwd` first tries `X`);
 - `host`: seconds the host spends per eager op in the forward (`fwd_op_s`, with autograd recording) and per
   backward node (`bwd_op_s`), and for a `view` op (`view_op_s`);
@@ -94,7 +94,7 @@ class GemmTable:
 
 @dataclass
 class Curve:
-    """Seconds vs bytes of one memory-bound op class, piecewise-linear in log-log."""
+    """Seconds vs elements of one memory-bound op class, piecewise-linear in log-log."""
 
     xs: list
     ys: list
@@ -160,13 +160,13 @@ class Profile:
         rate = _idw([(math.log(r[0]), math.log(r[1]), r[i]) for r in rows], (math.log(bh), math.log(s)))
         return flops / rate
 
-    def mem_seconds(self, op: str, nbytes: float) -> float:
+    def mem_seconds(self, op: str, numel: float) -> float:
         curve = self.mem_curves.get(op)
         if curve is None and op.endswith("_bwd"):
             curve = self.mem_curves.get(op[:-4])
         if curve is None:
             curve = self.mem_curves[self.fallback]
-        return curve.seconds(nbytes)
+        return curve.seconds(numel)
 
     def optimizer_seconds(self, numel: int, tensors: int) -> float:
         o = self.optimizer
@@ -184,8 +184,8 @@ def _scaled(raw: dict, base: dict) -> dict:
     out["attention"] = {"source": f"{base['name']} attention rates x {flops:.4g}", "rows": [
         [*r[:4], r[4] * flops, r[5] * flops] for r in base["attention"]["rows"]]}
     out["memory_bound"] = {"fallback": base["memory_bound"]["fallback"],
-                           "source": f"{base['name']} memory-bound times / {bw:.4g} above 1 MiB (launch floor kept)",
-                           "classes": {c: [[b, t if b < 2**20 else t / bw] for b, t in rows]
+                           "source": f"{base['name']} memory-bound times / {bw:.4g} above 2**19 elements (launch floor kept)",
+                           "classes": {c: [[n, t if n < 2**19 else t / bw] for n, t in rows]
                                        for c, rows in base["memory_bound"]["classes"].items()}}
     out["host"] = {k: (v / host if k.endswith("_s") else v) for k, v in base["host"].items()}
     out["optimizer"] = {**base["optimizer"], "per_elem_s": base["optimizer"]["per_elem_s"] / bw,

@@ -39,7 +39,7 @@ def kernel_seconds(prof, k) -> float:
         bh, s, d, causal = k.shape[:4]
         return prof.attention_seconds(bh, s, d, causal, k.flops, k.kind == "attn_bwd")
     if k.kind == "mem":
-        return prof.mem_seconds(k.op, k.bytes)
+        return prof.mem_seconds(k.op, k.numel)
     return 0.0
 
 
