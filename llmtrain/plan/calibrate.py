@@ -42,23 +42,7 @@ import time
 from pathlib import Path
 
 SIZES = (4 * 2**10, 64 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)  # bytes per message
-MATMUL_SIZES = (256, 512, 1024)
 REPO = Path(__file__).resolve().parents[2]
-
-
-def matmul_flops(sizes=MATMUL_SIZES, repeats: int = 5) -> float:
-    """Best fp32 FLOP/s over n x n x n matmuls (2 n^3 FLOPs each) on this process."""
-    import paddle
-
-    best = 0.0
-    for n in sizes:
-        a, b = paddle.randn([n, n], dtype="float32"), paddle.randn([n, n], dtype="float32")
-        float(paddle.matmul(a, b)[0, 0])  # warm up
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            float(paddle.matmul(a, b)[0, 0])
-            best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
-    return best
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:

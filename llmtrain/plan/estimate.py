@@ -180,11 +180,17 @@ def _link(span: int, dev, devices_per_node: int):
     return (dev.nvlink_bw, dev.nvlink_alpha) if span <= devices_per_node else (dev.net_bw, dev.net_alpha)
 
 
+_STAGE_SPECS: dict = {}
+
+
 def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     """([(elements, bytes/elem)] of the gradients pipeline stage `pp_rank`'s ranks accumulate, the share
     one sharding rank updates: every `sharding`-th tensor, or with ZeRO-3 each tensor's 1/sharding slice)."""
-    specs = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, pp_rank, cfg.tie_embeddings)
-             if x.trainable and not x.frozen]
+    key = (repr(cfg), layout.pp, layout.virtual_pp, pp_rank)
+    if key not in _STAGE_SPECS:
+        _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, pp_rank,
+                                                     cfg.tie_embeddings) if x.trainable and not x.frozen]
+    specs = _STAGE_SPECS[key]
     grads = [(int(prod_(local_shape(x, layout.tp))), _param_bytes(x, amp)) for x in specs]
     sh = layout.sharding
     if sh <= 1:

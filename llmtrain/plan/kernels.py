@@ -220,11 +220,20 @@ def head_kernels(cfg, b, s, t, e, gpu) -> tuple[list[Kernel], list[Kernel]]:
 
 @dataclass
 class MicroBatch:
-    """Kernels of one micro-batch on one rank of a stage holding `layers` blocks (and the embedding and/or head)."""
+    """Kernels of one micro-batch on one rank of a stage holding `layers` blocks (and the embedding and/or head),
+    as segments [(kernels, times repeated)] in execution order."""
 
-    forward: list
-    backward: list
+    forward_segments: list
+    backward_segments: list
     """Including recompute's second forward of each block under full recompute."""
+
+    @property
+    def forward(self) -> list:
+        return [k for ks, n in self.forward_segments for _ in range(n) for k in ks]
+
+    @property
+    def backward(self) -> list:
+        return [k for ks, n in self.backward_segments for _ in range(n) for k in ks]
 
 
 def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
@@ -232,20 +241,19 @@ def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: b
     """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all)."""
     L = cfg.num_layers if layers is None else layers
     bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash)
+    n = int(round(L))
     fwd, bwd = [], []
     if first:
         ef, eb = embedding_kernels(cfg, b, s, t, e)
-        fwd += ef
-    n = int(round(L))
-    fwd += bf * n
+        fwd.append((ef, 1))
+    fwd.append((bf, n))
     if last:
         hf, hb = head_kernels(cfg, b, s, t, e, gpu)
-        fwd += hf
-        bwd += hb
-    per_block = (bf + bb) if recompute == "full" else bb  # recompute: the block's forward again, then its backward
-    bwd += per_block * n
+        fwd.append((hf, 1))
+        bwd.append((hb, 1))
+    bwd.append(((bf + bb) if recompute == "full" else bb, n))  # recompute: the block's forward again, then backward
     if first:
-        bwd += eb
+        bwd.append((eb, 1))
     return MicroBatch(fwd, bwd)
 
 

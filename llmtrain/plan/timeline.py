@@ -17,7 +17,8 @@ Host time and the overlap, modelled explicitly:
   ahead and the step is the sum of device times; when they are short (micro-batch 1 of a small model) the
   GPU waits for the host and the step is close to the sum of host times: what makes micro-batch 1 slow.
   The step synchronises once, at its end (the logged loss), so the micro-batches and the optimizer form one
-  stream.
+  stream. Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
+  later repeat advances both clocks as the second did (the host-device lag has settled by then).
 - On a CPU (`async_launch` false) every op runs in the thread that dispatches it: step = Σ (h_i + d_i). The
   CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
   is only the autograd extra per op (`fwd_op_s`, `bwd_op_s` measured as the extra over a bare call).
@@ -48,6 +49,7 @@ class Stream:
 
     def __init__(self, prof):
         self.prof = prof
+        self._memo = prof.__dict__.setdefault("_kernel_memo", {})  # a kernel's device time, per profile
         self.host = self.device = 0.0
         self.host_total = self.device_total = 0.0
         self.by_kind: dict[str, float] = {}
@@ -56,9 +58,12 @@ class Stream:
     def run(self, kernels, backward: bool):
         p, host = self.prof, self.prof.host
         h_op = host["bwd_op_s"] if backward else host["fwd_op_s"]
+        memo = self._memo
         for k in kernels:
             h = host["view_op_s"] if k.kind == "view" else h_op
-            d = kernel_seconds(p, k) if k.kind != "view" else 0.0
+            d = memo.get(k)
+            if d is None:
+                d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
             self.kernels += k.kind != "view"
             self.host_total += h
             self.device_total += d
@@ -70,6 +75,27 @@ class Stream:
             else:
                 self.host += h + d
                 self.device = self.host
+
+    def run_segments(self, segments, backward: bool, body=None):
+        """[(kernels, n)]: each list n times in a row; from the third repeat on, every repeat advances the clocks
+        and totals as the second did (the host-device lag has settled by then)."""
+        for ks, n in segments:
+            for i in range(min(n, 2)):
+                before = (self.host, self.device, self.host_total, self.device_total, self.kernels, dict(self.by_kind))
+                if body is not None:
+                    body()
+                else:
+                    self.run(ks, backward)
+            if n > 2:
+                h0, d0, ht0, dt0, k0, bk0 = before
+                r = n - 2
+                self.host += r * (self.host - h0)
+                self.device += r * (self.device - d0)
+                self.host_total += r * (self.host_total - ht0)
+                self.device_total += r * (self.device_total - dt0)
+                self.kernels += r * (self.kernels - k0)
+                for key, v in list(self.by_kind.items()):
+                    self.by_kind[key] = v + r * (v - bk0.get(key, 0.0))
 
     def add_serial(self, seconds: float, key: str):
         """Work after a synchronisation (the optimizer step): both clocks meet, then advance."""
@@ -91,9 +117,9 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
     e = prof.dtype_bytes
     mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last)
     st = Stream(prof)
-    for _ in range(micro_batches):
-        st.run(mb.forward, backward=False)
-        st.run(mb.backward, backward=True)
+    # identical micro-batches: [forward + backward] x m, repeated as run_segments repeats any segment
+    st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.run_segments(mb.forward_segments, False),
+                                                                          st.run_segments(mb.backward_segments, True)))
     micro = st.elapsed / micro_batches
     st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False)),
            backward=True)

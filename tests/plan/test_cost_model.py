@@ -52,7 +52,6 @@ def test_gemm_kernels_carry_the_model_flops():
         norms = (2 * cfg.num_layers + 1) * cfg.hidden_size  # not GEMM parameters
         assert gemm == pytest.approx(6 * (flops_parameters(cfg) - norms) * b * s / tp, rel=1e-9)
     full = micro_batch_kernels(cfg, b, s, 1, 2, gpu=True, flash=True, recompute="full")
-    assert len(full.backward) - len(mb.backward) == 0 or True  # (tp=2 list above; compare at tp=1 below)
     none = micro_batch_kernels(cfg, b, s, 1, 2, gpu=True, flash=True)
     block_fwd = (len(none.forward) - len(micro_batch_kernels(cfg, b, s, 1, 2, True, True, layers=0).forward)) // 2
     assert len(full.backward) == len(none.backward) + cfg.num_layers * block_fwd  # recompute's second forward
@@ -127,7 +126,7 @@ def test_calibration_measures_and_fits_this_cpu(tmp_path):
     r = raw["gemm"][-1]
     assert p.gemm_seconds(r["m"], r["n"], r["k"]) == pytest.approx(r["seconds"])
     add = [x for x in raw["memory_bound"] if x["op"] == "add"][-1]
-    assert p.mem_seconds("add", add["bytes_read"] + add["bytes_written"]) == pytest.approx(add["seconds"])
+    assert p.mem_seconds("add", add["numel"]) == pytest.approx(add["seconds"])
     assert p.host["fwd_op_s"] >= 0 and p.optimizer["per_tensor_s"] + p.optimizer["per_elem_s"] > 0
     assert not p.async_launch and p.tables_include_host
 

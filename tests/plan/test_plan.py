@@ -5,7 +5,6 @@ issue's fields. (Plan == measured per rank is checked in tests/parallel/test_par
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -113,19 +112,13 @@ def test_selective_recompute_is_planned_between_none_and_full_and_not_runnable()
 
 def test_auto_never_trains_selective_recompute():
     """seq 16384 with math attention: only recompute fits 2 x cpu-here; selective ranks first but is not runnable."""
-    from llmtrain.plan import devices
-    from llmtrain.plan.auto import CPU_NOMINAL_PEAK, choose_layout
+    from llmtrain.plan.auto import choose_layout
     from llmtrain.plan.search import rank_layouts
 
     over = ["model=llama-tiny", "model.vocab_size=2560", "model.attention=math", "data.seq_len=16384",
             "model.max_position_embeddings=16384", "train.global_batch_size=4"]
-    saved = devices.PROFILES["cpu-here"]
-    devices.PROFILES["cpu-here"] = dataclasses.replace(saved, peak_flops=CPU_NOMINAL_PEAK)  # as auto ranks on CPU
-    try:
-        cfg = to_config(compose(over + ["plan.devices=2", "plan.device=cpu-here", "plan.profile=null"]))
-        best = next(r for r in rank_layouts(cfg, cfg.model) if r["fits"])
-    finally:
-        devices.PROFILES["cpu-here"] = saved
+    cfg = to_config(compose(over + ["plan.devices=2", "plan.device=cpu-here", "plan.profile=null"]))
+    best = next(r for r in rank_layouts(cfg, cfg.model) if r["fits"])  # the packaged cpu-here profile, as auto
     assert best["recompute_granularity"] == "selective" and not best["runnable"]
     chosen = choose_layout(to_config(compose(over + ["+parallel=auto", "plan.profile=null"])), world_size=2, log=lambda _: None)
     assert chosen.train.recompute is True  # full recompute, the fastest runnable layout that fits
