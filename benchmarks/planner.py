@@ -98,15 +98,23 @@ def _row(overrides: list[str]) -> dict:
     return plan(to_config(compose_config(overrides)))[0]
 
 
-def megatron_table() -> None:
-    print("\n| point | TFLOP/s/GPU published | predicted | error | predicted memory GiB (fits) |")
-    print("|---|---|---|---|---|")
-    for label, (h, layers, heads), tp, pp, n, gb, published in MEGATRON:
+def megatron_rows() -> list[tuple[str, float, dict]]:
+    """(label, predicted TFLOP/s per GPU by Megatron's formula, row) of each Megatron-LM point."""
+    out = []
+    for label, (h, layers, heads), tp, pp, n, gb, _ in MEGATRON:
         row = _row(_gpt(h, layers, heads, 131072, 4096) + [
             "model.tie_embeddings=false", "model.attention=flash", "plan.device=h100", f"plan.devices={n}",
             "+parallel=tp2sharding2", f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sharding=48",
             "parallel.sharding_stage=1", f"train.global_batch_size={gb}", "train.micro_batch_size=1"])
-        tflops = row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12
+        out.append((label, row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12,
+                    row))
+    return out
+
+
+def megatron_table() -> None:
+    print("\n| point | TFLOP/s/GPU published | predicted | error | predicted memory GiB (fits) |")
+    print("|---|---|---|---|---|")
+    for (label, _, _, _, _, _, published), (_, tflops, row) in zip(MEGATRON, megatron_rows()):
         mem = row["memory_bytes"]["total"] / 2**30
         print(f"| {label} | {published} | {tflops:.1f} | {100 * (tflops / published - 1):+.1f}% | "
               f"{mem:.1f} ({'yes' if row['fits'] else 'no'}) |")
