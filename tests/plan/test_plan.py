@@ -29,6 +29,40 @@ def test_parameter_list_counts_the_model(preset):
     assert len({s.name for s in specs}) == len(specs)
 
 
+@pytest.mark.parametrize("preset", PRESETS + ["moe-tiny", "deepseek-v2-lite"])
+def test_parameter_list_is_read_off_the_model(preset):
+    """Names, shapes and tp split axes come from the lazily built model and its tags (llmtrain/plan/params.py);
+    the split axes agree with the tests' own name-based reference of fleet's layout (memory_checks.SPLIT_AXES),
+    LoRA adapters included."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from llmtrain.models.lora import LoraConfig
+
+    path = Path(__file__).resolve().parents[1] / "parallel" / "memory_checks.py"
+    spec = importlib.util.spec_from_file_location("memory_checks_reference", path)
+    ref = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = ref  # dataclasses look their module up
+    spec.loader.exec_module(ref)
+    SPLIT_AXES = ref.SPLIT_AXES
+
+    cfg = to_config(compose([f"model={preset}", "model.vocab_size=2560"]))
+    expert_or_shared = re.compile(r".*\.mlp\.(experts|router)\..*")
+    for lora in (None, LoraConfig(rank=4)):
+        for s in param_specs(cfg.model, lora):
+            if s.name.endswith(("lora_A", "lora_B")):
+                base = s.name.rsplit(".", 1)[0]
+                row = re.fullmatch(r".*\.(o|down)_proj", base) is not None
+                want = (0 if row else None) if s.name.endswith("lora_A") else (None if row else 1)
+            elif expert_or_shared.fullmatch(s.name):
+                want = None
+            else:
+                want = next((a for p, a in SPLIT_AXES if re.fullmatch(p, s.name)), None)
+            assert s.split_axis == want, (s.name, s.split_axis, want)
+            assert s.trainable == (lora is None or s.name.endswith(("lora_A", "lora_B")))
+
+
 def test_paddle_partition_and_padding_rules():
     # ZeRO-1 sorts largest first; ZeRO-2 keeps the order: [1, 5, 5, 2] -> sizes differ
     assert greedy_partition([1, 5, 5, 2], 2, sort=True) == [[1, 3], [2, 0]]
