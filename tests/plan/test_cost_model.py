@@ -130,7 +130,7 @@ def test_calibration_measures_and_fits_this_cpu(tmp_path):
     assert not p.async_launch and p.tables_include_host
 
 
-def _measure_step(cfg, mb: int, global_batch: int, steps: int = 2) -> float:
+def _measure_step(cfg, mb: int, global_batch: int, steps: int = 3, s: int = 128) -> float:
     """Fastest seconds of a training step (forward, backward of global_batch / mb micro-batches, AdamW) in-process."""
     import paddle
 
@@ -139,7 +139,6 @@ def _measure_step(cfg, mb: int, global_batch: int, steps: int = 2) -> float:
     paddle.seed(0)
     model = build_model(cfg)
     opt = paddle.optimizer.AdamW(1e-4, parameters=model.parameters())
-    s = 128
     ids = paddle.randint(0, cfg.vocab_size, [mb, s])
     mask = paddle.ones([mb, s])
     times = []
@@ -156,16 +155,16 @@ def _measure_step(cfg, mb: int, global_batch: int, steps: int = 2) -> float:
 
 
 def test_auto_picks_the_micro_batch_that_measures_fastest():
-    """gpt-tiny, seq 128, global batch 4 on one CPU process (the packaged cpu-here profile): the planner's
-    micro-batch is the measured fastest of 1, 2, 4 (each op's dispatch costs the same whatever the micro-batch,
-    so fewer, larger ops win here)."""
+    """A small GPT (h 64, seq 16), global batch 8 on one CPU process (the packaged cpu-here profile): every op's
+    dispatch costs the same whatever the micro-batch, so 8 micro-batches of 1 are host-bound and slow; the
+    planner predicts it and `auto` picks the micro-batch that measures faster (8 against 1)."""
     from llmtrain.plan.auto import choose_layout
 
-    over = ["model=gpt-tiny", "model.vocab_size=2560", "data.seq_len=128", "train.global_batch_size=4",
-            "plan.profile=null"]
+    over = ["model=gpt-tiny", "model.vocab_size=256", "model.hidden_size=64", "model.ffn_hidden_size=256",
+            "data.seq_len=16", "train.global_batch_size=8", "plan.profile=null"]
     lines = []
     chosen = choose_layout(to_config(compose(over + ["+parallel=auto"])), world_size=1, log=lines.append)
     model = to_config(compose(over)).model
-    measured = {mb: _measure_step(model, mb, 4) for mb in (1, 2, 4)}
+    measured = {mb: _measure_step(model, mb, 8, s=16) for mb in (1, 8)}
     fastest = min(measured, key=measured.get)
     assert chosen.train.micro_batch_size == fastest, (measured, lines)
