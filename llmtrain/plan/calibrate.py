@@ -26,8 +26,11 @@ time, halved, is `collective_alpha_busy` (each call also waits for the other ran
 shared host costs milliseconds where the quiet alpha is tens of microseconds).
 The planner uses the collective bandwidth and the busy alpha for dp/sharding/tp and the send/recv figures
 for pipeline p2p. Everything on loopback TCP of one host: both "links" of the profile (in-node and across
-nodes) get the same figures. On a GPU machine with more than one GPU the same worker runs over NCCL
-(`--devices N`); with one GPU the links keep the packaged profile's figures.
+nodes) get the same figures. On a GPU machine (GPU-only branch, `gpu_base`; not run here: Paddle's GPU
+build cannot be installed on the machines we test on) the profile is named after the packaged profile whose
+`match` string the GPU's name holds (its datasheet peak, memory and links kept), the tables are device
+times (`async_launch`), and the collectives are measured only with 2 or more GPUs (the launcher then places one
+process per GPU and the same worker runs over NCCL); with one GPU the links keep the packaged figures.
 """
 from __future__ import annotations
 
@@ -199,20 +202,49 @@ def fit_gloo(measured: dict) -> dict:
             "busy_all_reduce": busy, "measurements": rows}
 
 
+def gpu_base(gloo: dict | None) -> dict:
+    """GPU only: the packaged profile matching this GPU's name, its tables replaced by the measured ones."""
+    import paddle
+
+    from llmtrain.plan.profile import _raw, datasheet_peak
+
+    name = paddle.device.cuda.get_device_name()
+    found = datasheet_peak(name)
+    if found is None:
+        raise RuntimeError(f"GPU {name!r} matches no packaged profile (llmtrain/plan/profiles/*.json `match`): add one "
+                           "with its datasheet peak, memory and links, then calibrate")
+    base = {k: v for k, v in _raw(found[1]).items() if k not in ("scaled_from", "scale", "gemm", "attention",
+                                                                  "memory_bound", "host", "optimizer")}
+    base.update({"async_launch": True, "tables_include_host": False,
+                 "source": f"python -m llmtrain.plan --calibrate on {name}; peak, memory from the datasheet"})
+    if gloo is not None:
+        base["links"] = dict(base["links"], nvlink_bw=gloo["collective_bw"], nvlink_alpha=gloo["collective_alpha_busy"],
+                             p2p_bw=gloo["p2p_bw"], p2p_alpha=gloo["p2p_alpha"],
+                             source="NCCL in this node measured by --calibrate (2 processes); network: datasheet")
+    return base
+
+
 def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
-    """Measure, fit and write the cpu-here profile; returns it."""
+    """Measure, fit and write the profile of this process's device; returns it."""
     from llmtrain.plan.fit import fit_profile
-    from llmtrain.plan.measure import cpu_matmul_peak
+    from llmtrain.plan.measure import _on_gpu, cpu_matmul_peak
 
     sizes = QUICK if quick else FULL
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = os.getloadavg()[0]
-    gloo = fit_gloo(measure_gloo(sizes["gloo_sizes"], sizes["repeats"]))
+    on_gpu = _on_gpu()
+    gpus = 0
+    if on_gpu:
+        import paddle
+
+        gpus = paddle.device.cuda.device_count()
+    gloo = fit_gloo(measure_gloo(sizes["gloo_sizes"], sizes["repeats"])) if (not on_gpu or gpus > 1) else None
     raw = measure_tables(sizes)
     prov = {"summary": f"(Paddle {_paddle_version()} on this CPU, {when}, OMP_NUM_THREADS "
                        f"{os.environ.get('OMP_NUM_THREADS', '1')}, medians of single calls)",
             "measured_at": when, "load_average": load, "command": " ".join(["python -m llmtrain.plan"] + sys.argv[1:])}
-    profile = fit_profile(raw, cpu_base(cpu_matmul_peak(), gloo, load), prov)
+    base = gpu_base(gloo) if on_gpu else cpu_base(cpu_matmul_peak(), gloo, load)
+    profile = fit_profile(raw, base, prov)
     profile["measured_at"] = when
     profile["gloo"] = gloo
     profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}
@@ -233,8 +265,9 @@ def main(argv: list[str]) -> None:
     out = argv[argv.index("--out") + 1] if "--out" in argv else "work/cpu-here.json"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     p = calibrate(out, quick="--quick" in argv)
-    g = p["gloo"]
-    print(f"cpu-here calibrated -> {out}: fp32 matmul {p['peak_flops'] / 1e9:.1f} GFLOP/s; {len(p['gemm']['rows'])} GEMM "
+    g = p["gloo"] or {"collective_bw": float("nan"), "collective_alpha": float("nan"),
+                      "collective_alpha_busy": float("nan"), "p2p_bw": float("nan"), "p2p_alpha": float("nan")}
+    print(f"{p['name']} calibrated -> {out}: peak {p['peak_flops'] / 1e9:.1f} GFLOP/s; {len(p['gemm']['rows'])} GEMM "
           f"shapes, {len(p['memory_bound']['classes'])} memory-bound classes, host {p['host']['fwd_op_s'] * 1e6:.1f} us "
           f"autograd extra per op; gloo all-reduce {g['collective_bw'] / 1e9:.3f} GB/s, alpha "
           f"{g['collective_alpha'] * 1e6:.0f} us (between computing ranks {g['collective_alpha_busy'] * 1e6:.0f} us); "

@@ -5,7 +5,6 @@ and `+parallel=auto` choosing the micro-batch that measures fastest.
 """
 from __future__ import annotations
 
-import copy
 import json
 import time
 
