@@ -28,12 +28,13 @@ GIB = 2**30
 def _model(cfg):
     model = cfg.model
     if model.vocab_size is None:  # the tokenizer's padded size, as resolve does
-        from llmtrain.train.resolve import _load_tokenizer
+        from llmtrain.tokenizer import load_tokenizer  # (not through llmtrain.train: plan sits below train)
 
-        problems: list[str] = []
-        tok = _load_tokenizer(cfg.data.tokenizer, problems)
-        if tok is None:
-            raise ConfigError(problems + ["model.vocab_size is null and the tokenizer could not be read: give model.vocab_size"])
+        try:
+            tok = load_tokenizer(cfg.data.tokenizer)
+        except (OSError, ValueError, RuntimeError, KeyError) as e:
+            raise ConfigError([f"data.tokenizer={cfg.data.tokenizer}: {e}",
+                               "model.vocab_size is null and the tokenizer could not be read: give model.vocab_size"])
         model = dataclasses.replace(model, vocab_size=tok.vocab_size)
     return model
 
