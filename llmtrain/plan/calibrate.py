@@ -5,7 +5,7 @@
     python -m llmtrain.plan --calibrate --quick                # small tables (seconds; what the tests run)
 
 Kernel tables (llmtrain/plan/measure.py, the same tables the H200 profile is fitted from): GEMMs over a
-log-spaced grid of (m, n, k), memory-bound ops (copy, add, mul, cast, reduce, softmax, GeLU, SiLU, LayerNorm,
+log-spaced grid of (m, n, k) (three sweeps, each shape's fastest kept), memory-bound ops (copy, add, mul, cast, reduce, softmax, GeLU, SiLU, LayerNorm,
 embedding gather) over sizes, flash attention on a GPU, the host's per-op time of eager execution and AdamW
 steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU the op times
 hold their own dispatch (`tables_include_host`) and ops run where they are dispatched (`async_launch` false);
@@ -149,9 +149,10 @@ GEMM_SIZES = (16, 64, 256, 1024, 4096, 16384)
 MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**22)
 QUICK = {"gemm_sizes": (16, 128, 1024), "gemm_max_flops": 2e8, "mem_sizes": (2**8, 2**12, 2**16),
          "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 64 * 2**10, 512 * 2**10),
-         "repeats": 3}
+         "repeats": 3, "passes": 1}
 FULL = {"gemm_sizes": GEMM_SIZES, "gemm_max_flops": 5e9, "mem_sizes": MEM_SIZES,
-        "optimizer": ((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (4, 2**20)), "gloo_sizes": SIZES, "repeats": 10}
+        "optimizer": ((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (4, 2**20)), "gloo_sizes": SIZES, "repeats": 10,
+        "passes": 3}
 
 
 def measure_tables(sizes: dict) -> dict:
@@ -160,9 +161,11 @@ def measure_tables(sizes: dict) -> dict:
 
     host = measure.host_table()
     on_gpu = measure._on_gpu()
+    passes = sizes.get("passes", 1)
     raw = {"gemm": measure.gemm_table(measure.grid(sizes["gemm_sizes"], sizes["gemm_max_flops"]),
-                                      "bfloat16" if on_gpu else "float32"),
-           "memory_bound": measure.memory_bound_table(sizes["mem_sizes"], "bfloat16" if on_gpu else "float32"),
+                                      "bfloat16" if on_gpu else "float32", passes=passes),
+           "memory_bound": measure.memory_bound_table(sizes["mem_sizes"], "bfloat16" if on_gpu else "float32",
+                                                      passes=passes),
            "optimizer": measure.optimizer_table(sizes["optimizer"], multi_precision=on_gpu),
            "host": ({"fwd_op_s": host["fwd_op_s"], "bwd_op_s": host["bwd_node_s"], "view_op_s": host["view_s"]}
                     if on_gpu else  # CPU: the tables hold one dispatch per op; add the autograd extras

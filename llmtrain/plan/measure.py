@@ -75,16 +75,19 @@ def grid(sizes, max_flops: float) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in sizes for n in sizes for k in sizes if 2.0 * m * n * k <= max_flops]
 
 
-def gemm_table(shapes, dtype: str = "float32", reps: int = 3) -> list[dict]:
+def gemm_table(shapes, dtype: str = "float32", reps: int = 3, passes: int = 1) -> list[dict]:
+    """GEMM rows; `passes` > 1 sweeps the whole grid that many times and keeps each shape's fastest pass (on a
+    host shared with other work, bursts of its load then hit one pass of a shape, not all of them)."""
     import paddle
 
-    rows = []
-    for m, n, k in shapes:
-        a, b = paddle.randn([m, k]).astype(dtype), paddle.randn([k, n]).astype(dtype)
-        t = timeit(lambda: paddle.matmul(a, b), reps)
-        rows.append({"m": m, "n": n, "k": k, "layout": "nn", "dtype": dtype, "seconds": t,
-                     "tflops": 2.0 * m * n * k / t / 1e12, "source": "grid"})
-    return rows
+    best: dict = {}
+    for _ in range(passes):
+        for m, n, k in shapes:
+            a, b = paddle.randn([m, k]).astype(dtype), paddle.randn([k, n]).astype(dtype)
+            t = timeit(lambda: paddle.matmul(a, b), reps)
+            best[(m, n, k)] = min(t, best.get((m, n, k), float("inf")))
+    return [{"m": m, "n": n, "k": k, "layout": "nn", "dtype": dtype, "seconds": t,
+             "tflops": 2.0 * m * n * k / t / 1e12, "source": "grid"} for (m, n, k), t in best.items()]
 
 
 def attention_table(configs, dtype: str = "bfloat16", reps: int = 5) -> list[dict]:
@@ -185,13 +188,16 @@ def _mem_ops(numel: int, dtype: str):
     return ops
 
 
-def memory_bound_table(sizes=(2**10, 2**13, 2**16, 2**19, 2**22), dtype: str = "float32", reps: int = 5) -> list[dict]:
-    """Memory-bound ops (`_mem_ops`) over `sizes` elements: rows {op, numel, dtype, seconds}."""
-    rows = []
-    for numel in sizes:
-        for op, (make, n) in _mem_ops(numel, dtype).items():
-            rows.append({"op": op, "numel": n, "dtype": dtype, "seconds": timeit(make(), reps)})
-    return rows
+def memory_bound_table(sizes=(2**10, 2**13, 2**16, 2**19, 2**22), dtype: str = "float32", reps: int = 5,
+                       passes: int = 1) -> list[dict]:
+    """Memory-bound ops (`_mem_ops`) over `sizes` elements: rows {op, numel, dtype, seconds} (fastest pass)."""
+    best: dict = {}
+    for _ in range(passes):
+        for numel in sizes:
+            for op, (make, n) in _mem_ops(numel, dtype).items():
+                t = timeit(make(), reps)
+                best[(op, n)] = min(t, best.get((op, n), float("inf")))
+    return [{"op": op, "numel": n, "dtype": dtype, "seconds": t} for (op, n), t in best.items()]
 
 
 def host_table(n: int = 200) -> dict:
