@@ -29,7 +29,7 @@ def test_parameter_list_counts_the_model(preset):
     assert len({s.name for s in specs}) == len(specs)
 
 
-@pytest.mark.parametrize("preset", PRESETS + ["moe-tiny", "deepseek-v2-lite"])
+@pytest.mark.parametrize("preset", ["gpt-tiny", "llama-tiny", "ernie-tiny", "moe-tiny", "llama-1b"])
 def test_parameter_list_is_read_off_the_model(preset):
     """Names, shapes and tp split axes come from the lazily built model and its tags (llmtrain/plan/params.py);
     the split axes agree with the tests' own name-based reference of fleet's layout (memory_checks.SPLIT_AXES),
