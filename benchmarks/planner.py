@@ -3,6 +3,8 @@
     python benchmarks/planner.py            # published points
     python benchmarks/planner.py --cpu      # + predicted vs measured step time of CPU runs (1 process mb 1/2/4/8, 6 layouts)
     python benchmarks/planner.py --cpu-only [--no-run]   # the CPU table alone (--no-run: re-predict the last runs)
+    python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps.json, default benchmarks/data/h200)
+                                                         # against the h200 profile (fitted by benchmarks/fit_h200.py)
 
 Done: PaddleNLP's Llama2-7B/13B on 8 x A100-80G, tp2 + sharding4 stage 2, seq 4096, global batch 64, flash
 attention, bf16 O2, no recompute (llm/docs/pretrain.md; llm/llama/pretrain-llama2_*-tp2sd4_stage2.json);
