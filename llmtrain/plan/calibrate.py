@@ -148,7 +148,7 @@ def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> 
 GEMM_SIZES = (16, 64, 256, 1024, 4096, 16384)
 MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**22)
 QUICK = {"gemm_sizes": (16, 128, 1024), "gemm_max_flops": 2e8, "mem_sizes": (2**8, 2**12, 2**16),
-         "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 64 * 2**10, 512 * 2**10),
+         "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 2**20, 4 * 2**20),
          "repeats": 3, "passes": 1}
 FULL = {"gemm_sizes": GEMM_SIZES, "gemm_max_flops": 5e9, "mem_sizes": MEM_SIZES,
         "optimizer": ((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (4, 2**20)), "gloo_sizes": SIZES, "repeats": 10,
