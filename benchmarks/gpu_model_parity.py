@@ -36,6 +36,7 @@ def export(out: str) -> None:
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from llmtrain.models import build_model
     from llmtrain.models.config import ModelConfig
+    from llmtrain.contracts.steps import mean_loss
     from llmtrain.models.stages import canonical_parameters
 
     os.makedirs(out, exist_ok=True)
@@ -48,7 +49,7 @@ def export(out: str) -> None:
         inputs, target = ids[:, :-1], ids[:, 1:]
         mask = paddle.ones([BATCH, SEQ], dtype="float32")
         logits = model(inputs)
-        loss = model.loss_fn(logits, (target, mask))
+        loss = mean_loss(model.loss_fn(logits, (target, mask)))  # (sum, tokens) -> the mean token loss
         arrays = {f"param/{n}": p.numpy() for n, p in canonical_parameters(model)}
         np.savez(os.path.join(out, f"{name}.npz"), ids=ids.numpy(), logits=logits.numpy(), loss=loss.numpy(), **arrays)
         print(f"{name}: loss {float(loss):.6f}, {len(arrays)} parameters -> {out}/{name}.npz")

@@ -1,7 +1,10 @@
 """The planner against published results (held to the same device constants, no per-point tuning).
 
     python benchmarks/planner.py            # published points
-    python benchmarks/planner.py --cpu      # + predicted vs measured step time of six 2-process CPU layouts
+    python benchmarks/planner.py --cpu      # + predicted vs measured step time of CPU runs (1 process mb 1/2/4/8, 6 layouts)
+    python benchmarks/planner.py --cpu-only [--no-run]   # the CPU table alone (--no-run: re-predict the last runs)
+    python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps.json, default benchmarks/data/h200)
+                                                         # against the h200 profile (fitted by benchmarks/fit_h200.py)
 
 Done: PaddleNLP's Llama2-7B/13B on 8 x A100-80G, tp2 + sharding4 stage 2, seq 4096, global batch 64, flash
 attention, bf16 O2, no recompute (llm/docs/pretrain.md; llm/llama/pretrain-llama2_*-tp2sd4_stage2.json);
@@ -97,15 +100,23 @@ def _row(overrides: list[str]) -> dict:
     return plan(to_config(compose_config(overrides)))[0]
 
 
-def megatron_table() -> None:
-    print("\n| point | TFLOP/s/GPU published | predicted | error | predicted memory GiB (fits) |")
-    print("|---|---|---|---|---|")
-    for label, (h, layers, heads), tp, pp, n, gb, published in MEGATRON:
+def megatron_rows() -> list[tuple[str, float, dict]]:
+    """(label, predicted TFLOP/s per GPU by Megatron's formula, row) of each Megatron-LM point."""
+    out = []
+    for label, (h, layers, heads), tp, pp, n, gb, _ in MEGATRON:
         row = _row(_gpt(h, layers, heads, 131072, 4096) + [
             "model.tie_embeddings=false", "model.attention=flash", "plan.device=h100", f"plan.devices={n}",
             "+parallel=tp2sharding2", f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sharding=48",
             "parallel.sharding_stage=1", f"train.global_batch_size={gb}", "train.micro_batch_size=1"])
-        tflops = row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12
+        out.append((label, row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12,
+                    row))
+    return out
+
+
+def megatron_table() -> None:
+    print("\n| point | TFLOP/s/GPU published | predicted | error | predicted memory GiB (fits) |")
+    print("|---|---|---|---|---|")
+    for (label, _, _, _, _, _, published), (_, tflops, row) in zip(MEGATRON, megatron_rows()):
         mem = row["memory_bytes"]["total"] / 2**30
         print(f"| {label} | {published} | {tflops:.1f} | {100 * (tflops / published - 1):+.1f}% | "
               f"{mem:.1f} ({'yes' if row['fits'] else 'no'}) |")
@@ -142,38 +153,133 @@ def main() -> None:
 
 
 CPU_LAYOUTS = ["dp2", "tp2", "pp2", "sharding2", "zero2", "zero3"]
+CPU_MICRO_BATCHES = [1, 2, 4, 8]
 
 
-def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu") -> None:
-    """Predicted vs measured step time of six 2-process CPU layouts (one launch each, through tests/launch.py)."""
+def _cpu_common() -> list[str]:
+    corpus = ["data.prefixes=[work/pd1998/pd1998_text_document]", "data.tokenizer=work/pd1998/tokenizer"]
+    if not os.path.exists("work/pd1998/pd1998_text_document.bin"):
+        corpus = ["data.prefixes=[/work/main/work/pd1998/pd1998_text_document]",
+                  "data.tokenizer=/work/main/work/pd1998/tokenizer"]
+    return corpus + ["train.max_steps=8", "train.global_batch_size=8", "train.progress_bar=false",
+                     "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none", "data.num_workers=0"]
+
+
+def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> list[dict]:
+    """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8 (one process runs the
+    four in turn), then six 2-process layouts at micro-batch 2 (one launch each, through tests/launch.py).
+    `run=False` re-predicts the runs already in `workdir`."""
     import statistics
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from launch import metrics, run_many
 
-    corpus = ["data.prefixes=[work/pd1998/pd1998_text_document]", "data.tokenizer=work/pd1998/tokenizer"]
-    if not os.path.exists("work/pd1998/pd1998_text_document.bin"):
-        corpus = ["data.prefixes=[/work/main/work/pd1998/pd1998_text_document]",
-                  "data.tokenizer=/work/main/work/pd1998/tokenizer"]
-    common = corpus + ["train.max_steps=8", "train.global_batch_size=8", "train.micro_batch_size=2",
-                       "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false",
-                       "checkpoint.resume=none", "data.num_workers=0"]
+    common = _cpu_common()
     out = Path(workdir)
-    for name in CPU_LAYOUTS:  # one launch per layout (fleet is initialised once per process)
-        run_many([common + [f"+parallel={name}", f"run.dir={out / name}"]], nproc=2, workdir=out / f"{name}_launch")
-    print("| layout | measured step s (median, steps 3-8) | predicted | error |")
-    print("|---|---|---|---|")
-    for name in CPU_LAYOUTS:
-        measured = statistics.median(r["step_time"] for r in metrics(out / name)[2:])
-        row = plan(to_config(compose_config(common + [f"+parallel={name}", "plan.devices=2", "plan.device=cpu-here"])))[0]
-        pred = row["step_time_s"]
-        print(f"| {name} | {measured:.3f} | {pred:.3f} | {100 * (pred / measured - 1):+.1f}% |")
+    single = [(f"single mb{mb}", common + [f"train.micro_batch_size={mb}", f"run.dir={out / f'mb{mb}'}"],
+               ["+parallel=dp2", "parallel.dp=1", "plan.devices=1"]) for mb in CPU_MICRO_BATCHES]
+    layouts = [(name, common + ["train.micro_batch_size=2", f"+parallel={name}", f"run.dir={out / name}"], ["plan.devices=2"])
+               for name in CPU_LAYOUTS]
+    loads = []
+    if run:
+        loads.append(os.getloadavg()[0])
+        run_many([o for _, o, _ in single], nproc=0, workdir=out / "single_launch")
+        loads.append(os.getloadavg()[0])
+        for _, overrides, _ in layouts:  # one launch per layout (fleet is initialised once per process)
+            run_many([overrides], nproc=2, workdir=out / f"{overrides[-1].rsplit('/', 1)[-1]}_launch")
+            loads.append(os.getloadavg()[0])
+    rows = []
+    for name, overrides, plan_extra in single + layouts:
+        steps = [r["step_time"] for r in metrics(Path(overrides[-1].split("=", 1)[1]))[2:]]
+        measured = statistics.median(steps)
+        row = plan(to_config(compose_config([o for o in overrides if not o.startswith("run.dir")] + plan_extra
+                                            + ["plan.device=cpu-here"])))[0]
+        rows.append({"name": name, "measured_s": measured, "fastest_s": min(steps), "predicted_s": row["step_time_s"],
+                     "error": row["step_time_s"] / measured - 1})
+    if loads:
+        print(f"load average (1 min) before and after each launch: {', '.join(f'{x:.1f}' for x in loads)}")
+    return rows
+
+
+def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> None:
+    rows = cpu_rows(workdir, run)
+    print("| run | measured step s (median, steps 3-8) | fastest of steps 3-8 | predicted | error (vs median) |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['measured_s']:.3f} | {r['fastest_s']:.3f} | {r['predicted_s']:.3f} | "
+              f"{100 * r['error']:+.1f}% |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%")
+
+
+H200_DATA = "benchmarks/data/h200"
+
+
+def h200_overrides(arch: dict, micro_batch: int, recompute: bool) -> list[str]:
+    """Planner overrides for one steps.json row: llmtrain's preset of the family with the row's shape, one
+    micro-batch per step, bf16, flash attention, and the kernels the instrument runs (benchmarks/gpu_model.py:
+    fused q|k|v and gate|up GEMMs and RMSNorm as on llmtrain's GPU path; RoPE and silu * up unfused)."""
+    a = arch
+    if a["family"] == "llama":
+        base = ["model=llama-7b", "model.fuse_rope=false", "model.fuse_swiglu=false", "model.fuse_rms_norm=true",
+                "model.fuse_qkv=true", "model.fuse_ffn=true", f"model.num_kv_heads={a['kv_heads']}"]
+    else:
+        base = ["model=gpt2-small", "model.activation=gelu_tanh", "model.fuse_qkv=true"]
+    return base + [f"model.name={a['family']}-h{a['hidden']}", f"model.hidden_size={a['hidden']}",
+                   f"model.num_layers={a['layers']}", f"model.num_heads={a['heads']}",
+                   f"model.ffn_hidden_size={a['ffn']}", f"model.vocab_size={a['vocab']}",
+                   f"model.max_position_embeddings={a['seq']}", f"model.tie_embeddings={str(a['tie_embeddings']).lower()}",
+                   "model.attention=flash", "train.amp=bf16", f"data.seq_len={a['seq']}",
+                   f"train.global_batch_size={micro_batch}", f"train.micro_batch_size={micro_batch}",
+                   f"train.recompute={str(recompute).lower()}", "plan.device=h200", "plan.devices=1",
+                   "+parallel=dp2", "parallel.dp=1"]
+
+
+def h200_rows(data_dir: str = H200_DATA) -> list[dict]:
+    """Predicted (the fitted h200 profile) vs measured (steps.json, never fitted) step time of every H200 row."""
+    import json
+    from pathlib import Path
+
+    d = json.loads((Path(data_dir) / "steps.json").read_text())
+    rep = Path(data_dir) / "steps_repeat.json"
+    repeat = {r["name"]: r["step_s_median"] for r in json.loads(rep.read_text())["rows"]} if rep.exists() else {}
+    out = []
+    for r in d["rows"]:
+        if r.get("error") or not r.get("step_s_median"):
+            continue
+        row = _row(h200_overrides(r["arch"], r["micro_batch"], r["recompute"]))
+        out.append({"name": r["name"], "measured_s": r["step_s_median"], "repeat_s": repeat.get(r["name"]),
+                    "predicted_s": row["step_time_s"], "error": row["step_time_s"] / r["step_s_median"] - 1,
+                    "host_s": row["host_s"], "device_s": row["device_s"], "kernels": row["kernels_per_step"],
+                    "kernels_measured": r.get("kernels_per_step")})
+    return out
+
+
+def h200_table(data_dir: str = H200_DATA) -> None:
+    rows = h200_rows(data_dir)
+    print("\n| H200 row | measured step s (steps.json) | predicted | error | repeat s (steps_repeat.json) | error vs repeat "
+          "| predicted host / device s (device without the optimizer) | device kernels predicted / CUDA kernels profiled |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        rep = f"{r['repeat_s']:.4f} | {100 * (r['predicted_s'] / r['repeat_s'] - 1):+.1f}%" if r["repeat_s"] else "- | -"
+        print(f"| {r['name']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | {rep} | "
+              f"{r['host_s']:.4f} / {r['device_s']:.4f} | {r['kernels']} / {r['kernels_measured']} |")
+    errs = [abs(r["error"]) for r in rows]
+    within = sum(e <= 0.10 for e in errs)
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, {within} of {len(rows)} "
+          "within 10% (against steps.json)")
 
 
 if __name__ == "__main__":
-    main()
-    megatron_table()
-    ratio_table()
-    if "--cpu" in sys.argv:
-        cpu_table()
+    register_configs()
+    if "--cpu-only" not in sys.argv and "--h200-only" not in sys.argv:
+        main()
+        megatron_table()
+        ratio_table()
+    for flag in ("--h200", "--h200-only"):
+        if flag in sys.argv:
+            i = sys.argv.index(flag)
+            h200_table(sys.argv[i + 1] if i + 1 < len(sys.argv) and not sys.argv[i + 1].startswith("--") else H200_DATA)
+    if "--cpu" in sys.argv or "--cpu-only" in sys.argv:
+        cpu_table(run="--no-run" not in sys.argv)

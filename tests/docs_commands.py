@@ -245,7 +245,7 @@ def _resolve(script: str, overrides: list, world: int):
 
 def _check_plan(cmd: Command, args: list) -> None:
     from llmtrain.parallel.layout import layout_problems, model_fit_problems
-    from llmtrain.plan.devices import PROFILES
+    from llmtrain.plan.profile import names as profile_names
 
     if "--calibrate" in args:
         rest = [a for a in args if a != "--calibrate"]
@@ -254,8 +254,8 @@ def _check_plan(cmd: Command, args: list) -> None:
         return
     cfg = _compose(args, "config")
     problems = []
-    if cfg.plan.device not in PROFILES:
-        problems.append(f"plan.device={cfg.plan.device!r}: expected one of {sorted(PROFILES)}")
+    if cfg.plan.device not in profile_names():
+        problems.append(f"plan.device={cfg.plan.device!r}: expected one of {sorted(profile_names())}")
     if cfg.plan.format not in ("table", "json"):
         problems.append(f"plan.format={cfg.plan.format}: expected table or json")
     if cfg.parallel is not None:

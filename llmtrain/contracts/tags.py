@@ -25,6 +25,7 @@ Tags and who sets / reads them:
 | residual_out | parameter | attention/MLP out proj | initialisation |
 | lora | parameter | LoRA | sp |
 | recording_clip | optimizer | ZeRO | the norm-recording clip |
+| role | vocab embedding, output linear / bias | `Roles` | the planner's parameter list |
 """
 from __future__ import annotations
 
@@ -80,6 +81,16 @@ def set_lora_branch(layer, branch: Callable) -> None:
 
 def lora_branch_of(layer) -> Optional[Callable]:
     return getattr(layer, "llm_lora_branch", None)
+
+
+def set_role(obj, role: str) -> None:
+    """What a layer or parameter is for, where its name alone does not say how a plan splits it:
+    `"vocab_embedding"`, `"output_linear"` (layers) or `"output_bias"` (a parameter)."""
+    obj.llm_role = role
+
+
+def role_of(obj) -> Optional[str]:
+    return getattr(obj, "llm_role", None)
 
 
 # --- parameters -----------------------------------------------------------------------------------------------------

@@ -71,15 +71,21 @@ class Roles:
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         """ids [b, s] -> [b, s, h] through a [V, h] table; a plan may split the table's rows."""
-        return nn.Embedding(vocab_size, hidden_size)
+        layer = nn.Embedding(vocab_size, hidden_size)
+        tags.set_role(layer, "vocab_embedding")  # the planner reads roles to know what a plan splits (llmtrain/plan/params.py)
+        return layer
 
     def output_linear(self, hidden_size: int, vocab_size: int) -> nn.Layer:
         """Untied LM head, no bias: [b, s, h] -> logits [b, s, V]; a plan may split V (logits stay split)."""
-        return nn.Linear(hidden_size, vocab_size, bias_attr=False)
+        layer = nn.Linear(hidden_size, vocab_size, bias_attr=False)
+        tags.set_role(layer, "output_linear")
+        return layer
 
     def output_bias(self, layer: nn.Layer, vocab_size: int) -> paddle.Tensor:
         """A parameter of `layer` added to the logits: [V], zeros; a plan splits it like the logits."""
-        return layer.create_parameter([vocab_size], is_bias=True)
+        bias = layer.create_parameter([vocab_size], is_bias=True)
+        tags.set_role(bias, "output_bias")
+        return bias
 
     def tied_logits(self, hidden: paddle.Tensor, table: paddle.Tensor) -> paddle.Tensor:
         """Tied LM head: hidden [b, s, h] x table [V, h]^T -> logits [b, s, V]."""

@@ -7,7 +7,9 @@
 
 Composed from the same Hydra tree as pretraining (conf/config.yaml + the `plan` section,
 llmtrain/plan/config.py). Memory: llmtrain/plan/memory.py (exact parameter/optimizer
-counts) and estimate.py (activations, time); device constants: devices.py.
+counts, the parameter list read off the model: params.py) and estimate.py (activations, time); time:
+kernels.py (the kernels of a step), timeline.py (host and device), profile.py (device profiles as data,
+profiles/*.json), calibrate.py (`--calibrate`: measure this machine).
 """
 from __future__ import annotations
 

@@ -4,9 +4,11 @@
     cfg = choose_layout(to_config(dcfg))      # cfg unchanged unless parallel.name == "auto"
 
 The job's world size is the launcher's (PADDLE_TRAINERS_NUM); the device profile is
-`plan.device` on GPU and `cpu-here` on CPU. Every rank computes the same choice from the
-config alone: on CPU the profile's peak is a fixed nominal figure here, not the per-process
-matmul measurement, so that no two ranks can rank differently (no collective exists yet).
+`plan.device` on GPU and `cpu-here` on CPU (`plan.profile`, the calibrated file, when it exists; else the
+packaged one). Every rank computes the same choice from the config and the same profile file (nothing is
+measured per process), so no two ranks can rank differently (no collective exists yet). The micro-batch and
+recompute choices follow the operator-level cost model (llmtrain/plan/timeline.py): a micro-batch too small
+to keep the device busy is predicted slow, as it measures.
 The chosen degrees, micro-batch and recompute replace `parallel.*`, `train.micro_batch_size`
 (grad_accum derived from the global batch) and `train.recompute` (rows planned with selective recompute
 are skipped: the Trainer recomputes whole blocks only); the run then goes on
@@ -19,8 +21,6 @@ import os
 
 from llmtrain.parallel.config import ParallelConfig
 
-CPU_NOMINAL_PEAK = 50e9  # FLOP/s; only the ranking uses it (compute vs gloo costs)
-
 
 def choose_layout(cfg, world_size: int | None = None, log=None):
     """`cfg` with the planner's first fitting layout when `parallel.name == "auto"`, else `cfg` itself."""
@@ -29,7 +29,6 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     import paddle
 
     from llmtrain.errors import ConfigError
-    from llmtrain.plan import devices
     from llmtrain.plan.model import planned_model
     from llmtrain.plan.search import rank_layouts
 
@@ -39,13 +38,7 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     on_cpu = paddle.get_device() == "cpu"
     plan_cfg = dataclasses.replace(cfg.plan, devices=world, device="cpu-here" if on_cpu else cfg.plan.device)
     planned = dataclasses.replace(cfg, plan=plan_cfg)
-    saved = devices.PROFILES["cpu-here"]
-    if on_cpu:
-        devices.PROFILES["cpu-here"] = dataclasses.replace(saved, peak_flops=CPU_NOMINAL_PEAK)
-    try:
-        rows = rank_layouts(planned, planned_model(planned))
-    finally:
-        devices.PROFILES["cpu-here"] = saved
+    rows = rank_layouts(planned, planned_model(planned))
     fitting = [r for r in rows if r["fits"] and r["runnable"]]  # selective recompute is planned, not trained
     if not fitting:
         raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory "

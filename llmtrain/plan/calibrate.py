@@ -1,10 +1,18 @@
-"""Measure this machine for the `cpu-here` profile: fp32 matmul throughput and gloo alpha-beta on 2 processes.
+"""Measure this machine into a device profile: kernel tables with Paddle, and collectives.
 
-    python -m llmtrain.plan --calibrate                        # writes work/cpu-here.json
+    python -m llmtrain.plan --calibrate                        # writes work/cpu-here.json (plan.profile's default)
     python -m llmtrain.plan --calibrate --out /tmp/here.json   # elsewhere (then plan.profile=/tmp/here.json)
+    python -m llmtrain.plan --calibrate --quick                # small tables (seconds; what the tests run)
 
-Compute: the best fp32 matmul FLOP/s of one process (n^3 matmuls at a few sizes, `OMP_NUM_THREADS` as
-the training's workers get it, 1 unless set). Communication: one 2-process
+Kernel tables (llmtrain/plan/measure.py, the same tables the H200 profile is fitted from): GEMMs over a
+log-spaced grid of (m, n, k) (three sweeps, each shape's fastest kept), memory-bound ops (copy, add, mul, cast, reduce, softmax, GeLU, SiLU, LayerNorm,
+embedding gather) over sizes, flash attention on a GPU, the host's per-op time of eager execution and AdamW
+steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU the op times
+hold their own dispatch (`tables_include_host`) and ops run where they are dispatched (`async_launch` false);
+on a GPU the tables are device times and the host's queued per-op time is measured apart (timeline.py). The
+CPU's fp32 matmul peak is MFU's denominator there (`peak_flops`); a GPU keeps its datasheet peak.
+
+Communication: one 2-process
 `paddle.distributed.launch` over gloo (the CPU backend training uses) runs, for a few message sizes, the
 fastest of the repeats (other processes on a shared host only add time; the medians are kept in the file
 too) of a ring all-reduce of n fp32 bytes and of a blocking send/recv ping-pong, and fits t = c0 + c1·bytes
@@ -16,9 +24,13 @@ Then, with no barrier, 10 x `repeats` all-reduces of 128 KiB between ranks that 
 before every call, as training interleaves compute and collectives: their mean per call, less the transfer
 time, halved, is `collective_alpha_busy` (each call also waits for the other rank to arrive, which on this
 shared host costs milliseconds where the quiet alpha is tens of microseconds).
-The planner (`devices.get_device("cpu-here", profile)`) uses the collective bandwidth and the busy alpha for
-dp/sharding/tp and the send/recv figures for pipeline p2p. Everything on loopback TCP of one host: both "links" of the
-profile (in-node and across nodes) get the same figures.
+The planner uses the collective bandwidth and the busy alpha for dp/sharding/tp and the send/recv figures
+for pipeline p2p. Everything on loopback TCP of one host: both "links" of the profile (in-node and across
+nodes) get the same figures. On a GPU machine (GPU-only branch, `gpu_base`; not run here: Paddle's GPU
+build cannot be installed on the machines we test on) the profile is named after the packaged profile whose
+`match` string the GPU's name holds (its datasheet peak, memory and links kept), the tables are device
+times (`async_launch`), and the collectives are measured only with 2 or more GPUs (the launcher then places one
+process per GPU and the same worker runs over NCCL); with one GPU the links keep the packaged figures.
 """
 from __future__ import annotations
 
@@ -33,23 +45,7 @@ import time
 from pathlib import Path
 
 SIZES = (4 * 2**10, 64 * 2**10, 512 * 2**10, 2 * 2**20, 8 * 2**20)  # bytes per message
-MATMUL_SIZES = (256, 512, 1024)
 REPO = Path(__file__).resolve().parents[2]
-
-
-def matmul_flops(sizes=MATMUL_SIZES, repeats: int = 5) -> float:
-    """Best fp32 FLOP/s over n x n x n matmuls (2 n^3 FLOPs each) on this process."""
-    import paddle
-
-    best = 0.0
-    for n in sizes:
-        a, b = paddle.randn([n, n], dtype="float32"), paddle.randn([n, n], dtype="float32")
-        float(paddle.matmul(a, b)[0, 0])  # warm up
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            float(paddle.matmul(a, b)[0, 0])
-            best = max(best, 2.0 * n**3 / (time.perf_counter() - t0))
-    return best
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -149,9 +145,51 @@ def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> 
         return json.loads(out.read_text())
 
 
-def calibrate(out: str = "work/cpu-here.json", sizes=SIZES, repeats: int = 10) -> dict:
-    """Measure, fit and write the profile; returns it."""
-    measured = measure_gloo(sizes, repeats)
+GEMM_SIZES = (16, 64, 256, 1024, 4096, 16384)
+MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**22)
+QUICK = {"gemm_sizes": (16, 128, 1024), "gemm_max_flops": 2e8, "mem_sizes": (2**8, 2**12, 2**16),
+         "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 2**20, 4 * 2**20),
+         "repeats": 3, "passes": 1}
+FULL = {"gemm_sizes": GEMM_SIZES, "gemm_max_flops": 5e9, "mem_sizes": MEM_SIZES,
+        "optimizer": ((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (4, 2**20)), "gloo_sizes": SIZES, "repeats": 10,
+        "passes": 3}
+
+
+def measure_tables(sizes: dict) -> dict:
+    """The raw kernel tables of this process's device (measure.py), in fit.py's input layout."""
+    from llmtrain.plan import measure
+
+    host = measure.host_table()
+    on_gpu = measure._on_gpu()
+    passes = sizes.get("passes", 1)
+    raw = {"gemm": measure.gemm_table(measure.grid(sizes["gemm_sizes"], sizes["gemm_max_flops"]),
+                                      "bfloat16" if on_gpu else "float32", passes=passes),
+           "memory_bound": measure.memory_bound_table(sizes["mem_sizes"], "bfloat16" if on_gpu else "float32",
+                                                      passes=passes),
+           "optimizer": measure.optimizer_table(sizes["optimizer"], multi_precision=on_gpu),
+           "host": ({"fwd_op_s": host["fwd_op_s"], "bwd_op_s": host["bwd_node_s"], "view_op_s": host["view_s"]}
+                    if on_gpu else  # CPU: the tables hold one dispatch per op; add the autograd extras
+                    {"fwd_op_s": host["fwd_extra_s"], "bwd_op_s": max(0.0, host["bwd_node_s"] - host["dispatch_s"]),
+                     "view_op_s": host["view_s"], "dispatch_s": host["dispatch_s"]}),
+           "host_measured": host}
+    if on_gpu:
+        raw["attention"] = measure.attention_table([(b, 32, 8, s, 128) for b, s in ((8, 1024), (4, 2048), (2, 4096), (1, 8192))]
+                                                   + [(16, 16, 16, 1024, 64)])
+    return raw
+
+
+def cpu_base(peak: float, gloo: dict, load: float) -> dict:
+    """The constants of the cpu-here profile (the tables come from fit.py)."""
+    return {"name": "cpu-here", "peak_flops": peak, "memory_bytes": 8 * 2**30, "framework_bytes": 0, "dtype_bytes": 4,
+            "async_launch": False, "tables_include_host": True,
+            "links": {"nvlink_bw": gloo["collective_bw"], "net_bw": gloo["collective_bw"],
+                      "nvlink_alpha": gloo["collective_alpha_busy"], "net_alpha": gloo["collective_alpha_busy"],
+                      "p2p_bw": gloo["p2p_bw"], "p2p_alpha": gloo["p2p_alpha"],
+                      "source": "gloo over loopback TCP, 2 processes, this host (calibrate.py)"},
+            "source": f"python -m llmtrain.plan --calibrate on this host (load average {load:.1f})"}
+
+
+def fit_gloo(measured: dict) -> dict:
     rows, busy = measured["rows"], measured["busy"]
     xs = [r["bytes"] for r in rows]
     c0, c1 = fit_line(xs, [r["all_reduce_s"] for r in rows])
@@ -160,23 +198,68 @@ def calibrate(out: str = "work/cpu-here.json", sizes=SIZES, repeats: int = 10) -
                 for what, v in (("all-reduce", c1), ("send/recv", p1)) if v <= 0]
     if problems:
         raise RuntimeError("; ".join(problems))
-    profile = {
-        "device": "cpu-here",
-        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS", "1"),
-        "load_average": os.getloadavg()[0],
-        "peak_flops": matmul_flops(),
-        "collective_bw": 1.0 / c1, "collective_alpha": c0 / 2,
-        "p2p_bw": 1.0 / p1, "p2p_alpha": p0,
-        # per-call latency of a collective between computing ranks: the busy call's mean minus its transfer time,
-        # halved as alpha is for a 2-rank ring (never below the quiet alpha)
-        "collective_alpha_busy": max(c0 / 2, (busy["mean_s"] - busy["bytes"] * c1) / 2),
-        "busy_all_reduce": busy,
-        "measurements": rows,
-    }
+    # per-call latency of a collective between computing ranks: the busy call's mean minus its transfer time,
+    # halved as alpha is for a 2-rank ring (never below the quiet alpha)
+    return {"collective_bw": 1.0 / c1, "collective_alpha": c0 / 2, "p2p_bw": 1.0 / p1, "p2p_alpha": p0,
+            "collective_alpha_busy": max(c0 / 2, (busy["mean_s"] - busy["bytes"] * c1) / 2),
+            "busy_all_reduce": busy, "measurements": rows}
+
+
+def gpu_base(gloo: dict | None) -> dict:
+    """GPU only: the packaged profile matching this GPU's name, its tables replaced by the measured ones."""
+    import paddle
+
+    from llmtrain.plan.profile import _raw, datasheet_peak
+
+    name = paddle.device.cuda.get_device_name()
+    found = datasheet_peak(name)
+    if found is None:
+        raise RuntimeError(f"GPU {name!r} matches no packaged profile (llmtrain/plan/profiles/*.json `match`): add one "
+                           "with its datasheet peak, memory and links, then calibrate")
+    base = {k: v for k, v in _raw(found[1]).items() if k not in ("scaled_from", "scale", "gemm", "attention",
+                                                                  "memory_bound", "host", "optimizer")}
+    base.update({"async_launch": True, "tables_include_host": False,
+                 "source": f"python -m llmtrain.plan --calibrate on {name}; peak, memory from the datasheet"})
+    if gloo is not None:
+        base["links"] = dict(base["links"], nvlink_bw=gloo["collective_bw"], nvlink_alpha=gloo["collective_alpha_busy"],
+                             p2p_bw=gloo["p2p_bw"], p2p_alpha=gloo["p2p_alpha"],
+                             source="NCCL in this node measured by --calibrate (2 processes); network: datasheet")
+    return base
+
+
+def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
+    """Measure, fit and write the profile of this process's device; returns it."""
+    from llmtrain.plan.fit import fit_profile
+    from llmtrain.plan.measure import _on_gpu, cpu_matmul_peak
+
+    sizes = QUICK if quick else FULL
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load = os.getloadavg()[0]
+    on_gpu = _on_gpu()
+    gpus = 0
+    if on_gpu:
+        import paddle
+
+        gpus = paddle.device.cuda.device_count()
+    gloo = fit_gloo(measure_gloo(sizes["gloo_sizes"], sizes["repeats"])) if (not on_gpu or gpus > 1) else None
+    raw = measure_tables(sizes)
+    prov = {"summary": f"(Paddle {_paddle_version()} on this CPU, {when}, OMP_NUM_THREADS "
+                       f"{os.environ.get('OMP_NUM_THREADS', '1')}, medians of single calls)",
+            "measured_at": when, "load_average": load, "command": " ".join(["python -m llmtrain.plan"] + sys.argv[1:])}
+    base = gpu_base(gloo) if on_gpu else cpu_base(cpu_matmul_peak(), gloo, load)
+    profile = fit_profile(raw, base, prov)
+    profile["measured_at"] = when
+    profile["gloo"] = gloo
+    profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(profile, indent=1))
     return profile
+
+
+def _paddle_version() -> str:
+    import paddle
+
+    return paddle.__version__
 
 
 def main(argv: list[str]) -> None:
@@ -184,11 +267,15 @@ def main(argv: list[str]) -> None:
         sys.exit("--out needs a path: python -m llmtrain.plan --calibrate --out PATH")
     out = argv[argv.index("--out") + 1] if "--out" in argv else "work/cpu-here.json"
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    p = calibrate(out)
-    print(f"cpu-here calibrated -> {out}: fp32 matmul {p['peak_flops'] / 1e9:.1f} GFLOP/s; gloo all-reduce "
-          f"{p['collective_bw'] / 1e9:.3f} GB/s, alpha {p['collective_alpha'] * 1e6:.0f} us (between computing "
-          f"ranks {p['collective_alpha_busy'] * 1e6:.0f} us); send/recv "
-          f"{p['p2p_bw'] / 1e9:.3f} GB/s, alpha {p['p2p_alpha'] * 1e6:.0f} us (load average {p['load_average']:.1f})")
+    p = calibrate(out, quick="--quick" in argv)
+    g = p["gloo"] or {"collective_bw": float("nan"), "collective_alpha": float("nan"),
+                      "collective_alpha_busy": float("nan"), "p2p_bw": float("nan"), "p2p_alpha": float("nan")}
+    print(f"{p['name']} calibrated -> {out}: peak {p['peak_flops'] / 1e9:.1f} GFLOP/s; {len(p['gemm']['rows'])} GEMM "
+          f"shapes, {len(p['memory_bound']['classes'])} memory-bound classes, host {p['host']['fwd_op_s'] * 1e6:.1f} us "
+          f"autograd extra per op; gloo all-reduce {g['collective_bw'] / 1e9:.3f} GB/s, alpha "
+          f"{g['collective_alpha'] * 1e6:.0f} us (between computing ranks {g['collective_alpha_busy'] * 1e6:.0f} us); "
+          f"send/recv {g['p2p_bw'] / 1e9:.3f} GB/s, alpha {g['p2p_alpha'] * 1e6:.0f} us (load average "
+          f"{p['provenance']['load_average']:.1f})")
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--worker":

@@ -17,7 +17,9 @@ class PlanConfig:
     """Devices per node: a group within a node talks over NVLink, a group spanning nodes over the network."""
 
     device: str = "a100-80g"
-    """Device profile (llmtrain/plan/devices.py): a100-40g, a100-80g, a800, h100, h800, h200, h20, cpu-here."""
+    """Device profile, a data file llmtrain/plan/profiles/<device>.json: a100-40g, a100-80g, a800, h100, h800, h200,
+    h20, l40s, cpu-here (h200 measured on an H200, cpu-here on this machine; the others the H200's tables scaled by
+    datasheet ratios; docs/planning.md)."""
 
     top: int = 10
     """Rows of the ranked table."""
@@ -27,8 +29,8 @@ class PlanConfig:
     only, Korthikanti et al. 2022) is planned but not runnable in llmtrain yet; ranking lists all three."""
 
     profile: Optional[str] = "work/cpu-here.json"
-    """The calibrated `cpu-here` profile `python -m llmtrain.plan --calibrate` writes, relative to the working
-    directory; read when it exists (null: never; then the gloo figures are assumed)."""
+    """A calibrated profile file (`python -m llmtrain.plan --calibrate` writes work/cpu-here.json), relative to the
+    working directory; used when it exists and its `name` is `plan.device` (null: never; then the packaged profile)."""
 
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""

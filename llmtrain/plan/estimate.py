@@ -22,9 +22,12 @@ and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and
 context, NCCL buffers, fragmentation: outside the allocator's count, so `allocated` = total - margin is the
 figure to hold against Paddle's max_memory_allocated).
 
-Time: compute = FLOPs per token (6N + 12·L·h·s, as llmtrain/models/size.py; full recompute adds one more
-forward, 2N + 4·L·h·s, selective recompute the attention core's forward, 4·L·h·s) x tokens per device per
-step / (peak x efficiency); tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
+Time: compute = the operator-level model (llmtrain/plan/kernels.py enumerates every kernel of a micro-batch's
+forward and backward, full recompute's second forward included, and of the optimizer step; timeline.py times
+them on the device profile's measured tables and overlaps host dispatch with device execution), for the
+worst pipeline stage (the first holds the embedding, the last the head and loss); selective recompute (a
+planner-only option) adds the attention core's forward FLOPs (4·L·h·s per token) at the profile's
+attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size.py) over the profile's peak; tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
 backward per column-parallel input (q, k, v, gate, up; 2 with fused projections, `column_inputs`), ring:
 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha, full recompute repeating the 2 forward ones, plus per micro-batch the
 embedding's and the head's [b, s, h] and the parallel cross entropy's three [b, s]; not overlapped;
@@ -41,7 +44,8 @@ devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost).
 from __future__ import annotations
 
 from llmtrain.models.size import flops_parameters
-from llmtrain.plan.memory import predict_stage_ranks
+from llmtrain.plan.memory import _param_bytes, local_shape, param_specs, predict_stage_ranks, stage_params
+from llmtrain.plan.timeline import step_compute
 
 OVERLAP = 0.8
 RECOMPUTE = ("none", "full", "selective")
@@ -176,21 +180,75 @@ def _link(span: int, dev, devices_per_node: int):
     return (dev.nvlink_bw, dev.nvlink_alpha) if span <= devices_per_node else (dev.net_bw, dev.net_alpha)
 
 
-def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int) -> dict:
+_STAGE_SPECS: dict = {}
+
+
+def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
+    """([(elements, bytes/elem)] of the gradients pipeline stage `pp_rank`'s ranks accumulate, the share
+    one sharding rank updates: every `sharding`-th tensor, or with ZeRO-3 each tensor's 1/sharding slice)."""
+    key = (repr(cfg), layout.pp, layout.virtual_pp, pp_rank)
+    if key not in _STAGE_SPECS:
+        _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, pp_rank,
+                                                     cfg.tie_embeddings) if x.trainable and not x.frozen]
+    specs = _STAGE_SPECS[key]
+    grads = [(int(prod_(local_shape(x, layout.tp))), _param_bytes(x, amp)) for x in specs]
+    sh = layout.sharding
+    if sh <= 1:
+        return grads, grads
+    if layout.sharding_stage == 3:
+        sliced = [(-(-n // sh), b) for n, b in grads]
+        return sliced, sliced
+    return grads, grads[::sh]
+
+
+def prod_(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str) -> dict:
+    """The compute part of a step on the slowest pipeline stage (timeline.step_compute), selective recompute's
+    extra attention forward added."""
+    s, b, t, p, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.grad_accum
+    gpu = dev.async_launch
+    worst = None
+    for stage in sorted({0, p - 1}):
+        grads, owned = rank_tensors(cfg, layout, amp, stage)
+        r = step_compute(dev, cfg, b, s, t, m, gpu, flash, "full" if mode == "full" else "none",
+                         cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned)
+        if worst is None or r["compute_s"] > worst["compute_s"]:
+            worst = r
+    if mode == "selective":
+        from llmtrain.plan.kernels import attention_flops
+
+        nh, d = cfg.num_heads // t, cfg.head_dim()
+        fl = attention_flops(b * nh, s, d, cfg.family == "decoder")
+        if flash:
+            extra = dev.attention_seconds(b * nh, s, d, cfg.family == "decoder", fl, False)
+        else:
+            extra = 2 * dev.gemm_seconds(s, s, d, b * nh)
+        worst = dict(worst, compute_s=worst["compute_s"] + m * cfg.num_layers / p * extra)
+    return worst
+
+
+def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
+                  amp: str = "bf16") -> dict:
     mode = recompute_mode(recompute)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     n_flops = flops_parameters(cfg)
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
-    core = 4 * cfg.num_layers * cfg.hidden_size * s  # the attention core's forward: q·kᵀ and probs·v
-    extra = {"none": 0, "full": 2 * n_flops + core, "selective": core}[mode]
-    tokens_per_rank = m * b * s  # per data-parallel replica; split over tp x pp devices
-    compute = tokens_per_rank * (per_token + extra) / (t * p) / (dev.peak_flops * dev.efficiency)
+    if flash is None:
+        flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
+    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp)
+    compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
     bw_tp, a_tp = _link(t, dev, devices_per_node)
     # per block: 2 forward (o_proj, down_proj outputs; again under full recompute), one backward per column input
-    n_ar = 2 * (2 if mode == "full" else 1) + column_inputs(cfg, dev.name != "cpu-here")
+    n_ar = 2 * (2 if mode == "full" else 1) + column_inputs(cfg, dev.async_launch)
     # per micro-batch: the vocabulary-parallel embedding (forward) and head input (backward) [b, s, h], and the
     # parallel cross entropy's max, sum and target logit [b, s] (fp32)
     per_micro = 2 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + 3 * _ring(b * s * 4, t, bw_tp, a_tp)
@@ -214,7 +272,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         else:  # stage 1/2: reduce-scatter of gradients, all-gather of the updated parameters
             grads += _ring(local_param_bytes, n, bw, al, factor=1.0)
             params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
-    micro = compute / m  # one micro-batch's forward + backward
+    micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
     exposed = max(0.0, grads - OVERLAP * micro * 2 / 3) + params_after
     exposed += m * max(0.0, zero3 - OVERLAP * micro)
@@ -222,6 +280,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     step = compute + tp_comm + pp_comm + exposed + bubble
     tokens = layout.global_batch * s
     world = layout.world
-    return {"compute_s": compute, "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
+    return {"compute_s": compute, "host_s": comp["host_s"], "device_s": comp["device_s"],
+            "kernels_per_step": comp["kernels_per_step"], "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
             "bubble_s": bubble, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
             "mfu": tokens * per_token / step / world / dev.peak_flops}

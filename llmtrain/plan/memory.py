@@ -1,4 +1,4 @@
-"""Per-rank memory of a layout, predicted from the config alone (no model is built).
+"""Per-rank memory of a layout, predicted from the config (the model is built lazily: nothing is allocated).
 
     python -m llmtrain.plan model=llama-7b data.seq_len=4096 plan.devices=64      # uses this module
     ranks = predict_ranks(model_cfg, layout, amp="bf16", device="gpu")         # one dict per rank coordinate
@@ -10,8 +10,9 @@ Two parts:
    shape, and the optimizer state it keeps, following what Paddle 3.3.1 allocates for our
    models. The parity tests compare these numbers with `llmtrain/train/memory.py`'s
    measurement (memory.json) to the element and byte, for every CI layout.
-   - parameters: our exact parameter list (`param_specs`, the names `canonical_parameters`
-     gives); tp splits the column/row/vocabulary tensors (Megatron's layout, fleet's
+   - parameters: the model's own parameter list (`param_specs`: the model built lazily, llmtrain/plan/params.py,
+     names from `canonical_parameters`, split axes from the layers' own tags); tp splits the
+     column/row/vocabulary tensors (Megatron's layout, fleet's
      `ColumnParallelLinear`/`RowParallelLinear`/`VocabParallelEmbedding`); pp gives stage s
      the chunks s, s + pp, ... of pp x v equal chunks of blocks (fleet's `seg_method=
      "layer:Block"`), the embedding to the first chunk, the final norm and head to the
@@ -42,132 +43,27 @@ Two parts:
 """
 from __future__ import annotations
 
-import re
+from llmtrain.plan.params import ParamSpec  # noqa: F401 (re-exported: the planner's parameter record)
+
 from dataclasses import dataclass
 from math import prod
 
-SPLIT_AXES = [  # (canonical name pattern, axis split over tp ranks): fleet's Megatron layout
-    (r"embed\.word\.weight", 0),  # VocabParallelEmbedding [V/tp, h]
-    (r".*\.(q|k|v|gate|up)_proj\.weight", 1),  # ColumnParallelLinear [in, out/tp]
-    (r".*\.(q|k|v|gate|up)_proj\.bias", 0),  # [out/tp]
-    (r".*\.(o|down)_proj\.weight", 0),  # RowParallelLinear [in/tp, out] (its bias [out] is whole)
-    (r"lm_head\.proj\.weight", 1),  # untied output projection [h, V/tp]
-    (r"mlm_bias\.bias", 0),  # ERNIE's vocabulary bias [V/tp]
-]
 TIED = "embed.word.weight"
 DEVICE_ALIGN_BYTES = {"cpu": 4096, "gpu": 256}  # Paddle's group_sharded_stage3 `alignment`
 ADAM_SLOTS = 2  # moment1, moment2 (fp32, the parameter's shape)
 ADAM_POWS = 2  # beta1_pow, beta2_pow (fp32 [1])
 
 
-@dataclass(frozen=True)
-class ParamSpec:
-    name: str
-    shape: tuple
-    split_axis: int | None
-    """Axis divided over tp ranks (None: whole on every tp rank)."""
-    chunk: object
-    """Where it sits in the stage list: "first", a block index, or "last" (final norm, head)."""
-    layernorm: bool = False
-    """An `nn.LayerNorm` parameter (Paddle's O2 keeps it fp32)."""
-    expert: bool = False
-    """Stacked routed experts [E, ...]: axis 0 divided over ep ranks, whole over tp."""
-    frozen: bool = False
-    """No gradient and no optimizer state (the MoE expert bias, moved outside the gradient)."""
-    trainable: bool = True
-    """False for the frozen base under LoRA: no optimizer state, no gradient."""
-
-    @property
-    def numel(self) -> int:
-        return prod(self.shape)
-
-
-def split_axis(name: str):
-    for pattern, axis in SPLIT_AXES:
-        if re.fullmatch(pattern, name):
-            return axis
-    return None
-
-
 def param_specs(cfg, lora=None) -> list[ParamSpec]:
-    """Every parameter of the single-device model, in `canonical_parameters` order (a tied table once).
+    """Every parameter of the single-device model, in `canonical_parameters` order (a tied table once), read off
+    the model built lazily with its own split tags (llmtrain/plan/params.py).
 
     `lora` (a `LoraConfig` with rank > 0): the adapters of the matching column/row linears follow their
     linear (A [in, r], split on axis 0 under a row-parallel base; B [r, out], split on axis 1 under a
     column-parallel one) and everything else is frozen."""
-    h, v, f = cfg.hidden_size, cfg.vocab_size, cfg.ffn_hidden_size
-    d = cfg.head_dim()
-    q, kv = cfg.num_heads * d, cfg.kv_heads() * d
-    out: list[ParamSpec] = []
-    lora = lora if lora is not None and lora.rank > 0 else None
-    targets = [re.compile(t) for t in lora.target_modules] if lora else []
-    base_frozen = lora is not None  # LoRA: every parameter but the adapters
+    from llmtrain.plan.params import model_param_specs
 
-    def add(name, shape, chunk, ln=False, expert=False, frozen=False):
-        out.append(ParamSpec(name, tuple(shape), None if expert else split_axis(name), chunk, ln, expert, frozen,
-                             trainable=not base_frozen))
-
-    def norm(prefix, chunk):
-        ln = cfg.norm == "layernorm"
-        add(f"{prefix}.weight", [h], chunk, ln)
-        if ln:
-            add(f"{prefix}.bias", [h], chunk, ln)
-
-    def linear(prefix, n_in, n_out, chunk, bias, kind=None):
-        add(f"{prefix}.weight", [n_in, n_out], chunk)
-        if bias:
-            add(f"{prefix}.bias", [n_out], chunk)
-        if kind and any(t.fullmatch(prefix) for t in targets):
-            r = lora.rank
-            out.append(ParamSpec(f"{prefix}.lora_A", (n_in, r), 0 if kind == "row" else None, chunk))
-            out.append(ParamSpec(f"{prefix}.lora_B", (r, n_out), 1 if kind == "column" else None, chunk))
-
-    encoder = cfg.family == "encoder"
-    add("embed.word.weight", [v, h], "first")
-    if cfg.position == "learned" or encoder:
-        add("embed.pos.weight", [cfg.max_position_embeddings, h], "first")
-    if encoder and cfg.type_vocab_size:
-        add("embed.token_type.weight", [cfg.type_vocab_size, h], "first")
-    if encoder and cfg.task_type_vocab_size:
-        add("embed.task_type.weight", [cfg.task_type_vocab_size, h], "first")
-    if encoder:
-        norm("embed.norm", "first")
-    for i in range(cfg.num_layers):
-        p = f"layers.{i}"
-        norm(f"{p}.attn_norm", i)
-        for name, width in (("q", q), ("k", kv), ("v", kv)):
-            linear(f"{p}.attn.{name}_proj", h, width, i, cfg.has_qkv_bias(), "column")
-        linear(f"{p}.attn.o_proj", q, h, i, cfg.bias, "row")
-        norm(f"{p}.mlp_norm", i)
-        if cfg.family == "decoder" and cfg.is_moe_layer(i):  # MoEFeedForward, in its parameter order
-            e, fe = cfg.moe_num_experts, cfg.expert_ffn_size()
-            add(f"{p}.mlp.expert_bias", [e], i, frozen=True)
-            add(f"{p}.mlp.router.weight", [h, e], i)
-            if cfg.activation == "swiglu":
-                add(f"{p}.mlp.experts.w_gate", [e, h, fe], i, expert=True)
-            add(f"{p}.mlp.experts.w_up", [e, h, fe], i, expert=True)
-            add(f"{p}.mlp.experts.w_down", [e, fe, h], i, expert=True)
-            if cfg.moe_num_shared_experts:
-                fs = cfg.moe_num_shared_experts * fe
-                if cfg.activation == "swiglu":
-                    linear(f"{p}.mlp.shared.gate_proj", h, fs, i, cfg.bias)
-                linear(f"{p}.mlp.shared.up_proj", h, fs, i, cfg.bias)
-                linear(f"{p}.mlp.shared.down_proj", fs, h, i, cfg.bias)
-            continue
-        if cfg.activation == "swiglu":
-            linear(f"{p}.mlp.gate_proj", h, f, i, cfg.bias, "column")
-        linear(f"{p}.mlp.up_proj", h, f, i, cfg.bias, "column")
-        linear(f"{p}.mlp.down_proj", f, h, i, cfg.bias, "row")
-    if not encoder or cfg.norm_position == "pre":
-        norm("final_norm.norm", "last")
-    if encoder:
-        linear("mlm_head.dense", h, h, "last", True)
-        norm("mlm_head.norm", "last")
-    if not cfg.tie_embeddings:
-        add("lm_head.proj.weight", [h, v], "last")
-    if encoder:
-        add("mlm_bias.bias", [v], "last")
-    return out
+    return model_param_specs(cfg, lora)
 
 
 def stage_params(specs: list[ParamSpec], cfg, pp: int, vpp: int, pp_rank: int, tied: bool) -> list[ParamSpec]:

@@ -49,12 +49,14 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     `train.recompute` takes (true only for full recompute), `recompute_granularity` the mode, and `runnable`
     is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only)."""
     mode = recompute_mode(recompute)
-    flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and dev.name != "cpu-here")
-    amp = "none" if dev.name == "cpu-here" else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
-    device = "cpu" if dev.name == "cpu-here" else "gpu"
+    gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
+    flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
+    amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
+    device = "gpu" if gpu else "cpu"
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes)
-    est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node)
+    est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
+                        "none" if amp == "none" else "bf16")
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp)
     return {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
             "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,

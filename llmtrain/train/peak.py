@@ -3,32 +3,20 @@
     python -c "from llmtrain.train.peak import measure_cpu_matmul_peak as m; print(m() / 1e12)"
 
 Configured value first (`train.peak_tflops`); else the datasheet dense bf16
-peak for known GPUs; else, on CPU, a measured fp32 matmul peak of this process
-(the best of several 1024^3 matmuls, 2 n^3 FLOPs each). Unknown -> None (mfu null).
+peak of the planner's device profile that matches the GPU's name (llmtrain/plan/profiles/*.json, the one
+table of peaks); else, on CPU, a measured fp32 matmul peak of this process (llmtrain.plan.measure: the best
+of several 1024^3 matmuls, 2 n^3 FLOPs each). Unknown -> None (mfu null).
 """
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import paddle
 
-# dense bf16 tensor-core peaks, FLOP/s (vendor datasheets, without sparsity)
-GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "H800": 989e12, "H20": 148e12, "A100": 312e12, "A800": 312e12, "L40S": 362e12}
+from llmtrain.plan.measure import cpu_matmul_peak as measure_cpu_matmul_peak
+from llmtrain.plan.profile import datasheet_peak
 
-
-def measure_cpu_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
-    """Best observed fp32 FLOP/s of an n x n x n matmul on this process's threads."""
-    a = paddle.randn([n, n], dtype="float32")
-    b = paddle.randn([n, n], dtype="float32")
-    paddle.matmul(a, b)  # warm up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        c = paddle.matmul(a, b)
-        float(c[0, 0])
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best
+__all__ = ["measure_cpu_matmul_peak", "peak_flops"]
 
 
 def peak_flops(configured_tflops: Optional[float]) -> tuple[Optional[float], str]:
@@ -38,9 +26,9 @@ def peak_flops(configured_tflops: Optional[float]) -> tuple[Optional[float], str
     device = paddle.get_device()
     if device.startswith("gpu"):
         name = paddle.device.cuda.get_device_name()
-        for key, value in GPU_PEAKS.items():
-            if key in name:
-                return value, f"datasheet bf16 dense peak of {name}"
+        found = datasheet_peak(name)
+        if found is not None:
+            return found[0], f"datasheet bf16 dense peak of {name} (plan profile {found[1]})"
         return None, f"unknown GPU {name!r}: set train.peak_tflops"
     if device == "cpu":
         return measure_cpu_matmul_peak(), "measured fp32 matmul peak (CPU)"

@@ -1,4 +1,4 @@
-"""`python -m llmtrain.plan --calibrate` measures cpu-here (one 2-process gloo launch) and the planner uses it.
+"""`python -m llmtrain.plan --calibrate` measures cpu-here (kernel tables, one 2-process gloo launch); the planner uses it.
 
     python -m pytest tests/plan/test_calibrate.py -q
 """
@@ -26,30 +26,34 @@ def test_fit_line_recovers_alpha_beta():
 @pytest.mark.slow
 def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
     out = tmp_path / "cpu-here.json"
-    calibrate(str(out), sizes=(4096, 2**20, 4 * 2**20), repeats=3)
+    calibrate(str(out), quick=True)
     p = json.loads(out.read_text())
-    for k in ("peak_flops", "collective_bw", "collective_alpha", "collective_alpha_busy", "p2p_bw", "p2p_alpha"):
-        assert isinstance(p[k], float) and p[k] > 0, (k, p[k])
-    assert p["collective_alpha_busy"] >= p["collective_alpha"] and p["busy_all_reduce"]["calls"] == 30
-    assert [r["bytes"] for r in p["measurements"]] == [4096, 2**20, 4 * 2**20]
-    assert all(r["all_reduce_s"] > 0 and r["send_recv_s"] > 0 for r in p["measurements"])
+    g = p["gloo"]
+    for k in ("collective_bw", "collective_alpha", "collective_alpha_busy", "p2p_bw", "p2p_alpha"):
+        assert isinstance(g[k], float) and g[k] > 0, (k, g[k])
+    assert g["collective_alpha_busy"] >= g["collective_alpha"] and g["busy_all_reduce"]["calls"] == 30
+    assert all(r["all_reduce_s"] > 0 and r["send_recv_s"] > 0 for r in g["measurements"])
+    assert p["peak_flops"] > 0 and p["gemm"]["rows"] and p["memory_bound"]["classes"] and p["host"]["fwd_op_s"] >= 0
 
     dev = get_device("cpu-here", str(out))
-    assert (dev.peak_flops, dev.nvlink_bw, dev.net_alpha, dev.p2p_alpha) == (
-        p["peak_flops"], p["collective_bw"], p["collective_alpha_busy"], p["p2p_alpha"])
-    assert "calibrated" in dev.source
+    assert (dev.nvlink_bw, dev.net_alpha, dev.p2p_alpha) == (g["collective_bw"], g["collective_alpha_busy"], g["p2p_alpha"])
+    assert "calibrate" in dev.source
 
     from llmtrain.plan.__main__ import plan
 
     common = ["model=gpt-tiny", "model.vocab_size=2560", "train.global_batch_size=8", "train.micro_batch_size=2",
               "plan.devices=2", "plan.device=cpu-here", "+parallel=dp2"]
     row = plan(to_config(compose(common + [f"plan.profile={out}"])))[0]
-    slower = dict(p, collective_bw=p["collective_bw"] / 100)  # the file's figures, not constants, drive the plan
+    slower = dict(p, links=dict(p["links"], nvlink_bw=p["links"]["nvlink_bw"] / 100))  # the file drives the plan
     (tmp_path / "slow.json").write_text(json.dumps(slower))
     row_slow = plan(to_config(compose(common + [f"plan.profile={tmp_path / 'slow.json'}"])))[0]
     assert row_slow["step_time_s"] > row["step_time_s"] > 0
+    slow_gemm = dict(p, gemm={"rows": [[m, n, k, r / 10] for m, n, k, r in p["gemm"]["rows"]]})
+    (tmp_path / "slow_gemm.json").write_text(json.dumps(slow_gemm))
+    row_gemm = plan(to_config(compose(common + [f"plan.profile={tmp_path / 'slow_gemm.json'}"])))[0]
+    assert row_gemm["compute_s"] > 2 * row["compute_s"]  # the measured GEMM table, not a constant, prices compute
 
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(dict(p, p2p_alpha=-1)))
-    with pytest.raises(ValueError, match="p2p_alpha"):
+    bad.write_text(json.dumps({k: v for k, v in p.items() if k != "gemm"}))
+    with pytest.raises(ValueError, match="kernel tables"):
         get_device("cpu-here", str(bad))

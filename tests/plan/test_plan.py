@@ -5,7 +5,6 @@ issue's fields. (Plan == measured per rank is checked in tests/parallel/test_par
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -28,6 +27,40 @@ def test_parameter_list_counts_the_model(preset):
     specs = param_specs(cfg.model)
     assert sum(s.numel for s in specs) == parameter_count(cfg.model)
     assert len({s.name for s in specs}) == len(specs)
+
+
+@pytest.mark.parametrize("preset", ["gpt-tiny", "llama-tiny", "ernie-tiny", "moe-tiny", "llama-1b"])
+def test_parameter_list_is_read_off_the_model(preset):
+    """Names, shapes and tp split axes come from the lazily built model and its tags (llmtrain/plan/params.py);
+    the split axes agree with the tests' own name-based reference of fleet's layout (memory_checks.SPLIT_AXES),
+    LoRA adapters included."""
+    import importlib.util
+    import re
+    from pathlib import Path
+
+    from llmtrain.models.lora import LoraConfig
+
+    path = Path(__file__).resolve().parents[1] / "parallel" / "memory_checks.py"
+    spec = importlib.util.spec_from_file_location("memory_checks_reference", path)
+    ref = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = ref  # dataclasses look their module up
+    spec.loader.exec_module(ref)
+    SPLIT_AXES = ref.SPLIT_AXES
+
+    cfg = to_config(compose([f"model={preset}", "model.vocab_size=2560"]))
+    expert_or_shared = re.compile(r".*\.mlp\.(experts|router)\..*")
+    for lora in (None, LoraConfig(rank=4)):
+        for s in param_specs(cfg.model, lora):
+            if s.name.endswith(("lora_A", "lora_B")):
+                base = s.name.rsplit(".", 1)[0]
+                row = re.fullmatch(r".*\.(o|down)_proj", base) is not None
+                want = (0 if row else None) if s.name.endswith("lora_A") else (None if row else 1)
+            elif expert_or_shared.fullmatch(s.name):
+                want = None
+            else:
+                want = next((a for p, a in SPLIT_AXES if re.fullmatch(p, s.name)), None)
+            assert s.split_axis == want, (s.name, s.split_axis, want)
+            assert s.trainable == (lora is None or s.name.endswith(("lora_A", "lora_B")))
 
 
 def test_paddle_partition_and_padding_rules():
@@ -113,19 +146,13 @@ def test_selective_recompute_is_planned_between_none_and_full_and_not_runnable()
 
 def test_auto_never_trains_selective_recompute():
     """seq 16384 with math attention: only recompute fits 2 x cpu-here; selective ranks first but is not runnable."""
-    from llmtrain.plan import devices
-    from llmtrain.plan.auto import CPU_NOMINAL_PEAK, choose_layout
+    from llmtrain.plan.auto import choose_layout
     from llmtrain.plan.search import rank_layouts
 
     over = ["model=llama-tiny", "model.vocab_size=2560", "model.attention=math", "data.seq_len=16384",
             "model.max_position_embeddings=16384", "train.global_batch_size=4"]
-    saved = devices.PROFILES["cpu-here"]
-    devices.PROFILES["cpu-here"] = dataclasses.replace(saved, peak_flops=CPU_NOMINAL_PEAK)  # as auto ranks on CPU
-    try:
-        cfg = to_config(compose(over + ["plan.devices=2", "plan.device=cpu-here", "plan.profile=null"]))
-        best = next(r for r in rank_layouts(cfg, cfg.model) if r["fits"])
-    finally:
-        devices.PROFILES["cpu-here"] = saved
+    cfg = to_config(compose(over + ["plan.devices=2", "plan.device=cpu-here", "plan.profile=null"]))
+    best = next(r for r in rank_layouts(cfg, cfg.model) if r["fits"])  # the packaged cpu-here profile, as auto
     assert best["recompute_granularity"] == "selective" and not best["runnable"]
     chosen = choose_layout(to_config(compose(over + ["+parallel=auto", "plan.profile=null"])), world_size=2, log=lambda _: None)
     assert chosen.train.recompute is True  # full recompute, the fastest runnable layout that fits

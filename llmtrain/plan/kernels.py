@@ -1,0 +1,275 @@
+"""The kernels of one micro-batch's forward and backward, as llmtrain runs them, for the operator-level cost model.
+
+    python -m llmtrain.plan model=llama-1b data.seq_len=2048 plan.devices=1 plan.device=h200 +parallel=single
+    ks = micro_batch_kernels(model_cfg, b=4, s=2048, tp=1, gpu=True, flash=True, recompute="none")
+
+Each `Kernel` is one eager op: one host dispatch and one device kernel. The list follows
+`llmtrain/models/decoder.py` and `layers.py` block by block with the `model.fuse_*` paths this run
+takes (`ModelConfig.fused`, `auto` = on for GPU), shapes after tensor-parallel splitting (column
+linears hold out/tp features, row linears in/tp):
+
+- GEMMs (`gemm`, C[m, n] = A[m, k] @ B[k, n]): a linear layer x [T, K] @ W [K, N] (T = b·s tokens) is
+  the forward (T, N, K), the input gradient (T, K, N) and the weight gradient (K, N, T); fused
+  projections (`fuse_qkv`, `fuse_ffn`) are one GEMM of the concatenated width plus the weight concat
+  (a copy, forward and backward); the LM head (untied: [h, V/tp]; tied: x @ tableᵀ) likewise;
+- the attention core (`attn`): flash attention by (batch·heads, seq, head dim, causal), forward and
+  backward; the math path (CPU, `attention=math`) as its batched GEMMs (q·kᵀ, probs·v and their
+  gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward;
+- memory-bound ops (`mem`) by their size (elements of one input, the index of the profile's measured rows),
+  per op class (norms, RoPE, activations,
+  residual adds, casts, the embedding gather and its scatter-add gradient, the logits' fp32 cast,
+  softmax cross entropy and its gradient); the models have no dropout;
+- `view` ops (reshape, split, chunk views): host time only.
+
+Under full recompute every block's forward runs a second time inside the backward. The optimizer step
+(`optimizer_kernels`) is counted apart: gradient accumulation adds for micro-batches after the first,
+the global-norm clip (one squared-norm kernel per tensor, a sum, one scale per tensor) and multi-precision
+AdamW (one kernel per tensor reading the gradient, the fp32 master, both moments and writing them and
+the low-precision copy).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kernel:
+    kind: str
+    """gemm | attn_fwd | attn_bwd | mem | view (a host-only dispatch: a view, or an op whose device time is
+    inside a composite memory-bound row of the profile)"""
+    op: str
+    """Op class of a memory-bound kernel (a class of the profile's memory_bound table) or a name."""
+    shape: tuple = ()
+    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal, kv_heads)."""
+    numel: float = 0.0
+    """Memory-bound kernels: elements of one input, the table's index (fp32 statistics and the like are
+    folded into the op's measured time)."""
+    flops: float = 0.0
+
+
+def gemm(m, n, k, batch=1, op="gemm") -> Kernel:
+    return Kernel("gemm", op, (int(m), int(n), int(k), int(batch)), flops=2.0 * m * n * k * batch)
+
+
+def mem(op: str, numel: float) -> Kernel:
+    return Kernel("mem", op, numel=float(numel))
+
+
+def view(op: str = "view") -> Kernel:
+    return Kernel("view", op)
+
+
+def attention_flops(bh: int, s: int, d: int, causal: bool) -> float:
+    """Forward FLOPs of softmax(q kᵀ) v for bh heads: 4·s²·d per head, halved when causal (flash skips the
+    masked half); the backward is 2.5x (five GEMM-sized products instead of two)."""
+    return 4.0 * bh * s * s * d * (0.5 if causal else 1.0)
+
+
+class _Pass:
+    """Forward kernels in order and the backward kernels each op adds (replayed in reverse)."""
+
+    def __init__(self):
+        self.fwd: list[Kernel] = []
+        self.bwd: list[list[Kernel]] = []
+
+    def op(self, fwd: list[Kernel], bwd: list[Kernel] = ()):
+        self.fwd += fwd
+        self.bwd.append(list(bwd))
+
+    def backward(self) -> list[Kernel]:
+        return [k for group in reversed(self.bwd) for k in group]
+
+
+def _linear(p: _Pass, T, K, N, bias: bool, name: str):
+    """x [T, K] @ W [K, N] (+ b)."""
+    fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", T * N)] if bias else [])
+    bwd = [gemm(T, K, N, op=f"{name}.dgrad"), gemm(K, N, T, op=f"{name}.wgrad")]
+    if bias:
+        bwd.append(mem("reduce", T * N))  # bias gradient: sum over tokens
+    p.op(fwd, bwd)
+
+
+def _norm(p: _Pass, cfg, T, h, e, fused_rms: bool):
+    if cfg.norm == "layernorm":
+        p.op([mem("layernorm", T * h)], [mem("layernorm_bwd", T * h)])
+    elif fused_rms:
+        p.op([mem("rmsnorm", T * h)], [mem("rmsnorm_bwd", T * h)])
+    else:  # x.astype(fp32); pow; mean; +eps, rsqrt; x32 * r; astype; * weight (layers.RMSNorm)
+        n = T * h
+        cast = [mem("cast", n)] if e != 4 else []
+        p.op(cast, cast)
+        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
+        p.op([mem("reduce", n)], [mem("copy", n)])
+        p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
+        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+        p.op(cast, cast)
+        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+
+
+def _residual(p: _Pass, T, h):
+    p.op([mem("add", T * h)], [])  # the gradient passes through both inputs (no kernel)
+
+
+def _rope(p: _Pass, T, width, fused: bool):
+    """Rotary embedding of q ([T, q]) and k ([T, kv]); `width` = (q, kv) widths."""
+    q, kv = width
+    if fused:  # one kernel for q and k
+        p.op([mem("rope", T * (q + kv))], [mem("rope_bwd", T * (q + kv))])
+        return
+    for w in (q, kv):  # layers.Rotary.apply: chunk, -x2, concat, x*cos, rotated*sin, add: one composite row
+        host = [view("chunk")] + [view("rope-part")] * 4
+        p.op([mem("rope", T * w)] + host, [mem("rope_bwd", T * w)] + host)
+
+
+def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
+    h, d = cfg.hidden_size, cfg.head_dim()
+    T = b * s
+    q, kv = cfg.num_heads * d // t, cfg.kv_heads() * d // t
+    nh, nkv = cfg.num_heads // t, cfg.kv_heads() // t
+    f = cfg.ffn_hidden_size // t
+    fused = {k: cfg.fused(k, gpu) for k in ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")}
+    causal = cfg.family == "decoder"
+    _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
+    if fused["fuse_qkv"]:  # one GEMM of the weights concatenated at every forward (a copy; its grad split back)
+        p.op([mem("copy", h * (q + 2 * kv))], [mem("copy", h * (q + 2 * kv))])
+        _linear(p, T, h, q + 2 * kv, cfg.bias, "qkv")
+        p.op([view("split")], [mem("copy", T * (q + 2 * kv))])  # the backward concatenates q, k, v grads
+    else:
+        for name, width in (("q", q), ("k", kv), ("v", kv)):
+            _linear(p, T, h, width, cfg.bias, name)
+        p.op([], [mem("add", T * h), mem("add", T * h)])  # the norm output's three gradients summed
+    p.op([view("reshape")] * 3, [view("reshape")] * 3)
+    if cfg.position == "rope":
+        _rope(p, T, (q, kv), fused["fuse_rope"])
+    if flash:
+        shape = (b * nh, s, d, causal, nkv)
+        fl = attention_flops(b * nh, s, d, causal)
+        p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
+    else:  # layers.math_attention
+        if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
+            p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
+        p.op([mem("copy", T * q)] * 3, [mem("copy", T * q)] * 3)  # transposes to [b, nh, s, d]
+        bh, ss = b * nh, b * nh * s * s
+        p.op([gemm(s, s, d, bh, "qk")], [gemm(s, d, s, bh, "qk.dgrad_q"), gemm(s, d, s, bh, "qk.dgrad_k")])
+        p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
+        p.op([mem("mul", ss)], [mem("mul", ss)])  # / sqrt(d)
+        if causal:  # full, triu, add
+            p.op([mem("copy", s * s), mem("copy", s * s), mem("add", ss)], [])
+        p.op([mem("softmax", ss)], [mem("softmax_bwd", ss)])
+        p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
+        p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(d, s, s, bh, "pv.dgrad_v")])
+        p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
+    p.op([view("reshape")], [view("reshape")])
+    _linear(p, T, q, h, cfg.bias, "o")
+    _residual(p, T, h)
+    _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
+    if cfg.activation == "swiglu":
+        if fused["fuse_ffn"]:
+            p.op([mem("copy", h * 2 * f)], [mem("copy", h * 2 * f)])
+            _linear(p, T, h, 2 * f, cfg.bias, "gate_up")
+            p.op([view("split")], [mem("copy", 2 * T * f)])
+        else:
+            _linear(p, T, h, f, cfg.bias, "gate")
+            _linear(p, T, h, f, cfg.bias, "up")
+            p.op([], [mem("add", T * h)])
+        # silu(gate) * up: one kernel fused (`fuse_swiglu`), two unfused (the profile's row is the pair)
+        host = [] if fused["fuse_swiglu"] else [view("mul")]
+        p.op([mem("swiglu", T * f)] + host, [mem("swiglu_bwd", T * f)] + host + host)
+    else:
+        _linear(p, T, h, f, cfg.bias, "up")
+        p.op([mem("gelu", T * f)], [mem("gelu_bwd", T * f)])
+    _linear(p, T, f, h, cfg.bias, "down")
+    _residual(p, T, h)
+
+
+def block_kernels(cfg, b, s, t, e, gpu, flash) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of one transformer block for a micro-batch [b, s] on one tp rank."""
+    p = _Pass()
+    _block(p, cfg, b, s, t, e, gpu, flash)
+    return p.fwd, p.backward()
+
+
+def embedding_kernels(cfg, b, s, t, e) -> tuple[list[Kernel], list[Kernel]]:
+    """The word (and learned position) embedding: gather forward; zeroed table gradient + scatter-add backward."""
+    h, T = cfg.hidden_size, b * s
+    p = _Pass()
+    v = cfg.vocab_size // t
+    # backward: the table's gradient, zero-filled and scattered into (indexed by the table's elements)
+    p.op([mem("embedding", T * h)], [mem("embedding_bwd", v * h)])
+    if t > 1:  # VocabParallelEmbedding: mask the ids outside this rank's rows, zero their outputs
+        p.op([mem("mul", T)] * 3 + [mem("mul", T * h)], [mem("mul", T * h)])
+    if cfg.position == "learned":
+        p.op([mem("embedding", s * h)], [mem("embedding_bwd", cfg.max_position_embeddings * h)])
+        p.op([mem("add", T * h)], [mem("reduce", T * h)])
+    return p.fwd, p.backward()
+
+
+def head_kernels(cfg, b, s, t, e, gpu) -> tuple[list[Kernel], list[Kernel]]:
+    """Final norm, LM head GEMM (tied: x @ tableᵀ), cross entropy over fp32 logits (the cast and the loss: one
+    composite row of the profile, `cross_entropy`, over T·V elements), the masked mean."""
+    h, T, V = cfg.hidden_size, b * s, cfg.vocab_size // t
+    p = _Pass()
+    _norm(p, cfg, T, h, e, cfg.fused("fuse_rms_norm", gpu))
+    _linear(p, T, h, V, False, "lm_head")
+    cast = [view("cast")] if e != 4 else []
+    p.op([mem("cross_entropy", T * V)] + cast, [mem("cross_entropy_bwd", T * V)] + cast)
+    p.op([view("squeeze"), mem("cast", T), mem("mul", T), mem("reduce", T), mem("reduce", T), mem("add", 1),
+          mem("mul", 1)], [mem("mul", 1), mem("mul", T), mem("copy", T)])
+    return p.fwd, p.backward()
+
+
+@dataclass
+class MicroBatch:
+    """Kernels of one micro-batch on one rank of a stage holding `layers` blocks (and the embedding and/or head),
+    as segments [(kernels, times repeated)] in execution order."""
+
+    forward_segments: list
+    backward_segments: list
+    """Including recompute's second forward of each block under full recompute."""
+
+    @property
+    def forward(self) -> list:
+        return [k for ks, n in self.forward_segments for _ in range(n) for k in ks]
+
+    @property
+    def backward(self) -> list:
+        return [k for ks, n in self.backward_segments for _ in range(n) for k in ks]
+
+
+def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
+                        layers: float | None = None, first: bool = True, last: bool = True) -> MicroBatch:
+    """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all)."""
+    L = cfg.num_layers if layers is None else layers
+    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash)
+    n = int(round(L))
+    fwd, bwd = [], []
+    if first:
+        ef, eb = embedding_kernels(cfg, b, s, t, e)
+        fwd.append((ef, 1))
+    fwd.append((bf, n))
+    if last:
+        hf, hb = head_kernels(cfg, b, s, t, e, gpu)
+        fwd.append((hf, 1))
+        bwd.append((hb, 1))
+    bwd.append(((bf + bb) if recompute == "full" else bb, n))  # recompute: the block's forward again, then backward
+    if first:
+        bwd.append((eb, 1))
+    return MicroBatch(fwd, bwd)
+
+
+def optimizer_kernels(grads: list[tuple[int, int]], owned: list[tuple[int, int]], micro_batches: int,
+                      clip: bool = True) -> list[Kernel]:
+    """Memory-bound kernels of the step after the micro-batches: gradient accumulation over the rank's gradients
+    `grads` [(elements, bytes/elem)] for every micro-batch after the first, and the global-norm clip over the
+    tensors it updates (`owned`): a squared norm per tensor, their sum, a scale per tensor. (AdamW itself is
+    the profile's fitted `optimizer_seconds`.)"""
+    ks = []
+    for n, _ in grads:
+        ks += [mem("add", n)] * max(0, micro_batches - 1)  # grad += this micro-batch's grad
+    if clip:
+        for n, _ in owned:
+            ks.append(mem("reduce", n))  # squared L2 norm of the gradient
+        ks += [mem("add", len(owned)), mem("add", 1)]  # add_n of the squares, sqrt, scale
+        for n, _ in owned:
+            ks.append(mem("mul", n))  # grad *= scale
+    return ks

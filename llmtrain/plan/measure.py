@@ -1,0 +1,244 @@
+"""Kernel tables measured with Paddle on this process's device, in the layout the profile fitter reads.
+
+    python -m llmtrain.plan --calibrate           # calls these, then fit.py, then writes the profile
+    rows = gemm_table(grid(...)); mem = memory_bound_table(); host = host_table(); opt = optimizer_table()
+
+The row formats are those of the raw H200 tables under benchmarks/data/h200/ (README.md there): GEMM rows
+{m, n, k, dtype, seconds, tflops}, flash attention rows {batch, heads, kv_heads, seq, head_dim, causal, fwd_s,
+bwd_s} (GPU only), memory-bound rows {op, numel, dtype, bytes_read, bytes_written, seconds}, the host's per-op
+times, and AdamW steps vs elements and tensors. Timing: on a GPU `paddle.device.synchronize()` around `reps`
+back-to-back calls after a warm-up (the device time of a kernel once the queue is full; a kernel shorter than
+the host's dispatch shows the dispatch instead), the median of three such runs; on a CPU the fastest of `reps`
+single calls (each op runs in its calling thread, so one call is the op's time including its dispatch; on a
+host shared with other work the fastest call is the op's own time, the slower ones carry the neighbours').
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def _on_gpu() -> bool:
+    import paddle
+
+    return paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu")
+
+
+def _sync():
+    import paddle
+
+    if _on_gpu():
+        paddle.device.synchronize()
+
+
+def timeit(fn, reps: int = 5, warmup: int = 1) -> float:
+    """Seconds of one call of `fn` (GPU: mean of `reps` queued calls, median of three such runs; CPU: the fastest
+    of `reps` calls)."""
+    for _ in range(warmup):
+        fn()
+    _sync()
+    if _on_gpu():
+        runs = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                fn()
+            _sync()
+            runs.append((time.perf_counter() - t0) / reps)
+        return statistics.median(runs)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def cpu_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
+    """Best observed fp32 FLOP/s of an n x n x n matmul on this process's threads (MFU's denominator on CPU)."""
+    import paddle
+
+    a = paddle.randn([n, n], dtype="float32")
+    b = paddle.randn([n, n], dtype="float32")
+    paddle.matmul(a, b)  # warm up
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        c = paddle.matmul(a, b)
+        float(c[0, 0])
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n**3 / best
+
+
+def grid(sizes, max_flops: float) -> list[tuple[int, int, int]]:
+    """Every (m, n, k) of `sizes`³ whose GEMM has at most `max_flops` FLOPs."""
+    return [(m, n, k) for m in sizes for n in sizes for k in sizes if 2.0 * m * n * k <= max_flops]
+
+
+def gemm_table(shapes, dtype: str = "float32", reps: int = 3, passes: int = 1) -> list[dict]:
+    """GEMM rows; `passes` > 1 sweeps the whole grid that many times and keeps each shape's fastest pass (on a
+    host shared with other work, bursts of its load then hit one pass of a shape, not all of them)."""
+    import paddle
+
+    best: dict = {}
+    for _ in range(passes):
+        for m, n, k in shapes:
+            a, b = paddle.randn([m, k]).astype(dtype), paddle.randn([k, n]).astype(dtype)
+            t = timeit(lambda: paddle.matmul(a, b), reps)
+            best[(m, n, k)] = min(t, best.get((m, n, k), float("inf")))
+    return [{"m": m, "n": n, "k": k, "layout": "nn", "dtype": dtype, "seconds": t,
+             "tflops": 2.0 * m * n * k / t / 1e12, "source": "grid"} for (m, n, k), t in best.items()]
+
+
+def attention_table(configs, dtype: str = "bfloat16", reps: int = 5) -> list[dict]:
+    """Flash attention (GPU only): configs [(batch, heads, kv_heads, seq, head_dim)], causal, forward and backward."""
+    import paddle
+    from paddle.nn.functional.flash_attention import flash_attention
+
+    rows = []
+    for b, nh, nkv, s, d in configs:
+        q = paddle.randn([b, s, nh, d]).astype(dtype)
+        k = paddle.randn([b, s, nkv, d]).astype(dtype)
+        v = paddle.randn([b, s, nkv, d]).astype(dtype)
+        for x in (q, k, v):
+            x.stop_gradient = False
+        fwd = timeit(lambda: flash_attention(q, k, v, causal=True)[0], reps)
+
+        def both():
+            out = flash_attention(q, k, v, causal=True)[0]
+            out.backward(paddle.ones_like(out))
+
+        rows.append({"batch": b, "heads": nh, "kv_heads": nkv, "seq": s, "head_dim": d, "causal": True,
+                     "impl": "paddle flash_attention", "fwd_s": fwd, "bwd_s": max(timeit(both, reps) - fwd, 1e-9)})
+    return rows
+
+
+def _mem_ops(numel: int, dtype: str):
+    """{op class: (make() -> callable, numel)}: elementwise, reduction, norm, activation, rotary, gather and
+    cross-entropy ops over `numel` elements of one input (rows of 1024; cross entropy: rows of a 4096 vocabulary;
+    the embedding's gradient: elements of the table),
+    as llmtrain's layers call them; `X_bwd`: the gradient of X through autograd over a kept forward."""
+    import paddle
+    import paddle.nn.functional as F
+
+    cols = 1024 if numel >= 1024 else numel
+    rows = max(1, numel // cols)
+    n = rows * cols
+
+    def t(*shape, dt=dtype, grad=False):
+        x = paddle.randn(list(shape)).astype(dt)
+        x.stop_gradient = not grad
+        return x
+
+    def fwd(f, *shapes):
+        def make():
+            ins = [t(*sh) for sh in shapes]
+            return lambda: f(*ins)
+        return make
+
+    def bwd(f, *shapes):
+        def make():
+            ins = [t(*sh, grad=True) for sh in shapes]
+            y = f(*ins)
+            dy = paddle.ones_like(y)
+            return lambda: paddle.grad([y], ins, [dy], retain_graph=True)
+        return make
+
+    def rope(x):  # layers.Rotary.apply on [1, rows, cols/64, 64]
+        x1, x2 = x.chunk(2, axis=-1)
+        return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
+
+    d = 64 if cols % 64 == 0 else cols
+    cos, sin = t(1, rows, 1, d), t(1, rows, 1, d)
+    w, bias = paddle.ones([cols], dtype=dtype), paddle.zeros([cols], dtype=dtype)
+    vocab = 4096
+    tokens = max(1, n // vocab)
+    labels = paddle.randint(0, vocab, [tokens, 1])
+    table = t(vocab, cols)
+
+    def ce(lg):
+        return F.cross_entropy(lg.astype("float32"), labels, reduction="none")
+
+    def emb(tab):
+        return F.embedding(paddle.randint(0, vocab, [rows]), tab)
+
+    sq = (rows, cols)
+    ops = {
+        "copy": (fwd(paddle.assign, sq), n), "add": (fwd(paddle.add, sq, sq), n), "mul": (fwd(paddle.multiply, sq, sq), n),
+        "cast": (fwd(lambda x: x.astype("float16" if dtype == "float32" else "float32"), sq), n),
+        "reduce": (fwd(lambda x: x.sum(-1), sq), n),
+        "softmax": (fwd(lambda x: F.softmax(x, -1), sq), n), "softmax_bwd": (bwd(lambda x: F.softmax(x, -1), sq), n),
+        "gelu": (fwd(lambda x: F.gelu(x, approximate=True), sq), n),
+        "gelu_bwd": (bwd(lambda x: F.gelu(x, approximate=True), sq), n),
+        "swiglu": (fwd(lambda g, u: F.silu(g) * u, sq, sq), n), "swiglu_bwd": (bwd(lambda g, u: F.silu(g) * u, sq, sq), n),
+        "layernorm": (fwd(lambda x: F.layer_norm(x, [cols], w, bias), sq), n),
+        "layernorm_bwd": (bwd(lambda x: F.layer_norm(x, [cols], w, bias), sq), n),
+        "rope": (fwd(rope, (1, rows, cols // d, d)), n), "rope_bwd": (bwd(rope, (1, rows, cols // d, d)), n),
+        "cross_entropy": (fwd(ce, (tokens, vocab)), tokens * vocab),
+        "cross_entropy_bwd": (bwd(ce, (tokens, vocab)), tokens * vocab),
+        "embedding": (lambda: (lambda: emb(table)), n),
+    }
+
+    def emb_bwd():  # indexed by the table's elements (its zero-filled gradient dominates): [n / 64, 64], 256 ids
+        tab = t(max(1, n // 64), 64, grad=True)
+        y = F.embedding(paddle.randint(0, max(1, n // 64), [256]), tab)
+        return lambda: paddle.grad([y], [tab], [paddle.ones_like(y)], retain_graph=True)
+
+    ops["embedding_bwd"] = (emb_bwd, n)
+    return ops
+
+
+def memory_bound_table(sizes=(2**10, 2**13, 2**16, 2**19, 2**22), dtype: str = "float32", reps: int = 5,
+                       passes: int = 1) -> list[dict]:
+    """Memory-bound ops (`_mem_ops`) over `sizes` elements: rows {op, numel, dtype, seconds} (fastest pass)."""
+    best: dict = {}
+    for _ in range(passes):
+        for numel in sizes:
+            for op, (make, n) in _mem_ops(numel, dtype).items():
+                t = timeit(make(), reps)
+                best[(op, n)] = min(t, best.get((op, n), float("inf")))
+    return [{"op": op, "numel": n, "dtype": dtype, "seconds": t} for (op, n), t in best.items()]
+
+
+def host_table(n: int = 200) -> dict:
+    """Per-op host seconds: a bare tiny op (`dispatch_s`), the extra of recording it for autograd (`fwd_extra_s`),
+    a backward node's time (`bwd_node_s`), a reshape (`view_s`); on a GPU also the queued rate of tiny ops
+    (`fwd_op_s`: dispatch + recording, the host's per-kernel time of eager execution)."""
+    import paddle
+
+    a = paddle.ones([4])
+    g = paddle.ones([4])
+    g.stop_gradient = False
+
+    def chain(x):
+        for _ in range(n):
+            x = x + 1.0
+        return x
+
+    def bare():
+        chain(a)
+
+    def fwd():
+        chain(g)
+
+    def both():
+        chain(g).sum().backward()
+
+    t_bare, t_fwd, t_both = (timeit(f, 5) / n for f in (bare, fwd, both))
+    t_view = timeit(lambda: [a.reshape([2, 2]) for _ in range(n)], 5) / n
+    return {"dispatch_s": t_bare, "fwd_extra_s": max(0.0, t_fwd - t_bare), "fwd_op_s": t_fwd,
+            "bwd_node_s": max(0.0, t_both - t_fwd), "view_s": t_view, "ops_per_loop": n}
+
+
+def optimizer_table(configs=((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (4, 2**20)),
+                    multi_precision: bool = False, reps: int = 5) -> list[dict]:
+    """AdamW steps over `tensors` parameters of `numel` elements each: {tensors, numel (total), seconds}."""
+    import paddle
+
+    rows = []
+    for tensors, numel in configs:
+        params = [paddle.create_parameter([numel], "float32") for _ in range(tensors)]
+        paddle.add_n([p.sum() for p in params]).backward()  # a gradient of ones on each (kept across steps)
+        opt = paddle.optimizer.AdamW(1e-4, parameters=params, weight_decay=0.01, multi_precision=multi_precision)
+        rows.append({"tensors": tensors, "numel": tensors * numel, "seconds": timeit(opt.step, reps)})
+    return rows

@@ -1,0 +1,246 @@
+"""Device profiles as data: one JSON file per device under llmtrain/plan/profiles/, with provenance.
+
+    python -m llmtrain.plan plan.device=h200 ...             # llmtrain/plan/profiles/h200.json
+    python -m llmtrain.plan plan.profile=work/cpu-here.json  # a profile `--calibrate` wrote
+    prof = load_profile("h200"); prof.gemm_seconds(4096, 5632, 2048)
+
+A profile holds the device's constants (datasheet peak, memory, links) and the measured tables of the
+operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
+
+- `gemm.rows` [m, n, k, FLOP/s]: an exact measured shape returns its own rate; otherwise log(rate) is
+  interpolated trilinearly in (log m, log n, log k) over the grid rows around the shape (coordinates clamped
+  to the grid's range; corners the grid lacks, e.g. above its FLOP cap, are left out and the weights
+  renormalised; with no corner at all, inverse-distance weighting of the nearest rows);
+- `attention.rows` [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] (flash attention), the same way
+  in (log batch·heads, log seq), among rows of the same head dim and causality when there are any;
+- `memory_bound.classes` {op class: [[elements of one input, seconds], ...]}: piecewise-linear in log-log
+  between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes
+  the `fallback` class (its backward `X_bwd` first tries `X`);
+- `host`: seconds the host spends per eager op in the forward (`fwd_op_s`, with autograd recording) and per
+  backward node (`bwd_op_s`), and for a `view` op (`view_op_s`);
+- `optimizer`: AdamW step seconds = `per_tensor_s`·tensors + `per_elem_s`·elements (fitted, multi-precision
+  on GPU), clip and accumulation being memory-bound kernels of their own;
+- `async_launch`: true on a GPU (the host queues kernels and runs ahead: timeline.py overlaps the two), false
+  on a CPU (each op runs in its dispatching thread; `tables_include_host`: the tables' times already hold one
+  dispatch, so only the autograd extra is added).
+
+A profile may be `scaled_from` another one (`scale`: {"flops", "bandwidth", "host"} factors): the scaled tables are
+the source's times divided by the factors, which the file states with their reasons (datasheet ratios).
+Every table carries its `source` (where, when, with what it was measured, or which datasheet).
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+GB = 1e9
+GIB = 2**30
+
+
+def _idw(rows: list[tuple], point: tuple, k: int = 6) -> float:
+    """Inverse-distance-weighted value of rows [(coords..., value)] at point (coords already transformed)."""
+    scored = []
+    for r in rows:
+        d2 = sum((a - b) ** 2 for a, b in zip(r[:-1], point))
+        if d2 < 1e-12:
+            return r[-1]
+        scored.append((d2, r[-1]))
+    scored.sort(key=lambda x: x[0])
+    near = scored[:k]
+    w = [1.0 / d2 for d2, _ in near]
+    return sum(wi * v for wi, (_, v) in zip(w, near)) / sum(w)
+
+
+class GemmTable:
+    """Rates of measured GEMM shapes; see the module docstring for the interpolation."""
+
+    def __init__(self, rows):
+        self.exact = {(int(m), int(n), int(k)): float(r) for m, n, k, r in rows}
+        self.logs = {(math.log(m), math.log(n), math.log(k)): math.log(r) for (m, n, k), r in self.exact.items()}
+        self.axes = [sorted({c[i] for c in self.logs}) for i in range(3)]
+        self.rows = [(*c, math.exp(v)) for c, v in self.logs.items()]
+
+    def rate(self, m: float, n: float, k: float) -> float:
+        hit = self.exact.get((int(m), int(n), int(k)))
+        if hit is not None:
+            return hit
+        point = (math.log(m), math.log(n), math.log(k))
+        brackets = []
+        for x, axis in zip(point, self.axes):
+            x = min(max(x, axis[0]), axis[-1])
+            i = min(max(bisect.bisect_right(axis, x), 1), len(axis) - 1) if len(axis) > 1 else 0
+            lo, hi = axis[max(i - 1, 0)], axis[i]
+            w = 0.0 if hi == lo else (x - lo) / (hi - lo)
+            brackets.append(((lo, 1.0 - w), (hi, w)))
+        total = acc = 0.0
+        for (a, wa) in brackets[0]:
+            for (b, wb) in brackets[1]:
+                for (c, wc) in brackets[2]:
+                    w = wa * wb * wc
+                    v = self.logs.get((a, b, c))
+                    if w > 0 and v is not None:
+                        total += w
+                        acc += w * v
+        if total > 1e-9:
+            return math.exp(acc / total)
+        return _idw(self.rows, point)
+
+
+@dataclass
+class Curve:
+    """Seconds vs elements of one memory-bound op class, piecewise-linear in log-log."""
+
+    xs: list
+    ys: list
+
+    @classmethod
+    def of(cls, rows):
+        rows = sorted((float(b), float(t)) for b, t in rows if b > 0 and t > 0)
+        if not rows:
+            raise ValueError("a memory-bound class needs at least one [bytes, seconds] row")
+        return cls([math.log(b) for b, _ in rows], [math.log(t) for _, t in rows])
+
+    def seconds(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return math.exp(self.ys[0])
+        x = math.log(nbytes)
+        if x <= self.xs[0]:
+            return math.exp(self.ys[0])
+        if x >= self.xs[-1]:  # the largest size's bandwidth
+            return math.exp(self.ys[-1]) * nbytes / math.exp(self.xs[-1])
+        i = bisect.bisect_right(self.xs, x)
+        x0, x1, y0, y1 = self.xs[i - 1], self.xs[i], self.ys[i - 1], self.ys[i]
+        return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+
+
+@dataclass
+class Profile:
+    name: str
+    peak_flops: float
+    """Datasheet dense FLOP/s in the training dtype (MFU's denominator), or the measured matmul peak on a CPU."""
+    memory_bytes: float
+    nvlink_bw: float
+    net_bw: float
+    nvlink_alpha: float
+    net_alpha: float
+    framework_bytes: float
+    dtype_bytes: int
+    async_launch: bool
+    tables_include_host: bool
+    gemm: GemmTable
+    attn_rows: list
+    mem_curves: dict
+    fallback: str
+    host: dict
+    optimizer: dict
+    p2p_bw: float | None = None
+    p2p_alpha: float | None = None
+    source: str = ""
+    raw: dict = field(default_factory=dict, repr=False)
+
+    # -- per-op times -------------------------------------------------------------------------------------------
+    def gemm_seconds(self, m: int, n: int, k: int, batch: int = 1) -> float:
+        """Seconds of a (batched) GEMM C[m, n] = A[m, k] @ B[k, n]; a batch counts as batch·m rows for its rate."""
+        flops = 2.0 * m * n * k * batch
+        if flops <= 0:
+            return 0.0
+        return flops / self.gemm.rate(m * batch, n, k)
+
+    def attention_seconds(self, bh: int, s: int, d: int, causal: bool, flops: float, backward: bool) -> float:
+        rows = [r for r in self.attn_rows if r[2] == d and r[3] == causal] or self.attn_rows
+        if not rows:
+            raise ValueError(f"profile {self.name}: no attention rows (flash attention cannot be costed)")
+        i = 5 if backward else 4
+        rate = _idw([(math.log(r[0]), math.log(r[1]), r[i]) for r in rows], (math.log(bh), math.log(s)))
+        return flops / rate
+
+    def mem_seconds(self, op: str, numel: float) -> float:
+        curve = self.mem_curves.get(op)
+        if curve is None and op.endswith("_bwd"):
+            curve = self.mem_curves.get(op[:-4])
+        if curve is None:
+            curve = self.mem_curves[self.fallback]
+        return curve.seconds(numel)
+
+    def optimizer_seconds(self, numel: int, tensors: int) -> float:
+        o = self.optimizer
+        return o["per_tensor_s"] * tensors + o["per_elem_s"] * numel
+
+
+def _scaled(raw: dict, base: dict) -> dict:
+    """`raw` (a scaled profile) with the tables of `base` divided by raw["scale"]'s factors."""
+    f = raw["scale"]
+    flops, bw, host = float(f["flops"]), float(f["bandwidth"]), float(f.get("host", 1.0))
+    out = dict(base)
+    out.update({k: v for k, v in raw.items() if k not in ("gemm", "attention", "memory_bound", "host", "optimizer")})
+    out["gemm"] = {"source": f"{base['name']} gemm rates x {flops:.4g}", "rows": [
+        [m, n, k, r * flops] for m, n, k, r in base["gemm"]["rows"]]}
+    out["attention"] = {"source": f"{base['name']} attention rates x {flops:.4g}", "rows": [
+        [*r[:4], r[4] * flops, r[5] * flops] for r in base["attention"]["rows"]]}
+    out["memory_bound"] = {"fallback": base["memory_bound"]["fallback"],
+                           "source": f"{base['name']} memory-bound times / {bw:.4g} above 2**19 elements (launch floor kept)",
+                           "classes": {c: [[n, t if n < 2**19 else t / bw] for n, t in rows]
+                                       for c, rows in base["memory_bound"]["classes"].items()}}
+    out["host"] = {k: (v / host if k.endswith("_s") else v) for k, v in base["host"].items()}
+    out["optimizer"] = {**base["optimizer"], "per_elem_s": base["optimizer"]["per_elem_s"] / bw,
+                        "per_tensor_s": base["optimizer"]["per_tensor_s"] / host}
+    return out
+
+
+def from_dict(raw: dict, where: str = "") -> Profile:
+    if "scaled_from" in raw:
+        raw = _scaled(raw, _raw(raw["scaled_from"]))
+    need = ("name", "peak_flops", "memory_bytes", "links", "gemm", "memory_bound", "host", "optimizer")
+    missing = [k for k in need if k not in raw]
+    if missing:
+        raise ValueError(f"{where or raw.get('name', '?')}: device profile lacks {missing}")
+    links = raw["links"]
+    mb = raw["memory_bound"]
+    return Profile(
+        name=raw["name"], peak_flops=float(raw["peak_flops"]), memory_bytes=float(raw["memory_bytes"]),
+        nvlink_bw=float(links["nvlink_bw"]), net_bw=float(links["net_bw"]),
+        nvlink_alpha=float(links["nvlink_alpha"]), net_alpha=float(links["net_alpha"]),
+        p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"),
+        framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),
+        async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
+        gemm=GemmTable(raw["gemm"]["rows"]),
+        attn_rows=[tuple(r) for r in raw.get("attention", {}).get("rows", [])],
+        mem_curves={c: Curve.of(rows) for c, rows in mb["classes"].items() if rows},
+        fallback=mb.get("fallback", "copy"), host=dict(raw["host"]), optimizer=dict(raw["optimizer"]),
+        source=raw.get("source", where), raw=raw)
+
+
+def names() -> list[str]:
+    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+
+
+@lru_cache(maxsize=None)
+def _raw(name: str) -> dict:
+    path = PROFILE_DIR / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"plan.device={name!r}: no profile {path}; expected one of {names()}")
+    return json.loads(path.read_text())
+
+
+def load_profile(name: str, path: str | None = None) -> Profile:
+    """The packaged profile `name`, or the file `path` when given and present (a calibrated profile)."""
+    if path and os.path.exists(path):
+        with open(path) as f:
+            return from_dict(json.load(f), path)
+    return from_dict(_raw(name), str(PROFILE_DIR / f"{name}.json"))
+
+
+def datasheet_peak(gpu_name: str) -> tuple[float, str] | None:
+    """(dense peak FLOP/s, profile name) of the packaged GPU profile whose `match` strings occur in `gpu_name`
+    (e.g. "NVIDIA H200"), or None. The one table of GPU peaks (train/peak.py reads it)."""
+    hits = [(len(m), n) for n in names() for m in _raw(n).get("match", []) if m in gpu_name]
+    if not hits:  # the longest match wins ("H200" over "H20")
+        return None
+    n = max(hits)[1]
+    return float(_raw(n)["peak_flops"]), n

@@ -1,0 +1,128 @@
+"""Compute time of a training step from its kernels: device time per kernel, host time per eager op, and how
+the two overlap.
+
+    python -m llmtrain.plan model=llama-1b plan.devices=1 plan.device=h200 +parallel=single train.micro_batch_size=1
+    t = step_compute(profile, model_cfg, b=1, s=2048, tp=1, micro_batches=8, ...)   # {"compute_s", "host_s", ...}
+
+Device time of a kernel (llmtrain/plan/kernels.py) comes from the profile's tables (profile.py): a GEMM's FLOPs
+at the rate measured for that shape, flash attention's FLOPs at the rate measured for its (batch·heads, seq),
+a memory-bound op's bytes at the time measured for its class and size; a view costs no device time.
+
+Host time and the overlap, modelled explicitly:
+- On a GPU (`async_launch`) eager execution dispatches ops one by one from one host thread (`fwd_op_s` per
+  forward op with autograd recording, `bwd_op_s` per backward node, `view_op_s` per view) and the GPU runs
+  the queued kernels in order. The stream is simulated kernel by kernel:
+      host_i = host_{i-1} + h_i;   device_i = max(device_{i-1}, host_i) + d_i
+  and the step ends at max(host_n, device_n). When the kernels are long (large micro-batches) the host runs
+  ahead and the step is the sum of device times; when they are short (micro-batch 1 of a small model) the
+  GPU waits for the host and the step is close to the sum of host times: what makes micro-batch 1 slow.
+  The step synchronises once, at its end (the logged loss), so the micro-batches and the optimizer form one
+  stream. Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
+  later repeat advances both clocks as the second did (the host-device lag has settled by then).
+- On a CPU (`async_launch` false) every op runs in the thread that dispatches it: step = Σ (h_i + d_i). The
+  CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
+  is only the autograd extra per op (`fwd_op_s`, `bwd_op_s` measured as the extra over a bare call).
+
+The AdamW update is `optimizer.per_tensor_s`·tensors + `optimizer.per_elem_s`·elements (fitted to measured
+steps of the optimizer alone); gradient accumulation and the clip are memory-bound kernels in the stream.
+"""
+from __future__ import annotations
+
+from llmtrain.plan.kernels import micro_batch_kernels, optimizer_kernels
+
+
+def kernel_seconds(prof, k) -> float:
+    """Device seconds of one kernel on `prof`."""
+    if k.kind == "gemm":
+        m, n, kk, batch = k.shape
+        return prof.gemm_seconds(m, n, kk, batch)
+    if k.kind in ("attn_fwd", "attn_bwd"):
+        bh, s, d, causal = k.shape[:4]
+        return prof.attention_seconds(bh, s, d, causal, k.flops, k.kind == "attn_bwd")
+    if k.kind == "mem":
+        return prof.mem_seconds(k.op, k.numel)
+    return 0.0
+
+
+class Stream:
+    """One host thread dispatching kernels to one device (see the module docstring)."""
+
+    def __init__(self, prof):
+        self.prof = prof
+        self._memo = prof.__dict__.setdefault("_kernel_memo", {})  # a kernel's device time, per profile
+        self.host = self.device = 0.0
+        self.host_total = self.device_total = 0.0
+        self.by_kind: dict[str, float] = {}
+        self.kernels = 0
+
+    def run(self, kernels, backward: bool):
+        p, host = self.prof, self.prof.host
+        h_op = host["bwd_op_s"] if backward else host["fwd_op_s"]
+        memo = self._memo
+        for k in kernels:
+            h = host["view_op_s"] if k.kind == "view" else h_op
+            d = memo.get(k)
+            if d is None:
+                d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
+            self.kernels += k.kind != "view"
+            self.host_total += h
+            self.device_total += d
+            key = "gemm" if k.kind == "gemm" else "attention" if k.kind.startswith("attn") else k.kind
+            self.by_kind[key] = self.by_kind.get(key, 0.0) + d
+            if p.async_launch:
+                self.host += h
+                self.device = max(self.device, self.host) + d
+            else:
+                self.host += h + d
+                self.device = self.host
+
+    def run_segments(self, segments, backward: bool, body=None):
+        """[(kernels, n)]: each list n times in a row; from the third repeat on, every repeat advances the clocks
+        and totals as the second did (the host-device lag has settled by then)."""
+        for ks, n in segments:
+            for i in range(min(n, 2)):
+                before = (self.host, self.device, self.host_total, self.device_total, self.kernels, dict(self.by_kind))
+                if body is not None:
+                    body()
+                else:
+                    self.run(ks, backward)
+            if n > 2:
+                h0, d0, ht0, dt0, k0, bk0 = before
+                r = n - 2
+                self.host += r * (self.host - h0)
+                self.device += r * (self.device - d0)
+                self.host_total += r * (self.host_total - ht0)
+                self.device_total += r * (self.device_total - dt0)
+                self.kernels += r * (self.kernels - k0)
+                for key, v in list(self.by_kind.items()):
+                    self.by_kind[key] = v + r * (v - bk0.get(key, 0.0))
+
+    def add_serial(self, seconds: float, key: str):
+        """Work after a synchronisation (the optimizer step): both clocks meet, then advance."""
+        t = max(self.host, self.device) + seconds
+        self.host = self.device = t
+        self.by_kind[key] = self.by_kind.get(key, 0.0) + seconds
+
+    @property
+    def elapsed(self) -> float:
+        return max(self.host, self.device)
+
+
+def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bool, flash: bool,
+                 recompute: str, layers: float, first: bool, last: bool, grads: list[tuple[int, int]],
+                 owned: list[tuple[int, int]]) -> dict:
+    """Compute seconds of one step on one rank (its `layers` blocks, embedding if `first`, head if `last`;
+    `grads` [(elements, bytes per element)] the gradients it accumulates, `owned` the tensors it updates),
+    with the breakdown."""
+    e = prof.dtype_bytes
+    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last)
+    st = Stream(prof)
+    # identical micro-batches: [forward + backward] x m, repeated as run_segments repeats any segment
+    st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.run_segments(mb.forward_segments, False),
+                                                                          st.run_segments(mb.backward_segments, True)))
+    micro = st.elapsed / micro_batches
+    st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False)),
+           backward=True)
+    st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)), "optimizer")
+    return {"compute_s": st.elapsed, "micro_batch_s": micro, "host_s": st.host_total, "device_s": st.device_total,
+            "kernels_per_step": st.kernels, "by_kind_s": st.by_kind}
