@@ -24,9 +24,9 @@ def install(step: int, delay_s: float) -> None:
             time.sleep(delay_s)
         return write(self, snap)
 
-    def timed_save(self, at: int, tokens_total: int):
+    def timed_save(self, at: int, tokens_total: int, **kwargs):  # kwargs: the step's health (divergence guard)
         t0 = time.perf_counter()
-        path = save(self, at, tokens_total)
+        path = save(self, at, tokens_total, **kwargs)
         pause = time.perf_counter() - t0
         with open(os.path.join(self.cfg.run.dir, f"save_pauses.{self.topo.rank}.jsonl"), "a") as f:
             f.write(json.dumps({"step": at, "pause_s": pause}) + "\n")

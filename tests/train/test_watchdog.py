@@ -37,12 +37,16 @@ def _steps_done(run_dir: Path) -> int:
         return 0
 
 
-def _two_nodes(corpus, tmp_path: Path, hold_after: int | None = None):
+PEER_S = 12
+"""The SIGSTOP test's peer timeout: above the hang timeout (HANG_S), well below gloo's ~30 s collective timeout."""
+
+
+def _two_nodes(corpus, tmp_path: Path, hold_after: int | None = None, extra: tuple = ()):
     """Two launchers ("nodes", one rank each) training; returns once step 5 and a checkpoint are done. `hold_after`:
     rank 0 is held after that step outside any collective (tests/train/watchdog_hold.py), the hang rule off."""
     run_dir = tmp_path / "run"
     overrides = [*tiny_overrides(corpus, str(run_dir), "gpt", steps=500), "+parallel=dp2", "checkpoint.interval=3",
-                 "checkpoint.keep_last=2", f"train.hang_timeout_s={HANG_S if hold_after is None else 3600}"]
+                 "checkpoint.keep_last=2", f"train.hang_timeout_s={HANG_S if hold_after is None else 3600}", *extra]
     if hold_after is None:
         args = ["llmtrain/pretrain.py", *overrides]
     else:
@@ -81,10 +85,10 @@ def _newest_intact(run_dir: Path) -> None:
     assert found and verify_files(found[0][1]) == [], found
 
 
-def _signal_rank1(corpus, tmp_path, sig, hold_after=None):
+def _signal_rank1(corpus, tmp_path, sig, hold_after=None, extra=()):
     """Two nodes training; `sig` to rank 1; (run_dir, procs, node 0's output, seconds until node 0 ended, rank 1's
     pid). Node 0 not ending within 60 s fails the test."""
-    run_dir, procs, worker1 = _two_nodes(corpus, tmp_path, hold_after)
+    run_dir, procs, worker1 = _two_nodes(corpus, tmp_path, hold_after, extra)
     try:
         os.kill(worker1, sig)
         t0 = time.time()
@@ -118,7 +122,10 @@ def test_sigkill_of_rank1_ends_the_other_node_naming_it(tiny_corpus, tmp_path):
 
 @pytest.mark.slow
 def test_sigstop_of_rank1_fires_the_hang_watchdog_with_stacks(tiny_corpus, tmp_path):
-    run_dir, procs, out0, took, _ = _signal_rank1(tiny_corpus, tmp_path, signal.SIGSTOP)
+    # the peer rule's timeout well under gloo's own ~30 s: when rank 0 waits inside a save (the hang clock paused),
+    # the watchdog's peer rule, not gloo's TIMEOUT, must end it (seen in CI with the default 30 s: gloo won)
+    run_dir, procs, out0, took, _ = _signal_rank1(tiny_corpus, tmp_path, signal.SIGSTOP,
+                                                  extra=(f"train.peer_timeout_s={PEER_S}",))
     assert procs[0].returncode != 0, out0[-3000:]
     log0 = (tmp_path / "log0" / "workerlog.0").read_text(errors="replace")
     # the hang watchdog fires (status 4) — or, when rank 0 was itself waiting for rank 1's shard inside a
