@@ -29,10 +29,9 @@ ARCHITECTURE = os.path.join("docs", "architecture.md")
 LAYERS_MARK = "# llmtrain layers"
 TAGS_MODULE = "llmtrain.contracts.tags"
 SCANNED = ("llmtrain", "tests", "benchmarks", "scripts")
-KNOWN_UPWARD = {
-    # issue 22 (the planner's work): one hardware table for peaks replaces llmtrain/train/peak.py
-    ("llmtrain.plan.devices", "llmtrain.train.peak"),
-}
+KNOWN_UPWARD: set = set()
+"""(importer, imported) pairs allowed to run upward: none (the GPU peaks live in the planner's profiles, which
+llmtrain/train/peak.py reads)."""
 
 
 def read_layers(root: str) -> list[list[str]]:
