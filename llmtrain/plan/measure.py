@@ -14,6 +14,7 @@ host shared with other work the fastest call is the op's own time, the slower on
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -241,4 +242,129 @@ def optimizer_table(configs=((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (
         paddle.add_n([p.sum() for p in params]).backward()  # a gradient of ones on each (kept across steps)
         opt = paddle.optimizer.AdamW(1e-4, parameters=params, weight_decay=0.01, multi_precision=multi_precision)
         rows.append({"tensors": tensors, "numel": tensors * numel, "seconds": timeit(opt.step, reps)})
+    return rows
+
+
+LOOP_MODELS = ("gpt", "llama")
+LOOP_LAYERS = (1, 4)
+LOOP_MICRO_BATCHES = (1, 4)
+
+
+def _loop_model(family: str, layers: int):
+    """A tiny decoder of `family` (h 32, seq 16, vocabulary 256): its kernels take microseconds, so a training
+    step's time is the code path around them."""
+    from llmtrain.models.config import ModelConfig
+
+    if family == "gpt":
+        return ModelConfig(name="loop-gpt", hidden_size=32, num_layers=layers, num_heads=4, ffn_hidden_size=64,
+                           vocab_size=256, max_position_embeddings=16, position="learned", norm="layernorm",
+                           activation="gelu_tanh", bias=True, tie_embeddings=True)
+    return ModelConfig(name="loop-llama", hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2,
+                       ffn_hidden_size=48, vocab_size=256, max_position_embeddings=16, position="rope",
+                       norm="rmsnorm", norm_eps=1e-6, activation="swiglu", bias=False, tie_embeddings=False)
+
+
+def loop_table(reps: int = 12, seq: int = 16) -> list[dict]:
+    """Seconds of whole training steps through llmtrain's own step code on tiny models: the model built as the
+    Trainer builds it on one process (`build_model`, `init_parameters`, `build_optimizer` with the norm-recording
+    clip), `StepRunner.run` over m micro-batches of [1, seq] from numpy (as the data path hands them), then the
+    loss and the gradient norm read to the host (what the Meter logs). One row per (family, layers, m): the
+    fastest of `reps` steps after two warm-up steps (CPU: ops run in the calling thread, so a slower step only
+    carries other processes' time). calibrate.py subtracts what the profile's kernel tables predict for the same
+    steps: the rest is the loop's own work (Python around the kernels), per step, per micro-batch and per op."""
+    import numpy as np
+
+    from llmtrain.models import build_model
+    from llmtrain.models.init import init_parameters
+    from llmtrain.models.stages import canonical_parameters
+    from llmtrain.train.amp import AmpPlan
+    from llmtrain.train.clip import install_recording_clip
+    from llmtrain.train.config import OptimConfig
+    from llmtrain.train.optim import build_optimizer
+    from llmtrain.train.step import StepRunner
+
+    rows = []
+    rng = np.random.default_rng(0)
+    for family in LOOP_MODELS:
+        for layers in LOOP_LAYERS:
+            cfg = _loop_model(family, layers)
+            model = build_model(cfg)
+            named = canonical_parameters(model)
+            init_parameters(named, cfg, seed=1)
+            plan = AmpPlan.from_config("none")
+            opt, sched = build_optimizer(named, OptimConfig(lr=1e-4, warmup_steps=1), max_steps=10**6,
+                                         multi_precision=False)
+            runner = StepRunner(model, model.loss_fn, opt, sched, install_recording_clip(opt), plan)
+            for m in LOOP_MICRO_BATCHES:
+                tok = rng.integers(0, cfg.vocab_size, size=(m, 1, seq + 1))
+                mbs = [dict(input_ids=t[:, :-1], labels=t[:, 1:], loss_mask=np.ones((1, seq), np.float32)) for t in tok]
+
+                def step():
+                    out = runner.run(mbs)
+                    float(out.loss)
+                    float(out.grad_norm)
+
+                rows.append({"family": family, "layers": layers, "micro_batches": m, "micro_batch": 1, "seq": seq,
+                             "tensors": len(named), "numel": int(sum(p.size for _, p in named)),
+                             "seconds": timeit(step, reps, warmup=2), "config": cfg})
+    return rows
+
+
+TRAINER_RUNS = ((1, 1), (1, 4), (2, 2), (4, 1), (4, 4))
+"""(layers, micro-batches per step) of the tiny GPT the Trainer runs in `trainer_loop_table`."""
+
+
+def trainer_overrides(layers: int, micro_batches: int, prefix: str, tokenizer: str, steps: int, seq: int = 16) -> list[str]:
+    """pretrain.py overrides of one `trainer_loop_table` run: gpt-tiny shrunk to h 32, seq 16, micro-batch 1,
+    the CPU leg's settings otherwise (no progress bar, VisualDL or final checkpoint, data.num_workers=0)."""
+    return ["model=gpt-tiny", "model.hidden_size=32", f"model.num_layers={layers}", "model.num_heads=4",
+            "model.ffn_hidden_size=64", f"model.max_position_embeddings={seq}", "model.vocab_size=16000",
+            f"data.seq_len={seq}", f"data.prefixes=[{prefix}]", f"data.tokenizer={tokenizer}", "data.num_workers=0",
+            f"train.max_steps={steps}", f"train.global_batch_size={micro_batches}", "train.micro_batch_size=1",
+            "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none"]
+
+
+def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
+    """Step times of the real Trainer (`llmtrain/pretrain.py`, one process, as a user runs it) on a tiny GPT whose
+    kernels take microseconds to a millisecond: the data path, the step runner, the divergence guard, the clip's
+    bookkeeping, the metrics record, the watchdog and stop checks. A synthetic corpus of random token ids is
+    written for it (the packaged tokenizer `tokenizers/pd1998-bpe16k`). One row per (layers, micro-batches): the
+    fastest step_time of steps 3..`steps` from metrics.jsonl (other processes on a shared host only add time).
+    calibrate.fit_loop subtracts the planner's prediction of the same runs from the kernel tables."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+
+    from llmtrain.data.indexed import IndexedWriter
+
+    repo = Path(__file__).resolve().parents[2]
+    tokenizer = str(repo / "tokenizers" / "pd1998-bpe16k")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / "random_text_document")
+        w = IndexedWriter(prefix, np.uint16)
+        rng = np.random.default_rng(0)
+        w.add_documents(rng.integers(3, 16000, size=200 * 256), np.full(200, 256))
+        w.finalize()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        for layers, m in runs:
+            run_dir = Path(tmp) / f"L{layers}_m{m}"
+            overrides = trainer_overrides(layers, m, prefix, tokenizer, steps)
+            proc = subprocess.run([sys.executable, str(repo / "llmtrain" / "pretrain.py"), *overrides,
+                                   f"run.dir={run_dir}"], cwd=tmp, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            metrics = run_dir / "metrics.jsonl"
+            if proc.returncode != 0 or not metrics.exists():
+                raise RuntimeError(f"trainer loop run failed (exit {proc.returncode}): {' '.join(overrides)}\n"
+                                   f"{proc.stderr[-3000:]}")
+            times = [r["step_time"] for r in map(json.loads, metrics.read_text().splitlines())
+                     if "step_time" in r and r.get("step", 0) > 2]
+            rows.append({"layers": layers, "micro_batches": m, "micro_batch": 1, "seq": 16, "overrides": overrides,
+                         "seconds": min(times), "median_s": statistics.median(times), "steps": len(times)})
     return rows
