@@ -9,8 +9,7 @@ log-spaced grid of (m, n, k) (three sweeps, each shape's fastest kept), memory-b
 embedding gather) over sizes, flash attention on a GPU, the host's per-op time of eager execution and AdamW
 steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU, then, the
 training loop's own work: whole steps of the real Trainer (`llmtrain/pretrain.py`, one process) on a tiny GPT
-(`measure.trainer_loop_table`; with --quick llmtrain's `StepRunner` alone, in process: `measure.loop_table`), less
-what the fitted tables predict for them, fitted as a cost per step, per micro-batch and per op (`fit_loop`)
+(`measure.trainer_loop_table`; not with --quick), less what the fitted tables predict for them, fitted as a cost per step, per micro-batch and per op (`fit_loop`)
 into the host block (`step_s`, `micro_batch_s`, and the per-op share added to `fwd_op_s`/`bwd_op_s`/`view_op_s`). On a CPU the op times
 hold their own dispatch (`tables_include_host`) and ops run where they are dispatched (`async_launch` false);
 on a GPU the tables are device times and the host's queued per-op time is measured apart (timeline.py). The
@@ -232,38 +231,27 @@ def gpu_base(gloo: dict | None) -> dict:
 
 
 def _predict_loop_row(profile: dict, r: dict) -> tuple[float, int]:
-    """(seconds the kernel tables of `profile` predict for one loop-table row, dispatches of one micro-batch)."""
-    import tempfile
+    """(seconds the kernel tables of `profile` predict for one loop-table row, dispatches of one micro-batch): the
+    planner's compute time of the row's model (`model`: its resolved config) on one process."""
+    from math import prod
 
+    from llmtrain.models.config import ModelConfig
     from llmtrain.plan.kernels import micro_batch_kernels
+    from llmtrain.plan.params import model_param_specs
     from llmtrain.plan.profile import from_dict
     from llmtrain.plan.timeline import step_compute
 
-    m, s = r["micro_batches"], r["seq"]
-    if "overrides" in r:  # a Trainer run: the planner's own prediction of that run (benchmarks/planner.py's way)
-        from llmtrain.config import compose_config, register_configs, to_config
-        from llmtrain.plan.__main__ import plan
-
-        register_configs()
-        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
-            json.dump(profile, f)
-            f.flush()
-            cfg = to_config(compose_config(r["overrides"] + ["+parallel=dp2", "parallel.dp=1", "plan.devices=1",
-                                                             f"plan.device={profile['name']}", f"plan.profile={f.name}"]))
-            pred = plan(cfg)[0]["step_time_s"]
-        model = cfg.model
-    else:  # a StepRunner row (measure.loop_table)
-        model = r["config"]
-        tensors = [(r["numel"] // r["tensors"], 4)] * r["tensors"]
-        pred = step_compute(from_dict(profile), model, r["micro_batch"], s, 1, m, False, False, "none", r["layers"],
-                            True, True, tensors, tensors)["compute_s"]
-    mb = micro_batch_kernels(model, r["micro_batch"], s, 1, 4, False, False, "none", r["layers"])
+    m, s, b, layers = r["micro_batches"], r["seq"], r["micro_batch"], r["layers"]
+    model = ModelConfig(**r["model"])
+    tensors = [(int(prod(x.shape)), 4) for x in model_param_specs(model) if not x.frozen]
+    pred = step_compute(from_dict(profile), model, b, s, 1, m, False, False, "none", layers, True, True, tensors,
+                        tensors)["compute_s"]
+    mb = micro_batch_kernels(model, b, s, 1, 4, False, False, "none", layers)
     return pred, len(mb.forward) + len(mb.backward)
 
 
 def fit_loop(profile: dict, rows: list[dict]) -> dict:
-    """The training loop's own host work from loop-table rows (`measure.trainer_loop_table`, or with --quick
-    `measure.loop_table`): each row's measured step minus what `profile`'s kernel tables predict for the same
+    """The training loop's own host work from `measure.trainer_loop_table` rows: each row's measured step minus what `profile`'s kernel tables predict for the same
     step is fitted by least squares as
         step_s + micro_batches·micro_batch_s + micro_batches·ops·op_s
     (ops: the dispatches kernels.py counts for one micro-batch of that model), each coefficient kept
@@ -276,7 +264,7 @@ def fit_loop(profile: dict, rows: list[dict]) -> dict:
         m = r["micro_batches"]
         eqs.append([1.0, m, m * ops])
         ys.append(r["seconds"] - pred)
-        out_rows.append({k: v for k, v in r.items() if k not in ("config", "overrides")}
+        out_rows.append({k: v for k, v in r.items() if k not in ("model", "overrides")}
                         | {"predicted_kernels_s": pred, "ops": ops})
     a, y = np.array(eqs), np.array(ys)
     keep = [0, 1, 2]
@@ -328,17 +316,13 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
     base = gpu_base(gloo) if on_gpu else cpu_base(cpu_matmul_peak(), gloo, load)
     profile = fit_profile(raw, base, prov)
     if not on_gpu:  # the training loop's own work (on a GPU it overlaps the queued kernels: not measured here)
-        from llmtrain.plan.measure import loop_table, trainer_loop_table
+        from llmtrain.plan.measure import trainer_loop_table
 
-        if quick:  # seconds: the step runner alone, in this process
-            loop = dict(fit_loop(profile, loop_table(reps=4)), table="measure.loop_table",
-                        what="llmtrain's StepRunner on tiny Llama and GPT decoders (h 32, seq 16, 1 and 4 layers, 1 and "
-                             "4 micro-batches of 1), fastest of 4 steps")
-        else:  # the real Trainer, one process per run
+        if not quick:  # the real Trainer, one process per run (--quick: not measured, the constants stay 0)
             loop = dict(fit_loop(profile, trainer_loop_table()), table="measure.trainer_loop_table",
                         what="llmtrain/pretrain.py on a tiny GPT (h 32, seq 16, micro-batch 1; 1, 2 and 4 layers; 1, 2 "
                              "and 4 micro-batches per step) over random tokens, fastest step_time of steps 3-14")
-        profile = add_loop(profile, loop, when)
+            profile = add_loop(profile, loop, when)
     profile["measured_at"] = when
     profile["gloo"] = gloo
     profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}

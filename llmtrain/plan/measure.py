@@ -245,71 +245,6 @@ def optimizer_table(configs=((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (
     return rows
 
 
-LOOP_MODELS = ("gpt", "llama")
-LOOP_LAYERS = (1, 4)
-LOOP_MICRO_BATCHES = (1, 4)
-
-
-def _loop_model(family: str, layers: int):
-    """A tiny decoder of `family` (h 32, seq 16, vocabulary 256): its kernels take microseconds, so a training
-    step's time is the code path around them."""
-    from llmtrain.models.config import ModelConfig
-
-    if family == "gpt":
-        return ModelConfig(name="loop-gpt", hidden_size=32, num_layers=layers, num_heads=4, ffn_hidden_size=64,
-                           vocab_size=256, max_position_embeddings=16, position="learned", norm="layernorm",
-                           activation="gelu_tanh", bias=True, tie_embeddings=True)
-    return ModelConfig(name="loop-llama", hidden_size=32, num_layers=layers, num_heads=4, num_kv_heads=2,
-                       ffn_hidden_size=48, vocab_size=256, max_position_embeddings=16, position="rope",
-                       norm="rmsnorm", norm_eps=1e-6, activation="swiglu", bias=False, tie_embeddings=False)
-
-
-def loop_table(reps: int = 12, seq: int = 16) -> list[dict]:
-    """Seconds of whole training steps through llmtrain's own step code on tiny models: the model built as the
-    Trainer builds it on one process (`build_model`, `init_parameters`, `build_optimizer` with the norm-recording
-    clip), `StepRunner.run` over m micro-batches of [1, seq] from numpy (as the data path hands them), then the
-    loss and the gradient norm read to the host (what the Meter logs). One row per (family, layers, m): the
-    fastest of `reps` steps after two warm-up steps (CPU: ops run in the calling thread, so a slower step only
-    carries other processes' time). calibrate.py subtracts what the profile's kernel tables predict for the same
-    steps: the rest is the loop's own work (Python around the kernels), per step, per micro-batch and per op."""
-    import numpy as np
-
-    from llmtrain.models import build_model
-    from llmtrain.models.init import init_parameters
-    from llmtrain.models.stages import canonical_parameters
-    from llmtrain.train.amp import AmpPlan
-    from llmtrain.train.clip import install_recording_clip
-    from llmtrain.train.config import OptimConfig
-    from llmtrain.train.optim import build_optimizer
-    from llmtrain.train.step import StepRunner
-
-    rows = []
-    rng = np.random.default_rng(0)
-    for family in LOOP_MODELS:
-        for layers in LOOP_LAYERS:
-            cfg = _loop_model(family, layers)
-            model = build_model(cfg)
-            named = canonical_parameters(model)
-            init_parameters(named, cfg, seed=1)
-            plan = AmpPlan.from_config("none")
-            opt, sched = build_optimizer(named, OptimConfig(lr=1e-4, warmup_steps=1), max_steps=10**6,
-                                         multi_precision=False)
-            runner = StepRunner(model, model.loss_fn, opt, sched, install_recording_clip(opt), plan)
-            for m in LOOP_MICRO_BATCHES:
-                tok = rng.integers(0, cfg.vocab_size, size=(m, 1, seq + 1))
-                mbs = [dict(input_ids=t[:, :-1], labels=t[:, 1:], loss_mask=np.ones((1, seq), np.float32)) for t in tok]
-
-                def step():
-                    out = runner.run(mbs)
-                    float(out.loss)
-                    float(out.grad_norm)
-
-                rows.append({"family": family, "layers": layers, "micro_batches": m, "micro_batch": 1, "seq": seq,
-                             "tensors": len(named), "numel": int(sum(p.size for _, p in named)),
-                             "seconds": timeit(step, reps, warmup=2), "config": cfg})
-    return rows
-
-
 TRAINER_RUNS = ((1, 1), (1, 4), (2, 2), (4, 1), (4, 4))
 """(layers, micro-batches per step) of the tiny GPT the Trainer runs in `trainer_loop_table`."""
 
@@ -330,7 +265,8 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
     bookkeeping, the metrics record, the watchdog and stop checks. A synthetic corpus of random token ids is
     written for it (the packaged tokenizer `tokenizers/pd1998-bpe16k`). One row per (layers, micro-batches): the
     fastest step_time of steps 3..`steps` from metrics.jsonl (other processes on a shared host only add time).
-    calibrate.fit_loop subtracts the planner's prediction of the same runs from the kernel tables."""
+    calibrate.fit_loop subtracts what the kernel tables predict for the same runs (the model as the run resolved
+    it: `model` of its config.yaml)."""
     import json
     import subprocess
     import sys
@@ -338,6 +274,7 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
     from pathlib import Path
 
     import numpy as np
+    from omegaconf import OmegaConf
 
     from llmtrain.data.indexed import IndexedWriter
 
@@ -365,6 +302,8 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
                                    f"{proc.stderr[-3000:]}")
             times = [r["step_time"] for r in map(json.loads, metrics.read_text().splitlines())
                      if "step_time" in r and r.get("step", 0) > 2]
+            model = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").model, resolve=True)
             rows.append({"layers": layers, "micro_batches": m, "micro_batch": 1, "seq": 16, "overrides": overrides,
-                         "seconds": min(times), "median_s": statistics.median(times), "steps": len(times)})
+                         "model": model, "seconds": min(times), "median_s": statistics.median(times),
+                         "steps": len(times)})
     return rows

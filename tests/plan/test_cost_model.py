@@ -192,17 +192,18 @@ def test_loop_constants_and_recompute_forward_host_time():
     assert st.host_total == pytest.approx(n_bwd * 50e-6)
 
 
-def test_fit_loop_recovers_the_loop_constants():
+def test_fit_loop_recovers_the_loop_constants(tiny_gpt):
     """calibrate.fit_loop: rows made of the profile's own prediction plus known loop constants give them back."""
+    import dataclasses
+
     from llmtrain.plan.calibrate import _predict_loop_row, fit_loop
-    from llmtrain.plan.measure import _loop_model
 
     prof = _synthetic(async_launch=False, host=5e-6)
     rows = []
     for layers in (1, 4):
         for m in (1, 4):
-            r = {"config": _loop_model("gpt", layers), "layers": layers, "micro_batches": m, "micro_batch": 1,
-                 "seq": 16, "tensors": 10, "numel": 1000}
+            model = dataclasses.asdict(dataclasses.replace(tiny_gpt, num_layers=layers))
+            r = {"model": model, "layers": layers, "micro_batches": m, "micro_batch": 1, "seq": 16}
             pred, ops = _predict_loop_row(prof, r)
             r["seconds"] = pred + 2e-3 + m * 1e-3 + m * ops * 3e-6
             rows.append(r)
