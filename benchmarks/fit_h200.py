@@ -3,13 +3,16 @@
     python benchmarks/fit_h200.py benchmarks/data/h200              # -> llmtrain/plan/profiles/h200.json
     python benchmarks/fit_h200.py DATA_DIR --out /tmp/h200.json
 
-DATA_DIR holds gemm.json, attention.json, memory_bound.json, host.json and optimizer.json as
-benchmarks/gpu_reference.py writes them (their README.md describes each); steps.json, if there, is not read.
+DATA_DIR holds gemm.json, attention.json, memory_bound.json, host.json, host_model.json and optimizer.json as
+benchmarks/gpu_reference.py writes them (their README.md describes each); steps*.json, if there, are not read.
+The host block comes from host_model.json (the model twin's own code path at tiny shapes, `host_from_model`);
+without that file, from host.json's loops of tiny eager ops (`host_times`), which miss the model code's Python.
 The constants that are not measured there come from the datasheet and are said so in the file.
 """
 from __future__ import annotations
 
 import json
+import statistics
 import os
 import sys
 from pathlib import Path
@@ -54,6 +57,70 @@ def host_times(host: dict) -> dict:
             "ops": {r["op"]: [r["fwd_s_per_op"], r["fwd_bwd_s_per_op"]] for r in ops}}
 
 
+def _op_counts(row: dict) -> tuple[int, int, int, int]:
+    """(forward ops, forward views, backward ops, backward views) the planner enumerates (kernels.py) for one
+    host_model.json row, the model configured as benchmarks/planner.py configures the H200 rows."""
+    from llmtrain.config import compose_config, register_configs, to_config
+    from llmtrain.plan.kernels import micro_batch_kernels
+    from benchmarks.planner import h200_overrides
+
+    register_configs()
+    a = row["arch"]
+    cfg = to_config(compose_config(h200_overrides(a, row["micro_batch"], row["recompute"]))).model
+    mb = micro_batch_kernels(cfg, row["micro_batch"], a["seq"], 1, 2, True, True, "full" if row["recompute"] else "none")
+    f, b = mb.forward, mb.backward
+    nf, nb = sum(k.kind != "view" for k in f), sum(k.kind != "view" for k in b)
+    return nf, len(f) - nf, nb, len(b) - nb
+
+
+def host_from_model(host_model: dict, host: dict) -> dict:
+    """The profile's host block from host_model.json: the twin's forward (with the loss) and backward at tiny
+    shapes, whose wall time is the host's, against the dispatches the planner counts for the same model
+    (`_op_counts`). Least squares over the rows without recompute (both sweeps' medians averaged per row):
+        fwd_s = fwd_op_s·ops + view_op_s·views + c_fwd;   fwd_bwd_s - fwd_s = bwd_op_s·ops + view_op_s·views + c_bwd
+    `micro_batch_s` = c_fwd + c_bwd (the forward call, the loss and the autograd engine's start, per micro-batch);
+    `step_s` = the median of step_s - fwd_bwd_s - opt_s (train_step's own Python; the optimizer's time is
+    optimizer.json's). Recompute rows are not fitted: their residual is reported (`check`)."""
+    import numpy as np
+
+    by: dict[str, list] = {}
+    for r in host_model["rows"]:
+        by.setdefault(r["name"], []).append(r)
+    mean = lambda rs, k: sum(x[k] for x in rs) / len(rs)  # noqa: E731
+    eqs, ys, counts = [], [], {}
+    for name, rs in by.items():
+        counts[name] = _op_counts(rs[0])
+        if rs[0]["recompute"]:
+            continue
+        nf, vf, nb, vb = counts[name]
+        eqs += [[nf, 0, vf, 1, 0], [0, nb, vb, 0, 1]]
+        ys += [mean(rs, "fwd_s"), mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s")]
+    a, y = np.array(eqs, float), np.array(ys)
+    fwd, bwd, view, c_f, c_b = (float(v) for v in np.linalg.lstsq(a, y, rcond=None)[0])
+    step = statistics.median(r["step_s"] - r["fwd_bwd_s"] - r["opt_s"] for r in host_model["rows"])
+    check = {}
+    for name, rs in by.items():
+        nf, vf, nb, vb = counts[name]
+        pred_f = fwd * nf + view * vf + c_f
+        pred_b = (bwd * nb + view * vb + c_b) if not rs[0]["recompute"] else None
+        if rs[0]["recompute"]:  # the recomputed forward at the forward's cost (timeline.Stream.run)
+            cfg_ops = counts[name.replace("-recompute", "")] if name.replace("-recompute", "") in counts else None
+            if cfg_ops:
+                pred_b = bwd * cfg_ops[2] + view * cfg_ops[3] + c_b + (pred_f - c_f)
+        meas_b = mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s")
+        check[name] = {"fwd_s": [round(mean(rs, "fwd_s"), 6), round(pred_f, 6)],
+                       "bwd_s": [round(meas_b, 6), round(pred_b, 6) if pred_b is not None else None]}
+    prov = host_model.get("provenance", {})
+    return {"fwd_op_s": fwd, "bwd_op_s": bwd, "view_op_s": view, "micro_batch_s": c_f + c_b, "step_s": max(step, 0.0),
+            "source": f"host_model.json ({prov.get('date_utc', '?')}, {prov.get('command', '?')}): the model twin "
+                      "(benchmarks/gpu_model.py) at tiny shapes (h 64, seq 16, 1-16 layers, llama and gpt), host "
+                      "clock after a synchronize; least squares of its forward and backward seconds over the "
+                      "dispatches kernels.py counts (benchmarks/fit_h200.py host_from_model)",
+            "check": {"measured_vs_fitted": check, "note": "[measured, fitted] seconds per row; recompute rows "
+                      "not fitted"},
+            "tiny_op_loop": {k: v for k, v in host_times(host).items() if k != "ops"}}
+
+
 def optimizer_rows(rows: list[dict]) -> list[dict]:
     """optimizer.json rows -> {tensors, numel, seconds}: the whole step (clip, AdamW per chunk, zeroing)."""
     return [{"tensors": r["tensors"], "numel": r["params"], "seconds": r["step_s"]} for r in rows if r.get("step_s")]
@@ -64,7 +131,8 @@ def main(argv: list[str]) -> None:
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else \
         Path(__file__).resolve().parent.parent / "llmtrain/plan/profiles/h200.json"
     raw, prov = read_tables(data)
-    raw["host"] = host_times(raw["host"])
+    hm = data / "host_model.json"
+    raw["host"] = host_from_model(json.loads(hm.read_text()), raw["host"]) if hm.exists() else host_times(raw["host"])
     raw["optimizer"] = optimizer_rows(raw["optimizer"])
     g = prov.get("gemm", {})
     prov["summary"] = (f"({g.get('gpu', 'H200')}, driver {g.get('driver', '?')}, CUDA {g.get('cuda', '?')}, torch "

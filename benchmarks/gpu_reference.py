@@ -3,8 +3,9 @@
     python benchmarks/gpu_reference.py --out DIR                   # where PyTorch and a CUDA GPU are present
     python benchmarks/gpu_reference.py --out DIR --only steps,attention --steps llama-1b-mb4
     python benchmarks/gpu_reference.py --out /tmp/smoke --smoke    # tiny shapes, runs on CPU too (logic check)
+    python benchmarks/gpu_reference.py --out DIR --only host_model  # host time of the model's own code path
 
-Writes, into DIR, one JSON file per table (gemm, attention, memory_bound, host, optimizer) and steps.json, each
+Writes, into DIR, one JSON file per table (gemm, attention, memory_bound, host, host_model, optimizer) and steps.json, each
 with a top-level "provenance" (GPU, driver, CUDA, torch, date, command, timing method). Every file is rewritten
 after each row, so a run stopped early leaves what it measured. PyTorch is an instrument here, never a dependency
 of llmtrain (Paddle's GPU build cannot be installed on the machine we measure); the model twin and its training
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_model import Decoder, MasterAdamW, gpt, llama, make_batch, train_step  # noqa: E402
 
-TABLES = ("host", "optimizer", "attention", "memory_bound", "gemm_model", "steps", "gemm_grid")
+TABLES = ("host", "host_model", "optimizer", "attention", "memory_bound", "gemm_model", "steps", "gemm_grid")
 ROTATE_BYTES = 256 << 20  # rotate operand copies until they span this many bytes (L2 is 50 MB)
 
 # steps.json rows: name -> (arch, micro_batch, recompute); issue 22's validation rows
@@ -435,6 +436,68 @@ def run_host(b: Bench):
                        "seconds_per_tensor": sec / count})
 
 
+# ---------------------------------------------------------------- host time of the model's code path
+HOST_MODEL_LAYERS = (1, 2, 4, 8, 16)
+
+
+def host_model_rows(smoke: bool) -> dict:
+    """host_model.json rows: name -> (arch, micro_batch, recompute); tiny shapes (h 64, seq 16, vocab 256) where
+    every kernel is far shorter than its dispatch, so the wall time of a synchronised pass is the host's."""
+    layers = (1, 2) if smoke else HOST_MODEL_LAYERS
+    rows = {}
+    for n in layers:
+        rows[f"llama-L{n}"] = (llama(n, 64, 4, 2, 160, 16, vocab=256), 1, False)
+        rows[f"gpt-L{n}"] = (gpt(n, 64, 4, 256, 16, vocab=256), 1, False)
+    for n in layers[:3:2] if smoke else (2, 8):
+        rows[f"llama-L{n}-recompute"] = (llama(n, 64, 4, 2, 160, 16, vocab=256), 1, True)
+    big = 2 if smoke else 4  # shape check: the same code path at a larger micro-batch and sequence
+    rows[f"llama-L{big}-mb4-s64"] = (llama(big, 64, 4, 2, 160, 64, vocab=256), 4, False)
+    rows[f"gpt-L{big}-mb4-s64"] = (gpt(big, 64, 4, 256, 64, vocab=256), 4, False)
+    return rows
+
+
+def run_host_model(b: Bench, deadline: float):
+    """Host seconds of the model twin's own code path (benchmarks/gpu_model.py) at tiny shapes, per pass: the
+    forward with the loss (autograd recording), forward + backward, the optimizer step, and the whole training
+    step, each synchronised and timed on the host clock (median of `reps` after warm-up), for 1-16 layers of each
+    family: the slope over layers is a block's host time, the intercept the embedding, head and loss. Two sweeps
+    (a second process-internal repeat) say how steady the host is."""
+    reps = 30 if not b.args.smoke else 3
+    rows = host_model_rows(b.args.smoke)
+    for sweep in (1, 2):
+        for name, (a, mb, recompute) in rows.items():
+            if time.time() > deadline:
+                return
+            model = Decoder(a, b.dev, b.dtype, recompute, generator=b.gen)
+            opt = MasterAdamW(model.parameters())
+            batch = make_batch(a, mb, b.dev, b.gen)
+
+            def fwd():
+                model(*batch)
+
+            def fwd_bwd():
+                model(*batch).backward()
+
+            row = {"name": name, "sweep": sweep, "arch": a.as_dict(), "micro_batch": mb, "recompute": recompute,
+                   "tensors": len(list(model.parameters())),
+                   "fwd_s": _wall(b, fwd, reps, warm=5), "fwd_bwd_s": _wall(b, fwd_bwd, reps, warm=5),
+                   "opt_s": _wall(b, opt.step, reps, warm=3),
+                   "step_s": _wall(b, lambda: train_step(model, opt, batch), reps, warm=3)}
+            if b.cuda:  # the GPU's own busy time of one training step (it must be far below step_s)
+                row.update({f"gpu_{k}": v for k, v in profile_step(b, model, opt, batch).items()})
+            b.add("host_model", row, {"notes": "seconds per pass on the host clock after a synchronize, median of "
+                                               f"{reps}; tiny shapes (the GPU idles between kernels): host time of "
+                                               "the code path. fwd_s: forward with the loss; fwd_bwd_s: forward + "
+                                               "backward (grads accumulate into existing buffers, as in a step "
+                                               "after the first); opt_s: MasterAdamW.step (clip, AdamW, zeroing); "
+                                               "step_s: train_step"})
+            print(f"[host_model] {name} sweep {sweep}: fwd {row['fwd_s'] * 1e3:.2f} ms, fwd+bwd "
+                  f"{row['fwd_bwd_s'] * 1e3:.2f} ms, opt {row['opt_s'] * 1e3:.2f} ms, step {row['step_s'] * 1e3:.2f} ms"
+                  + (f", gpu busy {row.get('gpu_kernel_time_s', 0) * 1e3:.2f} ms, kernels {row.get('gpu_kernels_per_step')}"
+                     if b.cuda else ""), flush=True)
+            del model, opt
+
+
 def _wall(b: Bench, fn, reps: int, warm: int = 2) -> float:
     for _ in range(warm):
         fn()
@@ -584,6 +647,8 @@ def main(argv=None):
         deadline = t0 + budgets.get(table, 1e9)
         if table == "host":
             run_host(b)
+        elif table == "host_model":
+            run_host_model(b, deadline)
         elif table == "optimizer":
             run_optimizer(b, deadline)
         elif table == "attention":

@@ -242,14 +242,19 @@ def h200_rows(data_dir: str = H200_DATA) -> list[dict]:
     from pathlib import Path
 
     d = json.loads((Path(data_dir) / "steps.json").read_text())
-    rep = Path(data_dir) / "steps_repeat.json"
-    repeat = {r["name"]: r["step_s_median"] for r in json.loads(rep.read_text())["rows"]} if rep.exists() else {}
+    def medians(name):
+        path = Path(data_dir) / name
+        return {r["name"]: r["step_s_median"] for r in json.loads(path.read_text())["rows"]
+                if r.get("step_s_median")} if path.exists() else {}
+
+    repeat, repeat2 = medians("steps_repeat.json"), medians("steps_repeat2.json")
     out = []
     for r in d["rows"]:
         if r.get("error") or not r.get("step_s_median"):
             continue
         row = _row(h200_overrides(r["arch"], r["micro_batch"], r["recompute"]))
         out.append({"name": r["name"], "measured_s": r["step_s_median"], "repeat_s": repeat.get(r["name"]),
+                    "repeat2_s": repeat2.get(r["name"]),
                     "predicted_s": row["step_time_s"], "error": row["step_time_s"] / r["step_s_median"] - 1,
                     "host_s": row["host_s"], "device_s": row["device_s"], "kernels": row["kernels_per_step"],
                     "kernels_measured": r.get("kernels_per_step")})
@@ -259,10 +264,12 @@ def h200_rows(data_dir: str = H200_DATA) -> list[dict]:
 def h200_table(data_dir: str = H200_DATA) -> None:
     rows = h200_rows(data_dir)
     print("\n| H200 row | measured step s (steps.json) | predicted | error | repeat s (steps_repeat.json) | error vs repeat "
+          "| repeat 2 s (steps_repeat2.json) | error vs repeat 2 "
           "| predicted host / device s (device without the optimizer) | device kernels predicted / CUDA kernels profiled |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        rep = f"{r['repeat_s']:.4f} | {100 * (r['predicted_s'] / r['repeat_s'] - 1):+.1f}%" if r["repeat_s"] else "- | -"
+        rep = " | ".join(f"{r[k]:.4f} | {100 * (r['predicted_s'] / r[k] - 1):+.1f}%" if r[k] else "- | -"
+                         for k in ("repeat_s", "repeat2_s"))
         print(f"| {r['name']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | {rep} | "
               f"{r['host_s']:.4f} / {r['device_s']:.4f} | {r['kernels']} / {r['kernels_measured']} |")
     errs = [abs(r["error"]) for r in rows]

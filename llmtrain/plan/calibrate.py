@@ -7,7 +7,10 @@
 Kernel tables (llmtrain/plan/measure.py, the same tables the H200 profile is fitted from): GEMMs over a
 log-spaced grid of (m, n, k) (three sweeps, each shape's fastest kept), memory-bound ops (copy, add, mul, cast, reduce, softmax, GeLU, SiLU, LayerNorm,
 embedding gather) over sizes, flash attention on a GPU, the host's per-op time of eager execution and AdamW
-steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU the op times
+steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU, then, the
+training loop's own work: whole steps of the real Trainer (`llmtrain/pretrain.py`, one process) on a tiny GPT
+(`measure.trainer_loop_table`; not with --quick), less what the fitted tables predict for them, fitted as a cost per step, per micro-batch and per op (`fit_loop`)
+into the host block (`step_s`, `micro_batch_s`, and the per-op share added to `fwd_op_s`/`bwd_op_s`/`view_op_s`). On a CPU the op times
 hold their own dispatch (`tables_include_host`) and ops run where they are dispatched (`async_launch` false);
 on a GPU the tables are device times and the host's queued per-op time is measured apart (timeline.py). The
 CPU's fp32 matmul peak is MFU's denominator there (`peak_flops`); a GPU keeps its datasheet peak.
@@ -227,6 +230,70 @@ def gpu_base(gloo: dict | None) -> dict:
     return base
 
 
+def _predict_loop_row(profile: dict, r: dict) -> tuple[float, int]:
+    """(seconds the kernel tables of `profile` predict for one loop-table row, dispatches of one micro-batch): the
+    planner's compute time of the row's model (`model`: its resolved config) on one process."""
+    from math import prod
+
+    from llmtrain.models.config import ModelConfig
+    from llmtrain.plan.kernels import micro_batch_kernels
+    from llmtrain.plan.params import model_param_specs
+    from llmtrain.plan.profile import from_dict
+    from llmtrain.plan.timeline import step_compute
+
+    m, s, b, layers = r["micro_batches"], r["seq"], r["micro_batch"], r["layers"]
+    model = ModelConfig(**r["model"])
+    tensors = [(int(prod(x.shape)), 4) for x in model_param_specs(model) if not x.frozen]
+    pred = step_compute(from_dict(profile), model, b, s, 1, m, False, False, "none", layers, True, True, tensors,
+                        tensors)["compute_s"]
+    mb = micro_batch_kernels(model, b, s, 1, 4, False, False, "none", layers)
+    return pred, len(mb.forward) + len(mb.backward)
+
+
+def fit_loop(profile: dict, rows: list[dict]) -> dict:
+    """The training loop's own host work from `measure.trainer_loop_table` rows: each row's measured step minus what `profile`'s kernel tables predict for the same
+    step is fitted by least squares as
+        step_s + micro_batches·micro_batch_s + micro_batches·ops·op_s
+    (ops: the dispatches kernels.py counts for one micro-batch of that model), each coefficient kept
+    non-negative (a negative one is dropped and the others refitted). Returns {step_s, micro_batch_s, op_s, rows}."""
+    import numpy as np
+
+    eqs, ys, out_rows = [], [], []
+    for r in rows:
+        pred, ops = _predict_loop_row(profile, r)
+        m = r["micro_batches"]
+        eqs.append([1.0, m, m * ops])
+        ys.append(r["seconds"] - pred)
+        out_rows.append({k: v for k, v in r.items() if k not in ("model", "overrides")}
+                        | {"predicted_kernels_s": pred, "ops": ops})
+    a, y = np.array(eqs), np.array(ys)
+    keep = [0, 1, 2]
+    while keep:
+        coef = np.linalg.lstsq(a[:, keep], y, rcond=None)[0]
+        if (coef >= 0).all():
+            break
+        keep = [k for k, c in zip(keep, coef) if c >= 0]
+    full = [0.0, 0.0, 0.0]
+    for k, c in zip(keep, coef if keep else []):
+        full[k] = float(c)
+    for r, e in zip(out_rows, eqs):
+        r["fitted_s"] = r["predicted_kernels_s"] + sum(c * x for c, x in zip(full, e))
+    return {"step_s": full[0], "micro_batch_s": full[1], "op_s": full[2], "rows": out_rows}
+
+
+def add_loop(profile: dict, loop: dict, when: str) -> dict:
+    """`profile` with the loop's own work in its host block (timeline.py reads `step_s` and `micro_batch_s`; the
+    per-op share is added to every dispatch's host time) and the measurement beside it."""
+    host = dict(profile["host"])
+    host["kernel_tables_only"] = {k: host[k] for k in ("fwd_op_s", "bwd_op_s", "view_op_s")}
+    for k in ("fwd_op_s", "bwd_op_s", "view_op_s"):
+        host[k] = host[k] + loop["op_s"]
+    host["step_s"], host["micro_batch_s"] = loop["step_s"], loop["micro_batch_s"]
+    host["loop_source"] = (f"{loop['table']} ({when}): {loop['what']}; minus the kernel tables' prediction of the "
+                           "same steps; least squares (calibrate.fit_loop)")
+    return dict(profile, host=host, loop=loop)
+
+
 def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
     """Measure, fit and write the profile of this process's device; returns it."""
     from llmtrain.plan.fit import fit_profile
@@ -248,6 +315,14 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
             "measured_at": when, "load_average": load, "command": " ".join(["python -m llmtrain.plan"] + sys.argv[1:])}
     base = gpu_base(gloo) if on_gpu else cpu_base(cpu_matmul_peak(), gloo, load)
     profile = fit_profile(raw, base, prov)
+    if not on_gpu:  # the training loop's own work (on a GPU it overlaps the queued kernels: not measured here)
+        from llmtrain.plan.measure import trainer_loop_table
+
+        if not quick:  # the real Trainer, one process per run (--quick: not measured, the constants stay 0)
+            loop = dict(fit_loop(profile, trainer_loop_table()), table="measure.trainer_loop_table",
+                        what="llmtrain/pretrain.py on a tiny GPT (h 32, seq 16, micro-batch 1; 1, 2 and 4 layers; 1, 2 "
+                             "and 4 micro-batches per step) over random tokens, fastest step_time of steps 3-14")
+            profile = add_loop(profile, loop, when)
     profile["measured_at"] = when
     profile["gloo"] = gloo
     profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}

@@ -225,15 +225,17 @@ class MicroBatch:
 
     forward_segments: list
     backward_segments: list
-    """Including recompute's second forward of each block under full recompute."""
+    """Including recompute's second forward of each block under full recompute: that segment is
+    (kernels, n, forward_prefix), its first `forward_prefix` kernels being the forward run again (dispatched
+    at the forward's host cost)."""
 
     @property
     def forward(self) -> list:
-        return [k for ks, n in self.forward_segments for _ in range(n) for k in ks]
+        return [k for ks, n, *_ in self.forward_segments for _ in range(n) for k in ks]
 
     @property
     def backward(self) -> list:
-        return [k for ks, n in self.backward_segments for _ in range(n) for k in ks]
+        return [k for ks, n, *_ in self.backward_segments for _ in range(n) for k in ks]
 
 
 def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
@@ -251,7 +253,10 @@ def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: b
         hf, hb = head_kernels(cfg, b, s, t, e, gpu)
         fwd.append((hf, 1))
         bwd.append((hb, 1))
-    bwd.append(((bf + bb) if recompute == "full" else bb, n))  # recompute: the block's forward again, then backward
+    if recompute == "full":  # the block's forward again, then its backward
+        bwd.append((bf + bb, n, len(bf)))
+    else:
+        bwd.append((bb, n))
     if first:
         bwd.append((eb, 1))
     return MicroBatch(fwd, bwd)

@@ -14,6 +14,7 @@ host shared with other work the fastest call is the op's own time, the slower on
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -241,4 +242,68 @@ def optimizer_table(configs=((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (
         paddle.add_n([p.sum() for p in params]).backward()  # a gradient of ones on each (kept across steps)
         opt = paddle.optimizer.AdamW(1e-4, parameters=params, weight_decay=0.01, multi_precision=multi_precision)
         rows.append({"tensors": tensors, "numel": tensors * numel, "seconds": timeit(opt.step, reps)})
+    return rows
+
+
+TRAINER_RUNS = ((1, 1), (1, 4), (2, 2), (4, 1), (4, 4))
+"""(layers, micro-batches per step) of the tiny GPT the Trainer runs in `trainer_loop_table`."""
+
+
+def trainer_overrides(layers: int, micro_batches: int, prefix: str, tokenizer: str, steps: int, seq: int = 16) -> list[str]:
+    """pretrain.py overrides of one `trainer_loop_table` run: gpt-tiny shrunk to h 32, seq 16, micro-batch 1,
+    the CPU leg's settings otherwise (no progress bar, VisualDL or final checkpoint, data.num_workers=0)."""
+    return ["model=gpt-tiny", "model.hidden_size=32", f"model.num_layers={layers}", "model.num_heads=4",
+            "model.ffn_hidden_size=64", f"model.max_position_embeddings={seq}", "model.vocab_size=16000",
+            f"data.seq_len={seq}", f"data.prefixes=[{prefix}]", f"data.tokenizer={tokenizer}", "data.num_workers=0",
+            f"train.max_steps={steps}", f"train.global_batch_size={micro_batches}", "train.micro_batch_size=1",
+            "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none"]
+
+
+def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
+    """Step times of the real Trainer (`llmtrain/pretrain.py`, one process, as a user runs it) on a tiny GPT whose
+    kernels take microseconds to a millisecond: the data path, the step runner, the divergence guard, the clip's
+    bookkeeping, the metrics record, the watchdog and stop checks. A synthetic corpus of random token ids is
+    written for it (the packaged tokenizer `tokenizers/pd1998-bpe16k`). One row per (layers, micro-batches): the
+    fastest step_time of steps 3..`steps` from metrics.jsonl (other processes on a shared host only add time).
+    calibrate.fit_loop subtracts what the kernel tables predict for the same runs (the model as the run resolved
+    it: `model` of its config.yaml)."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from llmtrain.data.indexed import IndexedWriter
+
+    repo = Path(__file__).resolve().parents[2]
+    tokenizer = str(repo / "tokenizers" / "pd1998-bpe16k")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = str(Path(tmp) / "random_text_document")
+        w = IndexedWriter(prefix, np.uint16)
+        rng = np.random.default_rng(0)
+        w.add_documents(rng.integers(3, 16000, size=200 * 256), np.full(200, 256))
+        w.finalize()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        for layers, m in runs:
+            run_dir = Path(tmp) / f"L{layers}_m{m}"
+            overrides = trainer_overrides(layers, m, prefix, tokenizer, steps)
+            proc = subprocess.run([sys.executable, str(repo / "llmtrain" / "pretrain.py"), *overrides,
+                                   f"run.dir={run_dir}"], cwd=tmp, env=env,
+                                  capture_output=True, text=True, timeout=600)
+            metrics = run_dir / "metrics.jsonl"
+            if proc.returncode != 0 or not metrics.exists():
+                raise RuntimeError(f"trainer loop run failed (exit {proc.returncode}): {' '.join(overrides)}\n"
+                                   f"{proc.stderr[-3000:]}")
+            times = [r["step_time"] for r in map(json.loads, metrics.read_text().splitlines())
+                     if "step_time" in r and r.get("step", 0) > 2]
+            model = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").model, resolve=True)
+            rows.append({"layers": layers, "micro_batches": m, "micro_batch": 1, "seq": 16, "overrides": overrides,
+                         "model": model, "seconds": min(times), "median_s": statistics.median(times),
+                         "steps": len(times)})
     return rows

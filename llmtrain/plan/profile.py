@@ -17,7 +17,10 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes
   the `fallback` class (its backward `X_bwd` first tries `X`);
 - `host`: seconds the host spends per eager op in the forward (`fwd_op_s`, with autograd recording) and per
-  backward node (`bwd_op_s`), and for a `view` op (`view_op_s`);
+  backward node (`bwd_op_s`), and for a `view` op (`view_op_s`); the training loop's own work outside the ops,
+  `micro_batch_s` per micro-batch and `step_s` per step (0 when absent). GPU: measured on the model's code path
+  at tiny shapes (h200: benchmarks/data/h200/host_model.json); CPU: `--calibrate` times the real Trainer on a
+  tiny model;
 - `optimizer`: AdamW step seconds = `per_tensor_s`·tensors + `per_elem_s`·elements (fitted, multi-precision
   on GPU), clip and accumulation being memory-bound kernels of their own;
 - `async_launch`: true on a GPU (the host queues kernels and runs ahead: timeline.py overlaps the two), false

@@ -23,6 +23,10 @@ Host time and the overlap, modelled explicitly:
   CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
   is only the autograd extra per op (`fwd_op_s`, `bwd_op_s` measured as the extra over a bare call).
 
+The training loop's own host work, outside any kernel, is two measured constants of the profile's `host` block
+(0 when absent): `micro_batch_s` per micro-batch and `step_s` per step (host-only time; on a GPU it overlaps the
+queued kernels like any dispatch, on a CPU it adds).
+
 The AdamW update is `optimizer.per_tensor_s`·tensors + `optimizer.per_elem_s`·elements (fitted to measured
 steps of the optimizer alone); gradient accumulation and the clip are memory-bound kernels in the stream.
 """
@@ -55,12 +59,14 @@ class Stream:
         self.by_kind: dict[str, float] = {}
         self.kernels = 0
 
-    def run(self, kernels, backward: bool):
+    def run(self, kernels, backward: bool, forward_prefix: int = 0):
+        """Dispatch `kernels` in order; the first `forward_prefix` of a backward list are a forward run again
+        (recompute) and cost the forward's host time."""
         p, host = self.prof, self.prof.host
         h_op = host["bwd_op_s"] if backward else host["fwd_op_s"]
         memo = self._memo
-        for k in kernels:
-            h = host["view_op_s"] if k.kind == "view" else h_op
+        for i, k in enumerate(kernels):
+            h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
             d = memo.get(k)
             if d is None:
                 d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
@@ -77,15 +83,15 @@ class Stream:
                 self.device = self.host
 
     def run_segments(self, segments, backward: bool, body=None):
-        """[(kernels, n)]: each list n times in a row; from the third repeat on, every repeat advances the clocks
-        and totals as the second did (the host-device lag has settled by then)."""
-        for ks, n in segments:
+        """[(kernels, n[, forward_prefix])]: each list n times in a row; from the third repeat on, every repeat
+        advances the clocks and totals as the second did (the host-device lag has settled by then)."""
+        for ks, n, *prefix in segments:
             for i in range(min(n, 2)):
                 before = (self.host, self.device, self.host_total, self.device_total, self.kernels, dict(self.by_kind))
                 if body is not None:
                     body()
                 else:
-                    self.run(ks, backward)
+                    self.run(ks, backward, prefix[0] if prefix else 0)
             if n > 2:
                 h0, d0, ht0, dt0, k0, bk0 = before
                 r = n - 2
@@ -96,6 +102,14 @@ class Stream:
                 self.kernels += r * (self.kernels - k0)
                 for key, v in list(self.by_kind.items()):
                     self.by_kind[key] = v + r * (v - bk0.get(key, 0.0))
+
+    def add_host(self, seconds: float):
+        """Host-only work (the training loop's own Python between kernels): the host clock advances; on a CPU,
+        where ops run in the dispatching thread, the device clock with it."""
+        self.host += seconds
+        self.host_total += seconds
+        if not self.prof.async_launch:
+            self.device = self.host
 
     def add_serial(self, seconds: float, key: str):
         """Work after a synchronisation (the optimizer step): both clocks meet, then advance."""
@@ -117,10 +131,13 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
     e = prof.dtype_bytes
     mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last)
     st = Stream(prof)
-    # identical micro-batches: [forward + backward] x m, repeated as run_segments repeats any segment
-    st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.run_segments(mb.forward_segments, False),
+    per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
+    # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment
+    st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.add_host(per_micro),
+                                                                          st.run_segments(mb.forward_segments, False),
                                                                           st.run_segments(mb.backward_segments, True)))
     micro = st.elapsed / micro_batches
+    st.add_host(per_step)
     st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False)),
            backward=True)
     st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)), "optimizer")

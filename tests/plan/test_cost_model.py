@@ -168,3 +168,69 @@ def test_auto_picks_the_micro_batch_that_measures_fastest():
     measured = {mb: _measure_step(model, mb, 8, s=16) for mb in (1, 8)}
     fastest = min(measured, key=measured.get)
     assert chosen.train.micro_batch_size == fastest, (measured, lines)
+
+
+def test_loop_constants_and_recompute_forward_host_time():
+    """The host block's `micro_batch_s` (per micro-batch) and `step_s` (per step) are added to a step, on a CPU
+    serially; under full recompute the block's forward run again inside the backward costs `fwd_op_s` per op."""
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=512)
+    args = (cfg, 1, 64, 1, 4, False, False, "none", 2, True, True, [(10, 4)], [(10, 4)])
+    base = _synthetic(async_launch=False, host=50e-6)
+    t0 = step_compute(from_dict(base), *args)["compute_s"]
+    loop = dict(base, host=dict(base["host"], micro_batch_s=0.25, step_s=1.0))
+    assert step_compute(from_dict(loop), *args)["compute_s"] == pytest.approx(t0 + 4 * 0.25 + 1.0)
+    # recompute: forward ops replayed in the backward dispatch at the forward's host cost
+    mb = micro_batch_kernels(cfg, 1, 64, 1, 4, False, False, "full", 2)
+    replayed = [k for ks, n, *prefix in mb.backward_segments if prefix for _ in range(n) for k in ks[:prefix[0]]]
+    assert replayed
+    cheap_fwd = dict(base, host=dict(base["host"], fwd_op_s=0.0, view_op_s=0.0))
+    st = Stream(from_dict(cheap_fwd))
+    st.run_segments(mb.backward_segments, True)
+    n_bwd = sum(k.kind != "view" for k in mb.backward) - sum(k.kind != "view" for k in replayed)
+    assert st.host_total == pytest.approx(n_bwd * 50e-6)
+
+
+def test_fit_loop_recovers_the_loop_constants(tiny_gpt):
+    """calibrate.fit_loop: rows made of the profile's own prediction plus known loop constants give them back."""
+    import dataclasses
+
+    from llmtrain.plan.calibrate import _predict_loop_row, fit_loop
+
+    prof = _synthetic(async_launch=False, host=5e-6)
+    rows = []
+    for layers in (1, 4):
+        for m in (1, 4):
+            model = dataclasses.asdict(dataclasses.replace(tiny_gpt, num_layers=layers))
+            r = {"model": model, "layers": layers, "micro_batches": m, "micro_batch": 1, "seq": 16}
+            pred, ops = _predict_loop_row(prof, r)
+            r["seconds"] = pred + 2e-3 + m * 1e-3 + m * ops * 3e-6
+            rows.append(r)
+    got = fit_loop(prof, rows)
+    assert (got["step_s"], got["micro_batch_s"], got["op_s"]) == pytest.approx((2e-3, 1e-3, 3e-6), rel=1e-6)
+    for r in rows:  # a loop slower than its kernels by nothing gives zeros, never negative constants
+        r["seconds"] = _predict_loop_row(prof, r)[0]
+    assert all(abs(fit_loop(prof, rows)[k]) < 1e-9 for k in ("step_s", "micro_batch_s", "op_s"))
+
+
+def test_h200_host_block_comes_from_the_model_code_path_table():
+    """The packaged h200 profile's host times are host_model.json's (the twin's code path at tiny shapes), not
+    the tiny-op loops': refitting from benchmarks/data/h200 gives the packaged figures."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    data = root / "benchmarks" / "data" / "h200"
+    if not (data / "host_model.json").exists():
+        pytest.skip("no host_model.json in this tree")
+    spec = importlib.util.spec_from_file_location("fit_h200", root / "benchmarks" / "fit_h200.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    host = fit.host_from_model(json.loads((data / "host_model.json").read_text()),
+                               json.loads((data / "host.json").read_text()))
+    packaged = load_profile("h200").host
+    for k in ("fwd_op_s", "bwd_op_s", "view_op_s", "micro_batch_s", "step_s"):
+        assert packaged[k] == pytest.approx(host[k], rel=1e-9), k
+    assert "host_model.json" in packaged["source"]
+    assert packaged["fwd_op_s"] > 1.5 * packaged["tiny_op_loop"]["fwd_op_s"]  # the code path costs more per op
