@@ -19,6 +19,10 @@ from llmtrain.errors import ConfigError
 from llmtrain.utils.log import global_rank
 
 EXIT_CONFIG_ERROR = 2
+RANK0_FIRST_S = 3.0
+"""On a ConfigError every rank fails at once; the other ranks wait this long before exiting so rank 0's status
+reaches Paddle's launcher first. The launcher stops the remaining ranks (SIGTERM) when one fails and reports the
+first non-zero status in rank order: when rank 1 exited first, rank 0's -15 was reported (241) instead of 2."""
 
 
 def run_entry(recipe, dcfg) -> None:
@@ -38,6 +42,10 @@ def run_entry(recipe, dcfg) -> None:
             raise
         if global_rank() == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
+        else:
+            import time
+
+            time.sleep(RANK0_FIRST_S)  # rank 0 exits first: the launcher reports status 2, not its SIGTERM of rank 0
         sys.exit(EXIT_CONFIG_ERROR)
     from llmtrain.paddle_compat.process import exit_process
 
