@@ -37,7 +37,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_model import Decoder, MasterAdamW, gpt, llama, make_batch, train_step  # noqa: E402
 
-TABLES = ("host", "host_model", "optimizer", "attention", "memory_bound", "gemm_model", "steps", "gemm_grid")
+TABLES = ("host", "host_model", "optimizer", "attention", "memory_bound", "gemm_model", "steps", "gemm_grid",
+          "steps_pass", "eager_floor", "attention_cudnn")
 ROTATE_BYTES = 256 << 20  # rotate operand copies until they span this many bytes (L2 is 50 MB)
 
 # steps.json rows: name -> (arch, micro_batch, recompute); issue 22's validation rows
@@ -611,6 +612,248 @@ def run_steps(b: Bench, rows: dict, deadline: float):
               f"peak {row.get('peak_mem_bytes', 0) / 2**30:.1f} GiB, kernels {row.get('kernels_per_step')}"), flush=True)
 
 
+# ---------------------------------------------------------------- steps, one pass of every row (re-measurement)
+def step_phases(model, opt, batch, sync) -> dict:
+    """One training step with host timestamps at its phase boundaries, no synchronisation inside: `fwd_host_s`,
+    `bwd_host_s`, `opt_host_s` are how long the host took to dispatch each phase (it blocks only where the
+    stream forces it), `step_s` the wall time to the end of the device work."""
+    sync()
+    t0 = time.perf_counter()
+    loss = model(*batch)
+    t1 = time.perf_counter()
+    loss.backward()
+    t2 = time.perf_counter()
+    opt.step()
+    t3 = time.perf_counter()
+    sync()
+    t4 = time.perf_counter()
+    return {"fwd_host_s": t1 - t0, "bwd_host_s": t2 - t1, "opt_host_s": t3 - t2, "step_s": t4 - t0}
+
+
+def classify_kernel(name: str) -> str:
+    """Kernel category of a CUDA kernel name (PyTorch 2.11 / cuBLAS 13 / flash attention 2 names)."""
+    n = name.lower()
+    if "flash" in n or "fmha" in n or "cudnn" in n and "attn" in n:
+        return "attn_bwd" if "bwd" in n or "backward" in n else "attn_fwd"
+    if any(t in n for t in ("gemm", "nvjet", "cutlass", "xmma", "cublas", "sm90_", "splitk")):
+        return "gemm"
+    if "multi_tensor_apply" in n or "fused_adam" in n:
+        return "multi_tensor"
+    if "memcpy" in n:
+        return "memcpy"
+    if "memset" in n:
+        return "memset"
+    if "norm" in n and "multi_tensor" not in n:
+        return "norm"
+    if "softmax" in n or "nll_loss" in n or "cross_entropy" in n:
+        return "loss"
+    if "reduce" in n:
+        return "reduce"
+    if "cat" in n and "batched" in n:
+        return "cat"
+    if "index" in n or "embedding" in n or "scatter" in n or "gather" in n:
+        return "index"
+    if "elementwise" in n or "fill" in n or "copy" in n:
+        return "elementwise"
+    return "other"
+
+
+def profile_step_detail(b: Bench, model, opt, batch) -> dict:
+    """One step under torch.profiler (CPU and CUDA): kernels grouped by name (count, device seconds, median
+    seconds, category), by category, and by (aten op, input shapes) with the kernels each launches."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.cuda else [])
+    with profile(activities=acts, record_shapes=True) as prof:
+        with record_function("phase_forward"):
+            loss = model(*batch)
+        with record_function("phase_backward"):
+            loss.backward()
+        with record_function("phase_optimizer"):
+            opt.step()
+        b.sync()
+    events = prof.events()
+    dev = torch.autograd.DeviceType.CUDA
+    # device-side events that are not kernels: the record_function ranges above and the optimizer's own
+    # "Optimizer.step#..." range appear as GPU user annotations spanning their kernels (left out here)
+    kernels = [e for e in events if e.device_type == dev and not e.name.startswith(("phase_", "Optimizer."))] \
+        if b.cuda else []
+    by_name: dict[str, list] = {}
+    for e in kernels:
+        by_name.setdefault(e.name, []).append(e.device_time_total / 1e6)
+    names = [{"name": k[:300], "category": classify_kernel(k), "count": len(v), "seconds": sum(v),
+              "median_s": statistics.median(v), "min_s": min(v), "max_s": max(v)}
+             for k, v in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))]
+    cats: dict[str, dict] = {}
+    for r in names:
+        c = cats.setdefault(r["category"], {"count": 0, "seconds": 0.0})
+        c["count"] += r["count"]
+        c["seconds"] += r["seconds"]
+    # device time and kernel count per phase, from the kernels' start times inside the phases' host ranges is not
+    # exact (the device lags); the aten-op table below attributes kernels to the op that launched them instead
+    ops = []
+    for a in prof.key_averages(group_by_input_shape=True):
+        self_dev = getattr(a, "self_device_time_total", getattr(a, "self_cuda_time_total", 0))
+        ops.append({"op": a.key, "shapes": str(a.input_shapes)[:400], "count": a.count,
+                    "self_device_s": self_dev / 1e6, "self_cpu_s": a.self_cpu_time_total / 1e6,
+                    "cpu_s": a.cpu_time_total / 1e6})
+    ops.sort(key=lambda r: -r["self_device_s"])
+    phases = {}
+    for e in events:
+        if e.name.startswith("phase_") and e.device_type == torch.autograd.DeviceType.CPU:
+            phases[e.name] = {"cpu_s": e.cpu_time_total / 1e6}
+    return {"kernels_per_step": len(kernels), "kernel_time_s": sum(e.device_time_total for e in kernels) / 1e6,
+            "categories": cats, "kernels_by_name": names, "ops": ops[:600], "ops_total": len(ops),
+            "phases_profiled_host": phases}
+
+
+def run_steps_pass(b: Bench, rows: dict, deadline: float):
+    """One pass over the step rows (llama-7b-mb1 first, in a fresh process it fits): per row a fresh model,
+    `--warmup` steps, then `--steps-n` steps with the host's dispatch time per phase (`step_phases`); with
+    `--profile`, one more step under torch.profiler into step_profile.json."""
+    import gc
+
+    order = sorted(rows, key=lambda n: n != "llama-7b-mb1")
+    fname = f"steps_pass{b.args.pass_id}"
+    for name in order:
+        a, mb, recompute = rows[name]
+        if time.time() > deadline:
+            b.add(fname, {"name": name, "error": "time budget spent before this row"})
+            continue
+        row = {"name": name, "pass": b.args.pass_id, "arch": a.as_dict(), "micro_batch": mb, "recompute": recompute}
+        model = opt = None
+        try:
+            gc.collect()
+            if b.cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            model = Decoder(a, b.dev, b.dtype, recompute, generator=b.gen)
+            opt = MasterAdamW(model.parameters())
+            row["tensors"] = len(opt.params)
+            batch = make_batch(a, mb, b.dev, b.gen)
+            for _ in range(b.args.warmup):
+                train_step(model, opt, batch)
+            ph = [step_phases(model, opt, batch, b.sync) for _ in range(b.args.steps_n)]
+            row["steps"] = ph
+            row["step_s"] = [p["step_s"] for p in ph]
+            row["step_s_median"] = statistics.median(row["step_s"])
+            for k in ("fwd_host_s", "bwd_host_s", "opt_host_s"):
+                row[k + "_median"] = statistics.median(p[k] for p in ph)
+            if b.cuda:
+                row["peak_mem_bytes"] = torch.cuda.max_memory_allocated()
+            if b.args.profile:
+                detail = profile_step_detail(b, model, opt, batch)
+                row["kernels_per_step"], row["kernel_time_s"] = detail["kernels_per_step"], detail["kernel_time_s"]
+                b.add("step_profile", {"name": name, "arch": a.as_dict(), "micro_batch": mb, "recompute": recompute,
+                                       **detail},
+                      {"notes": "one training step under torch.profiler (CPU+CUDA activities, record_shapes): "
+                                "kernels_by_name (count, device seconds; category by classify_kernel), categories, "
+                                "ops = key_averages(group_by_input_shape=True) sorted by self device time (first "
+                                "600), phases_profiled_host = the record_function ranges' CPU time (profiler "
+                                "overhead included)"})
+        except Exception as e:  # noqa: BLE001 - recorded, the other rows still run
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        del model, opt
+        b.add(fname, row, {"notes": "one pass of every row in a fresh process; the three passes interleave the rows "
+                                    "so drift hits all alike. steps: per timed step the host's dispatch seconds of "
+                                    "forward (with loss), backward, optimizer step (no synchronisation inside the "
+                                    "step) and the wall step_s (synchronised before and after)"})
+        print(f"[steps_pass {b.args.pass_id}] {name}: " + (row.get("error") or
+              f"{row['step_s_median'] * 1e3:.1f} ms (host fwd {row['fwd_host_s_median'] * 1e3:.1f} bwd "
+              f"{row['bwd_host_s_median'] * 1e3:.1f} opt {row['opt_host_s_median'] * 1e3:.1f} ms)"
+              + (f", kernels {row.get('kernels_per_step')} busy {row.get('kernel_time_s', 0) * 1e3:.1f} ms"
+                 if b.args.profile else "")), flush=True)
+
+
+# ---------------------------------------------------------------- eager floor: small kernels back to back
+def run_eager_floor(b: Bench, deadline: float):
+    """Device seconds per kernel of eager small kernels launched back to back while the GPU is still busy with a
+    long GEMM (the host is far ahead, so the queue is full): CUDA events around the small kernels only. Ops: an
+    in-place add, a fill (zero_), a bf16->fp32 cast, an add of two tensors, at 2^8..2^24 elements; and the host's
+    dispatch seconds per call of the same loop (host clock, no synchronisation)."""
+    if not b.cuda:
+        sizes = [256, 4096]
+    else:
+        sizes = [2 ** i for i in (8, 12, 16, 18, 20, 22, 24)]
+    big = randn(b, 8192, 8192) if b.cuda else randn(b, 64, 64)
+    n = 400 if b.cuda else 20
+    for numel in sizes:
+        if time.time() > deadline:
+            return
+        x, y = randn(b, numel), randn(b, numel)
+        out32 = torch.empty(numel, device=b.dev, dtype=torch.float32)
+        ops = {"add_inplace": lambda: x.add_(1.0), "fill_zero": lambda: y.zero_(),
+               "cast_bf16_fp32": lambda: out32.copy_(x), "add": lambda: x + y}
+        for op, fn in ops.items():
+            for _ in range(5):
+                fn()
+            times, hosts = [], []
+            for _ in range(5):
+                b.sync()
+                for _ in range(3):
+                    big @ big  # ~2 ms each on an H200: the queue fills behind them
+                e0, e1 = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) if b.cuda else (None, None)
+                if b.cuda:
+                    e0.record()
+                t0 = time.perf_counter()
+                for _ in range(n):
+                    fn()
+                hosts.append((time.perf_counter() - t0) / n)
+                if b.cuda:
+                    e1.record()
+                    e1.synchronize()
+                    times.append(e0.elapsed_time(e1) / 1e3 / n)
+                b.sync()
+            b.add("eager_floor", {"op": op, "numel": numel, "dtype": "bf16",
+                                  "device_s_per_kernel": statistics.median(times) if times else None,
+                                  "host_s_per_call": statistics.median(hosts)},
+                  {"notes": "eager kernels back to back behind three 8192^3 GEMMs (host ahead of the device): "
+                            "device_s_per_kernel = CUDA events around n calls / n (gaps between kernels included); "
+                            "host_s_per_call = host clock of the n dispatches / n; median of 5"})
+
+
+# ---------------------------------------------------------------- attention through cuDNN
+def run_attention_cudnn(b: Bench, deadline: float):
+    """Flash attention through cuDNN (SDPA with only the cuDNN backend), causal and not, head dim 128 and 64,
+    bf16, seq 1024..8192; rows in attention.json's format with impl "cudnn"."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    configs = [(1, 32, 32, 128), (4, 32, 32, 128), (1, 32, 8, 128), (2, 16, 16, 128), (8, 16, 16, 64), (4, 32, 32, 64)]
+    seqs = [1024, 2048, 4096, 8192]
+    if b.args.smoke:
+        configs, seqs = [(1, 4, 4, 16)], [32]
+    for (bs, nh, nkv, d), s, causal in itertools.product(configs, seqs, (True, False)):
+        if time.time() > deadline:
+            return
+        if bs * s > 32768:
+            continue
+        q = randn(b, bs, nh, s, d).requires_grad_(True)
+        k = randn(b, bs, nkv, s, d).requires_grad_(True)
+        v = randn(b, bs, nkv, s, d).requires_grad_(True)
+        backend = SDPBackend.CUDNN_ATTENTION if b.cuda else SDPBackend.MATH
+
+        def fwd():
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=nkv != nh)
+
+        row = {"batch": bs, "heads": nh, "kv_heads": nkv, "seq": s, "head_dim": d, "causal": causal,
+               "impl": "cudnn" if b.cuda else "sdpa-cpu-math"}
+        try:
+            out = fwd()
+            dout = randn(b, *out.shape, dtype=out.dtype)
+            row["fwd_s"], row["timing"] = b.time_calls([fwd], graph=False)
+            grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
+            row["bwd_s"], _ = b.time_calls([grad], graph=False)
+            flops = 4 * bs * nh * s * s * d / (2 if causal else 1)
+            row["fwd_tflops"] = flops / row["fwd_s"] / 1e12
+            row["bwd_tflops"] = 2.5 * flops / row["bwd_s"] / 1e12
+        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        b.add("attention_cudnn", row, {"flops_note": "fwd 4*b*nh*s^2*d (halved when causal), bwd 2.5x fwd; SDPA "
+                                                     "under sdpa_kernel(SDPBackend.CUDNN_ATTENTION)"})
+        del q, k, v
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for the JSON files")
@@ -623,6 +866,9 @@ def main(argv=None):
     ap.add_argument("--steps-n", type=int, default=10, help="timed steps per step row (median)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step (kernels_per_step)")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. gemm_grid=90,steps=150")
+    ap.add_argument("--pass-id", type=int, default=1, help="steps_pass: the pass number (file steps_pass<N>.json)")
+    ap.add_argument("--profile", action="store_true", help="steps_pass: also write step_profile.json (one "
+                    "profiled step per row: kernels by name and by aten op and input shapes)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.reps, args.steps_n, args.warmup = min(args.reps, 3), min(args.steps_n, 3), min(args.warmup, 1)
@@ -659,6 +905,12 @@ def main(argv=None):
             run_gemm(b, table, rows, deadline)
         elif table == "steps":
             run_steps(b, rows, deadline)
+        elif table == "steps_pass":
+            run_steps_pass(b, rows, deadline)
+        elif table == "eager_floor":
+            run_eager_floor(b, deadline)
+        elif table == "attention_cudnn":
+            run_attention_cudnn(b, deadline)
         print(f"[{table}] {time.time() - t0:.1f} s", flush=True)
     summary(b)
 
