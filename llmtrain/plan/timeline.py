@@ -17,7 +17,11 @@ Host time and the overlap, modelled explicitly:
   ahead and the step is the sum of device times; when they are short (micro-batch 1 of a small model) the
   GPU waits for the host and the step is close to the sum of host times: what makes micro-batch 1 slow.
   The step synchronises once, at its end (the logged loss), so the micro-batches and the optimizer form one
-  stream. Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
+  stream: the AdamW update is queued behind the last backward like any dispatch (`Stream.run_optimizer`: per
+  updated tensor `optimizer.per_tensor_s` of host and its elements' share of `per_elem_s` on the device), so
+  its host dispatch hides behind a device-bound backward and adds where the step is host-bound (measured on
+  the H200: the twin's step has no synchronisation before its end; a profiled device-bound step shows the
+  launch queue full, "Command Buffer Full", while the host dispatches the backward and the optimizer). Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
   later repeat advances both clocks as the second did (the host-device lag has settled by then).
 - On a CPU (`async_launch` false) every op runs in the thread that dispatches it: step = Σ (h_i + d_i). The
   CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
@@ -28,7 +32,9 @@ The training loop's own host work, outside any kernel, is two measured constants
 queued kernels like any dispatch, on a CPU it adds).
 
 The AdamW update is `optimizer.per_tensor_s`·tensors + `optimizer.per_elem_s`·elements (fitted to measured
-steps of the optimizer alone); gradient accumulation and the clip are memory-bound kernels in the stream.
+steps of the optimizer alone): on a GPU split into host and device parts in the stream (above), on a CPU run
+after the backward (`Stream.add_serial`); gradient accumulation and the clip are memory-bound kernels in the
+stream.
 """
 from __future__ import annotations
 
@@ -117,6 +123,20 @@ class Stream:
         self.host = self.device = t
         self.by_kind[key] = self.by_kind.get(key, 0.0) + seconds
 
+    def run_optimizer(self, owned: list[tuple[int, int]]):
+        """The AdamW update on an async-launch device, in the stream: per updated tensor the host dispatches
+        (`optimizer.per_tensor_s`) and the device runs its share of the update (`per_elem_s`·elements); the
+        device starts on a tensor once the host has dispatched it, while the queue still holds the backward."""
+        o = self.prof.optimizer
+        h, e = o["per_tensor_s"], o["per_elem_s"]
+        for n, _ in owned:
+            self.host += h
+            self.host_total += h
+            d = e * n
+            self.device = max(self.device, self.host) + d
+            self.device_total += d
+            self.by_kind["optimizer"] = self.by_kind.get("optimizer", 0.0) + d
+
     @property
     def elapsed(self) -> float:
         return max(self.host, self.device)
@@ -140,6 +160,9 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
     st.add_host(per_step)
     st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False)),
            backward=True)
-    st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)), "optimizer")
+    if prof.async_launch:  # queued behind the backward like any dispatch: nothing synchronises before it
+        st.run_optimizer(owned)
+    else:
+        st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)), "optimizer")
     return {"compute_s": st.elapsed, "micro_batch_s": micro, "host_s": st.host_total, "device_s": st.device_total,
             "kernels_per_step": st.kernels, "by_kind_s": st.by_kind}

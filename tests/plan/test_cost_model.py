@@ -234,3 +234,25 @@ def test_h200_host_block_comes_from_the_model_code_path_table():
         assert packaged[k] == pytest.approx(host[k], rel=1e-9), k
     assert "host_model.json" in packaged["source"]
     assert packaged["fwd_op_s"] > 1.5 * packaged["tiny_op_loop"]["fwd_op_s"]  # the code path costs more per op
+
+
+def test_gpu_optimizer_queues_behind_the_backward():
+    """On an async-launch device nothing synchronises before the optimizer (the twin's and Paddle's steps sync
+    once, at their end): the AdamW update's host dispatch hides behind a device-bound backward, and its device
+    work follows the backward's; on a CPU the update still runs after the backward, host and device added."""
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2)
+    owned = [(10**6, 4)] * 10
+    args = (cfg, 16, 2048, 1, 1, True, True, "none", 2, True, True, owned, owned)
+    base = dict(_synthetic(host=10e-6), optimizer={"per_tensor_s": 0.0, "per_elem_s": 0.0, "includes_clip": True})
+    fb = step_compute(from_dict(base), *args)
+    assert fb["compute_s"] == pytest.approx(fb["device_s"], rel=1e-3) and fb["host_s"] < 0.2 * fb["device_s"]
+    opt = dict(base, optimizer={"per_tensor_s": 1e-3, "per_elem_s": 1e-9, "includes_clip": True})
+    got = step_compute(from_dict(opt), *args)
+    assert got["compute_s"] == pytest.approx(fb["compute_s"] + 10 * 1e-3, rel=1e-6)  # only its device time adds
+    assert got["by_kind_s"]["optimizer"] == pytest.approx(10 * 1e-3)
+    cpu = dict(_synthetic(async_launch=False, host=10e-6), optimizer=opt["optimizer"])
+    args_cpu = (cfg, 1, 64, 1, 1, False, False, "none", 2, True, True, owned, owned)
+    t0 = step_compute(from_dict(dict(cpu, optimizer=base["optimizer"])), *args_cpu)["compute_s"]
+    assert step_compute(from_dict(cpu), *args_cpu)["compute_s"] == pytest.approx(t0 + 10 * 1e-3 + 10 * 1e-3)
