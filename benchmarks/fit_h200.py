@@ -57,9 +57,10 @@ def host_times(host: dict) -> dict:
             "ops": {r["op"]: [r["fwd_s_per_op"], r["fwd_bwd_s_per_op"]] for r in ops}}
 
 
-def _op_counts(row: dict) -> tuple[int, int, int, int]:
-    """(forward ops, forward views, backward ops, backward views) the planner enumerates (kernels.py) for one
-    host_model.json row, the model configured as benchmarks/planner.py configures the H200 rows."""
+def _op_counts(row: dict) -> tuple[int, int, int, int, int]:
+    """(forward ops, forward views, backward ops, backward views, backward launches) the planner enumerates
+    (kernels.py) for one host_model.json row, the model configured as benchmarks/planner.py configures the H200
+    rows."""
     from llmtrain.config import compose_config, register_configs, to_config
     from llmtrain.plan.kernels import micro_batch_kernels
     from benchmarks.planner import h200_overrides
@@ -69,15 +70,22 @@ def _op_counts(row: dict) -> tuple[int, int, int, int]:
     cfg = to_config(compose_config(h200_overrides(a, row["micro_batch"], row["recompute"]))).model
     mb = micro_batch_kernels(cfg, row["micro_batch"], a["seq"], 1, 2, True, True, "full" if row["recompute"] else "none")
     f, b = mb.forward, mb.backward
-    nf, nb = sum(k.kind != "view" for k in f), sum(k.kind != "view" for k in b)
-    return nf, len(f) - nf, nb, len(b) - nb
+    nf = sum(k.kind != "view" for k in f)
+    nb = sum(k.kind != "view" and k.host != "launch" for k in b)
+    # launched by the autograd engine at the bare launch cost (kernels.Kernel.host): gradient sums inside the
+    # backward and the add of each parameter's gradient into its zeroed buffer (one per parameter tensor)
+    launches = sum(k.host == "launch" for k in b) + row["tensors"]
+    return nf, len(f) - nf, nb, len(b) - nb - (sum(k.host == "launch" for k in b)), launches
 
 
 def host_from_model(host_model: dict, host: dict) -> dict:
     """The profile's host block from host_model.json: the twin's forward (with the loss) and backward at tiny
     shapes, whose wall time is the host's, against the dispatches the planner counts for the same model
     (`_op_counts`). Least squares over the rows without recompute (both sweeps' medians averaged per row):
-        fwd_s = fwd_op_s·ops + view_op_s·views + c_fwd;   fwd_bwd_s - fwd_s = bwd_op_s·ops + view_op_s·views + c_bwd
+        fwd_s = fwd_op_s·ops + view_op_s·views + c_fwd
+        fwd_bwd_s - fwd_s - launch_op_s·launches = bwd_op_s·ops + view_op_s·views + c_bwd
+    where `launch_op_s` is host.json's eager launch floor (a tiny in-place add dispatched from Python; the
+    autograd engine's own launches, gradient sums and the adds into the zeroed gradient buffers, cost no more);
     `micro_batch_s` = c_fwd + c_bwd (the forward call, the loss and the autograd engine's start, per micro-batch);
     `step_s` = the median of step_s - fwd_bwd_s - opt_s (train_step's own Python; the optimizer's time is
     optimizer.json's). Recompute rows are not fitted: their residual is reported (`check`)."""
@@ -87,31 +95,33 @@ def host_from_model(host_model: dict, host: dict) -> dict:
     for r in host_model["rows"]:
         by.setdefault(r["name"], []).append(r)
     mean = lambda rs, k: sum(x[k] for x in rs) / len(rs)  # noqa: E731
+    launch = [r["seconds_per_op"] for r in host["rows"] if r.get("kind") == "eager_launch_floor"][0]
     eqs, ys, counts = [], [], {}
     for name, rs in by.items():
         counts[name] = _op_counts(rs[0])
         if rs[0]["recompute"]:
             continue
-        nf, vf, nb, vb = counts[name]
+        nf, vf, nb, vb, nl = counts[name]
         eqs += [[nf, 0, vf, 1, 0], [0, nb, vb, 0, 1]]
-        ys += [mean(rs, "fwd_s"), mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s")]
+        ys += [mean(rs, "fwd_s"), mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s") - launch * nl]
     a, y = np.array(eqs, float), np.array(ys)
     fwd, bwd, view, c_f, c_b = (float(v) for v in np.linalg.lstsq(a, y, rcond=None)[0])
     step = statistics.median(r["step_s"] - r["fwd_bwd_s"] - r["opt_s"] for r in host_model["rows"])
     check = {}
     for name, rs in by.items():
-        nf, vf, nb, vb = counts[name]
+        nf, vf, nb, vb, nl = counts[name]
         pred_f = fwd * nf + view * vf + c_f
-        pred_b = (bwd * nb + view * vb + c_b) if not rs[0]["recompute"] else None
+        pred_b = (bwd * nb + view * vb + c_b + launch * nl) if not rs[0]["recompute"] else None
         if rs[0]["recompute"]:  # the recomputed forward at the forward's cost (timeline.Stream.run)
             cfg_ops = counts[name.replace("-recompute", "")] if name.replace("-recompute", "") in counts else None
             if cfg_ops:
-                pred_b = bwd * cfg_ops[2] + view * cfg_ops[3] + c_b + (pred_f - c_f)
+                pred_b = bwd * cfg_ops[2] + view * cfg_ops[3] + c_b + launch * cfg_ops[4] + (pred_f - c_f)
         meas_b = mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s")
         check[name] = {"fwd_s": [round(mean(rs, "fwd_s"), 6), round(pred_f, 6)],
                        "bwd_s": [round(meas_b, 6), round(pred_b, 6) if pred_b is not None else None]}
     prov = host_model.get("provenance", {})
-    return {"fwd_op_s": fwd, "bwd_op_s": bwd, "view_op_s": view, "micro_batch_s": c_f + c_b, "step_s": max(step, 0.0),
+    return {"fwd_op_s": fwd, "bwd_op_s": bwd, "view_op_s": view, "launch_op_s": launch, "micro_batch_s": c_f + c_b,
+            "step_s": max(step, 0.0),
             "source": f"host_model.json ({prov.get('date_utc', '?')}, {prov.get('command', '?')}): the model twin "
                       "(benchmarks/gpu_model.py) at tiny shapes (h 64, seq 16, 1-16 layers, llama and gpt), host "
                       "clock after a synchronize; least squares of its forward and backward seconds over the "

@@ -22,7 +22,8 @@ linears hold out/tp features, row linears in/tp):
 - `view` ops (reshape, split, chunk views): host time only.
 
 Under full recompute every block's forward runs a second time inside the backward. The optimizer step
-(`optimizer_kernels`) is counted apart: gradient accumulation adds for micro-batches after the first,
+(`optimizer_kernels`) is counted apart: gradient accumulation adds for micro-batches after the first (on a GPU
+for every micro-batch: the gradients are zeroed, not freed, between steps),
 the global-norm clip (one squared-norm kernel per tensor, a sum, one scale per tensor) and multi-precision
 AdamW (one kernel per tensor reading the gradient, the fp32 master, both moments and writing them and
 the low-precision copy).
@@ -45,14 +46,18 @@ class Kernel:
     """Memory-bound kernels: elements of one input, the table's index (fp32 statistics and the like are
     folded into the op's measured time)."""
     flops: float = 0.0
+    host: str = ""
+    """"" (the pass's per-op host time) or "launch": a kernel the autograd engine launches from C++ without a node
+    of its own (summing a tensor's gradients, adding into a parameter's gradient buffer): the bare launch cost
+    (the profile's `host.launch_op_s`)."""
 
 
 def gemm(m, n, k, batch=1, op="gemm") -> Kernel:
     return Kernel("gemm", op, (int(m), int(n), int(k), int(batch)), flops=2.0 * m * n * k * batch)
 
 
-def mem(op: str, numel: float) -> Kernel:
-    return Kernel("mem", op, numel=float(numel))
+def mem(op: str, numel: float, host: str = "") -> Kernel:
+    return Kernel("mem", op, numel=float(numel), host=host)
 
 
 def view(op: str = "view") -> Kernel:
@@ -106,8 +111,11 @@ def _norm(p: _Pass, cfg, T, h, e, fused_rms: bool):
         p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
 
 
-def _residual(p: _Pass, T, h):
-    p.op([mem("add", T * h)], [])  # the gradient passes through both inputs (no kernel)
+def _residual(p: _Pass, T, h, gpu: bool):
+    """x + branch(x): the add's own gradient passes through to both inputs (no kernel); x's two gradients (through
+    the identity and through the branch) are summed by autograd: one add in the backward (seen on the H200 as
+    one `add_` of [b, s, h] per residual). Counted on the GPU path; the CPU leg keeps its calibrated count."""
+    p.op([mem("add", T * h)], [mem("add", T * h, "launch")] if gpu else [])
 
 
 def _rope(p: _Pass, T, width, fused: bool):
@@ -161,7 +169,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
         p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
     p.op([view("reshape")], [view("reshape")])
     _linear(p, T, q, h, cfg.bias, "o")
-    _residual(p, T, h)
+    _residual(p, T, h, gpu)
     _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
     if cfg.activation == "swiglu":
         if fused["fuse_ffn"]:
@@ -179,7 +187,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
         _linear(p, T, h, f, cfg.bias, "up")
         p.op([mem("gelu", T * f)], [mem("gelu_bwd", T * f)])
     _linear(p, T, f, h, cfg.bias, "down")
-    _residual(p, T, h)
+    _residual(p, T, h, gpu)
 
 
 def block_kernels(cfg, b, s, t, e, gpu, flash) -> tuple[list[Kernel], list[Kernel]]:
@@ -263,14 +271,17 @@ def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: b
 
 
 def optimizer_kernels(grads: list[tuple[int, int]], owned: list[tuple[int, int]], micro_batches: int,
-                      clip: bool = True) -> list[Kernel]:
+                      clip: bool = True, accumulate_first: bool = False) -> list[Kernel]:
     """Memory-bound kernels of the step after the micro-batches: gradient accumulation over the rank's gradients
-    `grads` [(elements, bytes/elem)] for every micro-batch after the first, and the global-norm clip over the
-    tensors it updates (`owned`): a squared norm per tensor, their sum, a scale per tensor. (AdamW itself is
-    the profile's fitted `optimizer_seconds`.)"""
+    `grads` [(elements, bytes/elem)] for every micro-batch after the first (`accumulate_first`: for every
+    micro-batch, the first too: gradients cleared to zero, as Paddle's `clear_grad()` and the H200 twin leave
+    them, are added into by each backward; the profiled H200 step shows one `add_` per parameter), and the
+    global-norm clip over the tensors it updates (`owned`): a squared norm per tensor, their sum, a scale per
+    tensor. (AdamW itself is the profile's fitted `optimizer_seconds`.)"""
     ks = []
     for n, _ in grads:
-        ks += [mem("add", n)] * max(0, micro_batches - 1)  # grad += this micro-batch's grad
+        acc = mem("add", n, "launch" if accumulate_first else "")  # grad += this micro-batch's grad
+        ks += [acc] * max(0, micro_batches - (0 if accumulate_first else 1))
     if clip:
         for n, _ in owned:
             ks.append(mem("reduce", n))  # squared L2 norm of the gradient

@@ -23,6 +23,8 @@ Host time and the overlap, modelled explicitly:
   the H200: the twin's step has no synchronisation before its end; a profiled device-bound step shows the
   launch queue full, "Command Buffer Full", while the host dispatches the backward and the optimizer). Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
   later repeat advances both clocks as the second did (the host-device lag has settled by then).
+  A kernel the autograd engine launches without a node of its own (`Kernel.host == "launch"`: summing a
+  tensor's gradients, adding into a parameter's gradient buffer) costs the bare launch, `launch_op_s`.
 - On a CPU (`async_launch` false) every op runs in the thread that dispatches it: step = Σ (h_i + d_i). The
   CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
   is only the autograd extra per op (`fwd_op_s`, `bwd_op_s` measured as the extra over a bare call).
@@ -73,6 +75,8 @@ class Stream:
         memo = self._memo
         for i, k in enumerate(kernels):
             h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
+            if k.host == "launch":  # launched by the autograd engine itself (kernels.Kernel.host)
+                h = host.get("launch_op_s", h)
             d = memo.get(k)
             if d is None:
                 d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
@@ -158,8 +162,8 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
                                                                           st.run_segments(mb.backward_segments, True)))
     micro = st.elapsed / micro_batches
     st.add_host(per_step)
-    st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False)),
-           backward=True)
+    st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False),
+                             accumulate_first=prof.async_launch), backward=True)
     if prof.async_launch:  # queued behind the backward like any dispatch: nothing synchronises before it
         st.run_optimizer(owned)
     else:

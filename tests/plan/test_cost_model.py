@@ -256,3 +256,26 @@ def test_gpu_optimizer_queues_behind_the_backward():
     args_cpu = (cfg, 1, 64, 1, 1, False, False, "none", 2, True, True, owned, owned)
     t0 = step_compute(from_dict(dict(cpu, optimizer=base["optimizer"])), *args_cpu)["compute_s"]
     assert step_compute(from_dict(cpu), *args_cpu)["compute_s"] == pytest.approx(t0 + 10 * 1e-3 + 10 * 1e-3)
+
+
+def test_gpu_gradient_sums_and_accumulation_cost_a_bare_launch():
+    """On the GPU path every backward adds each parameter's gradient into its zeroed buffer (every micro-batch,
+    the first too) and sums the two gradients of each residual stream input: kernels launched by the autograd
+    engine at the profile's bare `launch_op_s`, not a backward node's `bwd_op_s` (both seen in the H200 profile:
+    one add_ per parameter and two [b, s, h] add_ per block)."""
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2)
+    gpu = micro_batch_kernels(cfg, 1, 128, 1, 2, gpu=True, flash=True)
+    cpu = micro_batch_kernels(cfg, 1, 128, 1, 2, gpu=False, flash=False)
+    sums = [k for k in gpu.backward if k.host == "launch"]
+    assert len(sums) == 2 * cfg.num_layers and all(k.op == "add" and k.numel == 128 * cfg.hidden_size for k in sums)
+    assert not [k for k in cpu.backward if k.host == "launch"]
+    owned = [(1000, 2)] * 7
+    args = (cfg, 1, 128, 1, 3, True, True, "none", 2, True, True, owned, owned)
+    raw = dict(_synthetic(host=10e-6), optimizer={"per_tensor_s": 0.0, "per_elem_s": 0.0, "includes_clip": True})
+    slow = dict(raw, host=dict(raw["host"], launch_op_s=1e-3))
+    a, b = step_compute(from_dict(raw), *args), step_compute(from_dict(slow), *args)
+    launches = 3 * (2 * cfg.num_layers + len(owned))  # per micro-batch: residual sums + one add per parameter
+    assert b["host_s"] - a["host_s"] == pytest.approx(launches * (1e-3 - 10e-6), rel=1e-6)
+    assert b["kernels_per_step"] == a["kernels_per_step"]
