@@ -17,7 +17,9 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes
   the `fallback` class (its backward `X_bwd` first tries `X`);
 - `host`: seconds the host spends per eager op in the forward (`fwd_op_s`, with autograd recording) and per
-  backward node (`bwd_op_s`), and for a `view` op (`view_op_s`); the training loop's own work outside the ops,
+  backward node (`bwd_op_s`), for a `view` op (`view_op_s`) and, on a GPU, for a kernel the autograd engine
+  launches by itself (`launch_op_s`: gradient sums and accumulation; absent: `bwd_op_s`); the training loop's
+  own work outside the ops,
   `micro_batch_s` per micro-batch and `step_s` per step (0 when absent). GPU: measured on the model's code path
   at tiny shapes (h200: benchmarks/data/h200/host_model.json); CPU: `--calibrate` times the real Trainer on a
   tiny model;
