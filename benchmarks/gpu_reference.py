@@ -38,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_model import Decoder, MasterAdamW, gpt, llama, make_batch, train_step  # noqa: E402
 
 TABLES = ("host", "host_model", "optimizer", "attention", "memory_bound", "gemm_model", "steps", "gemm_grid",
-          "steps_pass", "eager_floor", "attention_cudnn")
+          "steps_pass", "eager_floor", "attention_cudnn", "gemm_context", "views")
 ROTATE_BYTES = 256 << 20  # rotate operand copies until they span this many bytes (L2 is 50 MB)
 
 # steps.json rows: name -> (arch, micro_batch, recompute); issue 22's validation rows
@@ -854,6 +854,118 @@ def run_attention_cudnn(b: Bench, deadline: float):
         del q, k, v
 
 
+# ---------------------------------------------------------------- GEMMs: isolated vs as a step runs them
+def run_gemm_context(b: Bench, rows: dict, deadline: float):
+    """The model GEMM shapes timed four ways, to tell why the isolated table (gemm.json: CUDA graphs of
+    back-to-back calls over N(0, 1) operands) differs from the same GEMMs inside a step: `graph_randn` (as
+    gemm.json), `graph_weights` (same, the weight operand N(0, 0.02) as the model's), `eager_between`
+    (one call between CUDA events, each after a ~0.2 ms memory-bound kernel, as GEMMs sit between other kernels
+    in a step; N(0, 1)), `eager_between_weights` (that with the weight operand N(0, 0.02)). Median of --reps."""
+    shapes = model_gemm_shapes(rows)
+    fill = randn(b, 64 << 20 if b.cuda else 1024)  # 128 MiB: ~0.06 ms per pass on an H200
+    for m, n, k, lay in shapes:
+        if time.time() > deadline:
+            b.add("gemm_context", {"note": f"time budget spent, {len(shapes)} shapes planned"})
+            return
+        if b.args.smoke:
+            m, n, k = max(16, m // 256), max(16, n // 256), max(16, k // 256)
+        row = {"m": m, "n": n, "k": k, "layout": lay, "dtype": "bf16"}
+        for scale, tag in ((1.0, "randn"), (0.02, "weights")):
+            a = randn(b, k, m).t() if lay == "tn" else randn(b, m, k)
+            # the weight operand: B for nn/nt (x @ W, dy @ W^T), the other for tn (x^T @ dy: both activations)
+            w = (randn(b, n, k).t() if lay == "nt" else randn(b, k, n)) * (scale if lay != "tn" else 1.0)
+            c = torch.empty(m, n, device=b.dev, dtype=b.dtype)
+            fn = lambda a=a, w=w, c=c: torch.mm(a, w, out=c)  # noqa: E731
+            sec, how = b.time_calls([fn])
+            row[f"graph_{tag}_s"] = sec
+            times = []
+            for _ in range(b.args.reps):
+                for _ in range(3):
+                    fill.mul_(1.0)
+                if b.cuda:
+                    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    e0.record()
+                    fn()
+                    e1.record()
+                    for _ in range(3):
+                        fill.mul_(1.0)
+                    e1.synchronize()
+                    times.append(e0.elapsed_time(e1) / 1e3)
+                else:
+                    t0 = time.perf_counter()
+                    fn()
+                    times.append(time.perf_counter() - t0)
+            row[f"eager_between_{tag}_s"] = statistics.median(times)
+            del a, w, c
+        b.add("gemm_context", row, {"notes": run_gemm_context.__doc__})
+        torch.cuda.empty_cache() if b.cuda else None
+
+
+# ---------------------------------------------------------------- memory-bound ops on the twin's views
+def run_views(b: Bench, rows: dict, deadline: float):
+    """silu(gate)*up and RoPE as the twin runs them, on views (gate, up: chunks of the fused gate|up output
+    [T, 2f]; q, k: views of the fused q|k|v output [b, s, (nh + 2 nkv) d]) and on contiguous copies of the same
+    tensors, forward and backward (autograd.grad to the fused output), for the step rows' shapes. Eager calls
+    between CUDA events (`time_calls` without a graph)."""
+    seen = set()
+    for name, (a, mb, _) in rows.items():
+        if time.time() > deadline:
+            return
+        if a.family != "llama":
+            continue
+        s = a.seq if not b.args.smoke else 16
+        T, f, d = mb * s, a.ffn if not b.args.smoke else 32, a.head_dim
+        nh, nkv = a.heads, a.kv_heads
+        key = (mb, s, f, nh, nkv, d)
+        if key in seen:
+            continue
+        seen.add(key)
+        model = Decoder.__new__(Decoder)  # only its rope() and the cos/sin tables
+        inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, device=b.dev, dtype=torch.float32) / d))
+        emb = torch.cat([torch.outer(torch.arange(s, device=b.dev, dtype=torch.float32), inv)] * 2, -1)
+        cos, sin = emb.cos().to(b.dtype)[None, :, None, :], emb.sin().to(b.dtype)[None, :, None, :]
+
+        def rope(x):
+            x1, x2 = x.chunk(2, dim=-1)
+            return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+        out = {"row": name, "micro_batch": mb, "seq": s, "tokens": T, "ffn": f, "heads": nh, "kv_heads": nkv,
+               "head_dim": d}
+        gu = randn(b, mb, s, 2 * f).requires_grad_(True)
+        for layout in ("views", "contiguous"):
+            gate, up = gu.chunk(2, dim=-1)
+            if layout == "contiguous":
+                gate, up = gate.detach().contiguous().requires_grad_(True), up.detach().contiguous().requires_grad_(True)
+            src = (gu,) if layout == "views" else (gate, up)
+            fwd = lambda gate=gate, up=up: F.silu(gate) * up  # noqa: E731
+            y = fwd()
+            dy = randn(b, *y.shape)
+            out[f"swiglu_{layout}_fwd_s"], _ = b.time_calls([fwd], graph=False)
+            out[f"swiglu_{layout}_bwd_s"], _ = b.time_calls(
+                [lambda y=y, dy=dy, src=src: torch.autograd.grad(y, src, dy, retain_graph=True)], graph=False)
+            del y, dy
+        del gu
+        qkv = randn(b, mb, s, (nh + 2 * nkv) * d).requires_grad_(True)
+        for layout in ("views", "contiguous"):
+            q, k, _ = qkv.split([nh * d, nkv * d, nkv * d], dim=-1)
+            q, k = q.view(mb, s, nh, d), k.view(mb, s, nkv, d)
+            if layout == "contiguous":
+                q, k = q.detach().contiguous().requires_grad_(True), k.detach().contiguous().requires_grad_(True)
+            src = (qkv,) if layout == "views" else (q, k)
+            fwd = lambda q=q, k=k: (rope(q), rope(k))  # noqa: E731
+            yq, yk = fwd()
+            dq, dk = randn(b, *yq.shape), randn(b, *yk.shape)
+            out[f"rope_qk_{layout}_fwd_s"], _ = b.time_calls([fwd], graph=False)
+            out[f"rope_qk_{layout}_bwd_s"], _ = b.time_calls(
+                [lambda yq=yq, yk=yk, dq=dq, dk=dk, src=src: torch.autograd.grad((yq, yk), src, (dq, dk),
+                                                                                 retain_graph=True)], graph=False)
+            del yq, yk, dq, dk
+        del qkv, model
+        b.add("views", out, {"notes": run_views.__doc__})
+        if b.cuda:
+            torch.cuda.empty_cache()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="directory for the JSON files")
@@ -911,6 +1023,10 @@ def main(argv=None):
             run_eager_floor(b, deadline)
         elif table == "attention_cudnn":
             run_attention_cudnn(b, deadline)
+        elif table == "gemm_context":
+            run_gemm_context(b, rows, deadline)
+        elif table == "views":
+            run_views(b, rows, deadline)
         print(f"[{table}] {time.time() - t0:.1f} s", flush=True)
     summary(b)
 
