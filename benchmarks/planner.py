@@ -108,7 +108,8 @@ def megatron_rows() -> list[tuple[str, float, dict]]:
         row = _row(_gpt(h, layers, heads, 131072, 4096) + [
             "model.tie_embeddings=false", "model.attention=flash", "plan.device=h100", f"plan.devices={n}",
             "+parallel=tp2sharding2", f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sharding=48",
-            "parallel.sharding_stage=1", f"train.global_batch_size={gb}", "train.micro_batch_size=1"])
+            "parallel.sharding_stage=1", f"train.global_batch_size={gb}", "train.micro_batch_size=1",
+            "parallel.sequence_parallel=true"])
         out.append((label, row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12,
                     row))
     return out

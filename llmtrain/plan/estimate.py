@@ -30,7 +30,9 @@ planner-only option) adds the attention core's forward FLOPs (4·L·h·s per tok
 attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size.py) over the profile's peak; tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
 backward per column-parallel input (q, k, v, gate, up; 2 with fused projections, `column_inputs`), ring:
 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha, full recompute repeating the 2 forward ones, plus per micro-batch the
-embedding's and the head's [b, s, h] and the parallel cross entropy's three [b, s]; not overlapped;
+embedding's and the head's [b, s, h] and the parallel cross entropy's three [b, s]; not overlapped; under
+sequence parallelism an all-gather + reduce-scatter pair per all-reduce (the same bytes), (cols + 2) halves forward
+(again under full recompute) and (cols + 2) backward;
 pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
 profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
 share) and, for sharding stage 1/2, a gradient reduce-scatter, overlapped with the backward of the last
@@ -39,7 +41,9 @@ all-gather of updated parameters after the optimizer step (not overlapped); ZeRO
 parameter all-gathers for forward and backward and a gradient reduce-scatter (3 x (n-1)/n volume),
 exposed = max(0, comm - 0.8·the micro-batch's compute);
 bubble = (pp - 1)/(v·m) of the pipeline's compute. A group spans the network if its ranks are more than
-devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost).
+devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost); then its ring crosses between
+nodes at (members per node) x net_bw, capped by NVLink (`_link`: one network port per GPU, one NCCL channel per
+local member), and a pipeline pair at one port's net_bw.
 """
 from __future__ import annotations
 
@@ -175,9 +179,17 @@ def _ring(bytes_: float, n: int, bw: float, alpha: float, factor: float = 2.0) -
     return factor * (n - 1) / n * bytes_ / bw + factor * (n - 1) * alpha
 
 
-def _link(span: int, dev, devices_per_node: int):
-    """(bandwidth, alpha) of a group whose members are `span` ranks apart times its size."""
-    return (dev.nvlink_bw, dev.nvlink_alpha) if span <= devices_per_node else (dev.net_bw, dev.net_alpha)
+def _link(span: int, dev, devices_per_node: int, stride: int | None = None):
+    """(bandwidth, alpha) of a collective over a group whose members are `stride` ranks apart (`span` = stride x
+    size). Within a node: NVLink. Across nodes a ring enters and leaves every node through the network; each GPU
+    has its own network port (`net_bw` is one GPU's share of the node's adapters) and NCCL spreads a collective
+    over one channel per local member, so a group with g members per node crosses the node boundary at
+    g x net_bw, capped by NVLink: g = devices_per_node / stride (1 when stride >= devices_per_node, e.g. one tp
+    group per node). `stride=None`: a point-to-point pair (one port each)."""
+    if span <= devices_per_node:
+        return dev.nvlink_bw, dev.nvlink_alpha
+    local = max(1, devices_per_node // stride) if stride else 1
+    return min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha
 
 
 _STAGE_SPECS: dict = {}
@@ -217,7 +229,8 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     for stage in sorted({0, p - 1}):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
         r = step_compute(dev, cfg, b, s, t, m, gpu, flash, "full" if mode == "full" else "none",
-                         cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned)
+                         cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned,
+                         sp=bool(getattr(layout, "sequence_parallel", False)))
         if worst is None or r["compute_s"] > worst["compute_s"]:
             worst = r
     if mode == "selective":
@@ -246,9 +259,16 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
-    bw_tp, a_tp = _link(t, dev, devices_per_node)
-    # per block: 2 forward (o_proj, down_proj outputs; again under full recompute), one backward per column input
-    n_ar = 2 * (2 if mode == "full" else 1) + column_inputs(cfg, dev.async_launch)
+    bw_tp, a_tp = _link(t, dev, devices_per_node, 1)
+    # per block: 2 forward (o_proj, down_proj outputs; again under full recompute), one backward per column input.
+    # Sequence parallelism replaces each by an all-gather + reduce-scatter (the same bytes, counted as the
+    # all-reduce), but gathers before every column input forward (again under recompute) and its row outputs'
+    # gradients backward: (cols + 2) halves each way.
+    cols = column_inputs(cfg, dev.async_launch)
+    if getattr(layout, "sequence_parallel", False):
+        n_ar = (cols + 2) / 2 * (2 if mode == "full" else 1) + (cols + 2) / 2
+    else:
+        n_ar = 2 * (2 if mode == "full" else 1) + cols
     # per micro-batch: the vocabulary-parallel embedding (forward) and head input (backward) [b, s, h], and the
     # parallel cross entropy's max, sum and target logit [b, s] (fp32)
     per_micro = 2 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + 3 * _ring(b * s * 4, t, bw_tp, a_tp)
@@ -263,7 +283,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     for axis, n in (("dp", layout.dp), ("sharding", layout.sharding)):
         if n <= 1:
             continue
-        bw, al = _link(stride[axis] * n, dev, devices_per_node)
+        bw, al = _link(stride[axis] * n, dev, devices_per_node, stride[axis])
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
             grads += _ring(local_param_bytes / share, n, bw, al)

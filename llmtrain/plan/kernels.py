@@ -85,12 +85,14 @@ class _Pass:
         return [k for group in reversed(self.bwd) for k in group]
 
 
-def _linear(p: _Pass, T, K, N, bias: bool, name: str):
-    """x [T, K] @ W [K, N] (+ b)."""
-    fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", T * N)] if bias else [])
+def _linear(p: _Pass, T, K, N, bias: bool, name: str, bias_T=None):
+    """x [T, K] @ W [K, N] (+ b); `bias_T`: the rows the bias is added to when fewer than T (a row-parallel
+    linear under sequence parallelism adds it after the reduce-scatter, to T/tp rows)."""
+    bt = T if bias_T is None else bias_T
+    fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", bt * N)] if bias else [])
     bwd = [gemm(T, K, N, op=f"{name}.dgrad"), gemm(K, N, T, op=f"{name}.wgrad")]
     if bias:
-        bwd.append(mem("reduce", T * N))  # bias gradient: sum over tokens
+        bwd.append(mem("reduce", bt * N))  # bias gradient: sum over tokens
     p.op(fwd, bwd)
 
 
@@ -129,23 +131,36 @@ def _rope(p: _Pass, T, width, fused: bool):
         p.op([mem("rope", T * w)] + host, [mem("rope_bwd", T * w)] + host)
 
 
-def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
+def _seq_edge(p: _Pass, T, width, sp: bool):
+    """Sequence parallelism's transpose between fleet's [s, b, ...] and the model's [b, s, ...] (a copy forward and
+    backward) at a column linear's output or a row linear's input of `width` columns (llmtrain/parallel/sequence.py)."""
+    if sp:
+        p.op([mem("copy", T * width)], [mem("copy", T * width)])
+
+
+def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False):
+    """One block on one tp rank; `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
+    biases work on this rank's T/tp positions, the column linears on the all-gathered T."""
     h, d = cfg.hidden_size, cfg.head_dim()
     T = b * s
+    Ts = T // t if sp and t > 1 else T  # positions of the residual stream on this rank
+    sp = sp and t > 1
     q, kv = cfg.num_heads * d // t, cfg.kv_heads() * d // t
     nh, nkv = cfg.num_heads // t, cfg.kv_heads() // t
     f = cfg.ffn_hidden_size // t
     fused = {k: cfg.fused(k, gpu) for k in ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")}
     causal = cfg.family == "decoder"
-    _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
+    _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     if fused["fuse_qkv"]:  # one GEMM of the weights concatenated at every forward (a copy; its grad split back)
         p.op([mem("copy", h * (q + 2 * kv))], [mem("copy", h * (q + 2 * kv))])
         _linear(p, T, h, q + 2 * kv, cfg.bias, "qkv")
+        _seq_edge(p, T, q + 2 * kv, sp)
         p.op([view("split")], [mem("copy", T * (q + 2 * kv))])  # the backward concatenates q, k, v grads
     else:
         for name, width in (("q", q), ("k", kv), ("v", kv)):
             _linear(p, T, h, width, cfg.bias, name)
-        p.op([], [mem("add", T * h), mem("add", T * h)])  # the norm output's three gradients summed
+            _seq_edge(p, T, width, sp)
+        p.op([], [mem("add", Ts * h), mem("add", Ts * h)])  # the norm output's three gradients summed
     p.op([view("reshape")] * 3, [view("reshape")] * 3)
     if cfg.position == "rope":
         _rope(p, T, (q, kv), fused["fuse_rope"])
@@ -168,32 +183,38 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
         p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(d, s, s, bh, "pv.dgrad_v")])
         p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
     p.op([view("reshape")], [view("reshape")])
-    _linear(p, T, q, h, cfg.bias, "o")
-    _residual(p, T, h, gpu)
-    _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
+    _seq_edge(p, T, q, sp)
+    _linear(p, T, q, h, cfg.bias, "o", Ts)
+    _residual(p, Ts, h, gpu)
+    _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     if cfg.activation == "swiglu":
         if fused["fuse_ffn"]:
             p.op([mem("copy", h * 2 * f)], [mem("copy", h * 2 * f)])
             _linear(p, T, h, 2 * f, cfg.bias, "gate_up")
+            _seq_edge(p, T, 2 * f, sp)
             p.op([view("split")], [mem("copy", 2 * T * f)])
         else:
-            _linear(p, T, h, f, cfg.bias, "gate")
-            _linear(p, T, h, f, cfg.bias, "up")
-            p.op([], [mem("add", T * h)])
+            for name in ("gate", "up"):
+                _linear(p, T, h, f, cfg.bias, name)
+                _seq_edge(p, T, f, sp)
+            p.op([], [mem("add", Ts * h)])
         # silu(gate) * up: one kernel fused (`fuse_swiglu`), two unfused (the profile's row is the pair)
         host = [] if fused["fuse_swiglu"] else [view("mul")]
         p.op([mem("swiglu", T * f)] + host, [mem("swiglu_bwd", T * f)] + host + host)
     else:
         _linear(p, T, h, f, cfg.bias, "up")
+        _seq_edge(p, T, f, sp)
         p.op([mem("gelu", T * f)], [mem("gelu_bwd", T * f)])
-    _linear(p, T, f, h, cfg.bias, "down")
-    _residual(p, T, h, gpu)
+    _seq_edge(p, T, f, sp)
+    _linear(p, T, f, h, cfg.bias, "down", Ts)
+    _residual(p, Ts, h, gpu)
 
 
-def block_kernels(cfg, b, s, t, e, gpu, flash) -> tuple[list[Kernel], list[Kernel]]:
-    """(forward, backward) kernels of one transformer block for a micro-batch [b, s] on one tp rank."""
+def block_kernels(cfg, b, s, t, e, gpu, flash, sp: bool = False) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of one transformer block for a micro-batch [b, s] on one tp rank (`sp`:
+    under sequence parallelism)."""
     p = _Pass()
-    _block(p, cfg, b, s, t, e, gpu, flash)
+    _block(p, cfg, b, s, t, e, gpu, flash, sp)
     return p.fwd, p.backward()
 
 
@@ -212,12 +233,13 @@ def embedding_kernels(cfg, b, s, t, e) -> tuple[list[Kernel], list[Kernel]]:
     return p.fwd, p.backward()
 
 
-def head_kernels(cfg, b, s, t, e, gpu) -> tuple[list[Kernel], list[Kernel]]:
-    """Final norm, LM head GEMM (tied: x @ tableᵀ), cross entropy over fp32 logits (the cast and the loss: one
-    composite row of the profile, `cross_entropy`, over T·V elements), the masked mean."""
+def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False) -> tuple[list[Kernel], list[Kernel]]:
+    """Final norm (on T/tp positions under sequence parallelism, gathered after it), LM head GEMM (tied:
+    x @ tableᵀ), cross entropy over fp32 logits (the cast and the loss: one composite row of the profile,
+    `cross_entropy`, over T·V elements), the masked mean."""
     h, T, V = cfg.hidden_size, b * s, cfg.vocab_size // t
     p = _Pass()
-    _norm(p, cfg, T, h, e, cfg.fused("fuse_rms_norm", gpu))
+    _norm(p, cfg, T // t if sp and t > 1 else T, h, e, cfg.fused("fuse_rms_norm", gpu))
     _linear(p, T, h, V, False, "lm_head")
     cast = [view("cast")] if e != 4 else []
     p.op([mem("cross_entropy", T * V)] + cast, [mem("cross_entropy_bwd", T * V)] + cast)
@@ -247,10 +269,12 @@ class MicroBatch:
 
 
 def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
-                        layers: float | None = None, first: bool = True, last: bool = True) -> MicroBatch:
-    """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all)."""
+                        layers: float | None = None, first: bool = True, last: bool = True,
+                        sp: bool = False) -> MicroBatch:
+    """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all; `sp`:
+    sequence parallelism)."""
     L = cfg.num_layers if layers is None else layers
-    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash)
+    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash, sp)
     n = int(round(L))
     fwd, bwd = [], []
     if first:
@@ -258,7 +282,7 @@ def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: b
         fwd.append((ef, 1))
     fwd.append((bf, n))
     if last:
-        hf, hb = head_kernels(cfg, b, s, t, e, gpu)
+        hf, hb = head_kernels(cfg, b, s, t, e, gpu, sp)
         fwd.append((hf, 1))
         bwd.append((hb, 1))
     if recompute == "full":  # the block's forward again, then its backward

@@ -148,12 +148,12 @@ class Stream:
 
 def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bool, flash: bool,
                  recompute: str, layers: float, first: bool, last: bool, grads: list[tuple[int, int]],
-                 owned: list[tuple[int, int]]) -> dict:
+                 owned: list[tuple[int, int]], sp: bool = False) -> dict:
     """Compute seconds of one step on one rank (its `layers` blocks, embedding if `first`, head if `last`;
     `grads` [(elements, bytes per element)] the gradients it accumulates, `owned` the tensors it updates),
     with the breakdown."""
     e = prof.dtype_bytes
-    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last)
+    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last, sp)
     st = Stream(prof)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
     # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment

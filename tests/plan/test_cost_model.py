@@ -279,3 +279,67 @@ def test_gpu_gradient_sums_and_accumulation_cost_a_bare_launch():
     launches = 3 * (2 * cfg.num_layers + len(owned))  # per micro-batch: residual sums + one add per parameter
     assert b["host_s"] - a["host_s"] == pytest.approx(launches * (1e-3 - 10e-6), rel=1e-6)
     assert b["kernels_per_step"] == a["kernels_per_step"]
+
+
+@pytest.mark.parametrize("fused", ["true", "false"])
+def test_sequence_parallel_kernels(fused):
+    """Under sequence parallelism (tp 4) the norms, residual adds and row linears' bias work on T/tp positions
+    (llmtrain/parallel/sequence.py), the column linears keep the gathered T: GEMM FLOPs unchanged, the
+    [s, b] <-> [b, s] transposes added at every column output and row input; the tp traffic equals plain tp's
+    (an all-gather + a reduce-scatter per all-reduce replaced, fused or not)."""
+    from llmtrain.plan.estimate import column_inputs
+    from llmtrain.plan.kernels import block_kernels
+
+    cfg = _llama(num_layers=1, bias=True, fuse_qkv=fused, fuse_ffn=fused, fuse_rms_norm="true")
+    b, s, t, h = 2, 256, 4, cfg.hidden_size
+    T = b * s
+    plain, sp = (block_kernels(cfg, b, s, t, 2, True, True, flag) for flag in (False, True))
+    flops = [sum(k.flops for k in f + bw if k.kind == "gemm") for f, bw in (plain, sp)]
+    assert flops[0] == flops[1] > 0
+    def numels(ks, op):
+        return sorted(k.numel for k in ks if k.kind == "mem" and k.op == op)
+    for i, op in ((0, "rmsnorm"), (1, "rmsnorm_bwd")):
+        assert numels(plain[i], op) == [T * h] * 2 and numels(sp[i], op) == [T // t * h] * 2
+    # residual adds and the o/down bias adds on T/tp rows; column biases (q|k|v, gate|up) on T rows
+    pa, sa = numels(plain[0], "add"), numels(sp[0], "add")
+    assert pa.count(T * h) == 4 and sa.count(T * h) == 0 and sa.count(T // t * h) == pa.count(T // t * h) + 4
+    q, f = cfg.num_heads * cfg.head_dim() // t, cfg.ffn_hidden_size // t
+    kv = cfg.kv_heads() * cfg.head_dim() // t
+    edges = [q + 2 * kv, q, 2 * f, f] if fused == "true" else [q, kv, kv, q, f, f, f]
+    assert len(numels(sp[0], "copy")) - len(numels(plain[0], "copy")) == len(edges)
+    assert sum(numels(sp[0], "copy")) - sum(numels(plain[0], "copy")) == T * sum(edges)
+
+    from llmtrain.config import to_config as _to
+    from llmtrain.plan.estimate import time_estimate
+    from llmtrain.plan.profile import load_profile as _load
+
+    dev = _load("h200")
+    over = ["model=llama-1b", "model.vocab_size=32000", "+parallel=tp2", "parallel.tp=4", f"model.fuse_qkv={fused}", f"model.fuse_ffn={fused}",
+            "data.seq_len=2048", "train.global_batch_size=4", "train.micro_batch_size=1"]
+    from llmtrain.parallel.layout import resolve_layout
+
+    lay = {}
+    for flag in ("false", "true"):
+        c = _to(compose(over + [f"parallel.sequence_parallel={flag}"]))
+        lay[flag] = time_estimate(c.model, resolve_layout(c.parallel, c.train, 4), 2048, False, dev, 8)["tp_comm_s"]
+    cols = column_inputs(c.model, True)
+    ratio = lay["true"] / lay["false"]
+    # per block: plain 2 + cols all-reduces; sp (cols + 2) all-gathers + (cols + 2) reduce-scatters = cols + 2
+    assert cols == (2 if fused == "true" else 5)
+    assert ratio == pytest.approx(1.0, rel=0.02)
+
+
+def test_multi_rail_network_bandwidth():
+    """Across nodes a collective's bus bandwidth is one GPU's network share times the group's members per node
+    (each GPU has its port; NCCL runs a channel per local member), capped by NVLink; a group with one member
+    per node, and a point-to-point pair, get one port."""
+    from llmtrain.plan.estimate import _link
+
+    dev = from_dict(_synthetic())  # nvlink 100 GB/s, net 10 GB/s
+    assert _link(8, dev, 8, 1) == (100 * GB, 5e-6)  # inside a node
+    assert _link(64, dev, 8, 1)[0] == pytest.approx(80 * GB)  # 8 per node
+    assert _link(96, dev, 8, 2)[0] == pytest.approx(40 * GB)  # 4 per node (tp 2 innermost)
+    assert _link(8 * 48, dev, 8, 8)[0] == pytest.approx(10 * GB)  # one per node
+    assert _link(16, dev, 8)[0] == pytest.approx(10 * GB)  # a pair
+    dev.net_bw = 30 * GB
+    assert _link(64, dev, 8, 1)[0] == pytest.approx(100 * GB)  # capped by NVLink
