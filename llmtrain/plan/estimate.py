@@ -227,6 +227,8 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
         fl = attention_flops(b * nh, s, d, cfg.family == "decoder")
         if flash:
             extra = dev.attention_seconds(b * nh, s, d, cfg.family == "decoder", fl, False)
+        elif dev.math_attn is not None:  # the measured math core (CPU profiles)
+            extra = dev.math_attention_seconds(b * nh, s, d, attention_flops(b * nh, s, d, False), False)
         else:
             extra = 2 * dev.gemm_seconds(s, s, d, b * nh)
         worst = dict(worst, compute_s=worst["compute_s"] + m * cfg.num_layers / p * extra)

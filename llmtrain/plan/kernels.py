@@ -14,7 +14,10 @@ linears hold out/tp features, row linears in/tp):
   (a copy, forward and backward); the LM head (untied: [h, V/tp]; tied: x @ tableᵀ) likewise;
 - the attention core (`attn`): flash attention by (batch·heads, seq, head dim, causal), forward and
   backward; the math path (CPU, `attention=math`) as its batched GEMMs (q·kᵀ, probs·v and their
-  gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward;
+  gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward; or, when
+  the profile measured it (`math_core`, CPU profiles from `--calibrate`), as one composite kernel `attn_* math`
+  (from the reshapes of q, k, v to o_proj's input: on a CPU its matmuls read strided views and cost 3-4x a
+  contiguous GEMM of the same shape);
 - memory-bound ops (`mem`) by their size (elements of one input, the index of the profile's measured rows),
   per op class (norms, RoPE, activations,
   residual adds, casts, the embedding gather and its scatter-add gradient, the logits' fp32 cast,
@@ -121,7 +124,7 @@ def _rope(p: _Pass, T, width, fused: bool):
         p.op([mem("rope", T * w)] + host, [mem("rope_bwd", T * w)] + host)
 
 
-def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
+def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, math_core=False):
     h, d = cfg.hidden_size, cfg.head_dim()
     T = b * s
     q, kv = cfg.num_heads * d // t, cfg.kv_heads() * d // t
@@ -138,13 +141,20 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
         for name, width in (("q", q), ("k", kv), ("v", kv)):
             _linear(p, T, h, width, cfg.bias, name)
         p.op([], [mem("add", T * h), mem("add", T * h)])  # the norm output's three gradients summed
-    p.op([view("reshape")] * 3, [view("reshape")] * 3)
+    if not math_core or flash:
+        p.op([view("reshape")] * 3, [view("reshape")] * 3)
     if cfg.position == "rope":
         _rope(p, T, (q, kv), fused["fuse_rope"])
     if flash:
         shape = (b * nh, s, d, causal, nkv)
         fl = attention_flops(b * nh, s, d, causal)
         p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
+    elif math_core:  # the profile's measured composite: layers.math_attention from the reshapes of q, k, v to o's input
+        if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
+            p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
+        shape = (b * nh, s, d, causal, nh)
+        fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
+        p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
     else:  # layers.math_attention
         if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
             p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
@@ -159,7 +169,8 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
         p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
         p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(d, s, s, bh, "pv.dgrad_v")])
         p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
-    p.op([view("reshape")], [view("reshape")])
+    if not math_core or flash:
+        p.op([view("reshape")], [view("reshape")])
     _linear(p, T, q, h, cfg.bias, "o")
     _residual(p, T, h)
     _norm(p, cfg, T, h, e, fused["fuse_rms_norm"])
@@ -182,10 +193,11 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash):
     _residual(p, T, h)
 
 
-def block_kernels(cfg, b, s, t, e, gpu, flash) -> tuple[list[Kernel], list[Kernel]]:
-    """(forward, backward) kernels of one transformer block for a micro-batch [b, s] on one tp rank."""
+def block_kernels(cfg, b, s, t, e, gpu, flash, math_core=False) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of one transformer block for a micro-batch [b, s] on one tp rank; `math_core`:
+    the math attention core as one composite kernel (a profile that measured it, `attention_math`)."""
     p = _Pass()
-    _block(p, cfg, b, s, t, e, gpu, flash)
+    _block(p, cfg, b, s, t, e, gpu, flash, math_core)
     return p.fwd, p.backward()
 
 
@@ -239,10 +251,11 @@ class MicroBatch:
 
 
 def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
-                        layers: float | None = None, first: bool = True, last: bool = True) -> MicroBatch:
+                        layers: float | None = None, first: bool = True, last: bool = True,
+                        math_core: bool = False) -> MicroBatch:
     """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all)."""
     L = cfg.num_layers if layers is None else layers
-    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash)
+    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash, math_core)
     n = int(round(L))
     fwd, bwd = [], []
     if first:

@@ -13,6 +13,12 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   renormalised; with no corner at all, inverse-distance weighting of the nearest rows);
 - `attention.rows` [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] (flash attention), the same way
   in (log batch·heads, log seq), among rows of the same head dim and causality when there are any;
+- `attention_math` (CPU profiles from `--calibrate`) {"fwd": [[batch·heads, seq, head_dim, FLOP/s], ...], "bwd":
+  [...]}: the math attention core as llmtrain's `layers.math_attention` runs it (views of q, k, v, both batched
+  matmuls on strided operands, the scale, the causal mask, the softmax; its backward through autograd), one
+  composite op priced by its rate at (b·heads, seq, head_dim) interpolated as GEMM rates are (the FLOPs of the
+  full s² square, kernels.attention_flops(..., causal=False)); a profile without it prices the core as its
+  batched GEMMs and memory-bound ops (kernels.py);
 - `memory_bound.classes` {op class: [[elements of one input, seconds], ...]}: piecewise-linear in log-log
   between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes
   the `fallback` class (its backward `X_bwd` first tries `X`);
@@ -144,6 +150,9 @@ class Profile:
     optimizer: dict
     p2p_bw: float | None = None
     p2p_alpha: float | None = None
+    math_attn: dict | None = None
+    """{"fwd": GemmTable, "bwd": GemmTable} over (batch·heads, seq, head_dim) of the measured math attention core,
+    or None (then kernels.py decomposes the core)."""
     source: str = ""
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -162,6 +171,12 @@ class Profile:
         i = 5 if backward else 4
         rate = _idw([(math.log(r[0]), math.log(r[1]), r[i]) for r in rows], (math.log(bh), math.log(s)))
         return flops / rate
+
+    def math_attention_seconds(self, bh: int, s: int, d: int, flops: float, backward: bool) -> float:
+        """Seconds of the composite math attention core (forward, or its backward) from `attention_math`."""
+        if not self.math_attn:
+            raise ValueError(f"profile {self.name}: no attention_math rows (the math core is costed op by op)")
+        return flops / self.math_attn["bwd" if backward else "fwd"].rate(bh, s, d)
 
     def mem_seconds(self, op: str, numel: float) -> float:
         curve = self.mem_curves.get(op)
@@ -214,6 +229,8 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
         gemm=GemmTable(raw["gemm"]["rows"]),
         attn_rows=[tuple(r) for r in raw.get("attention", {}).get("rows", [])],
+        math_attn=({k: GemmTable(raw["attention_math"][k]) for k in ("fwd", "bwd")}
+                   if raw.get("attention_math", {}).get("fwd") else None),
         mem_curves={c: Curve.of(rows) for c, rows in mb["classes"].items() if rows},
         fallback=mb.get("fallback", "copy"), host=dict(raw["host"]), optimizer=dict(raw["optimizer"]),
         source=raw.get("source", where), raw=raw)

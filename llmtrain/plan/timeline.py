@@ -5,7 +5,8 @@ the two overlap.
     t = step_compute(profile, model_cfg, b=1, s=2048, tp=1, micro_batches=8, ...)   # {"compute_s", "host_s", ...}
 
 Device time of a kernel (llmtrain/plan/kernels.py) comes from the profile's tables (profile.py): a GEMM's FLOPs
-at the rate measured for that shape, flash attention's FLOPs at the rate measured for its (batch·heads, seq),
+at the rate measured for that shape, flash attention's FLOPs at the rate measured for its (batch·heads, seq)
+(the math attention core likewise when the profile measured it, `attention_math`),
 a memory-bound op's bytes at the time measured for its class and size; a view costs no device time.
 
 Host time and the overlap, modelled explicitly:
@@ -42,6 +43,8 @@ def kernel_seconds(prof, k) -> float:
         return prof.gemm_seconds(m, n, kk, batch)
     if k.kind in ("attn_fwd", "attn_bwd"):
         bh, s, d, causal = k.shape[:4]
+        if k.op == "math":
+            return prof.math_attention_seconds(bh, s, d, k.flops, k.kind == "attn_bwd")
         return prof.attention_seconds(bh, s, d, causal, k.flops, k.kind == "attn_bwd")
     if k.kind == "mem":
         return prof.mem_seconds(k.op, k.numel)
@@ -129,7 +132,8 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
     `grads` [(elements, bytes per element)] the gradients it accumulates, `owned` the tensors it updates),
     with the breakdown."""
     e = prof.dtype_bytes
-    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last)
+    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last,
+                             math_core=prof.math_attn is not None)
     st = Stream(prof)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
     # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment

@@ -77,6 +77,44 @@ def test_profile_tables_interpolate():
     assert 2 * 4000**3 / 500e12 < p.gemm_seconds(4000, 4000, 4000) < 2 * 4000**3 / 100e12
 
 
+def test_math_attention_core_is_one_measured_composite_on_a_cpu_profile():
+    """A profile with `attention_math` rows prices the math attention core (views, strided matmuls, mask, softmax)
+    as one kernel per pass at the rate measured for its (batch·heads, seq, head_dim); without them (every GPU
+    profile) the core stays its batched GEMMs and memory-bound ops."""
+    from llmtrain.plan.kernels import attention_flops
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=512, attention="math")
+    base = _synthetic(async_launch=False, host=0.0)
+    rate = 1e9  # far slower than the synthetic GEMMs (100 TFLOP/s): the composite must dominate
+    math = dict(base, attention_math={"fwd": [[bh, s, d, rate] for bh in (1, 64) for s in (16, 1024) for d in (8, 128)],
+                                      "bwd": [[bh, s, d, rate / 2] for bh in (1, 64) for s in (16, 1024) for d in (8, 128)]})
+    args = (cfg, 2, 64, 1, 1, False, False, "none", 2, True, True, [(10, 4)], [(10, 4)])
+    with_core, without = step_compute(from_dict(math), *args), step_compute(from_dict(base), *args)
+    fl = attention_flops(2 * 4, 64, 64, False)
+    core = 2 * (fl / rate + 2 * fl / (rate / 2))  # two blocks, forward and backward
+    assert with_core["by_kind_s"]["attention"] == pytest.approx(core)
+    assert "attention" not in without["by_kind_s"]
+    assert with_core["compute_s"] > without["compute_s"] + 0.9 * core
+    mb = micro_batch_kernels(cfg, 2, 64, 1, 4, False, False, math_core=True)
+    assert [k.op for k in mb.forward if k.kind == "attn_fwd"] == ["math", "math"]
+    assert not [k for k in micro_batch_kernels(cfg, 2, 64, 1, 4, False, False).forward if k.kind.startswith("attn")]
+
+
+def test_cpu_timing_is_a_typical_call_not_the_fastest():
+    """measure.timeit on a CPU: the median of three back-to-back runs' mean call, the definition the GPU tables use
+    and what a step's sum of ops sees; the fastest of the repeats would under-price an op whose calls vary."""
+    from llmtrain.plan import measure
+
+    calls = iter(range(1000))
+
+    def alternating():  # 1 ms, 3 ms, 1 ms, 3 ms, ...: a typical call is 2 ms, the fastest 1 ms
+        time.sleep(3e-3 if next(calls) % 2 else 1e-3)
+
+    t = measure.timeit(alternating, reps=6, warmup=0)
+    assert 1.7e-3 < t < 2.6e-3, t
+
+
 def test_host_bound_and_device_bound_streams():
     """Micro-batch 1 of a small model: the GPU waits for the host; a large one: the host runs ahead."""
     slow_host = from_dict(_synthetic(host=200e-6))
@@ -125,6 +163,13 @@ def test_calibration_measures_and_fits_this_cpu(tmp_path):
     assert p.gemm_seconds(r["m"], r["n"], r["k"]) == pytest.approx(r["seconds"])
     add = [x for x in raw["memory_bound"] if x["op"] == "add"][-1]
     assert p.mem_seconds("add", add["numel"]) == pytest.approx(add["seconds"])
+    from llmtrain.plan.kernels import attention_flops
+
+    a = raw["attention_math"][-1]  # the math attention core: measured, looked up as measured
+    bh, s, d = a["batch"] * a["heads"], a["seq"], a["head_dim"]
+    fl = attention_flops(bh, s, d, False)
+    assert p.math_attention_seconds(bh, s, d, fl, False) == pytest.approx(a["fwd_s"])
+    assert p.math_attention_seconds(bh, s, d, 2 * fl, True) == pytest.approx(a["bwd_s"])
     assert p.host["fwd_op_s"] >= 0 and p.optimizer["per_tensor_s"] + p.optimizer["per_elem_s"] > 0
     assert not p.async_launch and p.tables_include_host
 
