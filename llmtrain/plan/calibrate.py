@@ -11,7 +11,9 @@ embedding gather) over sizes, flash attention on a GPU, the host's per-op time o
 steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU, then, the
 training loop's own work: whole steps of the real Trainer (`llmtrain/pretrain.py`, one process) on a tiny GPT
 (`measure.trainer_loop_table`; not with --quick), less what the fitted tables predict for them, fitted as a cost per step, per micro-batch and per op (`fit_loop`)
-into the host block (`step_s`, `micro_batch_s`, and the per-op share added to `fwd_op_s`/`bwd_op_s`/`view_op_s`). On a CPU the op times
+into the host block (`step_s`, `micro_batch_s`, and the per-op share added to `fwd_op_s`/`bwd_op_s`/`view_op_s`). Then (CPU, not with --quick) how much slower a GEMM and a streaming add run while 2 processes compute at
+once than alone (`measure.shared_host_table`, the profile's `shared_host`): the planner slows the kernels of a
+layout with more than one process on the host by it. On a CPU the op times
 hold their own dispatch (`tables_include_host`) and ops run where they are dispatched (`async_launch` false);
 on a GPU the tables are device times and the host's queued per-op time is measured apart (timeline.py). The
 CPU's fp32 matmul peak is MFU's denominator there (`peak_flops`); a GPU keeps its datasheet peak.
@@ -328,6 +330,10 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
                         what="llmtrain/pretrain.py on a tiny GPT (h 32, seq 16, micro-batch 1; 1, 2 and 4 layers; 1, 2 "
                              "and 4 micro-batches per step) over random tokens, median step_time of steps 3-14")
             profile = add_loop(profile, loop, when)
+            from llmtrain.plan.measure import shared_host_table
+
+            # kernels while 2 processes compute at once (a 2-process CPU layout) against one alone
+            profile["shared_host"] = dict(shared_host_table(), source=f"measure.shared_host_table ({when})")
     profile["measured_at"] = when
     profile["gloo"] = gloo
     profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}

@@ -208,16 +208,17 @@ def prod_(shape) -> int:
     return out
 
 
-def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str) -> dict:
+def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: int = 1) -> dict:
     """The compute part of a step on the slowest pipeline stage (timeline.step_compute), selective recompute's
-    extra attention forward added."""
+    extra attention forward added; `local_ranks` processes of the job on one host (a CPU profile's
+    `shared_host` slowdown)."""
     s, b, t, p, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.grad_accum
     gpu = dev.async_launch
     worst = None
     for stage in sorted({0, p - 1}):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
         r = step_compute(dev, cfg, b, s, t, m, gpu, flash, "full" if mode == "full" else "none",
-                         cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned)
+                         cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned, local_ranks)
         if worst is None or r["compute_s"] > worst["compute_s"]:
             worst = r
     if mode == "selective":
@@ -244,7 +245,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
-    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp)
+    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node))
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}

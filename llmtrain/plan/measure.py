@@ -350,3 +350,81 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
                          "model": model, "seconds": statistics.median(times), "fastest_s": min(times),
                          "steps": len(times)})
     return rows
+
+
+SHARED_HOST_WORK = (("gemm", 512), ("memory_bound", 2**16), ("memory_bound", 2**22))
+"""The kernels `shared_host_table` runs in 1 and in 2 processes at once: an fp32 n x n x n GEMM, and adds of n fp32
+elements (2**16: in the core's own cache; 2**22: 48 MiB of traffic a call, memory bandwidth)."""
+
+
+def _shared_host_worker(commands, results) -> None:
+    """One process of `shared_host_table`: for each (kind, size, start, seconds) command, waits until the wall
+    clock reaches `start`, calls the kernel for `seconds` and puts the median call; None ends it."""
+    import paddle
+
+    while True:
+        cmd = commands.get()
+        if cmd is None:
+            return
+        kind, size, start, seconds = cmd
+        if kind == "gemm":
+            a, b = paddle.randn([size, size]), paddle.randn([size, size])
+            fn = lambda: paddle.matmul(a, b)  # noqa: E731
+        else:
+            x, y = paddle.randn([size]), paddle.randn([size])
+            fn = lambda: paddle.add(x, y)  # noqa: E731
+        for _ in range(3):
+            fn()
+        time.sleep(max(0.0, start - time.time()))
+        wall, cpu, end = [], [], time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+        results.put((statistics.median(wall), statistics.median(cpu)))
+
+
+def shared_host_table(ranks: int = 2, seconds: float = 0.5, rounds: int = 3, work=SHARED_HOST_WORK) -> dict:
+    """How much slower a kernel runs while `ranks` processes (one OpenMP thread each, as a multi-process CPU run
+    places them) run it at once on this host than one process alone. `ranks` processes are started once; each
+    round times every kernel of `work` in process 0 alone, then in all of them at once (same wall-clock start);
+    a kernel's slowdown is the median over rounds of (median call together) / (median call alone), in wall-clock
+    time: {"ranks", "rows": [{kind, size, alone_s, together_s, slowdown, cpu_time_slowdown}]}. What it holds:
+    the hardware the processes share (caches, memory bandwidth, SMT siblings; `cpu_time_slowdown`, the same
+    ratio in each thread's CPU time, is that part alone) and the host's other work, which a single process
+    leaves to the idle cores but `ranks` processes on as many cores must share time with. The planner scales
+    the kernels of a layout with that many processes on one host by it (profile.Profile.shared_host_slowdown);
+    like every table it holds for the load the host had when it was measured."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queues, results = [ctx.Queue() for _ in range(ranks)], ctx.Queue()
+    procs = [ctx.Process(target=_shared_host_worker, args=(q, results), daemon=True) for q in queues]
+    for p in procs:
+        p.start()
+    ratios: dict = {}
+    try:
+        for _ in range(rounds):
+            for kind, size in work:
+                start = time.time() + 0.3
+                queues[0].put((kind, size, start, seconds))
+                alone = results.get(timeout=300)
+                start = time.time() + 0.3
+                for q in queues:
+                    q.put((kind, size, start, seconds))
+                both = [results.get(timeout=300) for _ in queues]
+                together = tuple(statistics.median(x[i] for x in both) for i in (0, 1))
+                ratios.setdefault((kind, size), []).append((alone, together))
+    finally:
+        for q in queues:
+            q.put(None)
+        for p in procs:
+            p.join(timeout=60)
+    rows = []
+    for (kind, size), pairs in ratios.items():
+        rows.append({"kind": kind, "size": size, "alone_s": statistics.median(a[0] for a, _ in pairs),
+                     "together_s": statistics.median(t[0] for _, t in pairs),
+                     "slowdown": statistics.median(t[0] / a[0] for a, t in pairs),
+                     "cpu_time_slowdown": statistics.median(t[1] / a[1] for a, t in pairs)})
+    return {"ranks": ranks, "seconds": seconds, "rounds": rounds, "rows": rows}

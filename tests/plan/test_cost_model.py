@@ -6,6 +6,7 @@ and `+parallel=auto` choosing the micro-batch that measures fastest.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -99,6 +100,41 @@ def test_math_attention_core_is_one_measured_composite_on_a_cpu_profile():
     mb = micro_batch_kernels(cfg, 2, 64, 1, 4, False, False, math_core=True)
     assert [k.op for k in mb.forward if k.kind == "attn_fwd"] == ["math", "math"]
     assert not [k for k in micro_batch_kernels(cfg, 2, 64, 1, 4, False, False).forward if k.kind.startswith("attn")]
+
+
+def test_shared_host_slowdown_applies_to_multi_process_layouts_only():
+    """A CPU profile's measured `shared_host` factors slow a rank's GEMMs and memory-bound kernels when the layout
+    puts 2 processes on the host (dp2 on one CPU machine), not one process alone; GPU profiles have no table."""
+    from llmtrain.config import to_config
+    from llmtrain.plan.__main__ import plan
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=512)
+    base = _synthetic(async_launch=False, host=0.0)
+    shared = dict(base, shared_host={"ranks": 2, "rows": [{"kind": "gemm", "size": 512, "slowdown": 1.5},
+                                                          {"kind": "memory_bound", "size": 2**4, "slowdown": 2.0},
+                                                          {"kind": "memory_bound", "size": 2**30, "slowdown": 2.0}]})
+    args = (cfg, 2, 64, 1, 2, False, False, "none", 2, True, True, [(10, 4)], [(10, 4)])
+    one, two = step_compute(from_dict(shared), *args, local_ranks=1), step_compute(from_dict(shared), *args, local_ranks=2)
+    assert one["compute_s"] == pytest.approx(step_compute(from_dict(base), *args, local_ranks=2)["compute_s"])
+    assert two["by_kind_s"]["gemm"] == pytest.approx(1.5 * one["by_kind_s"]["gemm"])
+    assert two["by_kind_s"]["mem"] == pytest.approx(2.0 * one["by_kind_s"]["mem"])
+    assert not load_profile("h200").shared_host_slowdown(8)
+    # through the planner: dp2 on the packaged cpu-here slows by its measured factors, one process does not
+    prof = load_profile("cpu-here")
+    if prof.shared_host is None:
+        pytest.skip("packaged cpu-here without a shared_host table")
+    common = ["model=gpt-tiny", "model.vocab_size=2560", "train.global_batch_size=8", "train.micro_batch_size=2",
+              "plan.device=cpu-here", "plan.profile=null"]
+    single = plan(to_config(compose(common + ["plan.devices=1", "+parallel=dp2", "parallel.dp=1"])))[0]
+    dp2 = plan(to_config(compose(common + ["plan.devices=2", "+parallel=dp2"])))[0]
+    f = prof.shared_host_slowdown(2)["gemm"]
+    assert f > 1.0 and dp2["compute_s"] > 0.5 * single["compute_s"] * (1 + (f - 1) / 2)
+    from llmtrain.plan.profile import slowdown_at
+
+    curve = [(0.0, 0.0), (4.0, 2.0)]  # factor 1 at 1 element, e**2 at e**4: log-log between, clamped outside
+    assert slowdown_at(curve, 0.5) == 1.0 and slowdown_at(curve, math.exp(8)) == pytest.approx(math.exp(2))
+    assert slowdown_at(curve, math.exp(2)) == pytest.approx(math.exp(1))
 
 
 def test_cpu_timing_is_a_typical_call_not_the_fastest():
