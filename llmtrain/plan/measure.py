@@ -385,7 +385,7 @@ def _shared_host_worker(commands, results) -> None:
         results.put((statistics.median(wall), statistics.median(cpu)))
 
 
-def shared_host_table(ranks: int = 2, seconds: float = 0.5, rounds: int = 3, work=SHARED_HOST_WORK) -> dict:
+def shared_host_table(ranks: int = 2, seconds: float = 0.4, rounds: int = 5, work=SHARED_HOST_WORK) -> dict:
     """How much slower a kernel runs while `ranks` processes (one OpenMP thread each, as a multi-process CPU run
     places them) run it at once on this host than one process alone. `ranks` processes are started once; each
     round times every kernel of `work` in process 0 alone, then in all of them at once (same wall-clock start);

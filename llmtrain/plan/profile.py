@@ -186,20 +186,25 @@ class Profile:
             raise ValueError(f"profile {self.name}: no attention_math rows (the math core is costed op by op)")
         return flops / self.math_attn["bwd" if backward else "fwd"].rate(bh, s, d)
 
-    def shared_host_slowdown(self, local_ranks: int) -> dict:
+    def shared_host_slowdown(self, local_ranks: float) -> dict:
         """{"gemm", "attention", "host": factor, "mem": [(log elements, log factor)] (`slowdown_at`), "optimizer": factor} for `local_ranks` processes computing at once
         on one host, from the `shared_host` table (measured with its `ranks` processes; more ranks than that take
-        the same factors); {} for one rank or a profile without the table."""
+        the same factors; a fractional `local_ranks`, other processes busy part of the time, that share of the
+        slowdown); {} for one rank or a profile without the table."""
         t = self.shared_host
         if local_ranks <= 1 or not t:
             return {}
+        # local_ranks between 1 and the measured ranks (processes busy part of the time, e.g. pipeline stages):
+        # that share of the measured slowdown
+        share = min(1.0, (local_ranks - 1) / max(1, int(t["ranks"]) - 1))
+        part = lambda f: 1.0 + share * (float(f) - 1.0)  # noqa: E731
         gemm = [r["slowdown"] for r in t["rows"] if r["kind"] == "gemm"]
         mem = sorted((r["size"], r["slowdown"]) for r in t["rows"] if r["kind"] == "memory_bound")
-        g = statistics.median(gemm) if gemm else 1.0
+        g = part(statistics.median(gemm)) if gemm else 1.0
         out = {"gemm": g, "attention": g, "host": g}
         if mem:
-            out["mem"] = [(math.log(n), math.log(f)) for n, f in mem]
-            out["optimizer"] = mem[-1][1]  # AdamW streams its states: the largest add's factor
+            out["mem"] = [(math.log(n), math.log(part(f))) for n, f in mem]
+            out["optimizer"] = part(mem[-1][1])  # AdamW streams its states: the largest add's factor
         return out
 
     def mem_seconds(self, op: str, numel: float) -> float:

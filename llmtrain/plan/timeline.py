@@ -138,7 +138,7 @@ class Stream:
 
 def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bool, flash: bool,
                  recompute: str, layers: float, first: bool, last: bool, grads: list[tuple[int, int]],
-                 owned: list[tuple[int, int]], local_ranks: int = 1) -> dict:
+                 owned: list[tuple[int, int]], local_ranks: float = 1) -> dict:
     """Compute seconds of one step on one rank (its `layers` blocks, embedding if `first`, head if `last`;
     `grads` [(elements, bytes per element)] the gradients it accumulates, `owned` the tensors it updates),
     with the breakdown. `local_ranks`: processes of the job computing at once on this rank's host (a profile
