@@ -20,8 +20,8 @@ CPU's fp32 matmul peak is MFU's denominator there (`peak_flops`); a GPU keeps it
 
 Communication: one 2-process
 `paddle.distributed.launch` over gloo (the CPU backend training uses) runs, for a few message sizes, the
-median of the repeats (typical calls, as the kernel tables; the fastest are kept in the file too) of a ring
-all-reduce of n fp32 bytes and of a blocking send/recv ping-pong, and fits t = c0 + c1·bytes
+fastest of the repeats after a barrier (the transfer's own cost; the typical wait for a computing peer is the
+busy alpha below, a mean; the medians are kept in the file too) of a ring all-reduce of n fp32 bytes and of a blocking send/recv ping-pong, and fits t = c0 + c1·bytes
 by least squares; when c0 comes out not positive (a latency small against the noise: seen here on a quiet
 machine) the line goes through the smallest message's time instead. For 2 ranks a ring all-reduce costs
 2·(n-1)/n·bytes/bw + 2·(n-1)·alpha = bytes/bw + 2·alpha, so bw = 1/c1 and alpha = c0/2; one send/recv
@@ -193,6 +193,7 @@ def cpu_base(peak: float, gloo: dict, load: float) -> dict:
             "links": {"nvlink_bw": gloo["collective_bw"], "net_bw": gloo["collective_bw"],
                       "nvlink_alpha": gloo["collective_alpha_busy"], "net_alpha": gloo["collective_alpha_busy"],
                       "p2p_bw": gloo["p2p_bw"], "p2p_alpha": gloo["p2p_alpha"],
+                      "burst_alpha": gloo.get("collective_alpha", gloo["collective_alpha_busy"]),
                       "source": "gloo over loopback TCP, 2 processes, this host (calibrate.py)"},
             "source": f"python -m llmtrain.plan --calibrate on this host (load average {load:.1f})"}
 
@@ -200,9 +201,10 @@ def cpu_base(peak: float, gloo: dict, load: float) -> dict:
 def fit_gloo(measured: dict) -> dict:
     rows, busy = measured["rows"], measured["busy"]
     xs = [r["bytes"] for r in rows]
-    # medians (typical calls), as the kernel tables and the steps the planner is compared with
-    c0, c1 = fit_line(xs, [r.get("all_reduce_median_s", r["all_reduce_s"]) for r in rows])
-    p0, p1 = fit_line(xs, [r.get("send_recv_median_s", r["send_recv_s"]) for r in rows])
+    # the fastest calls after a barrier: the transfer's own cost (the typical wait for a peer that is computing is
+    # the busy alpha below, a mean); medians of a few calls per size were too noisy for the line (a negative slope)
+    c0, c1 = fit_line(xs, [r["all_reduce_s"] for r in rows])
+    p0, p1 = fit_line(xs, [r["send_recv_s"] for r in rows])
     problems = [f"{what}: larger messages were not slower than the smallest (slope {v:.3g} s/byte): measurements {rows}"
                 for what, v in (("all-reduce", c1), ("send/recv", p1)) if v <= 0]
     if problems:

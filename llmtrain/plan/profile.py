@@ -155,6 +155,10 @@ class Profile:
     optimizer: dict
     p2p_bw: float | None = None
     p2p_alpha: float | None = None
+    burst_alpha: float | None = None
+    """Latency of a collective issued back to back with the previous one (ranks already in step: the quiet
+    alpha, where `nvlink_alpha`/`net_alpha` of a CPU profile are those of collectives between computing ranks);
+    None: the link's alpha."""
     shared_host: dict | None = None
     """`--calibrate`'s measured slowdown of kernels while several processes compute on this host
     (measure.shared_host_table), or None."""
@@ -269,7 +273,7 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         name=raw["name"], peak_flops=float(raw["peak_flops"]), memory_bytes=float(raw["memory_bytes"]),
         nvlink_bw=float(links["nvlink_bw"]), net_bw=float(links["net_bw"]),
         nvlink_alpha=float(links["nvlink_alpha"]), net_alpha=float(links["net_alpha"]),
-        p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"),
+        p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"), burst_alpha=links.get("burst_alpha"),
         framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),
         async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
         gemm=GemmTable(raw["gemm"]["rows"]),
