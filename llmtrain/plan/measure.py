@@ -352,9 +352,11 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
     return rows
 
 
-SHARED_HOST_WORK = (("gemm", 512), ("memory_bound", 2**16), ("memory_bound", 2**22))
-"""The kernels `shared_host_table` runs in 1 and in 2 processes at once: an fp32 n x n x n GEMM, and adds of n fp32
-elements (2**16: in the core's own cache; 2**22: 48 MiB of traffic a call, memory bandwidth)."""
+SHARED_HOST_WORK = (("gemm", 256), ("gemm", 1024), ("memory_bound", 2**16), ("memory_bound", 2**19),
+                    ("memory_bound", 2**20), ("memory_bound", 2**21), ("memory_bound", 2**22))
+"""The kernels `shared_host_table` runs in 1 and in 2 processes at once: fp32 n x n x n GEMMs, and adds of n fp32
+elements whose working sets (3n x 4 bytes) span the caches: 768 KiB (a core's own), 6-24 MiB (the shared last
+level), 48 MiB (memory)."""
 
 
 def _shared_host_worker(commands, results) -> None:
@@ -385,7 +387,7 @@ def _shared_host_worker(commands, results) -> None:
         results.put((statistics.median(wall), statistics.median(cpu)))
 
 
-def shared_host_table(ranks: int = 2, seconds: float = 0.4, rounds: int = 5, work=SHARED_HOST_WORK) -> dict:
+def shared_host_table(ranks: int = 2, seconds: float = 0.3, rounds: int = 5, work=SHARED_HOST_WORK) -> dict:
     """How much slower a kernel runs while `ranks` processes (one OpenMP thread each, as a multi-process CPU run
     places them) run it at once on this host than one process alone. `ranks` processes are started once; each
     round times every kernel of `work` in process 0 alone, then in all of them at once (same wall-clock start);

@@ -191,7 +191,8 @@ class Profile:
         return flops / self.math_attn["bwd" if backward else "fwd"].rate(bh, s, d)
 
     def shared_host_slowdown(self, local_ranks: float) -> dict:
-        """{"gemm", "attention", "host": factor, "mem": [(log elements, log factor)] (`slowdown_at`), "optimizer": factor} for `local_ranks` processes computing at once
+        """{"attention", "host": factor (the GEMMs' median), "gemm": [(log operand elements, log factor)], "mem":
+        [(log elements of one input, log factor)] (`slowdown_at`), "optimizer": factor} for `local_ranks` processes computing at once
         on one host, from the `shared_host` table (measured with its `ranks` processes; more ranks than that take
         the same factors; a fractional `local_ranks`, other processes busy part of the time, that share of the
         slowdown); {} for one rank or a profile without the table."""
@@ -202,10 +203,10 @@ class Profile:
         # that share of the measured slowdown
         share = min(1.0, (local_ranks - 1) / max(1, int(t["ranks"]) - 1))
         part = lambda f: 1.0 + share * (float(f) - 1.0)  # noqa: E731
-        gemm = [r["slowdown"] for r in t["rows"] if r["kind"] == "gemm"]
+        gemm = sorted((3 * r["size"] ** 2, r["slowdown"]) for r in t["rows"] if r["kind"] == "gemm")
         mem = sorted((r["size"], r["slowdown"]) for r in t["rows"] if r["kind"] == "memory_bound")
-        g = part(statistics.median(gemm)) if gemm else 1.0
-        out = {"gemm": g, "attention": g, "host": g}
+        g = part(statistics.median(f for _, f in gemm)) if gemm else 1.0
+        out = {"gemm": [(math.log(n), math.log(part(f))) for n, f in gemm] if gemm else g, "attention": g, "host": g}
         if mem:
             out["mem"] = [(math.log(n), math.log(part(f))) for n, f in mem]
             out["optimizer"] = part(mem[-1][1])  # AdamW streams its states: the largest add's factor

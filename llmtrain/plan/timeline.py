@@ -31,8 +31,9 @@ queued kernels like any dispatch, on a CPU it adds).
 On a host whose cores several ranks of the job share (a multi-process CPU run), every kernel is slower than the
 tables measured it in one process: a profile's `shared_host` table (measured by `--calibrate`: a GEMM and
 adds in cache and streaming, in 1 and in 2 processes at once) gives the factors, applied when `local_ranks` > 1
-to GEMM and attention kernels and host-only work (the GEMM's), memory-bound kernels (the adds', by size) and
-AdamW (the streaming add's).
+to GEMMs (by the elements of their operands), memory-bound kernels (the adds', by size: a working set that fits
+the shared last-level cache alone but not beside another process slows most), attention kernels and host-only
+work (the GEMMs' median) and AdamW (the largest add's).
 
 The AdamW update is `optimizer.per_tensor_s`·tensors + `optimizer.per_elem_s`·elements (fitted to measured
 steps of the optimizer alone); gradient accumulation and the clip are memory-bound kernels in the stream.
@@ -83,7 +84,11 @@ class Stream:
                 d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
             key = "gemm" if k.kind == "gemm" else "attention" if k.kind.startswith("attn") else k.kind
             if self.slowdown and key in self.slowdown:
-                d *= slowdown_at(self.slowdown[key], k.numel)
+                if k.kind == "gemm":  # by the elements of its operands and result
+                    m, n, kk, bt = k.shape
+                    d *= slowdown_at(self.slowdown[key], bt * (m * kk + kk * n + m * n))
+                else:
+                    d *= slowdown_at(self.slowdown[key], k.numel)
             self.kernels += k.kind != "view"
             self.host_total += h
             self.device_total += d
