@@ -229,7 +229,7 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
         alone = {st: stage_compute(st, 1) for st in stages}
         top = max(stages, key=lambda st: alone[st]["compute_s"])
         others = [alone[st]["compute_s"] for st in stages if st != top] or [alone[top]["compute_s"]]
-        mid = (p - len(stages))  # middle stages: the blocks alone, priced as the first stage's share without it
+        mid = p - len(stages)  # middle stages (blocks only): taken as the lighter end stage
         busy = min(1.0, (sum(others) + mid * min(others)) / (len(others) + mid) / alone[top]["compute_s"])
         worst = stage_compute(top, 1 + busy * (local_ranks - 1))
     if mode == "selective":

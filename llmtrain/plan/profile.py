@@ -192,8 +192,8 @@ class Profile:
 
     def shared_host_slowdown(self, local_ranks: float) -> dict:
         """{"attention", "host": factor (the GEMMs' median), "gemm": [(log operand elements, log factor)], "mem":
-        [(log elements of one input, log factor)] (`slowdown_at`), "optimizer": factor} for `local_ranks` processes computing at once
-        on one host, from the `shared_host` table (measured with its `ranks` processes; more ranks than that take
+        [(log elements of one input, log factor)] (`slowdown_at`), "optimizer": factor} for `local_ranks`
+        processes computing at once on one host, from the `shared_host` table (measured with its `ranks` processes; more ranks than that take
         the same factors; a fractional `local_ranks`, other processes busy part of the time, that share of the
         slowdown); {} for one rank or a profile without the table."""
         t = self.shared_host
