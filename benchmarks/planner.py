@@ -168,9 +168,10 @@ def _cpu_common() -> list[str]:
 
 
 def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> list[dict]:
-    """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8 (one process runs the
-    four in turn), then six 2-process layouts at micro-batch 2 (one launch each, through tests/launch.py).
-    `run=False` re-predicts the runs already in `workdir`."""
+    """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8, then six 2-process
+    layouts at micro-batch 2; every run its own process or launch (through tests/launch.py), as users run it
+    (four Trainer runs in turn in one process ran each later run slower than alone). `run=False` re-predicts
+    the runs already in `workdir`."""
     import statistics
     from pathlib import Path
 
@@ -186,8 +187,9 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> li
     loads = []
     if run:
         loads.append(os.getloadavg()[0])
-        run_many([o for _, o, _ in single], nproc=0, workdir=out / "single_launch")
-        loads.append(os.getloadavg()[0])
+        for _, overrides, _ in single:  # one process per run, as a user runs it (see the docstring)
+            run_many([overrides], nproc=0, workdir=out / f"{overrides[-1].rsplit('/', 1)[-1]}_launch")
+            loads.append(os.getloadavg()[0])
         for _, overrides, _ in layouts:  # one launch per layout (fleet is initialised once per process)
             run_many([overrides], nproc=2, workdir=out / f"{overrides[-1].rsplit('/', 1)[-1]}_launch")
             loads.append(os.getloadavg()[0])

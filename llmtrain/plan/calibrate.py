@@ -5,20 +5,23 @@
     python -m llmtrain.plan --calibrate --quick                # small tables (seconds; what the tests run)
 
 Kernel tables (llmtrain/plan/measure.py, the same tables the H200 profile is fitted from): GEMMs over a
-log-spaced grid of (m, n, k) (three sweeps, each shape's fastest kept), memory-bound ops (copy, add, mul, cast, reduce, softmax, GeLU, SiLU, LayerNorm,
+log-spaced grid of (m, n, k) (three sweeps, each shape's median kept), on a CPU the math attention core as one
+composite op over (batch·heads, seq, head_dim), memory-bound ops (copy, add, mul, cast, reduce, softmax, GeLU, SiLU, LayerNorm,
 embedding gather) over sizes, flash attention on a GPU, the host's per-op time of eager execution and AdamW
 steps vs tensors and elements; fitted by llmtrain/plan/fit.py into the profile's tables. On a CPU, then, the
 training loop's own work: whole steps of the real Trainer (`llmtrain/pretrain.py`, one process) on a tiny GPT
 (`measure.trainer_loop_table`; not with --quick), less what the fitted tables predict for them, fitted as a cost per step, per micro-batch and per op (`fit_loop`)
-into the host block (`step_s`, `micro_batch_s`, and the per-op share added to `fwd_op_s`/`bwd_op_s`/`view_op_s`). On a CPU the op times
+into the host block (`step_s`, `micro_batch_s`, and the per-op share added to `fwd_op_s`/`bwd_op_s`/`view_op_s`). Then (CPU, not with --quick) how much slower a GEMM and a streaming add run while 2 processes compute at
+once than alone (`measure.shared_host_table`, the profile's `shared_host`): the planner slows the kernels of a
+layout with more than one process on the host by it. On a CPU the op times
 hold their own dispatch (`tables_include_host`) and ops run where they are dispatched (`async_launch` false);
 on a GPU the tables are device times and the host's queued per-op time is measured apart (timeline.py). The
 CPU's fp32 matmul peak is MFU's denominator there (`peak_flops`); a GPU keeps its datasheet peak.
 
 Communication: one 2-process
 `paddle.distributed.launch` over gloo (the CPU backend training uses) runs, for a few message sizes, the
-fastest of the repeats (other processes on a shared host only add time; the medians are kept in the file
-too) of a ring all-reduce of n fp32 bytes and of a blocking send/recv ping-pong, and fits t = c0 + c1·bytes
+fastest of the repeats after a barrier (the transfer's own cost; the typical wait for a computing peer is the
+busy alpha below, a mean; the medians are kept in the file too) of a ring all-reduce of n fp32 bytes and of a blocking send/recv ping-pong, and fits t = c0 + c1·bytes
 by least squares; when c0 comes out not positive (a latency small against the noise: seen here on a quiet
 machine) the line goes through the smallest message's time instead. For 2 ranks a ring all-reduce costs
 2·(n-1)/n·bytes/bw + 2·(n-1)·alpha = bytes/bw + 2·alpha, so bw = 1/c1 and alpha = c0/2; one send/recv
@@ -152,7 +155,7 @@ GEMM_SIZES = (16, 64, 256, 1024, 4096, 16384)
 MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**22)
 QUICK = {"gemm_sizes": (16, 128, 1024), "gemm_max_flops": 2e8, "mem_sizes": (2**8, 2**12, 2**16),
          "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 2**20, 4 * 2**20),
-         "repeats": 3, "passes": 1}
+         "repeats": 3, "passes": 1, "math_attention": ((1, 16, 8), (4, 64, 8), (4, 16, 32))}
 FULL = {"gemm_sizes": GEMM_SIZES, "gemm_max_flops": 5e9, "mem_sizes": MEM_SIZES,
         "optimizer": ((4, 2**12), (64, 2**12), (4, 2**18), (16, 2**18), (4, 2**20)), "gloo_sizes": SIZES, "repeats": 10,
         "passes": 3}
@@ -175,6 +178,8 @@ def measure_tables(sizes: dict) -> dict:
                     {"fwd_op_s": host["fwd_extra_s"], "bwd_op_s": max(0.0, host["bwd_node_s"] - host["dispatch_s"]),
                      "view_op_s": host["view_s"], "dispatch_s": host["dispatch_s"]}),
            "host_measured": host}
+    if not on_gpu:  # the math attention core as one composite op (flash attention on a GPU, below)
+        raw["attention_math"] = measure.math_attention_table(sizes.get("math_attention", measure.MATH_ATTENTION))
     if on_gpu:
         raw["attention"] = measure.attention_table([(b, 32, 8, s, 128) for b, s in ((8, 1024), (4, 2048), (2, 4096), (1, 8192))]
                                                    + [(16, 16, 16, 1024, 64)])
@@ -188,6 +193,7 @@ def cpu_base(peak: float, gloo: dict, load: float) -> dict:
             "links": {"nvlink_bw": gloo["collective_bw"], "net_bw": gloo["collective_bw"],
                       "nvlink_alpha": gloo["collective_alpha_busy"], "net_alpha": gloo["collective_alpha_busy"],
                       "p2p_bw": gloo["p2p_bw"], "p2p_alpha": gloo["p2p_alpha"],
+                      "burst_alpha": gloo.get("collective_alpha", gloo["collective_alpha_busy"]),
                       "source": "gloo over loopback TCP, 2 processes, this host (calibrate.py)"},
             "source": f"python -m llmtrain.plan --calibrate on this host (load average {load:.1f})"}
 
@@ -195,6 +201,8 @@ def cpu_base(peak: float, gloo: dict, load: float) -> dict:
 def fit_gloo(measured: dict) -> dict:
     rows, busy = measured["rows"], measured["busy"]
     xs = [r["bytes"] for r in rows]
+    # the fastest calls after a barrier: the transfer's own cost (the typical wait for a peer that is computing is
+    # the busy alpha below, a mean); medians of a few calls per size were too noisy for the line (a negative slope)
     c0, c1 = fit_line(xs, [r["all_reduce_s"] for r in rows])
     p0, p1 = fit_line(xs, [r["send_recv_s"] for r in rows])
     problems = [f"{what}: larger messages were not slower than the smallest (slope {v:.3g} s/byte): measurements {rows}"
@@ -246,7 +254,8 @@ def _predict_loop_row(profile: dict, r: dict) -> tuple[float, int]:
     tensors = [(int(prod(x.shape)), 4) for x in model_param_specs(model) if not x.frozen]
     pred = step_compute(from_dict(profile), model, b, s, 1, m, False, False, "none", layers, True, True, tensors,
                         tensors)["compute_s"]
-    mb = micro_batch_kernels(model, b, s, 1, 4, False, False, "none", layers)
+    mb = micro_batch_kernels(model, b, s, 1, 4, False, False, "none", layers,
+                             math_core=bool(profile.get("attention_math", {}).get("fwd")))
     return pred, len(mb.forward) + len(mb.backward)
 
 
@@ -311,7 +320,7 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
     gloo = fit_gloo(measure_gloo(sizes["gloo_sizes"], sizes["repeats"])) if (not on_gpu or gpus > 1) else None
     raw = measure_tables(sizes)
     prov = {"summary": f"(Paddle {_paddle_version()} on this CPU, {when}, OMP_NUM_THREADS "
-                       f"{os.environ.get('OMP_NUM_THREADS', '1')}, medians of single calls)",
+                       f"{os.environ.get('OMP_NUM_THREADS', '1')}, each op the median of three runs' mean call)",
             "measured_at": when, "load_average": load, "command": " ".join(["python -m llmtrain.plan"] + sys.argv[1:])}
     base = gpu_base(gloo) if on_gpu else cpu_base(cpu_matmul_peak(), gloo, load)
     profile = fit_profile(raw, base, prov)
@@ -321,8 +330,12 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
         if not quick:  # the real Trainer, one process per run (--quick: not measured, the constants stay 0)
             loop = dict(fit_loop(profile, trainer_loop_table()), table="measure.trainer_loop_table",
                         what="llmtrain/pretrain.py on a tiny GPT (h 32, seq 16, micro-batch 1; 1, 2 and 4 layers; 1, 2 "
-                             "and 4 micro-batches per step) over random tokens, fastest step_time of steps 3-14")
+                             "and 4 micro-batches per step) over random tokens, median step_time of steps 3-14")
             profile = add_loop(profile, loop, when)
+            from llmtrain.plan.measure import shared_host_table
+
+            # kernels while 2 processes compute at once (a 2-process CPU layout) against one alone
+            profile["shared_host"] = dict(shared_host_table(), source=f"measure.shared_host_table ({when})")
     profile["measured_at"] = when
     profile["gloo"] = gloo
     profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}

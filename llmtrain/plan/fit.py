@@ -7,6 +7,8 @@
 - gemm: every row's achieved FLOP/s at its (m, n, k) (layouts pooled; the median where a shape repeats);
 - attention: per row [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] with the FLOPs of
   kernels.attention_flops (causal halves, backward 2.5x);
+- attention_math (CPU): the composite math attention core, forward and backward rates per (batch·heads, seq,
+  head_dim);
 - memory_bound: rows grouped into op classes (`op_class`: rmsnorm_fwd -> rmsnorm, cast_bf16_fp32 -> cast, ...),
   each class [elements of one input (`numel`), seconds] (median per size);
 - host: the per-op times of eager execution (GPU: `fwd_op_s`, `bwd_op_s`, `view_op_s`; CPU: the autograd
@@ -68,6 +70,19 @@ def fit_attention(rows: list[dict]) -> list[list]:
     return out
 
 
+def fit_math_attention(rows: list[dict]) -> dict:
+    """{"fwd": [[batch·heads, seq, head_dim, FLOP/s]], "bwd": [...]} of the composite math attention core
+    (measure.math_attention_table), with the FLOPs the kernels carry: attention_flops(..., causal=False) forward,
+    twice that backward."""
+    out = {"fwd": [], "bwd": []}
+    for r in rows:
+        bh, s, d = int(r["batch"]) * int(r["heads"]), int(r["seq"]), int(r["head_dim"])
+        fl = attention_flops(bh, s, d, False)
+        out["fwd"].append([bh, s, d, fl / float(r["fwd_s"])])
+        out["bwd"].append([bh, s, d, 2 * fl / float(r["bwd_s"])])
+    return out
+
+
 def fit_memory_bound(rows: list[dict]) -> dict:
     by = defaultdict(list)
     for r in rows:
@@ -109,6 +124,9 @@ def fit_profile(raw: dict, base: dict, provenance: dict | None = None) -> dict:
     if raw.get("attention"):
         prof["attention"] = {"source": f"fitted from measured flash attention {src}".strip(),
                              "rows": fit_attention(raw["attention"])}
+    if raw.get("attention_math"):
+        prof["attention_math"] = {"source": f"fitted from the measured math attention core {src}".strip(),
+                                  **fit_math_attention(raw["attention_math"])}
     prof["memory_bound"] = {"source": f"fitted from measured memory-bound ops {src}".strip(),
                             "fallback": "copy" if "copy" in {op_class(r["op"]) for r in raw["memory_bound"]} else "add",
                             "classes": fit_memory_bound(raw["memory_bound"])}

@@ -14,7 +14,10 @@ linears hold out/tp features, row linears in/tp):
   (a copy, forward and backward); the LM head (untied: [h, V/tp]; tied: x @ tableᵀ) likewise;
 - the attention core (`attn`): flash attention by (batch·heads, seq, head dim, causal), forward and
   backward; the math path (CPU, `attention=math`) as its batched GEMMs (q·kᵀ, probs·v and their
-  gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward;
+  gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward; or, when
+  the profile measured it (`math_core`, CPU profiles from `--calibrate`), as one composite kernel `attn_* math`
+  (from the reshapes of q, k, v to o_proj's input: on a CPU its matmuls read strided views and cost 3-4x a
+  contiguous GEMM of the same shape);
 - memory-bound ops (`mem`) by their size (elements of one input, the index of the profile's measured rows),
   per op class (norms, RoPE, activations,
   residual adds, casts, the embedding gather and its scatter-add gradient, the logits' fp32 cast,
@@ -138,9 +141,10 @@ def _seq_edge(p: _Pass, T, width, sp: bool):
         p.op([mem("copy", T * width)], [mem("copy", T * width)])
 
 
-def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False):
+def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False):
     """One block on one tp rank; `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
-    biases work on this rank's T/tp positions, the column linears on the all-gathered T."""
+    biases work on this rank's T/tp positions, the column linears on the all-gathered T; `math_core`: the math
+    attention core as one composite kernel (a profile that measured it, `attention_math`)."""
     h, d = cfg.hidden_size, cfg.head_dim()
     T = b * s
     Ts = T // t if sp and t > 1 else T  # positions of the residual stream on this rank
@@ -161,13 +165,20 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False):
             _linear(p, T, h, width, cfg.bias, name)
             _seq_edge(p, T, width, sp)
         p.op([], [mem("add", Ts * h), mem("add", Ts * h)])  # the norm output's three gradients summed
-    p.op([view("reshape")] * 3, [view("reshape")] * 3)
+    if not math_core or flash:
+        p.op([view("reshape")] * 3, [view("reshape")] * 3)
     if cfg.position == "rope":
         _rope(p, T, (q, kv), fused["fuse_rope"])
     if flash:
         shape = (b * nh, s, d, causal, nkv)
         fl = attention_flops(b * nh, s, d, causal)
         p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
+    elif math_core:  # the profile's measured composite: layers.math_attention from the reshapes of q, k, v to o's input
+        if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
+            p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
+        shape = (b * nh, s, d, causal, nh)
+        fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
+        p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
     else:  # layers.math_attention
         if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
             p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
@@ -182,7 +193,8 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False):
         p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
         p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(d, s, s, bh, "pv.dgrad_v")])
         p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
-    p.op([view("reshape")], [view("reshape")])
+    if not math_core or flash:
+        p.op([view("reshape")], [view("reshape")])
     _seq_edge(p, T, q, sp)
     _linear(p, T, q, h, cfg.bias, "o", Ts)
     _residual(p, Ts, h, gpu)
@@ -210,11 +222,12 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False):
     _residual(p, Ts, h, gpu)
 
 
-def block_kernels(cfg, b, s, t, e, gpu, flash, sp: bool = False) -> tuple[list[Kernel], list[Kernel]]:
+def block_kernels(cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of one transformer block for a micro-batch [b, s] on one tp rank (`sp`:
-    under sequence parallelism)."""
+    under sequence parallelism; `math_core`: the math attention core as one composite kernel, for a profile that
+    measured it, `attention_math`)."""
     p = _Pass()
-    _block(p, cfg, b, s, t, e, gpu, flash, sp)
+    _block(p, cfg, b, s, t, e, gpu, flash, sp, math_core)
     return p.fwd, p.backward()
 
 
@@ -270,11 +283,11 @@ class MicroBatch:
 
 def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
                         layers: float | None = None, first: bool = True, last: bool = True,
-                        sp: bool = False) -> MicroBatch:
+                        sp: bool = False, math_core: bool = False) -> MicroBatch:
     """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all; `sp`:
-    sequence parallelism)."""
+    sequence parallelism; `math_core`: see block_kernels)."""
     L = cfg.num_layers if layers is None else layers
-    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash, sp)
+    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash, sp, math_core)
     n = int(round(L))
     fwd, bwd = [], []
     if first:

@@ -8,9 +8,10 @@ The row formats are those of the raw H200 tables under benchmarks/data/h200/ (RE
 bwd_s} (GPU only), memory-bound rows {op, numel, dtype, bytes_read, bytes_written, seconds}, the host's per-op
 times, and AdamW steps vs elements and tensors. Timing: on a GPU `paddle.device.synchronize()` around `reps`
 back-to-back calls after a warm-up (the device time of a kernel once the queue is full; a kernel shorter than
-the host's dispatch shows the dispatch instead), the median of three such runs; on a CPU the fastest of `reps`
-single calls (each op runs in its calling thread, so one call is the op's time including its dispatch; on a
-host shared with other work the fastest call is the op's own time, the slower ones carry the neighbours').
+the host's dispatch shows the dispatch instead), the median of three such runs; on a CPU the same definition
+(each op runs in its calling thread, so a call's time holds its dispatch): the median of three runs' mean
+call, a typical call as a training step's sum of ops sees it, never the fastest of the repeats (which on a
+shared host under-prices every op against the median step it is compared with).
 """
 from __future__ import annotations
 
@@ -32,9 +33,15 @@ def _sync():
         paddle.device.synchronize()
 
 
+CPU_RUNS = 3
+"""On a CPU, `timeit` splits its calls into this many back-to-back runs and returns the median of their means."""
+
+
 def timeit(fn, reps: int = 5, warmup: int = 1) -> float:
-    """Seconds of one call of `fn` (GPU: mean of `reps` queued calls, median of three such runs; CPU: the fastest
-    of `reps` calls)."""
+    """Seconds of one call of `fn`. GPU: mean of `reps` queued calls, median of three such runs. CPU: the same
+    definition over `reps` calls in all, split into CPU_RUNS back-to-back runs (median of the runs' means): a
+    typical call, slow calls included in proportion, as a training step sums its ops (the planner's CPU rows
+    compare with the median step)."""
     for _ in range(warmup):
         fn()
     _sync()
@@ -47,12 +54,14 @@ def timeit(fn, reps: int = 5, warmup: int = 1) -> float:
             _sync()
             runs.append((time.perf_counter() - t0) / reps)
         return statistics.median(runs)
-    times = []
-    for _ in range(reps):
+    per_run = max(1, -(-reps // CPU_RUNS))
+    runs = []
+    for _ in range(CPU_RUNS):
         t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        for _ in range(per_run):
+            fn()
+        runs.append((time.perf_counter() - t0) / per_run)
+    return statistics.median(runs)
 
 
 def cpu_matmul_peak(n: int = 1024, repeats: int = 5) -> float:
@@ -77,18 +86,53 @@ def grid(sizes, max_flops: float) -> list[tuple[int, int, int]]:
 
 
 def gemm_table(shapes, dtype: str = "float32", reps: int = 3, passes: int = 1) -> list[dict]:
-    """GEMM rows; `passes` > 1 sweeps the whole grid that many times and keeps each shape's fastest pass (on a
-    host shared with other work, bursts of its load then hit one pass of a shape, not all of them)."""
+    """GEMM rows; `passes` > 1 sweeps the whole grid that many times and keeps each shape's median pass (on a
+    host shared with other work, a burst of its load then hits one pass of a shape, not all of them)."""
     import paddle
 
-    best: dict = {}
+    seen: dict = {}
     for _ in range(passes):
         for m, n, k in shapes:
             a, b = paddle.randn([m, k]).astype(dtype), paddle.randn([k, n]).astype(dtype)
-            t = timeit(lambda: paddle.matmul(a, b), reps)
-            best[(m, n, k)] = min(t, best.get((m, n, k), float("inf")))
-    return [{"m": m, "n": n, "k": k, "layout": "nn", "dtype": dtype, "seconds": t,
-             "tflops": 2.0 * m * n * k / t / 1e12, "source": "grid"} for (m, n, k), t in best.items()]
+            seen.setdefault((m, n, k), []).append(timeit(lambda: paddle.matmul(a, b), reps))
+    return [{"m": m, "n": n, "k": k, "layout": "nn", "dtype": dtype, "seconds": statistics.median(t),
+             "tflops": 2.0 * m * n * k / statistics.median(t) / 1e12, "source": "grid"} for (m, n, k), t in seen.items()]
+
+
+MATH_ATTENTION = tuple((bh, s, d) for d in (8, 16, 32, 64, 128) for s in (16, 32, 64, 128, 256, 512, 1024)
+                       for bh in (1, 2, 4, 8, 16, 32, 64) if bh * s * s <= 2**21)
+"""(batch·heads, seq, head_dim) of `math_attention_table` in `--calibrate`: a log-spaced grid, scores of at most
+2**21 elements per call."""
+
+
+def math_attention_table(configs=MATH_ATTENTION, reps: int = 3, causal: bool = True) -> list[dict]:
+    """The math attention core as llmtrain's layers run it on a CPU, one composite op: q, k, v [b, s, heads·d]
+    (the projections' outputs) reshaped to heads, `layers.math_attention` (strided q·kᵀ and probs·v, scale,
+    causal mask, softmax), reshaped back to [b, s, heads·d] (o_proj's input); forward with autograd recording,
+    and the backward through it. Rows {batch, heads, seq, head_dim, causal, fwd_s, bwd_s}."""
+    import paddle
+
+    from llmtrain.models.layers import math_attention
+
+    rows = []
+    for bh, s, d in configs:
+        heads = min(bh, 4)
+        b = bh // heads
+
+        def core(q, k, v):
+            q, k, v = (x.reshape([0, 0, -1, d]) for x in (q, k, v))  # [b, s, heads, d]
+            return math_attention(q, k, v, causal).reshape([0, 0, -1])  # [b, s, heads * d]
+
+        ins = [paddle.randn([b, s, heads * d]) for _ in range(3)]
+        for x in ins:
+            x.stop_gradient = False
+        fwd = timeit(lambda: core(*ins), reps)
+        out = core(*ins)
+        dy = paddle.ones_like(out)
+        bwd = timeit(lambda: paddle.grad([out], ins, [dy], retain_graph=True), reps)
+        rows.append({"batch": b, "heads": heads, "seq": s, "head_dim": d, "causal": causal, "impl": "layers.math_attention",
+                     "fwd_s": fwd, "bwd_s": bwd})
+    return rows
 
 
 def attention_table(configs, dtype: str = "bfloat16", reps: int = 5) -> list[dict]:
@@ -191,14 +235,13 @@ def _mem_ops(numel: int, dtype: str):
 
 def memory_bound_table(sizes=(2**10, 2**13, 2**16, 2**19, 2**22), dtype: str = "float32", reps: int = 5,
                        passes: int = 1) -> list[dict]:
-    """Memory-bound ops (`_mem_ops`) over `sizes` elements: rows {op, numel, dtype, seconds} (fastest pass)."""
-    best: dict = {}
+    """Memory-bound ops (`_mem_ops`) over `sizes` elements: rows {op, numel, dtype, seconds} (median pass)."""
+    seen: dict = {}
     for _ in range(passes):
         for numel in sizes:
             for op, (make, n) in _mem_ops(numel, dtype).items():
-                t = timeit(make(), reps)
-                best[(op, n)] = min(t, best.get((op, n), float("inf")))
-    return [{"op": op, "numel": n, "dtype": dtype, "seconds": t} for (op, n), t in best.items()]
+                seen.setdefault((op, n), []).append(timeit(make(), reps))
+    return [{"op": op, "numel": n, "dtype": dtype, "seconds": statistics.median(t)} for (op, n), t in seen.items()]
 
 
 def host_table(n: int = 200) -> dict:
@@ -264,7 +307,7 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
     kernels take microseconds to a millisecond: the data path, the step runner, the divergence guard, the clip's
     bookkeeping, the metrics record, the watchdog and stop checks. A synthetic corpus of random token ids is
     written for it (the packaged tokenizer `tokenizers/pd1998-bpe16k`). One row per (layers, micro-batches): the
-    fastest step_time of steps 3..`steps` from metrics.jsonl (other processes on a shared host only add time).
+    median step_time of steps 3..`steps` from metrics.jsonl (as the kernel tables are typical calls, `timeit`).
     calibrate.fit_loop subtracts what the kernel tables predict for the same runs (the model as the run resolved
     it: `model` of its config.yaml)."""
     import json
@@ -304,6 +347,86 @@ def trainer_loop_table(runs=TRAINER_RUNS, steps: int = 14) -> list[dict]:
                      if "step_time" in r and r.get("step", 0) > 2]
             model = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml").model, resolve=True)
             rows.append({"layers": layers, "micro_batches": m, "micro_batch": 1, "seq": 16, "overrides": overrides,
-                         "model": model, "seconds": min(times), "median_s": statistics.median(times),
+                         "model": model, "seconds": statistics.median(times), "fastest_s": min(times),
                          "steps": len(times)})
     return rows
+
+
+SHARED_HOST_WORK = (("gemm", 256), ("gemm", 1024), ("memory_bound", 2**16), ("memory_bound", 2**19),
+                    ("memory_bound", 2**20), ("memory_bound", 2**21), ("memory_bound", 2**22))
+"""The kernels `shared_host_table` runs in 1 and in 2 processes at once: fp32 n x n x n GEMMs, and adds of n fp32
+elements whose working sets (3n x 4 bytes) span the caches: 768 KiB (a core's own), 6-24 MiB (the shared last
+level), 48 MiB (memory)."""
+
+
+def _shared_host_worker(commands, results) -> None:
+    """One process of `shared_host_table`: for each (kind, size, start, seconds) command, waits until the wall
+    clock reaches `start`, calls the kernel for `seconds` and puts the median call; None ends it."""
+    import paddle
+
+    while True:
+        cmd = commands.get()
+        if cmd is None:
+            return
+        kind, size, start, seconds = cmd
+        if kind == "gemm":
+            a, b = paddle.randn([size, size]), paddle.randn([size, size])
+            fn = lambda: paddle.matmul(a, b)  # noqa: E731
+        else:
+            x, y = paddle.randn([size]), paddle.randn([size])
+            fn = lambda: paddle.add(x, y)  # noqa: E731
+        for _ in range(3):
+            fn()
+        time.sleep(max(0.0, start - time.time()))
+        wall, cpu, end = [], [], time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            t0, c0 = time.perf_counter(), time.thread_time()
+            fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.thread_time() - c0)
+        results.put((statistics.median(wall), statistics.median(cpu)))
+
+
+def shared_host_table(ranks: int = 2, seconds: float = 0.3, rounds: int = 5, work=SHARED_HOST_WORK) -> dict:
+    """How much slower a kernel runs while `ranks` processes (one OpenMP thread each, as a multi-process CPU run
+    places them) run it at once on this host than one process alone. `ranks` processes are started once; each
+    round times every kernel of `work` in process 0 alone, then in all of them at once (same wall-clock start);
+    a kernel's slowdown is the median over rounds of (median call together) / (median call alone), in wall-clock
+    time: {"ranks", "rows": [{kind, size, alone_s, together_s, slowdown, cpu_time_slowdown}]}. What it holds:
+    the hardware the processes share (caches, memory bandwidth, SMT siblings; `cpu_time_slowdown`, the same
+    ratio in each thread's CPU time, is that part alone) and the host's other work, which a single process
+    leaves to the idle cores but `ranks` processes on as many cores must share time with. The planner scales
+    the kernels of a layout with that many processes on one host by it (profile.Profile.shared_host_slowdown);
+    like every table it holds for the load the host had when it was measured."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queues, results = [ctx.Queue() for _ in range(ranks)], ctx.Queue()
+    procs = [ctx.Process(target=_shared_host_worker, args=(q, results), daemon=True) for q in queues]
+    for p in procs:
+        p.start()
+    ratios: dict = {}
+    try:
+        for _ in range(rounds):
+            for kind, size in work:
+                start = time.time() + 0.3
+                queues[0].put((kind, size, start, seconds))
+                alone = results.get(timeout=300)
+                start = time.time() + 0.3
+                for q in queues:
+                    q.put((kind, size, start, seconds))
+                both = [results.get(timeout=300) for _ in queues]
+                together = tuple(statistics.median(x[i] for x in both) for i in (0, 1))
+                ratios.setdefault((kind, size), []).append((alone, together))
+    finally:
+        for q in queues:
+            q.put(None)
+        for p in procs:
+            p.join(timeout=60)
+    rows = []
+    for (kind, size), pairs in ratios.items():
+        rows.append({"kind": kind, "size": size, "alone_s": statistics.median(a[0] for a, _ in pairs),
+                     "together_s": statistics.median(t[0] for _, t in pairs),
+                     "slowdown": statistics.median(t[0] / a[0] for a, t in pairs),
+                     "cpu_time_slowdown": statistics.median(t[1] / a[1] for a, t in pairs)})
+    return {"ranks": ranks, "seconds": seconds, "rounds": rounds, "rows": rows}

@@ -13,6 +13,16 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   renormalised; with no corner at all, inverse-distance weighting of the nearest rows);
 - `attention.rows` [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] (flash attention), the same way
   in (log batch·heads, log seq), among rows of the same head dim and causality when there are any;
+- `attention_math` (CPU profiles from `--calibrate`) {"fwd": [[batch·heads, seq, head_dim, FLOP/s], ...], "bwd":
+  [...]}: the math attention core as llmtrain's `layers.math_attention` runs it (views of q, k, v, both batched
+  matmuls on strided operands, the scale, the causal mask, the softmax; its backward through autograd), one
+  composite op priced by its rate at (b·heads, seq, head_dim) interpolated as GEMM rates are (the FLOPs of the
+  full s² square, kernels.attention_flops(..., causal=False)); a profile without it prices the core as its
+  batched GEMMs and memory-bound ops (kernels.py);
+- `shared_host` (CPU profiles from `--calibrate`): {"ranks": 2, "rows": [{kind, size, slowdown}, ...]}: how
+  much slower a GEMM and adds (in cache, streaming) run while that many processes compute on the host at once
+  than alone (measure.shared_host_table); timeline.step_compute scales a rank's kernels by it when the layout
+  puts more than one process on the host;
 - `memory_bound.classes` {op class: [[elements of one input, seconds], ...]}: piecewise-linear in log-log
   between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes
   the `fallback` class (its backward `X_bwd` first tries `X`);
@@ -39,6 +49,7 @@ import bisect
 import json
 import math
 import os
+import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -146,6 +157,16 @@ class Profile:
     optimizer: dict
     p2p_bw: float | None = None
     p2p_alpha: float | None = None
+    burst_alpha: float | None = None
+    """Latency of a collective issued back to back with the previous one (ranks already in step: the quiet
+    alpha, where `nvlink_alpha`/`net_alpha` of a CPU profile are those of collectives between computing ranks);
+    None: the link's alpha."""
+    shared_host: dict | None = None
+    """`--calibrate`'s measured slowdown of kernels while several processes compute on this host
+    (measure.shared_host_table), or None."""
+    math_attn: dict | None = None
+    """{"fwd": GemmTable, "bwd": GemmTable} over (batch·heads, seq, head_dim) of the measured math attention core,
+    or None (then kernels.py decomposes the core)."""
     source: str = ""
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -165,6 +186,34 @@ class Profile:
         rate = _idw([(math.log(r[0]), math.log(r[1]), r[i]) for r in rows], (math.log(bh), math.log(s)))
         return flops / rate
 
+    def math_attention_seconds(self, bh: int, s: int, d: int, flops: float, backward: bool) -> float:
+        """Seconds of the composite math attention core (forward, or its backward) from `attention_math`."""
+        if not self.math_attn:
+            raise ValueError(f"profile {self.name}: no attention_math rows (the math core is costed op by op)")
+        return flops / self.math_attn["bwd" if backward else "fwd"].rate(bh, s, d)
+
+    def shared_host_slowdown(self, local_ranks: float) -> dict:
+        """{"attention", "host": factor (the GEMMs' median), "gemm": [(log operand elements, log factor)], "mem":
+        [(log elements of one input, log factor)] (`slowdown_at`), "optimizer": factor} for `local_ranks`
+        processes computing at once on one host, from the `shared_host` table (measured with its `ranks` processes; more ranks than that take
+        the same factors; a fractional `local_ranks`, other processes busy part of the time, that share of the
+        slowdown); {} for one rank or a profile without the table."""
+        t = self.shared_host
+        if local_ranks <= 1 or not t:
+            return {}
+        # local_ranks between 1 and the measured ranks (processes busy part of the time, e.g. pipeline stages):
+        # that share of the measured slowdown
+        share = min(1.0, (local_ranks - 1) / max(1, int(t["ranks"]) - 1))
+        part = lambda f: 1.0 + share * (float(f) - 1.0)  # noqa: E731
+        gemm = sorted((3 * r["size"] ** 2, r["slowdown"]) for r in t["rows"] if r["kind"] == "gemm")
+        mem = sorted((r["size"], r["slowdown"]) for r in t["rows"] if r["kind"] == "memory_bound")
+        g = part(statistics.median(f for _, f in gemm)) if gemm else 1.0
+        out = {"gemm": [(math.log(n), math.log(part(f))) for n, f in gemm] if gemm else g, "attention": g, "host": g}
+        if mem:
+            out["mem"] = [(math.log(n), math.log(part(f))) for n, f in mem]
+            out["optimizer"] = part(mem[-1][1])  # AdamW streams its states: the largest add's factor
+        return out
+
     def mem_seconds(self, op: str, numel: float) -> float:
         curve = self.mem_curves.get(op)
         if curve is None and op.endswith("_bwd"):
@@ -176,6 +225,22 @@ class Profile:
     def optimizer_seconds(self, numel: int, tensors: int) -> float:
         o = self.optimizer
         return o["per_tensor_s"] * tensors + o["per_elem_s"] * numel
+
+
+def slowdown_at(factor, numel: float) -> float:
+    """A `shared_host_slowdown` entry at a kernel of `numel` elements: a number as is; [(log size, log factor)]
+    interpolated linearly in log-log between the measured sizes, the nearest size's factor outside them."""
+    if not isinstance(factor, list):
+        return float(factor)
+    x = math.log(max(numel, 1.0))
+    xs = [a for a, _ in factor]
+    if x <= xs[0]:
+        return math.exp(factor[0][1])
+    if x >= xs[-1]:
+        return math.exp(factor[-1][1])
+    i = bisect.bisect_right(xs, x)
+    (x0, y0), (x1, y1) = factor[i - 1], factor[i]
+    return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
 def _scaled(raw: dict, base: dict) -> dict:
@@ -211,11 +276,14 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         name=raw["name"], peak_flops=float(raw["peak_flops"]), memory_bytes=float(raw["memory_bytes"]),
         nvlink_bw=float(links["nvlink_bw"]), net_bw=float(links["net_bw"]),
         nvlink_alpha=float(links["nvlink_alpha"]), net_alpha=float(links["net_alpha"]),
-        p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"),
+        p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"), burst_alpha=links.get("burst_alpha"),
         framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),
         async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
         gemm=GemmTable(raw["gemm"]["rows"]),
         attn_rows=[tuple(r) for r in raw.get("attention", {}).get("rows", [])],
+        shared_host=raw.get("shared_host"),
+        math_attn=({k: GemmTable(raw["attention_math"][k]) for k in ("fwd", "bwd")}
+                   if raw.get("attention_math", {}).get("fwd") else None),
         mem_curves={c: Curve.of(rows) for c, rows in mb["classes"].items() if rows},
         fallback=mb.get("fallback", "copy"), host=dict(raw["host"]), optimizer=dict(raw["optimizer"]),
         source=raw.get("source", where), raw=raw)

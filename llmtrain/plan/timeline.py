@@ -5,7 +5,8 @@ the two overlap.
     t = step_compute(profile, model_cfg, b=1, s=2048, tp=1, micro_batches=8, ...)   # {"compute_s", "host_s", ...}
 
 Device time of a kernel (llmtrain/plan/kernels.py) comes from the profile's tables (profile.py): a GEMM's FLOPs
-at the rate measured for that shape, flash attention's FLOPs at the rate measured for its (batch·heads, seq),
+at the rate measured for that shape, flash attention's FLOPs at the rate measured for its (batch·heads, seq)
+(the math attention core likewise when the profile measured it, `attention_math`),
 a memory-bound op's bytes at the time measured for its class and size; a view costs no device time.
 
 Host time and the overlap, modelled explicitly:
@@ -33,6 +34,13 @@ The training loop's own host work, outside any kernel, is two measured constants
 (0 when absent): `micro_batch_s` per micro-batch and `step_s` per step (host-only time; on a GPU it overlaps the
 queued kernels like any dispatch, on a CPU it adds).
 
+On a host whose cores several ranks of the job share (a multi-process CPU run), every kernel is slower than the
+tables measured it in one process: a profile's `shared_host` table (measured by `--calibrate`: a GEMM and
+adds in cache and streaming, in 1 and in 2 processes at once) gives the factors, applied when `local_ranks` > 1
+to GEMMs (by the elements of their operands), memory-bound kernels (the adds', by size: a working set that fits
+the shared last-level cache alone but not beside another process slows most), attention kernels and host-only
+work (the GEMMs' median) and AdamW (the largest add's).
+
 The AdamW update is `optimizer.per_tensor_s`·tensors + `optimizer.per_elem_s`·elements (fitted to measured
 steps of the optimizer alone): on a GPU split into host and device parts in the stream (above), on a CPU run
 after the backward (`Stream.add_serial`); gradient accumulation and the clip are memory-bound kernels in the
@@ -41,6 +49,7 @@ stream.
 from __future__ import annotations
 
 from llmtrain.plan.kernels import micro_batch_kernels, optimizer_kernels
+from llmtrain.plan.profile import slowdown_at
 
 
 def kernel_seconds(prof, k) -> float:
@@ -50,6 +59,8 @@ def kernel_seconds(prof, k) -> float:
         return prof.gemm_seconds(m, n, kk, batch)
     if k.kind in ("attn_fwd", "attn_bwd"):
         bh, s, d, causal = k.shape[:4]
+        if k.op == "math":
+            return prof.math_attention_seconds(bh, s, d, k.flops, k.kind == "attn_bwd")
         return prof.attention_seconds(bh, s, d, causal, k.flops, k.kind == "attn_bwd")
     if k.kind == "mem":
         return prof.mem_seconds(k.op, k.numel)
@@ -59,8 +70,9 @@ def kernel_seconds(prof, k) -> float:
 class Stream:
     """One host thread dispatching kernels to one device (see the module docstring)."""
 
-    def __init__(self, prof):
+    def __init__(self, prof, slowdown: dict | None = None):
         self.prof = prof
+        self.slowdown = slowdown or {}  # {"gemm" | "attention" | "mem": factor}: other ranks computing on this host
         self._memo = prof.__dict__.setdefault("_kernel_memo", {})  # a kernel's device time, per profile
         self.host = self.device = 0.0
         self.host_total = self.device_total = 0.0
@@ -80,10 +92,16 @@ class Stream:
             d = memo.get(k)
             if d is None:
                 d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
+            key = "gemm" if k.kind == "gemm" else "attention" if k.kind.startswith("attn") else k.kind
+            if self.slowdown and key in self.slowdown:
+                if k.kind == "gemm":  # by the elements of its operands and result
+                    m, n, kk, bt = k.shape
+                    d *= slowdown_at(self.slowdown[key], bt * (m * kk + kk * n + m * n))
+                else:
+                    d *= slowdown_at(self.slowdown[key], k.numel)
             self.kernels += k.kind != "view"
             self.host_total += h
             self.device_total += d
-            key = "gemm" if k.kind == "gemm" else "attention" if k.kind.startswith("attn") else k.kind
             self.by_kind[key] = self.by_kind.get(key, 0.0) + d
             if p.async_launch:
                 self.host += h
@@ -116,6 +134,7 @@ class Stream:
     def add_host(self, seconds: float):
         """Host-only work (the training loop's own Python between kernels): the host clock advances; on a CPU,
         where ops run in the dispatching thread, the device clock with it."""
+        seconds *= self.slowdown.get("host", 1.0)
         self.host += seconds
         self.host_total += seconds
         if not self.prof.async_launch:
@@ -148,13 +167,16 @@ class Stream:
 
 def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bool, flash: bool,
                  recompute: str, layers: float, first: bool, last: bool, grads: list[tuple[int, int]],
-                 owned: list[tuple[int, int]], sp: bool = False) -> dict:
+                 owned: list[tuple[int, int]], sp: bool = False, local_ranks: float = 1) -> dict:
     """Compute seconds of one step on one rank (its `layers` blocks, embedding if `first`, head if `last`;
     `grads` [(elements, bytes per element)] the gradients it accumulates, `owned` the tensors it updates),
-    with the breakdown."""
+    with the breakdown. `local_ranks`: processes of the job computing at once on this rank's host (a profile
+    with a `shared_host` table slows its kernels by the factor measured for that many; others ignore it)."""
     e = prof.dtype_bytes
-    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last, sp)
-    st = Stream(prof)
+    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last, sp,
+                             math_core=prof.math_attn is not None)
+    slow = prof.shared_host_slowdown(local_ranks)
+    st = Stream(prof, slow)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
     # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment
     st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.add_host(per_micro),
@@ -167,6 +189,7 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
     if prof.async_launch:  # queued behind the backward like any dispatch: nothing synchronises before it
         st.run_optimizer(owned)
     else:
-        st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)), "optimizer")
+        st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)) * slow.get("optimizer", 1.0),
+                      "optimizer")
     return {"compute_s": st.elapsed, "micro_batch_s": micro, "host_s": st.host_total, "device_s": st.device_total,
             "kernels_per_step": st.kernels, "by_kind_s": st.by_kind}

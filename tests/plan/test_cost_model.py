@@ -6,6 +6,7 @@ and `+parallel=auto` choosing the micro-batch that measures fastest.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import pytest
@@ -77,6 +78,85 @@ def test_profile_tables_interpolate():
     assert 2 * 4000**3 / 500e12 < p.gemm_seconds(4000, 4000, 4000) < 2 * 4000**3 / 100e12
 
 
+def test_math_attention_core_is_one_measured_composite_on_a_cpu_profile():
+    """A profile with `attention_math` rows prices the math attention core (views, strided matmuls, mask, softmax)
+    as one kernel per pass at the rate measured for its (batch·heads, seq, head_dim); without them (every GPU
+    profile) the core stays its batched GEMMs and memory-bound ops."""
+    from llmtrain.plan.kernels import attention_flops
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=512, attention="math")
+    base = _synthetic(async_launch=False, host=0.0)
+    rate = 1e9  # far slower than the synthetic GEMMs (100 TFLOP/s): the composite must dominate
+    math = dict(base, attention_math={"fwd": [[bh, s, d, rate] for bh in (1, 64) for s in (16, 1024) for d in (8, 128)],
+                                      "bwd": [[bh, s, d, rate / 2] for bh in (1, 64) for s in (16, 1024) for d in (8, 128)]})
+    args = (cfg, 2, 64, 1, 1, False, False, "none", 2, True, True, [(10, 4)], [(10, 4)])
+    with_core, without = step_compute(from_dict(math), *args), step_compute(from_dict(base), *args)
+    fl = attention_flops(2 * 4, 64, 64, False)
+    core = 2 * (fl / rate + 2 * fl / (rate / 2))  # two blocks, forward and backward
+    assert with_core["by_kind_s"]["attention"] == pytest.approx(core)
+    assert "attention" not in without["by_kind_s"]
+    assert with_core["compute_s"] > without["compute_s"] + 0.9 * core
+    mb = micro_batch_kernels(cfg, 2, 64, 1, 4, False, False, math_core=True)
+    assert [k.op for k in mb.forward if k.kind == "attn_fwd"] == ["math", "math"]
+    assert not [k for k in micro_batch_kernels(cfg, 2, 64, 1, 4, False, False).forward if k.kind.startswith("attn")]
+
+
+def test_shared_host_slowdown_applies_to_multi_process_layouts_only(tmp_path):
+    """A CPU profile's measured `shared_host` factors slow a rank's GEMMs and memory-bound kernels when the layout
+    puts 2 processes on the host (dp2 on one CPU machine), not one process alone; GPU profiles have no table."""
+    from llmtrain.config import to_config
+    from llmtrain.plan.__main__ import plan
+    from llmtrain.plan.timeline import step_compute
+
+    cfg = _llama(num_layers=2, hidden_size=256, num_heads=4, num_kv_heads=4, ffn_hidden_size=512)
+    base = _synthetic(async_launch=False, host=0.0)
+    shared = dict(base, shared_host={"ranks": 2, "rows": [{"kind": "gemm", "size": 2, "slowdown": 1.5},
+                                                          {"kind": "gemm", "size": 2**20, "slowdown": 1.5},
+                                                          {"kind": "memory_bound", "size": 2**4, "slowdown": 2.0},
+                                                          {"kind": "memory_bound", "size": 2**30, "slowdown": 2.0}]})
+    args = (cfg, 2, 64, 1, 2, False, False, "none", 2, True, True, [(10, 4)], [(10, 4)])
+    one, two = step_compute(from_dict(shared), *args, local_ranks=1), step_compute(from_dict(shared), *args, local_ranks=2)
+    assert one["compute_s"] == pytest.approx(step_compute(from_dict(base), *args, local_ranks=2)["compute_s"])
+    assert two["by_kind_s"]["gemm"] == pytest.approx(1.5 * one["by_kind_s"]["gemm"])
+    assert two["by_kind_s"]["mem"] == pytest.approx(2.0 * one["by_kind_s"]["mem"])
+    assert not load_profile("h200").shared_host_slowdown(8)
+    from llmtrain.plan.profile import slowdown_at
+
+    curve = [(0.0, 0.0), (4.0, 2.0)]  # factor 1 at 1 element, e**2 at e**4: log-log between, clamped outside
+    assert slowdown_at(curve, 0.5) == 1.0 and slowdown_at(curve, math.exp(8)) == pytest.approx(math.exp(2))
+    assert slowdown_at(curve, math.exp(2)) == pytest.approx(math.exp(1))
+    # through the planner: dp2 on the packaged cpu-here differs from the same profile without the table, one
+    # process does not
+    prof = load_profile("cpu-here")
+    if prof.shared_host is None:
+        pytest.skip("packaged cpu-here without a shared_host table")
+    plain = tmp_path / "plain.json"
+    plain.write_text(json.dumps({k: v for k, v in prof.raw.items() if k != "shared_host"}))
+    common = ["model=gpt-tiny", "model.vocab_size=2560", "train.global_batch_size=8", "train.micro_batch_size=2",
+              "plan.device=cpu-here"]
+    rows = {(layout, path): plan(to_config(compose(common + extra + [f"plan.profile={path}"])))[0]["compute_s"]
+            for layout, extra in (("single", ["plan.devices=1", "+parallel=dp2", "parallel.dp=1"]),
+                                  ("dp2", ["plan.devices=2", "+parallel=dp2"])) for path in ("null", plain)}
+    assert rows[("single", "null")] == pytest.approx(rows[("single", plain)])
+    if max(r["slowdown"] for r in prof.shared_host["rows"]) > 1.01:
+        assert rows[("dp2", "null")] > rows[("dp2", plain)]
+
+
+def test_cpu_timing_is_a_typical_call_not_the_fastest():
+    """measure.timeit on a CPU: the median of three back-to-back runs' mean call, the definition the GPU tables use
+    and what a step's sum of ops sees; the fastest of the repeats would under-price an op whose calls vary."""
+    from llmtrain.plan import measure
+
+    calls = iter(range(1000))
+
+    def alternating():  # 1 ms, 3 ms, 1 ms, 3 ms, ...: a typical call is 2 ms, the fastest 1 ms
+        time.sleep(3e-3 if next(calls) % 2 else 1e-3)
+
+    t = measure.timeit(alternating, reps=6, warmup=0)
+    assert 1.7e-3 < t < 2.6e-3, t
+
+
 def test_host_bound_and_device_bound_streams():
     """Micro-batch 1 of a small model: the GPU waits for the host; a large one: the host runs ahead."""
     slow_host = from_dict(_synthetic(host=200e-6))
@@ -125,6 +205,13 @@ def test_calibration_measures_and_fits_this_cpu(tmp_path):
     assert p.gemm_seconds(r["m"], r["n"], r["k"]) == pytest.approx(r["seconds"])
     add = [x for x in raw["memory_bound"] if x["op"] == "add"][-1]
     assert p.mem_seconds("add", add["numel"]) == pytest.approx(add["seconds"])
+    from llmtrain.plan.kernels import attention_flops
+
+    a = raw["attention_math"][-1]  # the math attention core: measured, looked up as measured
+    bh, s, d = a["batch"] * a["heads"], a["seq"], a["head_dim"]
+    fl = attention_flops(bh, s, d, False)
+    assert p.math_attention_seconds(bh, s, d, fl, False) == pytest.approx(a["fwd_s"])
+    assert p.math_attention_seconds(bh, s, d, 2 * fl, True) == pytest.approx(a["bwd_s"])
     assert p.host["fwd_op_s"] >= 0 and p.optimizer["per_tensor_s"] + p.optimizer["per_elem_s"] > 0
     assert not p.async_launch and p.tables_include_host
 
