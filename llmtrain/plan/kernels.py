@@ -255,10 +255,24 @@ def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False) -> tuple[list[Kernel], 
     _norm(p, cfg, T // t if sp and t > 1 else T, h, e, cfg.fused("fuse_rms_norm", gpu))
     _linear(p, T, h, V, False, "lm_head")
     cast = [view("cast")] if e != 4 else []
-    p.op([mem("cross_entropy", T * V)] + cast, [mem("cross_entropy_bwd", T * V)] + cast)
+    if t > 1 and not gpu:  # llmtrain's CPU stand-in for fleet's fused c_softmax_with_cross_entropy
+        _vocab_parallel_ce(p, T, V)
+    else:
+        p.op([mem("cross_entropy", T * V)] + cast, [mem("cross_entropy_bwd", T * V)] + cast)
     p.op([view("squeeze"), mem("cast", T), mem("mul", T), mem("reduce", T), mem("reduce", T), mem("add", 1),
           mem("mul", 1)], [mem("mul", 1), mem("mul", T), mem("copy", T)])
     return p.fwd, p.backward()
+
+
+def _vocab_parallel_ce(p: _Pass, T, V):
+    """Cross entropy over vocabulary-split logits [T, V/tp] as the CPU stand-in computes it, op by op
+    (llmtrain/paddle_compat/cpu_backend/mp_ops.py `_VocabParallelSoftmaxCE`; on a GPU fleet's kernel is fused).
+    Forward: row max, x - max, exp, row sum, exp / sum over [T, V] plus [T]-sized label work (its three
+    all-reduces are tp communication); backward: one_hot, its cast and mask, softmax - one_hot, * dloss,
+    zeros_like and where."""
+    n = T * V
+    p.op([mem("reduce", n), mem("add", n), mem("mul", n), mem("reduce", n), mem("mul", n)] + [mem("mul", T)] * 6,
+         [mem("copy", n), mem("copy", n), mem("mul", n), mem("add", n), mem("mul", n), mem("copy", n), mem("add", n)])
 
 
 @dataclass

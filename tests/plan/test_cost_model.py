@@ -430,3 +430,24 @@ def test_multi_rail_network_bandwidth():
     assert _link(16, dev, 8)[0] == pytest.approx(10 * GB)  # a pair
     dev.net_bw = 30 * GB
     assert _link(64, dev, 8, 1)[0] == pytest.approx(100 * GB)  # capped by NVLink
+
+
+def test_cpu_tensor_parallel_cross_entropy_is_the_stand_ins_ops():
+    """Under tp on a CPU the loss is llmtrain's stand-in for fleet's fused c_softmax_with_cross_entropy
+    (paddle_compat/cpu_backend/mp_ops.py): 5 forward and 7 backward passes over this rank's [T, V/tp] logits, not
+    the fused composite row; on a GPU (and without tp) the composite."""
+    from llmtrain.plan.kernels import head_kernels
+
+    cfg = to_config(compose(["model=gpt-tiny", "model.vocab_size=16000"])).model
+    b, s, t = 2, 128, 2
+    n = b * s * cfg.vocab_size // t
+    for gpu, tp, composite in ((False, 2, False), (True, 2, True), (False, 1, True)):
+        f, bw = head_kernels(cfg, b, s, tp, 4, gpu)
+        ops = [(k.op, k.numel) for k in f + bw if k.kind == "mem"]
+        full = cfg.vocab_size // tp * b * s
+        if composite:
+            assert ("cross_entropy", full) in ops and ("cross_entropy_bwd", full) in ops
+        else:
+            assert not any(op.startswith("cross_entropy") for op, _ in ops)
+            assert sum(1 for k in f if k.kind == "mem" and k.numel == n) == 5
+            assert sum(1 for k in bw if k.kind == "mem" and k.numel == n) == 7
