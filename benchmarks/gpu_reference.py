@@ -252,6 +252,21 @@ def run_gemm(b: Bench, which: str, rows: dict, deadline: float):
 
 
 # ---------------------------------------------------------------- attention
+def time_attention(b: Bench, row: dict, fwd, inputs, flops: float) -> None:
+    """Fill `row` with the forward's and the backward's (autograd.grad over the kept forward) median seconds and
+    TFLOP/s (`flops` of the forward; the backward counted as 2.5x), or with the error that stopped them."""
+    try:
+        out = fwd()
+        dout = randn(b, *out.shape, dtype=out.dtype)
+        row["fwd_s"], row["timing"] = b.time_calls([fwd], graph=False)
+        grad = lambda: torch.autograd.grad(out, inputs, dout, retain_graph=True)  # noqa: E731
+        row["bwd_s"], _ = b.time_calls([grad], graph=False)
+        row["fwd_tflops"] = flops / row["fwd_s"] / 1e12
+        row["bwd_tflops"] = 2.5 * flops / row["bwd_s"] / 1e12
+    except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+
+
 def run_attention(b: Bench, deadline: float):
     """Causal flash attention (SDPA) fwd and bwd; q [b, nh, s, d], k/v [b, nkv, s, d]."""
     configs = [(1, 32, 32, 128), (4, 32, 32, 128), (1, 32, 4, 128), (2, 16, 16, 128), (8, 16, 16, 64), (4, 32, 32, 64)]
@@ -272,17 +287,7 @@ def run_attention(b: Bench, deadline: float):
 
         row = {"batch": bs, "heads": nh, "kv_heads": nkv, "seq": s, "head_dim": d, "causal": True,
                "impl": "flash (torch SDPA, only the flash backend enabled)" if b.cuda else "sdpa-cpu"}
-        try:
-            out = fwd()
-            dout = randn(b, *out.shape, dtype=out.dtype)
-            row["fwd_s"], row["timing"] = b.time_calls([fwd], graph=False)
-            grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-            row["bwd_s"], _ = b.time_calls([grad], graph=False)
-            flops = 4 * bs * nh * s * s * d / 2  # causal: half of QK^T and PV
-            row["fwd_tflops"] = flops / row["fwd_s"] / 1e12
-            row["bwd_tflops"] = 2.5 * flops / row["bwd_s"] / 1e12
-        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        time_attention(b, row, fwd, (q, k, v), 4 * bs * nh * s * s * d / 2)  # causal: half of QK^T and PV
         b.add("attention", row, {"flops_note": "fwd 4*b*nh*s^2*d/2 (causal half), bwd 2.5x fwd"})
         del q, k, v
 
@@ -838,17 +843,7 @@ def run_attention_cudnn(b: Bench, deadline: float):
 
         row = {"batch": bs, "heads": nh, "kv_heads": nkv, "seq": s, "head_dim": d, "causal": causal,
                "impl": "cudnn" if b.cuda else "sdpa-cpu-math"}
-        try:
-            out = fwd()
-            dout = randn(b, *out.shape, dtype=out.dtype)
-            row["fwd_s"], row["timing"] = b.time_calls([fwd], graph=False)
-            grad = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
-            row["bwd_s"], _ = b.time_calls([grad], graph=False)
-            flops = 4 * bs * nh * s * s * d / (2 if causal else 1)
-            row["fwd_tflops"] = flops / row["fwd_s"] / 1e12
-            row["bwd_tflops"] = 2.5 * flops / row["bwd_s"] / 1e12
-        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        time_attention(b, row, fwd, (q, k, v), 4 * bs * nh * s * s * d / (2 if causal else 1))
         b.add("attention_cudnn", row, {"flops_note": "fwd 4*b*nh*s^2*d (halved when causal), bwd 2.5x fwd; SDPA "
                                                      "under sdpa_kernel(SDPBackend.CUDNN_ATTENTION)"})
         del q, k, v
