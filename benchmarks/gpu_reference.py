@@ -252,6 +252,17 @@ def run_gemm(b: Bench, which: str, rows: dict, deadline: float):
 
 
 # ---------------------------------------------------------------- attention
+def attention_cases(b: Bench, configs, seqs, deadline: float):
+    """((batch, heads, kv_heads, head_dim, seq), (q, k, v)) for every config x seq with batch·seq <= 32768, until
+    the deadline; q [b, nh, s, d], k/v [b, nkv, s, d], requiring grad."""
+    for (bs, nh, nkv, d), s in itertools.product(configs, seqs):
+        if time.time() > deadline:
+            return
+        if bs * s > 32768:
+            continue
+        yield (bs, nh, nkv, d, s), tuple(randn(b, bs, n, s, d).requires_grad_(True) for n in (nh, nkv, nkv))
+
+
 def time_attention(b: Bench, row: dict, fwd, inputs, flops: float) -> None:
     """Fill `row` with the forward's and the backward's (autograd.grad over the kept forward) median seconds and
     TFLOP/s (`flops` of the forward; the backward counted as 2.5x), or with the error that stopped them."""
@@ -273,15 +284,7 @@ def run_attention(b: Bench, deadline: float):
     seqs = [512, 1024, 2048, 4096, 8192]
     if b.args.smoke:
         configs, seqs = [(1, 4, 2, 16), (2, 4, 4, 8)], [32, 64]
-    for (bs, nh, nkv, d), s in itertools.product(configs, seqs):
-        if time.time() > deadline:
-            return
-        if bs * s > 32768:
-            continue
-        q = randn(b, bs, nh, s, d).requires_grad_(True)
-        k = randn(b, bs, nkv, s, d).requires_grad_(True)
-        v = randn(b, bs, nkv, s, d).requires_grad_(True)
-
+    for (bs, nh, nkv, d, s), (q, k, v) in attention_cases(b, configs, seqs, deadline):
         def fwd():
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=nkv != nh)
 
@@ -827,16 +830,9 @@ def run_attention_cudnn(b: Bench, deadline: float):
     seqs = [1024, 2048, 4096, 8192]
     if b.args.smoke:
         configs, seqs = [(1, 4, 4, 16)], [32]
-    for (bs, nh, nkv, d), s, causal in itertools.product(configs, seqs, (True, False)):
-        if time.time() > deadline:
-            return
-        if bs * s > 32768:
-            continue
-        q = randn(b, bs, nh, s, d).requires_grad_(True)
-        k = randn(b, bs, nkv, s, d).requires_grad_(True)
-        v = randn(b, bs, nkv, s, d).requires_grad_(True)
-        backend = SDPBackend.CUDNN_ATTENTION if b.cuda else SDPBackend.MATH
-
+    backend = SDPBackend.CUDNN_ATTENTION if b.cuda else SDPBackend.MATH
+    cases = ((case, causal) for case in attention_cases(b, configs, seqs, deadline) for causal in (True, False))
+    for ((bs, nh, nkv, d, s), (q, k, v)), causal in cases:  # lazily: one case's tensors at a time
         def fwd():
             with sdpa_kernel(backend):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=nkv != nh)
