@@ -49,6 +49,8 @@ ErnieForPretraining) but lacks part of it is an error listing the missing keys.
 """
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import shutil
@@ -187,10 +189,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, architectures=None) -> tu
     state: dict[str, np.ndarray] = {}
     notes: list[str] = []
 
-    def put(canon, key, shape):
-        arr = src.take(key, shape)
-        if arr is not None:
-            state[canon] = arr
+    put = functools.partial(src.take_into, state)  # put(canon, key, shape)
 
     e = PREFIX + "embeddings."
     put("embed.word.weight", e + "word_embeddings.weight", [v, h])

@@ -21,6 +21,8 @@ last axis, so its columns are per head (q_h, k_h, v_h); we split it that way.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, switch_mismatches
@@ -107,10 +109,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
     h, f, v, nh, d = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.num_heads, cfg.head_dim()
     state: dict[str, np.ndarray] = {}
 
-    def put(canon, key, shape):
-        arr = src.take(key, shape)
-        if arr is not None:
-            state[canon] = arr
+    put = functools.partial(src.take_into, state)  # put(canon, key, shape)
 
     put("embed.word.weight", "gpt.embeddings.word_embeddings.weight", [v, h])
     put("embed.pos.weight", "gpt.embeddings.position_embeddings.weight", [cfg.max_position_embeddings, h])

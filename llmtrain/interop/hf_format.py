@@ -34,14 +34,13 @@ import json
 import os
 import shutil
 import struct
-import tempfile
 from typing import Optional
 
 import numpy as np
 
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes, switch_mismatches
 from llmtrain.interop.tensor_files import (SAFE_INDEX, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
-                                           find_weight_files, fsync_tree, read_tensors)
+                                           find_weight_files, read_tensors, staged_dir)
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
@@ -290,10 +289,7 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
             size = 0
         shards[-1].append(key)
         size += nbytes
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    with staged_dir(out_dir) as tmp:
         names = [SAFE_SINGLE] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
                                                           for i in range(len(shards))]
         for fname, keys in zip(names, shards):
@@ -314,13 +310,5 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
                 raise CheckpointFileError(f"tokenizer {tokenizer_dir}: none of {', '.join(TOKENIZER_FILES)} to copy")
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-        os.chmod(tmp, 0o755)
-        fsync_tree(tmp)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dict(family=ARCHITECTURES[hf_family_for(cfg)], out_dir=out_dir, files=sorted(os.listdir(out_dir)),
                 config=config, notes=[], shards=len(shards))

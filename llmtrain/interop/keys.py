@@ -68,6 +68,12 @@ class SourceTensors:
             return None
         return arr
 
+    def take_into(self, state: dict, canon: str, key: str, shape: list[int]) -> None:
+        """`state[canon]` = the tensor `key` when `take` finds it with `shape` (else the problem is recorded)."""
+        arr = self.take(key, shape)
+        if arr is not None:
+            state[canon] = arr
+
     def ignore(self, key: str, reason: str) -> None:
         """Mark `key` as understood but not loaded (e.g. a buffer that we recompute), with the reason."""
         self.used.add(key)

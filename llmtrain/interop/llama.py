@@ -28,6 +28,8 @@ query heads, then its k, then its v. `gate_up_fused_proj` [h, 2f] is cut in halv
 """
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 
 import numpy as np
@@ -126,10 +128,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
     state: dict[str, np.ndarray] = {}
     notes: list[str] = []
 
-    def put(canon, key, shape):
-        arr = src.take(key, shape)
-        if arr is not None:
-            state[canon] = arr
+    put = functools.partial(src.take_into, state)  # put(canon, key, shape)
 
     put("embed.word.weight", "llama.embed_tokens.weight", [v, h])
     inv_freq = rope_inv_freq(d, cfg.rope_theta)

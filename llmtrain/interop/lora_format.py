@@ -27,14 +27,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import tempfile
 from typing import Optional
 
 import numpy as np
 
 from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig
-from llmtrain.interop.tensor_files import fsync_tree, read_tensors, write_pdparams, write_safetensors
+from llmtrain.interop.tensor_files import read_tensors, staged_dir, write_pdparams, write_safetensors
 from llmtrain.models.config import ModelConfig
 
 CONFIG_NAME = "lora_config.json"
@@ -118,10 +116,7 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
                 modules.append(names[module])
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    with staged_dir(out_dir) as tmp:
         with open(os.path.join(tmp, CONFIG_NAME), "w") as f:
             json.dump(lora_config_json(rank, alpha, lora.dropout, modules, base), f, indent=2)
         if safetensors:  # PaddleNLP 2.8.1 finds safetensors adapters only through the index file
@@ -132,14 +127,6 @@ def write_paddlenlp_lora(model_cfg: ModelConfig, lora, adapters: dict, out_dir: 
                 json.dump(index, f, indent=2)
         else:
             write_pdparams(tensors, os.path.join(tmp, PDPARAMS_NAME))
-        os.chmod(tmp, 0o755)
-        fsync_tree(tmp)
-        if os.path.exists(out_dir):
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dict(out_dir=out_dir, files=sorted(os.listdir(out_dir)), modules=len(modules), rank=rank)
 
 

@@ -25,6 +25,8 @@ model that uses it (moe_bias_update_rate > 0 with a non-zero bias) is refused on
 """
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 
 import numpy as np
@@ -113,10 +115,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
     state: dict[str, np.ndarray] = {}
     notes: list[str] = []
 
-    def put(canon, key, shape):
-        arr = src.take(key, shape)
-        if arr is not None:
-            state[canon] = arr
+    put = functools.partial(src.take_into, state)  # put(canon, key, shape)
 
     put("embed.word.weight", "mixtral.embed_tokens.weight", [v, h])
     for i in range(cfg.num_layers):

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from typing import Optional
 
 import numpy as np
@@ -28,8 +26,8 @@ import numpy as np
 from llmtrain.interop import ernie, gpt, llama, mixtral, qwen
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
-                                           find_weight_files, fsync_tree, read_tensors, write_pdparams,
-                                           write_safetensors)
+                                           find_weight_files, read_tensors, write_pdparams,
+                                           staged_dir, write_safetensors)
 from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokenizer_files
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
@@ -174,10 +172,7 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
     tensors = module.from_canonical(state, model_cfg)
     config["dtype"] = "float32"
 
-    parent = os.path.dirname(os.path.abspath(out_dir))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-    try:
+    with staged_dir(out_dir) as tmp:
         if tokenizer_dir is not None:
             config.update(ernie.write_tokenizer(tokenizer_dir, tmp, model_cfg) if family == "ernie"
                           else write_tokenizer_files(tokenizer_dir, tmp, model_cfg.vocab_size))
@@ -185,16 +180,4 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
         (write_safetensors if safetensors else write_pdparams)(tensors, os.path.join(tmp, weights))
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
-        fsync_tree(tmp)
-        if os.path.exists(out_dir):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
-            os.rename(out_dir, os.path.join(old, "x"))
-            os.rename(tmp, out_dir)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dict(family=family, out_dir=out_dir, files=sorted(os.listdir(out_dir)), config=config, notes=notes)

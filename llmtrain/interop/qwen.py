@@ -29,6 +29,8 @@ alpha / r is unchanged).
 """
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 
 import numpy as np
@@ -122,10 +124,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
     state: dict[str, np.ndarray] = {}
     notes: list[str] = []
 
-    def put(canon, key, shape):
-        arr = src.take(key, shape)
-        if arr is not None:
-            state[canon] = arr
+    put = functools.partial(src.take_into, state)  # put(canon, key, shape)
 
     put("embed.word.weight", "qwen.wte.weight", [v, h])
     for i in range(cfg.num_layers):

@@ -23,10 +23,13 @@ reported with its name instead of crashing later.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import struct
-from typing import Optional
+import tempfile
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -243,3 +246,28 @@ def fsync_tree(root: str) -> None:
 def dtype_of_config(cfg: dict) -> Optional[str]:
     """The weight dtype `config.json` declares (`dtype`, or HF's `torch_dtype`), if any."""
     return cfg.get("dtype") or cfg.get("torch_dtype")
+
+
+@contextlib.contextmanager
+def staged_dir(out_dir: str) -> Iterator[str]:
+    """Write a directory atomically: yields an empty staging directory beside `out_dir`; when the block ends
+    without an error its files are fsynced and it replaces `out_dir` (an old one is moved aside first and removed
+    after, so `out_dir` is never half-written); on an error the staging directory is removed and `out_dir` is
+    left as it was."""
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        fsync_tree(tmp)
+        if os.path.exists(out_dir):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)
+            os.rename(out_dir, os.path.join(old, "x"))
+            os.rename(tmp, out_dir)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
