@@ -2,7 +2,8 @@
 
     python benchmarks/planner.py            # published points
     python benchmarks/planner.py --cpu      # + predicted vs measured step time of CPU runs (1 process mb 1/2/4/8, 6 layouts)
-    python benchmarks/planner.py --cpu-only [--no-run]   # the CPU table alone (--no-run: re-predict the last runs)
+    python benchmarks/planner.py --cpu-only [--passes N] [--no-run]   # the CPU table alone (N interleaved passes
+                                                         # of the ten runs; --no-run: re-predict the last runs)
     python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps_pass*.json, default
                                                          # benchmarks/data/h200) against the h200 profile (fitted by
                                                          # benchmarks/fit_h200.py)
@@ -167,11 +168,13 @@ def _cpu_common() -> list[str]:
                      "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none", "data.num_workers=0"]
 
 
-def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> list[dict]:
+def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1) -> list[dict]:
     """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8, then six 2-process
     layouts at micro-batch 2; every run its own process or launch (through tests/launch.py), as users run it
-    (four Trainer runs in turn in one process ran each later run slower than alone). `run=False` re-predicts
-    the runs already in `workdir`."""
+    (four Trainer runs in turn in one process ran each later run slower than alone). `passes` > 1 runs the ten
+    rows that many times, interleaved (pass 1 of every row, then pass 2, ...), and takes each row's median
+    over the passes' medians (this host's speed drifts by up to 30% over minutes: one pass of a row is one draw
+    of it). `run=False` re-predicts the runs already in `workdir`."""
     import statistics
     from pathlib import Path
 
@@ -180,41 +183,44 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> li
 
     common = _cpu_common()
     out = Path(workdir)
-    single = [(f"single mb{mb}", common + [f"train.micro_batch_size={mb}", f"run.dir={out / f'mb{mb}'}"],
-               ["+parallel=dp2", "parallel.dp=1", "plan.devices=1"]) for mb in CPU_MICRO_BATCHES]
-    layouts = [(name, common + ["train.micro_batch_size=2", f"+parallel={name}", f"run.dir={out / name}"], ["plan.devices=2"])
+    single = [(f"single mb{mb}", common + [f"train.micro_batch_size={mb}"], ["+parallel=dp2", "parallel.dp=1", "plan.devices=1"], 0,
+               f"mb{mb}") for mb in CPU_MICRO_BATCHES]
+    layouts = [(name, common + ["train.micro_batch_size=2", f"+parallel={name}"], ["plan.devices=2"], 2, name)
                for name in CPU_LAYOUTS]
+    rows_spec = single + layouts  # one process per single run (see the docstring); one launch per layout
+    run_dir = lambda i, tag: out / (f"pass{i}" if passes > 1 else "") / tag  # noqa: E731
     loads = []
     if run:
         loads.append(os.getloadavg()[0])
-        for _, overrides, _ in single:  # one process per run, as a user runs it (see the docstring)
-            run_many([overrides], nproc=0, workdir=out / f"{overrides[-1].rsplit('/', 1)[-1]}_launch")
-            loads.append(os.getloadavg()[0])
-        for _, overrides, _ in layouts:  # one launch per layout (fleet is initialised once per process)
-            run_many([overrides], nproc=2, workdir=out / f"{overrides[-1].rsplit('/', 1)[-1]}_launch")
-            loads.append(os.getloadavg()[0])
+        for i in range(1, passes + 1):
+            for _, overrides, _, nproc, tag in rows_spec:
+                run_many([overrides + [f"run.dir={run_dir(i, tag)}"]], nproc=nproc, workdir=run_dir(i, tag + "_launch"))
+                loads.append(os.getloadavg()[0])
     rows = []
-    for name, overrides, plan_extra in single + layouts:
-        steps = [r["step_time"] for r in metrics(Path(overrides[-1].split("=", 1)[1]))[2:]]
-        measured = statistics.median(steps)
-        row = plan(to_config(compose_config([o for o in overrides if not o.startswith("run.dir")] + plan_extra
-                                            + ["plan.device=cpu-here"])))[0]
-        rows.append({"name": name, "measured_s": measured, "fastest_s": min(steps), "predicted_s": row["step_time_s"],
+    for name, overrides, plan_extra, _, tag in rows_spec:
+        per_pass = [[r["step_time"] for r in metrics(run_dir(i, tag))[2:]] for i in range(1, passes + 1)]
+        medians = [statistics.median(steps) for steps in per_pass]
+        measured = statistics.median(medians)
+        row = plan(to_config(compose_config(overrides + plan_extra + ["plan.device=cpu-here"])))[0]
+        rows.append({"name": name, "measured_s": measured, "pass_medians_s": medians,
+                     "fastest_s": min(min(steps) for steps in per_pass), "predicted_s": row["step_time_s"],
                      "error": row["step_time_s"] / measured - 1})
     if loads:
         print(f"load average (1 min) before and after each launch: {', '.join(f'{x:.1f}' for x in loads)}")
     return rows
 
 
-def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True) -> None:
-    rows = cpu_rows(workdir, run)
-    print("| run | measured step s (median, steps 3-8) | fastest of steps 3-8 | predicted | error (vs median) |")
-    print("|---|---|---|---|---|")
+def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1) -> None:
+    rows = cpu_rows(workdir, run, passes)
+    print(f"| run | measured step s (median of steps 3-8{', median of the passes' if passes > 1 else ''}) "
+          "| pass medians s | fastest | predicted | error (vs median) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['name']} | {r['measured_s']:.3f} | {r['fastest_s']:.3f} | {r['predicted_s']:.3f} | "
-              f"{100 * r['error']:+.1f}% |")
+        print(f"| {r['name']} | {r['measured_s']:.3f} | {' / '.join(f'{x:.3f}' for x in r['pass_medians_s'])} | "
+              f"{r['fastest_s']:.3f} | {r['predicted_s']:.3f} | {100 * r['error']:+.1f}% |")
     errs = [abs(r["error"]) for r in rows]
-    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%")
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+          f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
 
 
 H200_DATA = "benchmarks/data/h200"
@@ -314,4 +320,5 @@ if __name__ == "__main__":
             i = sys.argv.index(flag)
             h200_table(sys.argv[i + 1] if i + 1 < len(sys.argv) and not sys.argv[i + 1].startswith("--") else H200_DATA)
     if "--cpu" in sys.argv or "--cpu-only" in sys.argv:
-        cpu_table(run="--no-run" not in sys.argv)
+        n = int(sys.argv[sys.argv.index("--passes") + 1]) if "--passes" in sys.argv else 1
+        cpu_table(run="--no-run" not in sys.argv, passes=n)

@@ -106,27 +106,42 @@ def _worker(out: str, sizes, repeats: int) -> None:
 
 
 BUSY_BYTES = 128 * 2**10  # one all-reduce of a tiny model's [2, 128, 128] fp32 activation
-BUSY_MATMUL = 256  # an n x n x n fp32 matmul between two calls: about 1 ms on one thread here
+BUSY_MATMULS = ((128, 4), (256, 1), (512, 0.4), (1024, 0.12))  # (n of an n x n x n fp32 matmul between two calls:
+# about 0.15, 1, 8 and 60 ms on one thread here; share of the calls) -- training's gaps between its collectives
+# span that range (tp's all-reduces a few ms apart, the gradient buckets tens of ms)
 BUSY_CALLS_PER_REPEAT = 10
 
 
 def _busy_all_reduce(dist, calls: int) -> dict:
     """All-reduces of BUSY_BYTES between two processes that compute between the calls, as training does (no
     barrier): each call also waits for the other rank to arrive, which on a shared host (other tenants, ranks
-    descheduled) costs far more than the quiet alpha above. Mean and median seconds per call."""
+    descheduled) costs far more than the quiet alpha above, and more the longer the ranks computed apart (their
+    drift grows with the work between two meetings). Mean and median seconds per call with the ~1 ms gap, and
+    `by_gap`: the same for each of BUSY_MATMULS, with the gap (the matmul's own median time on this rank)."""
     import paddle
 
     x = paddle.ones([BUSY_BYTES // 4], dtype="float32")
-    a = paddle.randn([BUSY_MATMUL, BUSY_MATMUL], dtype="float32")
-    dist.barrier()
-    times = []
-    for i in range(calls + 1):
-        float(paddle.matmul(a, a)[0, 0])
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        if i:
-            times.append(time.perf_counter() - t0)
-    return {"bytes": BUSY_BYTES, "calls": calls, "mean_s": statistics.fmean(times), "median_s": statistics.median(times)}
+    by_gap = []
+    for n, share in BUSY_MATMULS:
+        a = paddle.randn([n, n], dtype="float32")
+        gaps = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            float(paddle.matmul(a, a)[0, 0])
+            gaps.append(time.perf_counter() - t0)
+        dist.barrier()
+        times = []
+        for i in range(max(3, int(calls * share)) + 1):
+            float(paddle.matmul(a, a)[0, 0])
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            if i:
+                times.append(time.perf_counter() - t0)
+        by_gap.append({"matmul": n, "gap_s": statistics.median(gaps), "calls": len(times),
+                       "mean_s": statistics.fmean(times), "median_s": statistics.median(times)})
+    one = next(r for r in by_gap if r["matmul"] == 256)
+    return {"bytes": BUSY_BYTES, "calls": one["calls"], "mean_s": one["mean_s"], "median_s": one["median_s"],
+            "by_gap": by_gap}
 
 
 def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> dict:
@@ -152,7 +167,8 @@ def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> 
 
 
 GEMM_SIZES = (16, 64, 256, 1024, 4096, 16384)
-MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**22)
+MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**21, 2**22)  # 2^21: fp32 tensors of 8 MiB fit the 32 MiB L3 of
+# this host with their inputs, 2^22 do not (an add: 1.2 ms vs 10 ms, 2026-12-01): the curve needs both sides
 QUICK = {"gemm_sizes": (16, 128, 1024), "gemm_max_flops": 2e8, "mem_sizes": (2**8, 2**12, 2**16),
          "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 2**20, 4 * 2**20),
          "repeats": 3, "passes": 1, "math_attention": ((1, 16, 8), (4, 64, 8), (4, 16, 32))}
@@ -194,6 +210,7 @@ def cpu_base(peak: float, gloo: dict, load: float) -> dict:
                       "nvlink_alpha": gloo["collective_alpha_busy"], "net_alpha": gloo["collective_alpha_busy"],
                       "p2p_bw": gloo["p2p_bw"], "p2p_alpha": gloo["p2p_alpha"],
                       "burst_alpha": gloo.get("collective_alpha", gloo["collective_alpha_busy"]),
+                      "alpha_by_gap": gloo.get("alpha_by_gap") or None,
                       "source": "gloo over loopback TCP, 2 processes, this host (calibrate.py)"},
             "source": f"python -m llmtrain.plan --calibrate on this host (load average {load:.1f})"}
 
@@ -211,8 +228,10 @@ def fit_gloo(measured: dict) -> dict:
         raise RuntimeError("; ".join(problems))
     # per-call latency of a collective between computing ranks: the busy call's mean minus its transfer time,
     # halved as alpha is for a 2-rank ring (never below the quiet alpha)
+    alpha = lambda mean: max(c0 / 2, (mean - busy["bytes"] * c1) / 2)  # noqa: E731
     return {"collective_bw": 1.0 / c1, "collective_alpha": c0 / 2, "p2p_bw": 1.0 / p1, "p2p_alpha": p0,
-            "collective_alpha_busy": max(c0 / 2, (busy["mean_s"] - busy["bytes"] * c1) / 2),
+            "collective_alpha_busy": alpha(busy["mean_s"]),
+            "alpha_by_gap": sorted([r["gap_s"], alpha(r["mean_s"])] for r in busy.get("by_gap", [])),
             "busy_all_reduce": busy, "measurements": rows}
 
 

@@ -285,6 +285,9 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         n_ar = 2 * (2 if mode == "full" else 1) + cols
     # per micro-batch: the vocabulary-parallel embedding (forward) and head input (backward) [b, s, h], and the
     # parallel cross entropy's max, sum and target logit [b, s] (fp32)
+    # a collective also waits for the slower rank, longer the more each computed since the last meeting (CPU
+    # profiles measure that wait against the gap: `alpha_by_gap`; others keep the link's alpha)
+    a_tp = dev.alpha_at(compute / max(1.0, m * ((cfg.num_layers / p) * n_ar + 5)), a_tp)
     per_micro = 2 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + 3 * _ring(b * s * 4, t, bw_tp, a_tp)
     tp_comm = m * ((cfg.num_layers / p) * n_ar * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + per_micro) \
         if t > 1 else 0.0
@@ -298,6 +301,8 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         if n <= 1:
             continue
         bw, al = _link(stride[axis] * n, dev, devices_per_node, stride[axis])
+        # the ranks meet once a step for the gradients (ZeRO-3: three collectives a micro-batch)
+        al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al)
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
             grads += _ring(local_param_bytes / share, n, bw, al)

@@ -246,17 +246,18 @@ def embedding_kernels(cfg, b, s, t, e) -> tuple[list[Kernel], list[Kernel]]:
     return p.fwd, p.backward()
 
 
-def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False) -> tuple[list[Kernel], list[Kernel]]:
+def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False, ce_core: bool = False) -> tuple[list[Kernel], list[Kernel]]:
     """Final norm (on T/tp positions under sequence parallelism, gathered after it), LM head GEMM (tied:
     x @ tableᵀ), cross entropy over fp32 logits (the cast and the loss: one composite row of the profile,
-    `cross_entropy`, over T·V elements), the masked mean."""
+    `cross_entropy`, over T·V elements; under tp on a CPU the stand-in's ops, `_vocab_parallel_ce`), the
+    masked mean."""
     h, T, V = cfg.hidden_size, b * s, cfg.vocab_size // t
     p = _Pass()
     _norm(p, cfg, T // t if sp and t > 1 else T, h, e, cfg.fused("fuse_rms_norm", gpu))
     _linear(p, T, h, V, False, "lm_head")
     cast = [view("cast")] if e != 4 else []
     if t > 1 and not gpu:  # llmtrain's CPU stand-in for fleet's fused c_softmax_with_cross_entropy
-        _vocab_parallel_ce(p, T, V)
+        _vocab_parallel_ce(p, T, V, ce_core)
     else:
         p.op([mem("cross_entropy", T * V)] + cast, [mem("cross_entropy_bwd", T * V)] + cast)
     p.op([view("squeeze"), mem("cast", T), mem("mul", T), mem("reduce", T), mem("reduce", T), mem("add", 1),
@@ -264,13 +265,17 @@ def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False) -> tuple[list[Kernel], 
     return p.fwd, p.backward()
 
 
-def _vocab_parallel_ce(p: _Pass, T, V):
-    """Cross entropy over vocabulary-split logits [T, V/tp] as the CPU stand-in computes it, op by op
-    (llmtrain/paddle_compat/cpu_backend/mp_ops.py `_VocabParallelSoftmaxCE`; on a GPU fleet's kernel is fused).
-    Forward: row max, x - max, exp, row sum, exp / sum over [T, V] plus [T]-sized label work (its three
-    all-reduces are tp communication); backward: one_hot, its cast and mask, softmax - one_hot, * dloss,
-    zeros_like and where."""
+def _vocab_parallel_ce(p: _Pass, T, V, measured: bool = False):
+    """Cross entropy over vocabulary-split logits [T, V/tp] as the CPU stand-in computes it
+    (llmtrain/paddle_compat/cpu_backend/mp_ops.py `vocab_ce_forward` / `vocab_ce_backward`; on a GPU fleet's
+    kernel is fused). `measured` (a profile from `--calibrate`, which times those two functions: the classes
+    `vocab_parallel_ce` and its `_bwd`): one composite kernel each way. Otherwise op by op: forward row max,
+    x - max, exp, row sum, exp / sum over [T, V] plus [T]-sized label work (its three all-reduces are tp
+    communication); backward one_hot, its cast and mask, softmax - one_hot, * dloss, zeros_like and where."""
     n = T * V
+    if measured:
+        p.op([mem("vocab_parallel_ce", n)], [mem("vocab_parallel_ce_bwd", n)])
+        return
     p.op([mem("reduce", n), mem("add", n), mem("mul", n), mem("reduce", n), mem("mul", n)] + [mem("mul", T)] * 6,
          [mem("copy", n), mem("copy", n), mem("mul", n), mem("add", n), mem("mul", n), mem("copy", n), mem("add", n)])
 
@@ -297,9 +302,9 @@ class MicroBatch:
 
 def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
                         layers: float | None = None, first: bool = True, last: bool = True,
-                        sp: bool = False, math_core: bool = False) -> MicroBatch:
+                        sp: bool = False, math_core: bool = False, ce_core: bool = False) -> MicroBatch:
     """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all; `sp`:
-    sequence parallelism; `math_core`: see block_kernels)."""
+    sequence parallelism; `math_core`: see block_kernels; `ce_core`: see head_kernels)."""
     L = cfg.num_layers if layers is None else layers
     bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash, sp, math_core)
     n = int(round(L))
@@ -309,7 +314,7 @@ def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: b
         fwd.append((ef, 1))
     fwd.append((bf, n))
     if last:
-        hf, hb = head_kernels(cfg, b, s, t, e, gpu, sp)
+        hf, hb = head_kernels(cfg, b, s, t, e, gpu, sp, ce_core)
         fwd.append((hf, 1))
         bwd.append((hb, 1))
     if recompute == "full":  # the block's forward again, then its backward

@@ -230,6 +230,22 @@ def _mem_ops(numel: int, dtype: str):
         return lambda: paddle.grad([y], [tab], [paddle.ones_like(y)], retain_graph=True)
 
     ops["embedding_bwd"] = (emb_bwd, n)
+    if not _on_gpu():  # tensor parallelism's loss on a CPU: llmtrain's stand-in for fleet's fused kernel, op by op
+        from llmtrain.paddle_compat.cpu_backend.mp_ops import vocab_ce_backward, vocab_ce_forward
+
+        glob = paddle.randint(0, 2 * vocab, [tokens])  # this rank holds half the vocabulary (tp 2)
+
+        def vp_ce():
+            lg = t(tokens, vocab, dt="float32")
+            return lambda: vocab_ce_forward(lg, glob, 0, -100, lambda x, op: None)
+
+        def vp_ce_bwd():
+            saved = vocab_ce_forward(t(tokens, vocab, dt="float32"), glob, 0, -100, lambda x, op: None)[2]
+            dloss = paddle.ones([tokens, 1])
+            return lambda: vocab_ce_backward(saved, dloss)
+
+        ops["vocab_parallel_ce"] = (vp_ce, tokens * vocab)
+        ops["vocab_parallel_ce_bwd"] = (vp_ce_bwd, tokens * vocab)
     return ops
 
 

@@ -161,6 +161,9 @@ class Profile:
     """Latency of a collective issued back to back with the previous one (ranks already in step: the quiet
     alpha, where `nvlink_alpha`/`net_alpha` of a CPU profile are those of collectives between computing ranks);
     None: the link's alpha."""
+    alpha_by_gap: list | None = None
+    """[(gap s, alpha s)] ascending: a collective's latency between ranks that computed `gap` seconds since their
+    last meeting (`--calibrate`'s busy all-reduces at several gaps; CPU profiles), or None: the link's alpha."""
     shared_host: dict | None = None
     """`--calibrate`'s measured slowdown of kernels while several processes compute on this host
     (measure.shared_host_table), or None."""
@@ -191,6 +194,20 @@ class Profile:
         if not self.math_attn:
             raise ValueError(f"profile {self.name}: no attention_math rows (the math core is costed op by op)")
         return flops / self.math_attn["bwd" if backward else "fwd"].rate(bh, s, d)
+
+    def alpha_at(self, gap_s: float, default: float) -> float:
+        """A collective's alpha between ranks that each compute `gap_s` seconds between two calls: `alpha_by_gap`
+        interpolated linearly in log(gap), its end values outside it; `default` for a profile without it."""
+        t = self.alpha_by_gap
+        if not t:
+            return default
+        if gap_s <= t[0][0]:
+            return t[0][1]
+        if gap_s >= t[-1][0]:
+            return t[-1][1]
+        i = bisect.bisect_right([g for g, _ in t], gap_s)
+        (g0, a0), (g1, a1) = t[i - 1], t[i]
+        return a0 + (a1 - a0) * math.log(gap_s / g0) / math.log(g1 / g0)
 
     def shared_host_slowdown(self, local_ranks: float) -> dict:
         """{"attention", "host": factor (the GEMMs' median), "gemm": [(log operand elements, log factor)], "mem":
@@ -277,6 +294,7 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         nvlink_bw=float(links["nvlink_bw"]), net_bw=float(links["net_bw"]),
         nvlink_alpha=float(links["nvlink_alpha"]), net_alpha=float(links["net_alpha"]),
         p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"), burst_alpha=links.get("burst_alpha"),
+        alpha_by_gap=sorted(tuple(map(float, r)) for r in links["alpha_by_gap"]) if links.get("alpha_by_gap") else None,
         framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),
         async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
         gemm=GemmTable(raw["gemm"]["rows"]),

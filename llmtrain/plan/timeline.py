@@ -174,7 +174,7 @@ def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bo
     with a `shared_host` table slows its kernels by the factor measured for that many; others ignore it)."""
     e = prof.dtype_bytes
     mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last, sp,
-                             math_core=prof.math_attn is not None)
+                             math_core=prof.math_attn is not None, ce_core="vocab_parallel_ce" in prof.mem_curves)
     slow = prof.shared_host_slowdown(local_ranks)
     st = Stream(prof, slow)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)

@@ -33,11 +33,13 @@ def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
         assert isinstance(g[k], float) and g[k] > 0, (k, g[k])
     assert g["collective_alpha_busy"] >= g["collective_alpha"] and g["busy_all_reduce"]["calls"] == 30
     assert all(r["all_reduce_s"] > 0 and r["send_recv_s"] > 0 for r in g["measurements"])
+    gaps = [gap for gap, _ in g["alpha_by_gap"]]  # the busy all-reduce at four compute gaps, ascending
+    assert len(gaps) == 4 and gaps == sorted(gaps) and gaps[-1] > 10 * gaps[0]
     assert p["peak_flops"] > 0 and p["gemm"]["rows"] and p["memory_bound"]["classes"] and p["host"]["fwd_op_s"] >= 0
 
     dev = get_device("cpu-here", str(out))
     assert (dev.nvlink_bw, dev.net_alpha, dev.p2p_alpha) == (g["collective_bw"], g["collective_alpha_busy"], g["p2p_alpha"])
-    assert "calibrate" in dev.source
+    assert "calibrate" in dev.source and dev.alpha_by_gap == sorted(tuple(r) for r in g["alpha_by_gap"])
 
     from llmtrain.plan.__main__ import plan
 

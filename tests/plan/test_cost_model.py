@@ -199,8 +199,9 @@ def test_calibration_measures_and_fits_this_cpu(tmp_path):
     p = from_dict(json.loads((tmp_path / "p.json").read_text()))
     r = raw["gemm"][-1]
     assert p.gemm_seconds(r["m"], r["n"], r["k"]) == pytest.approx(r["seconds"])
-    add = [x for x in raw["memory_bound"] if x["op"] == "add"][-1]
-    assert p.mem_seconds("add", add["numel"]) == pytest.approx(add["seconds"])
+    for op in ("add", "vocab_parallel_ce", "vocab_parallel_ce_bwd"):  # the last two: tp's CPU loss, timed whole
+        row = [x for x in raw["memory_bound"] if x["op"] == op][-1]
+        assert p.mem_seconds(op, row["numel"]) == pytest.approx(row["seconds"])
     from llmtrain.plan.kernels import attention_flops
 
     a = raw["attention_math"][-1]  # the math attention core: measured, looked up as measured
@@ -445,3 +446,36 @@ def test_cpu_tensor_parallel_cross_entropy_is_the_stand_ins_ops():
             assert not any(op.startswith("cross_entropy") for op, _ in ops)
             assert sum(1 for k in f if k.kind == "mem" and k.numel == n) == 5
             assert sum(1 for k in bw if k.kind == "mem" and k.numel == n) == 7
+    # a calibrated CPU profile times the stand-in's own functions: one composite kernel each way, priced from
+    # the profile's `vocab_parallel_ce` rows through the timeline
+    f, bw = head_kernels(cfg, b, s, t, 4, False, ce_core=True)
+    assert [k.op for k in f + bw if k.kind == "mem" and k.numel == n] == ["vocab_parallel_ce", "vocab_parallel_ce_bwd"]
+    from llmtrain.plan.timeline import step_compute
+
+    base = _synthetic(async_launch=False, host=0.0)
+    slow = dict(base, memory_bound={"fallback": "copy", "classes": dict(
+        base["memory_bound"]["classes"], vocab_parallel_ce=[[1e3, 0.5], [1e9, 0.5]],
+        vocab_parallel_ce_bwd=[[1e3, 0.25], [1e9, 0.25]])})
+    args = (cfg, b, s, t, 1, False, False, "none", 1, True, True, [(10, 4)], [(10, 4)])
+    assert step_compute(from_dict(slow), *args)["compute_s"] == pytest.approx(
+        step_compute(from_dict(base), *args)["compute_s"] + 0.75, rel=0.02)
+
+
+def test_collective_wait_grows_with_the_compute_between_meetings():
+    """A CPU profile's `alpha_by_gap` (calibrate's busy all-reduces at several compute gaps) prices each tp
+    all-reduce at the alpha for the compute between two of them, interpolated in log(gap); without the table the
+    link's alpha stays (every GPU profile)."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import time_estimate
+
+    prof = from_dict(dict(_synthetic(), links=dict(_synthetic()["links"], alpha_by_gap=[[1e-3, 1e-3], [1e-1, 5e-3]])))
+    assert prof.alpha_at(1e-4, 0) == 1e-3 and prof.alpha_at(1.0, 0) == 5e-3
+    assert prof.alpha_at(1e-2, 0) == pytest.approx(3e-3)  # halfway in log(gap)
+    assert from_dict(_synthetic()).alpha_at(1e-2, 7.0) == 7.0
+    c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", "+parallel=tp2", "train.global_batch_size=2",
+                           "train.micro_batch_size=1"]))
+    cfg, lay = c.model, resolve_layout(c.parallel, c.train, 2)
+    with_t = time_estimate(cfg, lay, 128, False, prof, 8)
+    plain = time_estimate(cfg, lay, 128, False, from_dict(_synthetic()), 8)
+    assert with_t["compute_s"] == pytest.approx(plain["compute_s"])
+    assert with_t["tp_comm_s"] > plain["tp_comm_s"] + 2 * 2 * 1e-3 * 10  # >= 10 calls at >= 1 ms more alpha

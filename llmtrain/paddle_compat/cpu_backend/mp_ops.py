@@ -123,48 +123,63 @@ class _VocabParallelSoftmaxCE(PyLayer):
     @staticmethod
     def forward(ctx, logits, label, group, ignore_index):
         vocab_local = logits.shape[-1]
-        x = logits.reshape([-1, vocab_local])  # [N, V/n]
         lab = label.reshape([-1]).astype("int64")  # [N]
-        n_ranks, start = group.nranks, group.rank * vocab_local
-        valid = ((lab >= 0) & (lab < vocab_local * n_ranks)) | (lab == ignore_index)
+        valid = ((lab >= 0) & (lab < vocab_local * group.nranks)) | (lab == ignore_index)
         if not bool(valid.all()):
             raise ValueError(
-                f"ParallelCrossEntropy: labels must lie in [0, {vocab_local * n_ranks}) "
+                f"ParallelCrossEntropy: labels must lie in [0, {vocab_local * group.nranks}) "
                 f"or equal ignore_index={ignore_index}"
             )
 
-        row_max = x.max(axis=-1, keepdim=True)  # [N, 1]
-        dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
-        shifted = x - row_max  # [N, V/n]
+        def reduce(t, op):  # in place over the group, as fleet's kernel reduces over the mp ranks
+            dist.all_reduce(t, op=op, group=group)
 
-        mine = (lab >= start) & (lab < start + vocab_local)  # [N]
-        local_lab = paddle.where(mine, lab - start, paddle.zeros_like(lab))
-        target = paddle.take_along_axis(shifted, local_lab.unsqueeze(-1), axis=-1)
-        target = target * mine.astype(x.dtype).unsqueeze(-1)  # [N, 1], 0 if not mine
-        dist.all_reduce(target, op=dist.ReduceOp.SUM, group=group)
-
-        exp = paddle.exp(shifted)  # [N, V/n]
-        sum_exp = exp.sum(axis=-1, keepdim=True)  # [N, 1]
-        dist.all_reduce(sum_exp, op=dist.ReduceOp.SUM, group=group)
-
-        ignored = (lab == ignore_index).unsqueeze(-1)  # [N, 1]
-        loss = paddle.where(ignored, paddle.zeros_like(target), paddle.log(sum_exp) - target)
-        softmax = exp / sum_exp
-
-        ctx.save_for_backward(softmax, local_lab, mine, ignored)
+        loss, softmax, saved = vocab_ce_forward(logits.reshape([-1, vocab_local]), lab,
+                                                group.rank * vocab_local, ignore_index, reduce)
+        ctx.save_for_backward(*saved)
         ctx.logits_shape = logits.shape
         ctx.mark_non_differentiable(softmax)
         return loss.reshape(label.shape), softmax.reshape(logits.shape)
 
     @staticmethod
     def backward(ctx, dloss, dsoftmax_unused):
-        softmax, local_lab, mine, ignored = ctx.saved_tensor()
-        vocab_local = softmax.shape[-1]
-        one_hot = paddle.nn.functional.one_hot(local_lab, vocab_local)  # [N, V/n]
-        one_hot = one_hot.astype(softmax.dtype) * mine.astype(softmax.dtype).unsqueeze(-1)
-        grad = (softmax - one_hot) * dloss.reshape([-1, 1])
-        grad = paddle.where(ignored, paddle.zeros_like(grad), grad)
-        return grad.reshape(ctx.logits_shape), None
+        return vocab_ce_backward(ctx.saved_tensor(), dloss).reshape(ctx.logits_shape), None
+
+
+def vocab_ce_forward(x, lab, start: int, ignore_index: int, reduce):
+    """The local math of `_VocabParallelSoftmaxCE.forward` on this rank's logits x [N, V/n] (vocabulary rows
+    start..start+V/n) and global labels lab [N]; `reduce(tensor, op)` sums or maxes a tensor over the group in
+    place (three calls, [N, 1] each). Returns (loss [N, 1], softmax [N, V/n], what the backward keeps). The
+    planner's calibration (`llmtrain.plan.measure`) times this and `vocab_ce_backward` with an identity
+    `reduce`, so the cost model prices the ops this stand-in really runs."""
+    vocab_local = x.shape[-1]
+    row_max = x.max(axis=-1, keepdim=True)  # [N, 1]
+    reduce(row_max, dist.ReduceOp.MAX)
+    shifted = x - row_max  # [N, V/n]
+
+    mine = (lab >= start) & (lab < start + vocab_local)  # [N]
+    local_lab = paddle.where(mine, lab - start, paddle.zeros_like(lab))
+    target = paddle.take_along_axis(shifted, local_lab.unsqueeze(-1), axis=-1)
+    target = target * mine.astype(x.dtype).unsqueeze(-1)  # [N, 1], 0 if not mine
+    reduce(target, dist.ReduceOp.SUM)
+
+    exp = paddle.exp(shifted)  # [N, V/n]
+    sum_exp = exp.sum(axis=-1, keepdim=True)  # [N, 1]
+    reduce(sum_exp, dist.ReduceOp.SUM)
+
+    ignored = (lab == ignore_index).unsqueeze(-1)  # [N, 1]
+    loss = paddle.where(ignored, paddle.zeros_like(target), paddle.log(sum_exp) - target)
+    softmax = exp / sum_exp
+    return loss, softmax, (softmax, local_lab, mine, ignored)
+
+
+def vocab_ce_backward(saved, dloss):
+    """The gradient of `vocab_ce_forward`'s loss for its logits [N, V/n], from what it kept and dloss [N, 1]."""
+    softmax, local_lab, mine, ignored = saved
+    one_hot = paddle.nn.functional.one_hot(local_lab, softmax.shape[-1])  # [N, V/n]
+    one_hot = one_hot.astype(softmax.dtype) * mine.astype(softmax.dtype).unsqueeze(-1)
+    grad = (softmax - one_hot) * dloss.reshape([-1, 1])
+    return paddle.where(ignored, paddle.zeros_like(grad), grad)
 
 
 def _c_identity(tensor, group=None, skip_c_identity_dynamic=False):
