@@ -168,6 +168,32 @@ def _cpu_common() -> list[str]:
                      "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none", "data.num_workers=0"]
 
 
+PROBE_GEMMS = ((256, 16384, 256), (256, 256, 16384), (256, 1024, 256), (1024, 1024, 1024))
+PROBE_MEM = (("add", 2**20), ("add", 2**21), ("add", 2**22), ("cross_entropy", 2**21), ("mul", 2**21))
+"""The host-speed probe: GEMMs on `--calibrate`'s grid and memory-bound ops at its sizes (so the profile holds
+each one's own measured time, nothing interpolated), in the mix a gpt-tiny step spends its time on."""
+
+
+def host_speed(prof) -> float:
+    """This host's speed now against the moment `prof` was calibrated: the probe's measured seconds over the
+    seconds `prof`'s tables hold for the same kernels (1.3 = 30% slower now). Timed the way `--calibrate` times
+    (measure.timeit: a typical call), in this process, alone on the host (between two runs of the leg)."""
+    import paddle
+
+    from llmtrain.plan import measure
+
+    measured, held = 0.0, 0.0
+    for m, n, k in PROBE_GEMMS:
+        a, b = paddle.randn([m, k]), paddle.randn([k, n])
+        measured += measure.timeit(lambda: paddle.matmul(a, b), 6)
+        held += prof.gemm_seconds(m, n, k)
+    for op, numel in PROBE_MEM:
+        make, n = measure._mem_ops(numel, "float32")[op]
+        measured += measure.timeit(make(), 6)
+        held += prof.mem_seconds(op, n)
+    return measured / held
+
+
 def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1) -> list[dict]:
     """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8, then six 2-process
     layouts at micro-batch 2; every run its own process or launch (through tests/launch.py), as users run it
@@ -189,22 +215,37 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passe
                for name in CPU_LAYOUTS]
     rows_spec = single + layouts  # one process per single run (see the docstring); one launch per layout
     run_dir = lambda i, tag: out / (f"pass{i}" if passes > 1 else "") / tag  # noqa: E731
-    loads = []
+    import json
+
+    from llmtrain.plan.devices import get_device
+
+    prof = get_device("cpu-here", "work/cpu-here.json")
+    loads, speeds = [], {}
     if run:
         loads.append(os.getloadavg()[0])
+        before = host_speed(prof)
         for i in range(1, passes + 1):
             for _, overrides, _, nproc, tag in rows_spec:
                 run_many([overrides + [f"run.dir={run_dir(i, tag)}"]], nproc=nproc, workdir=run_dir(i, tag + "_launch"))
                 loads.append(os.getloadavg()[0])
+                after = host_speed(prof)
+                speeds[(i, tag)] = (before, after)
+                (run_dir(i, tag) / "host_speed.json").write_text(json.dumps({"before": before, "after": after}))
+                before = after
     rows = []
     for name, overrides, plan_extra, _, tag in rows_spec:
         per_pass = [[r["step_time"] for r in metrics(run_dir(i, tag))[2:]] for i in range(1, passes + 1)]
         medians = [statistics.median(steps) for steps in per_pass]
         measured = statistics.median(medians)
+        # each pass's median over the host's speed around it (the probe before and after the run, averaged)
+        speed = [statistics.fmean(json.loads((run_dir(i, tag) / "host_speed.json").read_text()).values())
+                 if (run_dir(i, tag) / "host_speed.json").exists() else float("nan") for i in range(1, passes + 1)]
+        normalized = statistics.median(x / v for x, v in zip(medians, speed))
         row = plan(to_config(compose_config(overrides + plan_extra + ["plan.device=cpu-here"])))[0]
-        rows.append({"name": name, "measured_s": measured, "pass_medians_s": medians,
+        rows.append({"name": name, "measured_s": measured, "pass_medians_s": medians, "host_speed": speed,
                      "fastest_s": min(min(steps) for steps in per_pass), "predicted_s": row["step_time_s"],
-                     "error": row["step_time_s"] / measured - 1})
+                     "error": row["step_time_s"] / measured - 1, "normalized_s": normalized,
+                     "normalized_error": row["step_time_s"] / normalized - 1})
     if loads:
         print(f"load average (1 min) before and after each launch: {', '.join(f'{x:.1f}' for x in loads)}")
     return rows
@@ -213,14 +254,17 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passe
 def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1) -> None:
     rows = cpu_rows(workdir, run, passes)
     print(f"| run | measured step s (median of steps 3-8{', median of the passes' if passes > 1 else ''}) "
-          "| pass medians s | fastest | predicted | error (vs median) |")
-    print("|---|---|---|---|---|---|")
+          "| pass medians s | host speed around each pass | predicted | error | measured / host speed | error |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['name']} | {r['measured_s']:.3f} | {' / '.join(f'{x:.3f}' for x in r['pass_medians_s'])} | "
-              f"{r['fastest_s']:.3f} | {r['predicted_s']:.3f} | {100 * r['error']:+.1f}% |")
-    errs = [abs(r["error"]) for r in rows]
-    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
-          f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
+              f"{' / '.join(f'{x:.2f}' for x in r['host_speed'])} | {r['predicted_s']:.3f} | {100 * r['error']:+.1f}% | "
+              f"{r['normalized_s']:.3f} | {100 * r['normalized_error']:+.1f}% |")
+    for key, what in (("error", "against the measured medians"),
+                      ("normalized_error", "against the medians over the host's speed (the probe)")):
+        errs = [abs(r[key]) for r in rows]
+        print(f"{what}: mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+              f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
 
 
 H200_DATA = "benchmarks/data/h200"

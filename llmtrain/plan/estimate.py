@@ -35,9 +35,11 @@ sequence parallelism an all-gather + reduce-scatter pair per all-reduce (the sam
 (again under full recompute) and (cols + 2) backward;
 pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
 profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
-share) and, for sharding stage 1/2, a gradient reduce-scatter, overlapped with the backward of the last
+share) and, for sharding stage 1, a gradient reduce-scatter, overlapped with the backward of the last
 micro-batch only (gradient accumulation syncs once), exposed = max(0, comm - 0.8·that backward), plus the
-all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-3, every micro-batch:
+all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-2 reduces the gradients in
+every micro-batch's backward (Paddle's GroupShardedStage2 has no no_sync), each overlapped the same way;
+ZeRO-3, every micro-batch:
 parameter all-gathers for forward and backward and a gradient reduce-scatter (3 x (n-1)/n volume),
 exposed = max(0, comm - 0.8·the micro-batch's compute);
 bubble = (pp - 1)/(v·m) of the pipeline's compute. A group spans the network if its ranks are more than
@@ -297,6 +299,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     local_param_bytes = n_flops / (t * p) * e
     grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
     zero3 = 0.0  # every micro-batch: ZeRO-3 all-gathers the parameters for forward and backward, reduce-scatters grads
+    zero2 = 0.0  # every micro-batch: ZeRO-2 reduces the gradients
     for axis, n in (("dp", layout.dp), ("sharding", layout.sharding)):
         if n <= 1:
             continue
@@ -308,7 +311,13 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
             grads += _ring(local_param_bytes / share, n, bw, al)
         elif layout.sharding_stage == 3:
             zero3 += 3 * _ring(local_param_bytes, n, bw, al, factor=1.0)
-        else:  # stage 1/2: reduce-scatter of gradients, all-gather of the updated parameters
+        elif layout.sharding_stage == 2:
+            # Paddle's GroupShardedStage2 re-arms its gradient hooks in every forward and has no no_sync: each
+            # micro-batch's backward reduces the gradients to their owners (group_sharded_stage2.py
+            # `_clear_counters`), then the updated parameters are all-gathered once
+            zero2 += _ring(local_param_bytes, n, bw, al, factor=1.0)
+            params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
+        else:  # stage 1: reduce-scatter of gradients, all-gather of the updated parameters
             grads += _ring(local_param_bytes, n, bw, al, factor=1.0)
             params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
             if layout.sharding_stage == 1 and not dev.async_launch:
@@ -326,7 +335,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     # on a CPU (ops in the dispatching thread, gloo collectives in the training thread) nothing overlaps
     overlap = OVERLAP if dev.async_launch else 0.0
     exposed = max(0.0, grads - overlap * micro * 2 / 3) + params_after
-    exposed += m * max(0.0, zero3 - overlap * micro)
+    exposed += m * max(0.0, zero3 - overlap * micro) + m * max(0.0, zero2 - overlap * micro * 2 / 3)
     bubble = (p - 1) / (v * m) * (compute + tp_comm) if p > 1 else 0.0
     step = compute + tp_comm + pp_comm + exposed + bubble
     tokens = layout.global_batch * s
