@@ -29,7 +29,10 @@ machine) the line goes through the smallest message's time instead. For 2 ranks 
 Then, with no barrier, 10 x `repeats` all-reduces of 128 KiB between ranks that each run a ~1 ms matmul
 before every call, as training interleaves compute and collectives: their mean per call, less the transfer
 time, halved, is `collective_alpha_busy` (each call also waits for the other rank to arrive, which on this
-shared host costs milliseconds where the quiet alpha is tens of microseconds).
+shared host costs milliseconds where the quiet alpha is tens of microseconds). The same with ~0.15, 8 and
+60 ms matmuls between the calls gives `alpha_by_gap` (the wait grows with the compute between two meetings:
+0.5, 1.3, 2.1 and 4.0 ms at 0.35, 1.6, 17 and 93 ms on 2026-12-01), which the planner reads at each
+collective's gap (tp's all-reduces a few ms apart, the gradient sync once a step).
 The planner uses the collective bandwidth and the busy alpha for dp/sharding/tp and the send/recv figures
 for pipeline p2p. Everything on loopback TCP of one host: both "links" of the profile (in-node and across
 nodes) get the same figures. On a GPU machine (GPU-only branch, `gpu_base`; not run here: Paddle's GPU

@@ -140,6 +140,11 @@ class Watchdog:
         if info["state"] == "done":
             return None
         if info["host"] == self.host and not _pid_running(info["pid"]):
+            # a peer that finished writes "done" and exits at once: it may have done both between our read and
+            # the pid check, so its file is read again before it counts as gone
+            last = self._read(rank)
+            if last is not None and last["state"] == "done":
+                return None
             return f"{where} is gone: its process no longer runs"
         beat, since = self._seen.get(rank, (None, now))
         if beat != info["beat"]:

@@ -140,7 +140,7 @@ def test_sigstop_of_rank1_fires_the_hang_watchdog_with_stacks(tiny_corpus, tmp_p
     _newest_intact(run_dir)
 
 
-def test_peer_checks_from_heartbeat_files(tmp_path):
+def test_peer_checks_from_heartbeat_files(tmp_path, monkeypatch):
     """The dead-peer rules, in-process: a gone pid on this host, a failed state, a beat that stops changing,
     an earlier run's file (another job id) ignored until the peer timeout."""
     import json
@@ -171,6 +171,19 @@ def test_peer_checks_from_heartbeat_files(tmp_path):
     assert wd._peer_problem(1, now=17.0) is None
     peer(pid=gone.pid)
     assert "last completed step 4) is gone: its process no longer runs" in wd._peer_problem(1, now=18.0)
+    # a peer that wrote "done" and exited between our read of its file and the pid check finished: no problem
+    # (seen in a 2-process run whose rank 1 ended while rank 0 was still drawing the loss curve)
+    from llmtrain.train import watchdog
+
+    real_running = watchdog._pid_running
+
+    def finished_meanwhile(pid):
+        peer(pid=gone.pid, state="done", step=5, beat=3)
+        return real_running(pid)
+
+    monkeypatch.setattr(watchdog, "_pid_running", finished_meanwhile)
+    assert wd._peer_problem(1, now=19.0) is None
+    monkeypatch.undo()
     peer(state="failed", host="elsewhere")
     assert wd._peer_problem(1, now=18.0).endswith("failed")
     peer(state="done", host="elsewhere", beat=2)
