@@ -37,6 +37,8 @@ import sys
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# the CPU leg's host-speed probe times kernels as `--calibrate` and the runs do: one thread (before Paddle loads)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from llmtrain.config import register_configs, compose_config, to_config
 from llmtrain.plan.__main__ import plan
