@@ -2,8 +2,10 @@
 
     python benchmarks/planner.py            # published points
     python benchmarks/planner.py --cpu      # + predicted vs measured step time of CPU runs (1 process mb 1/2/4/8, 6 layouts)
-    python benchmarks/planner.py --cpu-only [--passes N] [--no-run]   # the CPU table alone (N interleaved passes
-                                                         # of the ten runs; --no-run: re-predict the last runs)
+    python benchmarks/planner.py --cpu-only [--passes N] [--calibrate-each-pass] [--no-run]
+                                                         # the CPU table alone: N interleaved passes of the ten
+                                                         # runs, each after its own calibration; --no-run:
+                                                         # re-predict the last runs
     python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps_pass*.json, default
                                                          # benchmarks/data/h200) against the h200 profile (fitted by
                                                          # benchmarks/fit_h200.py)
@@ -196,15 +198,23 @@ def host_speed(prof) -> float:
     return measured / held
 
 
-def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1) -> list[dict]:
+def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1,
+             calibrate_each: bool = False) -> list[dict]:
     """Predicted vs measured step time on this CPU: one process at micro-batches 1, 2, 4, 8, then six 2-process
     layouts at micro-batch 2; every run its own process or launch (through tests/launch.py), as users run it
     (four Trainer runs in turn in one process ran each later run slower than alone). `passes` > 1 runs the ten
-    rows that many times, interleaved (pass 1 of every row, then pass 2, ...), and takes each row's median
-    over the passes' medians (this host's speed drifts by up to 30% over minutes: one pass of a row is one draw
-    of it). `run=False` re-predicts the runs already in `workdir`."""
+    rows that many times, interleaved (pass 1 of every row, then pass 2, ...); `calibrate_each`: each pass
+    starts with its own `--calibrate` (into the pass's folder) and its runs are predicted from it. This host's
+    speed drifts by up to 30% over minutes (phases that outlast a calibration): one pass of a row, and one
+    calibration, are one draw of it. A row's error is the median over the passes of predicted / measured - 1
+    (each pass's median step against that pass's prediction). Around every run the host's speed is probed
+    (`host_speed`) against the pass's profile. `run=False` re-predicts the runs already in `workdir`."""
+    import json
     import statistics
+    import subprocess
     from pathlib import Path
+
+    from llmtrain.plan.devices import get_device
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from launch import metrics, run_many
@@ -217,56 +227,52 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passe
                for name in CPU_LAYOUTS]
     rows_spec = single + layouts  # one process per single run (see the docstring); one launch per layout
     run_dir = lambda i, tag: out / (f"pass{i}" if passes > 1 else "") / tag  # noqa: E731
-    import json
-
-    from llmtrain.plan.devices import get_device
-
-    prof = get_device("cpu-here", "work/cpu-here.json")
-    loads, speeds = [], {}
+    profile = lambda i: str(run_dir(i, "cpu-here.json")) if calibrate_each else "work/cpu-here.json"  # noqa: E731
+    loads = []
     if run:
-        loads.append(os.getloadavg()[0])
-        before = host_speed(prof)
         for i in range(1, passes + 1):
+            if calibrate_each:
+                run_dir(i, "").mkdir(parents=True, exist_ok=True)
+                subprocess.run([sys.executable, "-m", "llmtrain.plan", "--calibrate", "--out", profile(i)], check=True)
+            prof = get_device("cpu-here", profile(i))
+            before = host_speed(prof)
+            loads.append(os.getloadavg()[0])
             for _, overrides, _, nproc, tag in rows_spec:
                 run_many([overrides + [f"run.dir={run_dir(i, tag)}"]], nproc=nproc, workdir=run_dir(i, tag + "_launch"))
                 loads.append(os.getloadavg()[0])
                 after = host_speed(prof)
-                speeds[(i, tag)] = (before, after)
                 (run_dir(i, tag) / "host_speed.json").write_text(json.dumps({"before": before, "after": after}))
                 before = after
     rows = []
     for name, overrides, plan_extra, _, tag in rows_spec:
-        per_pass = [[r["step_time"] for r in metrics(run_dir(i, tag))[2:]] for i in range(1, passes + 1)]
-        medians = [statistics.median(steps) for steps in per_pass]
-        measured = statistics.median(medians)
-        # each pass's median over the host's speed around it (the probe before and after the run, averaged)
-        speed = [statistics.fmean(json.loads((run_dir(i, tag) / "host_speed.json").read_text()).values())
-                 if (run_dir(i, tag) / "host_speed.json").exists() else float("nan") for i in range(1, passes + 1)]
-        normalized = statistics.median(x / v for x, v in zip(medians, speed))
-        row = plan(to_config(compose_config(overrides + plan_extra + ["plan.device=cpu-here"])))[0]
-        rows.append({"name": name, "measured_s": measured, "pass_medians_s": medians, "host_speed": speed,
-                     "fastest_s": min(min(steps) for steps in per_pass), "predicted_s": row["step_time_s"],
-                     "error": row["step_time_s"] / measured - 1, "normalized_s": normalized,
-                     "normalized_error": row["step_time_s"] / normalized - 1})
+        medians, predicted, speed = [], [], []
+        for i in range(1, passes + 1):
+            medians.append(statistics.median(r["step_time"] for r in metrics(run_dir(i, tag))[2:]))
+            predicted.append(plan(to_config(compose_config(overrides + plan_extra + [
+                "plan.device=cpu-here", f"plan.profile={profile(i)}"])))[0]["step_time_s"])
+            probe = run_dir(i, tag) / "host_speed.json"
+            speed.append(statistics.fmean(json.loads(probe.read_text()).values()) if probe.exists() else float("nan"))
+        rows.append({"name": name, "pass_medians_s": medians, "predicted_s": predicted, "host_speed": speed,
+                     "error": statistics.median(p / m - 1 for p, m in zip(predicted, medians))})
     if loads:
         print(f"load average (1 min) before and after each launch: {', '.join(f'{x:.1f}' for x in loads)}")
     return rows
 
 
-def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1) -> None:
-    rows = cpu_rows(workdir, run, passes)
-    print(f"| run | measured step s (median of steps 3-8{', median of the passes' if passes > 1 else ''}) "
-          "| pass medians s | host speed around each pass | predicted | error | measured / host speed | error |")
-    print("|---|---|---|---|---|---|---|---|")
+def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1,
+              calibrate_each: bool = False) -> None:
+    rows = cpu_rows(workdir, run, passes, calibrate_each)
+    print("| run | measured step s (median of steps 3-8), each pass | predicted, each pass | error, each pass | "
+          "host speed (probe / profile) | error (median of the passes) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['name']} | {r['measured_s']:.3f} | {' / '.join(f'{x:.3f}' for x in r['pass_medians_s'])} | "
-              f"{' / '.join(f'{x:.2f}' for x in r['host_speed'])} | {r['predicted_s']:.3f} | {100 * r['error']:+.1f}% | "
-              f"{r['normalized_s']:.3f} | {100 * r['normalized_error']:+.1f}% |")
-    for key, what in (("error", "against the measured medians"),
-                      ("normalized_error", "against the medians over the host's speed (the probe)")):
-        errs = [abs(r[key]) for r in rows]
-        print(f"{what}: mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
-              f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
+        errs = [p / m - 1 for p, m in zip(r["predicted_s"], r["pass_medians_s"])]
+        print(f"| {r['name']} | {' / '.join(f'{x:.3f}' for x in r['pass_medians_s'])} | "
+              f"{' / '.join(f'{x:.3f}' for x in r['predicted_s'])} | {' / '.join(f'{100 * e:+.0f}%' for e in errs)} | "
+              f"{' / '.join(f'{x:.2f}' for x in r['host_speed'])} | {100 * r['error']:+.1f}% |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+          f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
 
 
 H200_DATA = "benchmarks/data/h200"
@@ -367,4 +373,4 @@ if __name__ == "__main__":
             h200_table(sys.argv[i + 1] if i + 1 < len(sys.argv) and not sys.argv[i + 1].startswith("--") else H200_DATA)
     if "--cpu" in sys.argv or "--cpu-only" in sys.argv:
         n = int(sys.argv[sys.argv.index("--passes") + 1]) if "--passes" in sys.argv else 1
-        cpu_table(run="--no-run" not in sys.argv, passes=n)
+        cpu_table(run="--no-run" not in sys.argv, passes=n, calibrate_each="--calibrate-each-pass" in sys.argv)

@@ -42,7 +42,8 @@ every micro-batch's backward (Paddle's GroupShardedStage2 has no no_sync), each 
 ZeRO-3, every micro-batch:
 parameter all-gathers for forward and backward and a gradient reduce-scatter (3 x (n-1)/n volume),
 exposed = max(0, comm - 0.8·the micro-batch's compute);
-bubble = (pp - 1)/(v·m) of the pipeline's compute. A group spans the network if its ranks are more than
+bubble = one micro-batch of every stage but the slowest (the fill and drain of 1F1B), /v when interleaved
+(equal stages: (pp - 1)/(v·m) of the pipeline's compute; the last stage holding the LM head is the slowest). A group spans the network if its ranks are more than
 devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost); then its ring crosses between
 nodes at (members per node) x net_bw, capped by NVLink (`_link`: one network port per GPU, one NCCL channel per
 local member), and a pipeline pair at one port's net_bw.
@@ -236,7 +237,12 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
                             sp=bool(getattr(layout, "sequence_parallel", False)), local_ranks=ranks)
 
     stages = sorted({0, p - 1})
-    worst = max((stage_compute(st, local_ranks) for st in stages), key=lambda r: r["compute_s"])
+    ends = {st: stage_compute(st, local_ranks) for st in stages}
+    worst = max(ends.values(), key=lambda r: r["compute_s"])
+    # the pipeline's fill and drain run every other stage's share once: the other end stage and the middle ones
+    # (blocks only, taken as the lighter end stage), for the bubble
+    light = min(r["compute_s"] for r in ends.values())
+    fill = sum(r["compute_s"] for r in ends.values()) - worst["compute_s"] + max(0, p - len(stages)) * light
     if p > 1 and local_ranks > 1 and dev.shared_host_slowdown(local_ranks):
         # pipeline stages on one host compute at once only part of the time: the bottleneck stage shares the host
         # with the others for their busy fraction (their compute over its own), so it sees that share of the
@@ -259,7 +265,8 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
         else:
             extra = 2 * dev.gemm_seconds(s, s, d, b * nh)
         worst = dict(worst, compute_s=worst["compute_s"] + m * cfg.num_layers / p * extra)
-    return worst
+        fill += (p - 1) * m * cfg.num_layers / p * extra
+    return dict(worst, other_stages_s=fill)
 
 
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
@@ -336,7 +343,9 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     overlap = OVERLAP if dev.async_launch else 0.0
     exposed = max(0.0, grads - overlap * micro * 2 / 3) + params_after
     exposed += m * max(0.0, zero3 - overlap * micro) + m * max(0.0, zero2 - overlap * micro * 2 / 3)
-    bubble = (p - 1) / (v * m) * (compute + tp_comm) if p > 1 else 0.0
+    # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
+    # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step
+    bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / (v * m) if p > 1 else 0.0
     step = compute + tp_comm + pp_comm + exposed + bubble
     tokens = layout.global_batch * s
     world = layout.world

@@ -479,3 +479,23 @@ def test_collective_wait_grows_with_the_compute_between_meetings():
     plain = time_estimate(cfg, lay, 128, False, from_dict(_synthetic()), 8)
     assert with_t["compute_s"] == pytest.approx(plain["compute_s"])
     assert with_t["tp_comm_s"] > plain["tp_comm_s"] + 2 * 2 * 1e-3 * 10  # >= 10 calls at >= 1 ms more alpha
+
+
+def test_pipeline_bubble_is_the_other_stages_share():
+    """1F1B's fill and drain run one micro-batch of every stage but the slowest: with the LM head on the last
+    stage (a large vocabulary) the bubble is the first stage's share, less than the textbook (p-1)/m of the
+    slowest stage's compute; with equal stages it is the textbook figure."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import time_estimate
+
+    dev = from_dict(_synthetic(host=0.0, rate=1e12))  # device-bound: the stages' kernels decide
+    for vocab, heavy_head in ((64000, True), (256, False)):
+        c = to_config(compose(["model=gpt-tiny", f"model.vocab_size={vocab}", "+parallel=pp2",
+                               "train.global_batch_size=8", "train.micro_batch_size=1"]))
+        lay = resolve_layout(c.parallel, c.train, 2)
+        est = time_estimate(c.model, lay, 128, False, dev, 8)
+        textbook = (lay.pp - 1) / lay.grad_accum * est["compute_s"]
+        if heavy_head:
+            assert est["bubble_s"] < 0.8 * textbook
+        else:
+            assert est["bubble_s"] == pytest.approx(textbook, rel=0.15)
