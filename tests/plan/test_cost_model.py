@@ -126,7 +126,8 @@ def test_shared_host_slowdown_applies_to_multi_process_layouts_only(tmp_path):
     curve = [(0.0, 0.0), (4.0, 2.0)]  # factor 1 at 1 element, e**2 at e**4: log-log between, clamped outside
     assert slowdown_at(curve, 0.5) == 1.0 and slowdown_at(curve, math.exp(8)) == pytest.approx(math.exp(2))
     assert slowdown_at(curve, math.exp(2)) == pytest.approx(math.exp(1))
-    # through the planner: dp2 on the packaged cpu-here differs from the same profile without the table, one
+    # through the planner: dp2 on the packaged cpu-here differs from the same profile without the table (slower
+    # or faster as its factors were measured above or below 1), one
     # process does not
     prof = load_profile("cpu-here")
     assert prof.shared_host is not None  # the packaged profile carries the table
@@ -138,8 +139,8 @@ def test_shared_host_slowdown_applies_to_multi_process_layouts_only(tmp_path):
             for layout, extra in (("single", ["plan.devices=1", "+parallel=dp2", "parallel.dp=1"]),
                                   ("dp2", ["plan.devices=2", "+parallel=dp2"])) for path in ("null", plain)}
     assert rows[("single", "null")] == pytest.approx(rows[("single", plain)])
-    if max(r["slowdown"] for r in prof.shared_host["rows"]) > 1.01:
-        assert rows[("dp2", "null")] > rows[("dp2", plain)]
+    if max(abs(r["slowdown"] - 1) for r in prof.shared_host["rows"]) > 0.01:  # a measured table moves dp2
+        assert rows[("dp2", "null")] != pytest.approx(rows[("dp2", plain)], rel=1e-3)
 
 
 def test_cpu_timing_is_a_typical_call_not_the_fastest():
