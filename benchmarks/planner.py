@@ -182,15 +182,11 @@ def host_speed(prof) -> float:
     """This host's speed now against the moment `prof` was calibrated: the probe's measured seconds over the
     seconds `prof`'s tables hold for the same kernels (1.3 = 30% slower now). Timed the way `--calibrate` times
     (measure.timeit: a typical call), in this process, alone on the host (between two runs of the leg)."""
-    import paddle
-
     from llmtrain.plan import measure
 
-    measured, held = 0.0, 0.0
-    for m, n, k in PROBE_GEMMS:
-        a, b = paddle.randn([m, k]), paddle.randn([k, n])
-        measured += measure.timeit(lambda: paddle.matmul(a, b), 6)
-        held += prof.gemm_seconds(m, n, k)
+    rows = measure.gemm_table(PROBE_GEMMS, reps=6)
+    measured = sum(r["seconds"] for r in rows)
+    held = sum(prof.gemm_seconds(r["m"], r["n"], r["k"]) for r in rows)
     for op, numel in PROBE_MEM:
         make, n = measure._mem_ops(numel, "float32")[op]
         measured += measure.timeit(make(), 6)

@@ -198,16 +198,9 @@ class Profile:
     def alpha_at(self, gap_s: float, default: float) -> float:
         """A collective's alpha between ranks that each compute `gap_s` seconds between two calls: `alpha_by_gap`
         interpolated linearly in log(gap), its end values outside it; `default` for a profile without it."""
-        t = self.alpha_by_gap
-        if not t:
+        if not self.alpha_by_gap:
             return default
-        if gap_s <= t[0][0]:
-            return t[0][1]
-        if gap_s >= t[-1][0]:
-            return t[-1][1]
-        i = bisect.bisect_right([g for g, _ in t], gap_s)
-        (g0, a0), (g1, a1) = t[i - 1], t[i]
-        return a0 + (a1 - a0) * math.log(gap_s / g0) / math.log(g1 / g0)
+        return _piecewise([(math.log(g), a) for g, a in self.alpha_by_gap], math.log(gap_s))
 
     def shared_host_slowdown(self, local_ranks: float) -> dict:
         """{"attention", "host": factor (the GEMMs' median), "gemm": [(log operand elements, log factor)], "mem":
@@ -249,15 +242,18 @@ def slowdown_at(factor, numel: float) -> float:
     interpolated linearly in log-log between the measured sizes, the nearest size's factor outside them."""
     if not isinstance(factor, list):
         return float(factor)
-    x = math.log(max(numel, 1.0))
-    xs = [a for a, _ in factor]
-    if x <= xs[0]:
-        return math.exp(factor[0][1])
-    if x >= xs[-1]:
-        return math.exp(factor[-1][1])
-    i = bisect.bisect_right(xs, x)
-    (x0, y0), (x1, y1) = factor[i - 1], factor[i]
-    return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
+    return math.exp(_piecewise(factor, math.log(max(numel, 1.0))))
+
+
+def _piecewise(points: list, x: float) -> float:
+    """y at x on the polyline through `points` [(x, y)] ascending in x; the end values outside it."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    i = bisect.bisect_right([a for a, _ in points], x)
+    (x0, y0), (x1, y1) = points[i - 1], points[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def _scaled(raw: dict, base: dict) -> dict:
