@@ -4,17 +4,17 @@
     check_guard(reference_dir, layout_dir, layout)
 
 Faults come from tests/train/faults.py, installed by `call` entries in the launched processes. One run per
-layout, `guard_faults` (6 steps, checkpoint.interval=2, default settings), meets two faults:
+layout, `guard_faults` (a 4-layer GPT, 4 steps, checkpoint.interval=2, default settings), meets two faults:
 - step 2: rank 1's gradients become NaN once (its loss stays finite). The guard rejects the step on every rank,
   re-runs it from the same state, finds it finite (a transient fault, transient_faults_total 1) and continues;
-- step 5: the batch of samples 32..39 has its logits scaled by 300 on every rank: a loss spike. The default
-  policy rewinds to step 4 and skips those samples.
-Every record then equals the one-process `guard_skipped` run, which has no fault and never sees samples 32..39
+- step 3: the batch of samples 16..23 has its logits scaled by 300 on every rank: a loss spike. The default
+  policy rewinds to step 2 (the checkpoint written after the re-run) and skips those samples.
+Every record then equals the one-process `guard_skipped` run, which has no fault and never sees samples 16..23
 (the data jumps over them): the re-run left no trace, the rewind undid the spike. One process only:
-- `guard_skip` (train.anomaly.policy=skip, the same spike, a checkpoint every step): the checkpoint of step 5
-  (the skipped step) holds exactly the tensors of step 4 and is marked anomalous;
-- `guard_nan`: a NaN written into the word-embedding table at step 5 (corrupted memory): the save of step 6 is
-  refused, steps 2 and 4 stay (keep_last=2).
+- `guard_skip` (train.anomaly.policy=skip, the same spike, a checkpoint every step): the checkpoint of step 3
+  (the skipped step) holds exactly the tensors of step 2 and is marked anomalous, step 4 trains again;
+- `guard_nan`: a NaN written into the word-embedding table at step 3 (corrupted memory): the save of step 4 is
+  refused, steps 0 and 2 stay (keep_last=2).
 """
 from __future__ import annotations
 
@@ -29,12 +29,13 @@ from llmtest import tiny_overrides
 FAULTS = "tests/train/faults.py"
 LAYOUTS = ("dp2", "tp2", "pp2", "zero2")
 TOL = 1e-5
-STEPS = 6
-SPIKE = (32, 40)  # samples of step 5 (global batch 8)
+STEPS = 4
+SPIKE_STEP = 3
+SPIKE = (8 * (SPIKE_STEP - 1), 8 * SPIKE_STEP)  # samples of the spiking step (global batch 8)
 
 
 def _run(corpus, out, name: str, layout, extra=()) -> list[str]:
-    return (tiny_overrides(corpus, str(out / name), "gpt", steps=STEPS) + ["model.num_layers=8", *extra]
+    return (tiny_overrides(corpus, str(out / name), "gpt", steps=STEPS) + [*extra]
             + ([f"+parallel={layout}"] if layout else []))
 
 
@@ -48,7 +49,7 @@ def guard_runs(corpus, out, layout=None) -> list:
                                                         "train.anomaly.policy=skip"]),
                  {"call": f"{FAULTS}:clear"}, {"call": f"{FAULTS}:skip_samples", "args": list(SPIKE)},
                  _run(corpus, out, "guard_skipped", None), {"call": f"{FAULTS}:clear"},
-                 {"call": f"{FAULTS}:nan_weights", "args": [5]},
+                 {"call": f"{FAULTS}:nan_weights", "args": [SPIKE_STEP]},
                  _run(corpus, out, "guard_nan", None, ["checkpoint.interval=2", "train.anomaly.policy=skip"])]
     return runs + [{"call": f"{FAULTS}:clear"}]
 
@@ -65,14 +66,14 @@ def _same(ref: list[dict], got: list[dict], what: str) -> None:
 def check_guard(ref_dir, got_dir, layout: str) -> None:
     recs = lambda d, n: [r for r in metrics(d / n) if "loss" in r]  # noqa: E731
     got = recs(got_dir, "guard_faults")
-    # a transient fault at step 2 (rejected everywhere, re-run, continued) and a rewind over the spike of step 5:
-    # equal to the clean run that never saw samples 32..39
+    # a transient fault at step 2 (rejected everywhere, re-run, continued) and a rewind over the spike of step 3:
+    # equal to the clean run that never saw samples 16..23
     _same(recs(ref_dir, "guard_skipped"), got, f"{layout} guard_faults")
     assert [r["transient_faults_total"] for r in got] == [0] + [1] * (STEPS - 1), got
-    assert [r["rewinds_total"] for r in got] == [0] * 4 + [1] * (STEPS - 4), got
-    assert not any("anomaly" in r for r in got)  # the rejected step-5 record was redone
+    assert [r["rewinds_total"] for r in got] == [0] * (SPIKE_STEP - 1) + [1] * (STEPS - SPIKE_STEP + 1), got
+    assert not any("anomaly" in r for r in got)  # the rejected spiking record was redone
     events = [r for r in metrics(got_dir / "guard_faults") if r.get("event") == "rewind"]
-    assert len(events) == 1 and events[0]["step"] == 5 and events[0]["to_step"] == 4, events
+    assert len(events) == 1 and events[0]["step"] == SPIKE_STEP and events[0]["to_step"] == SPIKE_STEP - 1, events
     assert events[0]["anomaly"] == ["loss_spike"] and events[0]["skip_samples"] == list(SPIKE), events
     with open(got_dir / "guard_faults" / "checkpoints" / f"step_{STEPS}" / "manifest.json") as f:
         health = json.load(f)["health"]  # the step's own loss and grad norm, recorded with its verdict
@@ -81,7 +82,7 @@ def check_guard(ref_dir, got_dir, layout: str) -> None:
     if layout == "single":
         check_skip(ref_dir / "guard_skip")
         steps = sorted(int(p.name[5:]) for p in (ref_dir / "guard_nan" / "checkpoints").glob("step_*"))
-        assert steps == [2, 4], steps  # never written from a non-finite state (else 4, 6)
+        assert steps == [0, 2], steps  # never written from a non-finite state (else 2, 4; step 0 is the start)
         assert [r["step"] for r in recs(ref_dir, "guard_nan")] == list(range(1, STEPS + 1))
 
 
@@ -90,12 +91,13 @@ def check_skip(run_dir) -> None:
     from safetensors.numpy import load_file
 
     recs = [r for r in metrics(run_dir) if "loss" in r]
-    assert [r.get("anomaly") for r in recs][4] == ["loss_spike"] and recs[-1]["skipped_steps_total"] == 1, recs
-    assert recs[4]["consumed_samples"] == SPIKE[1]  # the data was consumed
-    step = {s: load_file(str(run_dir / "checkpoints" / f"step_{s}" / "rank_00000.safetensors")) for s in (4, 5, 6)}
-    assert set(step[4]) == set(step[5]) and any(k.startswith("optim/") for k in step[4])
-    for k in step[4]:
-        assert np.array_equal(step[4][k], step[5][k]), k
-    assert any(not np.array_equal(step[5][k], step[6][k]) for k in step[5])  # step 6 trained again
-    with open(run_dir / "checkpoints" / "step_5" / "manifest.json") as f:
+    s = SPIKE_STEP
+    assert [r.get("anomaly") for r in recs][s - 1] == ["loss_spike"] and recs[-1]["skipped_steps_total"] == 1, recs
+    assert recs[s - 1]["consumed_samples"] == SPIKE[1]  # the data was consumed
+    step = {i: load_file(str(run_dir / "checkpoints" / f"step_{i}" / "rank_00000.safetensors")) for i in (s - 1, s, s + 1)}
+    assert set(step[s - 1]) == set(step[s]) and any(k.startswith("optim/") for k in step[s - 1])
+    for k in step[s - 1]:
+        assert np.array_equal(step[s - 1][k], step[s][k]), k
+    assert any(not np.array_equal(step[s][k], step[s + 1][k]) for k in step[s])  # the next step trained again
+    with open(run_dir / "checkpoints" / f"step_{s}" / "manifest.json") as f:
         assert json.load(f)["health"]["status"] == "anomalous"
