@@ -105,6 +105,10 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
     returns the same topology (several runs in one launch, as the parity tests do);
     another layout is refused, since fleet's groups cannot be rebuilt."""
     on_cpu = paddle.get_device() == "cpu"
+    if on_cpu:  # freed tensors stay in the process (no page faults per new tensor), as on a GPU
+        from llmtrain.paddle_compat.cpu_backend.host_allocator import keep_freed_memory
+
+        keep_freed_memory()
     if not layout.distributed:
         return Topology(on_cpu=on_cpu)
     key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch)

@@ -78,6 +78,10 @@ def _worker(out: str, sizes, repeats: int) -> None:
     import paddle
     import paddle.distributed as dist
 
+    if paddle.get_device() == "cpu":  # the allocator the trainer runs with (cpu_backend.host_allocator)
+        from llmtrain.paddle_compat.cpu_backend.host_allocator import keep_freed_memory
+
+        keep_freed_memory()
     dist.init_parallel_env()
     rank = dist.get_rank()
     rows = []
@@ -335,6 +339,10 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
     load = os.getloadavg()[0]
     on_gpu = _on_gpu()
     gpus = 0
+    if not on_gpu:  # time the kernels under the allocator the trainer runs with (cpu_backend.host_allocator)
+        from llmtrain.paddle_compat.cpu_backend.host_allocator import keep_freed_memory
+
+        keep_freed_memory()
     if on_gpu:
         import paddle
 

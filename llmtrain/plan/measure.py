@@ -380,6 +380,10 @@ def _shared_host_worker(commands, results) -> None:
     clock reaches `start`, calls the kernel for `seconds` and puts the median call; None ends it."""
     import paddle
 
+    from llmtrain.paddle_compat.cpu_backend.host_allocator import keep_freed_memory
+
+    keep_freed_memory()  # as the trainer's processes run
+
     while True:
         cmd = commands.get()
         if cmd is None:
