@@ -30,6 +30,10 @@ replaces, once per process:
 Each module's docstring says which Paddle function it replaces, why, and what the GPU
 path does instead. `installed_patches()` lists the replaced attributes.
 
+Not a patch, and applied to one-process CPU runs too (by `init_distributed`), not by install():
+  host_allocator   glibc mallopt: freed host memory stays in the process (no page fault per
+                   new large tensor), as Paddle's caching allocator keeps device memory on a GPU
+
 Notes for the trainer on CPU:
   * call `check_strategy(strategy)` before `fleet.init`: `mp_configs.mp_async_allreduce`
     must stay False (its fused linear calls the raw c_identity kernel) and

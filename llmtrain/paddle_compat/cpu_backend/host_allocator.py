@@ -5,13 +5,15 @@
 
 Why: on a GPU, Paddle's auto-growth allocator keeps freed device memory and hands it to the next tensor. On a
 CPU, Paddle 3.3.1 allocates each tensor with the C library's allocator and frees it straight back, and glibc
-gives large freed blocks back to the OS (blocks above its mmap threshold are unmapped on free; the threshold and
-the heap-trim threshold move with the sizes freed before), so a new tensor of such a size takes one page fault per 4 KiB page the first time it is written (the kernel zeroes each page). Measured on this
-project's 2-core CI machine, one thread: `x - y` over a [512, 4096] fp32 tensor took 7.5 ms with 2049 page
-faults per call, 1.2 ms with none; a [4096, 4096] one 52 ms vs 12 ms; a gpt-tiny step (vocabulary 16000, seq
-128, micro-batch 2) 0.96-1.10 s vs 0.71-0.96 s, and the faults come and go with the sizes glibc last freed,
-so the same op took 1.2 ms or 7.5 ms depending on what ran before it. That made CPU step times, and the
-planner's CPU calibration of the same ops, vary by tens of percent for no reason in the model.
+gives large freed blocks back to the OS (blocks above its mmap threshold are unmapped on free; the threshold
+and the heap-trim threshold move with the sizes freed before), so a new tensor of such a size takes one page
+fault per 4 KiB page the first time it is written (the kernel zeroes each page). Measured on this project's
+2-core CI machine, one thread, `x - y`: over [512, 4096] fp32, 7.5 ms with 2049 faults per call vs 1.2 ms with
+none; over [4096, 4096], 52 ms vs 12 ms; while [256, 8000] (not much smaller) took no faults with the defaults.
+A gpt-tiny step (vocabulary 16000, seq 128, micro-batch 2; two interleaved rounds) took 0.85 / 1.13 s with the
+defaults and 0.77 / 0.89 s with this, under tp2 1.20 / 0.99 s and 0.94 / 0.84 s. Which sizes fault depends on
+the sizes freed before, so CPU step times, and the planner's CPU calibration of the same ops, moved by tens of
+percent for no reason in the model.
 
 What it does: `mallopt(M_MMAP_MAX, 0)` (no block comes from mmap: every request is served from the heap and its
 free list) and `mallopt(M_TRIM_THRESHOLD, 1 GiB)` (the heap's top is not returned to the OS until a GiB is free
