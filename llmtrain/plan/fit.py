@@ -4,7 +4,8 @@
     python benchmarks/fit_h200.py benchmarks/data/h200       # the packaged h200 profile
     profile = fit_profile({"gemm": [...], "memory_bound": [...], "host": {...}, "optimizer": [...]}, base)
 
-- gemm: every row's achieved FLOP/s at its (m, n, k) (layouts pooled; the median where a shape repeats);
+- gemm: every row's achieved FLOP/s at its (m, n, k) (layouts pooled, or split into `gemm` ("nn") and
+  `gemm_layouts` ("nt", "tn") for `--calibrate`'s tables; the median where a shape repeats);
 - attention: per row [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] with the FLOPs of
   kernels.attention_flops (causal halves, backward 2.5x);
 - attention_math (CPU): the composite math attention core, forward and backward rates per (batch·heads, seq,
@@ -115,12 +116,23 @@ def fit_optimizer(rows: list[dict]) -> dict:
     return {"per_tensor_s": a, "per_elem_s": b}
 
 
-def fit_profile(raw: dict, base: dict, provenance: dict | None = None) -> dict:
+def fit_profile(raw: dict, base: dict, provenance: dict | None = None, split_layouts: bool = False) -> dict:
     """`base` (the device's constants: name, peak, memory, links, ...) with the tables fitted from `raw`
-    ({"gemm": rows, "attention": rows, "memory_bound": rows, "host": {...}, "optimizer": rows})."""
+    ({"gemm": rows, "attention": rows, "memory_bound": rows, "host": {...}, "optimizer": rows}).
+    `split_layouts` (`--calibrate`, which times every shape in every layout): `gemm` from the "nn" rows and
+    `gemm_layouts` {"nt", "tn"} from theirs; otherwise every layout pooled into `gemm` (the H200 tables, whose
+    layouts cover different shapes)."""
     prof = dict(base)
     src = (provenance or {}).get("summary", "")
-    prof["gemm"] = {"source": f"fitted from measured GEMMs {src}".strip(), "rows": fit_gemm(raw["gemm"])}
+    rows = raw["gemm"]
+    if split_layouts:
+        by = {}
+        for r in rows:
+            by.setdefault(r.get("layout", "nn"), []).append(r)
+        rows = by.pop("nn")
+        prof["gemm_layouts"] = {lay: {"source": f"fitted from measured {lay} GEMMs {src}".strip(), "rows": fit_gemm(rs)}
+                                for lay, rs in sorted(by.items())}
+    prof["gemm"] = {"source": f"fitted from measured GEMMs {src}".strip(), "rows": fit_gemm(rows)}
     if raw.get("attention"):
         prof["attention"] = {"source": f"fitted from measured flash attention {src}".strip(),
                              "rows": fit_attention(raw["attention"])}

@@ -49,14 +49,18 @@ class Kernel:
     """Memory-bound kernels: elements of one input, the table's index (fp32 statistics and the like are
     folded into the op's measured time)."""
     flops: float = 0.0
+    layout: str = "nn"
+    """gemm: which operand is read transposed, as Paddle's matmul is called: "nn" (A[m, k] @ B[k, n]), "nt"
+    (B stored [n, k]: a linear's input gradient dY @ Wᵀ, the tied head's logits x @ tableᵀ) or "tn" (A stored
+    [k, m]: a weight gradient Xᵀ @ dY). A profile with per-layout GEMM tables prices each by its own."""
     host: str = ""
     """"" (the pass's per-op host time) or "launch": a kernel the autograd engine launches from C++ without a node
     of its own (summing a tensor's gradients, adding into a parameter's gradient buffer): the bare launch cost
     (the profile's `host.launch_op_s`)."""
 
 
-def gemm(m, n, k, batch=1, op="gemm") -> Kernel:
-    return Kernel("gemm", op, (int(m), int(n), int(k), int(batch)), flops=2.0 * m * n * k * batch)
+def gemm(m, n, k, batch=1, op="gemm", layout="nn") -> Kernel:
+    return Kernel("gemm", op, (int(m), int(n), int(k), int(batch)), flops=2.0 * m * n * k * batch, layout=layout)
 
 
 def mem(op: str, numel: float, host: str = "") -> Kernel:
@@ -88,12 +92,18 @@ class _Pass:
         return [k for group in reversed(self.bwd) for k in group]
 
 
-def _linear(p: _Pass, T, K, N, bias: bool, name: str, bias_T=None):
+def _linear(p: _Pass, T, K, N, bias: bool, name: str, bias_T=None, tied: bool = False):
     """x [T, K] @ W [K, N] (+ b); `bias_T`: the rows the bias is added to when fewer than T (a row-parallel
-    linear under sequence parallelism adds it after the reduce-scatter, to T/tp rows)."""
+    linear under sequence parallelism adds it after the reduce-scatter, to T/tp rows). Layouts as Paddle's
+    matmul_grad runs them: dX = dY @ Wᵀ ("nt"), dW = Xᵀ @ dY ("tn"). `tied`: the weight is the word table
+    [N, K] (x @ tableᵀ, "nt"): dX = dY @ table ("nn"), d(table) [N, K] = dYᵀ @ X ("tn")."""
     bt = T if bias_T is None else bias_T
-    fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", bt * N)] if bias else [])
-    bwd = [gemm(T, K, N, op=f"{name}.dgrad"), gemm(K, N, T, op=f"{name}.wgrad")]
+    if tied:
+        fwd = [gemm(T, N, K, op=f"{name}.fwd", layout="nt")]
+        bwd = [gemm(T, K, N, op=f"{name}.dgrad"), gemm(N, K, T, op=f"{name}.wgrad", layout="tn")]
+    else:
+        fwd = [gemm(T, N, K, op=f"{name}.fwd")] + ([mem("add", bt * N)] if bias else [])
+        bwd = [gemm(T, K, N, op=f"{name}.dgrad", layout="nt"), gemm(K, N, T, op=f"{name}.wgrad", layout="tn")]
     if bias:
         bwd.append(mem("reduce", bt * N))  # bias gradient: sum over tokens
     p.op(fwd, bwd)
@@ -254,7 +264,7 @@ def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False, ce_core: bool = False) 
     h, T, V = cfg.hidden_size, b * s, cfg.vocab_size // t
     p = _Pass()
     _norm(p, cfg, T // t if sp and t > 1 else T, h, e, cfg.fused("fuse_rms_norm", gpu))
-    _linear(p, T, h, V, False, "lm_head")
+    _linear(p, T, h, V, False, "lm_head", tied=cfg.tie_embeddings)
     cast = [view("cast")] if e != 4 else []
     if t > 1 and not gpu:  # llmtrain's CPU stand-in for fleet's fused c_softmax_with_cross_entropy
         _vocab_parallel_ce(p, T, V, ce_core)

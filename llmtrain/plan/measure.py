@@ -85,18 +85,24 @@ def grid(sizes, max_flops: float) -> list[tuple[int, int, int]]:
     return [(m, n, k) for m in sizes for n in sizes for k in sizes if 2.0 * m * n * k <= max_flops]
 
 
-def gemm_table(shapes, dtype: str = "float32", reps: int = 3, passes: int = 1) -> list[dict]:
-    """GEMM rows; `passes` > 1 sweeps the whole grid that many times and keeps each shape's median pass (on a
-    host shared with other work, a burst of its load then hits one pass of a shape, not all of them)."""
+def gemm_table(shapes, dtype: str = "float32", reps: int = 3, passes: int = 1, layouts=("nn",)) -> list[dict]:
+    """GEMM rows C[m, n] = A[m, k] @ B[k, n] per layout: "nn", "nt" (B stored [n, k], `transpose_y`), "tn" (A
+    stored [k, m], `transpose_x`); `passes` > 1 sweeps the whole grid that many times and keeps each shape's
+    median pass (on a host shared with other work, a burst of its load then hits one pass of a shape, not all
+    of them)."""
     import paddle
 
     seen: dict = {}
     for _ in range(passes):
         for m, n, k in shapes:
-            a, b = paddle.randn([m, k]).astype(dtype), paddle.randn([k, n]).astype(dtype)
-            seen.setdefault((m, n, k), []).append(timeit(lambda: paddle.matmul(a, b), reps))
-    return [{"m": m, "n": n, "k": k, "layout": "nn", "dtype": dtype, "seconds": statistics.median(t),
-             "tflops": 2.0 * m * n * k / statistics.median(t) / 1e12, "source": "grid"} for (m, n, k), t in seen.items()]
+            for lay in layouts:
+                a = paddle.randn([k, m] if lay == "tn" else [m, k]).astype(dtype)
+                b = paddle.randn([n, k] if lay == "nt" else [k, n]).astype(dtype)
+                seen.setdefault((m, n, k, lay), []).append(
+                    timeit(lambda: paddle.matmul(a, b, transpose_x=lay == "tn", transpose_y=lay == "nt"), reps))
+    return [{"m": m, "n": n, "k": k, "layout": lay, "dtype": dtype, "seconds": statistics.median(t),
+             "tflops": 2.0 * m * n * k / statistics.median(t) / 1e12, "source": "grid"}
+            for (m, n, k, lay), t in seen.items()]
 
 
 MATH_ATTENTION = tuple((bh, s, d) for d in (8, 16, 32, 64, 128) for s in (16, 32, 64, 128, 256, 512, 1024)

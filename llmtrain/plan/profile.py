@@ -11,6 +11,10 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   interpolated trilinearly in (log m, log n, log k) over the grid rows around the shape (coordinates clamped
   to the grid's range; corners the grid lacks, e.g. above its FLOP cap, are left out and the weights
   renormalised; with no corner at all, inverse-distance weighting of the nearest rows);
+- `gemm_layouts` (profiles from `--calibrate`) {"nt": {"rows": ...}, "tn": {...}}: the same grid timed with B
+  (`transpose_y`) or A (`transpose_x`) read transposed, as Paddle's matmul_grad computes a linear's input and
+  weight gradients; kernels carry their layout (kernels.Kernel.layout), "nn" and any layout without a table use
+  `gemm`;
 - `attention.rows` [batch·heads, seq, head_dim, causal, fwd FLOP/s, bwd FLOP/s] (flash attention), the same way
   in (log batch·heads, log seq), among rows of the same head dim and causality when there are any;
 - `attention_math` (CPU profiles from `--calibrate`) {"fwd": [[batch·heads, seq, head_dim, FLOP/s], ...], "bwd":
@@ -170,16 +174,21 @@ class Profile:
     math_attn: dict | None = None
     """{"fwd": GemmTable, "bwd": GemmTable} over (batch·heads, seq, head_dim) of the measured math attention core,
     or None (then kernels.py decomposes the core)."""
+    gemm_layouts: dict = field(default_factory=dict)
+    """{"nt" | "tn": GemmTable} measured with that operand transposed (CPU profiles from `--calibrate`: on this
+    CPU a weight gradient Xᵀ @ dY ran up to 30% slower than the same shape untransposed); absent: `gemm`."""
     source: str = ""
     raw: dict = field(default_factory=dict, repr=False)
 
     # -- per-op times -------------------------------------------------------------------------------------------
-    def gemm_seconds(self, m: int, n: int, k: int, batch: int = 1) -> float:
-        """Seconds of a (batched) GEMM C[m, n] = A[m, k] @ B[k, n]; a batch counts as batch·m rows for its rate."""
+    def gemm_seconds(self, m: int, n: int, k: int, batch: int = 1, layout: str = "nn") -> float:
+        """Seconds of a (batched) GEMM C[m, n] = A[m, k] @ B[k, n]; a batch counts as batch·m rows for its rate;
+        `layout` "nt" / "tn" (B / A read transposed) from that layout's table where the profile has one
+        (`gemm_layouts`), else from `gemm`."""
         flops = 2.0 * m * n * k * batch
         if flops <= 0:
             return 0.0
-        return flops / self.gemm.rate(m * batch, n, k)
+        return flops / self.gemm_layouts.get(layout, self.gemm).rate(m * batch, n, k)
 
     def attention_seconds(self, bh: int, s: int, d: int, causal: bool, flops: float, backward: bool) -> float:
         rows = [r for r in self.attn_rows if r[2] == d and r[3] == causal] or self.attn_rows
@@ -294,6 +303,7 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),
         async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
         gemm=GemmTable(raw["gemm"]["rows"]),
+        gemm_layouts={lay: GemmTable(t["rows"]) for lay, t in raw.get("gemm_layouts", {}).items()},
         attn_rows=[tuple(r) for r in raw.get("attention", {}).get("rows", [])],
         shared_host=raw.get("shared_host"),
         math_attn=({k: GemmTable(raw["attention_math"][k]) for k in ("fwd", "bwd")}

@@ -56,7 +56,7 @@ def kernel_seconds(prof, k) -> float:
     """Device seconds of one kernel on `prof`."""
     if k.kind == "gemm":
         m, n, kk, batch = k.shape
-        return prof.gemm_seconds(m, n, kk, batch)
+        return prof.gemm_seconds(m, n, kk, batch, k.layout)
     if k.kind in ("attn_fwd", "attn_bwd"):
         bh, s, d, causal = k.shape[:4]
         if k.op == "math":

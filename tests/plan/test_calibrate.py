@@ -50,10 +50,18 @@ def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
     (tmp_path / "slow.json").write_text(json.dumps(slower))
     row_slow = plan(to_config(compose(common + [f"plan.profile={tmp_path / 'slow.json'}"])))[0]
     assert row_slow["step_time_s"] > row["step_time_s"] > 0
-    slow_gemm = dict(p, gemm={"rows": [[m, n, k, r / 10] for m, n, k, r in p["gemm"]["rows"]]})
+    # every shape timed as A @ B, A @ Bᵀ and Aᵀ @ B: the gradients' GEMMs are priced from their own layouts' tables
+    assert sorted(p["gemm_layouts"]) == ["nt", "tn"]
+    assert all([r[:3] for r in p["gemm_layouts"][lay]["rows"]] == [r[:3] for r in p["gemm"]["rows"]] for lay in ("nt", "tn"))
+    slower = lambda t: {"rows": [[m, n, k, r / 10] for m, n, k, r in t["rows"]]}  # noqa: E731
+    slow_gemm = dict(p, gemm=slower(p["gemm"]), gemm_layouts={lay: slower(t) for lay, t in p["gemm_layouts"].items()})
     (tmp_path / "slow_gemm.json").write_text(json.dumps(slow_gemm))
     row_gemm = plan(to_config(compose(common + [f"plan.profile={tmp_path / 'slow_gemm.json'}"])))[0]
-    assert row_gemm["compute_s"] > 2 * row["compute_s"]  # the measured GEMM table, not a constant, prices compute
+    assert row_gemm["compute_s"] > 2 * row["compute_s"]  # the measured GEMM tables, not a constant, price compute
+    slow_tn = dict(p, gemm_layouts=dict(p["gemm_layouts"], tn=slower(p["gemm_layouts"]["tn"])))
+    (tmp_path / "slow_tn.json").write_text(json.dumps(slow_tn))
+    row_tn = plan(to_config(compose(common + [f"plan.profile={tmp_path / 'slow_tn.json'}"])))[0]
+    assert row_tn["compute_s"] > 1.3 * row["compute_s"]  # the weight gradients (Xᵀ @ dY) alone, 10x slower
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({k: v for k, v in p.items() if k != "gemm"}))

@@ -5,6 +5,7 @@ and `+parallel=auto` choosing the micro-batch that measures fastest.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -54,6 +55,24 @@ def test_gemm_kernels_carry_the_model_flops():
     none = micro_batch_kernels(cfg, b, s, 1, 2, gpu=True, flash=True)
     block_fwd = (len(none.forward) - len(micro_batch_kernels(cfg, b, s, 1, 2, True, True, layers=0).forward)) // 2
     assert len(full.backward) == len(none.backward) + cfg.num_layers * block_fwd  # recompute's second forward
+
+
+def test_gemm_layouts_are_the_ones_matmul_grad_runs():
+    """A linear x @ W: forward "nn", input gradient dY @ Wᵀ "nt", weight gradient Xᵀ @ dY "tn" (Paddle's
+    matmul_grad); the tied head x @ tableᵀ: forward "nt", dX = dY @ table "nn", d(table) [V, h] = dYᵀ @ X "tn"."""
+    from llmtrain.plan.kernels import head_kernels
+
+    cfg = _llama(num_layers=1)
+    mb = micro_batch_kernels(cfg, 2, 64, 1, 4, gpu=False, flash=False)
+    for name, lay in (("fwd", "nn"), ("dgrad", "nt"), ("wgrad", "tn")):
+        got = {k.layout for k in mb.forward + mb.backward if k.kind == "gemm" and k.op.endswith("." + name)}
+        assert got == {lay}, (name, got)
+    h, V, T = cfg.hidden_size, cfg.vocab_size, 2 * 64
+    for tied, want in ((False, {"fwd": ("nn", (T, V, h)), "dgrad": ("nt", (T, h, V)), "wgrad": ("tn", (h, V, T))}),
+                       (True, {"fwd": ("nt", (T, V, h)), "dgrad": ("nn", (T, h, V)), "wgrad": ("tn", (V, h, T))})):
+        fwd, bwd = head_kernels(dataclasses.replace(cfg, tie_embeddings=tied), 2, 64, 1, 4, gpu=False)
+        got = {k.op.split(".")[-1]: (k.layout, k.shape[:3]) for k in fwd + bwd if k.kind == "gemm"}
+        assert got == want, (tied, got)
 
 
 def test_fused_switches_change_the_kernels():
@@ -195,11 +214,12 @@ def test_calibration_measures_and_fits_this_cpu(tmp_path):
     sizes = dict(QUICK, gemm_sizes=(16, 256), mem_sizes=(2**8, 2**14), optimizer=((2, 2**8), (8, 2**8), (2, 2**14)))
     raw = measure_tables(sizes)
     gloo = {"collective_bw": 1e9, "collective_alpha_busy": 1e-3, "p2p_bw": 1e9, "p2p_alpha": 1e-4}
-    prof = fit_profile(raw, cpu_base(1e10, gloo, 0.0))
+    prof = fit_profile(raw, cpu_base(1e10, gloo, 0.0), split_layouts=True)
     (tmp_path / "p.json").write_text(json.dumps(prof))
     p = from_dict(json.loads((tmp_path / "p.json").read_text()))
-    r = raw["gemm"][-1]
-    assert p.gemm_seconds(r["m"], r["n"], r["k"]) == pytest.approx(r["seconds"])
+    for lay in ("nn", "nt", "tn"):  # each layout's measurement, looked up in its own table
+        r = [x for x in raw["gemm"] if x["layout"] == lay][-1]
+        assert p.gemm_seconds(r["m"], r["n"], r["k"], 1, lay) == pytest.approx(r["seconds"])
     for op in ("add", "vocab_parallel_ce", "vocab_parallel_ce_bwd"):  # the last two: tp's CPU loss, timed whole
         row = [x for x in raw["memory_bound"] if x["op"] == op][-1]
         assert p.mem_seconds(op, row["numel"]) == pytest.approx(row["seconds"])
