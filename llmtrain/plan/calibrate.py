@@ -108,8 +108,35 @@ def _worker(out: str, sizes, repeats: int) -> None:
         rows.append({"bytes": nbytes, "all_reduce_s": min(ar), "send_recv_s": min(pp),
                      "all_reduce_median_s": statistics.median(ar), "send_recv_median_s": statistics.median(pp)})
     busy = _busy_all_reduce(dist, repeats * BUSY_CALLS_PER_REPEAT)
+    back_to_back = _back_to_back(dist)
     if rank == 0:
-        Path(out).write_text(json.dumps({"rows": rows, "busy": busy}))
+        Path(out).write_text(json.dumps({"rows": rows, "busy": busy, "back_to_back": back_to_back}))
+
+
+BACK_TO_BACK_BYTES = (1024, 16 * 2**10, 256 * 2**10)  # the small tensors of a model's parameter list
+BACK_TO_BACK_CALLS = 40
+
+
+def _back_to_back(dist) -> dict:
+    """Mean seconds per call of `dist.reduce` (to rank 0) and `dist.broadcast` (from rank 0) issued back to back,
+    BACK_TO_BACK_CALLS of each size of BACK_TO_BACK_BYTES after one barrier: how fleet's stage-1 sharding
+    optimizer meets, one reduce per gradient and one broadcast per updated parameter. On this CPU they took
+    0.5-1.3 ms (reduce) and 0.2-0.45 ms (broadcast) per call, 5-10x the quiet all-reduce's alpha."""
+    import paddle
+
+    out = {}
+    for name, call in (("reduce_s", lambda x: dist.reduce(x, dst=0)), ("broadcast_s", lambda x: dist.broadcast(x, src=0))):
+        per_size = []
+        for nbytes in BACK_TO_BACK_BYTES:
+            x = paddle.ones([nbytes // 4], dtype="float32")
+            dist.barrier()
+            call(x)
+            t0 = time.perf_counter()
+            for _ in range(BACK_TO_BACK_CALLS):
+                call(x)
+            per_size.append((time.perf_counter() - t0) / BACK_TO_BACK_CALLS)
+        out[name] = statistics.fmean(per_size)
+    return dict(out, bytes=list(BACK_TO_BACK_BYTES), calls=BACK_TO_BACK_CALLS)
 
 
 BUSY_BYTES = 128 * 2**10  # one all-reduce of a tiny model's [2, 128, 128] fp32 activation
@@ -224,6 +251,7 @@ def cpu_base(peak: float, gloo: dict, load: float) -> dict:
                       "p2p_bw": gloo["p2p_bw"], "p2p_alpha": gloo["p2p_alpha"],
                       "burst_alpha": gloo.get("collective_alpha", gloo["collective_alpha_busy"]),
                       "alpha_by_gap": gloo.get("alpha_by_gap") or None,
+                      "reduce_call_s": gloo.get("reduce_call_s"), "broadcast_call_s": gloo.get("broadcast_call_s"),
                       "source": "gloo over loopback TCP, 2 processes, this host (calibrate.py)"},
             "source": f"python -m llmtrain.plan --calibrate on this host (load average {load:.1f})"}
 
@@ -234,6 +262,10 @@ def fit_gloo(measured: dict) -> dict:
     # the fastest calls after a barrier: the transfer's own cost (the typical wait for a peer that is computing is
     # the busy alpha below, a mean); medians of a few calls per size were too noisy for the line (a negative slope)
     c0, c1 = fit_line(xs, [r["all_reduce_s"] for r in rows])
+    if c1 <= 0 and len(rows) > 2:
+        # gloo's all-reduce of the smallest message is at times slower than of 1 MiB (4 KiB: 3.3 ms against 0.7 ms,
+        # every repeat of one calibration): the bandwidth from the larger sizes, the intercept still anchored there
+        c0, c1 = fit_line(xs[1:], [r["all_reduce_s"] for r in rows[1:]])
     p0, p1 = fit_line(xs, [r["send_recv_s"] for r in rows])
     problems = [f"{what}: larger messages were not slower than the smallest (slope {v:.3g} s/byte): measurements {rows}"
                 for what, v in (("all-reduce", c1), ("send/recv", p1)) if v <= 0]
@@ -245,6 +277,8 @@ def fit_gloo(measured: dict) -> dict:
     return {"collective_bw": 1.0 / c1, "collective_alpha": c0 / 2, "p2p_bw": 1.0 / p1, "p2p_alpha": p0,
             "collective_alpha_busy": alpha(busy["mean_s"]),
             "alpha_by_gap": sorted([r["gap_s"], alpha(r["mean_s"])] for r in busy.get("by_gap", [])),
+            "reduce_call_s": measured.get("back_to_back", {}).get("reduce_s"),
+            "broadcast_call_s": measured.get("back_to_back", {}).get("broadcast_s"),
             "busy_all_reduce": busy, "measurements": rows}
 
 

@@ -329,14 +329,15 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
             params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
             if layout.sharding_stage == 1 and not dev.async_launch:
                 # fleet's stage-1 optimizer (no tensor fusion) reduces every gradient to its owner and broadcasts
-                # every updated parameter, tensor by tensor: a collective's latency per tensor each way, back to
-                # back (ranks in step: the quiet alpha, `burst_alpha`). CPU profiles only for now: the GPU points the
-                # planner is checked against run bucketed optimizers (Megatron's distributed optimizer), whose
-                # pinned predictions this term would move (-33% on Megatron 7.1B over 48 ranks)
+                # every updated parameter, tensor by tensor: a call's latency per tensor each way, back to back
+                # (measured so by `--calibrate`: `reduce_call_s`, `broadcast_call_s`; else the quiet alpha,
+                # `burst_alpha`). CPU profiles only for now: the GPU points the planner is checked against run
+                # bucketed optimizers (Megatron's distributed optimizer), whose pinned predictions this term would
+                # move (-33% on Megatron 7.1B over 48 ranks)
                 tensors = len(rank_tensors(cfg, layout, amp, 0)[0])
                 burst = dev.burst_alpha if dev.burst_alpha is not None else al
-                grads += max(0, tensors - 1) * (n - 1) * burst
-                params_after += max(0, tensors - 1) * (n - 1) * burst
+                grads += max(0, tensors - 1) * (n - 1) * (dev.reduce_call_s or burst)
+                params_after += max(0, tensors - 1) * (n - 1) * (dev.broadcast_call_s or burst)
     micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
     # on a CPU (ops in the dispatching thread, gloo collectives in the training thread) nothing overlaps

@@ -165,6 +165,11 @@ class Profile:
     """Latency of a collective issued back to back with the previous one (ranks already in step: the quiet
     alpha, where `nvlink_alpha`/`net_alpha` of a CPU profile are those of collectives between computing ranks);
     None: the link's alpha."""
+    reduce_call_s: float | None = None
+    broadcast_call_s: float | None = None
+    """Seconds per `reduce` / `broadcast` of a small tensor issued back to back, as fleet's stage-1 sharding
+    optimizer issues one per gradient and per updated parameter (`--calibrate`, calibrate._back_to_back; CPU
+    profiles), or None: `burst_alpha`."""
     alpha_by_gap: list | None = None
     """[(gap s, alpha s)] ascending: a collective's latency between ranks that computed `gap` seconds since their
     last meeting (`--calibrate`'s busy all-reduces at several gaps; CPU profiles), or None: the link's alpha."""
@@ -299,6 +304,7 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         nvlink_bw=float(links["nvlink_bw"]), net_bw=float(links["net_bw"]),
         nvlink_alpha=float(links["nvlink_alpha"]), net_alpha=float(links["net_alpha"]),
         p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"), burst_alpha=links.get("burst_alpha"),
+        reduce_call_s=links.get("reduce_call_s"), broadcast_call_s=links.get("broadcast_call_s"),
         alpha_by_gap=sorted(tuple(map(float, r)) for r in links["alpha_by_gap"]) if links.get("alpha_by_gap") else None,
         framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),
         async_launch=bool(raw.get("async_launch", True)), tables_include_host=bool(raw.get("tables_include_host", False)),
