@@ -144,6 +144,27 @@ BUSY_MATMULS = ((128, 4), (256, 1), (512, 0.4), (1024, 0.12))  # (n of an n x n 
 # about 0.15, 1, 8 and 60 ms on one thread here; share of the calls) -- training's gaps between its collectives
 # span that range (tp's all-reduces a few ms apart, the gradient buckets tens of ms)
 BUSY_CALLS_PER_REPEAT = 10
+BUSY_PASSES = ((1, 0.3), (5, 0.12))  # (forward + backward passes of a small residual MLP between two calls: about
+# 50 and 250 ms here; share of the calls) -- a micro-batch's or a whole step's work between two meetings (ZeRO-2's
+# reduces, the gradient sync), with training's own mix of autograd, small kernels and allocation
+
+
+def _mlp_pass():
+    """One forward + backward of a 4-block residual MLP (LayerNorm, Linear 128->512, GELU, Linear 512->128) on
+    [256, 128]: autograd work like a tiny model's micro-batch. Returns the callable that runs one pass."""
+    import paddle
+    from paddle import nn
+
+    paddle.seed(0)
+    blocks = [nn.Sequential(nn.LayerNorm(128), nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 128)) for _ in range(4)]
+    x = paddle.randn([256, 128], dtype="float32")
+
+    def run():
+        h = x  # [256, 128]
+        for blk in blocks:
+            h = h + blk(h)
+        h.mean().backward()
+    return run
 
 
 def _busy_all_reduce(dist, calls: int) -> dict:
@@ -173,7 +194,26 @@ def _busy_all_reduce(dist, calls: int) -> dict:
                 times.append(time.perf_counter() - t0)
         by_gap.append({"matmul": n, "gap_s": statistics.median(gaps), "calls": len(times),
                        "mean_s": statistics.fmean(times), "median_s": statistics.median(times)})
-    one = next(r for r in by_gap if r["matmul"] == 256)
+    mlp = _mlp_pass()
+    for passes, share in BUSY_PASSES:
+        gaps = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for _ in range(passes):
+                mlp()
+            gaps.append(time.perf_counter() - t0)
+        dist.barrier()
+        times = []
+        for i in range(max(3, int(calls * share)) + 1):
+            for _ in range(passes):
+                mlp()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            if i:
+                times.append(time.perf_counter() - t0)
+        by_gap.append({"mlp_passes": passes, "gap_s": statistics.median(gaps), "calls": len(times),
+                       "mean_s": statistics.fmean(times), "median_s": statistics.median(times)})
+    one = next(r for r in by_gap if r.get("matmul") == 256)
     return {"bytes": BUSY_BYTES, "calls": one["calls"], "mean_s": one["mean_s"], "median_s": one["median_s"],
             "by_gap": by_gap}
 

@@ -304,15 +304,17 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     bw_pp, a_pp = dev.p2p_bw or bw_pp, dev.p2p_alpha or a_pp  # measured send/recv figures when calibrated
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
     local_param_bytes = n_flops / (t * p) * e
+    micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
+    after_update = max(0.0, compute - m * micro)  # the optimizer's share of the step: the gap before its gathers
     grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
     zero3 = 0.0  # every micro-batch: ZeRO-3 all-gathers the parameters for forward and backward, reduce-scatters grads
     zero2 = 0.0  # every micro-batch: ZeRO-2 reduces the gradients
     for axis, n in (("dp", layout.dp), ("sharding", layout.sharding)):
         if n <= 1:
             continue
-        bw, al = _link(stride[axis] * n, dev, devices_per_node, stride[axis])
+        bw, al_link = _link(stride[axis] * n, dev, devices_per_node, stride[axis])
         # the ranks meet once a step for the gradients (ZeRO-3: three collectives a micro-batch)
-        al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al)
+        al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al_link)
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
             grads += _ring(local_param_bytes / share, n, bw, al)
@@ -321,9 +323,12 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         elif layout.sharding_stage == 2:
             # Paddle's GroupShardedStage2 re-arms its gradient hooks in every forward and has no no_sync: each
             # micro-batch's backward reduces the gradients to their owners (group_sharded_stage2.py
-            # `_clear_counters`), then the updated parameters are all-gathered once
-            zero2 += _ring(local_param_bytes, n, bw, al, factor=1.0)
-            params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
+            # `_clear_counters`), one reduce per owner's gradient storage (n of B/n bytes: a reduce carries its
+            # whole buffer over each link, B/bw together; gloo's reduce of a buffer took as long as its
+            # all-reduce). The ranks meet there once a micro-batch, after its forward and backward: the wait at
+            # that gap. Then each owner broadcasts its updated parameters (B/bw together), right after the update
+            zero2 += local_param_bytes / bw + 2 * (n - 1) * dev.alpha_at(micro, al_link)
+            params_after += local_param_bytes / bw + (n - 1) * dev.alpha_at(after_update, al_link)
         else:  # stage 1: reduce-scatter of gradients, all-gather of the updated parameters
             grads += _ring(local_param_bytes, n, bw, al, factor=1.0)
             params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
@@ -338,7 +343,6 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
                 burst = dev.burst_alpha if dev.burst_alpha is not None else al
                 grads += max(0, tensors - 1) * (n - 1) * (dev.reduce_call_s or burst)
                 params_after += max(0, tensors - 1) * (n - 1) * (dev.broadcast_call_s or burst)
-    micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
     # on a CPU (ops in the dispatching thread, gloo collectives in the training thread) nothing overlaps
     overlap = OVERLAP if dev.async_launch else 0.0

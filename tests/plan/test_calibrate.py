@@ -46,8 +46,12 @@ def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
         assert isinstance(g[k], float) and g[k] > 0, (k, g[k])
     assert g["collective_alpha_busy"] >= g["collective_alpha"] and g["busy_all_reduce"]["calls"] == 30
     assert all(r["all_reduce_s"] > 0 and r["send_recv_s"] > 0 for r in g["measurements"])
-    gaps = [gap for gap, _ in g["alpha_by_gap"]]  # the busy all-reduce at four compute gaps, ascending
-    assert len(gaps) == 4 and gaps == sorted(gaps) and gaps[-1] > 10 * gaps[0]
+    # the busy all-reduce at six compute gaps, ascending: four matmuls, then one and five MLP passes (a
+    # micro-batch's autograd work) between the calls
+    gaps = [gap for gap, _ in g["alpha_by_gap"]]
+    assert len(gaps) == 6 and gaps == sorted(gaps) and gaps[-1] > 100 * gaps[0]
+    mlp = [r for r in g["busy_all_reduce"]["by_gap"] if "mlp_passes" in r]
+    assert [r["mlp_passes"] for r in mlp] == [1, 5] and mlp[1]["gap_s"] > 3 * mlp[0]["gap_s"]
     assert p["peak_flops"] > 0 and p["gemm"]["rows"] and p["memory_bound"]["classes"] and p["host"]["fwd_op_s"] >= 0
 
     dev = get_device("cpu-here", str(out))

@@ -502,6 +502,34 @@ def test_collective_wait_grows_with_the_compute_between_meetings():
     assert with_t["tp_comm_s"] > plain["tp_comm_s"] + 2 * 2 * 1e-3 * 10  # >= 10 calls at >= 1 ms more alpha
 
 
+def test_zero2_meets_once_a_micro_batch_at_that_gap():
+    """ZeRO-2 (Paddle's GroupShardedStage2) reduces every micro-batch's gradients to their owners, one reduce per
+    owner's storage (B/bw together) after the micro-batch's forward and backward, then broadcasts the updated
+    parameters (B/bw) right after the optimizer: each extra micro-batch adds one meeting, and the reduce's wait
+    is read at the micro-batch's compute, not at the step's."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import flops_parameters, time_estimate
+
+    def comm(accum, gap_table):
+        base = _synthetic(async_launch=False)  # a CPU profile: nothing overlaps the collectives
+        prof = from_dict(dict(base, links=dict(base["links"], alpha_by_gap=gap_table)))
+        c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", "+parallel=zero2",
+                               f"train.global_batch_size={2 * accum}", "train.micro_batch_size=1"]))
+        cfg, lay = c.model, resolve_layout(c.parallel, c.train, 2)
+        est = time_estimate(cfg, lay, 128, False, prof, 8)
+        return est["dp_sharding_comm_s"], flops_parameters(cfg) * prof.dtype_bytes / prof.nvlink_bw, est["compute_s"]
+
+    a = 2e-3
+    for accum in (1, 2, 4):  # a flat wait: (accum + 1) transfers of B, 2 x accum + 1 alphas
+        got, b_over_bw, _ = comm(accum, [[1e-6, a], [1e3, a]])
+        assert got == pytest.approx((accum + 1) * b_over_bw + (2 * accum + 1) * a, rel=1e-9), accum
+    # a wait that grows with the gap: read at one micro-batch's compute (accum 4: a quarter of the step's)
+    _, _, step = comm(4, [[1e-6, a], [1e3, a]])
+    grows = [[step / 8, 0.0], [step / 2, 1.0]]  # 0 below an eighth of the step, 1 s at half of it
+    got, b_over_bw, _ = comm(4, grows)
+    assert 5 * b_over_bw < got < 5 * b_over_bw + 8 * 0.5 + 1.0  # micro-batches' waits well below 1 s each
+
+
 def test_pipeline_bubble_is_the_other_stages_share():
     """1F1B's fill and drain run one micro-batch of every stage but the slowest: with the LM head on the last
     stage (a large vocabulary) the bubble is the first stage's share, less than the textbook (p-1)/m of the
