@@ -30,9 +30,12 @@ Then, with no barrier, 10 x `repeats` all-reduces of 128 KiB between ranks that 
 before every call, as training interleaves compute and collectives: their mean per call, less the transfer
 time, halved, is `collective_alpha_busy` (each call also waits for the other rank to arrive, which on this
 shared host costs milliseconds where the quiet alpha is tens of microseconds). The same with ~0.15, 8 and
-60 ms matmuls between the calls gives `alpha_by_gap` (the wait grows with the compute between two meetings:
-0.5, 1.3, 2.1 and 4.0 ms at 0.35, 1.6, 17 and 93 ms on 2026-12-01), which the planner reads at each
-collective's gap (tp's all-reduces a few ms apart, the gradient sync once a step).
+60 ms matmuls, then 1 and 5 forward+backward passes of a small MLP (autograd work of ~50 and ~250 ms, a
+micro-batch's or a step's worth), between the calls gives `alpha_by_gap` (the wait grows with the compute
+between two meetings: alphas of 0.5, 1.1, 1.7, 2.1, 4.5 and 8.6 ms at 0.27, 1.6, 12, 45, 96 and 177 ms on
+2026-12-02; after ~250 ms of a real gpt-tiny micro-batch the two ranks arrived 5-70 ms apart), which the planner
+reads at each collective's gap (tp's all-reduces a few ms apart, ZeRO-2's reduces once a micro-batch, the
+gradient sync once a step).
 The planner uses the collective bandwidth and the busy alpha for dp/sharding/tp and the send/recv figures
 for pipeline p2p. Everything on loopback TCP of one host: both "links" of the profile (in-node and across
 nodes) get the same figures. On a GPU machine (GPU-only branch, `gpu_base`; not run here: Paddle's GPU
@@ -144,9 +147,10 @@ BUSY_MATMULS = ((128, 4), (256, 1), (512, 0.4), (1024, 0.12))  # (n of an n x n 
 # about 0.15, 1, 8 and 60 ms on one thread here; share of the calls) -- training's gaps between its collectives
 # span that range (tp's all-reduces a few ms apart, the gradient buckets tens of ms)
 BUSY_CALLS_PER_REPEAT = 10
-BUSY_PASSES = ((1, 0.3), (5, 0.12))  # (forward + backward passes of a small residual MLP between two calls: about
+BUSY_PASSES = ((1, 0.3), (5, 0.3))  # (forward + backward passes of a small residual MLP between two calls: about
 # 50 and 250 ms here; share of the calls) -- a micro-batch's or a whole step's work between two meetings (ZeRO-2's
-# reduces, the gradient sync), with training's own mix of autograd, small kernels and allocation
+# reduces, the gradient sync), with training's own mix of autograd, small kernels and allocation. 30 calls at the
+# long gap (~8 s): its mean wait is heavy-tailed (12 calls read 6-31 ms in three calibrations minutes apart)
 
 
 def _mlp_pass():
