@@ -176,50 +176,43 @@ def _busy_all_reduce(dist, calls: int) -> dict:
     barrier): each call also waits for the other rank to arrive, which on a shared host (other tenants, ranks
     descheduled) costs far more than the quiet alpha above, and more the longer the ranks computed apart (their
     drift grows with the work between two meetings). Mean and median seconds per call with the ~1 ms gap, and
-    `by_gap`: the same for each of BUSY_MATMULS, with the gap (the matmul's own median time on this rank)."""
+    `by_gap`: the same for each of BUSY_MATMULS and BUSY_PASSES, with the gap (that work's own median time on
+    this rank)."""
     import paddle
 
     x = paddle.ones([BUSY_BYTES // 4], dtype="float32")
     by_gap = []
     for n, share in BUSY_MATMULS:
         a = paddle.randn([n, n], dtype="float32")
-        gaps = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            float(paddle.matmul(a, a)[0, 0])
-            gaps.append(time.perf_counter() - t0)
-        dist.barrier()
-        times = []
-        for i in range(max(3, int(calls * share)) + 1):
-            float(paddle.matmul(a, a)[0, 0])
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            if i:
-                times.append(time.perf_counter() - t0)
-        by_gap.append({"matmul": n, "gap_s": statistics.median(gaps), "calls": len(times),
-                       "mean_s": statistics.fmean(times), "median_s": statistics.median(times)})
+        work = lambda a=a: float(paddle.matmul(a, a)[0, 0])  # noqa: E731
+        by_gap.append(dict(_after(dist, x, work, max(3, int(calls * share)), 3), matmul=n))
     mlp = _mlp_pass()
     for passes, share in BUSY_PASSES:
-        gaps = []
-        for _ in range(2):
-            t0 = time.perf_counter()
-            for _ in range(passes):
-                mlp()
-            gaps.append(time.perf_counter() - t0)
-        dist.barrier()
-        times = []
-        for i in range(max(3, int(calls * share)) + 1):
-            for _ in range(passes):
-                mlp()
-            t0 = time.perf_counter()
-            dist.all_reduce(x)
-            if i:
-                times.append(time.perf_counter() - t0)
-        by_gap.append({"mlp_passes": passes, "gap_s": statistics.median(gaps), "calls": len(times),
-                       "mean_s": statistics.fmean(times), "median_s": statistics.median(times)})
+        work = lambda passes=passes: [mlp() for _ in range(passes)]  # noqa: E731
+        by_gap.append(dict(_after(dist, x, work, max(3, int(calls * share)), 2), mlp_passes=passes))
     one = next(r for r in by_gap if r.get("matmul") == 256)
     return {"bytes": BUSY_BYTES, "calls": one["calls"], "mean_s": one["mean_s"], "median_s": one["median_s"],
             "by_gap": by_gap}
+
+
+def _after(dist, x, work, calls: int, probes: int) -> dict:
+    """`calls` all-reduces of `x`, each right after `work()` on both ranks (no barrier between): the gap (`work`'s
+    median time over `probes` runs alone on this rank) and each call's mean and median seconds."""
+    gaps = []
+    for _ in range(probes):
+        t0 = time.perf_counter()
+        work()
+        gaps.append(time.perf_counter() - t0)
+    dist.barrier()
+    times = []
+    for i in range(calls + 1):
+        work()
+        t0 = time.perf_counter()
+        dist.all_reduce(x)
+        if i:  # the first call meets the barrier's skew
+            times.append(time.perf_counter() - t0)
+    return {"gap_s": statistics.median(gaps), "calls": len(times), "mean_s": statistics.fmean(times),
+            "median_s": statistics.median(times)}
 
 
 def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> dict:
