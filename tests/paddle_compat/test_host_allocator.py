@@ -3,7 +3,8 @@
     python -m pytest tests/paddle_compat/test_host_allocator.py -q
 
 Each case runs in its own Python process (the setting is process-wide and applied once): the page faults of ten
-`x - y` calls over [1024, 4096] fp32 tensors (16 MiB results) after three warm-up calls, read from getrusage.
+`x - y` calls over [1024, 4096] fp32 tensors (16 MiB results) after three warm-up calls, read from getrusage,
+the fewest of three such rounds.
 """
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ x, y = paddle.randn([1024, 4096]), paddle.randn([1024, 1])
 for _ in range(3):  # warm-up: the heap settles after three (measured: 4097 faults each, then none)
     z = x - y
     del z
-f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(10):
-    z = x - y
-    del z
-print(json.dumps((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 10))
+rounds = []
+for _ in range(3):  # the fewest of three rounds: a stray event of the host (seen once in CI: 1229 faults a call
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # in one round) does not decide; a setting that
+    for _ in range(10):  # returns memory faults in every round
+        z = x - y
+        del z
+    rounds.append((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0) / 10)
+print(json.dumps(min(rounds)))
 """
 
 
