@@ -51,7 +51,7 @@ local member), and a pipeline pair at one port's net_bw.
 from __future__ import annotations
 
 from llmtrain.models.size import flops_parameters
-from llmtrain.plan.memory import _param_bytes, local_shape, param_specs, predict_stage_ranks, stage_params
+from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
 from llmtrain.plan.timeline import step_compute
 
 OVERLAP = 0.8
@@ -200,7 +200,9 @@ _STAGE_SPECS: dict = {}
 
 def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     """([(elements, bytes/elem)] of the gradients pipeline stage `pp_rank`'s ranks accumulate, the share
-    one sharding rank updates: every `sharding`-th tensor, or with ZeRO-3 each tensor's 1/sharding slice)."""
+    the busiest sharding rank updates: ZeRO-1/2 own whole tensors, partitioned as fleet does (memory.py's
+    `greedy_partition`; the owner with the most elements, whom the others wait for at the parameters' broadcast),
+    ZeRO-3 each tensor's 1/sharding slice)."""
     key = (repr(cfg), layout.pp, layout.virtual_pp, pp_rank)
     if key not in _STAGE_SPECS:
         _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, pp_rank,
@@ -213,7 +215,9 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     if layout.sharding_stage == 3:
         sliced = [(-(-n // sh), b) for n, b in grads]
         return sliced, sliced
-    return grads, grads[::sh]
+    owners = greedy_partition([n for n, _ in grads], sh, sort=layout.sharding_stage == 1)
+    busiest = max(owners, key=lambda owned: sum(grads[i][0] for i in owned))
+    return grads, [grads[i] for i in sorted(busiest)]
 
 
 def prod_(shape) -> int:

@@ -530,6 +530,25 @@ def test_zero2_meets_once_a_micro_batch_at_that_gap():
     assert 5 * b_over_bw < got < 5 * b_over_bw + 8 * 0.5 + 1.0  # micro-batches' waits well below 1 s each
 
 
+def test_sharded_optimizer_is_priced_at_the_busiest_owner():
+    """ZeRO-1/2 partition whole tensors as fleet does (greedy, the largest first under ZeRO-1, in order under
+    ZeRO-2); the step waits for the owner with the most to update. The timed share is that owner's tensors: the
+    optimizer elements memory.py predicts for the busiest sharding rank (exact on every CI layout), not every
+    other tensor (which put gpt-tiny's 2M-element embedding and half the rest on one rank)."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import rank_tensors
+    from llmtrain.plan.memory import predict_ranks
+
+    for par in ("sharding2", "zero2"):
+        c = to_config(compose(["model=gpt-tiny", "model.vocab_size=16000", f"+parallel={par}"]))
+        cfg, lay = c.model, resolve_layout(c.parallel, c.train, 2)
+        grads, owned = rank_tensors(cfg, lay, "none", 0)
+        per_rank = [r["optimizer_numel"] for r in predict_ranks(cfg, lay)]
+        held = lambda tensors: sum(2 * n + 2 for n, _ in tensors)  # noqa: E731  AdamW's two moments + two pows, fp32
+        assert held(owned) == max(per_rank), (par, held(owned), per_rank)
+        assert len(owned) < len(grads) and held(owned) < held(grads)
+
+
 def test_pipeline_bubble_is_the_other_stages_share():
     """1F1B's fill and drain run one micro-batch of every stage but the slowest: with the LM head on the last
     stage (a large vocabulary) the bubble is the first stage's share, less than the textbook (p-1)/m of the
