@@ -35,12 +35,13 @@ def _fmt_row(r: dict) -> str:
     return (f"{r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']]:>5} "
             + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
             + f" {'yes' if r['fits'] else 'NO':>4} {r['step_time_s']:8.2f} "
-            + " ".join(f"{r[k]:6.2f}" for k in ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s"))
+            + " ".join(f"{r[k]:6.2f}" for k in ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s",
+                                             "loop_comm_s"))
             + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}")
 
 
 HEADER = (f"{'layout':<22} {'mb':>3} {'recmp':>5} " + " ".join(f"{k:>7}" for k in ("params", "grads", "optim", "activ", "other", "total"))
-          + f" {'fits':>4} {'step_s':>8} " + " ".join(f"{k:>6}" for k in ("comp", "dp/sh", "tp", "pp", "bubble"))
+          + f" {'fits':>4} {'step_s':>8} " + " ".join(f"{k:>6}" for k in ("comp", "dp/sh", "tp", "pp", "bubble", "loop"))
           + f" {'tok/s/dev':>9} {'mfu%':>5}")
 
 

@@ -43,12 +43,15 @@ ZeRO-3, every micro-batch:
 parameter all-gathers for forward and backward and a gradient reduce-scatter (3 x (n-1)/n volume),
 exposed = max(0, comm - 0.8·the micro-batch's compute);
 bubble = one micro-batch of every stage but the slowest (the fill and drain of 1F1B), /v when interleaved
-(equal stages: (pp - 1)/(v·m) of the pipeline's compute; the last stage holding the LM head is the slowest). A group spans the network if its ranks are more than
+(equal stages: (pp - 1)/(v·m) of the pipeline's compute; the last stage holding the LM head is the slowest);
+loop: the training loop's own small all-reduces a step (`loop_meetings_s`). A group spans the network if its ranks are more than
 devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost); then its ring crosses between
 nodes at (members per node) x net_bw, capped by NVLink (`_link`: one network port per GPU, one NCCL channel per
 local member), and a pipeline pair at one port's net_bw.
 """
 from __future__ import annotations
+
+import math
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
@@ -196,6 +199,20 @@ def _link(span: int, dev, devices_per_node: int, stride: int | None = None):
 
 
 _STAGE_SPECS: dict = {}
+
+
+def loop_meetings_s(layout, dev, devices_per_node: int, stride: dict) -> float:
+    """The training loop's own collectives a step (trainer.py) on a job of more than one rank: the divergence
+    guard's verdict and the stop agreement over the whole job, and the metrics' sums over each data-parallel
+    group (dp, then sharding; `Topology.data_group`). A few bytes each, right after the ranks met: latency
+    only, 2·ceil(log2 n) alphas (recursive doubling or a tree for tiny messages; a ring's 2(n - 1) at n = 2).
+    Measured on this CPU: 3 all-reduces, 5-8 ms a step in a 2-process dp2/zero2 run
+    (benchmarks/collective_trace.py); microseconds on a GPU."""
+    if layout.world <= 1:
+        return 0.0
+    groups = [(layout.world, 1)] * 2 + [(n, stride[axis]) for axis, n in (("dp", layout.dp),
+                                                                             ("sharding", layout.sharding)) if n > 1]
+    return sum(2 * math.ceil(math.log2(n)) * _link(st * n, dev, devices_per_node, st)[1] for n, st in groups)
 
 
 def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
@@ -347,6 +364,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
                 burst = dev.burst_alpha if dev.burst_alpha is not None else al
                 grads += max(0, tensors - 1) * (n - 1) * (dev.reduce_call_s or burst)
                 params_after += max(0, tensors - 1) * (n - 1) * (dev.broadcast_call_s or burst)
+    loop_comm = loop_meetings_s(layout, dev, devices_per_node, stride)
     # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
     # on a CPU (ops in the dispatching thread, gloo collectives in the training thread) nothing overlaps
     overlap = OVERLAP if dev.async_launch else 0.0
@@ -355,10 +373,10 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step
     bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / (v * m) if p > 1 else 0.0
-    step = compute + tp_comm + pp_comm + exposed + bubble
+    step = compute + tp_comm + pp_comm + exposed + bubble + loop_comm
     tokens = layout.global_batch * s
     world = layout.world
     return {"compute_s": compute, "host_s": comp["host_s"], "device_s": comp["device_s"],
             "kernels_per_step": comp["kernels_per_step"], "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
-            "bubble_s": bubble, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
+            "bubble_s": bubble, "loop_comm_s": loop_comm, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
             "mfu": tokens * per_token / step / world / dev.peak_flops}

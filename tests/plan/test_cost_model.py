@@ -549,6 +549,31 @@ def test_sharded_optimizer_is_priced_at_the_busiest_owner():
         assert len(owned) < len(grads) and held(owned) < held(grads)
 
 
+def test_training_loop_meetings_are_priced():
+    """Every step of a job of more than one rank meets in the loop itself: the divergence guard's verdict and the
+    stop agreement over the whole job, the metrics' sums over each data-parallel group. Tiny messages: latency
+    only, 2·ceil(log2 n) alphas each; one process has none."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import time_estimate
+
+    prof = from_dict(_synthetic(async_launch=False))
+    a = prof.nvlink_alpha
+    for par, devices, meetings in (("dp2", 2, [2, 2, 2]), ("tp2", 2, [2, 2]), ("pp2", 2, [2, 2]),
+                                   ("zero2", 2, [2, 2, 2]), ("sharding2 parallel.dp=2", 4, [4, 4, 2, 2]),
+                                   ("dp4", 4, [4, 4, 4])):
+        name, *extra = par.split()
+        c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", f"+parallel={name}", *extra,
+                               "train.global_batch_size=8", "train.micro_batch_size=1"]))
+        est = time_estimate(c.model, resolve_layout(c.parallel, c.train, devices), 128, False, prof, 8)
+        want = sum(2 * math.ceil(math.log2(n)) * a for n in meetings)
+        assert est["loop_comm_s"] == pytest.approx(want, rel=1e-12), par
+        parts = ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s", "loop_comm_s")
+        assert est["step_time_s"] == pytest.approx(sum(est[k] for k in parts), rel=1e-12), par
+    c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", "train.micro_batch_size=1"]))
+    one = time_estimate(c.model, resolve_layout(c.parallel, c.train, 1), 128, False, prof, 8)
+    assert one["loop_comm_s"] == 0.0
+
+
 def test_pipeline_bubble_is_the_other_stages_share():
     """1F1B's fill and drain run one micro-batch of every stage but the slowest: with the LM head on the last
     stage (a large vocabulary) the bubble is the first stage's share, less than the textbook (p-1)/m of the
