@@ -40,8 +40,8 @@ def run(out: Path, layouts: list[str], reps: int, steps: int) -> None:
                         f"run.dir={d / 'run'}"], 2, d / "log")
 
 
-def per_step(events: list, accum: int) -> tuple[float, dict, int]:
-    """(median backward s, {method: (calls, seconds) per step}, steps averaged) of one rank's events."""
+def per_step(events: list, accum: int) -> tuple[float, dict]:
+    """(median backward s, {method: (calls, seconds) per step}) of one rank's events."""
     backward = [e for e in events if e[0] == "backward"]
     ends = [backward[i][4] for i in range(accum - 1, len(backward), accum)]  # end of each step's last backward
     totals, windows = {}, list(zip(ends[1:], ends[2:]))  # step k: after step k-1's last backward to its own
@@ -52,7 +52,7 @@ def per_step(events: list, accum: int) -> tuple[float, dict, int]:
                 totals[name] = (calls + 1, secs + t1 - t0)
     n = max(1, len(windows))
     return (statistics.median(e[4] - e[3] for e in backward[2 * accum:]),
-            {k: (c / n, s / n) for k, (c, s) in sorted(totals.items())}, len(windows))
+            {k: (c / n, s / n) for k, (c, s) in sorted(totals.items())})
 
 
 def report(out: Path, accum: int = 2) -> None:
@@ -61,7 +61,7 @@ def report(out: Path, accum: int = 2) -> None:
             times = [r["step_time"] for r in map(json.loads, filter(str.strip, f)) if "step_time" in r][2:]
         cells = []
         for f in sorted(d.glob("rank*.json")):
-            bwd, ops, n = per_step(json.loads(f.read_text()), accum)
+            bwd, ops = per_step(json.loads(f.read_text()), accum)
             cells.append(f"{f.name.split('_')[0]}: backward {1e3 * bwd:.0f} ms; " +
                          ", ".join(f"{k} {c:.0f} x {1e3 * s:.1f} ms" for k, (c, s) in ops.items()))
         print(f"| {d.name} | {1e3 * statistics.median(times):.0f} | " + " | ".join(cells) + " |")
