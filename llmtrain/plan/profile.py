@@ -24,8 +24,8 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   full s² square, kernels.attention_flops(..., causal=False)); a profile without it prices the core as its
   batched GEMMs and memory-bound ops (kernels.py);
 - `shared_host` (CPU profiles from `--calibrate`): {"ranks": 2, "rows": [{kind, size, slowdown}, ...]}: how
-  much slower a GEMM and adds (in cache, streaming) run while that many processes compute on the host at once
-  than alone (measure.shared_host_table); timeline.step_compute scales a rank's kernels by it when the layout
+  much slower a GEMM and adds (in cache, streaming) run in the slowest of that many processes computing on the
+  host at once than alone (measure.shared_host_table); timeline.step_compute scales a rank's kernels by it when the layout
   puts more than one process on the host;
 - `memory_bound.classes` {op class: [[elements of one input, seconds], ...]}: piecewise-linear in log-log
   between sizes, the smallest size's time below it, the largest size's rate above it; a class without rows takes

@@ -121,6 +121,21 @@ def test_math_attention_core_is_one_measured_composite_on_a_cpu_profile():
     assert not [k for k in micro_batch_kernels(cfg, 2, 64, 1, 4, False, False).forward if k.kind.startswith("attn")]
 
 
+def test_shared_host_slowdown_is_the_slowest_process():
+    """Processes of one job meet at every collective, so the `shared_host` factor is the slowest process's call
+    over the call alone (here 1.3x), not the typical process's (1.1x); each round's ratio, then their median."""
+    from llmtrain.plan.measure import shared_host_rows
+
+    alone = (10e-3, 9e-3)  # (median wall-clock call, median thread-CPU call)
+    rounds = {("gemm", 256): [(alone, [(9e-3, 9e-3), (13e-3, 12e-3)]),   # slowest 1.3x (mean 1.1x)
+                              (alone, [(13e-3, 12e-3), (9e-3, 9e-3)]),   # the other process slowest: 1.3x
+                              (alone, [(20e-3, 18e-3), (9e-3, 9e-3)])]}  # a burst: 2x, not the median round
+    (row,) = shared_host_rows(rounds)
+    assert row["slowdown"] == pytest.approx(1.3)
+    assert row["cpu_time_slowdown"] == pytest.approx(12 / 9)
+    assert row["together_s"] == pytest.approx(13e-3) and row["alone_s"] == pytest.approx(10e-3)
+
+
 def test_shared_host_slowdown_applies_to_multi_process_layouts_only(tmp_path):
     """A CPU profile's measured `shared_host` factors slow a rank's GEMMs and memory-bound kernels when the layout
     puts 2 processes on the host (dp2 on one CPU machine), not one process alone; GPU profiles have no table."""
