@@ -35,6 +35,7 @@ exists (`python -m llmtrain.plan --calibrate`).
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 
 if __package__ in (None, ""):
@@ -206,7 +207,6 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passe
     (each pass's median step against that pass's prediction). Around every run the host's speed is probed
     (`host_speed`) against the pass's profile. `run=False` re-predicts the runs already in `workdir`."""
     import json
-    import statistics
     import subprocess
     from pathlib import Path
 
@@ -259,6 +259,8 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passe
 
 def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1,
               calibrate_each: bool = False) -> None:
+    """Prints `cpu_rows` as a table, its summary (the criterion), and the same rows drift-corrected: each
+    prediction times the host-speed probe around its run."""
     rows = cpu_rows(workdir, run, passes, calibrate_each)
     print("| run | measured step s (median of steps 3-8), each pass | predicted, each pass | error, each pass | "
           "host speed (probe / profile) | error (median of the passes) |")
@@ -271,6 +273,14 @@ def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, pass
     errs = [abs(r["error"]) for r in rows]
     print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
           f"{sum(e <= 0.15 for e in errs)} of {len(errs)} within 15%")
+    # the same rows with each prediction scaled by the probe around its run (the host's drift since the pass's
+    # calibration, measured on kernels): what the model misses when its tables are as fresh as the run
+    drift = [statistics.median(p * h / m - 1 for p, h, m in zip(r["predicted_s"], r["host_speed"], r["pass_medians_s"]))
+             for r in rows]
+    print("drift-corrected (prediction x probe), error (median of the passes): "
+          + ", ".join(f"{r['name']} {100 * d:+.1f}%" for r, d in zip(rows, drift)))
+    print(f"drift-corrected mean |error| {100 * sum(map(abs, drift)) / len(drift):.1f}%, worst "
+          f"{100 * max(map(abs, drift)):.1f}%, {sum(abs(d) <= 0.15 for d in drift)} of {len(drift)} within 15%")
 
 
 H200_DATA = "benchmarks/data/h200"
@@ -306,7 +316,6 @@ def measured_steps(data_dir: str = H200_DATA) -> dict:
     steps.json's median. `first_s` is steps.json's median (the first measurement); `busy_s` and `kernels` the
     profiled step's CUDA kernels (step_profile.json, GPU user-annotation ranges left out)."""
     import json
-    import statistics
     from pathlib import Path
 
     d = Path(data_dir)
