@@ -257,6 +257,13 @@ def cpu_rows(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passe
     return rows
 
 
+def _summary(errs: list[float]) -> str:
+    """The CPU leg's criterion over rows' signed errors: mean and worst |error|, rows within ±15%."""
+    mags = [abs(e) for e in errs]
+    return (f"mean |error| {100 * sum(mags) / len(mags):.1f}%, worst {100 * max(mags):.1f}%, "
+            f"{sum(m <= 0.15 for m in mags)} of {len(mags)} within 15%")
+
+
 def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, passes: int = 1,
               calibrate_each: bool = False) -> None:
     """Prints `cpu_rows` as a table, its summary (the criterion), and the same rows drift-corrected: each
@@ -270,16 +277,14 @@ def cpu_table(workdir: str = "/tmp/llmtrain_planner_cpu", run: bool = True, pass
         print(f"| {r['name']} | {' / '.join(f'{x:.3f}' for x in r['pass_medians_s'])} | "
               f"{' / '.join(f'{x:.3f}' for x in r['predicted_s'])} | {' / '.join(f'{100 * e:+.0f}%' for e in errs)} | "
               f"{' / '.join(f'{x:.2f}' for x in r['host_speed'])} | {100 * r['error']:+.1f}% |")
-    summary = lambda errs: (f"mean |error| {100 * sum(map(abs, errs)) / len(errs):.1f}%, worst "  # noqa: E731
-                            f"{100 * max(map(abs, errs)):.1f}%, {sum(abs(e) <= 0.15 for e in errs)} of {len(errs)} within 15%")
-    print(summary([r["error"] for r in rows]))
+    print(_summary([r["error"] for r in rows]))
     # the same rows with each prediction scaled by the probe around its run (the host's drift since the pass's
     # calibration, measured on kernels): what the model misses when its tables are as fresh as the run
     drift = [statistics.median(p * h / m - 1 for p, h, m in zip(r["predicted_s"], r["host_speed"], r["pass_medians_s"]))
              for r in rows]
     print("drift-corrected (prediction x probe), error (median of the passes): "
           + ", ".join(f"{r['name']} {100 * d:+.1f}%" for r, d in zip(rows, drift)))
-    print("drift-corrected " + summary(drift))
+    print("drift-corrected " + _summary(drift))
 
 
 H200_DATA = "benchmarks/data/h200"
