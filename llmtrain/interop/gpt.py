@@ -106,7 +106,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.nda
     """Our canonical state from PaddleNLP GPT tensors, the config (unchanged: GPT is always tied), notes.
 
     Problems (missing, mis-shaped keys) are recorded in `src`."""
-    h, f, v, nh, d = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.num_heads, cfg.head_dim()
+    h, f, v, nh, d = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.num_heads, cfg.attn_head_dim()
     state: dict[str, np.ndarray] = {}
 
     put = functools.partial(src.take_into, state)  # put(canon, key, shape)

@@ -158,7 +158,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
                rms_norm_eps=cfg.norm_eps, rope_theta=cfg.rope_theta, rope_scaling=None,
                tie_word_embeddings=cfg.tie_embeddings, torch_dtype="float32", use_cache=True)
     if family == "llama":
-        out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, head_dim=cfg.head_dim())
+        out.update(attention_bias=cfg.bias, mlp_bias=cfg.bias, head_dim=cfg.attn_head_dim())
     else:
         out.update(use_sliding_window=False, sliding_window=None, max_window_layers=cfg.num_layers)
     return out

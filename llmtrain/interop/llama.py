@@ -124,7 +124,7 @@ def rope_inv_freq(head_dim: int, theta: float) -> np.ndarray:
 def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], ModelConfig, list[str]]:
     """Our canonical state from PaddleNLP Llama tensors, the config with the tie settled, and notes."""
     h, f, v = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
-    nh, nkv, d = cfg.num_heads, cfg.kv_heads(), cfg.head_dim()
+    nh, nkv, d = cfg.num_heads, cfg.kv_heads(), cfg.attn_head_dim()
     state: dict[str, np.ndarray] = {}
     notes: list[str] = []
 

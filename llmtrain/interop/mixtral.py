@@ -111,7 +111,7 @@ def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
 def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict[str, np.ndarray], ModelConfig, list[str]]:
     """Our canonical state from PaddleNLP Mixtral tensors, the config with the tie settled, and notes."""
     h, f, v, e = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size, cfg.moe_num_experts
-    nh, nkv, d = cfg.num_heads, cfg.kv_heads(), cfg.head_dim()
+    nh, nkv, d = cfg.num_heads, cfg.kv_heads(), cfg.attn_head_dim()
     state: dict[str, np.ndarray] = {}
     notes: list[str] = []
 

@@ -104,7 +104,7 @@ def config_to_paddlenlp(cfg: ModelConfig) -> tuple[dict, list[str]]:
     out = dict(
         architectures=[ARCHITECTURE], model_type=MODEL_TYPE, vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
         intermediate_size=2 * cfg.ffn_hidden_size, num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads, kv_channels=cfg.head_dim(),
+        num_attention_heads=cfg.num_heads, kv_channels=cfg.attn_head_dim(),
         max_position_embeddings=cfg.max_position_embeddings,
         seq_length=cfg.max_position_embeddings, layer_norm_epsilon=cfg.norm_eps, rotary_emb_base=cfg.rope_theta,
         rotary_pct=1.0, no_bias=not cfg.bias, tie_word_embeddings=cfg.tie_embeddings,

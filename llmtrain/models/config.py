@@ -59,6 +59,10 @@ class ModelConfig:
     num_kv_heads: Optional[int] = None
     """Key/value heads for grouped-query attention; None means num_heads (plain MHA)."""
 
+    head_dim: Optional[int] = None
+    """Width of one attention head (q, k and v). None: hidden_size / num_heads. Qwen3 sets 128 at any hidden
+    size; q/k/v project to num_heads x head_dim (num_kv_heads x head_dim) and o back to hidden_size."""
+
     ffn_hidden_size: int = MISSING
     """Inner width of the feed-forward block (per gate/up projection for SwiGLU)."""
 
@@ -204,9 +208,9 @@ class ModelConfig:
         """Whether the q, k and v projections carry a bias (`qkv_bias`, else `bias`)."""
         return self.bias if self.qkv_bias is None else bool(self.qkv_bias)
 
-    def head_dim(self) -> int:
-        """Per-head width, hidden_size / num_heads."""
-        return self.hidden_size // self.num_heads
+    def attn_head_dim(self) -> int:
+        """Per-head width: `head_dim`, or hidden_size / num_heads when it is None."""
+        return self.head_dim or self.hidden_size // self.num_heads
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether block `index` has a Mixture-of-Experts feed-forward."""

@@ -57,50 +57,65 @@ def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
 
 
 class Rotary:
-    """Rotary position embedding, rotate-half form (as PaddleNLP/HF Llama)."""
+    """Rotary position embedding, rotate-half form (as PaddleNLP/HF Llama).
 
-    def __init__(self, head_dim: int, theta: float, fused: bool = False):
+    One entry point, `apply_qk(q, k, positions)`: positions None means 0..s-1; otherwise any absolute positions
+    [b, s] (packed sequences restarting per example, a context-parallel rank's chunks of a longer sequence,
+    decoding past a prefix). The cos/sin table covers `max_positions` (and grows when a position goes past it)."""
+
+    def __init__(self, head_dim: int, theta: float, fused: bool = False, max_positions: int = 0):
         self.head_dim = head_dim
         self.theta = theta
         self.fused = fused
+        self.max_positions = max_positions
         self._cache: dict = {}
 
+    def inv_freq(self):
+        """[d/2] fp32 inverse frequencies theta^(-2i/d)."""
+        return 1.0 / (self.theta ** (paddle.arange(0, self.head_dim, 2, dtype="float32") / self.head_dim))
+
     def cos_sin(self, seq_len: int, dtype):
+        """cos, sin [1, seq_len, 1, d] of positions 0..seq_len-1."""
         key = (seq_len, str(dtype))
         if key not in self._cache:
-            inv_freq = 1.0 / (self.theta ** (paddle.arange(0, self.head_dim, 2, dtype="float32") / self.head_dim))
             t = paddle.arange(seq_len, dtype="float32")
-            freqs = paddle.outer(t, inv_freq)  # [s, d/2]
+            freqs = paddle.outer(t, self.inv_freq())  # [s, d/2]
             emb = paddle.concat([freqs, freqs], axis=-1)  # [s, d]
             cos = emb.cos().astype(dtype)[None, :, None, :]  # [1, s, 1, d]
             sin = emb.sin().astype(dtype)[None, :, None, :]
             self._cache[key] = (cos, sin)
         return self._cache[key]
 
-    def apply(self, x, positions=None):  # x [b, s, heads, d]; positions [b, s] int64 or None (0..s-1)
+    def _table(self, positions, seq_len: int, dtype):
+        """cos, sin [b, s, 1, d] at `positions` [b, s] (or [1, s, 1, d] for 0..s-1 when positions is None)."""
         if positions is None:
-            cos, sin = self.cos_sin(x.shape[1], x.dtype)
-        else:  # packed sequences: positions restart at 0 in every example
-            cos, sin = self.cos_sin(x.shape[1], x.dtype)  # [1, s, 1, d]; a packed position is < s
-            cos = paddle.gather(cos[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])  # [b, s, 1, d]
-            sin = paddle.gather(sin[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])
-        x1, x2 = x.chunk(2, axis=-1)
-        rotated = paddle.concat([-x2, x1], axis=-1)
-        return x * cos + rotated * sin
-
-    def apply_qk(self, q, k):  # q [b, s, nh, d], k [b, s, nkv, d]
-        if self.fused:
-            cos, sin = self.cos_sin(q.shape[1], q.dtype)
-            return kernels.fused_rope(q, k, cos, sin)
-        return self.apply(q), self.apply(k)
-
-    def apply_at(self, x, positions):  # x [b, s, heads, d]; positions [b, s] absolute (any value < max position)
-        limit = int(positions.max()) + 1
-        cos, sin = self.cos_sin(max(limit, x.shape[1]), x.dtype)  # [1, P, 1, d]
+            return self.cos_sin(seq_len, dtype)
+        size = max(self.max_positions, seq_len)
+        if size <= 0:
+            size = int(positions.max()) + 1  # no known bound: one host read
+        cos, sin = self.cos_sin(size, dtype)  # [1, P, 1, d]
         cos = paddle.gather(cos[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])  # [b, s, 1, d]
         sin = paddle.gather(sin[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])
+        return cos, sin
+
+    @staticmethod
+    def rotate(x, cos, sin):  # x [b, s, heads, d]; cos/sin broadcastable [., s, 1, d]
         x1, x2 = x.chunk(2, axis=-1)
         return x * cos + paddle.concat([-x2, x1], axis=-1) * sin
+
+    def apply(self, x, positions=None):  # x [b, s, heads, d]; positions [b, s] int64 or None (0..s-1)
+        cos, sin = self._table(positions, x.shape[1], x.dtype)
+        return self.rotate(x, cos, sin)
+
+    def apply_qk(self, q, k, positions=None):  # q [b, s, nh, d], k [b, s, nkv, d]; positions [b, s] or None
+        if self.fused:
+            if positions is None:
+                cos, sin = self.cos_sin(q.shape[1], q.dtype)
+            else:
+                cos, sin = self.cos_sin(max(self.max_positions, q.shape[1]) or int(positions.max()) + 1, q.dtype)
+            return kernels.fused_rope(q, k, cos, sin, positions)
+        cos, sin = self._table(positions, q.shape[1], q.dtype)
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
 
 def math_attention(q, k, v, causal: bool = True, mask=None, segments=None):
@@ -144,7 +159,7 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None):
     if segments is not None:
         from paddle.nn.functional.flash_attention import flashmask_attention
 
-        return flashmask_attention(q, k, v, document_end_rows(segments), causal=True)
+        return flashmask_attention(q, k, v, document_end_rows(segments), causal=causal)
     if mask is None:
         from paddle.nn.functional.flash_attention import flash_attention
 
@@ -153,15 +168,18 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)
 
 
-def auto_attention(q, k, v, causal: bool = True, mask=None):
-    """Flash attention for fp16/bf16 inputs on GPU (its kernels take no fp32), the math path otherwise."""
+def auto_attention(q, k, v, causal: bool = True, mask=None, segments=None):
+    """Flash attention for fp16/bf16 inputs on GPU (its kernels take no fp32), the math path otherwise; packed
+    examples (`segments`) reach flashmask on the flash side."""
     if q.dtype in (paddle.float16, paddle.bfloat16):
-        return flash_attention_gpu(q, k, v, causal, mask)
-    return math_attention(q, k, v, causal, mask)
+        return flash_attention_gpu(q, k, v, causal, mask, segments)
+    return math_attention(q, k, v, causal, mask, segments)
 
 
 def choose_attention(kind: str):
-    """`auto` picks flash attention on GPU for fp16/bf16 activations and the math path elsewhere."""
+    """The attention core for `model.attention`. Every core has one signature:
+    core(q [b, s, nh, d], k [b, s, nkv, d], v [b, s, nkv, dv], causal, mask=None, segments=None) -> [b, s, nh, dv].
+    `auto` picks flash attention on GPU for fp16/bf16 activations and the math path elsewhere."""
     if kind == "auto":
         return auto_attention if kernels.on_gpu() else math_attention
     if kind == "flash":
@@ -177,7 +195,7 @@ class Attention(nn.Layer):
     def __init__(self, cfg: ModelConfig, roles: Roles):
         super().__init__()
         self.causal = cfg.family == "decoder"
-        self.head_dim = cfg.head_dim()
+        self.head_dim = cfg.attn_head_dim()
         h, d = cfg.hidden_size, self.head_dim
         qkv_bias = cfg.has_qkv_bias()
         self.q_proj = roles.column_linear(h, cfg.num_heads * d, qkv_bias)
@@ -185,8 +203,9 @@ class Attention(nn.Layer):
         self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, qkv_bias)
         self.o_proj = roles.row_linear(cfg.num_heads * d, h, cfg.bias)
         tags.mark_residual_out(self.o_proj.weight)
-        self.rotary = Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope")) if cfg.position == "rope" else None
-        self.attend = choose_attention(cfg.attention)
+        self.rotary = (Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope"), max_positions=cfg.max_position_embeddings)
+                       if cfg.position == "rope" else None)
+        self.attend = roles.attention_core(choose_attention(cfg.attention))  # a plan may wrap the core (exchanges)
         self.roles = roles
         self.fuse_qkv = cfg.fused("fuse_qkv")
 
@@ -200,13 +219,8 @@ class Attention(nn.Layer):
         q = q.reshape([0, 0, -1, self.head_dim])  # [b, s, nh/tp, d]
         k = k.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         v = v.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
-        if self.rotary is not None:
-            if cache is not None and positions is not None:  # decoding: absolute positions beyond this call's s
-                q, k = self.rotary.apply_at(q, positions), self.rotary.apply_at(k, positions)
-            elif positions is None:
-                q, k = self.rotary.apply_qk(q, k)
-            else:
-                q, k = self.rotary.apply(q, positions), self.rotary.apply(k, positions)
+        if self.rotary is not None:  # positions: packed examples, decoding past a prefix, or None (0..s-1)
+            q, k = self.rotary.apply_qk(q, k, positions)
         if cache is not None:
             if "k" in cache:  # one new position after a prefix: it attends to every cached key
                 if q.shape[1] != 1:
@@ -216,10 +230,7 @@ class Attention(nn.Layer):
                 cache["k"], cache["v"] = k, v
                 return self.o_proj(math_attention(q, k, v, False, mask).reshape([0, 0, -1]))
             cache["k"], cache["v"] = k, v  # the prefix (prefill): causal as usual
-        if segments is None:
-            out = self.attend(q, k, v, self.causal, mask)  # [b, s, nh/tp, d]
-        else:
-            out = self.attend(q, k, v, self.causal, mask, segments)
+        out = self.attend(q, k, v, self.causal, mask, segments)  # [b, s, nh/tp, d]
         return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d] -> [b, s, h]
 
 

@@ -69,6 +69,12 @@ class Roles:
         concatenated ([in, n r] -> [.., n r])."""
         return paddle.matmul(x, a)
 
+    def attention_core(self, core):
+        """The attention core a layer calls, `core(q, k, v, causal, mask=None, segments=None)` on this rank's
+        positions (`llmtrain.models.layers.choose_attention`); a plan that splits the sequence (context
+        parallelism) wraps it with its key/value exchange. Single device: the core itself."""
+        return core
+
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         """ids [b, s] -> [b, s, h] through a [V, h] table; a plan may split the table's rows."""
         layer = nn.Embedding(vocab_size, hidden_size)

@@ -20,7 +20,7 @@ def _ffn_parameters(cfg: ModelConfig, f: int, bias: bool) -> int:
 def block_parameters(cfg: ModelConfig, index: int = 0, active: bool = False) -> int:
     """Parameters of transformer block `index`. An MoE block counts its router, expert bias, shared experts and
     all routed experts, or with `active=True` only the top_k routed experts a token passes through (and no bias)."""
-    h, d = cfg.hidden_size, cfg.head_dim()
+    h, d = cfg.hidden_size, cfg.attn_head_dim()
     q, kv = cfg.num_heads * d, cfg.kv_heads() * d
     attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if cfg.has_qkv_bias() else 0) + (h if cfg.bias else 0)
     norm = h * (2 if cfg.norm == "layernorm" else 1)

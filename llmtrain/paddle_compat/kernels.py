@@ -43,11 +43,13 @@ def fused_rms_norm(x, weight, eps: float):
     return _fused(x, weight, None, eps, x.ndim - 1)[0]
 
 
-def fused_rope(q, k, cos, sin):
-    """Rotate-half rotary embedding of q [b, s, nh, d] and k [b, s, nkv, d] in one kernel; cos/sin [1, s, 1, d]."""
+def fused_rope(q, k, cos, sin, position_ids=None):
+    """Rotate-half rotary embedding of q [b, s, nh, d] and k [b, s, nkv, d] in one kernel; cos/sin [1, P, 1, d]
+    (P = s when position_ids is None); position_ids [b, s] int64 rows of the table (packed or chunked sequences)."""
     from paddle.incubate.nn.functional import fused_rotary_position_embedding
 
-    q, k, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, use_neox_rotary_style=False)
+    q, k, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, position_ids=position_ids,
+                                              use_neox_rotary_style=False)
     return q, k
 
 

@@ -115,7 +115,7 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
     counted from their backward's inputs, not measured.
     """
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
-    d = cfg.head_dim()
+    d = cfg.attn_head_dim()
     q, kv, a = cfg.num_heads * d / t, cfg.kv_heads() * d / t, cfg.num_heads / t
     sb = s * b
     on = fused_paths(cfg, gpu)
@@ -143,7 +143,7 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
     """Bytes a fully recomputed block keeps between its forward and backward: its input [b, s, h] (whole on
     every tp rank without sequence parallelism) and, with RoPE, the block's cached cos/sin tables [s, d]
     (measured on CPU: tests/plan/test_activations.py)."""
-    return s * b * cfg.hidden_size * e + (2 * s * cfg.head_dim() * e if cfg.position == "rope" else 0)
+    return s * b * cfg.hidden_size * e + (2 * s * cfg.attn_head_dim() * e if cfg.position == "rope" else 0)
 
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
@@ -277,7 +277,7 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     if mode == "selective":
         from llmtrain.plan.kernels import attention_flops
 
-        nh, d = cfg.num_heads // t, cfg.head_dim()
+        nh, d = cfg.num_heads // t, cfg.attn_head_dim()
         fl = attention_flops(b * nh, s, d, cfg.family == "decoder")
         if flash:
             extra = dev.attention_seconds(b * nh, s, d, cfg.family == "decoder", fl, False)

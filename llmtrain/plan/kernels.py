@@ -155,7 +155,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
     """One block on one tp rank; `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
     biases work on this rank's T/tp positions, the column linears on the all-gathered T; `math_core`: the math
     attention core as one composite kernel (a profile that measured it, `attention_math`)."""
-    h, d = cfg.hidden_size, cfg.head_dim()
+    h, d = cfg.hidden_size, cfg.attn_head_dim()
     T = b * s
     Ts = T // t if sp and t > 1 else T  # positions of the residual stream on this rank
     sp = sp and t > 1

@@ -425,8 +425,8 @@ def test_sequence_parallel_kernels(fused):
     # residual adds and the o/down bias adds on T/tp rows; column biases (q|k|v, gate|up) on T rows
     pa, sa = numels(plain[0], "add"), numels(sp[0], "add")
     assert pa.count(T * h) == 4 and sa.count(T * h) == 0 and sa.count(T // t * h) == pa.count(T // t * h) + 4
-    q, f = cfg.num_heads * cfg.head_dim() // t, cfg.ffn_hidden_size // t
-    kv = cfg.kv_heads() * cfg.head_dim() // t
+    q, f = cfg.num_heads * cfg.attn_head_dim() // t, cfg.ffn_hidden_size // t
+    kv = cfg.kv_heads() * cfg.attn_head_dim() // t
     edges = [q + 2 * kv, q, 2 * f, f] if fused == "true" else [q, kv, kv, q, f, f, f]
     assert len(numels(sp[0], "copy")) - len(numels(plain[0], "copy")) == len(edges)
     assert sum(numels(sp[0], "copy")) - sum(numels(plain[0], "copy")) == T * sum(edges)
