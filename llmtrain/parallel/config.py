@@ -55,7 +55,24 @@ class ParallelConfig:
 
     order: list = field(default_factory=lambda: ["dp", "pp", "sharding", "tp"])
     """Nesting of the process grid from outermost to innermost (fleet's `hybrid_configs.order`; `tp` = fleet's `mp`).
-    Innermost ranks are adjacent, so put the most communication-heavy axis (tp) last."""
+    Innermost ranks are adjacent, so put the most communication-heavy axis (tp) last. `cp` may be listed too
+    (fleet's `sep`); when it is not, it sits just outside tp (Megatron's tp-cp nesting)."""
+
+    # Context parallelism (llmtrain/parallel/context.py)
+    cp: int = 1
+    """Context-parallel degree: each sequence is cut into 2·cp chunks and rank r of a cp group holds chunks r and
+    2·cp-1-r (causal load balancing), so activations per rank shrink by 1/cp; attention exchanges keys/values over
+    the group (`cp_comm`). Adds processes: world = dp x tp x pp x sharding x cp; cp ranks read the same samples
+    (data ranks are dp x sharding), losses and token counts are summed over cp, gradients over dp x cp. Built on
+    fleet's `sep` axis. data.seq_len must be divisible by 2·cp."""
+
+    cp_comm: str = "ring"
+    """How attention sees the other chunks under cp > 1: `ring` (keys/values travel around the cp ring, one block
+    at a time, partial outputs merged by their log-sum-exp; the backward sends the key/value gradients back
+    around), `allgather` (keys/values of the whole sequence gathered once per layer: simplest, cheapest with few
+    kv heads, holds the whole sequence's k/v), or `a2a` (Ulysses all-to-all: the sequence is regathered per head
+    group, each rank attends over the whole sequence for heads/cp heads; needs the heads and kv heads on a tp rank
+    divisible by cp)."""
 
     sequence_parallel: bool = False
     """tp > 1, decoder: Megatron-style sequence parallelism (llmtrain/parallel/sequence.py): between the
@@ -105,8 +122,8 @@ class ParallelConfig:
     sharding_comm_overlap."""
 
     def world(self) -> int:
-        """Processes this layout needs: dp x tp x pp x sharding."""
-        return self.dp * self.tp * self.pp * self.sharding
+        """Processes this layout needs: dp x tp x pp x sharding x cp."""
+        return self.dp * self.tp * self.pp * self.sharding * self.cp
 
     def data_parallel(self) -> int:
         """Ranks that read different data: dp x sharding."""

@@ -21,6 +21,8 @@ __all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout",
            "check_model_fits"]
 
 AXES = ("dp", "pp", "sharding", "tp")
+CP_COMMS = ("ring", "allgather", "a2a")
+"""`parallel.cp_comm` values (llmtrain/parallel/context.py)."""
 
 
 class BatchSizes(Protocol):
@@ -61,10 +63,14 @@ class Layout:
     pp_overlap_p2p_comm: bool = False
     pp_enable_timer: bool = False
     """Communication-overlap knobs accepted by `overlap_problems` (see ParallelConfig); the refused ones never get here."""
+    cp: int = 1
+    """Context-parallel degree (llmtrain/parallel/context.py): ranks that share one sequence, 2 chunks each."""
+    cp_comm: str = "ring"
+    """The key/value exchange under cp > 1: ring, allgather or a2a."""
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.sharding
+        return self.dp * self.tp * self.pp * self.sharding * self.cp
 
     @property
     def data_parallel(self) -> int:
@@ -120,17 +126,20 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
     """(the layout, []) or (None, every problem with its numbers)."""
     p = parallel or ParallelConfig(name="single")
     problems: list[str] = []
-    for axis in ("dp", "tp", "pp", "sharding", "virtual_pp", "ep"):
+    for axis in ("dp", "tp", "pp", "sharding", "virtual_pp", "ep", "cp"):
         if getattr(p, axis) < 1:
             problems.append(f"parallel.{axis}={getattr(p, axis)}: must be >= 1")
     if problems:
         return None, problems
     degrees = f"parallel.dp={p.dp} x parallel.tp={p.tp} x parallel.pp={p.pp} x parallel.sharding={p.sharding}"
+    if p.cp > 1:
+        degrees += f" x parallel.cp={p.cp}"
     if p.world() != world_size:
         hint = "" if parallel is not None else f" (no +parallel= given means one process; add e.g. +parallel=dp{world_size})"
         problems.append(f"{degrees} = {p.world()} processes, but the job has {world_size}{hint}")
-    if sorted(p.order) != sorted(AXES):
-        problems.append(f"parallel.order={list(p.order)}: must be a permutation of {list(AXES)}")
+    if sorted(p.order) not in (sorted(AXES), sorted((*AXES, "cp"))):
+        problems.append(f"parallel.order={list(p.order)}: must be a permutation of {list(AXES)} (optionally with 'cp')")
+    problems += _cp_problems(p)
     if p.sharding_stage not in (1, 2, 3):
         problems.append(f"parallel.sharding_stage={p.sharding_stage}: must be 1, 2 or 3")
     if p.sharding_stage in (2, 3) and p.sharding == 1:
@@ -187,11 +196,28 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
         pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
         zero3_segment_size=p.zero3_segment_size, zero2_buffer_size=p.zero2_buffer_size,
-        ep=p.ep, ep_dispatcher=p.ep_dispatcher,
+        ep=p.ep, ep_dispatcher=p.ep_dispatcher, cp=p.cp, cp_comm=p.cp_comm,
         global_batch=g, micro_batch=m, grad_accum=a,
         sequence_parallel=p.sequence_parallel, mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
         pp_enable_timer=p.pp_enable_timer,
     ), []
+
+
+def _cp_problems(p: ParallelConfig) -> list[str]:
+    """Context parallelism: the exchange named, and the combinations not built yet refused with the reason.
+    The sequence length and head counts are checked with the model (`llmtrain.parallel.context.context_problems`)."""
+    problems = []
+    if p.cp_comm not in CP_COMMS:
+        problems.append(f"parallel.cp_comm={p.cp_comm!r}: expected one of {list(CP_COMMS)}")
+    if p.cp > 1 and p.sharding > 1 and p.sharding_stage in (2, 3):
+        problems.append(f"parallel.cp={p.cp} with parallel.sharding_stage={p.sharding_stage}: Paddle's group-sharded "
+                        "ZeRO-2/3 wrappers reduce gradients over the sharding group only, so the cp ranks' partial "
+                        "gradients would never be summed; use sharding_stage=1 (fleet's sharding optimizer sums "
+                        "over cp) with context parallelism")
+    if p.cp > 1 and p.ep > 1:
+        problems.append(f"parallel.cp={p.cp} with parallel.ep={p.ep}: expert parallelism under context parallelism "
+                        "is not implemented (the routers' balancing statistics would need summing over cp)")
+    return problems
 
 
 def check_model_fits(layout: Layout, model) -> None:

@@ -17,7 +17,7 @@ import paddle.distributed as dist
 
 from llmtrain.parallel.layout import Layout
 
-FLEET_AXIS = {"dp": "dp", "pp": "pp", "sharding": "sharding", "tp": "mp"}
+FLEET_AXIS = {"dp": "dp", "pp": "pp", "sharding": "sharding", "tp": "mp", "cp": "sep"}
 
 
 def build_strategy(layout: Layout, seed: int, on_cpu: Optional[bool] = None):
@@ -29,12 +29,14 @@ def build_strategy(layout: Layout, seed: int, on_cpu: Optional[bool] = None):
 
     strategy = fleet.DistributedStrategy()
     order = [FLEET_AXIS[a] for a in layout.order]
-    order.insert(order.index("mp"), "sep")  # fleet's grid always has a (here trivial) sep axis
+    if "sep" not in order:  # fleet's grid always has a sep axis: context parallelism (cp), trivial when cp = 1
+        order.insert(order.index("mp"), "sep")
     strategy.hybrid_configs = {
         "dp_degree": layout.dp,
         "mp_degree": layout.tp,
         "pp_degree": layout.pp,
         "sharding_degree": layout.sharding,
+        "sep_degree": layout.cp,
         "order": order,
     }
     strategy.pipeline_configs = {
@@ -72,6 +74,12 @@ class Topology:
     """The ep consecutive dp ranks that share out the experts (None when ep == 1)."""
     expert_dp_group: Optional[Any] = None
     """The dp ranks holding the same experts as this one (None when dp == ep)."""
+    cp_rank: int = 0
+    """Rank in this process's context-parallel group: it holds chunks cp_rank and 2·cp-1-cp_rank of each sequence."""
+    cp_world: int = 1
+    """Context-parallel degree (ranks sharing one sequence)."""
+    cp_group: Optional[Any] = None
+    """The context-parallel group (fleet's `sep` group; None when cp == 1)."""
     on_cpu: bool = True
 
     @property
@@ -111,7 +119,8 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         keep_freed_memory()
     if not layout.distributed:
         return Topology(on_cpu=on_cpu)
-    key = (layout.dp, layout.tp, layout.pp, layout.sharding, tuple(layout.order), layout.grad_accum, layout.micro_batch)
+    key = (layout.dp, layout.tp, layout.pp, layout.sharding, layout.cp, tuple(layout.order), layout.grad_accum,
+           layout.micro_batch)
     if _ACTIVE:
         if _ACTIVE["key"] != key:
             raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
@@ -137,6 +146,9 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         pp_rank=hcg.get_stage_id(),
         sharding_rank=sh_rank,
         hcg=hcg,
+        cp_rank=hcg.get_sep_parallel_rank(),
+        cp_world=layout.cp,
+        cp_group=hcg.get_sep_parallel_group() if layout.cp > 1 else None,
         on_cpu=on_cpu,
     )
     _ACTIVE.update(key=key, topo=topo)

@@ -81,3 +81,19 @@ def test_model_must_fit_tp_and_pp():
         assert needle in msg
     ok = resolve_layout(ParallelConfig(tp=2, pp=2), T(global_batch_size=8), 4)
     check_model_fits(ok, ModelConfig(name="y", hidden_size=64, num_layers=4, num_heads=4, ffn_hidden_size=128, vocab_size=256))
+
+
+def test_context_parallel_degrees_and_exchange_are_checked():
+    lay = resolve_layout(ParallelConfig(dp=2, cp=2, cp_comm="a2a"), T(global_batch_size=8, micro_batch_size=2), 4)
+    assert (lay.world, lay.cp, lay.cp_comm, lay.data_parallel, lay.grad_accum) == (4, 2, "a2a", 2, 2)  # cp reads no extra data
+    with pytest.raises(ConfigError, match=r"parallel.dp=2 x .* x parallel.cp=2 = 4 processes, but the job has 2"):
+        resolve_layout(ParallelConfig(dp=2, cp=2), T(global_batch_size=8), 2)
+    with pytest.raises(ConfigError) as e:
+        resolve_layout(ParallelConfig(cp=0, cp_comm="p2p"), T(global_batch_size=8), 1)
+    assert "parallel.cp=0: must be >= 1" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        resolve_layout(ParallelConfig(cp=2, cp_comm="p2p", sharding=2, sharding_stage=2), T(global_batch_size=8), 4)
+    msg = str(e.value)
+    assert "parallel.cp_comm='p2p'" in msg and "parallel.cp=2 with parallel.sharding_stage=2" in msg
+    lay = resolve_layout(ParallelConfig(cp=2, order=["dp", "cp", "pp", "sharding", "tp"]), T(global_batch_size=8), 2)
+    assert lay.order == ("dp", "cp", "pp", "sharding", "tp")
