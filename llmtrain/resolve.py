@@ -77,6 +77,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 
         problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
 
+    from llmtrain.parallel.context import context_problems
+
+    problems += context_problems(cfg.parallel, model, cfg.data.seq_len, bool(getattr(cfg.data, "document_mask", False)),
+                                 on_gpu())
     from llmtrain.data.rampup import rampup_config_problems
     from llmtrain.data.sft import packing_problems
     from llmtrain.parallel.moe_pipeline import pipeline_moe_problems

@@ -128,6 +128,8 @@ def _owns_replica(param, topo, tp_degree: int) -> bool:
     """True if this rank is the one that writes `param` (or its tp slice)."""
     if getattr(param, "is_firstly_shared", True) is False:
         return False  # the tied table's copy on a later pipeline stage
+    if getattr(topo, "cp_rank", 0) != 0:
+        return False  # replicated over context-parallel ranks: cp rank 0 writes it
     if tags.split_axis(param) is None and topo.tp_rank != 0:
         return False  # replicated over tp ranks: tp rank 0 writes it
     return True

@@ -96,6 +96,11 @@ class BuiltModel:
     """True when `core` is a `PipelineLayer` (fleet's schedule runs the step)."""
     hooks: list = field(default_factory=list)
     """`StepHook`s of the model and the plan, called by the step loop in order."""
+    inputs: Optional[Callable[[dict], dict]] = None
+    """This rank's part of a micro-batch of whole samples (numpy {key: [m, s]} -> the same keys, cut), applied by the
+    step loop after counting tokens; None: the whole micro-batch (context parallelism: its sequence chunks)."""
+    report: Optional[Callable[[], dict]] = None
+    """What the plan did and held on this rank beyond parameters (memory.json's per-rank "context" entry), or None."""
 
 
 @contextlib.contextmanager

@@ -50,6 +50,9 @@ AUDIT = (
      "that ends while FAILED never comes back)"),
     ("os._exit after closing outputs", "paddle_compat/process.py",
      "skip an interpreter teardown that can crash in gloo after a CPU job finished"),
+    ("paddle._C_ops.flash_attn/flash_attn_grad", "paddle_compat/flash_blocks.py",
+     "the context-parallel ring's per-block flash attention with its log-sum-exp, back-propagated with the merged "
+     "output and log-sum-exp (GPU only; as Paddle's own auto_parallel ring_attention)"),
     ("collective._new_process_group_impl, mp_ops._c_*/_mp_allreduce/_c_softmax_with_cross_entropy, "
      "hybrid_parallel_util.broadcast_input_data, ParallelEnv.device_id, p2p_communication internals, "
      "GroupSharded* constructors, ParamStorage, GroupShardedClipGrad._dygraph_clip, group_sharded_parallel",

@@ -22,10 +22,11 @@ from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.strategy import Topology
 
 
-def make_roles(layout: Layout, topo: Topology) -> Roles:
+def make_roles(layout: Layout, topo: Topology, context=None) -> Roles:
     """The layer factory of this layout: fleet's tensor-parallel layers when tp > 1 (sequence-parallel ones with
     parallel.sequence_parallel), plain layers otherwise; under ep > 1 the routed experts are spread over the ep
-    group (`llmtrain.parallel.experts`)."""
+    group (`llmtrain.parallel.experts`); under cp > 1 (`context`, a `ContextPlan`) every attention core is wrapped
+    in the cp exchange."""
     roles = Roles()
     if layout.tp > 1 and layout.sequence_parallel:
         from llmtrain.parallel.sequence import SequenceParallelRoles
@@ -39,26 +40,41 @@ def make_roles(layout: Layout, topo: Topology) -> Roles:
         from llmtrain.parallel.experts import ExpertParallelRoles
 
         roles = ExpertParallelRoles(roles, topo, layout.ep, layout.ep_dispatcher)
+    if context is not None:
+        roles = context.roles(roles)
     return roles
 
 
-def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None) -> BuiltModel:
+def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None,
+                      positions: bool = False) -> BuiltModel:
     """This rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer` — with its loss and the
     step hooks of the model and the plan (`llmtrain.contracts.steps.BuiltModel`).
 
     `loss_fn` is None under pipeline parallelism (the PipelineLayer owns the loss). `lora`
-    (`finetune.lora`): adapters attached to this rank's matching linears, split like their base."""
+    (`finetune.lora`): adapters attached to this rank's matching linears, split like their base. `positions`: the
+    batches carry position and document ids (`data.document_mask`), which a pipeline's stages pass along (always
+    so under cp > 1)."""
     from llmtrain.models.lora import attach_lora
 
-    roles = make_roles(layout, topo)
+    context = None
+    if layout.cp > 1:
+        from llmtrain.parallel.context import ContextPlan
+
+        context = ContextPlan(topo, layout.cp_comm)
+    roles = make_roles(layout, topo, context)
+    wrap_loss = context.loss if context is not None else (lambda loss_fn: loss_fn)
     if layout.pp > 1:
         from llmtrain.parallel.pipeline import build_pipeline
 
-        core, hooks = build_pipeline(model_cfg, layout, roles, topo, recompute)
+        core, hooks = build_pipeline(model_cfg, layout, roles, topo, recompute, wrap_loss=wrap_loss,
+                                     carry=positions or context is not None)
         built = BuiltModel(core, None, pipeline=True, hooks=hooks)
     else:
         core = build_model(model_cfg, roles, recompute)
-        built = BuiltModel(core, core.loss_fn, pipeline=False, hooks=core.step_hooks())
+        built = BuiltModel(core, wrap_loss(core.loss_fn), pipeline=False, hooks=core.step_hooks())
+    if context is not None:
+        built.hooks.append(context)
+        built.inputs, built.report = context.localize, context.report
     if lora is not None:
         attach_lora(core, lora, roles)
     if layout.tp > 1 and layout.sequence_parallel:

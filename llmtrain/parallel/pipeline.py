@@ -65,10 +65,37 @@ def _tied_logits(roles, layer, hidden):
     return roles.tied_logits(hidden, layer.shared_weight)  # [b, s, h] -> [b, s, V/tp]
 
 
-def stage_descs(stages: list[Stage], roles) -> list:
-    """fleet's `LayerDesc` / `SharedLayerDesc` for the model's ordered stage list."""
+def _carrying(layer_cls):
+    """`layer_cls` whose forward takes and returns the stage tuple (hidden, position_ids[, segment_ids]) fleet passes
+    between stages, so every block sees the batch's positions and documents (context-parallel chunks, packed
+    documents): the embedding takes (input_ids, position_ids[, segment_ids]), the final norm returns the hidden
+    states alone. Other stage classes (the LM head) are returned as they are. Same attributes, so the same
+    canonical parameter names."""
+    from llmtrain.models.decoder import Block, Embedding, FinalNorm
+
+    if layer_cls is Embedding:
+        def forward(self, inputs):
+            ids, *extra = inputs if isinstance(inputs, (tuple, list)) else (inputs,)
+            return (Embedding.forward(self, ids, extra[0] if extra else None), *extra)
+    elif layer_cls is Block:
+        def forward(self, inputs):
+            x, positions, *segments = inputs
+            return (Block.forward(self, x, None, positions, segments[0] if segments else None), positions, *segments)
+    elif layer_cls is FinalNorm:
+        def forward(self, inputs):
+            return FinalNorm.forward(self, inputs[0])
+    else:
+        return layer_cls
+    return type(f"Carrying{layer_cls.__name__}", (layer_cls,), {"forward": forward, "__doc__": layer_cls.__doc__})
+
+
+def stage_descs(stages: list[Stage], roles, carry: bool = False) -> list:
+    """fleet's `LayerDesc` / `SharedLayerDesc` for the model's ordered stage list (`carry`: stages pass positions and
+    document ids along, `_carrying`)."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
 
+    if carry:
+        stages = [st._replace(layer_cls=_carrying(st.layer_cls)) for st in stages]
     descs, seen = [], set()
     for st in stages:
         if st.shared_key is None:
@@ -116,15 +143,18 @@ class TokenSums(StepHook):
             self.loss.sum_tokens = False
 
 
-def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = False):
-    """(pipe, hooks): a `PipelineLayer` holding this rank's stage(s) of the model, and its `StepHook`s."""
+def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = False, wrap_loss=None,
+                   carry: bool = False):
+    """(pipe, hooks): a `PipelineLayer` holding this rank's stage(s) of the model, and its `StepHook`s. `wrap_loss`:
+    the plan's wrapper of the token loss (context parallelism sums it over cp); `carry`: the first stage's input is
+    (input_ids, position_ids[, segment_ids]) and every stage passes them on (`_carrying`)."""
     from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
-    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles)
+    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry)
     extra = {}
     if layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
-    loss = PipelineLoss(LMLoss(roles))
+    loss = PipelineLoss((wrap_loss or (lambda f: f))(LMLoss(roles)))
     pipe = PipelineLayer(
         layers=descs,
         num_stages=layout.pp,

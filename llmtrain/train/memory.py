@@ -11,13 +11,13 @@ are gathered with `all_gather_object` (a few kB each, no file I/O before or insi
 collective), rank 0 writes `<run.dir>/memory.json` and logs one line:
 
     {"format": "llmtrain-memory-1", "step": <first step of the run>,
-     "layout": {dp, tp, pp, sharding, sharding_stage, virtual_pp},
+     "layout": {dp, tp, pp, sharding, sharding_stage, virtual_pp, cp},
      "model_numel": <parameters of the whole model, a tied table once>,
-     "ranks": [{"rank", "dp_rank", "tp_rank", "pp_rank", "sharding_rank",
+     "ranks": [{"rank", "dp_rank", "tp_rank", "pp_rank", "sharding_rank", "cp_rank",
                 "params": {canonical name: {"shape", "numel", "bytes"[, "zero3"]}},
                 "param_numel", "param_bytes",
                 "optimizer_numel", "optimizer_bytes", "optimizer_params": {canonical name: numel},
-                "grad_bytes"}, ...],
+                "grad_bytes"[, "context"]}, ...],
      "predicted": {"source", "amp", "device", "ranks": [{"dp_rank", "tp_rank", "pp_rank", "sharding_rank",
                     "param_numel", "param_bytes", "optimizer_numel", "optimizer_bytes", "grad_bytes"}, ...]}}
 
@@ -37,6 +37,9 @@ What counts (all local to the rank):
   optimizer at the bottom of fleet's / Paddle's wrappers; under ZeRO-1/2 that optimizer
   only holds this rank's share, under ZeRO-3 the slices' state plus the unsliced
   parameters' whole state. "optimizer_params" says which parameters the state belongs to.
+- context (cp > 1): what the context-parallel plan gave this rank (`llmtrain.parallel.context.ContextStats`): its
+  chunks, their sequence index and position ranges, the positions per row, the attention score elements it
+  computed and the key/value bytes it sent in the first step.
 - grads: distinct memory of allocated gradient tensors (parameter grads, ZeRO-3 slice
   grads, and Paddle's ZeRO gradient storages), overlapping views counted once.
 """
@@ -147,13 +150,14 @@ def measure_rank(built, topo) -> dict:
     grad_bytes = _union_bytes(grad_spans)
     return {
         "rank": topo.rank, "dp_rank": topo.dp_rank, "tp_rank": topo.tp_rank, "pp_rank": topo.pp_rank,
-        "sharding_rank": topo.sharding_rank,
+        "sharding_rank": topo.sharding_rank, "cp_rank": getattr(topo, "cp_rank", 0),
         "params": params,
         "param_numel": sum(p["numel"] for p in params.values()),
         "param_bytes": sum(p["bytes"] for p in params.values()),
         "frozen_numel": sum(params[n]["numel"] for n, _ in getattr(built, "frozen_params", [])),
         "optimizer_numel": opt_numel, "optimizer_bytes": opt_bytes, "optimizer_params": opt_params,
         "grad_bytes": grad_bytes,
+        **({"context": built.report()} if getattr(built, "report", None) is not None else {}),
     }
 
 
@@ -173,7 +177,7 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
     report = {
         "format": FORMAT,
         "step": step,
-        "layout": {k: getattr(layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
+        "layout": {k: getattr(layout, k, 1) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp")},
         "model_numel": int(model_numel),
         "ranks": entries,
         "predicted": predicted,

@@ -59,9 +59,21 @@ def packing_inputs(mb: dict) -> dict:
     return {k: paddle.to_tensor(mb[k], dtype="int64") for k in ("position_ids", "segment_ids") if k in mb}
 
 
+def pipeline_inputs(micro_batches: list[dict]):
+    """The micro-batches concatenated for a pipeline: (first stage's input, (labels, loss_mask)); the input is the
+    ids [n m, s], or (ids, position_ids[, segment_ids]) when the batches carry positions (the stages pass them on)."""
+    batch = {k: np.concatenate([mb[k] for mb in micro_batches]) for k in micro_batches[0]
+             if k in ("input_ids", "labels", "loss_mask", "position_ids", "segment_ids")}
+    ids, labels = to_tensors(batch)
+    extra = packing_inputs(batch)
+    if extra:
+        ids = (ids, extra["position_ids"], *([extra["segment_ids"]] if "segment_ids" in extra else []))
+    return ids, labels
+
+
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None,
-                 accumulate_steps: int = 1, hooks=()):
+                 accumulate_steps: int = 1, hooks=(), inputs=None):
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
@@ -73,6 +85,9 @@ class StepRunner:
         self.can_skip_sync = isinstance(model, paddle.DataParallel)
         self.accumulate_steps = int(accumulate_steps)
         """The pipeline's micro-batches per evaluation call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
+        self.inputs = inputs or (lambda mb: mb)
+        """This rank's part of a micro-batch (`BuiltModel.inputs`: context parallelism's sequence chunks), applied
+        after the tokens are counted from the whole micro-batch."""
         self.hooks = list(hooks)
         """The model's and the plan's `StepHook`s (`BuiltModel.hooks`). `before_update` is not called under pp (the
         pipeline steps the optimizer itself)."""
@@ -103,6 +118,7 @@ class StepRunner:
         n = len(micro_batches)
         losses = []
         for i, mb in enumerate(micro_batches):
+            mb = self.inputs(mb)
             ids, labels = to_tensors(mb)
             skip_sync = self.can_skip_sync and i < n - 1
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
@@ -131,8 +147,7 @@ class StepRunner:
 
     def _run_pipeline(self, micro_batches):
         # [accum * m, s] each: the pipeline cuts them back into its accumulate_steps micro-batches
-        batch = {k: np.concatenate([mb[k] for mb in micro_batches]) for k in ("input_ids", "labels", "loss_mask")}
-        ids, labels = to_tensors(batch)
+        ids, labels = pipeline_inputs([self.inputs(mb) for mb in micro_batches])
         set_pipeline_micro_batches(self.model, len(micro_batches))  # varies per step under batch ramp-up
         with self.amp.autocast():
             loss = self.model.train_batch([ids, labels], optimizer=self.optimizer, lr_scheduler=self.scheduler, scaler=self.scaler)
@@ -157,14 +172,13 @@ class StepRunner:
                 blank = dict(micro_batches[-1], loss_mask=np.zeros_like(micro_batches[-1]["loss_mask"]))
                 padded = list(micro_batches) + [blank] * (-len(micro_batches) % steps)
                 for i in range(0, len(padded), steps):
-                    group = padded[i:i + steps]
-                    batch = {k: np.concatenate([mb[k] for mb in group]) for k in ("input_ids", "labels", "loss_mask")}
-                    ids, labels = to_tensors(batch)
+                    ids, labels = pipeline_inputs([self.inputs(mb) for mb in padded[i:i + steps]])
                     with self.amp.autocast():
                         loss = self.model.eval_batch([ids, labels], compute_loss=True)
                     total += float(loss.astype("float32").reshape([])) * steps
             else:
                 for mb in micro_batches:
+                    mb = self.inputs(mb)
                     ids, labels = to_tensors(mb)
                     with self.amp.autocast():
                         loss_sum, _ = self.loss_fn(self.model(ids, **packing_inputs(mb)), labels)

@@ -78,6 +78,10 @@ class Built:
     """(canonical name, parameter) of this rank's frozen base parameters under LoRA (empty otherwise)."""
     hooks: list = dataclasses.field(default_factory=list)
     """The model's and the plan's step hooks (`llmtrain.contracts.steps.StepHook`), run by the `StepRunner`."""
+    inputs: Any = None
+    """This rank's part of a micro-batch (`BuiltModel.inputs`), or None: the whole micro-batch."""
+    report: Any = None
+    """The plan's per-rank report for memory.json (`BuiltModel.report`), or None."""
 
 
 def build_data(data_cls, run, topo):
@@ -97,7 +101,8 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
     cfg, layout = run.cfg, run.layout
     lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
-    local = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora)  # BuiltModel
+    local = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora,
+                              positions=bool(getattr(cfg.data, "document_mask", False)))  # BuiltModel
     core = local.core
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
@@ -118,7 +123,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     clip = install_recording_clip(optimizer)
     attach_expert_parallel(core, optimizer, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
     return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
-                 local.hooks)
+                 local.hooks, local.inputs, local.report)
 
 
 class Trainer:
@@ -142,7 +147,7 @@ class Trainer:
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
-                            hooks=built.hooks)
+                            hooks=built.hooks, inputs=built.inputs)
         # divergence guard: gates the clip (a verdict before every update), re-run, policies (anomaly.py)
         self.guard = AnomalyGuard(cfg.train.anomaly, topo, runner, built.clip, built.optimizer)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)

@@ -59,10 +59,11 @@ class Degrees:
     sharding: int = 1
     stage: int = 1
     vpp: int = 1
+    cp: int = 1
 
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.sharding
+        return self.dp * self.tp * self.pp * self.sharding * self.cp
 
 
 DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config cannot go unnoticed
@@ -70,7 +71,11 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "zero2": Degrees(sharding=2, stage=2), "zero3": Degrees(sharding=2, stage=3), "dp4": Degrees(dp=4),
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2),
+    "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
+    "sharding2cp2": Degrees(sharding=2, cp=2),
 }
+"""Context parallelism (cp): every cp rank holds what its cp rank 0 holds (parameters, optimizer state, gradients
+replicated over cp); `cp_rank` is one more coordinate of the rank entries."""
 
 
 def split_axis(name: str):
@@ -96,11 +101,12 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
     assert ref["model_numel"] == got["model_numel"] == sum(numel.values()), (ref["model_numel"], got["model_numel"])
     assert all(ref["ranks"][0]["optimizer_params"][n] == adam_state(k) for n, k in numel.items())
     assert got["layout"] == {"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
-                             "sharding_stage": d.stage, "virtual_pp": d.vpp}, (layout, got["layout"])
+                             "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp}, (layout, got["layout"])
     ranks = got["ranks"]
     assert [e["rank"] for e in ranks] == list(range(d.world)), layout
-    coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"]) for e in ranks)
-    assert coords == sorted(itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))), coords
+    coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"], e.get("cp_rank", 0)) for e in ranks)
+    assert coords == sorted(itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding),
+                                              range(d.cp))), coords
 
     # 1. shapes: tp slices, whole replicated tensors, ZeRO-3 flat slices
     for e in ranks:
@@ -141,7 +147,7 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
     for e in ranks:
         for name, p in e["params"].items():
             sliced = "zero3" in p
-            copies = d.dp * (1 if sliced else d.sharding) * (1 if split_axis(name) is not None else d.tp)
+            copies = d.dp * d.cp * (1 if sliced else d.sharding) * (1 if split_axis(name) is not None else d.tp)
             copies *= 2 if tied and d.pp > 1 and name == TIED else 1
             total += Fraction(p["numel"], copies)
             if sliced and e["sharding_rank"] == 0 and e["dp_rank"] == 0:
@@ -190,7 +196,7 @@ def check_sharded_optimizer(layout: str, ranks: list, trained) -> None:
     d = DEGREES[layout]
     groups = {}  # ranks that share one copy of the parameters: a sharding group
     for e in ranks:
-        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"]), []).append(e)
+        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"], e.get("cp_rank", 0)), []).append(e)
     for key, members in groups.items():
         names = {n for n in members[0]["params"] if trained(n)}
         owned = [set(m["optimizer_params"]) for m in members]
@@ -218,7 +224,8 @@ def check_predicted(got: dict, layout: str) -> None:
     pred = got["predicted"]
     assert pred is not None and pred["device"] == "cpu", (layout, pred and pred.get("device"))
     by_coords = {(p["dp_rank"], p["tp_rank"], p["pp_rank"], p["sharding_rank"]): p for p in pred["ranks"]}
-    assert len(by_coords) == len(got["ranks"]), (layout, len(by_coords), len(got["ranks"]))
+    held = {(e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"]) for e in got["ranks"]}  # cp ranks: alike
+    assert set(by_coords) == held, (layout, sorted(by_coords), sorted(held))
     zero23 = got["layout"]["sharding"] > 1 and got["layout"]["sharding_stage"] in (2, 3)
     keys = ("param_numel", "param_bytes", "optimizer_numel", "optimizer_bytes") + (() if zero23 else ("grad_bytes",))
     for e in got["ranks"]:

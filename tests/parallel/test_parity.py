@@ -300,7 +300,7 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
         one = reference[n]["memory"]
         coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
         fake = dict(one, layout={"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
-                                 "sharding_stage": d.stage, "virtual_pp": d.vpp},
+                                 "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp},
                     ranks=[dict(one["ranks"][0], rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2], sharding_rank=c[3])
                            for r, c in enumerate(coords)])
         check = lambda: check_memory(fake, one, layout, tied=TIED[n], segment_size=1024 if layout == "zero3" else 2**20)

@@ -26,6 +26,8 @@ replaces, once per process:
                    constructors (device gate, "cpu" default), ParamStorage's param copy,
                    storage cvt_to_device, GroupShardedClipGrad._dygraph_clip,
                    group_sharded_parallel                     ZeRO stages 2 and 3 on CPU
+  context_parallel llmtrain.paddle_compat.collectives.reduce_scatter/all_to_all/ring_shift
+                                                             from gloo all_gather / all_reduce
 
 Each module's docstring says which Paddle function it replaces, why, and what the GPU
 path does instead. `installed_patches()` lists the replaced attributes.
@@ -52,7 +54,7 @@ from __future__ import annotations
 
 import paddle
 
-from . import gloo_groups, mp_ops, pipeline_p2p, sequence_parallel, sharding, tensor_parallel
+from . import context_parallel, gloo_groups, mp_ops, pipeline_p2p, sequence_parallel, sharding, tensor_parallel
 from ..patching import installed as installed_patches
 from ..version import TESTED_PADDLE_VERSION, check_paddle_version
 
@@ -69,7 +71,7 @@ def install() -> bool:
     if _INSTALLED:
         return True
     check_paddle_version()
-    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding, sequence_parallel):
+    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding, sequence_parallel, context_parallel):
         module.install_patches()
     _INSTALLED = True
     return True
