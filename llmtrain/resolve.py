@@ -77,7 +77,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 
         problems += sequence_parallel_problems(cfg.parallel, model, cfg.data.seq_len)
 
+    from llmtrain.data.loader import document_problems
     from llmtrain.parallel.context import context_problems
+
+    problems += document_problems(cfg.data, model)
 
     problems += context_problems(cfg.parallel, model, cfg.data.seq_len, bool(getattr(cfg.data, "document_mask", False)),
                                  on_gpu())

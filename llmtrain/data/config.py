@@ -98,6 +98,18 @@ class DataConfig:
     token (the prediction of the next document's first token), as Megatron's
     ``--eod-mask-loss``."""
 
+    document_mask: bool = False
+    """Decoder pretraining: attention stays inside each document of a packed sample (documents end at the EOD
+    token; a position after an EOD starts the next one), so every document gets the loss and gradients it would get
+    alone; token counts and the loss mask are unchanged. Batches carry ``segment_ids`` (the document index in the
+    row); on GPU the mask goes through flashmask attention, on CPU through the math path; works under context
+    parallelism (each rank gets its chunks' slice) and pipeline parallelism (the stages pass the ids along)."""
+
+    reset_position_ids: bool = False
+    """Positions (RoPE angles, learned position embeddings) restart at 0 in every document of a packed sample
+    (batches carry ``position_ids``). With ``document_mask`` a document then sees exactly what it would alone; RoPE
+    attention depends on relative positions only, so it matters most for learned (GPT-2) position tables."""
+
     masking: MaskingConfig = field(default_factory=MaskingConfig)
     """Masked-LM corruption for encoder models (the objective follows ``model.family``); whole-word by
     default."""

@@ -17,7 +17,9 @@ G) only; data rank ``r`` takes the contiguous share ``[r*G/W, (r+1)*G/W)``.
 ``consumed_samples`` is all a checkpoint needs; ``load_state_dict`` accepts one
 written under any data-parallel size. Tokens for the loss (`tokens` in the metrics) are
 ``loss_mask.sum()``; samples are fully packed, so that is ``m * seq_len`` unless
-``eod_mask_loss`` is on.
+``eod_mask_loss`` is on. With ``document_mask`` a micro-batch also carries ``segment_ids`` and ``position_ids``
+[m, seq_len] int64 (`document_ids`: documents split at EOD; positions restarting per document with
+``reset_position_ids``, 0..seq_len-1 otherwise); the loss mask and tokens are the same as without.
 """
 
 from __future__ import annotations
@@ -44,6 +46,30 @@ from llmtrain.tokenizer import load_tokenizer
 
 CREATE_HINT = ("create it with `python -m llmtrain.data.preprocess --input CORPUS --tokenizer DIR "
                "--output-prefix PREFIX` (the default corpus: `scripts/prepare_default_corpus.sh`)")
+
+
+def document_ids(input_ids: np.ndarray, eod_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Documents of packed samples: input_ids [m, s] -> (segment_ids, position_ids) [m, s] int64.
+
+    A document ends with its EOD token, so position t starts a new document when t - 1 holds an EOD: segment_ids
+    counts the EODs before each position (0 for the row's first, possibly truncated, document), position_ids counts
+    from each document's first position (0, 1, ...)."""
+    eod = input_ids == eod_id  # [m, s]
+    starts = np.zeros_like(eod)
+    starts[:, 1:] = eod[:, :-1]  # a document starts after each EOD
+    segments = np.cumsum(starts, axis=1).astype(np.int64)
+    index = np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape)
+    first = np.maximum.accumulate(np.where(starts, index, 0), axis=1)  # [m, s]: where each position's document began
+    return segments, index - first
+
+
+def document_problems(data_cfg, model) -> list[str]:
+    """`data.document_mask` / `data.reset_position_ids` are for decoder pretraining batches."""
+    on = [k for k in ("document_mask", "reset_position_ids") if getattr(data_cfg, k, False)]
+    if on and model.family != "decoder":
+        return [f"data.{on[0]}=true with model.family={model.family}: per-document attention and positions are built "
+                "for decoder pretraining (masked-LM batches ignore them)"]
+    return []
 
 
 class SampleStream:
@@ -122,6 +148,8 @@ class PretrainData:
         self._valid = None
         self._valid_cache: dict = {}
         self.eod_mask_loss = bool(getattr(cfg, "eod_mask_loss", False))
+        self.document_mask = bool(getattr(cfg, "document_mask", False))
+        self.reset_position_ids = bool(getattr(cfg, "reset_position_ids", False))
         self.consumed_samples = int(consumed_samples)
         self.data_wait_time = 0.0
         self.prefetch = max(0, int(getattr(cfg, "num_workers", 1)))
@@ -151,8 +179,15 @@ class PretrainData:
         loss_mask = np.ones(input_ids.shape, dtype=np.float32)  # [m, seq_len]
         if self.eod_mask_loss:
             loss_mask[input_ids == self.tokenizer.eod_id] = 0.0
-        return {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask,
-                "sample_ids": np.asarray(ids, dtype=np.int64)}
+        out = {"input_ids": input_ids, "labels": labels, "loss_mask": loss_mask,
+               "sample_ids": np.asarray(ids, dtype=np.int64)}
+        if self.document_mask or self.reset_position_ids:
+            segments, positions = document_ids(input_ids, self.tokenizer.eod_id)
+            out["position_ids"] = positions if self.reset_position_ids else \
+                np.broadcast_to(np.arange(input_ids.shape[1], dtype=np.int64), input_ids.shape).copy()
+            if self.document_mask:
+                out["segment_ids"] = segments
+        return out
 
     def _micro_batches(self, stream: "SampleStream", ids: np.ndarray, split: str) -> list[dict]:
         """ids [k, m] global sample ids of `stream` -> k micro-batches (subclasses change the objective here)."""

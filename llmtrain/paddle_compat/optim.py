@@ -77,7 +77,19 @@ def recording_hybrid_clip_classes():
                 global_norm_var_not_dist.add_(self._expert_fix.reshape(global_norm_var_not_dist.shape))
                 self._expert_fix = None
             super()._global_norm(global_norm_var_dist, global_norm_var_not_dist)
+            if self._sums_dist_over_sep():  # each tp-split square counted once per context-parallel rank: undo
+                global_norm_var_dist.scale_(1.0 / self._hcg.get_sep_parallel_world_size())
             self.last_norm = paddle.sqrt(global_norm_var_dist + global_norm_var_not_dist)
+
+        def _sums_dist_over_sep(self) -> bool:
+            """fleet all-reduces the tp-split squares over its check group, which spans the sep (context-parallel)
+            axis too (fleet's `_set_check_group("data")`: every axis but dp), unless dp and sharding are both on
+            or split_norm_comm is set; the sep ranks hold the same gradients, so that sum is cp times too big."""
+            hcg = self._hcg
+            if hcg.get_sep_parallel_world_size() <= 1 or hcg.get_model_parallel_world_size() <= 1:
+                return False
+            both = hcg.get_data_parallel_world_size() > 1 and hcg.get_sharding_parallel_world_size() > 1
+            return not both and not self.split_norm_comm
 
     def clone(clip):
         return RecordingHybridClip(clip._clip, clip._hcg, clip.split_norm_comm, clip._timers)

@@ -68,7 +68,8 @@ RULES: list[tuple[str, str, str]] = [
         parallel.zero3_segment_size parallel.zero2_buffer_size parallel.pp_schedule parallel.virtual_pp parallel.ep
         parallel.ep_dispatcher parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
         parallel.pp_enable_timer parallel.dp_comm_overlap parallel.pp_sharding_comm_overlap
-        parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param""",
+        parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param
+        parallel.cp parallel.cp_comm""",
            "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
     *_each("train.global_batch_size train.micro_batch_size train.grad_accum",
            "honoured", "the data continues from consumed_samples"),
@@ -94,6 +95,9 @@ RULES: list[tuple[str, str, str]] = [
     ("data.tokenizer", "honoured", "the path may change; the vocabulary is compared separately (refused if it differs)"),
     ("data.num_workers", "honoured", "loader threads do not change the samples"),
     ("data.cache_dir", "honoured", "index cache location"),
+    *_each("data.document_mask data.reset_position_ids", "warn",
+           "the same samples and loss tokens, but attention (and, with reset positions, position ids) stays inside each "
+           "document from this step on: the numbers change"),
     *_each("""data.prefixes data.weights data.seq_len data.split data.eod_mask_loss data.masking.strategy
         data.masking.prob data.masking.mask_token_prob data.masking.random_token_prob data.masking.max_ngram
         data.masking.entity_source data.masking.lexicon data.masking.entity_tags data.masking.max_entity_tokens

@@ -102,7 +102,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     cfg, layout = run.cfg, run.layout
     lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
     local = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora,
-                              positions=bool(getattr(cfg.data, "document_mask", False)))  # BuiltModel
+                              positions=any(getattr(cfg.data, k, False) for k in ("document_mask", "reset_position_ids")))
     core = local.core
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
