@@ -40,6 +40,9 @@ What counts (all local to the rank):
 - context (cp > 1): what the context-parallel plan gave this rank (`llmtrain.parallel.context.ContextStats`): its
   chunks, their sequence index and position ranges, the positions per row, the attention score elements it
   computed and the key/value bytes it sent in the first step.
+- activation_bytes: what one micro-batch's forward left allocated until its backward (activations and logits;
+  `StepRunner.activation_bytes`: the last micro-batch of the first step; null under pp), beside the planner's
+  "predicted_activation_bytes" for the busiest rank. Under context parallelism about 1/cp of one process's.
 - grads: distinct memory of allocated gradient tensors (parameter grads, ZeRO-3 slice
   grads, and Paddle's ZeRO gradient storages), overlapping views counted once.
 """
@@ -161,11 +164,29 @@ def measure_rank(built, topo) -> dict:
     }
 
 
+def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
+    """The planner's bytes held for the backward of one micro-batch on its busiest rank (activations, plus the
+    logits on the last stage: `llmtrain.plan.estimate.memory_estimate` with one micro-batch in flight), or None
+    under pp (several micro-batches in flight, which the measurement does not cover)."""
+    import dataclasses
+
+    from llmtrain.plan.estimate import memory_estimate
+
+    if layout.pp > 1:
+        return None
+    one = dataclasses.replace(layout, grad_accum=1)
+    est = memory_estimate(cfg.model, one, cfg.data.seq_len, cfg.train.recompute, amp, "cpu" if on_cpu else "gpu",
+                          4 if amp == "none" else 2, not on_cpu, 0.0)
+    return int(est["activations"] + est["other"])
+
+
 def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, step: int,
-                        predicted: dict | None = None) -> dict:
+                        predicted: dict | None = None, activations: tuple = (None, None)) -> dict:
     """Gather every rank's entry; rank 0 writes <run_dir>/memory.json (with `predicted`, the planner's figures)
-    and logs one line. Returns the report."""
+    and logs one line. `activations`: (this rank's measured bytes held for the first micro-batch's backward, the
+    planner's figure for them). Returns the report."""
     mine = measure_rank(built, topo)
+    mine["activation_bytes"] = activations[0]
     if topo.world > 1:
         import paddle.distributed as dist
 
@@ -181,6 +202,7 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
         "model_numel": int(model_numel),
         "ranks": entries,
         "predicted": predicted,
+        "predicted_activation_bytes": activations[1],
     }
     if topo.rank == 0:
         path = os.path.join(run_dir, "memory.json")

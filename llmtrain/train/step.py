@@ -54,6 +54,15 @@ def to_tensors(mb: dict):
     return ids, (labels, mask)
 
 
+def allocated_bytes() -> int:
+    """Bytes Paddle's allocator holds now on this process's device (host counter on CPU)."""
+    if paddle.get_device() == "cpu":
+        from llmtrain.paddle_compat.host_memory import host_allocated_bytes
+
+        return host_allocated_bytes()
+    return int(paddle.device.cuda.memory_allocated())
+
+
 def packing_inputs(mb: dict) -> dict:
     """Packed SFT micro-batches: {position_ids, segment_ids} [m, s] int64 for the model; {} otherwise."""
     return {k: paddle.to_tensor(mb[k], dtype="int64") for k in ("position_ids", "segment_ids") if k in mb}
@@ -85,6 +94,11 @@ class StepRunner:
         self.can_skip_sync = isinstance(model, paddle.DataParallel)
         self.accumulate_steps = int(accumulate_steps)
         """The pipeline's micro-batches per evaluation call (train.grad_accum; fleet's `pipeline_configs.accumulate_steps`)."""
+        self.activation_bytes = None
+        """Bytes one micro-batch's forward left allocated for its backward (activations and logits): the last
+        micro-batch of the first flat step (after the first, which also fills one-time caches such as RoPE tables;
+        with one micro-batch a step, that one), by `allocated_bytes`; None under pp (fleet's schedule runs the
+        forwards) or before."""
         self.inputs = inputs or (lambda mb: mb)
         """This rank's part of a micro-batch (`BuiltModel.inputs`: context parallelism's sequence chunks), applied
         after the tokens are counted from the whole micro-batch."""
@@ -122,9 +136,12 @@ class StepRunner:
             ids, labels = to_tensors(mb)
             skip_sync = self.can_skip_sync and i < n - 1
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
+                before = allocated_bytes() if self.activation_bytes is None and i == n - 1 else None
                 with self.amp.autocast():
                     logits = self.model(ids, **packing_inputs(mb))  # [m, s, V/tp]
                     loss = mean_loss(self.loss_fn(logits, labels))  # fp32 scalar
+                if before is not None:
+                    self.activation_bytes = allocated_bytes() - before
                 scaled = loss / n
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)

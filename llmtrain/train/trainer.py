@@ -43,7 +43,7 @@ from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.lora import init_adapters, split_adapters
-from llmtrain.train.memory import write_memory_report
+from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
 from llmtrain.train.peak import measure_cpu_matmul_peak, peak_flops
@@ -145,7 +145,7 @@ class Trainer:
         cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
         state = ckpt.resume()
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
-        runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
+        self.runner = runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
                             hooks=built.hooks, inputs=built.inputs)
         # divergence guard: gates the clip (a verdict before every update), re-run, policies (anomaly.py)
@@ -251,7 +251,9 @@ class Trainer:
         lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
         predicted = predicted_report(cfg.model, layout, "none" if on_cpu else cfg.train.amp, "cpu" if on_cpu else "gpu",
                                      lora)
-        report = write_memory_report(cfg.run.dir, self.built, topo, layout, parameter_count(cfg.model), step, predicted)
+        predicted_act = predicted_activation_bytes(cfg, layout, "none" if on_cpu else cfg.train.amp, on_cpu)
+        report = write_memory_report(cfg.run.dir, self.built, topo, layout, parameter_count(cfg.model), step, predicted,
+                                     activations=(self.runner.activation_bytes, predicted_act))
         if exporter is not None:
             exporter.memory(next(e for e in report["ranks"] if e["rank"] == topo.rank))
 
