@@ -7,11 +7,13 @@
 Every rank holds chunks r and 2·cp-1-r (llmtrain/parallel/context.py): q, k, v [b, 2c, heads, d], the early
 chunk first; `segments` [b, 2c] are the same positions' document ids (`data.document_mask`) or None. What a
 query may see is decided by sequence index (causal: key index <= query index) and document id; a (query chunk,
-key chunk) pair whose keys all come later is skipped, so the work per rank is the same on every rank.
+key chunk) pair whose keys all come later is skipped (but one, below), so the work per rank is the same on every
+rank.
 
 - `ring`: the key/value chunks of rank r - t arrive at step t (t = 0 .. cp-1; the next transfer is started
-  before the current block is computed, so on GPU it overlaps), each block's output merges with the others by its
-  log-sum-exp; `_Ring.backward` runs the same ring again, recomputing each block's probabilities from the merged
+  before the current block is computed, so on GPU it overlaps); `ring_block` says which query and key chunks
+  meet (at step 0 all four pairs as one square causal block, the early-query/late-key one masked: what flash
+  kernels take without an offset), each block's output merges with the others by its log-sum-exp; `_Ring.backward` runs the same ring again, recomputing each block's probabilities from the merged
   log-sum-exp, and sends each block's key/value gradient on with the keys, so it arrives home after cp steps.
   Saved for backward: q, k, v, the output and the log-sum-exp — the local chunks only. On CPU the blocks are the
   math kernels of `context_attention.py`, on GPU flash attention's (`paddle_compat/flash_blocks.py`).
@@ -81,21 +83,26 @@ def _a2a(x, group, to_heads: bool):
     return paddle.concat(got, axis=2)  # [b, 2c, h, d]
 
 
-def ring_pairs(layout: ChunkLayout, rank: int, src: int) -> list[tuple[int, list[int]]]:
-    """[(local query chunk slot, [slots of `src`'s key chunks it attends to])] under a causal mask: a key chunk
-    is needed when its index is <= the query chunk's; slots are 0 (early chunk) and 1 (late chunk)."""
-    q_chunks, k_chunks = layout.chunks(rank), layout.chunks(src)
-    pairs = []
-    for qs, qi in enumerate(q_chunks):
-        ks = [j for j, ki in enumerate(k_chunks) if ki <= qi]
-        if ks:
-            pairs.append((qs, ks))
-    return pairs
+def ring_block(layout: ChunkLayout, rank: int, src: int, causal: bool = True) -> tuple[list, list, bool]:
+    """(local query chunk slots, `src`'s key chunk slots, causal) of the one block `rank` computes when `src`'s
+    keys are in hand; slots are 0 (early chunk) and 1 (late chunk). Under a causal mask: its own keys, both query
+    chunks over both key chunks, causal in local order (the early query chunk sees its own keys only, the late one
+    the early chunk whole and itself causally: exactly the sequence order, as both lie in order); an earlier rank's
+    keys (src < rank): both query chunks over its early chunk, whole; a later rank's: the late query chunk over both
+    its chunks, whole. Every other pair lies above the diagonal. So every rank computes 4 + 2 (cp - 1) chunk pairs,
+    and flash kernels see only square causal blocks or unmasked ones."""
+    if not causal:
+        return [0, 1], [0, 1], False
+    if src == rank:
+        return [0, 1], [0, 1], True
+    return ([0, 1], [0], False) if src < rank else ([1], [0, 1], False)
 
 
-def _slots(x, slots, c):
-    """The chunks `slots` of a [b, 2c, ...] tensor, concatenated along the sequence."""
-    return paddle.concat([x[:, j * c:(j + 1) * c] for j in slots], axis=1)
+def _slots(x, slots, c, axis: int = 1):
+    """The chunks `slots` (0 early, 1 late) of a tensor whose `axis` holds this rank's 2c positions ([b, 2c, ...],
+    or an lse [b, nh, 2c] with axis 2), concatenated."""
+    parts = [x[:, :, j * c:(j + 1) * c] if axis == 2 else x[:, j * c:(j + 1) * c] for j in slots]
+    return parts[0] if len(parts) == 1 else paddle.concat(parts, axis=axis)
 
 
 def _on_flash(q) -> bool:
@@ -108,16 +115,17 @@ class _Ring(PyLayer):
     @staticmethod
     def forward(ctx, q, k, v, plan):
         c, n = plan.layout.chunk, plan.layout.cp
-        outs, lses = [None, None], [None, None]
+        outs, lses = [None, None], [None, None]  # per local query chunk: merged output [b, c, nh, dv], lse [b, nh, c]
         kv = [k, v]
         for t in range(n):
             src = (plan.rank - t) % n
-            shift = collectives.ring_shift(kv, plan.group) if t < n - 1 else None  # overlaps the blocks below
+            shift = collectives.ring_shift(kv, plan.group) if t < n - 1 else None  # overlaps the block below
             plan.stats_sent(kv, t < n - 1)
-            for qs, ks in ring_pairs(plan.layout, plan.rank, src):
-                q_i, k_j, v_j = q[:, qs * c:(qs + 1) * c], _slots(kv[0], ks, c), _slots(kv[1], ks, c)
-                o, lse = plan.block(q_i, k_j, v_j, qs, src, ks)
-                outs[qs], lses[qs] = merge(outs[qs], lses[qs], o, lse)
+            qs, ks, causal = ring_block(plan.layout, plan.rank, src, plan.causal)
+            o, lse = plan.block(_slots(q, qs, c), _slots(kv[0], ks, c), _slots(kv[1], ks, c), qs, src, ks, causal)
+            for i, slot in enumerate(qs):
+                outs[slot], lses[slot] = merge(outs[slot], lses[slot], o[:, i * c:(i + 1) * c],
+                                               lse[:, :, i * c:(i + 1) * c])
             if shift is not None:
                 kv = shift.wait()
         out, lse = paddle.concat(outs, axis=1), paddle.concat(lses, axis=2)  # [b, 2c, nh, dv], [b, nh, 2c]
@@ -135,14 +143,14 @@ class _Ring(PyLayer):
         for t in range(n):
             src = (plan.rank - t) % n
             shift = collectives.ring_shift(kv, plan.group) if t < n - 1 else None
-            for qs, ks in ring_pairs(plan.layout, plan.rank, src):
-                rows = slice(qs * c, (qs + 1) * c)
-                g = plan.block_grad(q[:, rows], _slots(kv[0], ks, c), _slots(kv[1], ks, c), out[:, rows],
-                                    lse[:, :, rows], dout[:, rows], qs, src, ks)
-                dq[:, rows] += g[0].astype("float32")
-                for i, j in enumerate(ks):
-                    dkv[0][:, j * c:(j + 1) * c] += g[1][:, i * c:(i + 1) * c].astype("float32")
-                    dkv[1][:, j * c:(j + 1) * c] += g[2][:, i * c:(i + 1) * c].astype("float32")
+            qs, ks, causal = ring_block(plan.layout, plan.rank, src, plan.causal)
+            g = plan.block_grad(_slots(q, qs, c), _slots(kv[0], ks, c), _slots(kv[1], ks, c), _slots(out, qs, c),
+                                _slots(lse, qs, c, axis=2), _slots(dout, qs, c), qs, src, ks, causal)
+            for i, j in enumerate(qs):
+                dq[:, j * c:(j + 1) * c] += g[0][:, i * c:(i + 1) * c].astype("float32")
+            for i, j in enumerate(ks):
+                dkv[0][:, j * c:(j + 1) * c] += g[1][:, i * c:(i + 1) * c].astype("float32")
+                dkv[1][:, j * c:(j + 1) * c] += g[2][:, i * c:(i + 1) * c].astype("float32")
             plan.stats_sent(dkv, True)
             dkv = collectives.ring_shift(dkv, plan.group).wait()  # the gradients travel on with their keys
             if shift is not None:
@@ -164,32 +172,30 @@ class _Call:
         c = self.layout.chunk
         return paddle.to_tensor(np.concatenate([self.layout.index(rank)[j * c:(j + 1) * c] for j in slots]))
 
-    def _keep(self, qs: int, src: int, ks):
+    def _keep(self, qs, src: int, ks):
+        """The CPU kernels' mask of query slots `qs` over `src`'s key slots `ks`: causal by sequence index, and
+        documents."""
         q_seg = k_seg = None
         if self.segments is not None:
             c = self.layout.chunk
             mine = self.segments[:, self.rank * 2 * c:(self.rank + 1) * 2 * c]
             theirs = self.segments[:, src * 2 * c:(src + 1) * 2 * c]
-            q_seg, k_seg = mine[:, qs * c:(qs + 1) * c], _slots(theirs, ks, c)
-        return keep_mask(self._index(self.rank, [qs]), self._index(src, ks), self.causal, q_seg, k_seg)
+            q_seg, k_seg = _slots(mine, qs, c), _slots(theirs, ks, c)
+        return keep_mask(self._index(self.rank, qs), self._index(src, ks), self.causal, q_seg, k_seg)
 
-    def _diagonal(self, qs: int, src: int, ks) -> bool:
-        """Flash's bottom-right causal flag: the last key chunk is the query chunk itself."""
-        return self.causal and self.layout.chunks(src)[ks[-1]] == self.layout.chunks(self.rank)[qs]
-
-    def block(self, q_i, k_j, v_j, qs, src, ks):
+    def block(self, q_i, k_j, v_j, qs, src, ks, causal: bool):
         self.owner.count(q_i.shape[0] * q_i.shape[2] * q_i.shape[1] * k_j.shape[1])
         if _on_flash(q_i):
             from llmtrain.paddle_compat.flash_blocks import flash_block
 
-            return flash_block(q_i, k_j, v_j, self._diagonal(qs, src, ks))  # GPU-ONLY(cp-ring-flash)
+            return flash_block(q_i, k_j, v_j, causal)  # GPU-ONLY(cp-ring-flash)
         return block_forward(q_i, k_j, v_j, self._keep(qs, src, ks))
 
-    def block_grad(self, q_i, k_j, v_j, out, lse, dout, qs, src, ks):
+    def block_grad(self, q_i, k_j, v_j, out, lse, dout, qs, src, ks, causal: bool):
         if _on_flash(q_i):
             from llmtrain.paddle_compat.flash_blocks import flash_block_grad
 
-            return flash_block_grad(q_i, k_j, v_j, out, lse, dout, self._diagonal(qs, src, ks))  # GPU-ONLY(cp-ring-flash)
+            return flash_block_grad(q_i, k_j, v_j, out, lse, dout, causal)  # GPU-ONLY(cp-ring-flash)
         return block_backward(q_i, k_j, v_j, out, lse, dout, self._keep(qs, src, ks))
 
     def stats_sent(self, tensors, sent: bool) -> None:
@@ -241,7 +247,7 @@ class ContextAttention:
             q_i = q[:, qs * c:(qs + 1) * c]
             self.count(q.shape[0] * q.shape[2] * c * end)
             if _on_flash(q_i):
-                outs.append(_flash_prefix(q_i, k_all[:, :end], v_all[:, :end], call.causal, seg, qi * c))  # GPU-ONLY(cp-flash)
+                outs.append(_flash_prefix(q_i, k_all[:, :end], v_all[:, :end], call.causal, seg, qi * c))
                 continue
             q_idx = paddle.arange(qi * c, (qi + 1) * c, dtype="int64")
             keep = keep_mask(q_idx, paddle.arange(end, dtype="int64"), call.causal,
@@ -264,13 +270,21 @@ class ContextAttention:
 
 
 def _flash_prefix(q_i, keys, values, causal: bool, seg, q_start: int):
-    """GPU: one query chunk over the keys up to its end (bottom-right causal); documents through flashmask."""
-    from paddle.nn.functional.flash_attention import flash_attention, flashmask_attention
+    """GPU: one query chunk (sequence indices q_start ..) over the keys up to its end, as flashmask's column-wise
+    bidirectional mask [b, 1, sk, 2] = (first masked row from below, first unmasked row from above) per key: key j
+    is seen by the chunk's rows [j - q_start, end of j's document - q_start), clipped to the chunk — causal and
+    documents in one, with no assumption on how a kernel aligns a causal mask when there are more keys than
+    queries."""
+    from paddle.nn.functional.flash_attention import flashmask_attention
 
+    c, sk = q_i.shape[1], keys.shape[1]
+    j = paddle.arange(sk, dtype="int32")
+    below = paddle.clip(j - q_start, 0, c) if causal else paddle.zeros([sk], "int32")  # rows above are masked
     if seg is None:
-        return flash_attention(q_i, keys, values, causal=causal)[0]  # GPU-ONLY(cp-flash)
-    from llmtrain.models.layers import document_end_rows
+        until = paddle.full([q_i.shape[0], sk], c, "int32")
+    else:
+        from llmtrain.models.layers import document_end_rows
 
-    # for key j, the first query row (of this chunk) outside its document, clipped to the chunk's rows
-    ends = document_end_rows(seg[:, : keys.shape[1]]) - q_start
-    return flashmask_attention(q_i, keys, values, paddle.clip(ends, 0, q_i.shape[1]), causal=causal)  # GPU-ONLY(cp-flash)
+        until = paddle.clip(document_end_rows(seg[:, :sk]).reshape([q_i.shape[0], sk]) - q_start, 0, c)
+    rows = paddle.stack([until, below.unsqueeze(0).expand([q_i.shape[0], sk])], axis=-1)  # [b, sk, 2]
+    return flashmask_attention(q_i, keys, values, rows.unsqueeze(1).astype("int32"), causal=False)  # GPU-ONLY(cp-flash)

@@ -24,14 +24,14 @@ BALANCE = 0.05
 
 
 def expected_pairs(comm: str, seq_len: int, cp: int, heads: int, rows: int) -> int:
-    """Score elements one rank computes per layer call of `rows` sequences: ring and all-gather 2·cp+1 blocks of
-    c x c per head (the zigzag schedule: one diagonal and one full block per chunk pair at step 0, two full ones
-    after; all-gather: chunk i against keys 0 .. (i+1)c); a2a the whole s x s square for heads / cp heads (the
-    model's math core computes all of it)."""
+    """Score elements one rank computes per layer call of `rows` sequences, in c x c chunk pairs per head: ring
+    2·cp+2 (its own two chunks as one square causal block at step 0, then two pairs a step: `ring_block`),
+    all-gather 2·cp+1 (query chunk i against keys 0 .. (i+1)c: the causal triangle's pairs exactly); a2a the whole
+    s x s square for heads / cp heads (the model's math core computes all of it)."""
     c = seq_len // (2 * cp)
     if comm == "a2a":
         return rows * heads // cp * seq_len * seq_len
-    return rows * heads * (2 * cp + 1) * c * c
+    return rows * heads * (2 * cp + (2 if comm == "ring" else 1)) * c * c
 
 
 def check_context(report: dict, cp: int, seq_len: int, comm: str, heads: int, calls: int,

@@ -23,7 +23,7 @@ from llmtrain.models.layers import math_attention
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.context import ChunkLayout, context_problems
 from llmtrain.parallel.context_attention import block_backward, block_forward, keep_mask, merge
-from llmtrain.parallel.context_exchange import ring_pairs
+from llmtrain.parallel.context_exchange import ring_block
 
 
 @pytest.mark.parametrize("cp", [1, 2, 3, 4])
@@ -86,10 +86,19 @@ def test_blocks_merged_by_log_sum_exp_equal_whole_attention_and_gradients():
         assert float((got - want).abs().max()) < 1e-5
 
 
-def _ring_work(layout, rank: int) -> int:
-    """Score elements per head and row of one rank over the ring's steps (what ContextAttention counts)."""
-    c = layout.chunk
-    return sum(c * c * len(ks) for t in range(layout.cp) for _, ks in ring_pairs(layout, rank, (rank - t) % layout.cp))
+def _needed(layout, rank: int) -> set:
+    """(query chunk, key chunk) pairs a rank's causal attention needs: key chunk index <= query chunk index."""
+    return {(qi, kj) for qi in layout.chunks(rank) for src in range(layout.cp) for kj in layout.chunks(src) if kj <= qi}
+
+
+def _ring(layout, rank: int) -> list:
+    """(query chunk, key chunk) pairs the ring computes on `rank`, over its steps (`ring_block`)."""
+    pairs = []
+    for t in range(layout.cp):
+        src = (rank - t) % layout.cp
+        qs, ks, _ = ring_block(layout, rank, src)
+        pairs += [(layout.chunks(rank)[i], layout.chunks(src)[j]) for i in qs for j in ks]
+    return pairs
 
 
 class _Contiguous(ChunkLayout):
@@ -100,14 +109,23 @@ class _Contiguous(ChunkLayout):
 
 
 @pytest.mark.parametrize("cp", [2, 3, 4, 8])
-def test_causal_ring_work_is_balanced_and_the_contiguous_cut_is_not(cp):
+def test_causal_attention_work_is_balanced_and_the_contiguous_cut_is_not(cp):
+    """Zigzag: every rank needs 2·cp+1 chunk pairs of the causal triangle (what allgather computes) and the ring
+    computes those plus one masked pair (its square step-0 block), on every rank alike; together the ranks cover
+    the triangle once. The contiguous cut needs 4r+3 pairs on rank r: imbalanced far beyond 5%."""
     layout = ChunkLayout(2 * cp * 4, cp)
-    work = [_ring_work(layout, r) for r in range(cp)]
-    assert max(work) <= (1 + BALANCE) * min(work) and len(set(work)) == 1  # exactly equal: 2cp+1 blocks each
-    assert work[0] == expected_pairs("ring", layout.seq_len, cp, heads=1, rows=1)
-    causal_pairs = layout.seq_len * (layout.seq_len + 1) // 2  # the causal triangle is all covered once ...
-    assert sum(work) >= causal_pairs and sum(work) == cp * (2 * cp + 1) * layout.chunk ** 2  # ... by whole blocks
-    contiguous = [_ring_work(_Contiguous(layout.seq_len, cp), r) for r in range(cp)]
+    needed = [_needed(layout, r) for r in range(cp)]
+    assert [len(n) for n in needed] == [2 * cp + 1] * cp
+    assert sum(len(n) for n in needed) == 2 * cp * (2 * cp + 1) // 2  # the triangle's pairs, each once
+    for r in range(cp):
+        ring = _ring(layout, r)
+        assert len(ring) == len(set(ring)) == 2 * cp + 2 and set(ring) >= needed[r]
+        extra = set(ring) - needed[r]
+        assert extra == {(r, 2 * cp - 1 - r)}  # the early query chunk's masked pair with its own late keys
+    for comm in ("ring", "allgather"):
+        work = [expected_pairs(comm, layout.seq_len, cp, heads=1, rows=1) for _ in range(cp)]
+        assert work[0] == layout.chunk ** 2 * (2 * cp + (2 if comm == "ring" else 1))
+    contiguous = [len(_needed(_Contiguous(layout.seq_len, cp), r)) for r in range(cp)]
     assert max(contiguous) > (1 + BALANCE) * min(contiguous), contiguous
 
 
