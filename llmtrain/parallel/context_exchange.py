@@ -33,7 +33,7 @@ import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
 from llmtrain.paddle_compat import collectives, kernels
-from llmtrain.parallel.context import ChunkLayout
+from llmtrain.parallel.context_chunks import ChunkLayout
 from llmtrain.parallel.context_attention import block_backward, block_forward, keep_mask, merge
 
 

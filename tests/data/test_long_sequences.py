@@ -18,7 +18,7 @@ import pytest
 from llmtrain.data.config import load_data_config
 from llmtrain.data.indexed import IndexedWriter
 from llmtrain.data.loader import PretrainData
-from llmtrain.parallel.context import ChunkLayout
+from llmtrain.parallel.context_chunks import ChunkLayout
 from llmtrain.tokenizer import load_tokenizer
 
 SEQ = 131072

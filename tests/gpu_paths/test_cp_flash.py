@@ -17,7 +17,7 @@ import numpy as np
 import paddle
 import pytest
 
-from llmtrain.parallel.context import ChunkLayout
+from llmtrain.parallel.context_chunks import ChunkLayout
 from llmtrain.parallel.context_attention import block_forward, keep_mask
 from llmtrain.parallel.context_exchange import _flash_prefix
 

@@ -19,7 +19,7 @@ import paddle
 import pytest
 
 from llmtrain.parallel import context_exchange
-from llmtrain.parallel.context import ChunkLayout
+from llmtrain.parallel.context_chunks import ChunkLayout
 from llmtrain.parallel.context_attention import block_backward, block_forward, keep_mask
 from llmtrain.parallel.context_exchange import _Call, ring_block
 

@@ -21,7 +21,8 @@ from context_checks import BALANCE, check_context, documents_alone, expected_pai
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.layers import math_attention
 from llmtrain.parallel.config import ParallelConfig
-from llmtrain.parallel.context import ChunkLayout, context_problems
+from llmtrain.parallel.context import context_problems
+from llmtrain.parallel.context_chunks import ChunkLayout
 from llmtrain.parallel.context_attention import block_backward, block_forward, keep_mask, merge
 from llmtrain.parallel.context_exchange import ring_block
 
