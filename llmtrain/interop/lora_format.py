@@ -31,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig
+from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig, attention_variant_mismatches
 from llmtrain.interop.tensor_files import read_tensors, staged_dir, write_pdparams, write_safetensors
 from llmtrain.models.config import ModelConfig
 
@@ -63,6 +63,10 @@ def lora_family(cfg: ModelConfig) -> str:
         raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: dense decoder models (GPT, Llama, Qwen) only; "
                                 f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")
     family = paddlenlp_family(cfg)
+    variant = attention_variant_mismatches(cfg, family)
+    if variant:
+        raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: " + "; ".join(variant)
+                                + " (export merged: --merge-lora --format hf)")
     if family != "qwen" and cfg.has_qkv_bias() != cfg.bias:
         raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with "
                                 f"bias={cfg.bias} "

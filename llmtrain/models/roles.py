@@ -69,6 +69,12 @@ class Roles:
         concatenated ([in, n r] -> [.., n r])."""
         return paddle.matmul(x, a)
 
+    def head_shared(self, param: paddle.Tensor) -> paddle.Tensor:
+        """A parameter every attention head applies (QK-norm's weight [head_dim]), as the layer should use it. A plan
+        that splits the heads sums its gradient over the split (each rank's heads give a partial sum); single
+        device: the parameter itself."""
+        return param
+
     def attention_core(self, core):
         """The attention core a layer calls, `core(q, k, v, causal, mask=None, segments=None)` on this rank's
         positions (`llmtrain.models.layers.choose_attention`); a plan that splits the sequence (context

@@ -23,6 +23,7 @@ def block_parameters(cfg: ModelConfig, index: int = 0, active: bool = False) -> 
     h, d = cfg.hidden_size, cfg.attn_head_dim()
     q, kv = cfg.num_heads * d, cfg.kv_heads() * d
     attn = h * q + 2 * h * kv + q * h + (q + 2 * kv if cfg.has_qkv_bias() else 0) + (h if cfg.bias else 0)
+    attn += 2 * d if cfg.qk_norm else 0  # q_norm, k_norm weights [d]
     norm = h * (2 if cfg.norm == "layernorm" else 1)
     if not cfg.is_moe_layer(index):
         return attn + _ffn_parameters(cfg, cfg.ffn_hidden_size, cfg.bias) + 2 * norm

@@ -227,7 +227,7 @@ def model_fit_problems(degrees, model) -> list[str]:
             problems.append(f"model.{fname}={getattr(model, fname)!r}: expected one of {list(allowed)}")
     if model.num_heads <= 0 or model.num_layers <= 0:
         return problems  # reported by the value checks (llmtrain.config.config_problems)
-    if model.hidden_size % model.num_heads:
+    if model.head_dim is None and model.hidden_size % model.num_heads:  # a set head_dim needs no divisibility
         problems.append(f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads={model.num_heads}")
     kv = model.num_kv_heads or model.num_heads
     if kv > 0 and model.num_heads % kv:

@@ -82,6 +82,11 @@ class TensorParallelRoles(Roles):
             return c_identity(xa, self.group)  # [.., r], then @ B [r, out/tp]
         return mp_allreduce(xa, self.group)  # sum over the in/tp slices -> [.., r], then @ B [r, out] (whole)
 
+    def head_shared(self, param: paddle.Tensor) -> paddle.Tensor:
+        # whole on every rank, applied to this rank's nh/tp heads: identity forward, the gradient's partial sums
+        # all-reduced over tp backward (Megatron's and HF's "replicated with grad all-reduce" for QK-norm)
+        return c_identity(param, self.group)
+
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         return tag_split(self._mpu.VocabParallelEmbedding(vocab_size, hidden_size), weight_axis=0)  # [V/tp, h]
 

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from llmtrain.errors import ConfigError
+from llmtrain.models.config import RopeScaling
 from llmtrain.models.lora import FinetuneOptions
 from llmtrain.train.anomaly import AnomalyConfig
 from llmtrain.train.config import OptimConfig
@@ -105,6 +106,11 @@ RULES: list[tuple[str, str, str]] = [
     ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.qkv_bias", "refuse", "the checkpoint's q/k/v projections have (or lack) bias tensors; the architecture "
                                  "changes"),
+    *_each("model.head_dim model.qk_norm", "refuse", "the checkpoint's attention tensors have the checkpoint's head "
+                                                   "width and QK-norm weights (or none)"),
+    *_each("model.sliding_window model.sliding_window_layers " + " ".join(
+        f"model.rope_scaling.{f.name}" for f in dataclasses.fields(RopeScaling)), "warn",
+        "the attention over positions changes from this step on (the weights fit either way)"),
     *_each(_MODEL_SHAPE, "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
     ("finetune.lora.dropout", "warn", "the adapters' dropout changes the update from this step on"),
     ("finetune.lora.merge", "honoured", "what an export writes"),
