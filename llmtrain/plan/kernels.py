@@ -19,7 +19,7 @@ linears hold out/tp features, row linears in/tp):
   (from the reshapes of q, k, v to o_proj's input: on a CPU its matmuls read strided views and cost 3-4x a
   contiguous GEMM of the same shape);
 - memory-bound ops (`mem`) by their size (elements of one input, the index of the profile's measured rows),
-  per op class (norms, RoPE, activations,
+  per op class (norms, QK-norm's per-head RMSNorm on q and k, RoPE, activations,
   residual adds, casts, the embedding gather and its scatter-add gradient, the logits' fp32 cast,
   softmax cross entropy and its gradient); the models have no dropout;
 - `view` ops (reshape, split, chunk views): host time only.
@@ -114,16 +114,21 @@ def _norm(p: _Pass, cfg, T, h, e, fused_rms: bool):
         p.op([mem("layernorm", T * h)], [mem("layernorm_bwd", T * h)])
     elif fused_rms:
         p.op([mem("rmsnorm", T * h)], [mem("rmsnorm_bwd", T * h)])
-    else:  # x.astype(fp32); pow; mean; +eps, rsqrt; x32 * r; astype; * weight (layers.RMSNorm)
-        n = T * h
-        cast = [mem("cast", n)] if e != 4 else []
-        p.op(cast, cast)
-        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
-        p.op([mem("reduce", n)], [mem("copy", n)])
-        p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
-        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
-        p.op(cast, cast)
-        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+    else:
+        _rms_unfused(p, T, h, e)
+
+
+def _rms_unfused(p: _Pass, T, h, e):
+    """x.astype(fp32); pow; mean; +eps, rsqrt; x32 * r; astype; * weight (layers.rms_norm) over T rows of h."""
+    n = T * h
+    cast = [mem("cast", n)] if e != 4 else []
+    p.op(cast, cast)
+    p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
+    p.op([mem("reduce", n)], [mem("copy", n)])
+    p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
+    p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+    p.op(cast, cast)
+    p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
 
 
 def _residual(p: _Pass, T, h, gpu: bool):
@@ -177,6 +182,9 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
         p.op([], [mem("add", Ts * h), mem("add", Ts * h)])  # the norm output's three gradients summed
     if not math_core or flash:
         p.op([view("reshape")] * 3, [view("reshape")] * 3)
+    if cfg.qk_norm:  # layers.HeadNorm on q and k: the unfused RMSNorm over rows of head_dim (weights [d], whole)
+        for heads in (nh, nkv):
+            _rms_unfused(p, T * heads, d, e)
     if cfg.position == "rope":
         _rope(p, T, (q, kv), fused["fuse_rope"])
     if flash:
