@@ -5,6 +5,7 @@
 A model never builds a layer whose shape depends on the parallel plan. It asks
 a `Roles` factory for a *column linear* (a plan may split its output features),
 a *row linear* (a plan may split its input features and sum the outputs), a
+*replicated linear* (never split) and the hand-over of a replicated tensor to split heads, a
 *vocab embedding*, an *output linear* and *output bias* over the vocabulary,
 *tied logits* through the word table, and the *token loss*. The plan passes the
 factory in at construction (Paddle's manual hybrid mode builds parallel layers
@@ -58,6 +59,20 @@ class Roles:
         """x [.., in] -> y [.., out]; a plan may split `in` (x arrives split, y is summed over the split)."""
         return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "row",
                           in_features, out_features)
+
+    def replicated_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
+        """x [.., in] -> y [.., out], whole on every rank: a plan never splits it (multi-head latent attention's
+        down-projections to the compressed q and kv, which a norm reads whole). Under tensor parallelism every rank
+        computes the same y and gets the same weight gradient, provided whatever reads y hands its gradient back
+        whole: a column linear (its input gradient is summed over the ranks) or `shared_by_heads`."""
+        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "replicated",
+                          in_features, out_features)
+
+    def shared_by_heads(self, x: paddle.Tensor) -> paddle.Tensor:
+        """x [b, s, ..], computed whole on every rank and read by this rank's heads only (MLA's rotary key, one
+        vector per position shared by all heads): unchanged forward; a plan that splits the heads sums its gradient
+        over the ranks (each rank's heads give a part). Single device: x itself."""
+        return x
 
     def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
         """((A shape, A split axis), (B shape, B split axis)) of a LoRA adapter on a `kind` linear; axes None: whole."""
