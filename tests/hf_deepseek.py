@@ -45,9 +45,9 @@ PUBLISHED_KEYS = {
         "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "rms_norm_eps", "rope_scaling", "rope_theta",
         "routed_scaling_factor", "scoring_func", "tie_word_embeddings", "topk_group", "topk_method",
         "torch_dtype", "transformers_version", "use_cache", "v_head_dim", "vocab_size"],
-    "deepseek_v2": [  # deepseek-ai/DeepSeek-V2-Lite config.json (auto_map left out)
+    "deepseek_v2": [  # deepseek-ai/DeepSeek-V2-Lite(-Chat) config.json as transformers loads it (auto_map left out)
         "architectures", "attention_bias", "attention_dropout", "aux_loss_alpha", "bos_token_id", "eos_token_id",
-        "first_k_dense_replace", "hidden_act", "hidden_size", "initializer_range", "intermediate_size",
+        "ep_size", "first_k_dense_replace", "hidden_act", "hidden_size", "initializer_range", "intermediate_size",
         "kv_lora_rank", "max_position_embeddings", "model_type", "moe_intermediate_size", "moe_layer_freq",
         "n_group", "n_routed_experts", "n_shared_experts", "norm_topk_prob", "num_attention_heads",
         "num_experts_per_tok", "num_hidden_layers", "num_key_value_heads", "pretraining_tp", "q_lora_rank",
@@ -72,9 +72,9 @@ def deepseek_config(model_type: str, **kw) -> dict:
              num_attention_heads=4, num_hidden_layers=3, num_key_value_heads=4, qk_nope_head_dim=8,
              qk_rope_head_dim=8, rms_norm_eps=1e-6, rope_scaling=dict(YARN), rope_theta=10000,
              tie_word_embeddings=False, torch_dtype="float32", transformers_version="4.46.3", use_cache=True,
-             v_head_dim=6, vocab_size=96)
+             v_head_dim=6, vocab_size=96, ep_size=1)
     if model_type == "deepseek_v3":
-        c.update(architectures=["DeepseekV3ForCausalLM"], ep_size=1, n_group=4, n_routed_experts=8,
+        c.update(architectures=["DeepseekV3ForCausalLM"], n_group=4, n_routed_experts=8,
                  n_shared_experts=1, norm_topk_prob=True, num_experts_per_tok=2, num_nextn_predict_layers=0,
                  q_lora_rank=12, routed_scaling_factor=2.5, scoring_func="sigmoid", topk_group=2,
                  topk_method="noaux_tc")
@@ -91,7 +91,9 @@ def deepseek_shapes(c: dict, mtp: bool = True) -> dict[str, list[int]]:
     h, v, nh = c["hidden_size"], c["vocab_size"], c["num_attention_heads"]
     qk = c["qk_nope_head_dim"] + c["qk_rope_head_dim"]
     e, fe = c["n_routed_experts"], c["moe_intermediate_size"]
-    out = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h], "lm_head.weight": [v, h]}
+    out = {"model.embed_tokens.weight": [v, h], "model.norm.weight": [h]}
+    if not c["tie_word_embeddings"]:  # tied: transformers writes no lm_head.weight
+        out["lm_head.weight"] = [v, h]
 
     def layer(i):
         p = f"model.layers.{i}."
@@ -294,4 +296,5 @@ def deepseek_logits(ckpt_dir, ids: np.ndarray, positions: np.ndarray | None = No
             for slot in range(index.shape[1]):
                 out[tok] += weight[tok, slot] * swiglu(flat[tok], f"{p}mlp.experts.{index[tok, slot]}.")
         x = x + (out + swiglu(flat, p + "mlp.shared_experts.")).reshape(b, s, h)
-    return rms(x, t["model.norm.weight"]) @ t["lm_head.weight"].T
+    head = t["model.embed_tokens.weight"] if c["tie_word_embeddings"] else t["lm_head.weight"]
+    return rms(x, t["model.norm.weight"]) @ head.T

@@ -107,9 +107,9 @@ def group_limit(cfg: ModelConfig) -> Optional[GroupLimit]:
 
 
 def limit_to_groups(choose: paddle.Tensor, limit: Optional[GroupLimit]) -> paddle.Tensor:
-    """Selection scores [T, E] with every expert outside the token's `limit.keep` best groups set to 0, as
-    DeepSeek's gates do (`masked_fill(~mask, 0.0)`: with a negative bias an expert outside could still win, as
-    there). Unchanged when `limit` is None. No gradient flows through the choice."""
+    """Selection scores [T, E] with every expert outside the token's `limit.keep` best groups set to -inf, so it is
+    never chosen (DeepSeek-V3's inference code; transformers fills 0.0, the same choice unless a bias below -1 makes
+    selection scores negative). Unchanged when `limit` is None. No gradient flows through the choice."""
     if limit is None:
         return choose
     num_tokens, num_experts = choose.shape
@@ -121,7 +121,7 @@ def limit_to_groups(choose: paddle.Tensor, limit: Optional[GroupLimit]) -> paddl
     _, best = paddle.topk(group_score, limit.keep, axis=-1)  # [T, keep]
     chosen = F.one_hot(best, limit.groups).sum(1) > 0  # [T, G]
     mask = chosen.unsqueeze(-1).expand([num_tokens, limit.groups, num_experts // limit.groups])  # [T, G, E/G]
-    return paddle.where(mask.reshape([num_tokens, num_experts]), choose, paddle.zeros_like(choose))
+    return paddle.where(mask.reshape([num_tokens, num_experts]), choose, paddle.full_like(choose, float("-inf")))
 
 
 def group_problems(model) -> list[str]:
