@@ -26,8 +26,9 @@ weights; `transformers`' `modeling_deepseek_v3.py`), and the ModelConfig that re
     inference code; transformers fills them with 0.0, the same choice unless a bias below -1 makes scores
     negative).
 Training balance: DeepSeek's sequence-wise auxiliary loss (`aux_loss_alpha`, `seq_aux`) is not implemented, so the
-import sets moe_aux_loss_coef=0 (the logged loss is the LM loss); V3 keeps its auxiliary-loss-free bias moving
-(moe_bias_update_rate 0.001, the paper's gamma), V2 has none (0).
+import sets moe_aux_loss_coef=0 (the logged loss is the LM loss); V3's correction bias keeps choosing experts but
+is not moved (moe_bias_update_rate 0: fine-tuning's setting; a LoRA checkpoint stores adapters only, so a moved
+bias would be lost); the deepseek-v3 preset trains from scratch with the report's gamma 0.001.
 Skipped on import, with a note: multi-token prediction modules (`num_nextn_predict_layers`, V3's
 `model.layers.61.*`: llmtrain has no MTP; the main model's logits do not use them) and rotary `inv_freq` buffers.
 Refused with the field named: `hidden_act` other than silu, `attention_bias` true (its bias on q_a/kv_a/o only is
@@ -65,11 +66,6 @@ DEFAULTS = {  # the defaults of DeepSeek's configuration_deepseek.py for the fie
                         initializer_range=0.02, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0,
                         rope_scaling=None, attention_bias=False, num_nextn_predict_layers=1),
 }
-V3_BIAS_RATE = 0.001
-"""moe_bias_update_rate of an imported DeepSeek-V3: the bias update speed gamma of its pretraining (DeepSeek-V3
-report, section 4.2)."""
-
-
 def _rope_scaling_field(scaling, source: str):
     """DeepSeek's `rope_scaling` as our `model.rope_scaling` (raises when the model cannot represent it)."""
     if not scaling:
@@ -123,8 +119,8 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
                      "the top-k weights instead (norm_topk_prob=true)")
     if experts:
         notes.append("DeepSeek's sequence-wise auxiliary loss (aux_loss_alpha, seq_aux) is not implemented: "
-                     "moe_aux_loss_coef=0" + (f", the expert bias moves at moe_bias_update_rate={V3_BIAS_RATE}"
-                                              if family == "deepseek_v3" else ""))
+                     "moe_aux_loss_coef=0" + (" (the correction bias chooses experts and stays as read: "
+                                              "moe_bias_update_rate=0)" if family == "deepseek_v3" else ""))
     cfg = ModelConfig(
         name=name, hidden_size=g["hidden_size"], num_layers=g["num_hidden_layers"], num_heads=heads,
         ffn_hidden_size=g["intermediate_size"], vocab_size=g["vocab_size"],
@@ -137,7 +133,7 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
         moe_num_experts=int(experts), moe_top_k=int(k or 2), moe_ffn_hidden_size=g["moe_intermediate_size"],
         moe_num_shared_experts=int(g["n_shared_experts"] or 0), moe_first_dense_layers=int(g["first_k_dense_replace"]),
         moe_router=scoring, moe_norm_topk=normed, moe_routed_scale=scale, moe_aux_loss_coef=0.0,
-        moe_z_loss_coef=0.0, moe_bias_update_rate=V3_BIAS_RATE if family == "deepseek_v3" and experts else 0.0,
+        moe_z_loss_coef=0.0, moe_bias_update_rate=0.0,
         moe_capacity_factor=0.0, moe_n_group=int(g["n_group"]) if grouped else 1,
         moe_topk_group=int(g["topk_group"]) if grouped else 1,
         moe_group_score="top2" if method == "noaux_tc" else "max")

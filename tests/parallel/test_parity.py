@@ -63,7 +63,7 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp"),
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "moe_mla"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
          "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora",)}
@@ -82,9 +82,15 @@ SEGMENTS = {"llama_lora": 200}
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
 run vs 14 s with 100, which slices most adapters, and 3 s with 1024, which slices none and not q/k/v/o)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
-       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
+       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"],
+       "moe_mla": ["model.num_kv_heads=null", "model.mla_kv_lora_rank=16", "model.mla_q_lora_rank=12",
+                   "model.mla_qk_nope_head_dim=8", "model.mla_qk_rope_head_dim=4", "model.mla_v_head_dim=6",
+                   "model.moe_router=sigmoid", "model.moe_n_group=2", "model.moe_topk_group=1",
+                   "model.moe_routed_scale=2.5", "model.moe_bias_update_rate=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
-drops and a sigmoid router. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
+drops and a sigmoid router; `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
+routing with the moving bias), under tp2 the test of MLA's split heads, replicated down-projections and shared
+rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
 `moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
 
 
