@@ -7,7 +7,8 @@ and an MoE block: V3's sigmoid router with its correction bias and group-limited
 top-2 with 2 shared experts). No launch of its own: the runs join the shared launches of their layouts
 (tests/e2e/shared_launch.py):
 - tp2 (`llmtrain/finetune.py`'s entry, the HF tokenizer.json): fine-tuning from both, and LoRA on every MLA linear
-  (replicated down-projections included) of the V3 with a merged export;
+  (replicated down-projections included) of the V3 with a merged export; in the same processes every gradient of
+  an MLA block with adapters against one device (tests/parallel/mla_grads.py);
 - pp2 (`llmtrain/pretrain.py`'s entry): continued pretraining from both, one block per stage;
 - ep2 (the dp2 launch, parallel.ep=2): continued pretraining from both, 4 of the 8 experts per rank.
 Each run: step 1's loss equals the numpy reference forward's (tests/hf_deepseek.py) on the same micro-batches
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,7 +78,10 @@ def builder(layout: str):
         root = make_sources(out.parent.parent / "deepseek_sources", tiny_corpus["tokenizer"])
         entry = "finetune" if layout == "tp2" else "pretrain"
         runs = {n: run_overrides(root, tiny_corpus, layout, n) for n in RUNS[layout]}
-        return [{"overrides": r, "entry": entry} for r in runs.values()], (root, runs)
+        entries = [{"overrides": r, "entry": entry} for r in runs.values()]
+        if layout == "tp2":  # every gradient of an MLA block under tp against one device, in the same processes
+            entries.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(root / "mla_grads")]})
+        return entries, (root, runs)
 
     return build
 
@@ -172,5 +177,10 @@ def check_run(root, tiny_corpus, layout: str, name: str, overrides: list[str]) -
 @pytest.mark.parametrize("layout", list(RUNS))
 def test_deepseek_sources_train_under_the_layout_and_export_back(layout, tiny_corpus, tmp_path_factory):
     root, runs = shared("dp2" if layout == "ep2" else layout, "deepseek", tiny_corpus, tmp_path_factory)
+    if layout == "tp2":
+        import runpy
+
+        check = runpy.run_path(str(Path(__file__).parents[1] / "parallel" / "mla_grads.py"))["check"]
+        print(f"tp2 MLA block: largest |gradient - one device| / max = {check(root / 'mla_grads'):.2e}")
     for name in RUNS[layout]:
         check_run(root, tiny_corpus, layout, name, runs[name])
