@@ -30,10 +30,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import struct
 
 import numpy as np
-
-from hf_tiny import load_hf
 
 PUBLISHED_KEYS = {
     "deepseek_v3": [  # deepseek-ai/DeepSeek-V3 config.json (quantization_config and auto_map left out here)
@@ -141,12 +140,89 @@ def deepseek_shapes(c: dict, mtp: bool = True) -> dict[str, list[int]]:
     return out
 
 
-def make_deepseek_checkpoint(out_dir, model_type: str, seed: int = 0, shards: int = 2, **kw) -> dict:
-    """Write a random tiny DeepSeek checkpoint as `save_pretrained` lays it out (norms near 1, a non-zero V3
-    correction bias)."""
-    from safetensors.numpy import save_file
+FP8_MODULES = ("q_a_proj", "q_b_proj", "q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj",
+               "up_proj", "down_proj")
+"""The linears DeepSeek-V3's FP8 release stores as float8 e4m3 with a weight_scale_inv per block (not the
+embedding, the head, the norms or the router)."""
 
+
+def fp8_decode(bits: np.ndarray) -> np.ndarray:
+    """float64 values of float8 e4m3fn bit patterns (uint8): sign, 4 exponent bits (bias 7), 3 mantissa bits."""
+    bits = bits.astype(np.int64)
+    exp, man = (bits >> 3) & 15, (bits & 7).astype(np.float64)
+    mag = np.where(exp == 0, np.ldexp(man, -9), np.ldexp(8.0 + man, exp - 10))  # m/8 2^-6, (1 + m/8) 2^(e-7)
+    return np.where(bits & 128, -mag, mag)
+
+
+def fp8_encode(w: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 bits [out, in] uint8, weight_scale_inv [ceil(out/r), ceil(in/c)] fp32) with w ~ bits * scale per block:
+    each block scaled to the largest finite e4m3 (448), then rounded to the nearest e4m3 value."""
+    rows, cols = block
+    grid = -(-np.array(w.shape) // np.array(block))
+    scale = np.zeros(grid, np.float32)
+    for i in range(grid[0]):
+        for j in range(grid[1]):
+            scale[i, j] = np.abs(w[i * rows:(i + 1) * rows, j * cols:(j + 1) * cols]).max() / 448.0
+    values = fp8_decode(np.arange(256, dtype=np.uint8))
+    finite = np.array([b for b in range(256) if np.isfinite(values[b]) and not (b & 0x7F) == 0x7F])
+    order = finite[np.argsort(values[finite])]
+    full = np.repeat(np.repeat(scale, rows, 0), cols, 1)[:w.shape[0], :w.shape[1]]
+    x = w / full
+    pos = np.clip(np.searchsorted(values[order], x), 1, len(order) - 1)
+    lo, hi = order[pos - 1], order[pos]
+    bits = np.where(np.abs(values[lo] - x) <= np.abs(values[hi] - x), lo, hi).astype(np.uint8)
+    return bits, scale
+
+
+def save_raw(path: str, tensors: dict[str, tuple[str, np.ndarray]]) -> None:
+    """A safetensors file written by hand: {name: (dtype string, array)} (for F8_E4M3, which safetensors.numpy
+    cannot write)."""
+    header, offset, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for name, (dtype, arr) in tensors.items():
+        raw = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(raw)]}
+        offset += len(raw)
+        blobs.append(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(head)) + head + b"".join(blobs))
+
+
+def load_deepseek(ckpt_dir) -> tuple[dict, dict]:
+    """(config.json dict, {name: float64 array}) of a DeepSeek directory read from the safetensors bytes (F32, or
+    F8_E4M3 times its weight_scale_inv blocks); the scales are consumed."""
+    with open(os.path.join(ckpt_dir, "config.json")) as f:
+        c = json.load(f)
+    raw = {}
+    for fname in sorted(os.listdir(ckpt_dir)):
+        if fname.endswith(".safetensors"):
+            with open(os.path.join(ckpt_dir, fname), "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                header, data = json.loads(f.read(n)), f.read()
+            for name, info in header.items():
+                if name != "__metadata__":
+                    a, b = info["data_offsets"]
+                    kind = {"F32": np.float32, "F8_E4M3": np.uint8}[info["dtype"]]
+                    arr = np.frombuffer(data[a:b], dtype=kind).reshape(info["shape"])
+                    raw[name] = fp8_decode(arr) if info["dtype"] == "F8_E4M3" else arr.astype(np.float64)
+    t = {k: v for k, v in raw.items() if not k.endswith("_scale_inv")}
+    block = (c.get("quantization_config") or {}).get("weight_block_size", [128, 128])
+    for name in t:
+        if name + "_scale_inv" in raw:
+            scale = np.repeat(np.repeat(raw[name + "_scale_inv"], block[0], 0), block[1], 1)
+            t[name] = t[name] * scale[:t[name].shape[0], :t[name].shape[1]]
+    return c, t
+
+
+def make_deepseek_checkpoint(out_dir, model_type: str, seed: int = 0, shards: int = 2, fp8_block=None, **kw) -> dict:
+    """Write a random tiny DeepSeek checkpoint as `save_pretrained` lays it out (norms near 1, a non-zero V3
+    correction bias); `fp8_block` (rows, cols): the FP8 form of DeepSeek-V3's release (`FP8_MODULES` as float8 e4m3
+    with weight_scale_inv, quantization_config in config.json)."""
     c = deepseek_config(model_type, **kw)
+    if fp8_block:
+        c["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                    "weight_block_size": list(fp8_block)}
     rng = np.random.default_rng(seed)
     tensors = {}
     for name, shape in deepseek_shapes(c).items():
@@ -157,16 +233,23 @@ def make_deepseek_checkpoint(out_dir, model_type: str, seed: int = 0, shards: in
         else:
             scale = 0.5 if "embed" in name else 0.3 if name.endswith("gate.weight") else 0.15
             tensors[name] = (scale * rng.standard_normal(shape)).astype(np.float32)
+    stored = {}
+    for name, arr in tensors.items():
+        if fp8_block and name.split(".")[-2] in FP8_MODULES:
+            bits, scale = fp8_encode(arr, fp8_block)
+            stored[name], stored[name + "_scale_inv"] = ("F8_E4M3", bits), ("F32", scale)
+        else:
+            stored[name] = ("F32", arr)
     os.makedirs(out_dir, exist_ok=True)
-    names = sorted(tensors)
+    names = sorted(stored)
     weight_map = {}
     for j, idx in enumerate(np.array_split(np.arange(len(names)), shards)):
         fname = f"model-{j + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
-        save_file({names[k]: tensors[names[k]] for k in idx}, os.path.join(out_dir, fname), metadata={"format": "pt"})
+        save_raw(os.path.join(out_dir, fname), {names[k]: stored[names[k]] for k in idx})
         weight_map.update({names[k]: fname for k in idx})
     if shards > 1:
         with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": sum(t.nbytes for t in tensors.values())}, "weight_map": weight_map}, f)
+            json.dump({"metadata": {"total_size": sum(a.nbytes for _, a in stored.values())}, "weight_map": weight_map}, f)
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(c, f, indent=2)
     return c
@@ -240,7 +323,7 @@ def route(c: dict, logits: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray]:
 def deepseek_logits(ckpt_dir, ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
     """Logits [b, s, V] (float64) of the DeepSeek-V2/V3 checkpoint in `ckpt_dir` for token ids [b, s] at
     positions 0..s-1 (or `positions` [s])."""
-    c, t = load_hf(ckpt_dir)
+    c, t = load_deepseek(ckpt_dir)
     h, nh, eps = c["hidden_size"], c["num_attention_heads"], c["rms_norm_eps"]
     nope, rope, dv, r = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
     b, s = ids.shape

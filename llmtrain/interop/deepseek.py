@@ -33,9 +33,12 @@ Skipped on import, with a note: multi-token prediction modules (`num_nextn_predi
 `model.layers.61.*`: llmtrain has no MTP; the main model's logits do not use them) and rotary `inv_freq` buffers.
 Refused with the field named: `hidden_act` other than silu, `attention_bias` true (its bias on q_a/kv_a/o only is
 not expressible), `moe_layer_freq` other than 1, an unknown `topk_method`/`scoring_func` pair, top_k 1 with
-`norm_topk_prob` (DeepSeek's and transformers' code disagree there), FP8 weights (`quantization_config`:
-dequantize them to BF16 first, e.g. with DeepSeek's `fp8_cast_bf16.py`), and on export a V2 (softmax) model with a
-non-zero expert bias or one that both renormalises and scales.
+`norm_topk_prob` (DeepSeek's and transformers' code disagree there), a `quantization_config` other than DeepSeek's
+FP8 (fp8 e4m3 with block scales), and on export a V2 (softmax) model with a non-zero expert bias or one that both
+renormalises and scales.
+FP8 (DeepSeek-V3's release: `F8_E4M3` linear weights with an fp32 `weight_scale_inv` per 128 x 128 block): read as
+fp32, each block times its scale, lazily like every tensor; the run then trains in its own dtype and an export
+writes unquantized weights without quantization_config.
 """
 from __future__ import annotations
 
@@ -86,9 +89,10 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
     if g["attention_bias"]:
         bad.append("attention_bias=true (a bias on q_a/kv_a/o alone is not expressible: our model.bias covers every "
                    "linear)")
-    if c.get("quantization_config"):
-        bad.append(f"quantization_config={c['quantization_config']!r} (FP8 weights: dequantize them to BF16 first, "
-                   "e.g. with DeepSeek's inference/fp8_cast_bf16.py, and drop quantization_config)")
+    quant = c.get("quantization_config")
+    if quant and fp8_block(quant) is None:
+        bad.append(f"quantization_config={quant!r} (read: quant_method fp8, fmt e4m3 with a 2-D weight_block_size, "
+                   "DeepSeek-V3's FP8 release)")
     experts = g["n_routed_experts"] or 0
     k, method, scoring = g["num_experts_per_tok"] or 0, g["topk_method"], g["scoring_func"]
     allowed = {"deepseek_v3": {("noaux_tc", "sigmoid")},
@@ -117,6 +121,9 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
     if family == "deepseek_v2" and normed and g["routed_scaling_factor"] != 1.0:
         notes.append(f"routed_scaling_factor={g['routed_scaling_factor']} is not applied: DeepSeek-V2 renormalises "
                      "the top-k weights instead (norm_topk_prob=true)")
+    if quant:
+        notes.append(f"FP8 weights (block {fp8_block(quant)}) dequantized with their weight_scale_inv; the run trains "
+                     "in its own dtype and an export writes unquantized weights")
     if experts:
         notes.append("DeepSeek's sequence-wise auxiliary loss (aux_loss_alpha, seq_aux) is not implemented: "
                      "moe_aux_loss_coef=0" + (" (the correction bias chooses experts and stays as read: "
@@ -215,6 +222,43 @@ class _Mapped:
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
 
+def fp8_block(quant: dict):
+    """(rows, columns) of DeepSeek's FP8 block scaling from `quantization_config`, or None if it is another scheme."""
+    block = quant.get("weight_block_size")
+    if (quant.get("quant_method") != "fp8" or quant.get("fmt", "e4m3") != "e4m3" or not isinstance(block, list)
+            or len(block) != 2):
+        return None
+    return int(block[0]), int(block[1])
+
+
+class _Dequantized:
+    """An FP8 weight [out, in] (float8 e4m3 values, `tensor_files.E4M3`) times its `weight_scale_inv`
+    [ceil(out / rows), ceil(in / cols)], one scale per block; read on `np.asarray`."""
+
+    def __init__(self, weight, scale, block: tuple[int, int]):
+        self.weight, self.scale, self.block = weight, scale, block
+        self.shape = tuple(np.shape(weight))
+        self.ndim = 2
+        self.dtype = np.dtype(np.float32)
+
+    def __array__(self, dtype=None, copy=None):
+        w = np.asarray(self.weight, dtype=np.float32)
+        rows, cols = self.block
+        scale = np.repeat(np.repeat(np.asarray(self.scale, dtype=np.float32), rows, 0), cols, 1)
+        arr = w * scale[:w.shape[0], :w.shape[1]]
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+def _dequantized(src: SourceTensors, key: str, arr, block):
+    """`arr` (the tensor `key`) with its FP8 block scales applied when the file has `key`_scale_inv."""
+    if arr is None or not src.has(key + "_scale_inv"):
+        return arr
+    rows, cols = block or (128, 128)
+    out, inp = np.shape(arr)
+    scale = src.take(key + "_scale_inv", [-(-out // rows), -(-inp // cols)])
+    return None if scale is None else _Dequantized(arr, scale, (rows, cols))
+
+
 class _Stacked:
     """[E, in, out] of E (lazy) HF expert linears [out, in], read on `np.asarray`."""
 
@@ -276,10 +320,12 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
 
     shapes, notes, state = model_shapes(cfg), [], {}
     rows = _attention_rows(cfg, bool((config or {}).get("rope_interleave", True)))
+    quant = (config or {}).get("quantization_config")
+    block = fp8_block(quant) if quant else None
 
     def put(canon, key, linear, order=None):
         want = shapes[canon]
-        arr = src.take(key, list(reversed(want)) if linear else want)
+        arr = _dequantized(src, key, src.take(key, list(reversed(want)) if linear else want), block)
         if arr is not None:
             state[canon] = _Mapped(arr, order, linear) if (linear or order is not None) else arr
 
@@ -297,7 +343,8 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
                 state[c + "mlp.expert_bias"] = np.zeros([e], np.float32)
             for ours, theirs, shape in (("w_gate", "gate_proj", [f, h]), ("w_up", "up_proj", [f, h]),
                                         ("w_down", "down_proj", [h, f])):
-                parts = [src.take(f"{p}mlp.experts.{j}.{theirs}.weight", shape) for j in range(e)]
+                keys = [f"{p}mlp.experts.{j}.{theirs}.weight" for j in range(e)]
+                parts = [_dequantized(src, k, src.take(k, shape), block) for k in keys]
                 if all(x is not None for x in parts):
                     state[f"{c}mlp.experts.{ours}"] = _Stacked(parts)
     put("final_norm.norm.weight", "model.norm.weight", False)

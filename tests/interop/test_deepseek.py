@@ -54,6 +54,24 @@ def test_deepseek_checkpoint_imports_with_reference_logits(case, tmp_path):
     close(our_logits(cfg, state, paddle.to_tensor(ids)), deepseek_logits(tmp_path, ids), case)
 
 
+def test_fp8_release_is_read_with_its_block_scales(tmp_path):
+    """DeepSeek-V3's FP8 form: float8 e4m3 linears with a weight_scale_inv per block, dequantized lazily."""
+    import paddle
+
+    from hf_deepseek import fp8_decode
+
+    from llmtrain.interop.tensor_files import E4M3
+
+    np.testing.assert_array_equal(E4M3[np.isfinite(E4M3)], fp8_decode(np.arange(256, dtype=np.uint8))[np.isfinite(E4M3)])
+    make_deepseek_checkpoint(tmp_path, "deepseek_v3", seed=5, fp8_block=(8, 4), **ROPE)
+    cfg, state, meta = read_paddlenlp_checkpoint(str(tmp_path), lazy=True)
+    assert any("FP8 weights (block (8, 4))" in n for n in meta["notes"])
+    kv_b = np.asarray(state["layers.1.attn.kv_b_proj.weight"])
+    assert len(np.unique(kv_b)) > 64  # scaled per block, not 256 raw codes
+    ids = np.random.default_rng(0).integers(0, cfg.vocab_size, (2, 20))
+    close(our_logits(cfg, state, paddle.to_tensor(ids)), deepseek_logits(tmp_path, ids), "fp8")
+
+
 def test_group_limits_and_the_bias_change_the_choice():
     """The tiny V3's router inputs make group-limited routing and the correction bias matter (else the reference
     comparison would not test them)."""
@@ -94,7 +112,7 @@ def test_export_gives_reference_logits_and_the_published_layout(model_type, tmp_
 
 
 @pytest.mark.parametrize("field,value,needle", [
-    ("quantization_config", {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}, "FP8"),
+    ("quantization_config", {"quant_method": "awq", "bits": 4}, "quant_method fp8, fmt e4m3"),
     ("attention_bias", True, "attention_bias=true"),
     ("moe_layer_freq", 2, "moe_layer_freq=2"),
     ("hidden_act", "gelu", "hidden_act='gelu'"),
