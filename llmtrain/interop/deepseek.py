@@ -69,13 +69,22 @@ DEFAULTS = {  # the defaults of DeepSeek's configuration_deepseek.py for the fie
                         initializer_range=0.02, rms_norm_eps=1e-6, tie_word_embeddings=False, rope_theta=10000.0,
                         rope_scaling=None, attention_bias=False, num_nextn_predict_layers=1),
 }
-def _rope_scaling_field(scaling, source: str):
-    """DeepSeek's `rope_scaling` as our `model.rope_scaling` (raises when the model cannot represent it)."""
-    if not scaling:
-        return None
-    if "rope_scaling" not in {f.name for f in dataclasses.fields(ModelConfig)}:
-        raise UnsupportedConfig(f"{source}: rope_scaling={scaling!r}: scaled RoPE is not implemented in our decoder")
-    return dict(scaling)
+def rope_from_deepseek(c: dict, g: dict, bad: list, notes: list):
+    """(model.rope_scaling, rope_theta, max_position_embeddings) of DeepSeek's `rope_scaling` (or transformers 5's
+    `rope_parameters`), read as `hf_config.rope_from_hf` reads it; YaRN's factor on cos/sin is DeepSeek's
+    yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim) (mscale 1, mscale_all_dim 0 when
+    absent), set explicitly where transformers' rule would differ (mscale without mscale_all_dim)."""
+    from llmtrain.interop.hf_config import _rope_params, rope_from_hf
+    from llmtrain.models.mla import yarn_mscale
+    from llmtrain.models.rope import yarn_attention_factor
+
+    theta, scaling = _rope_params(c, g)
+    rope, max_pos = rope_from_hf(scaling, g["max_position_embeddings"], bad, notes)
+    if rope.type == "yarn" and rope.attention_factor is None:
+        theirs = yarn_mscale(rope.factor, rope.mscale or 1.0) / yarn_mscale(rope.factor, rope.mscale_all_dim)
+        if abs(theirs - yarn_attention_factor(rope)) > 1e-12:
+            rope = dataclasses.replace(rope, attention_factor=theirs)
+    return rope, theta, max_pos
 
 
 def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelConfig, list[str]]:
@@ -93,6 +102,7 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
     if quant and fp8_block(quant) is None:
         bad.append(f"quantization_config={quant!r} (read: quant_method fp8, fmt e4m3 with a 2-D weight_block_size, "
                    "DeepSeek-V3's FP8 release)")
+    rope, theta, max_pos = rope_from_deepseek(c, g, bad, notes)
     experts = g["n_routed_experts"] or 0
     k, method, scoring = g["num_experts_per_tok"] or 0, g["topk_method"], g["scoring_func"]
     allowed = {"deepseek_v3": {("noaux_tc", "sigmoid")},
@@ -131,7 +141,7 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
     cfg = ModelConfig(
         name=name, hidden_size=g["hidden_size"], num_layers=g["num_hidden_layers"], num_heads=heads,
         ffn_hidden_size=g["intermediate_size"], vocab_size=g["vocab_size"],
-        max_position_embeddings=g["max_position_embeddings"], position="rope", rope_theta=float(g["rope_theta"]),
+        max_position_embeddings=max_pos, position="rope", rope_theta=theta, rope_scaling=rope,
         norm="rmsnorm", norm_eps=float(g["rms_norm_eps"]), activation="swiglu", bias=False,
         tie_embeddings=bool(g["tie_word_embeddings"]), init_std=float(g["initializer_range"]),
         mla_kv_lora_rank=int(g["kv_lora_rank"]), mla_q_lora_rank=g["q_lora_rank"] or None,
@@ -143,10 +153,7 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
         moe_z_loss_coef=0.0, moe_bias_update_rate=0.0,
         moe_capacity_factor=0.0, moe_n_group=int(g["n_group"]) if grouped else 1,
         moe_topk_group=int(g["topk_group"]) if grouped else 1,
-        moe_group_score="top2" if method == "noaux_tc" else "max")
-    scaling = _rope_scaling_field(g["rope_scaling"], source)
-    if scaling is not None:
-        cfg = dataclasses.replace(cfg, rope_scaling=scaling)
+        moe_group_score="max" if grouped and method == "group_limited_greedy" else "top2")
     return cfg, notes
 
 
@@ -178,12 +185,16 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if bad:
         raise UnsupportedConfig(f"model {cfg.name!r} cannot be written as a Hugging Face {ARCHITECTURES[family]}: "
                                 + "; ".join(bad))
-    scaling = dict(getattr(cfg, "rope_scaling", None) or {}) or None
+    from llmtrain.interop.hf_config import rope_to_hf
+
+    scaling, max_pos = rope_to_hf(cfg)
+    if scaling is not None:  # DeepSeek's code reads rope_scaling["type"]
+        scaling = {"type": scaling.pop("rope_type"), **scaling}
     out = dict(architectures=[ARCHITECTURES[family]], model_type=family, attention_bias=False, attention_dropout=0.0,
                bos_token_id=0 if v3 else 100000, eos_token_id=1 if v3 else 100001, ep_size=1,
                first_k_dense_replace=cfg.moe_first_dense_layers if e else cfg.num_layers, hidden_act="silu",
                hidden_size=cfg.hidden_size, initializer_range=cfg.init_std, intermediate_size=cfg.ffn_hidden_size,
-               kv_lora_rank=cfg.mla_kv_lora_rank, max_position_embeddings=cfg.max_position_embeddings,
+               kv_lora_rank=cfg.mla_kv_lora_rank, max_position_embeddings=max_pos,
                moe_intermediate_size=cfg.expert_ffn_size(), moe_layer_freq=1,
                n_group=cfg.moe_n_group, n_routed_experts=e or None,
                n_shared_experts=cfg.moe_num_shared_experts or None, norm_topk_prob=bool(cfg.moe_norm_topk),
@@ -259,20 +270,6 @@ def _dequantized(src: SourceTensors, key: str, arr, block):
     return None if scale is None else _Dequantized(arr, scale, (rows, cols))
 
 
-class _Stacked:
-    """[E, in, out] of E (lazy) HF expert linears [out, in], read on `np.asarray`."""
-
-    def __init__(self, parts: list):
-        self.parts = parts
-        self.shape = (len(parts), *reversed(np.shape(parts[0])))
-        self.ndim = 3
-        self.dtype = np.dtype(np.float32)
-
-    def __array__(self, dtype=None, copy=None):
-        arr = np.ascontiguousarray(np.stack([np.asarray(p, dtype=np.float32).T for p in self.parts]))
-        return arr if dtype is None else arr.astype(dtype, copy=False)
-
-
 def rotary_rows(cfg: ModelConfig, per_head: int, first: int, heads: int) -> np.ndarray:
     """Row order reading DeepSeek's interleaved rotary rows evens-then-odds: ours[i] = theirs[rows[i]], for `heads`
     blocks of `per_head` rows whose rotary part starts at row `first` of the block."""
@@ -316,6 +313,7 @@ def _layer_names(cfg: ModelConfig, i: int) -> list[tuple[str, str, bool]]:
 
 def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = None) -> tuple[dict, list[str]]:
     """Our canonical state (lazy) from DeepSeek tensors, and notes; MTP modules and rotary buffers are skipped."""
+    from llmtrain.interop.hf_format import _StackedTransposed
     from llmtrain.interop.keys import model_shapes
 
     shapes, notes, state = model_shapes(cfg), [], {}
@@ -346,7 +344,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
                 keys = [f"{p}mlp.experts.{j}.{theirs}.weight" for j in range(e)]
                 parts = [_dequantized(src, k, src.take(k, shape), block) for k in keys]
                 if all(x is not None for x in parts):
-                    state[f"{c}mlp.experts.{ours}"] = _Stacked(parts)
+                    state[f"{c}mlp.experts.{ours}"] = _StackedTransposed(parts)
     put("final_norm.norm.weight", "model.norm.weight", False)
     if cfg.tie_embeddings:
         if src.has("lm_head.weight"):

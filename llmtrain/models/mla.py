@@ -22,7 +22,7 @@ permuted evens-then-odds; `llmtrain/interop/deepseek.py` does that on import and
 Parallel plans act through `Roles`: the down-projections q_a_proj and kv_a_proj are replicated linears (whole on
 every rank; their norms read the whole compressed vector), q_b_proj / q_proj and kv_b_proj are column linears
 (whole heads per rank), o_proj a row linear, and the shared rotary key reaches this rank's heads through
-`roles.shared_by_heads` (its gradient is summed over the ranks), so every replicated weight gets the same full
+`roles.head_shared` (its gradient is summed over the ranks), so every replicated weight gets the same full
 gradient on every tp rank. A context-parallel plan wraps the attention core as for any attention.
 """
 from __future__ import annotations
@@ -43,25 +43,13 @@ def yarn_mscale(factor: float, mscale: float) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-def _rope_scaling(cfg: ModelConfig) -> dict:
-    """The model's rope scaling as a plain dict ({} when none)."""
-    scaling = getattr(cfg, "rope_scaling", None)
-    if not scaling:
-        return {}
-    if isinstance(scaling, dict):
-        return dict(scaling)
-    if hasattr(scaling, "items"):  # an OmegaConf node
-        return dict(scaling.items())
-    return {k: v for k, v in vars(scaling).items() if not k.startswith("_")}
-
-
 def mla_softmax_scale(cfg: ModelConfig) -> float:
-    """The attention scale of MLA: (d_n + d_r)^-0.5, times mscale(factor, mscale_all_dim)^2 under YaRN."""
+    """The attention scale of MLA: (d_n + d_r)^-0.5, times mscale(factor, mscale_all_dim)^2 when the rope scaling
+    has an mscale_all_dim (DeepSeek's YaRN)."""
     scale = (cfg.mla_qk_nope_head_dim + cfg.mla_qk_rope_head_dim) ** -0.5
-    scaling = _rope_scaling(cfg)
-    all_dim = float(scaling.get("mscale_all_dim") or 0.0)
-    if all_dim:
-        m = yarn_mscale(float(scaling.get("factor", 1.0)), all_dim)
+    r = cfg.rope_scaling
+    if r.type != "none" and r.mscale_all_dim:
+        m = yarn_mscale(float(r.factor), float(r.mscale_all_dim))
         scale *= m * m
     return scale
 
@@ -86,6 +74,12 @@ def mla_problems(model, sequence_parallel: bool = False) -> list[str]:
     if model.num_kv_heads not in (None, model.num_heads):
         problems.append(f"model.num_kv_heads={model.num_kv_heads} with multi-head latent attention: every head has "
                         "its own keys and values from c_kv; set num_kv_heads=null")
+    for name, value, why in (("qk_norm", model.qk_norm, "MLA's own norms are on the compressed vectors"),
+                             ("sliding_window", model.sliding_window, "not implemented for MLA"),
+                             ("head_dim", model.head_dim, "MLA's widths are mla_qk_nope/rope_head_dim and "
+                                                          "mla_v_head_dim")):
+        if value:
+            problems.append(f"model.{name}={value} with multi-head latent attention: {why}")
     if sequence_parallel:
         problems.append("parallel.sequence_parallel=true with multi-head latent attention (model.mla_kv_lora_rank > "
                         "0): not implemented (the replicated down-projections would see sequence shards)")
@@ -130,7 +124,7 @@ class MLAttention(nn.Layer):
         self.o_proj = roles.row_linear(nh * self.dv, h, cfg.bias)  # [nh/tp * d_v, h]
         tags.mark_residual_out(self.o_proj.weight)
         self.rotary = Rotary(self.rope, cfg.rope_theta, fused=cfg.fused("fuse_rope"),
-                             max_positions=cfg.max_position_embeddings)
+                             max_positions=cfg.max_position_embeddings, scaling=cfg.rope_scaling)  # over d_r only
         self.q_factor = mla_softmax_scale(cfg) * math.sqrt(self.qk)  # the cores divide by sqrt(qk): 1 without YaRN
         core = choose_attention(cfg.attention)
         if core is not math_attention:  # GPU-ONLY(mla-value-pad): flash kernels take one head width for q, k, v
@@ -150,7 +144,7 @@ class MLAttention(nn.Layer):
         c_kv, k_pe = paddle.split(self.kv_a_proj(x), [self.kv_rank, self.rope], axis=-1)  # [b, s, r_kv], [b, s, d_r]
         kv = self.kv_b_proj(self.kv_a_norm(c_kv)).reshape([0, 0, -1, self.nope + self.dv])  # [b, s, nh/tp, d_n+d_v]
         k_nope, v = paddle.split(kv, [self.nope, self.dv], axis=-1)  # [b, s, nh/tp, d_n], [b, s, nh/tp, d_v]
-        k_pe = self.roles.shared_by_heads(k_pe).unsqueeze(2)  # [b, s, 1, d_r]
+        k_pe = self.roles.head_shared(k_pe).unsqueeze(2)  # [b, s, 1, d_r]
         q_pe, k_pe = self.rotary.apply_qk(q_pe, k_pe, positions)
         heads = q_nope.shape[2]
         q = paddle.concat([q_nope, q_pe], axis=-1)  # [b, s, nh/tp, qk]

@@ -64,15 +64,9 @@ class Roles:
         """x [.., in] -> y [.., out], whole on every rank: a plan never splits it (multi-head latent attention's
         down-projections to the compressed q and kv, which a norm reads whole). Under tensor parallelism every rank
         computes the same y and gets the same weight gradient, provided whatever reads y hands its gradient back
-        whole: a column linear (its input gradient is summed over the ranks) or `shared_by_heads`."""
+        whole: a column linear (its input gradient is summed over the ranks) or `head_shared`."""
         return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "replicated",
                           in_features, out_features)
-
-    def shared_by_heads(self, x: paddle.Tensor) -> paddle.Tensor:
-        """x [b, s, ..], computed whole on every rank and read by this rank's heads only (MLA's rotary key, one
-        vector per position shared by all heads): unchanged forward; a plan that splits the heads sums its gradient
-        over the ranks (each rank's heads give a part). Single device: x itself."""
-        return x
 
     def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
         """((A shape, A split axis), (B shape, B split axis)) of a LoRA adapter on a `kind` linear; axes None: whole."""
@@ -85,9 +79,10 @@ class Roles:
         return paddle.matmul(x, a)
 
     def head_shared(self, param: paddle.Tensor) -> paddle.Tensor:
-        """A parameter every attention head applies (QK-norm's weight [head_dim]), as the layer should use it. A plan
-        that splits the heads sums its gradient over the split (each rank's heads give a partial sum); single
-        device: the parameter itself."""
+        """A parameter every attention head applies (QK-norm's weight [head_dim]), or a tensor computed whole on every
+        rank that every head reads (MLA's rotary key, one per position), as the layer should use it. A plan that
+        splits the heads sums its gradient over the split (each rank's heads give a partial sum); single device: the
+        tensor itself."""
         return param
 
     def attention_core(self, core):

@@ -69,9 +69,6 @@ class TensorParallelRoles(Roles):
         tag_linear(layer, "row", in_features, out_features)
         return tag_split(layer, weight_axis=0, bias_axis=None)  # weight [in/tp, out], bias [out]
 
-    def shared_by_heads(self, x: paddle.Tensor) -> paddle.Tensor:
-        return c_identity(x, self.group)  # identity forward; backward: the ranks' partial gradients summed
-
     def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
         """Split with the base (PaddleNLP's ColumnParallelLoRALinear / RowParallelLoRALinear): a column linear's
         B [r, out/tp] (axis 1), a row linear's A [in/tp, r] (axis 0); the other factor whole on every tp rank.

@@ -3,7 +3,7 @@
     python -m pytest tests/models/test_mla.py -q
 
 The logits of whole DeepSeek-V2/V3 models against a numpy forward of the published architecture are in
-tests/interop/test_deepseek.py; the layouts (tp2, pp2, ep2) in tests/e2e/test_deepseek_e2e.py.
+tests/interop/test_deepseek.py; the layouts (tp2, pp2, ep2) in tests/e2e/family_deepseek.py (run by test_families_e2e.py).
 """
 from __future__ import annotations
 
@@ -24,18 +24,27 @@ the routers' e_score_correction_bias), recomputed below from the published tenso
 ACTIVE = {"deepseek-v2-lite": 2.4e9, "deepseek-v3": 36.6e9}
 """Published active parameters besides the input table (DeepSeek-V3's README_WEIGHTS: 36.6B with the output head;
 DeepSeek-V2-Lite: 2.4B), to the published precision."""
-PUBLISHED_CONFIG = {
-    "deepseek-v2-lite": ("deepseek_v2", dict(vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+_YARN = dict(type="yarn", factor=40, beta_fast=32, beta_slow=1, original_max_position_embeddings=4096)
+_SHARED = dict(max_position_embeddings=163840, rope_theta=10000, rms_norm_eps=1e-6, tie_word_embeddings=False,
+               kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+PUBLISHED_CONFIG = {  # the architecture fields of the published config.json files
+    "deepseek-v2-lite": ("deepseek_v2", dict(_SHARED, vocab_size=102400, hidden_size=2048, intermediate_size=10944,
                                              moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
-                                             n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
-                                             first_k_dense_replace=1, q_lora_rank=None, kv_lora_rank=512,
-                                             qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
-    "deepseek-v3": ("deepseek_v3", dict(vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                                             num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2,
+                                             num_experts_per_tok=6, first_k_dense_replace=1, q_lora_rank=None,
+                                             n_group=1, topk_group=1, topk_method="greedy", scoring_func="softmax",
+                                             norm_topk_prob=False, routed_scaling_factor=1.0,
+                                             rope_scaling=dict(_YARN, mscale=0.707, mscale_all_dim=0.707))),
+    "deepseek-v3": ("deepseek_v3", dict(_SHARED, vocab_size=129280, hidden_size=7168, intermediate_size=18432,
                                         moe_intermediate_size=2048, num_hidden_layers=61, num_attention_heads=128,
-                                        n_routed_experts=256, n_shared_experts=1, num_experts_per_tok=8,
-                                        first_k_dense_replace=3, q_lora_rank=1536, kv_lora_rank=512,
-                                        qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)),
+                                        num_key_value_heads=128, n_routed_experts=256, n_shared_experts=1,
+                                        num_experts_per_tok=8, first_k_dense_replace=3, q_lora_rank=1536, n_group=8,
+                                        topk_group=4, topk_method="noaux_tc", scoring_func="sigmoid",
+                                        norm_topk_prob=True, routed_scaling_factor=2.5,
+                                        rope_scaling=dict(_YARN, mscale=1.0, mscale_all_dim=1.0))),
 }
+TRAINING_ONLY = ("name", "moe_aux_loss_coef", "moe_bias_update_rate", "vocab_size", "init_from")
+"""ModelConfig fields a preset may set apart from an import (the import's training choices; vocab: the preset's own)."""
 
 
 def tiny_mla(**kw) -> ModelConfig:
@@ -62,6 +71,21 @@ def test_deepseek_preset_has_the_published_size(preset):
     assert parameter_count(cfg) == PUBLISHED[preset] + ours_only
     assert sum(s.numel for s in param_specs(cfg)) == PUBLISHED[preset] + ours_only  # the planner's parameter list
     assert abs(flops_parameters(cfg) - ACTIVE[preset]) < 0.05e9 + 0.01 * ACTIVE[preset]
+
+
+@pytest.mark.parametrize("preset", list(PUBLISHED))
+def test_deepseek_preset_is_what_the_published_config_imports_as(preset):
+    from hf_deepseek import deepseek_config
+
+    from llmtrain.interop.deepseek import config_from_hf
+
+    model_type, fields = PUBLISHED_CONFIG[preset]
+    imported, _ = config_from_hf(deepseek_config(model_type, **fields), model_type, preset, "config.json")
+    cfg = to_config(compose([f"model={preset}"])).model
+    differ = {f.name: (getattr(cfg, f.name), getattr(imported, f.name)) for f in dataclasses.fields(cfg)
+              if f.name not in TRAINING_ONLY and getattr(cfg, f.name) != getattr(imported, f.name)}
+    assert not differ, differ
+    assert cfg.vocab_size == fields["vocab_size"]
 
 
 def test_group_limited_routing_keeps_the_best_groups_only():

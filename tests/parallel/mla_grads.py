@@ -1,12 +1,12 @@
 """Every gradient of a multi-head latent attention block under tp equals the one-device block's, on the tp ranks.
 
-Runs inside the tp2 launch of tests/e2e/test_deepseek_e2e.py (an in-process entry of tests/e2e/multirun_worker.py,
+Runs inside the tp2 launch of tests/parallel/test_parity.py (an in-process entry of tests/e2e/multirun_worker.py,
 after fleet is initialised for tp2); `check` is the assertion. The block (MLA with q compression, a dense SwiGLU)
 and LoRA adapters on its replicated down-projections (q_a_proj, kv_a_proj), a column linear (kv_b_proj) and the
 row linear (o_proj) are built twice on each rank from the same full weights (`init_parameters` by canonical name;
 B non-zero): once with `TensorParallelRoles`, once with plain `Roles`. Output, input gradient and every parameter's
 gradient (this rank's slice of the full one) must agree within 1e-5 of each tensor's largest magnitude: the
-replicated weights' gradients need the tp sum of the shared rotary key's gradient (`Roles.shared_by_heads`),
+replicated weights' gradients need the tp sum of the shared rotary key's gradient (`Roles.head_shared`),
 which the losses of a few training steps barely show.
 """
 from __future__ import annotations

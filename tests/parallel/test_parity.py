@@ -19,7 +19,8 @@ checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
-pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the zero2 launch the
+pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
+gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
@@ -187,6 +188,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
                  {"call": "tests/parallel/zero2_peak.py:stop_recording"}]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
+        # every gradient of an MLA block (LoRA on replicated, column and row linears) against one device
+        runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
@@ -229,6 +232,9 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from sp_activations import check
 
         print(f"tp2 saved-for-backward bytes per block: {check(runs_dir / 'sp_act')}")
+        from mla_grads import check as check_mla
+
+        print(f"tp2 MLA block: largest |gradient - one device| / its max = {check_mla(runs_dir / 'mla_grads'):.2e}")
     if layout == "zero2":
         from zero2_peak import check as check_zero2
 
