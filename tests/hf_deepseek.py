@@ -320,6 +320,21 @@ def route(c: dict, logits: np.ndarray, bias) -> tuple[np.ndarray, np.ndarray]:
     return index, weight
 
 
+def _rms(x, w, eps):
+    """RMSNorm over the last axis (float64)."""
+    return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + eps) * w
+
+
+def _linear(t: dict, x, name: str):
+    """x W^T (+ b) of the HF linear `name` in the tensors `t`."""
+    out = x @ t[name + ".weight"].T
+    return out + t[name + ".bias"] if name + ".bias" in t else out
+
+
+def _silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
 def deepseek_logits(ckpt_dir, ids: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
     """Logits [b, s, V] (float64) of the DeepSeek-V2/V3 checkpoint in `ckpt_dir` for token ids [b, s] at
     positions 0..s-1 (or `positions` [s])."""
@@ -329,15 +344,13 @@ def deepseek_logits(ckpt_dir, ids: np.ndarray, positions: np.ndarray | None = No
     b, s = ids.shape
 
     def rms(x, w, e=eps):
-        return x / np.sqrt((x ** 2).mean(-1, keepdims=True) + e) * w
+        return _rms(x, w, e)
 
     def linear(x, name):
-        y = x @ t[name + ".weight"].T
-        return y + t[name + ".bias"] if name + ".bias" in t else y
+        return _linear(t, x, name)
 
     def swiglu(x, p):
-        gate = linear(x, p + "gate_proj")
-        return linear(gate / (1.0 + np.exp(-gate)) * linear(x, p + "up_proj"), p + "down_proj")
+        return linear(_silu(linear(x, p + "gate_proj")) * linear(x, p + "up_proj"), p + "down_proj")
 
     cos, sin = rotary_tables(c, np.arange(s) if positions is None else positions)
     cos, sin = cos[None, :, None, :], sin[None, :, None, :]  # [1, s, 1, d]
