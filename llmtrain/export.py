@@ -5,7 +5,7 @@
     # then: paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("exported/")   (--format paddlenlp)
     #   or: transformers' AutoModelForCausalLM.from_pretrained("exported/")          (--format hf)
 
---format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3 or Qwen3-MoE:
+--format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V2/V3:
 config.json + safetensors shards + index, `llmtrain.interop.hf_format`), or `auto` (the default): `hf` when the run
 started from a Hugging Face-layout directory (`model.init_from`), else `paddlenlp` — the format it came in.
 

@@ -252,8 +252,13 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
 
 
 def hf_family_for(cfg: ModelConfig) -> str:
-    """The HF family our config is written as (`hf_format.hf_family` tells a directory's): MoE -> Qwen3-MoE; QK-norm
+    """The HF family our config is written as (`hf_format.hf_family` tells a directory's): MLA -> DeepSeek-V2/V3;
+    MoE -> Qwen3-MoE; QK-norm
     -> Qwen3; q/k/v-only bias -> Qwen2, otherwise Llama."""
+    if cfg.is_mla():  # multi-head latent attention: DeepSeek-V2/V3 (`llmtrain.interop.deepseek`)
+        from llmtrain.interop.deepseek import hf_family_of
+
+        return hf_family_of(cfg)
     if cfg.moe_num_experts:
         return "qwen3_moe"
     if cfg.qk_norm:

@@ -1,4 +1,5 @@
-"""Hugging Face-layout Llama, Qwen2, Qwen3 and Qwen3-MoE checkpoints in and out: config.json + safetensors shards.
+"""Hugging Face-layout Llama, Qwen2, Qwen3, Qwen3-MoE and DeepSeek-V2/V3 checkpoints in and out: config.json +
+safetensors shards.
 
     from llmtrain.interop.hf_format import read_hf_checkpoint, write_hf_checkpoint
     cfg, state, meta = read_hf_checkpoint("Qwen3-8B/", c, "qwen3")   # canonical name -> fp32 numpy (lazy=True: mapped)
@@ -15,7 +16,8 @@ files are written with `safetensors.numpy.save_file` (fp32, metadata `format: pt
 requires). The result is layout-free like our own checkpoints: every tp/pp/ep layout slices what it needs
 from the full (lazy) tensors, one tensor at a time.
 
-What each family computes and which config fields are refused: `hf_config.py`. Tensor names: linear weights
+What each family computes and which config fields are refused: `hf_config.py` (DeepSeek-V2/V3, config and tensors:
+`deepseek.py`). Tensor names: linear weights
 stored [out, in] (transposed here to our [in, out]); Qwen3's `self_attn.q_norm.weight` / `k_norm.weight` [head_dim]
 are our `attn.q_norm` / `attn.k_norm`; Qwen3-MoE's `mlp.gate.weight` [E, h] is our router [h, E] and its
 `mlp.experts.{j}.{gate,up,down}_proj.weight` are stacked into `mlp.experts.w_gate/w_up/w_down` [E, ...] (our
@@ -52,6 +54,11 @@ def hf_family(c: dict, ckpt_dir: str) -> Optional[str]:
     model_type qwen2/qwen3/qwen3_moe is always HF (PaddleNLP 2.8.1 has none of them). A Llama is HF when its tensor
     names start with `model.` (PaddleNLP's start with `llama.`): the safetensors headers are read, no tensor data."""
     archs = c.get("architectures") or []
+    from llmtrain.interop import deepseek
+
+    for model_type, arch in deepseek.ARCHITECTURES.items():  # DeepSeek-V2/V3 exist only in the HF layout
+        if c.get("model_type") == model_type or arch in archs:
+            return model_type
     for family, arch in (("qwen3_moe", "Qwen3Moe"), ("qwen3", "Qwen3"), ("qwen2", "Qwen2")):
         if c.get("model_type") == family or any(a.startswith(arch) for a in archs):
             if family == "qwen2" and any(a.startswith("Qwen2Moe") for a in archs):
@@ -200,11 +207,19 @@ def from_canonical(state: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
     return out
 
 
+def _deepseek(family: str):
+    """`llmtrain.interop.deepseek` (config and tensor mapping of DeepSeek-V2/V3) when `family` is one, else None."""
+    from llmtrain.interop import deepseek
+
+    return deepseek if family in deepseek.ARCHITECTURES else None
+
+
 def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] = None,
                        lazy: bool = False) -> tuple[ModelConfig, dict, dict]:
     """(ModelConfig, canonical state as fp32 numpy or lazy arrays, meta) of an HF directory of `family`."""
     name = name or f"hf-{os.path.basename(os.path.normpath(ckpt_dir))}"
-    cfg, notes = config_from_hf(c, family, name, os.path.join(ckpt_dir, "config.json"))
+    ds = _deepseek(family)
+    cfg, notes = (ds.config_from_hf if ds else config_from_hf)(c, family, name, os.path.join(ckpt_dir, "config.json"))
     files, kind = find_weight_files(ckpt_dir)
     if kind != "safetensors":
         raise CheckpointFileError(f"{ckpt_dir}: Hugging Face {family} weights are read from safetensors only "
@@ -212,7 +227,7 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
     dtype = dtype_of_config(c)
     tensors, origin = read_tensors(files, kind, bf16_bits=dtype == "bfloat16", lazy=True)
     src = SourceTensors(tensors, origin, ckpt_dir)
-    state, more = to_canonical(src, cfg)
+    state, more = ds.to_canonical(src, cfg, config=c) if ds else to_canonical(src, cfg)
     src.check()
     if not lazy:
         state = {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
@@ -240,10 +255,12 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    config = config_to_hf(cfg)
+    family = hf_family_for(cfg)
+    ds = _deepseek(family)
+    config = (ds.config_to_hf if ds else config_to_hf)(cfg)
     state = {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
     check_canonical(state, model_shapes(cfg), "state to export")
-    tensors = from_canonical(state, cfg)
+    tensors = (ds.from_canonical if ds else from_canonical)(state, cfg)
     shards, size = [[]], 0
     for key in tensors:
         nbytes = tensors[key].nbytes
@@ -273,5 +290,6 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
                 raise CheckpointFileError(f"tokenizer {tokenizer_dir}: none of {', '.join(TOKENIZER_FILES)} to copy")
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
-    return dict(family=ARCHITECTURES[hf_family_for(cfg)], out_dir=out_dir, files=sorted(os.listdir(out_dir)),
+    return dict(family=(ds.ARCHITECTURES if ds else ARCHITECTURES)[family], out_dir=out_dir,
+                files=sorted(os.listdir(out_dir)),
                 config=config, notes=[], shards=len(shards))

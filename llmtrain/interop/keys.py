@@ -39,7 +39,7 @@ def switch_mismatches(cfg, family: str, architecture: str, short: str, wants: tu
 
 def attention_variant_mismatches(cfg, short: str) -> list[str]:
     """Reasons a PaddleNLP model (`short`) cannot compute `cfg`'s attention: PaddleNLP 2.8.1's GPT, Llama, Qwen,
-    Mixtral and ERNIE have heads of hidden / heads, no QK-norm, plain RoPE and no sliding window."""
+    Mixtral and ERNIE have heads of hidden / heads, no QK-norm, plain RoPE, no sliding window and no latent attention."""
     bad = []
     if cfg.head_dim is not None and cfg.head_dim * cfg.num_heads != cfg.hidden_size:
         bad.append(f"model.head_dim={cfg.head_dim} != hidden_size / num_heads (PaddleNLP's {short} has no head_dim)")
@@ -50,6 +50,9 @@ def attention_variant_mismatches(cfg, short: str) -> list[str]:
                    "--format hf writes rope_scaling)")
     if cfg.sliding_window:
         bad.append(f"model.sliding_window={cfg.sliding_window} (PaddleNLP's {short} attends to every position)")
+    if cfg.is_mla():
+        bad.append(f"model.mla_kv_lora_rank={cfg.mla_kv_lora_rank} (multi-head latent attention; PaddleNLP's {short} "
+                   "has none: a DeepSeek goes out with --format hf)")
     return bad
 
 

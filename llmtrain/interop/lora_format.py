@@ -59,6 +59,9 @@ def lora_family(cfg: ModelConfig) -> str:
     can express (encoders, MoE and q/k/v-only biases outside Qwen raise UnsupportedConfig)."""
     from llmtrain.interop.paddlenlp_format import paddlenlp_family
 
+    if cfg.is_mla():
+        raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: multi-head latent attention (DeepSeek) has no "
+                                "PaddleNLP LoRA format; export the merged model with --merge-lora --format hf")
     if cfg.family != "decoder" or cfg.moe_num_experts:
         raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: dense decoder models (GPT, Llama, Qwen) only; "
                                 f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")

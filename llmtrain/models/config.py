@@ -259,11 +259,48 @@ class ModelConfig:
 
     moe_bias_update_rate: float = 0.0
     """Auxiliary-loss-free balancing (DeepSeek-V3): after every step each expert's selection bias moves by this
-    rate toward balance, b_i += rate * sign(mean load - load_i). 0: no bias."""
+    rate toward balance, b_i += rate * sign(mean load - load_i). 0: the bias is not moved (it stays zero, or what a
+    checkpoint holds: DeepSeek-V3's `e_score_correction_bias` chooses experts whatever the rate)."""
 
     moe_capacity_factor: float = 0.0
     """0: dropless (every routed token is computed). > 0: each expert takes at most
     ceil(factor * tokens * top_k / experts) tokens of a micro-batch; the overflow is dropped and counted."""
+
+    # ---- multi-head latent attention (DeepSeek-V2/V3, `llmtrain/models/mla.py`) and group-limited routing
+
+    mla_kv_lora_rank: int = 0
+    """Multi-head latent attention when > 0 (DeepSeek-V2/V3's `kv_lora_rank`, 512 in both): keys and values come
+    from one compressed vector c_kv [kv_lora_rank] per position (RMSNorm, then kv_b_proj up to every head's
+    no-RoPE key part and value); 0: the standard attention of `num_heads`/`num_kv_heads`/`head_dim`."""
+
+    mla_q_lora_rank: Optional[int] = None
+    """Queries through a compressed vector c_q [q_lora_rank] (RMSNorm, then q_b_proj; DeepSeek-V3 1536). None: one
+    q_proj from the hidden state (DeepSeek-V2-Lite). MLA only."""
+
+    mla_qk_nope_head_dim: int = 128
+    """Per-head width of the query/key part without rotary embedding (DeepSeek's `qk_nope_head_dim`). MLA only."""
+
+    mla_qk_rope_head_dim: int = 64
+    """Width of the rotary part of queries and keys (`qk_rope_head_dim`); the rotary key is one vector per position
+    shared by every head (decoupled RoPE). Queries and keys are nope + rope wide. MLA only."""
+
+    mla_v_head_dim: int = 128
+    """Per-head width of the values and of the attention output fed to o_proj (`v_head_dim`). MLA only."""
+
+    moe_n_group: int = 1
+    """Group-limited routing (DeepSeek's `n_group`): the routed experts form this many equal groups and a token
+    chooses its top-k only among the `moe_topk_group` best groups. 1: no grouping."""
+
+    moe_topk_group: int = 1
+    """Groups a token may choose experts from (DeepSeek's `topk_group`; V3: 4 of 8)."""
+
+    moe_group_score: str = "top2"
+    """How a group is ranked: `top2` (the sum of its two best selection scores, bias included: DeepSeek-V3's
+    `noaux_tc`) or `max` (its best score: DeepSeek-V2's `group_limited_greedy`)."""
+
+    def is_mla(self) -> bool:
+        """Whether the blocks use multi-head latent attention (`mla_kv_lora_rank > 0`)."""
+        return self.mla_kv_lora_rank > 0
 
     def kv_heads(self) -> int:
         """Number of key/value heads actually used."""

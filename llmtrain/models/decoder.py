@@ -68,7 +68,12 @@ class Block(nn.Layer):
         tags.set_prefix(self, prefix)
         index = int(prefix.rsplit(".", 1)[-1]) if prefix.startswith("layers.") else 0
         self.attn_norm = build_norm(cfg, cfg.hidden_size)
-        self.attn = Attention(cfg, roles, index)
+        if cfg.is_mla():  # DeepSeek's multi-head latent attention (llmtrain/models/mla.py)
+            from llmtrain.models.mla import MLAttention
+
+            self.attn = MLAttention(cfg, roles)
+        else:
+            self.attn = Attention(cfg, roles, index)
         self.mlp_norm = build_norm(cfg, cfg.hidden_size)
         if cfg.family == "decoder" and cfg.is_moe_layer(index):
             from llmtrain.models.moe import MoEFeedForward

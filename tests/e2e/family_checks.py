@@ -35,7 +35,7 @@ GLOBAL_BATCH = {"tp2": 8, "pp2": 4, "ep2": 4}
 ENTRY = {"tp2": "finetune", "pp2": "pretrain", "ep2": "pretrain"}
 PARALLEL = {"tp2": "+parallel=tp2", "pp2": "+parallel=pp2", "ep2": "+parallel=ep2"}
 TOL = 1e-4
-FAMILY_MODULES = ["family_qwen3"]
+FAMILY_MODULES = ["family_qwen3", "family_deepseek"]
 """Modules (beside this file) whose import registers families."""
 
 

@@ -19,7 +19,8 @@ checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
-pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the zero2 launch the
+pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
+gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
@@ -65,7 +66,7 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp"),
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
          "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora",)}
@@ -84,9 +85,15 @@ SEGMENTS = {"llama_lora": 200}
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
 run vs 14 s with 100, which slices most adapters, and 3 s with 1024, which slices none and not q/k/v/o)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
-       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
+       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"],
+       "moe_mla": ["model.num_kv_heads=null", "model.mla_kv_lora_rank=16", "model.mla_q_lora_rank=12",
+                   "model.mla_qk_nope_head_dim=8", "model.mla_qk_rope_head_dim=4", "model.mla_v_head_dim=6",
+                   "model.moe_router=sigmoid", "model.moe_n_group=2", "model.moe_topk_group=1",
+                   "model.moe_routed_scale=2.5", "model.moe_bias_update_rate=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
-drops and a sigmoid router. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
+drops and a sigmoid router; `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
+routing with the moving bias), under tp2 the test of MLA's split heads, replicated down-projections and shared
+rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
 `moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
 
 
@@ -195,6 +202,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
                  {"call": "tests/parallel/zero2_peak.py:stop_recording"}]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
+        # every gradient of an MLA block (LoRA on replicated, column and row linears) against one device
+        runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
@@ -237,6 +246,9 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from sp_activations import check
 
         print(f"tp2 saved-for-backward bytes per block: {check(runs_dir / 'sp_act')}")
+        from mla_grads import check as check_mla
+
+        print(f"tp2 MLA block: largest |gradient - one device| / its max = {check_mla(runs_dir / 'mla_grads'):.2e}")
     if layout == "zero2":
         from zero2_peak import check as check_zero2
 
