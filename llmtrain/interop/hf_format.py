@@ -193,9 +193,9 @@ def from_canonical(state: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
             out[f"{p}self_attn.k_norm.weight"] = state[f"{c}attn.k_norm.weight"]
         if cfg.is_moe_layer(i):
             bias = state[f"{c}mlp.expert_bias"]
-            if cfg.moe_bias_update_rate > 0 and np.any(bias != 0):
-                raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero and model.moe_bias_update_rate="
-                                        f"{cfg.moe_bias_update_rate}: Qwen3-MoE routes without a bias")
+            if np.any(bias != 0):  # the router adds any non-zero bias to its selection scores
+                raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero (max |b| {float(np.abs(bias).max()):.3g}): "
+                                        "Qwen3-MoE routes without a selection bias, so the export would choose other experts")
             out[f"{p}mlp.gate.weight"] = np.ascontiguousarray(state[f"{c}mlp.router.weight"].T)
             for ours, theirs in EXPERT_LINEARS:
                 stacked = state[f"{c}mlp.experts.{ours}"]
