@@ -38,7 +38,7 @@ def main() -> None:
     from llmtrain.paddle_compat.optim import get_grad_clip, optimizer_chain, set_grad_clip
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.train.amp import AmpPlan
-    from llmtrain.train.anomaly import AnomalyGuard
+    from llmtrain.train.anomaly_guard import AnomalyGuard
     from llmtrain.resolve import resolve
     from llmtrain.train.step import StepRunner
     from llmtrain.train.trainer import build_data, build_model_and_optimizer

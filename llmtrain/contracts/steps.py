@@ -20,9 +20,11 @@ Under pipeline parallelism fleet's schedule runs forward, backward and the optim
 step in one call, so `before_update` is not called there; every other method is. No hook
 can veto an update: a decision on some ranks only would leave the others waiting in the
 step's collectives. Whether a step's update is applied is decided by the divergence guard,
-from numbers all ranks reduce together (`llmtrain/train/anomaly.py`). The loss functions a `BuiltModel` carries return `(loss_sum, tokens)`
-(fp32 scalar tensors: the sum of per-token losses over loss-bearing positions, and
-their count); the caller divides (`mean_loss`) or sums over batches (evaluation).
+from numbers all ranks reduce together (`llmtrain/train/anomaly.py`).
+
+The loss functions a `BuiltModel` carries return `(loss_sum, tokens)` (fp32 scalar
+tensors: the sum of per-token losses over loss-bearing positions, and their count);
+the caller divides (`mean_loss`) or sums over batches (evaluation).
 """
 from __future__ import annotations
 
