@@ -4,6 +4,7 @@
     rig = GuardRig(tmp_path, tiny_gpt, comm=comm)                  # model, optimizer, StepRunner, AnomalyGuard,
     out = rig.step()                                               # Checkpointer, Meter, a layout-free data stand-in
     forced_loss_scaler()                                           # Paddle's real GradScaler, enabled on CPU
+                                                                   # (tests/gpu_paths/amp_fp16_rehearsal.py)
 
 The guard and the checkpointer take a `comm` (`llmtrain.parallel.job_comm.JobComm`'s two methods); here the other
 ranks' parts of each collective are scripted: `all_reduce_sum` adds `others(mine)` (default: zeros, a peer
@@ -19,6 +20,8 @@ from typing import Callable, Optional
 
 import numpy as np
 import paddle
+
+from gpu_paths.amp_fp16_rehearsal import forced_loss_scaler  # noqa: F401  (tests/gpu_paths: a namespace import)
 
 
 class ScriptedComm:
@@ -44,37 +47,6 @@ class ScriptedComm:
             return [int(v) for v in values]
         assert self.broadcasts, f"rank {self.rank}: a broadcast nobody scripted"
         return [int(v) for v in self.broadcasts.pop(0)]
-
-
-def forced_loss_scaler(**kwargs):
-    """`llmtrain.paddle_compat.amp.LossScaler` forced on over CPU math (Paddle enables it only on GPU places: its
-    constructor asks the tracer's place, answered here as a GPU's), with llmtrain's settings unless overridden."""
-    from paddle.amp import grad_scaler
-
-    from llmtrain.paddle_compat.amp import loss_scaler
-
-    class _GpuPlace:
-        def is_gpu_place(self):
-            return True
-
-        def is_xpu_place(self):
-            return False
-
-        def is_custom_place(self):
-            return False
-
-    class _Tracer:
-        _expected_place = _GpuPlace()
-
-    settings = dict(init_loss_scaling=2.0**15, incr_every_n_steps=1000, decr_every_n_nan_or_inf=1) | kwargs
-    real = grad_scaler._dygraph_tracer
-    grad_scaler._dygraph_tracer = lambda: _Tracer()
-    try:
-        scaler = loss_scaler(**settings)
-    finally:
-        grad_scaler._dygraph_tracer = real
-    assert scaler.is_enable()
-    return scaler
 
 
 class FakeData:

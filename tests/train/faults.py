@@ -9,6 +9,10 @@ multirun worker runs every entry of a launch in the same processes, in order):
 - `poison_grads(step, rank)`: on that global rank, the first loss computation of the `step`-th
   batch passes its logits through a layer whose backward returns NaN (the loss stays finite):
   a gradient corrupted once, as a faulty device would. A re-run of the step is clean.
+- `poison_grads_from(step, rank)`: the same for every loss computation from the `step`-th batch on (under
+  fp16: an overflow that persists).
+- `drop_update(step)`: the `step`-th batch's optimizer update is not applied (AdamW.step returns at once; the
+  LR schedule still advances): a run that never saw that step's update.
 - `spike(sample, factor)`: the batch that starts at consumed-samples position `sample` has its logits
   multiplied by `factor` on every rank: a batch whose loss spikes (and whose gradients are huge).
 - `skip_samples(start, end)`: the data jumps from `start` to `end`: a run that never saw those samples.
@@ -32,7 +36,7 @@ STATE_HOLDER = PretrainData  # runpy runs this file afresh for every call: origi
 if not hasattr(STATE_HOLDER, "_fault_originals"):
     STATE_HOLDER._fault_originals = {"next_step": PretrainData.next_step, "forward": LMLoss.forward,
                                          "get_lr": WarmupDecay.get_lr,
-                                         "evaluate": StepRunner.evaluate}
+                                         "evaluate": StepRunner.evaluate, "adamw_step": paddle.optimizer.AdamW.step}
 _ORIG = STATE_HOLDER._fault_originals
 
 
@@ -102,6 +106,30 @@ def poison_grads(step: int, rank: int) -> None:
     LMLoss.forward = forward
 
 
+def poison_grads_from(step: int, rank: int) -> None:
+    st = _track()
+    orig = LMLoss.forward
+
+    def forward(self, logits, labels):
+        if st["batches"] >= int(step) and _rank() == int(rank) and not st.get("evaluating"):
+            logits = _NanGrad.apply(logits)
+        return orig(self, logits, labels)
+
+    LMLoss.forward = forward
+
+
+def drop_update(step: int) -> None:
+    st = _track()
+    orig = _ORIG["adamw_step"]
+
+    def adamw_step(self):
+        if st["batches"] == int(step):
+            return None
+        return orig(self)
+
+    paddle.optimizer.AdamW.step = adamw_step
+
+
 def spike(sample: int, factor: float) -> None:
     st = _track()
     orig = LMLoss.forward
@@ -165,6 +193,7 @@ def clear() -> None:
     LMLoss.forward = _ORIG["forward"]
     WarmupDecay.get_lr = _ORIG["get_lr"]
     StepRunner.evaluate = _ORIG["evaluate"]
+    paddle.optimizer.AdamW.step = _ORIG["adamw_step"]
     if hasattr(STATE_HOLDER, "_fault_build"):
         from llmtrain.train import trainer
 
