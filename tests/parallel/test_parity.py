@@ -31,9 +31,10 @@ stages), dp2pp2 with ep2 (also with recompute) and sharding2 with ep2 (experts k
 each checked per rank by `check_expert_memory`. Qwen3's attention (`QWEN3`: head_dim != hidden / heads, QK-norm,
 YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
 measured, grad_norm 1.4e-5 off at step 4).
-The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the dp2, tp2, pp2 and
-zero2 launches also run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes
-(rewound over), faults installed from tests/train/faults.py by `call` entries in the same processes.
+The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the pp2 launch also
+run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes (rewound over), faults
+installed from tests/train/faults.py by `call` entries in the same processes (the guard's logic is tested in one
+process by tests/train/test_guard_fast.py).
 """
 from __future__ import annotations
 
@@ -301,7 +302,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
 @pytest.mark.parametrize("layout", ["single", *GUARD_LAYOUTS])
 def test_divergence_guard(layout, reference, tiny_corpus, launched):
     """A gradient poisoned once on rank 1 is a transient fault (re-run, continue, equal to the clean run); a batch
-    whose loss spikes is rewound over and skipped (equal to a run that never saw it); one process: policy=skip."""
+    whose loss spikes is rewound over and skipped (equal to a run that never saw it)."""
     ref_dir = reference["init_from"].parents[2]
     check_guard(ref_dir, ref_dir if layout == "single" else launched(layout, 2), layout)
 

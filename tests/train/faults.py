@@ -17,9 +17,6 @@ multirun worker runs every entry of a launch in the same processes, in order):
   multiplied by `factor` on every rank: a batch whose loss spikes (and whose gradients are huge).
 - `skip_samples(start, end)`: the data jumps from `start` to `end`: a run that never saw those samples.
 - `lr_from(step, lr)`: from the `step`-th optimizer step on, the learning rate is `lr` (a diverging LR).
-- `nan_weights(step)`: when the `step`-th batch is read, the first element of the word-embedding table becomes
-  NaN in place, as corrupted memory would: every later step is non-finite, and so is the state: no checkpoint
-  may be written from it.
 """
 from __future__ import annotations
 
@@ -156,46 +153,10 @@ def lr_from(step: int, lr: float) -> None:
     WarmupDecay.get_lr = get_lr
 
 
-def nan_weights(step: int) -> None:
-    """At the `step`-th batch, write NaN into the first element of every parameter named like a word embedding."""
-    st = _track()
-    tracked = PretrainData.next_step
-
-    def next_step(self):
-        out = tracked(self)
-        if st["batches"] == int(step):
-            for layer in st["models"]:
-                for p in layer.parameters():
-                    if "embedding" in p.name:
-                        flat = p.numpy().copy()
-                        flat.reshape(-1)[0] = float("nan")
-                        p.set_value(flat)
-        return out
-
-    PretrainData.next_step = next_step
-    from llmtrain.train import trainer
-
-    st["models"] = []
-    build = trainer.build_model_and_optimizer
-    if not hasattr(STATE_HOLDER, "_fault_build"):
-        STATE_HOLDER._fault_build = build
-
-    def recording(*a, **k):
-        built = STATE_HOLDER._fault_build(*a, **k)
-        st["models"].append(built.core)
-        return built
-
-    trainer.build_model_and_optimizer = recording
-
-
 def clear() -> None:
     PretrainData.next_step = _ORIG["next_step"]
     LMLoss.forward = _ORIG["forward"]
     WarmupDecay.get_lr = _ORIG["get_lr"]
     StepRunner.evaluate = _ORIG["evaluate"]
     paddle.optimizer.AdamW.step = _ORIG["adamw_step"]
-    if hasattr(STATE_HOLDER, "_fault_build"):
-        from llmtrain.train import trainer
-
-        trainer.build_model_and_optimizer = STATE_HOLDER._fault_build
     _state().clear()

@@ -240,3 +240,51 @@ def test_paddles_own_scaler_update_still_raises_under_numpy_2():
     scaler._decr_count = 0  # (Paddle's counted the overflow before it raised)
     scaler._update()
     assert float(scaler._scale.numpy()[0]) == 16384.0
+
+
+def test_a_transient_fault_is_re_run_and_leaves_no_trace(tiny_gpt, tmp_path):
+    """inf gradients on the first run of step 3 only (a flipped bit): rejected, re-run from the same state, finite,
+    counted as a transient fault; every record and weight equals the clean run's."""
+    rig, clean = _rig(tmp_path / "a", tiny_gpt), _rig(tmp_path / "b", tiny_gpt)
+    fired = []
+
+    def once(start):
+        if start == 16 and not fired:
+            fired.append(start)
+            return "inf"
+        return None
+
+    rig.fault = once
+    for _ in range(4):
+        rig.step()
+        clean.step()
+    assert fired and [r["transient_faults_total"] for r in rig.records] == [0, 0, 1, 1]
+    assert not any("anomaly" in r for r in rig.records) and rig.guard.counts["anomalies"] == 0
+    for g, w in zip(rig.records, clean.records):
+        assert abs(g["loss"] - w["loss"]) <= TOL and abs(g["grad_norm"] - w["grad_norm"]) <= TOL
+    for name, w in clean.weights().items():
+        np.testing.assert_allclose(rig.weights()[name], w, atol=TOL, err_msg=name)
+
+
+def test_skip_keeps_the_state_and_a_non_finite_state_is_never_saved(tiny_gpt, tmp_path):
+    """policy=skip: the checkpoint after the skipped step 3 holds exactly step 2's tensors and says anomalous; step 4
+    trains again. A NaN written into a weight (corrupted memory) makes every later save refused."""
+    from safetensors.numpy import load_file
+
+    rig = _rig(tmp_path, tiny_gpt, anomaly={"policy": "skip"})
+    rig.fault = lambda start: "spike" if start == 16 else None
+    for _ in range(4):
+        rig.step()
+        rig.save()
+    shards = {s: load_file(rig.checkpoint(s) + "/rank_00000.safetensors") for s in (2, 3, 4)}
+    assert any(k.startswith("optim/") for k in shards[2]) and set(shards[2]) == set(shards[3])
+    assert all(np.array_equal(shards[2][k], shards[3][k]) for k in shards[2])
+    assert any(not np.array_equal(shards[3][k], shards[4][k]) for k in shards[3])
+    with open(rig.checkpoint(3) + "/manifest.json") as f:
+        assert '"status": "anomalous"' in f.read()
+    name, param = rig.named[0]
+    bad = param.numpy().copy()
+    bad.reshape(-1)[0] = float("nan")
+    param.set_value(bad)
+    rig.step()
+    assert rig.save() is None and not (tmp_path / "checkpoints" / "step_5").exists()
