@@ -22,6 +22,7 @@ import numpy as np
 import paddle
 
 from gpu_paths.amp_fp16_rehearsal import forced_loss_scaler  # noqa: F401  (tests/gpu_paths: a namespace import)
+from train.faults import BadGrad  # tests/train: a namespace import
 
 
 class ScriptedComm:
@@ -72,18 +73,6 @@ class FakeData:
         self.consumed_samples += self.batch
         return [dict(input_ids=rows[i:i + self.micro, :-1], labels=rows[i:i + self.micro, 1:],
                      loss_mask=np.ones((self.micro, self.seq), np.float32)) for i in range(0, self.batch, self.micro)]
-
-
-class _InfGrad(paddle.autograd.PyLayer):
-    """Identity forward, inf gradient backward: a step whose gradients overflow (its loss stays finite)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * float("inf")
 
 
 class GuardRig:
@@ -142,7 +131,7 @@ class GuardRig:
         if kind == "spike":
             logits = logits * 300.0
         elif kind == "inf":
-            logits = _InfGrad.apply(logits)
+            logits = BadGrad.apply(logits, float("inf"))
         return self.model.loss_fn(logits, labels)
 
     def step(self):

@@ -47,16 +47,17 @@ def _rank() -> int:
     return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
 
-class _NanGrad(paddle.autograd.PyLayer):
-    """Identity forward, NaN gradient backward."""
+class BadGrad(paddle.autograd.PyLayer):
+    """Identity forward; the backward multiplies the gradient by `value` (NaN or inf): a corrupted gradient."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, value):
+        ctx.value = float(value)
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * float("nan")
+        return grad * ctx.value
 
 
 def _track() -> dict:
@@ -97,7 +98,7 @@ def poison_grads(step: int, rank: int) -> None:
     def forward(self, logits, labels):
         if st["batches"] == int(step) and _rank() == int(rank) and not st["fired"] and not st.get("evaluating"):
             st["fired"] = True
-            logits = _NanGrad.apply(logits)
+            logits = BadGrad.apply(logits, float("nan"))
         return orig(self, logits, labels)
 
     LMLoss.forward = forward
@@ -109,7 +110,7 @@ def poison_grads_from(step: int, rank: int) -> None:
 
     def forward(self, logits, labels):
         if st["batches"] >= int(step) and _rank() == int(rank) and not st.get("evaluating"):
-            logits = _NanGrad.apply(logits)
+            logits = BadGrad.apply(logits, float("nan"))
         return orig(self, logits, labels)
 
     LMLoss.forward = forward
