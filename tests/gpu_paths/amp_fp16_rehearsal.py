@@ -20,7 +20,7 @@ def forced_loss_scaler(**kwargs):
 
     settings = dict(init_loss_scaling=2.0**15, incr_every_n_steps=1000, decr_every_n_nan_or_inf=1) | kwargs
     real = grad_scaler._dygraph_tracer
-    grad_scaler._dygraph_tracer = _gpu_tracer
+    grad_scaler._dygraph_tracer = gpu_tracer
     try:
         scaler = loss_scaler(**settings)
     finally:
@@ -41,7 +41,7 @@ def force_scaler() -> None:
 
     def scaler(self):
         real = grad_scaler._dygraph_tracer
-        grad_scaler._dygraph_tracer = _gpu_tracer
+        grad_scaler._dygraph_tracer = gpu_tracer
         try:
             out = AmpPlan._rehearsal_original(self)
         finally:
@@ -52,7 +52,7 @@ def force_scaler() -> None:
     AmpPlan.scaler = scaler
 
 
-def _gpu_tracer():
+def gpu_tracer():
     """A stand-in for Paddle's tracer whose expected place says GPU (what GradScaler's constructor asks)."""
 
     class _GpuPlace:

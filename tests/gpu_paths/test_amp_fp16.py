@@ -12,12 +12,17 @@ function, faults from tests/train/faults.py, the scaler from tests/gpu_paths/amp
 - `persistent`: fp16, NaN gradients from step 3 on, train.anomaly.max_consecutive_overflows=3,
   train.anomaly.policy=stop: the third overflow in a row (step 5, scale 4096) is an anomaly; the run stops with
   the message docs/divergence.md shows and status 5 (`EXIT_DIVERGED`), through the entry's own handling.
-The guard's fp16 logic in one process: tests/train/test_guard_fast.py.
+In-process (`test_amp_plan_builds_the_scaler_the_runs_use`): the marked line of `AmpPlan.scaler` runs under
+`reaches("amp-fp16")` (tests/gpu_paths' convention, once its gpu_rehearsal.py is on the branch) and the scaler it
+builds halves its scale at one overflowing step of a tiny model. The guard's fp16 logic in one process:
+tests/train/test_guard_fast.py.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+import pytest
 
 from launch import REPO, metrics, run_launch
 from llmtest import tiny_overrides
@@ -27,6 +32,32 @@ TOL = 1e-5
 STEPS = 6
 FAULTS = "tests/train/faults.py"
 REHEARSAL = "tests/gpu_paths/amp_fp16_rehearsal.py"
+
+
+def test_amp_plan_builds_the_scaler_the_runs_use(tiny_gpt, tmp_path, monkeypatch):
+    """`AmpPlan.scaler()` for train.amp=fp16 (its GPU-only line), Paddle's place check answered as a GPU's: an enabled
+    dynamic scaler at 2^15 that halves at every overflow; one overflowing step of a tiny model under the guard is
+    skipped and halves it (tests/train/fake_job.py)."""
+    from paddle.amp import grad_scaler
+
+    from amp_fp16_rehearsal import gpu_tracer
+    from llmtrain.paddle_compat.amp import LossScaler, loss_scale
+    from llmtrain.train.amp import AmpPlan
+    from train.fake_job import GuardRig  # tests/train (no package: a namespace import)
+
+    gpu_rehearsal = pytest.importorskip("gpu_rehearsal", reason="tests/gpu_paths/gpu_rehearsal.py (gpupaths) absent")
+    monkeypatch.setattr(grad_scaler, "_dygraph_tracer", gpu_tracer)
+    with gpu_rehearsal.reaches("amp-fp16"):
+        scaler = AmpPlan.from_config("fp16").scaler()
+    monkeypatch.undo()
+    assert isinstance(scaler, LossScaler) and scaler.is_enable() and scaler.is_use_dynamic_loss_scaling()
+    assert (loss_scale(scaler), scaler.get_decr_every_n_nan_or_inf(), scaler.get_incr_every_n_steps()) == (
+        2.0**15, 1, 1000)
+    rig = GuardRig(tmp_path, tiny_gpt, scaler=scaler)
+    rig.fault = lambda start: "inf" if start == 8 else None
+    rig.step()
+    rig.step()
+    assert rig.records[-1]["loss_scale_overflow"] is True and loss_scale(scaler) == 2.0**14
 
 
 def _run(corpus, out, name, *extra):
