@@ -6,7 +6,7 @@
 One model, optimizer and data stream, built by the trainer's own assembly
 (`build_model_and_optimizer`, `StepRunner`, `AnomalyGuard`). Steps alternate one by one (the order
 flipped every other pair, `--rounds` x `--steps` pairs): one through `AnomalyGuard.run_step` (the
-gated clip: one all-reduce of five numbers, one host read, the median tests), one through the bare
+gated clip: one all-reduce of six numbers, one host read, the median tests), one through the bare
 `StepRunner.run` with the plain recording clip swapped back, so drift in the machine's speed hits
 both sides. Every step on both sides ends by
 reading its loss to the host (the same synchronisation), timed by `time.perf_counter` around the
