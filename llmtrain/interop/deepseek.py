@@ -74,11 +74,11 @@ def rope_from_deepseek(c: dict, g: dict, bad: list, notes: list):
     `rope_parameters`), read as `hf_config.rope_from_hf` reads it; YaRN's factor on cos/sin is DeepSeek's
     yarn_get_mscale(factor, mscale) / yarn_get_mscale(factor, mscale_all_dim) (mscale 1, mscale_all_dim 0 when
     absent), set explicitly where transformers' rule would differ (mscale without mscale_all_dim)."""
-    from llmtrain.interop.hf_config import _rope_params, rope_from_hf
+    from llmtrain.interop.hf_rope import rope_from_hf, rope_params
     from llmtrain.models.mla import yarn_mscale
     from llmtrain.models.rope import yarn_attention_factor
 
-    theta, scaling = _rope_params(c, g)
+    theta, scaling = rope_params(c, g)
     rope, max_pos = rope_from_hf(scaling, g["max_position_embeddings"], bad, notes)
     if rope.type == "yarn" and rope.attention_factor is None:
         theirs = yarn_mscale(rope.factor, rope.mscale or 1.0) / yarn_mscale(rope.factor, rope.mscale_all_dim)
@@ -185,7 +185,7 @@ def config_to_hf(cfg: ModelConfig) -> dict:
     if bad:
         raise UnsupportedConfig(f"model {cfg.name!r} cannot be written as a Hugging Face {ARCHITECTURES[family]}: "
                                 + "; ".join(bad))
-    from llmtrain.interop.hf_config import rope_to_hf
+    from llmtrain.interop.hf_rope import rope_to_hf
 
     scaling, max_pos = rope_to_hf(cfg)
     if scaling is not None:  # DeepSeek's code reads rope_scaling["type"]
@@ -313,7 +313,7 @@ def _layer_names(cfg: ModelConfig, i: int) -> list[tuple[str, str, bool]]:
 
 def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = None) -> tuple[dict, list[str]]:
     """Our canonical state (lazy) from DeepSeek tensors, and notes; MTP modules and rotary buffers are skipped."""
-    from llmtrain.interop.hf_format import _StackedTransposed
+    from llmtrain.interop.tensor_files import StackedTransposed
     from llmtrain.interop.keys import model_shapes
 
     shapes, notes, state = model_shapes(cfg), [], {}
@@ -344,7 +344,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
                 keys = [f"{p}mlp.experts.{j}.{theirs}.weight" for j in range(e)]
                 parts = [_dequantized(src, k, src.take(k, shape), block) for k in keys]
                 if all(x is not None for x in parts):
-                    state[f"{c}mlp.experts.{ours}"] = _StackedTransposed(parts)
+                    state[f"{c}mlp.experts.{ours}"] = StackedTransposed(parts)
     put("final_norm.norm.weight", "model.norm.weight", False)
     if cfg.tie_embeddings:
         if src.has("lm_head.weight"):

@@ -39,7 +39,7 @@ import numpy as np
 from llmtrain.interop.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, hf_family_for
 from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (SAFE_INDEX, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
-                                           find_weight_files, read_tensors, staged_dir)
+                                           StackedTransposed, find_weight_files, read_tensors, staged_dir)
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
@@ -102,20 +102,6 @@ class _Transposed:
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
 
-class _StackedTransposed:
-    """Per-expert 2-D tensors [out, in] seen as one stacked [E, in, out]; read only on `np.asarray`."""
-
-    def __init__(self, parts: list):
-        self.parts = parts
-        self.shape = (len(parts), *reversed(np.shape(parts[0])))
-        self.ndim = 3
-        self.dtype = np.dtype(np.float32)
-
-    def __array__(self, dtype=None, copy=None):
-        arr = np.stack([np.asarray(p, dtype=np.float32).T for p in self.parts])
-        return arr if dtype is None else arr.astype(dtype, copy=False)
-
-
 EXPERT_LINEARS = (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))
 """(our stacked expert tensor in `layers.i.mlp.experts.`, HF linear in `model.layers.i.mlp.experts.{j}.`)"""
 
@@ -163,7 +149,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig) -> tuple[dict, list[str]]
                 parts = [src.take(f"{p}mlp.experts.{j}.{theirs}.weight", list(reversed(want)))
                          for j in range(cfg.moe_num_experts)]
                 if all(x is not None for x in parts):
-                    state[f"{c}mlp.experts.{ours}"] = _StackedTransposed(parts)
+                    state[f"{c}mlp.experts.{ours}"] = StackedTransposed(parts)
         if src.has(p + "self_attn.rotary_emb.inv_freq"):
             src.ignore(p + "self_attn.rotary_emb.inv_freq", "rotary inv_freq buffer (recomputed from rope_theta)")
     put("final_norm.norm.weight", "model.norm.weight")

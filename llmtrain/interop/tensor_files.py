@@ -291,3 +291,17 @@ def staged_dir(out_dir: str) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class StackedTransposed:
+    """Per-expert 2-D tensors [out, in] seen as one stacked [E, in, out]; read only on `np.asarray`."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.shape = (len(parts), *reversed(np.shape(parts[0])))
+        self.ndim = 3
+        self.dtype = np.dtype(np.float32)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = np.stack([np.asarray(p, dtype=np.float32).T for p in self.parts])
+        return arr if dtype is None else arr.astype(dtype, copy=False)
