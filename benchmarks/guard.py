@@ -6,7 +6,7 @@
 One model, optimizer and data stream, built by the trainer's own assembly
 (`build_model_and_optimizer`, `StepRunner`, `AnomalyGuard`). Steps alternate one by one (the order
 flipped every other pair, `--rounds` x `--steps` pairs): one through `AnomalyGuard.run_step` (the
-gated clip: one all-reduce of five numbers, one host read, the median tests), one through the bare
+gated clip: one all-reduce of six numbers, one host read, the median tests), one through the bare
 `StepRunner.run` with the plain recording clip swapped back, so drift in the machine's speed hits
 both sides. Every step on both sides ends by
 reading its loss to the host (the same synchronisation), timed by `time.perf_counter` around the
@@ -38,7 +38,7 @@ def main() -> None:
     from llmtrain.paddle_compat.optim import get_grad_clip, optimizer_chain, set_grad_clip
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.train.amp import AmpPlan
-    from llmtrain.train.anomaly import AnomalyGuard
+    from llmtrain.train.anomaly_guard import AnomalyGuard
     from llmtrain.resolve import resolve
     from llmtrain.train.step import StepRunner
     from llmtrain.train.trainer import build_data, build_model_and_optimizer

@@ -157,10 +157,15 @@ def config_problems(cfg: Config) -> list[str]:
         problems.append(
             f"data.seq_len={cfg.data.seq_len} > model.max_position_embeddings={cfg.model.max_position_embeddings}"
         )
-    if cfg.model.position == "rope" and cfg.model.hidden_size % cfg.model.num_heads == 0:
-        if (cfg.model.hidden_size // cfg.model.num_heads) % 2:
-            problems.append(f"model.position=rope needs an even head dim; hidden_size/num_heads = "
-                            f"{cfg.model.hidden_size}/{cfg.model.num_heads} is odd")
+    if cfg.model.position == "rope" and cfg.model.num_heads > 0 and (
+            cfg.model.head_dim is not None or cfg.model.hidden_size % cfg.model.num_heads == 0):
+        if cfg.model.attn_head_dim() % 2:
+            where = (f"model.head_dim={cfg.model.head_dim}" if cfg.model.head_dim is not None else
+                     f"hidden_size/num_heads = {cfg.model.hidden_size}/{cfg.model.num_heads}")
+            problems.append(f"model.position=rope needs an even head dim; {where} is odd")
+    from llmtrain.models.rope import attention_problems  # head_dim, qk_norm, rope_scaling, sliding windows
+
+    problems += attention_problems(cfg.model)
     if cfg.model.family == "encoder" and cfg.model.position != "learned":
         problems.append("model.family=encoder uses learned positions: set model.position=learned")
     if cfg.model.qkv_bias is not None and cfg.model.family != "decoder" and cfg.model.qkv_bias != cfg.model.bias:

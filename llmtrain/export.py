@@ -5,8 +5,8 @@
     # then: paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("exported/")   (--format paddlenlp)
     #   or: transformers' AutoModelForCausalLM.from_pretrained("exported/")          (--format hf)
 
---format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama or Qwen2: config.json +
-safetensors shards + index, `llmtrain.interop.hf_format`), or `auto` (the default): `hf` when the run
+--format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V2/V3:
+config.json + safetensors shards + index, `llmtrain.interop.hf_format`), or `auto` (the default): `hf` when the run
 started from a Hugging Face-layout directory (`model.init_from`), else `paddlenlp` — the format it came in.
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
@@ -24,7 +24,9 @@ instead of the pickled `model_state.pdparams`.
 A LoRA checkpoint (adapters only, with a pointer to its base in the manifest) is written
 as PaddleNLP adapters (`lora_config.json` + `lora_model_state.pdparams`, or
 `peft_model.safetensors`; `paddlenlp.peft.LoRAModel.from_pretrained(base, OUT)`), or with
-`--merge-lora` as a plain model whose weights are W + A B alpha/r (`llmtrain.interop.lora_format`).
+`--merge-lora` as a plain model whose weights are W + A B alpha/r (`llmtrain.interop.lora_format`). With
+`--format hf` (or auto from a Hugging Face source) the adapters are always merged: no Hugging Face (PEFT) adapter
+format is written.
 """
 from __future__ import annotations
 
@@ -42,7 +44,8 @@ class ExportError(CheckpointReadError):
 
 
 def source_format(init_from: Optional[str]) -> str:
-    """`hf` when `init_from` is a Hugging Face-layout Llama / Qwen2 directory (still present), else `paddlenlp`."""
+    """`hf` when `init_from` is a Hugging Face-layout Llama / Qwen2 / Qwen3 / Qwen3-MoE directory (still present),
+    else `paddlenlp`."""
     if not init_from or not os.path.isfile(os.path.join(init_from, "config.json")):
         return "paddlenlp"
     from llmtrain.interop.hf_format import hf_family
@@ -69,6 +72,13 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         fmt = source_format(cfg.init_from)
     state = model_state(manifest)
     tok = tokenizer_of(manifest, tokenizer)
+    merged_note = []
+    if lora is not None and fmt == "hf":  # no Hugging Face LoRA format is written here: the adapters go in merged
+        if merge_lora is False:
+            raise ExportError(f"{ckpt_dir}: --format hf writes no LoRA adapter files (PEFT's format is not "
+                              "implemented); export the merged model (drop --no-merge-lora) or --format paddlenlp")
+        merge_lora = True
+        merged_note = ["LoRA adapters merged into the weights (W + A B alpha/r): Hugging Face format"]
     if lora is not None and not (lora.merge if merge_lora is None else merge_lora):
         from llmtrain.interop.lora_format import write_paddlenlp_lora
 
@@ -90,6 +100,7 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
                                           overwrite=overwrite)
     info["checkpoint"] = ckpt_dir
     info["tokenizer"] = tok
+    info["notes"] = list(info.get("notes", [])) + merged_note
     return info
 
 

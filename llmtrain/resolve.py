@@ -206,7 +206,7 @@ def _read_initial_checkpoint(src: str, run_dir: str):
     from llmtrain.checkpoint import reader
 
     if os.path.exists(os.path.join(src, "manifest.json")):
-        from llmtrain.checkpoint.manager import verify_files
+        from llmtrain.checkpoint.verify import verify_files
 
         files = verify_files(src)
         if files:

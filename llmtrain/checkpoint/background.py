@@ -35,6 +35,9 @@ class CheckpointWriteError(RuntimeError):
 
 
 class BackgroundWriter:
+    """One persistent thread that runs `write(snapshot)` for each submitted save, one at a time; its failure is raised
+    on the training thread at the next `wait`, `submit` or `close`."""
+
     def __init__(self, write: Callable[[object], str]):
         self._write = write
         self._cond = threading.Condition()

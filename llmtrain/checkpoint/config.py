@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 @dataclass
 class CheckpointConfig:
+    """`checkpoint`: when to save, what to keep, where to resume from (docs/checkpoints.md)."""
+
     interval: int = 0
     """Save every this many steps (0: only at the end and on SIGTERM/SIGINT)."""
 

@@ -2,10 +2,10 @@
 
     health_of(ckpt_dir)                  # {"status": "healthy"|"anomalous", "loss", "grad_norm", "anomaly"}
     newest_healthy(list_checkpoints(root), before=step)   # (step, path) or None
-    state_is_finite(tensors)             # a snapshot's numpy arrays: no NaN/inf anywhere
+    nonfinite_arrays(tensors)            # names of a snapshot's arrays holding NaN/inf (empty: all finite)
 
 Each manifest carries `health`: the divergence guard's verdict of the step it was written
-after (`llmtrain.train.anomaly`: `anomalous` when that step was rejected, e.g. a skipped
+after (`llmtrain.train.anomaly_guard`: `anomalous` when that step was rejected, e.g. a skipped
 update), with that step's loss and gradient norm. A checkpoint is never written from a state
 holding a non-finite parameter or optimizer value (the save is refused on every rank).
 `keep_last` never deletes the newest healthy checkpoint, and `checkpoint.resume=auto` takes
@@ -67,7 +67,7 @@ def _status(path: str) -> str:
     return f"{what} at loss {h.get('loss')}, grad_norm {h.get('grad_norm')}"
 
 
-def state_is_finite(tensors: dict) -> list[str]:
+def nonfinite_arrays(tensors: dict) -> list[str]:
     """Names of the floating-point arrays of a snapshot holding NaN or inf (empty: all finite)."""
     bad = []
     for name, arr in tensors.items():

@@ -90,7 +90,8 @@ def is_paddlenlp_dir(path: str) -> bool:
 
 def find_checkpoint(path: str) -> str:
     """A `step_<N>` directory: `path` itself, or the newest complete one under `path` or `path/checkpoints`."""
-    from llmtrain.checkpoint.manager import list_checkpoints, verify_files
+    from llmtrain.checkpoint.listing import list_checkpoints
+    from llmtrain.checkpoint.verify import verify_files
 
     if os.path.isfile(os.path.join(path, "manifest.json")):
         problems = verify_files(path)

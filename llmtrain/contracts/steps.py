@@ -11,16 +11,20 @@ is a `StepHook` the model or the plan registers in `BuiltModel.hooks`. A step ru
 
     hook.before_step(micro_batches)                 every hook, before the first forward
     forward + backward of every micro-batch
-    ok = hook.before_update(UpdateCheck)            every hook; one False vetoes the optimizer update
-    optimizer step (unless vetoed), scheduler step
+    hook.before_update(UpdateCheck)                 every hook, after the last backward
+    optimizer step, scheduler step
     hook.after_step(StepRecord)                     every hook: metrics, the logged loss
     with hook.evaluation(): ...                     around an evaluation pass
 
 Under pipeline parallelism fleet's schedule runs forward, backward and the optimizer
-step in one call, so `before_update` is not called and cannot veto there; every other
-method is. The loss functions a `BuiltModel` carries return `(loss_sum, tokens)`
-(fp32 scalar tensors: the sum of per-token losses over loss-bearing positions, and
-their count); the caller divides (`mean_loss`) or sums over batches (evaluation).
+step in one call, so `before_update` is not called there; every other method is. No hook
+can veto an update: a decision on some ranks only would leave the others waiting in the
+step's collectives. Whether a step's update is applied is decided by the divergence guard,
+from numbers all ranks reduce together (`llmtrain/train/anomaly.py`).
+
+The loss functions a `BuiltModel` carries return `(loss_sum, tokens)` (fp32 scalar
+tensors: the sum of per-token losses over loss-bearing positions, and their count);
+the caller divides (`mean_loss`) or sums over batches (evaluation).
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ class StepRecord:
     loss: Any
     """The step's loss as it will be logged (fp32 scalar tensor)."""
     grad_norm: Any
-    """Global gradient norm before clipping (None when the update was vetoed)."""
+    """Global gradient norm before clipping (None when the clip did not run)."""
     tokens: int
     """Loss-bearing target tokens this rank consumed in the step."""
     reduce_sum: Callable[[list], list]
@@ -71,9 +75,8 @@ class StepHook:
     def before_step(self, micro_batches: int) -> None:
         """Before the step's first forward, with this rank's micro-batch count (it varies under batch ramp-up)."""
 
-    def before_update(self, check: UpdateCheck) -> bool:
-        """After the last backward, before the optimizer update (flat models). False vetoes this step's update."""
-        return True
+    def before_update(self, check: UpdateCheck) -> None:
+        """After the last backward, before the optimizer update (flat models)."""
 
     def after_step(self, record: StepRecord) -> None:
         """After the update: add metrics to `record.metrics`, or replace `record.loss` (the logged loss)."""

@@ -36,7 +36,7 @@ InitRule = Union[str, tuple]
 
 
 class LinearShape(NamedTuple):
-    """A linear as the model asked for it: `kind` ("column" / "row") and its full in x out size."""
+    """A linear as the model asked for it: `kind` ("column" / "row" / "replicated") and its full in x out size."""
 
     kind: str
     in_features: int
@@ -65,7 +65,7 @@ def is_tied_table(layer) -> bool:
 
 
 def set_linear(layer, kind: str, in_features: int, out_features: int) -> None:
-    """`layer` is a `kind` ("column" / "row") linear of full size in x out."""
+    """`layer` is a `kind` ("column" / "row" / "replicated") linear of full size in x out."""
     layer.llm_linear = LinearShape(kind, int(in_features), int(out_features))
 
 

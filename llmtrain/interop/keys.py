@@ -37,6 +37,25 @@ def switch_mismatches(cfg, family: str, architecture: str, short: str, wants: tu
     return bad
 
 
+def attention_variant_mismatches(cfg, short: str) -> list[str]:
+    """Reasons a PaddleNLP model (`short`) cannot compute `cfg`'s attention: PaddleNLP 2.8.1's GPT, Llama, Qwen,
+    Mixtral and ERNIE have heads of hidden / heads, no QK-norm, plain RoPE, no sliding window and no latent attention."""
+    bad = []
+    if cfg.head_dim is not None and cfg.head_dim * cfg.num_heads != cfg.hidden_size:
+        bad.append(f"model.head_dim={cfg.head_dim} != hidden_size / num_heads (PaddleNLP's {short} has no head_dim)")
+    if cfg.qk_norm:
+        bad.append(f"model.qk_norm=true (PaddleNLP's {short} has no QK-norm; a Qwen3 goes out with --format hf)")
+    if cfg.rope_scaling.type != "none":
+        bad.append(f"model.rope_scaling.type={cfg.rope_scaling.type} (not written for PaddleNLP's {short}; "
+                   "--format hf writes rope_scaling)")
+    if cfg.sliding_window:
+        bad.append(f"model.sliding_window={cfg.sliding_window} (PaddleNLP's {short} attends to every position)")
+    if cfg.is_mla():
+        bad.append(f"model.mla_kv_lora_rank={cfg.mla_kv_lora_rank} (multi-head latent attention; PaddleNLP's {short} "
+                   "has none: a DeepSeek goes out with --format hf)")
+    return bad
+
+
 class SourceTensors:
     """The tensors of one checkpoint, keyed by PaddleNLP name, with use tracking."""
 

@@ -31,7 +31,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig
+from llmtrain.interop.keys import CheckpointMismatch, UnsupportedConfig, attention_variant_mismatches
 from llmtrain.interop.tensor_files import read_tensors, staged_dir, write_pdparams, write_safetensors
 from llmtrain.models.config import ModelConfig
 
@@ -59,10 +59,17 @@ def lora_family(cfg: ModelConfig) -> str:
     can express (encoders, MoE and q/k/v-only biases outside Qwen raise UnsupportedConfig)."""
     from llmtrain.interop.paddlenlp_format import paddlenlp_family
 
+    if cfg.is_mla():
+        raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: multi-head latent attention (DeepSeek) has no "
+                                "PaddleNLP LoRA format; export the merged model with --merge-lora --format hf")
     if cfg.family != "decoder" or cfg.moe_num_experts:
         raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: dense decoder models (GPT, Llama, Qwen) only; "
                                 f"model.family={cfg.family!r}, moe_num_experts={cfg.moe_num_experts}")
     family = paddlenlp_family(cfg)
+    variant = attention_variant_mismatches(cfg, family)
+    if variant:
+        raise UnsupportedConfig("LoRA adapters in PaddleNLP's format: " + "; ".join(variant)
+                                + " (export merged: --merge-lora --format hf)")
     if family != "qwen" and cfg.has_qkv_bias() != cfg.bias:
         raise UnsupportedConfig(f"LoRA adapters in PaddleNLP's format: model.qkv_bias={cfg.qkv_bias} with "
                                 f"bias={cfg.bias} "

@@ -151,9 +151,9 @@ def from_canonical(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
     for i in range(cfg.num_layers):
         p, c = f"mixtral.layers.{i}.", f"layers.{i}."
         bias = state[f"{c}mlp.expert_bias"]
-        if cfg.moe_bias_update_rate > 0 and np.any(bias != 0):
-            raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero and model.moe_bias_update_rate="
-                                    f"{cfg.moe_bias_update_rate}: PaddleNLP's Mixtral routes without a bias")
+        if np.any(bias != 0):  # the router adds any non-zero bias to its selection scores
+            raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero (max |b| {float(np.abs(bias).max()):.3g}): "
+                                    "PaddleNLP's Mixtral routes without a selection bias, so the export would choose other experts")
         out[f"{p}input_layernorm.weight"] = state[f"{c}attn_norm.weight"]
         out[f"{p}post_attention_layernorm.weight"] = state[f"{c}mlp_norm.weight"]
         for n in "qkvo":

@@ -24,7 +24,8 @@ from typing import Optional
 import numpy as np
 
 from llmtrain.interop import ernie, gpt, llama, mixtral, qwen
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
+from llmtrain.interop.keys import (SourceTensors, UnsupportedConfig, attention_variant_mismatches, check_canonical,
+                                   model_shapes)
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, read_tensors, write_pdparams,
                                            staged_dir, write_safetensors)
@@ -166,6 +167,10 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
         raise UnsupportedConfig(f"model {model_cfg.name!r}: model.qkv_bias={model_cfg.qkv_bias} with bias="
                                 f"{model_cfg.bias} cannot be written as a PaddleNLP {family} (only Qwen has q/k/v-only "
                                 "biases; a grouped-query Qwen2 goes out with --format hf)")
+    variant = attention_variant_mismatches(model_cfg, family)
+    if variant:
+        raise UnsupportedConfig(f"model {model_cfg.name!r} cannot be written as a PaddleNLP {family}: "
+                                + "; ".join(variant))
     config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
     state = {k: _as_fp32(v) for k, v in state.items()}
     check_canonical(state, model_shapes(model_cfg), "state to export")

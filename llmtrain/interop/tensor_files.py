@@ -11,7 +11,8 @@ What PaddleNLP 2.8.1 `save_pretrained` writes (measured):
     the index mapping every tensor name to its file under `weight_map`;
   - bfloat16 weights go into safetensors as dtype `U16` (the raw bf16 bits, since
     numpy has no bfloat16) and `config.json` says `"dtype": "bfloat16"`; files from
-    other tools may say `BF16`. Both become fp32 here.
+    other tools may say `BF16`. Both become fp32 here, as do float8 `F8_E4M3` tensors
+    (DeepSeek-V3's FP8 release; its block scales are applied by `deepseek.py`).
 
 Safetensors are preferred when both kinds exist: a pickled `.pdparams` can run code
 when loaded, so `read_tensors` warns when it unpickles one from outside the run
@@ -43,8 +44,21 @@ PICKLE_INDEX = "model_state.pdparams.index.json"
 _SAFE_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16,
     "U16": np.uint16, "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
-    "U8": np.uint8, "BOOL": np.bool_,
+    "U8": np.uint8, "BOOL": np.bool_, "F8_E4M3": np.uint8,
 }
+
+
+def _e4m3_values() -> np.ndarray:
+    """fp32 value of each of the 256 float8 e4m3fn bit patterns (1 sign, 4 exponent bits with bias 7, 3 mantissa
+    bits; exponent 0 subnormal; 0x7f/0xff NaN, no infinities), the format of DeepSeek-V3's FP8 weights."""
+    bits = np.arange(256)
+    exp, man = (bits >> 3) & 0xF, bits & 0x7
+    mag = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1.0 + man / 8.0) * 2.0 ** (exp - 7.0))
+    mag[(exp == 15) & (man == 7)] = np.nan
+    return np.where(bits & 0x80, -mag, mag).astype(np.float32)
+
+
+E4M3 = _e4m3_values()
 
 
 class CheckpointFileError(ValueError):
@@ -84,8 +98,10 @@ def bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def _check_weight_dtype(dtype: np.dtype, is_bf16: bool, where: str) -> None:
-    """Weights are floating point; uint16 only as bfloat16 bits."""
+def _check_weight_dtype(dtype: np.dtype, is_bf16: bool, where: str, is_fp8: bool = False) -> None:
+    """Weights are floating point; uint16 only as bfloat16 bits, uint8 only as float8 e4m3 bits (`F8_E4M3`)."""
+    if is_fp8:
+        return
     if dtype == np.uint16 and not is_bf16:
         raise CheckpointFileError(
             f"{where}: uint16 tensor but neither the file (BF16) nor config.json (dtype=bfloat16) says it holds "
@@ -94,9 +110,12 @@ def _check_weight_dtype(dtype: np.dtype, is_bf16: bool, where: str) -> None:
         raise CheckpointFileError(f"{where}: dtype {dtype} is not a floating-point weight")
 
 
-def _to_fp32(arr: np.ndarray, is_bf16: bool, where: str) -> np.ndarray:
-    """A weight as contiguous fp32; uint16 is accepted only as bfloat16 bits."""
-    _check_weight_dtype(arr.dtype, is_bf16, where)
+def _to_fp32(arr: np.ndarray, is_bf16: bool, where: str, is_fp8: bool = False) -> np.ndarray:
+    """A weight as contiguous fp32; uint16 is accepted only as bfloat16 bits, uint8 only as float8 e4m3 bits (the
+    values before any block scale: `llmtrain.interop.deepseek` applies DeepSeek's `weight_scale_inv`)."""
+    _check_weight_dtype(arr.dtype, is_bf16, where, is_fp8)
+    if is_fp8:
+        return E4M3[arr]
     if arr.dtype == np.uint16:
         return bf16_bits_to_fp32(arr)
     return np.array(arr, dtype=np.float32)  # a copy: never a view into a mapped file
@@ -108,14 +127,14 @@ class LazyArray:
     Has `.shape`, so shape checks (`np.shape`) read nothing; a loader that slices each
     parameter for its rank holds one full tensor at a time instead of the whole model."""
 
-    def __init__(self, raw: np.ndarray, is_bf16: bool, where: str):
-        self.raw, self.is_bf16, self.where = raw, is_bf16, where
+    def __init__(self, raw: np.ndarray, is_bf16: bool, where: str, is_fp8: bool = False):
+        self.raw, self.is_bf16, self.where, self.is_fp8 = raw, is_bf16, where, is_fp8
         self.shape = tuple(raw.shape)
         self.ndim = raw.ndim
         self.dtype = np.dtype(np.float32)
 
     def __array__(self, dtype=None, copy=None):
-        arr = _to_fp32(self.raw, self.is_bf16, self.where)
+        arr = _to_fp32(self.raw, self.is_bf16, self.where, self.is_fp8)
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
     def __repr__(self) -> str:
@@ -153,11 +172,12 @@ def read_safetensors(path: str, bf16_bits: bool, lazy: bool = False) -> dict[str
                                       f"{info['dtype']} in a data section of {data.size} bytes (truncated file?)")
         arr = np.frombuffer(data[start:end], dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
         is_bf16 = bf16_bits or info["dtype"] == "BF16"
+        is_fp8 = info["dtype"] == "F8_E4M3"
         if lazy:
-            _check_weight_dtype(arr.dtype, is_bf16, where)
-            out[name] = LazyArray(arr, is_bf16, where)
+            _check_weight_dtype(arr.dtype, is_bf16, where, is_fp8)
+            out[name] = LazyArray(arr, is_bf16, where, is_fp8)
         else:
-            out[name] = _to_fp32(arr, is_bf16, where)
+            out[name] = _to_fp32(arr, is_bf16, where, is_fp8)
     return out
 
 
@@ -271,3 +291,17 @@ def staged_dir(out_dir: str) -> Iterator[str]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+class StackedTransposed:
+    """Per-expert 2-D tensors [out, in] seen as one stacked [E, in, out]; read only on `np.asarray`."""
+
+    def __init__(self, parts: list):
+        self.parts = parts
+        self.shape = (len(parts), *reversed(np.shape(parts[0])))
+        self.ndim = 3
+        self.dtype = np.dtype(np.float32)
+
+    def __array__(self, dtype=None, copy=None):
+        arr = np.stack([np.asarray(p, dtype=np.float32).T for p in self.parts])
+        return arr if dtype is None else arr.astype(dtype, copy=False)

@@ -8,7 +8,7 @@ are presets of the switches below (see `conf/model/gpt-tiny.yaml`,
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 from omegaconf import MISSING
@@ -38,6 +38,54 @@ def fusion_problems(model, on_gpu: bool) -> list[str]:
     return problems
 
 
+ROPE_SCALINGS = ("none", "linear", "dynamic", "yarn", "llama3")
+
+
+@dataclass
+class RopeScaling:
+    """`model.rope_scaling`: how the rotary frequencies are scaled for contexts past the pretraining length, with
+    the parameter sets Hugging Face's `rope_scaling` / `rope_parameters` publish (`llmtrain/models/rope.py`
+    computes them; `Rotary.inv_freq()` uses them)."""
+
+    type: str = "none"
+    """`none`; `linear` (positions divided by factor: inv_freq / factor); `dynamic` (NTK-aware base that grows with
+    the forward's length past original_max_position_embeddings); `yarn` (per-frequency blend of interpolated and
+    original frequencies between beta_slow and beta_fast rotations, and an attention factor on cos/sin);
+    `llama3` (Llama-3.1: long wavelengths / factor, short ones kept, a smooth blend between)."""
+
+    factor: float = 1.0
+    """Context extension factor s (all scaled types)."""
+
+    original_max_position_embeddings: int = 0
+    """The pretraining context length L the scaling is relative to (dynamic, yarn, llama3); 0:
+    model.max_position_embeddings."""
+
+    beta_fast: float = 32.0
+    """YaRN: rotations above which a frequency is kept (extrapolated)."""
+
+    beta_slow: float = 1.0
+    """YaRN: rotations below which a frequency is fully interpolated (divided by factor)."""
+
+    mscale: float = 0.0
+    """YaRN (DeepSeek form): with mscale_all_dim, attention factor = m(factor, mscale) / m(factor, mscale_all_dim),
+    m(s, a) = 0.1 a ln(s) + 1; 0: unset (factor = m(factor, 1))."""
+
+    mscale_all_dim: float = 0.0
+    """YaRN (DeepSeek form): see mscale; 0: unset."""
+
+    attention_factor: Optional[float] = None
+    """YaRN: the factor on cos and sin (so on every q.k score, squared), given explicitly; None: from mscale."""
+
+    truncate: bool = True
+    """YaRN: round the correction range to whole dimensions (floor/ceil), as published; false: keep it fractional."""
+
+    low_freq_factor: float = 1.0
+    """Llama-3: wavelengths above L / low_freq_factor are divided by factor."""
+
+    high_freq_factor: float = 4.0
+    """Llama-3: wavelengths below L / high_freq_factor are kept; in between a smooth blend."""
+
+
 @dataclass
 class ModelConfig:
     name: str = MISSING
@@ -54,7 +102,7 @@ class ModelConfig:
     """Number of transformer blocks, L."""
 
     num_heads: int = MISSING
-    """Attention (query) heads. hidden_size must be divisible by it."""
+    """Attention (query) heads. hidden_size must be divisible by it unless head_dim is set."""
 
     num_kv_heads: Optional[int] = None
     """Key/value heads for grouped-query attention; None means num_heads (plain MHA)."""
@@ -77,6 +125,23 @@ class ModelConfig:
 
     rope_theta: float = 10000.0
     """RoPE base frequency (position=rope only)."""
+
+    # --- attention variants (Qwen2/Qwen3 sliding windows, Qwen3 QK-norm, scaled RoPE) ---
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    """Scaled RoPE for contexts past the pretraining length (`model.rope_scaling.type=yarn
+    model.rope_scaling.factor=4 ...`); type none: plain RoPE."""
+
+    qk_norm: bool = False
+    """RMSNorm (eps norm_eps, one weight [head_dim] per projection shared by its heads) on every query and key head
+    after the q/k projections and before RoPE (Qwen3)."""
+
+    sliding_window: int = 0
+    """Sliding-window attention: query t attends to keys t-W+1..t (W keys, itself included: Hugging Face's
+    `sliding_window`); 0: full causal attention in every block. Decoder only."""
+
+    sliding_window_layers: Optional[list] = None
+    """Indices of the blocks that use the window; None: every block (when sliding_window > 0). Qwen2/Qwen3's
+    use_sliding_window with max_window_layers=m is blocks m..L-1; their `layer_types` map one to one."""
 
     norm: str = "layernorm"
     """Normalisation: `layernorm` (GPT-2, with bias) or `rmsnorm` (Llama, no bias)."""
@@ -194,11 +259,48 @@ class ModelConfig:
 
     moe_bias_update_rate: float = 0.0
     """Auxiliary-loss-free balancing (DeepSeek-V3): after every step each expert's selection bias moves by this
-    rate toward balance, b_i += rate * sign(mean load - load_i). 0: no bias."""
+    rate toward balance, b_i += rate * sign(mean load - load_i). 0: the bias is not moved (it stays zero, or what a
+    checkpoint holds: DeepSeek-V3's `e_score_correction_bias` chooses experts whatever the rate)."""
 
     moe_capacity_factor: float = 0.0
     """0: dropless (every routed token is computed). > 0: each expert takes at most
     ceil(factor * tokens * top_k / experts) tokens of a micro-batch; the overflow is dropped and counted."""
+
+    # ---- multi-head latent attention (DeepSeek-V2/V3, `llmtrain/models/mla.py`) and group-limited routing
+
+    mla_kv_lora_rank: int = 0
+    """Multi-head latent attention when > 0 (DeepSeek-V2/V3's `kv_lora_rank`, 512 in both): keys and values come
+    from one compressed vector c_kv [kv_lora_rank] per position (RMSNorm, then kv_b_proj up to every head's
+    no-RoPE key part and value); 0: the standard attention of `num_heads`/`num_kv_heads`/`head_dim`."""
+
+    mla_q_lora_rank: Optional[int] = None
+    """Queries through a compressed vector c_q [q_lora_rank] (RMSNorm, then q_b_proj; DeepSeek-V3 1536). None: one
+    q_proj from the hidden state (DeepSeek-V2-Lite). MLA only."""
+
+    mla_qk_nope_head_dim: int = 128
+    """Per-head width of the query/key part without rotary embedding (DeepSeek's `qk_nope_head_dim`). MLA only."""
+
+    mla_qk_rope_head_dim: int = 64
+    """Width of the rotary part of queries and keys (`qk_rope_head_dim`); the rotary key is one vector per position
+    shared by every head (decoupled RoPE). Queries and keys are nope + rope wide. MLA only."""
+
+    mla_v_head_dim: int = 128
+    """Per-head width of the values and of the attention output fed to o_proj (`v_head_dim`). MLA only."""
+
+    moe_n_group: int = 1
+    """Group-limited routing (DeepSeek's `n_group`): the routed experts form this many equal groups and a token
+    chooses its top-k only among the `moe_topk_group` best groups. 1: no grouping."""
+
+    moe_topk_group: int = 1
+    """Groups a token may choose experts from (DeepSeek's `topk_group`; V3: 4 of 8)."""
+
+    moe_group_score: str = "top2"
+    """How a group is ranked: `top2` (the sum of its two best selection scores, bias included: DeepSeek-V3's
+    `noaux_tc`) or `max` (its best score: DeepSeek-V2's `group_limited_greedy`)."""
+
+    def is_mla(self) -> bool:
+        """Whether the blocks use multi-head latent attention (`mla_kv_lora_rank > 0`)."""
+        return self.mla_kv_lora_rank > 0
 
     def kv_heads(self) -> int:
         """Number of key/value heads actually used."""
@@ -207,6 +309,17 @@ class ModelConfig:
     def has_qkv_bias(self) -> bool:
         """Whether the q, k and v projections carry a bias (`qkv_bias`, else `bias`)."""
         return self.bias if self.qkv_bias is None else bool(self.qkv_bias)
+
+    def layer_window(self, index: int) -> int:
+        """The attention window of block `index` (`sliding_window`), 0 for full attention."""
+        if self.sliding_window <= 0:
+            return 0
+        layers = self.sliding_window_layers
+        return self.sliding_window if layers is None or index in layers else 0
+
+    def __post_init__(self):
+        if isinstance(self.rope_scaling, dict):  # a checkpoint manifest's plain dict
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
 
     def attn_head_dim(self) -> int:
         """Per-head width: `head_dim`, or hidden_size / num_heads when it is None."""

@@ -66,10 +66,15 @@ class Block(nn.Layer):
     def __init__(self, cfg: ModelConfig, roles: Roles, recompute: bool = False, prefix: str = "layers.0"):
         super().__init__()
         tags.set_prefix(self, prefix)
-        self.attn_norm = build_norm(cfg, cfg.hidden_size)
-        self.attn = Attention(cfg, roles)
-        self.mlp_norm = build_norm(cfg, cfg.hidden_size)
         index = int(prefix.rsplit(".", 1)[-1]) if prefix.startswith("layers.") else 0
+        self.attn_norm = build_norm(cfg, cfg.hidden_size)
+        if cfg.is_mla():  # DeepSeek's multi-head latent attention (llmtrain/models/mla.py)
+            from llmtrain.models.mla import MLAttention
+
+            self.attn = MLAttention(cfg, roles)
+        else:
+            self.attn = Attention(cfg, roles, index)
+        self.mlp_norm = build_norm(cfg, cfg.hidden_size)
         if cfg.family == "decoder" and cfg.is_moe_layer(index):
             from llmtrain.models.moe import MoEFeedForward
 

@@ -39,9 +39,31 @@ class RMSNorm(nn.Layer):
     def forward(self, x):  # x [b, s, h]
         if self.fused:
             return kernels.fused_rms_norm(x, self.weight, self.eps)  # [b, s, h]
-        x32 = x.astype("float32")
-        var = x32.pow(2).mean(-1, keepdim=True)  # [b, s, 1]
-        return (x32 * paddle.rsqrt(var + self.eps)).astype(self.weight.dtype) * self.weight
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x, weight, eps: float):
+    """x / sqrt(mean(x^2) + eps) * weight over the last axis, in fp32: x [..., n], weight [n]."""
+    x32 = x.astype("float32")
+    var = x32.pow(2).mean(-1, keepdim=True)  # [..., 1]
+    return (x32 * paddle.rsqrt(var + eps)).astype(weight.dtype) * weight
+
+
+class HeadNorm(nn.Layer):
+    """QK-norm (Qwen3): RMSNorm over each head of x [b, s, heads, d] with one weight [d] shared by the heads.
+
+    Under a plan that splits the heads a rank sees only its heads, so the weight's gradient is a partial sum:
+    `roles.head_shared` sums it over the split (a tensor-parallel all-reduce in backward)."""
+
+    def __init__(self, head_dim: int, eps: float, roles: Roles):
+        super().__init__()
+        self.eps = eps
+        self.roles = roles
+        self.weight = self.create_parameter([head_dim], default_initializer=nn.initializer.Constant(1.0))
+        tags.set_init(self.weight, "ones")
+
+    def forward(self, x):  # x [b, s, heads, d]
+        return rms_norm(x, self.roles.head_shared(self.weight), self.eps)
 
 
 def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
@@ -57,43 +79,79 @@ def build_norm(cfg: ModelConfig, hidden_size: int) -> nn.Layer:
 
 
 class Rotary:
-    """Rotary position embedding, rotate-half form (as PaddleNLP/HF Llama).
+    """Rotary position embedding, rotate-half form (as PaddleNLP/HF Llama), optionally scaled (`model.rope_scaling`).
 
     One entry point, `apply_qk(q, k, positions)`: positions None means 0..s-1; otherwise any absolute positions
     [b, s] (packed sequences restarting per example, a context-parallel rank's chunks of a longer sequence,
-    decoding past a prefix). The cos/sin table covers `max_positions` (and grows when a position goes past it)."""
+    decoding past a prefix). The cos/sin table covers `max_positions` (and grows when a position goes past it).
+    Scaled RoPE changes the frequencies (`inv_freq`) and, for YaRN, multiplies cos and sin by its attention
+    factor; both reach the fused kernel through the same table. Dynamic NTK depends on the forward's length n
+    (s, or the largest position + 1: one host read when positions are given)."""
 
-    def __init__(self, head_dim: int, theta: float, fused: bool = False, max_positions: int = 0):
+    def __init__(self, head_dim: int, theta: float, fused: bool = False, max_positions: int = 0, scaling=None):
         self.head_dim = head_dim
         self.theta = theta
         self.fused = fused
         self.max_positions = max_positions
+        self.scaling = scaling if scaling is not None and scaling.type != "none" else None
         self._cache: dict = {}
 
-    def inv_freq(self):
-        """[d/2] fp32 inverse frequencies theta^(-2i/d)."""
-        return 1.0 / (self.theta ** (paddle.arange(0, self.head_dim, 2, dtype="float32") / self.head_dim))
+    def inv_freq(self, length: int | None = None):
+        """[d/2] fp32 inverse frequencies: theta^(-2i/d), or their scaled form (`llmtrain.models.rope`);
+        `length`: the forward's length (dynamic NTK only)."""
+        if self.scaling is None:
+            return 1.0 / (self.theta ** (paddle.arange(0, self.head_dim, 2, dtype="float32") / self.head_dim))
+        from llmtrain.models.rope import rope_frequencies
 
-    def cos_sin(self, seq_len: int, dtype):
-        """cos, sin [1, seq_len, 1, d] of positions 0..seq_len-1."""
-        key = (seq_len, str(dtype))
+        freq, _ = rope_frequencies(self.head_dim, self.theta, self.scaling, self.max_positions, length)
+        return paddle.to_tensor(freq.astype("float32"))
+
+    def attention_factor(self) -> float:
+        """The factor on cos and sin (YaRN's; 1 otherwise)."""
+        if self.scaling is None or self.scaling.type != "yarn":
+            return 1.0
+        from llmtrain.models.rope import yarn_attention_factor
+
+        return yarn_attention_factor(self.scaling)
+
+    def _length_key(self, length):
+        """The part of the cache key the frequencies depend on: the forward's length under dynamic NTK."""
+        if self.scaling is None or self.scaling.type != "dynamic":
+            return None
+        from llmtrain.models.rope import original_length
+
+        return max(int(length), original_length(self.scaling, self.max_positions))
+
+    def cos_sin(self, seq_len: int, dtype, length: int | None = None):
+        """cos, sin [1, seq_len, 1, d] of positions 0..seq_len-1 (`length`: the forward's, for dynamic NTK)."""
+        n = self._length_key(length if length is not None else seq_len)
+        key = (seq_len, str(dtype), n)
         if key not in self._cache:
             t = paddle.arange(seq_len, dtype="float32")
-            freqs = paddle.outer(t, self.inv_freq())  # [s, d/2]
+            freqs = paddle.outer(t, self.inv_freq(n))  # [s, d/2]
             emb = paddle.concat([freqs, freqs], axis=-1)  # [s, d]
-            cos = emb.cos().astype(dtype)[None, :, None, :]  # [1, s, 1, d]
-            sin = emb.sin().astype(dtype)[None, :, None, :]
-            self._cache[key] = (cos, sin)
+            scale = self.attention_factor()
+            cos, sin = emb.cos(), emb.sin()
+            if scale != 1.0:
+                cos, sin = cos * scale, sin * scale
+            self._cache[key] = (cos.astype(dtype)[None, :, None, :], sin.astype(dtype)[None, :, None, :])  # [1, s, 1, d]
         return self._cache[key]
+
+    def _forward_length(self, positions, seq_len: int):
+        """The forward's length n for dynamic NTK (None for every other kind: no host read)."""
+        if self._length_key(0) is None:
+            return None
+        return seq_len if positions is None else int(positions.max()) + 1
 
     def _table(self, positions, seq_len: int, dtype):
         """cos, sin [b, s, 1, d] at `positions` [b, s] (or [1, s, 1, d] for 0..s-1 when positions is None)."""
+        n = self._forward_length(positions, seq_len)
         if positions is None:
-            return self.cos_sin(seq_len, dtype)
-        size = max(self.max_positions, seq_len)
+            return self.cos_sin(seq_len, dtype, n)
+        size = max(self.max_positions, seq_len, n or 0)
         if size <= 0:
             size = int(positions.max()) + 1  # no known bound: one host read
-        cos, sin = self.cos_sin(size, dtype)  # [1, P, 1, d]
+        cos, sin = self.cos_sin(size, dtype, n)  # [1, P, 1, d]
         cos = paddle.gather(cos[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])  # [b, s, 1, d]
         sin = paddle.gather(sin[0, :, 0], positions.reshape([-1])).reshape([*positions.shape, 1, -1])
         return cos, sin
@@ -108,23 +166,27 @@ class Rotary:
         return self.rotate(x, cos, sin)
 
     def apply_qk(self, q, k, positions=None):  # q [b, s, nh, d], k [b, s, nkv, d]; positions [b, s] or None
-        if self.fused:
+        if self.fused:  # the same (scaled) table, rows picked by the kernel from position_ids
+            n = self._forward_length(positions, q.shape[1])
             if positions is None:
-                cos, sin = self.cos_sin(q.shape[1], q.dtype)
+                cos, sin = self.cos_sin(q.shape[1], q.dtype, n)
             else:
-                cos, sin = self.cos_sin(max(self.max_positions, q.shape[1]) or int(positions.max()) + 1, q.dtype)
-            return kernels.fused_rope(q, k, cos, sin, positions)
+                size = max(self.max_positions, q.shape[1], n or 0) or int(positions.max()) + 1
+                cos, sin = self.cos_sin(size, q.dtype, n)
+            return kernels.fused_rope(q, k, cos, sin, positions)  # GPU-ONLY(fused-rope-scaled)
         cos, sin = self._table(positions, q.shape[1], q.dtype)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
 
-def math_attention(q, k, v, causal: bool = True, mask=None, segments=None):
+def math_attention(q, k, v, causal: bool = True, mask=None, segments=None, *, window: int = 0):
     """Softmax attention. q [b, s, nh, d], k/v [b, s, nkv, d] -> [b, s, nh, d].
 
     causal: position t attends to positions <= t. mask: optional additive [b, 1, 1, s]
     (0 keep, large negative drop), for padding in the bidirectional encoder. segments:
     optional [b, s] example ids of packed sequences (non-decreasing along s): a position
-    attends only to positions of its own example (block-diagonal), as an explicit mask."""
+    attends only to positions of its own example (block-diagonal), as an explicit mask.
+    window (causal only): query t attends to keys t-window+1..t; 0: no window. Within a packed
+    example positions are consecutive, so the index distance is the position distance."""
     nh, nkv = q.shape[2], k.shape[2]
     if nkv != nh:  # grouped-query: each kv head serves nh / nkv query heads
         k = paddle.repeat_interleave(k, nh // nkv, axis=2)
@@ -133,7 +195,7 @@ def math_attention(q, k, v, causal: bool = True, mask=None, segments=None):
     s = q.shape[2]
     scores = paddle.matmul(q, k, transpose_y=True).astype("float32") / math.sqrt(q.shape[-1])  # [b, nh, s, s]
     if causal:
-        scores = scores + paddle.triu(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=1)
+        scores = scores + causal_mask(s, window)
     if mask is not None:
         scores = scores + mask.astype("float32")
     if segments is not None:
@@ -141,6 +203,14 @@ def math_attention(q, k, v, causal: bool = True, mask=None, segments=None):
         scores = scores + paddle.where(same, 0.0, float("-inf")).astype("float32").unsqueeze(1)  # [b, 1, s, s]
     probs = F.softmax(scores, axis=-1).astype(v.dtype)
     return paddle.matmul(probs, v).transpose([0, 2, 1, 3])  # [b, s, nh, d]
+
+
+def causal_mask(s: int, window: int = 0):
+    """[s, s] fp32 additive mask: 0 where key j <= query i (and i - j < window when window > 0), -inf elsewhere."""
+    mask = paddle.triu(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=1)
+    if window > 0 and window < s:
+        mask = mask + paddle.tril(paddle.full([s, s], float("-inf"), dtype="float32"), diagonal=-window)
+    return mask
 
 
 def document_end_rows(segments):
@@ -151,11 +221,26 @@ def document_end_rows(segments):
     return ends.astype("int32").unsqueeze(1).unsqueeze(-1)
 
 
-def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None):
+def window_end_rows(batch: int, s: int, window: int, segments=None):
+    """[b, 1, s, 1] int32: for key j, the first query row that must not see it under a causal window (row j + window)
+    and, with packed `segments`, outside its example: min(j + window, end of j's example), clipped to s."""
+    rows = paddle.clip(paddle.arange(window, s + window, dtype="int32"), max=s).reshape([1, 1, s, 1])
+    if segments is None:
+        return rows.expand([batch, 1, s, 1])
+    return paddle.minimum(document_end_rows(segments), rows)
+
+
+def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None, *, window: int = 0):
     """GPU only: Paddle's flash attention (handles GQA natively); with a padding mask,
-    Paddle's scaled_dot_product_attention; with packed examples (`segments`), Paddle's
-    flashmask attention with per-example end rows (not run on CPU, where `auto` picks the
-    math path; untested here). Shapes as math_attention."""
+    Paddle's scaled_dot_product_attention; with packed examples (`segments`) or a causal sliding `window`,
+    Paddle's flashmask attention with the first masked row per key (`document_end_rows`, `window_end_rows`)
+    (not run on CPU, where `auto` picks the math path; rehearsed on CPU in tests/gpu_paths/). Shapes as
+    math_attention."""
+    if window and causal and window < q.shape[1]:  # GPU-ONLY(flashmask-window)
+        from paddle.nn.functional.flash_attention import flashmask_attention
+
+        rows = window_end_rows(q.shape[0], q.shape[1], window, segments)
+        return flashmask_attention(q, k, v, rows, causal=True)
     if segments is not None:
         from paddle.nn.functional.flash_attention import flashmask_attention
 
@@ -168,18 +253,20 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)
 
 
-def auto_attention(q, k, v, causal: bool = True, mask=None, segments=None):
+def auto_attention(q, k, v, causal: bool = True, mask=None, segments=None, *, window: int = 0):
     """Flash attention for fp16/bf16 inputs on GPU (its kernels take no fp32), the math path otherwise; packed
-    examples (`segments`) reach flashmask on the flash side."""
+    examples (`segments`) and sliding windows reach flashmask on the flash side."""
     if q.dtype in (paddle.float16, paddle.bfloat16):
-        return flash_attention_gpu(q, k, v, causal, mask, segments)
-    return math_attention(q, k, v, causal, mask, segments)
+        return flash_attention_gpu(q, k, v, causal, mask, segments, window=window)
+    return math_attention(q, k, v, causal, mask, segments, window=window)
 
 
 def choose_attention(kind: str):
     """The attention core for `model.attention`. Every core has one signature:
-    core(q [b, s, nh, d], k [b, s, nkv, d], v [b, s, nkv, dv], causal, mask=None, segments=None) -> [b, s, nh, dv].
-    `auto` picks flash attention on GPU for fp16/bf16 activations and the math path elsewhere."""
+    core(q [b, s, nh, d], k [b, s, nkv, d], v [b, s, nkv, dv], causal, mask=None, segments=None, *, window=0)
+    -> [b, s, nh, dv] (`window`: a causal sliding window of that many keys; the Attention layer passes it only
+    when its block has one). `auto` picks flash attention on GPU for fp16/bf16 activations and the math path
+    elsewhere."""
     if kind == "auto":
         return auto_attention if kernels.on_gpu() else math_attention
     if kind == "flash":
@@ -190,9 +277,11 @@ def choose_attention(kind: str):
 
 
 class Attention(nn.Layer):
-    """Multi-head / grouped-query self-attention: q, k, v column linears (whole heads), o a row linear."""
+    """Multi-head / grouped-query self-attention: q, k, v column linears (whole heads), o a row linear; heads of
+    `head_dim` (independent of hidden / heads); optional QK-norm (`HeadNorm` on q and k before RoPE) and a
+    causal sliding window (`cfg.layer_window(index)` for block `index`)."""
 
-    def __init__(self, cfg: ModelConfig, roles: Roles):
+    def __init__(self, cfg: ModelConfig, roles: Roles, index: int = 0):
         super().__init__()
         self.causal = cfg.family == "decoder"
         self.head_dim = cfg.attn_head_dim()
@@ -203,8 +292,11 @@ class Attention(nn.Layer):
         self.v_proj = roles.column_linear(h, cfg.kv_heads() * d, qkv_bias)
         self.o_proj = roles.row_linear(cfg.num_heads * d, h, cfg.bias)
         tags.mark_residual_out(self.o_proj.weight)
-        self.rotary = (Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope"), max_positions=cfg.max_position_embeddings)
-                       if cfg.position == "rope" else None)
+        self.q_norm = HeadNorm(d, cfg.norm_eps, roles) if cfg.qk_norm else None
+        self.k_norm = HeadNorm(d, cfg.norm_eps, roles) if cfg.qk_norm else None
+        self.rotary = (Rotary(d, cfg.rope_theta, fused=cfg.fused("fuse_rope"), max_positions=cfg.max_position_embeddings,
+                              scaling=cfg.rope_scaling) if cfg.position == "rope" else None)
+        self.window = cfg.layer_window(index) if self.causal else 0
         self.attend = roles.attention_core(choose_attention(cfg.attention))  # a plan may wrap the core (exchanges)
         self.roles = roles
         self.fuse_qkv = cfg.fused("fuse_qkv")
@@ -219,18 +311,24 @@ class Attention(nn.Layer):
         q = q.reshape([0, 0, -1, self.head_dim])  # [b, s, nh/tp, d]
         k = k.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
         v = v.reshape([0, 0, -1, self.head_dim])  # [b, s, nkv/tp, d]
+        if self.q_norm is not None:  # per-head RMSNorm (Qwen3), before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.rotary is not None:  # positions: packed examples, decoding past a prefix, or None (0..s-1)
             q, k = self.rotary.apply_qk(q, k, positions)
         if cache is not None:
-            if "k" in cache:  # one new position after a prefix: it attends to every cached key
+            if "k" in cache:  # one new position after a prefix: it attends to every cached key (in its window)
                 if q.shape[1] != 1:
                     raise ValueError(f"KV-cache decoding takes one position per call, got {q.shape[1]}")
                 k = paddle.concat([cache["k"], k], axis=1)  # [b, t + 1, nkv, d]
                 v = paddle.concat([cache["v"], v], axis=1)
                 cache["k"], cache["v"] = k, v
+                if self.window:  # the last `window` keys
+                    k, v = k[:, -self.window:], v[:, -self.window:]
+                    mask = None if mask is None else mask[..., -self.window:]
                 return self.o_proj(math_attention(q, k, v, False, mask).reshape([0, 0, -1]))
             cache["k"], cache["v"] = k, v  # the prefix (prefill): causal as usual
-        out = self.attend(q, k, v, self.causal, mask, segments)  # [b, s, nh/tp, d]
+        extra = {"window": self.window} if self.window else {}  # only windowed blocks pass the keyword
+        out = self.attend(q, k, v, self.causal, mask, segments, **extra)  # [b, s, nh/tp, d]
         return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d] -> [b, s, h]
 
 

@@ -5,6 +5,7 @@
 A model never builds a layer whose shape depends on the parallel plan. It asks
 a `Roles` factory for a *column linear* (a plan may split its output features),
 a *row linear* (a plan may split its input features and sum the outputs), a
+*replicated linear* (never split) and the hand-over of a replicated tensor to split heads, a
 *vocab embedding*, an *output linear* and *output bias* over the vocabulary,
 *tied logits* through the word table, and the *token loss*. The plan passes the
 factory in at construction (Paddle's manual hybrid mode builds parallel layers
@@ -59,6 +60,14 @@ class Roles:
         return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "row",
                           in_features, out_features)
 
+    def replicated_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
+        """x [.., in] -> y [.., out], whole on every rank: a plan never splits it (multi-head latent attention's
+        down-projections to the compressed q and kv, which a norm reads whole). Under tensor parallelism every rank
+        computes the same y and gets the same weight gradient, provided whatever reads y hands its gradient back
+        whole: a column linear (its input gradient is summed over the ranks) or `head_shared`."""
+        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "replicated",
+                          in_features, out_features)
+
     def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
         """((A shape, A split axis), (B shape, B split axis)) of a LoRA adapter on a `kind` linear; axes None: whole."""
         return ([in_features, rank], None), ([rank, out_features], None)
@@ -68,6 +77,13 @@ class Roles:
         like the linear's output rows, so that (x A) B is the branch (unscaled). Several adapters' A may come
         concatenated ([in, n r] -> [.., n r])."""
         return paddle.matmul(x, a)
+
+    def head_shared(self, param: paddle.Tensor) -> paddle.Tensor:
+        """A parameter every attention head applies (QK-norm's weight [head_dim]), or a tensor computed whole on every
+        rank that every head reads (MLA's rotary key, one per position), as the layer should use it. A plan that
+        splits the heads sums its gradient over the split (each rank's heads give a partial sum); single device: the
+        tensor itself."""
+        return param
 
     def attention_core(self, core):
         """The attention core a layer calls, `core(q, k, v, causal, mask=None, segments=None)` on this rank's

@@ -10,7 +10,7 @@ of `AUDIT` in the new release, fix what moved, then raise `TESTED_PADDLE_VERSION
 - `cpu_backend/`: stand-ins that let fleet's GPU-only pieces (tensor-parallel kernels,
   pipeline p2p, gloo sub-groups, ZeRO-2/3 device gates) run on CPU processes over gloo;
   installed only when the device is CPU, so the GPU path never sees them.
-- `optim.py`, `zero.py`, `fleet.py`, `process.py`: the private attributes the training
+- `optim.py`, `zero.py`, `fleet.py`, `amp.py`, `process.py`: the private attributes the training
   path reads or sets on every device; `host_memory.py`: the host allocator's counter (planner checks);
   `elastic.py`: the restart race of Paddle's etcd launcher (installed by `python -m llmtrain.launch`).
 """
@@ -48,6 +48,10 @@ AUDIT = (
      "heartbeat_prefix, Context.status", "paddle_compat/elastic.py",
      "fix the etcd launcher's restart race (FAILED -> RESTARTING only via a watch callback; a heartbeat thread "
      "that ends while FAILED never comes back)"),
+    ("GradScaler._found_inf/_scale/_optimizer_states/_cache_found_inf/_decr_count/_incr_count, "
+     "amp.grad_scaler._refresh_optimizer_state", "paddle_compat/amp.py",
+     "the fp16 loss scaler: its overflow flag read inside the clip (the divergence guard), its per-step state reset "
+     "after a rejected step, and `_update` without the float()-of-a-[1]-tensor TypeError of numpy >= 2"),
     ("os._exit after closing outputs", "paddle_compat/process.py",
      "skip an interpreter teardown that can crash in gloo after a CPU job finished"),
     ("paddle._C_ops.flash_attn/flash_attn_grad", "paddle_compat/flash_blocks.py",

@@ -251,9 +251,13 @@ def model_fit_problems(degrees, model) -> list[str]:
     for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_aux_loss_scope", ("layer", "model"))):
         if e > 0 and getattr(model, fname) not in allowed:
             problems.append(f"model.{fname}={getattr(model, fname)!r}: expected one of {list(allowed)}")
+    from llmtrain.models.mla import mla_problems
+    from llmtrain.models.moe import group_problems
+
+    problems += group_problems(model) + mla_problems(model, bool(getattr(degrees, "sequence_parallel", False)))
     if model.num_heads <= 0 or model.num_layers <= 0:
         return problems  # reported by the value checks (llmtrain.config.config_problems)
-    if model.hidden_size % model.num_heads:
+    if model.head_dim is None and model.hidden_size % model.num_heads:  # a set head_dim needs no divisibility
         problems.append(f"model.hidden_size={model.hidden_size} is not divisible by model.num_heads={model.num_heads}")
     kv = model.num_kv_heads or model.num_heads
     if kv > 0 and model.num_heads % kv:

@@ -6,7 +6,8 @@
     model = build_model(cfg.model, roles)
 
 q/k/v and gate/up are `ColumnParallelLinear` (outputs split, not gathered), o and
-down are `RowParallelLinear` (inputs split, outputs all-reduced), the word table
+down are `RowParallelLinear` (inputs split, outputs all-reduced), a replicated linear
+(MLA's down-projections) stays a plain whole `nn.Linear` on every rank, the word table
 is a `VocabParallelEmbedding`, and the loss is `ParallelCrossEntropy` on
 vocabulary-split logits, so the full [b, s, V] logits never exist on one rank.
 On CPU the collectives inside these layers are served by
@@ -70,17 +71,27 @@ class TensorParallelRoles(Roles):
 
     def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):
         """Split with the base (PaddleNLP's ColumnParallelLoRALinear / RowParallelLoRALinear): a column linear's
-        B [r, out/tp] (axis 1), a row linear's A [in/tp, r] (axis 0); the other factor whole on every tp rank."""
+        B [r, out/tp] (axis 1), a row linear's A [in/tp, r] (axis 0); the other factor whole on every tp rank.
+        A replicated linear's adapter is whole on every rank, like its base."""
+        if kind == "replicated":
+            return super().lora_shapes(kind, in_features, out_features, rank)
         if kind == "column":
             return ([in_features, rank], None), ([rank, out_features // self.tp_degree], 1)
         return ([in_features // self.tp_degree, rank], 0), ([rank, out_features], None)
 
     def lora_down(self, kind: str, x: paddle.Tensor, a: paddle.Tensor) -> paddle.Tensor:
         xa = paddle.matmul(x, a)  # [.., r]: column: x whole; row: x [.., in/tp], a partial sum
+        if kind == "replicated":  # x and the base's output whole on every rank: nothing to exchange
+            return xa
         if kind == "column":
             # identity forward; backward all-reduces d(xA), whose parts come from each rank's out/tp columns of B
             return c_identity(xa, self.group)  # [.., r], then @ B [r, out/tp]
         return mp_allreduce(xa, self.group)  # sum over the in/tp slices -> [.., r], then @ B [r, out] (whole)
+
+    def head_shared(self, param: paddle.Tensor) -> paddle.Tensor:
+        # whole on every rank, applied to this rank's nh/tp heads: identity forward, the gradient's partial sums
+        # all-reduced over tp backward (Megatron's and HF's "replicated with grad all-reduce" for QK-norm)
+        return c_identity(param, self.group)
 
     def vocab_embedding(self, vocab_size: int, hidden_size: int) -> nn.Layer:
         return tag_split(self._mpu.VocabParallelEmbedding(vocab_size, hidden_size), weight_axis=0)  # [V/tp, h]

@@ -111,9 +111,8 @@ class ResliceFrozen(StepHook):
     def __init__(self, model, params):
         self.model, self.params = model, params
 
-    def before_update(self, check) -> bool:
+    def before_update(self, check) -> None:
         stage3_reslice(self.model, self.params)
-        return True
 
 
 def _reslice_frozen(core, model) -> list:

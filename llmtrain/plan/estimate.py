@@ -100,6 +100,8 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
       projections); under tp each ColumnParallelLinear keeps its own copy (fleet's c_identity copies:
       phi CIdentityKernel), 3 for q/k/v and 2 for SwiGLU's gate/up, 1 per fused projection (`fuse_qkv`,
       `fuse_ffn`), which also keeps its concatenated weight [h, out/t] per call;
+    - QK-norm (`qk_norm`): per head as our RMSNorm, on q and k: normalised s·b·(q + kv)/t (compute dtype), their
+      fp32 copy and an fp32 rsqrt per head and position;
     - attention: the o_proj input (s·b·q/t; flash attention's output is the same storage); RoPE keeps q and k
       and their rotated halves (2·s·b·(q + kv)/t; fused RoPE nothing: its backward takes only cos/sin) and the
       cos/sin tables [s, d]; math attention keeps, with grouped-query heads, k and v before repeating
@@ -128,6 +130,9 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
     n += (2 if t == 1 and not sp else column_inputs(cfg, gpu)) * sb * h  # column linears' inputs
     n += h * (q + 2 * kv) * on["fuse_qkv"] + h * 2 * f / t * (on["fuse_ffn"] and swiglu)  # concatenated weights
     n += sb * q  # o_proj input
+    if cfg.qk_norm:  # layers.HeadNorm on q and k (unfused RMSNorm per head): normalised, fp32 input copy, fp32 rsqrt
+        n += sb * (q + kv)
+        stats += sb * (q + kv) + sb * (cfg.num_heads + cfg.kv_heads()) / t
     if cfg.position == "rope":
         n += 2 * s * d + (0 if on["fuse_rope"] else 2 * sb * (q + kv))  # cos/sin tables [s, d]; q, k, rotated
     n += (3 if on["fuse_swiglu"] else 4) * sb * f / t if swiglu else 2 * sb * f / t

@@ -19,7 +19,7 @@ linears hold out/tp features, row linears in/tp):
   (from the reshapes of q, k, v to o_proj's input: on a CPU its matmuls read strided views and cost 3-4x a
   contiguous GEMM of the same shape);
 - memory-bound ops (`mem`) by their size (elements of one input, the index of the profile's measured rows),
-  per op class (norms, RoPE, activations,
+  per op class (norms, QK-norm's per-head RMSNorm on q and k, RoPE, activations,
   residual adds, casts, the embedding gather and its scatter-add gradient, the logits' fp32 cast,
   softmax cross entropy and its gradient); the models have no dropout;
 - `view` ops (reshape, split, chunk views): host time only.
@@ -114,16 +114,21 @@ def _norm(p: _Pass, cfg, T, h, e, fused_rms: bool):
         p.op([mem("layernorm", T * h)], [mem("layernorm_bwd", T * h)])
     elif fused_rms:
         p.op([mem("rmsnorm", T * h)], [mem("rmsnorm_bwd", T * h)])
-    else:  # x.astype(fp32); pow; mean; +eps, rsqrt; x32 * r; astype; * weight (layers.RMSNorm)
-        n = T * h
-        cast = [mem("cast", n)] if e != 4 else []
-        p.op(cast, cast)
-        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
-        p.op([mem("reduce", n)], [mem("copy", n)])
-        p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
-        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
-        p.op(cast, cast)
-        p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+    else:
+        _rms_unfused(p, T, h, e)
+
+
+def _rms_unfused(p: _Pass, T, h, e):
+    """x.astype(fp32); pow; mean; +eps, rsqrt; x32 * r; astype; * weight (layers.rms_norm) over T rows of h."""
+    n = T * h
+    cast = [mem("cast", n)] if e != 4 else []
+    p.op(cast, cast)
+    p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
+    p.op([mem("reduce", n)], [mem("copy", n)])
+    p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
+    p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
+    p.op(cast, cast)
+    p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
 
 
 def _residual(p: _Pass, T, h, gpu: bool):
@@ -151,6 +156,33 @@ def _seq_edge(p: _Pass, T, width, sp: bool):
         p.op([mem("copy", T * width)], [mem("copy", T * width)])
 
 
+def _mla_projections(p: _Pass, cfg, T, t, e, fused: dict) -> tuple[int, int, int]:
+    """Multi-head latent attention's projections and rotary part (`llmtrain/models/mla.py`) on one tp rank: q_a
+    (replicated) + its norm + q_b (column), or one q_proj; kv_a (replicated), its norm, kv_b (column); the rotary
+    q and the one shared rotary key; q and k assembled [T, nh/tp, d_qk]. Returns (heads, d_qk, o_proj's input
+    width) on this rank. (The tp all-reduce of the shared key's gradient, [T, d_r], is not counted.)"""
+    h, nh = cfg.hidden_size, cfg.num_heads // t
+    nope, rope, dv, r, rq = (cfg.mla_qk_nope_head_dim, cfg.mla_qk_rope_head_dim, cfg.mla_v_head_dim,
+                             cfg.mla_kv_lora_rank, cfg.mla_q_lora_rank)
+    qk = nope + rope
+    if rq:
+        _linear(p, T, h, rq, cfg.bias, "q_a")
+        _norm(p, cfg, T, rq, e, fused["fuse_rms_norm"])
+        _linear(p, T, rq, nh * qk, False, "q_b")
+    else:
+        _linear(p, T, h, nh * qk, False, "q")
+    _linear(p, T, h, r + rope, cfg.bias, "kv_a")
+    p.op([view("split")], [mem("copy", T * (r + rope))])  # c_kv | k_pe; the backward concatenates their grads
+    _norm(p, cfg, T, r, e, fused["fuse_rms_norm"])
+    _linear(p, T, r, nh * (nope + dv), False, "kv_b")
+    p.op([], [mem("add", T * h)])  # the block norm's output feeds two projections: its gradients summed
+    p.op([view("reshape"), view("split"), view("reshape"), view("split")], [mem("copy", T * nh * qk)] * 2)
+    _rope(p, T, (nh * rope, rope), fused["fuse_rope"])
+    p.op([mem("copy", T * nh * qk)], [mem("copy", T * nh * qk)])  # q = [q_nope, q_rope]
+    p.op([mem("copy", T * nh * qk)], [mem("copy", T * nh * qk), mem("reduce", T * nh * rope)])  # k, k_pe to heads
+    return nh, qk, nh * dv
+
+
 def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False):
     """One block on one tp rank; `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
     biases work on this rank's T/tp positions, the column linears on the all-gathered T; `math_core`: the math
@@ -165,7 +197,11 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
     fused = {k: cfg.fused(k, gpu) for k in ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")}
     causal = cfg.family == "decoder"
     _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
-    if fused["fuse_qkv"]:  # one GEMM of the weights concatenated at every forward (a copy; its grad split back)
+    o_in = q
+    if cfg.is_mla():  # its own projections; the core below on nh/tp heads of d_qk (flash: v padded to d_qk)
+        nh, d, o_in = _mla_projections(p, cfg, T, t, e, fused)
+        nkv, q = nh, nh * d
+    elif fused["fuse_qkv"]:  # one GEMM of the weights concatenated at every forward (a copy; its grad split back)
         p.op([mem("copy", h * (q + 2 * kv))], [mem("copy", h * (q + 2 * kv))])
         _linear(p, T, h, q + 2 * kv, cfg.bias, "qkv")
         _seq_edge(p, T, q + 2 * kv, sp)
@@ -175,9 +211,12 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
             _linear(p, T, h, width, cfg.bias, name)
             _seq_edge(p, T, width, sp)
         p.op([], [mem("add", Ts * h), mem("add", Ts * h)])  # the norm output's three gradients summed
-    if not math_core or flash:
+    if (not math_core or flash) and not cfg.is_mla():
         p.op([view("reshape")] * 3, [view("reshape")] * 3)
-    if cfg.position == "rope":
+    if cfg.qk_norm:  # layers.HeadNorm on q and k: the unfused RMSNorm over rows of head_dim (weights [d], whole)
+        for heads in (nh, nkv):
+            _rms_unfused(p, T * heads, d, e)
+    if cfg.position == "rope" and not cfg.is_mla():
         _rope(p, T, (q, kv), fused["fuse_rope"])
     if flash:
         shape = (b * nh, s, d, causal, nkv)
@@ -205,8 +244,8 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
         p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
     if not math_core or flash:
         p.op([view("reshape")], [view("reshape")])
-    _seq_edge(p, T, q, sp)
-    _linear(p, T, q, h, cfg.bias, "o", Ts)
+    _seq_edge(p, T, o_in, sp)
+    _linear(p, T, o_in, h, cfg.bias, "o", Ts)
     _residual(p, Ts, h, gpu)
     _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     if cfg.activation == "swiglu":

@@ -8,7 +8,8 @@
 from it, and where a tensor-parallel plan would split it from the tags the model's layers carry (read in one
 place, `split_axis_of`):
 - a column linear (`linear` tag kind "column", `llmtrain.contracts.tags`): weight [in, out] on axis 1, bias on 0; a row linear: weight on
-  axis 0, bias whole (fleet's Megatron layout: `ColumnParallelLinear` / `RowParallelLinear`);
+  axis 0, bias whole (fleet's Megatron layout: `ColumnParallelLinear` / `RowParallelLinear`); a replicated linear
+  ("replicated", MLA's down-projections): whole;
 - the vocabulary embedding (`role` tag "vocab_embedding"): rows, axis 0; the untied output linear
   ("output_linear"): axis 1; an output bias over the vocabulary ("output_bias"): axis 0;
 - LoRA adapters: A [in, r] on axis 0 under a row linear, B [r, out] on axis 1 under a column linear;
@@ -48,7 +49,7 @@ class ParamSpec:
 
 
 ROLE_AXES = {"vocab_embedding": {"weight": 0}, "output_linear": {"weight": 1}}
-LINEAR_AXES = {"column": {"weight": 1, "bias": 0}, "row": {"weight": 0}}
+LINEAR_AXES = {"column": {"weight": 1, "bias": 0}, "row": {"weight": 0}, "replicated": {}}
 
 
 def split_axis_of(layer, pname: str, param):

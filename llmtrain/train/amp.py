@@ -56,11 +56,17 @@ class AmpPlan:
         return _QuietAutocast(self.dtype)
 
     def scaler(self):
-        """A dynamic-loss-scaling GradScaler for fp16; None for bf16 and fp32."""
+        """A dynamic-loss-scaling GradScaler for fp16 (`llmtrain.paddle_compat.amp.LossScaler`); None for bf16 and fp32.
+
+        It starts at 2^15, halves the scale at every overflowing step (whose update it skips) and doubles it after
+        1000 finite steps in a row. On CPU Paddle disables it (it acts only on GPU places); what the divergence guard
+        does with its overflows is in `llmtrain/train/anomaly.py` (a loss-scale overflow is the scaler's business)."""
         if self.mode != "fp16":
             return None
+        from llmtrain.paddle_compat.amp import loss_scaler
+
         with _quiet():
-            return paddle.amp.GradScaler(init_loss_scaling=2.0**15, incr_every_n_steps=1000, decr_every_n_nan_or_inf=2)
+            return loss_scaler(init_loss_scaling=2.0**15, incr_every_n_steps=1000, decr_every_n_nan_or_inf=1)  # GPU-ONLY(amp-fp16)
 
 
 @contextlib.contextmanager

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from llmtrain.errors import ConfigError
+from llmtrain.models.config import RopeScaling
 from llmtrain.models.lora import FinetuneOptions
 from llmtrain.train.anomaly import AnomalyConfig
 from llmtrain.train.config import OptimConfig
@@ -109,6 +110,16 @@ RULES: list[tuple[str, str, str]] = [
     ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.qkv_bias", "refuse", "the checkpoint's q/k/v projections have (or lack) bias tensors; the architecture "
                                  "changes"),
+    *_each("model.head_dim model.qk_norm", "refuse", "the checkpoint's attention tensors have the checkpoint's head "
+                                                   "width and QK-norm weights (or none)"),
+    *_each("model.mla_q_lora_rank model.mla_kv_lora_rank model.mla_qk_nope_head_dim model.mla_qk_rope_head_dim "
+           "model.mla_v_head_dim", "refuse", "the checkpoint's latent-attention tensors have the checkpoint's ranks and "
+                                             "head widths"),
+    *_each("model.moe_n_group model.moe_topk_group model.moe_group_score", "warn",
+           "the experts a token may choose change from this step on (the weights fit either way)"),
+    *_each("model.sliding_window model.sliding_window_layers " + " ".join(
+        f"model.rope_scaling.{f.name}" for f in dataclasses.fields(RopeScaling)), "warn",
+        "the attention over positions changes from this step on (the weights fit either way)"),
     *_each(_MODEL_SHAPE, "refuse", "the checkpoint's tensors have the checkpoint's architecture"),
     ("finetune.lora.dropout", "warn", "the adapters' dropout changes the update from this step on"),
     ("finetune.lora.merge", "honoured", "what an export writes"),

@@ -176,10 +176,6 @@ class Meter:
         self.reset_window()
         return rec
 
-    def reduce_sum(self, values: list[float]) -> list[float]:
-        """Per-data-rank values summed over the data-parallel ranks (a collective)."""
-        return self._reduce(values)
-
     def tokens_total_exact(self) -> int:
         """tokens_total including the not-yet-logged steps of the current window (a collective)."""
         (pending,) = self._reduce([self._pending_tokens])

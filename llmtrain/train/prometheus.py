@@ -10,9 +10,12 @@ basename of run.dir), `rank` (global rank) and `node` (env LLMTRAIN_NODE_NAME, e
 steps or data. The scrape config sets `honor_labels: true` so `job` stays ours.
 
 The values are the ones metrics.jsonl gets (`Meter` feeds both):
-- llmtrain_tokens_total (counter): the record's exact `tokens_total` (loss-bearing tokens
-  over all data ranks since step 0, restored on resume), updated on log steps; every rank
-  reports the same value (it is all-reduced).
+- llmtrain_tokens_total (counter): loss-bearing tokens trained on over all data ranks: the
+  restored `tokens_total` at start, then every logged step's tokens, the steps redone after a
+  divergence-guard rewind included; it never decreases (rate() is the throughput of the work
+  done). Updated on log steps; every rank reports the same value (it is all-reduced).
+- llmtrain_model_tokens (gauge): metrics.jsonl's exact `tokens_total`, the tokens the model's
+  current state has seen: it drops to the checkpoint's count after a rewind.
 - llmtrain_step, llmtrain_last_step_timestamp_seconds: every step (local, no collective).
 - llmtrain_step_duration_seconds (histogram): wall seconds of each step, data wait included
   (metrics.jsonl's `step_time` is the window mean of the same clock).
@@ -27,9 +30,10 @@ The values are the ones metrics.jsonl gets (`Meter` feeds both):
   measured for memory.json after the first step.
 - llmtrain_info{model,layout,version} 1.
 - Divergence guard (`llmtrain.train.anomaly`), counters since the process started, every rank the same value:
-  llmtrain_anomalies_total{kind=nonfinite_loss|nonfinite_grad_norm|loss_spike|grad_norm_spike} (steps the
-  guard rejected), llmtrain_skipped_steps_total, llmtrain_rewinds_total, llmtrain_transient_faults_total (a
-  non-finite step whose re-run was finite).
+  llmtrain_anomalies_total{kind=nonfinite_loss|nonfinite_grad_norm|loss_spike|grad_norm_spike|loss_scale_overflow}
+  (steps the guard rejected), llmtrain_skipped_steps_total, llmtrain_rewinds_total, llmtrain_transient_faults_total
+  (a non-finite step whose re-run was finite), llmtrain_loss_scale_overflows_total (fp16: steps whose update the
+  loss scaler skipped) and llmtrain_loss_scale (fp16: the loss scale of the last logged step; NaN without fp16).
 """
 from __future__ import annotations
 
@@ -51,7 +55,8 @@ METRIC_NAMES = (
     "llmtrain_checkpoint_save_duration_seconds", "llmtrain_checkpoint_last_success_timestamp_seconds",
     "llmtrain_last_step_timestamp_seconds", "llmtrain_checkpoint_interval_steps", "llmtrain_memory_bytes",
     "llmtrain_info", "llmtrain_anomalies_total", "llmtrain_skipped_steps_total", "llmtrain_rewinds_total",
-    "llmtrain_transient_faults_total",
+    "llmtrain_transient_faults_total", "llmtrain_loss_scale_overflows_total", "llmtrain_model_tokens",
+    "llmtrain_loss_scale",
 )
 """Every metric family served (a histogram adds _bucket/_sum/_count, the counter is named with _total)."""
 
@@ -74,8 +79,11 @@ class PrometheusExporter:
         def gauge(name, doc, extra=()):
             return Gauge(name, doc, names + list(extra), registry=reg)
 
-        self._tokens = Counter("llmtrain_tokens", "Loss-bearing tokens trained on since step 0, over all data ranks "
-                               "(exactly metrics.jsonl's tokens_total).", names, registry=reg)
+        self._tokens = Counter("llmtrain_tokens", "Loss-bearing tokens trained on since step 0, over all data ranks, "
+                               "steps redone after a rewind included (never decreases).", names, registry=reg)
+        self._model_tokens = gauge("llmtrain_model_tokens", "Loss-bearing tokens the model's current state has seen "
+                                   "(metrics.jsonl's tokens_total; drops after a rewind).")
+        self._scale = gauge("llmtrain_loss_scale", "fp16 loss scale of the last logged step (NaN without fp16).")
         self._step = gauge("llmtrain_step", "Last finished optimizer step.")
         self._tps = gauge("llmtrain_tokens_per_second", "Loss-bearing tokens per second over the last logging window, all ranks.")
         self._mfu = gauge("llmtrain_mfu_ratio", "Model FLOPs utilisation of one device (0..1); NaN when the peak is unknown.")
@@ -103,15 +111,17 @@ class PrometheusExporter:
         self._guard = {key: Counter(f"llmtrain_{key}", doc, names, registry=reg) for key, doc in (
             ("skipped_steps", "Steps whose update the divergence guard dropped (train.anomaly.policy=skip)."),
             ("rewinds", "Reloads of the newest healthy checkpoint after an anomaly (train.anomaly.policy=rewind)."),
-            ("transient_faults", "Steps with a non-finite result whose re-run from the same state was finite."))}
+            ("transient_faults", "Steps with a non-finite result whose re-run from the same state was finite."),
+            ("loss_scale_overflows", "fp16: steps whose update the loss scaler skipped (inf/NaN gradients)."))}
         for kind in KINDS:  # every series exists from the start, at 0
             self._anomalies.labels(**self.labels, kind=kind).inc(0)
         for c in self._guard.values():
             c.labels(**self.labels).inc(0)
         self._guard_seen: dict = {}
-        self._tokens_seen = 0
+        self._model_seen = 0  # the model's tokens at the last update: the counter rises by what is added to them
         self._tokens.labels(**self.labels).inc(0)  # the series exists from the start, at 0
-        self.set_tokens_total(tokens_total)
+        self._scale.labels(**self.labels).set(math.nan)
+        self.model_tokens(tokens_total)
         self._step.labels(**self.labels).set(step)
         self.server = None
         self.port: Optional[int] = None
@@ -122,11 +132,19 @@ class PrometheusExporter:
         self.port = port
         return port
 
-    def set_tokens_total(self, tokens_total: int) -> None:
-        """Raise the counter to `tokens_total` (it never goes down within a process)."""
-        if tokens_total > self._tokens_seen:
-            self._tokens.labels(**self.labels).inc(tokens_total - self._tokens_seen)
-            self._tokens_seen = tokens_total
+    def model_tokens(self, tokens_total: int) -> None:
+        """The model's `tokens_total` now: the gauge takes it, the counter rises by the tokens added since the last
+        call (a smaller value, which only `rewound` may bring, adds nothing)."""
+        if tokens_total > self._model_seen:
+            self._tokens.labels(**self.labels).inc(tokens_total - self._model_seen)
+        self._model_seen = max(self._model_seen, tokens_total)
+        self._model_tokens.labels(**self.labels).set(tokens_total)
+
+    def rewound(self, tokens_total: int) -> None:
+        """After a divergence-guard rewind: the model's tokens are the checkpoint's; the counter stays, and rises again
+        with the redone steps."""
+        self._model_seen = tokens_total
+        self._model_tokens.labels(**self.labels).set(tokens_total)
 
     def step_done(self, step: int, seconds: float) -> None:
         """Every step: the step number, its wall seconds, the time it ended."""
@@ -136,9 +154,9 @@ class PrometheusExporter:
 
     def record(self, rec: dict) -> None:
         """A logged metrics.jsonl record."""
-        self.set_tokens_total(int(rec["tokens_total"]))
+        self.model_tokens(int(rec["tokens_total"]))
         pairs = ((self._tps, "tokens_per_sec"), (self._mfu, "mfu"), (self._loss, "loss"), (self._gnorm, "grad_norm"),
-                 (self._lr, "lr"), (self._wait, "data_wait_time"))
+                 (self._lr, "lr"), (self._wait, "data_wait_time"), (self._scale, "loss_scale"))
         for gauge, key in pairs:
             value = rec.get(key)
             gauge.labels(**self.labels).set(math.nan if value is None else float(value))

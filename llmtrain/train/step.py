@@ -15,6 +15,12 @@ concatenated and handed to `PipelineParallel.train_batch`, whose schedule runs
 them as its own micro-batches and steps the optimizer and scheduler itself. Their
 count is set before every call (`set_pipeline_micro_batches`): grad_accum, or under
 `train.batch_rampup` the step's own count.
+
+fp16: the loss is multiplied by the loss scale before the backward and the scaler
+steps the optimizer (`GradScaler.step`: unscale, then the optimizer skips the update
+of an overflowing step) and lowers or raises the scale (`update`). A step that raises
+inside (the divergence guard rejecting it from the clip) leaves the scaler ready for
+the next step (`paddle_compat.amp.abandon_step`).
 """
 from __future__ import annotations
 
@@ -38,10 +44,8 @@ class StepOutput:
     """Loss-bearing target tokens this rank consumed in the step (sum of loss_mask)."""
     positions: int
     """Input positions this rank processed (micro x seq x accum): what model FLOPs scale with."""
-    grad_norm: paddle.Tensor
-    """Global gradient norm before clipping (over all ranks and groups); None when a step hook vetoed the update."""
-    updated: bool = True
-    """False when a step hook vetoed the optimizer update (`StepHook.before_update`)."""
+    grad_norm: Optional[paddle.Tensor]
+    """Global gradient norm before clipping (over all ranks and groups); None when the clip did not run."""
     anomaly: Optional[Any] = None
     """The divergence guard's verdict when it rejected the step (`llmtrain.train.anomaly.Verdict`), else None."""
 
@@ -80,6 +84,18 @@ def pipeline_inputs(micro_batches: list[dict]):
     return ids, labels
 
 
+@contextlib.contextmanager
+def _scaler_step(scaler):
+    """Around the scaler's step: if it raises (a rejected step), the next step unscales its own gradients."""
+    try:
+        yield
+    except BaseException:
+        from llmtrain.paddle_compat.amp import abandon_step
+
+        abandon_step(scaler)
+        raise
+
+
 class StepRunner:
     def __init__(self, model, loss_fn, optimizer, scheduler, clip, amp: AmpPlan, pipeline: bool = False, scaler=None,
                  accumulate_steps: int = 1, hooks=(), inputs=None):
@@ -111,13 +127,12 @@ class StepRunner:
         positions = int(sum(np.asarray(mb["input_ids"]).size for mb in micro_batches))
         for hook in self.hooks:
             hook.before_step(len(micro_batches))
-        updated = True
+        self.clip.last_norm = None  # set by the clip inside the optimizer step
         if self.pipeline:
             loss = self._run_pipeline(micro_batches)
         else:
-            loss, updated = self._run_flat(micro_batches)
-        return StepOutput(loss=loss, tokens=tokens, positions=positions,
-                          grad_norm=self.clip.last_norm if updated else None, updated=updated)
+            loss = self._run_flat(micro_batches)
+        return StepOutput(loss=loss, tokens=tokens, positions=positions, grad_norm=self.clip.last_norm)
 
     def finish(self, step: int, out: StepOutput, reduce_sum) -> StepRecord:
         """After the step: every hook's `after_step` (metrics such as MoE routing statistics; the logged loss)."""
@@ -150,23 +165,23 @@ class StepRunner:
         self.step_losses = losses  # divergence guard: read by its check inside optimizer.step() (anomaly.py)
         loss = paddle.stack(losses).mean()
         check = UpdateCheck(loss=loss, micro_batches=n)
-        updated = all([hook.before_update(check) for hook in self.hooks])  # every hook runs, then the veto
-        if updated:
-            if self.scaler is not None:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+        for hook in self.hooks:
+            hook.before_update(check)
+        if self.scaler is not None:
+            with _scaler_step(self.scaler):
+                self.scaler.step(self.optimizer)  # unscale; the optimizer skips an overflowing step's update
+                self.scaler.update()  # the loss scale: lowered after an overflow
+        else:
+            self.optimizer.step()
         self.optimizer.clear_grad()
-        if updated:
-            self.scheduler.step()
-        return loss, updated
+        self.scheduler.step()
+        return loss
 
     def _run_pipeline(self, micro_batches):
         # [accum * m, s] each: the pipeline cuts them back into its accumulate_steps micro-batches
         ids, labels = pipeline_inputs([self.inputs(mb) for mb in micro_batches])
         set_pipeline_micro_batches(self.model, len(micro_batches))  # varies per step under batch ramp-up
-        with self.amp.autocast():
+        with self.amp.autocast(), _scaler_step(self.scaler):  # the schedule steps the scaler and the optimizer
             loss = self.model.train_batch([ids, labels], optimizer=self.optimizer, lr_scheduler=self.scheduler, scaler=self.scaler)
         return loss.detach().astype("float32").reshape([])
 

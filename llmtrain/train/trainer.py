@@ -38,7 +38,8 @@ from llmtrain.parallel.experts import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
-from llmtrain.train.anomaly import AnomalyGuard
+from llmtrain.train.anomaly_guard import AnomalyGuard
+from llmtrain.train.anomaly_rewind import SkipWindows
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
@@ -137,6 +138,8 @@ class Trainer:
         self.built = build_model_and_optimizer(run, topo, self.amp)
         b = self.built
         state = training_state(b.named_params, b.model, b.optimizer, b.scheduler, b.scaler, data)  # what a save holds
+        self.windows = SkipWindows()  # divergence guard: the data windows skipped after rewinds (in every manifest)
+        state.manifest_parts.append(self.windows)
         self.ckpt = Checkpointer(self.cfg, self.layout, topo, state, run.tokenizer,
                                  on_manifest=lambda m: apply_resume_contract(m, run, self.built.scheduler))
 
@@ -144,12 +147,14 @@ class Trainer:
         """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
         cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
         state = ckpt.resume()
+        for windows in ckpt.recorded("skip_windows"):  # any checkpoint of the run directory, newer ones included
+            self.windows.merge(windows)
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         self.runner = runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
                             hooks=built.hooks, inputs=built.inputs)
         # divergence guard: gates the clip (a verdict before every update), re-run, policies (anomaly.py)
-        self.guard = AnomalyGuard(cfg.train.anomaly, topo, runner, built.clip, built.optimizer)
+        self.guard = AnomalyGuard(cfg.train.anomaly, topo, runner, built.clip, built.optimizer, self.windows)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "
@@ -218,6 +223,8 @@ class Trainer:
                 guard.stop(out.anomaly, ckpt, meter)
             if action == "rewind":  # divergence guard: reload the newest healthy checkpoint, skip the data window
                 step = guard.rewind(out.anomaly, ckpt, data, meter)
+                if exporter is not None:
+                    exporter.rewound(meter.tokens_total)  # the model's tokens go back; the counter does not
                 continue
             if step == state.step + 1 and not guard.counts["rewinds"]:  # optimizer state exists from the first step on: what each rank holds
                 self._record_memory(step, exporter)
@@ -263,7 +270,7 @@ class Trainer:
         if self.ckpt.save(step, meter.tokens_total_exact(), health=self.guard.health()) is None:
             return  # refused: the state is not finite (divergence guard)
         if meter.exporter is not None:
-            meter.exporter.set_tokens_total(meter.tokens_total)
+            meter.exporter.model_tokens(meter.tokens_total)
             meter.exporter.checkpoint_saved(time.perf_counter() - t0)
 
     def _evaluate(self, runner: StepRunner, meter: Meter, step: int) -> None:

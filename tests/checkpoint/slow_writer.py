@@ -3,7 +3,7 @@
     [{"call": "tests/checkpoint/slow_writer.py:install", "args": [2, 2.0]}, {"overrides": [...]}, ...]   # runs.json
 
 Called in the launched process (tests/e2e/multirun_worker.py) before the runs: every rank's write of step `step`
-(`Checkpointer.write`: shards, listing, manifest, rename) first sleeps `delay_s` seconds, wherever it runs (the
+(`CheckpointWriter.write`: shards, listing, manifest, rename) first sleeps `delay_s` seconds, wherever it runs (the
 training thread for a synchronous save, the background writer for checkpoint.async_save=true). The time the
 training thread spends in each `Checkpointer.save` is appended to `<run.dir>/save_pauses.<rank>.jsonl`.
 """
@@ -16,8 +16,9 @@ import time
 
 def install(step: int, delay_s: float) -> None:
     from llmtrain.checkpoint.manager import Checkpointer
+    from llmtrain.checkpoint.save import CheckpointWriter
 
-    write, save = Checkpointer.write, Checkpointer.save
+    write, save = CheckpointWriter.write, Checkpointer.save
 
     def slow_write(self, snap):
         if snap.step == step:
@@ -32,4 +33,4 @@ def install(step: int, delay_s: float) -> None:
             f.write(json.dumps({"step": at, "pause_s": pause}) + "\n")
         return path
 
-    Checkpointer.write, Checkpointer.save = slow_write, timed_save
+    CheckpointWriter.write, Checkpointer.save = slow_write, timed_save

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from llmtest import compose, tiny_overrides
-from llmtrain.checkpoint.manager import list_checkpoints, verify_files
+from llmtrain.checkpoint.listing import list_checkpoints
+from llmtrain.checkpoint.verify import verify_files
 
 
 @pytest.fixture(scope="module")

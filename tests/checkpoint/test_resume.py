@@ -21,7 +21,7 @@ import pytest
 
 from llmtest import tiny_overrides
 from launch import REPO, child_pids, env, etcd_server, fault_env, launch_cmd, metrics, run_launch, run_many
-from llmtrain.checkpoint.manager import verify_files
+from llmtrain.checkpoint.verify import verify_files
 from parallel.memory_checks import check_predicted  # tests/parallel (no package: a namespace import)
 
 STEPS = 12

@@ -19,7 +19,7 @@ from typing import Callable
 
 from launch import run_many
 
-NPROC = {"tp2": 2, "dp2": 2}
+NPROC = {"tp2": 2, "dp2": 2, "pp2": 2, "ep2": 2}
 _JOINED: dict[str, dict[str, Callable]] = {}
 _LAST: dict[str, str] = {}
 _DONE: dict[str, dict | Exception] = {}

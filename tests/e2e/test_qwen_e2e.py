@@ -2,12 +2,14 @@
 
     python -m pytest tests/e2e/test_qwen_e2e.py -q
 
-Two launches cover both sources (`run_many`, one fleet topology each):
+Two launches cover both sources (`run_many`, one fleet topology each), both shared with other end-to-end files
+(tests/e2e/shared_launch.py):
 - tp2 (`llmtrain/finetune.py`'s entry): supervised fine-tuning from the PaddleNLP Qwen (our SentencePiece
   tokenizer), from the HF Qwen2 (its own tokenizer.json), and LoRA from the PaddleNLP Qwen starting from
   adapters PaddleNLP's `LoRAModel` made (fused c_attn); the tp2 launch is shared with the other tp2 end-to-end
   files collected with this one (tests/e2e/shared_launch.py; hence a global batch of 8, their batch layout);
-- pp2 (`llmtrain/pretrain.py`'s entry): continued pretraining from both directories.
+- pp2 (`llmtrain/pretrain.py`'s entry): continued pretraining from both directories, in the pp2 launch shared with
+  tests/e2e/test_families_e2e.py (global batch 4, micro-batch 2).
 Each run: step 1's loss equals the source model's own forward on the same micro-batches (PaddleNLP's Qwen, or
 the numpy Qwen2 of tests/hf_tiny.py), so the weights arrived whole under the layout; memory.json shows each rank
 holding its tp half / its pipeline stage; the final checkpoint exports in the source format (`--format auto`)
@@ -23,7 +25,7 @@ import numpy as np
 import pytest
 from hf_tiny import make_hf_checkpoint, make_hf_tokenizer, reference_logits
 
-from launch import metrics, run_many
+from launch import metrics
 from shared_launch import join, shared
 
 EXAMPLES = [("人民日报的总部在哪里？", "人民日报社位于北京。"), ("请用一句话介绍长江。", "长江是中国最长的河流。"),
@@ -73,15 +75,10 @@ _BUILT = {}
 
 
 def built_sources(root, tiny_corpus):
-    """The source directories, made once (in `root`) by whichever needs them first: the tp2 launch or the pp2 test."""
+    """The source directories, made once (in `root`) by whichever needs them first: the tp2 or the pp2 launch."""
     if "root" not in _BUILT:
         _BUILT["root"] = make_sources(root, tiny_corpus)
     return _BUILT["root"]
-
-
-@pytest.fixture(scope="module")
-def sources(tiny_corpus, tmp_path_factory):
-    return built_sources(tmp_path_factory.mktemp("qwen_e2e"), tiny_corpus)
 
 
 def _common(run_dir, layout):
@@ -245,10 +242,19 @@ def test_qwen_sources_finetune_under_tp2_and_export_back(tiny_corpus, tmp_path_f
         check_run(root, tiny_corpus, "tp2", n, runs[n], "finetune")
 
 
+def build_pp2(root, tiny_corpus):
+    """(run_many entries, (sources root, overrides per run)): the continued-pretraining runs of the shared pp2 launch
+    (with tests/e2e/test_families_e2e.py's)."""
+    src = built_sources(root, tiny_corpus)
+    runs = {n: pretrain_run(src, tiny_corpus, n) for n in PP2}
+    return [{"overrides": r + ["+parallel=pp2"], "entry": "pretrain"} for r in runs.values()], (src, runs)
+
+
+join("pp2", "qwen", build_pp2)
+
+
 @pytest.mark.slow
-def test_qwen_sources_continue_pretraining_under_pp2_and_export_back(sources, tiny_corpus, tmp_path):
-    names = PP2
-    runs = {n: pretrain_run(sources, tiny_corpus, n) for n in names}
-    run_many([r + ["+parallel=pp2"] for r in runs.values()], nproc=2, workdir=tmp_path)
-    for n in names:
-        check_run(sources, tiny_corpus, "pp2", n, runs[n], "pretrain")
+def test_qwen_sources_continue_pretraining_under_pp2_and_export_back(tiny_corpus, tmp_path_factory):
+    root, runs = shared("pp2", "qwen", tiny_corpus, tmp_path_factory)
+    for n in PP2:
+        check_run(root, tiny_corpus, "pp2", n, runs[n], "pretrain")

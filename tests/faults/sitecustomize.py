@@ -3,8 +3,8 @@
     env = fault_env(LLMTRAIN_FAULT_KILL_IN_SAVE="4")     # tests/launch.py: puts this folder on PYTHONPATH
 
 Python imports `sitecustomize` at start-up from PYTHONPATH, so every process of a launched
-job (launcher, workers, supervisor) runs this file. When `llmtrain.checkpoint.manager` is
-imported it patches `Checkpointer` according to these variables:
+job (launcher, workers, supervisor) runs this file. When `llmtrain.checkpoint.save` is
+imported it patches `CheckpointWriter` (`llmtrain.checkpoint.save`) according to these variables:
 - LLMTRAIN_FAULT_KILL_IN_SAVE=<step>: rank 0 SIGKILLs itself right after writing its shard of
   that step (shards written, no manifest): what a node failure during a save leaves behind;
 - LLMTRAIN_FAULT_KILL_BEFORE_PRUNE=<step>: rank 0 SIGKILLs itself right after that step's
@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-TARGET = "llmtrain.checkpoint.manager"
+TARGET = "llmtrain.checkpoint.save"
 FAULTS = ("LLMTRAIN_FAULT_KILL_IN_SAVE", "LLMTRAIN_FAULT_KILL_BEFORE_PRUNE", "LLMTRAIN_FAULT_WRITE_ERROR")
 
 
@@ -28,8 +28,8 @@ def _first_attempt_at(name: str, step: int) -> bool:
 
 
 def _install(module) -> None:
-    cls = module.Checkpointer
-    write_shard, after_rename = cls._write_shard, cls._after_rename
+    cls = module.CheckpointWriter
+    write_shard, after_complete = cls.write_shard, cls.after_complete
 
     def _write_shard(self, snap):
         fail = os.environ.get("LLMTRAIN_FAULT_WRITE_ERROR")
@@ -40,12 +40,12 @@ def _install(module) -> None:
         if self.topo.rank == 0 and _first_attempt_at("LLMTRAIN_FAULT_KILL_IN_SAVE", snap.step):
             os.kill(os.getpid(), signal.SIGKILL)
 
-    def _after_rename(self, step):
+    def _after_complete(self, step):
         if _first_attempt_at("LLMTRAIN_FAULT_KILL_BEFORE_PRUNE", step):
             os.kill(os.getpid(), signal.SIGKILL)
-        after_rename(self, step)
+        after_complete(self, step)
 
-    cls._write_shard, cls._after_rename = _write_shard, _after_rename
+    cls.write_shard, cls.after_complete = _write_shard, _after_complete
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):

@@ -23,6 +23,8 @@ def random_values(name: str, shape, rng: np.random.Generator) -> np.ndarray:
     """Values that make every parameter matter: norm weights near 1, everything else non-zero noise.
 
     (Default inits set norms to 1 and biases to 0, under which a swapped norm or bias would go unseen.)"""
+    if name.endswith("expert_bias"):  # the selection bias stays zero unless a run moves it (formats without it refuse it)
+        return np.zeros(shape, np.float32)
     if len(shape) == 1 and ("norm" in name or "layernorm" in name) and name.endswith("weight"):
         return (1.0 + 0.2 * rng.standard_normal(shape)).astype(np.float32)
     scale = 0.5 if "embed" in name else 0.1

@@ -17,7 +17,7 @@ import pytest
 from interop_helpers import assert_close, our_logits, paddlenlp_logits, random_state, token_ids
 from safetensors.numpy import save_file
 
-from llmtrain.checkpoint.manager import FORMAT
+from llmtrain.checkpoint.listing import FORMAT
 from llmtrain.export import main
 from llmtrain.models.config import ModelConfig
 

@@ -12,7 +12,7 @@ one process.
 
 Rules (AdamW: two moments of the parameter's shape plus two [1] beta powers per parameter):
 - tp: the split tensors hold 1/tp of their split axis on each tp rank (`SPLIT_AXES`), every
-  other tensor (norms, position tables, row-linear biases) is whole;
+  other tensor (norms, position tables, row-linear biases, MLA's replicated q_a/kv_a down-projections) is whole;
 - pp: the ranks of one stage hold the same names; stages are disjoint except the tied word
   table (first and last stage); their union is the whole model; with v virtual stages the
   layers form pp x v equal chunks and stage s holds chunks s, s + pp, ... (interleaved);
@@ -41,7 +41,7 @@ from math import prod
 
 SPLIT_AXES = [  # (canonical name pattern, axis split over tp ranks): fleet's Megatron layout
     (r"embed\.word\.weight", 0),  # VocabParallelEmbedding [V/tp, h]
-    (r".*\.(q|k|v|gate|up)_proj\.weight", 1),  # ColumnParallelLinear [in, out/tp]
+    (r".*\.(q|k|v|gate|up|q_b|kv_b)_proj\.weight", 1),  # ColumnParallelLinear [in, out/tp] (MLA: q_b, kv_b)
     (r".*\.(q|k|v|gate|up)_proj\.bias", 0),  # [out/tp]
     (r".*\.(o|down)_proj\.weight", 0),  # RowParallelLinear [in/tp, out] (its bias [out] is whole)
     (r"lm_head\.proj\.weight", 1),  # untied output projection [h, V/tp]

@@ -19,7 +19,8 @@ checkpoints). Sequence parallelism: the
 Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under tp2 + sp and tp2pp2 + sp, the
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
-pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the zero2 launch the
+pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
+gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
@@ -27,10 +28,13 @@ segment of 200 elements slices the frozen base and some adapters), the tp2 launc
 and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA run and checked rank by rank by
 `lora_checks`. Mixture-of-Experts (`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both
 stages), dp2pp2 with ep2 (also with recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition),
-each checked per rank by `check_expert_memory`.
-The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the dp2, tp2, pp2 and
-zero2 launches also run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes
-(rewound over), faults installed from tests/train/faults.py by `call` entries in the same processes.
+each checked per rank by `check_expert_memory`. Qwen3's attention (`QWEN3`: head_dim != hidden / heads, QK-norm,
+YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
+measured, grad_norm 1.4e-5 off at step 4).
+The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the pp2 launch also
+run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes (rewound over), faults
+installed from tests/train/faults.py by `call` entries in the same processes (the guard's logic is tested in one
+process by tests/train/test_guard_fast.py).
 """
 from __future__ import annotations
 
@@ -57,18 +61,18 @@ STEPS = 4
 and the decaying learning rate all act; each step costs ~0.45 s in a 2-process tiny run (8 steps made the suite
 ~2 minutes longer)."""
 INIT_STEPS = 3
-TIED = {"gpt": True, "llama": False, "ernie": True}
+TIED = {"gpt": True, "llama": False, "ernie": True, "qwen3": False}
 
 LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp"),
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
          "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora"}
+SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -82,10 +86,25 @@ SEGMENTS = {"llama_lora": 200}
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
 run vs 14 s with 100, which slices most adapters, and 3 s with 1024, which slices none and not q/k/v/o)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
-       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"]}
+       "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"],
+       "moe_mla": ["model.num_kv_heads=null", "model.mla_kv_lora_rank=16", "model.mla_q_lora_rank=12",
+                   "model.mla_qk_nope_head_dim=8", "model.mla_qk_rope_head_dim=4", "model.mla_v_head_dim=6",
+                   "model.moe_router=sigmoid", "model.moe_n_group=2", "model.moe_topk_group=1",
+                   "model.moe_routed_scale=2.5", "model.moe_bias_update_rate=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
-drops and a sigmoid router. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
+drops and a sigmoid router; `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
+routing with the moving bias), under tp2 the test of MLA's split heads, replicated down-projections and shared
+rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
 `moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
+
+
+QWEN3 = ["model.head_dim=16", "model.qk_norm=true", "model.sliding_window=8", "model.sliding_window_layers=[1,3,5,7]",
+         "model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
+         "model.rope_scaling.original_max_position_embeddings=16"]
+"""`qwen3`: the Llama (8 blocks, h 32, 4 heads) with Qwen3's attention: heads of 16 (!= 32 / 4), QK-norm (its weights'
+gradients summed over the tp heads), YaRN past 16 positions (sequences of 32) and a window of 8 on odd blocks;
+`qwen3_sp` the same under tp2 + sequence parallelism with fused q/k/v (QK-norm weights are not sequence-parallel
+norms: their gradient is reduced once)."""
 
 
 def reference_name(run: str) -> str:
@@ -113,6 +132,9 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
         rc = ["train.recompute=true"] if run.startswith("moe_rc") else []
         return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep + rc
+    if run.startswith("qwen3"):
+        extra = FUSED + SP if run == "qwen3_sp" else []
+        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + QWEN3 + extra
     if run.startswith("llama_lora"):  # LoRA r=4 on every linear of the 8 blocks, base frozen (lr 1e-2: the loss
         # falls); held-out evaluation at steps STEPS/2 and STEPS (4 micro-batches split over the data ranks, token-weighted)
         return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
@@ -131,7 +153,7 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora"]
+    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3"]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
@@ -181,6 +203,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
                  {"call": "tests/parallel/zero2_peak.py:stop_recording"}]
     if layout == "tp2":  # activation bytes per block under tp vs tp + sequence parallelism, in the same processes
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
+        # every gradient of an MLA block (LoRA on replicated, column and row linears) against one device
+        runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
@@ -223,6 +247,9 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from sp_activations import check
 
         print(f"tp2 saved-for-backward bytes per block: {check(runs_dir / 'sp_act')}")
+        from mla_grads import check as check_mla
+
+        print(f"tp2 MLA block: largest |gradient - one device| / its max = {check_mla(runs_dir / 'mla_grads'):.2e}")
     if layout == "zero2":
         from zero2_peak import check as check_zero2
 
@@ -275,7 +302,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
 @pytest.mark.parametrize("layout", ["single", *GUARD_LAYOUTS])
 def test_divergence_guard(layout, reference, tiny_corpus, launched):
     """A gradient poisoned once on rank 1 is a transient fault (re-run, continue, equal to the clean run); a batch
-    whose loss spikes is rewound over and skipped (equal to a run that never saw it); one process: policy=skip."""
+    whose loss spikes is rewound over and skipped (equal to a run that never saw it)."""
     ref_dir = reference["init_from"].parents[2]
     check_guard(ref_dir, ref_dir if layout == "single" else launched(layout, 2), layout)
 

@@ -3,7 +3,8 @@
     python -m pytest tests/plan/test_activations.py -q -s
 
 gpt-tiny (LayerNorm, GeLU, learned positions), llama-tiny (RMSNorm, SwiGLU, RoPE, grouped-query heads),
-ERNIE-tiny (post-norm encoder) and a wider Llama (h 256, 8 heads, 2 kv heads), seq 256, math attention, fp32,
+ERNIE-tiny (post-norm encoder), a wider Llama (h 256, 8 heads, 2 kv heads) and Qwen3's attention (heads of 48 with h
+128, QK-norm, a window of 64, YaRN), seq 256, math attention, fp32,
 tp1. The issue's bound is 10%; the count is written tensor by tensor, so it is held to 1%. Under full
 recompute (gpt-tiny, the wider Llama) the bytes a block keeps after the forward, read from the host
 allocator (recompute's own hooks exclude ours), equal the plan's kept input + RoPE tables.
@@ -24,6 +25,10 @@ CASES = {
     "ernie-tiny": ["model=ernie-tiny"] + SMALL,
     "llama-wide": ["model=llama-tiny", "model.hidden_size=256", "model.num_heads=8", "model.num_kv_heads=2",
                    "model.ffn_hidden_size=704"],
+    "qwen3-attn": ["model=llama-tiny", "model.hidden_size=128", "model.num_heads=4", "model.num_kv_heads=2",
+                   "model.head_dim=48", "model.qk_norm=true", "model.ffn_hidden_size=512", "model.sliding_window=64",
+                   "model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
+                   "model.rope_scaling.original_max_position_embeddings=64"],
 }
 
 

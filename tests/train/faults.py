@@ -9,13 +9,14 @@ multirun worker runs every entry of a launch in the same processes, in order):
 - `poison_grads(step, rank)`: on that global rank, the first loss computation of the `step`-th
   batch passes its logits through a layer whose backward returns NaN (the loss stays finite):
   a gradient corrupted once, as a faulty device would. A re-run of the step is clean.
+- `poison_grads_from(step, rank)`: the same for every loss computation from the `step`-th batch on (under
+  fp16: an overflow that persists).
+- `drop_update(step)`: the `step`-th batch's optimizer update is not applied (AdamW.step returns at once; the
+  LR schedule still advances): a run that never saw that step's update.
 - `spike(sample, factor)`: the batch that starts at consumed-samples position `sample` has its logits
   multiplied by `factor` on every rank: a batch whose loss spikes (and whose gradients are huge).
 - `skip_samples(start, end)`: the data jumps from `start` to `end`: a run that never saw those samples.
 - `lr_from(step, lr)`: from the `step`-th optimizer step on, the learning rate is `lr` (a diverging LR).
-- `nan_weights(step)`: when the `step`-th batch is read, the first element of the word-embedding table becomes
-  NaN in place, as corrupted memory would: every later step is non-finite, and so is the state: no checkpoint
-  may be written from it.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ STATE_HOLDER = PretrainData  # runpy runs this file afresh for every call: origi
 if not hasattr(STATE_HOLDER, "_fault_originals"):
     STATE_HOLDER._fault_originals = {"next_step": PretrainData.next_step, "forward": LMLoss.forward,
                                          "get_lr": WarmupDecay.get_lr,
-                                         "evaluate": StepRunner.evaluate}
+                                         "evaluate": StepRunner.evaluate, "adamw_step": paddle.optimizer.AdamW.step}
 _ORIG = STATE_HOLDER._fault_originals
 
 
@@ -46,16 +47,17 @@ def _rank() -> int:
     return int(os.environ.get("PADDLE_TRAINER_ID", "0"))
 
 
-class _NanGrad(paddle.autograd.PyLayer):
-    """Identity forward, NaN gradient backward."""
+class BadGrad(paddle.autograd.PyLayer):
+    """Identity forward; the backward multiplies the gradient by `value` (NaN or inf): a corrupted gradient."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, value):
+        ctx.value = float(value)
         return x.clone()
 
     @staticmethod
     def backward(ctx, grad):
-        return grad * float("nan")
+        return grad * ctx.value
 
 
 def _track() -> dict:
@@ -96,10 +98,34 @@ def poison_grads(step: int, rank: int) -> None:
     def forward(self, logits, labels):
         if st["batches"] == int(step) and _rank() == int(rank) and not st["fired"] and not st.get("evaluating"):
             st["fired"] = True
-            logits = _NanGrad.apply(logits)
+            logits = BadGrad.apply(logits, float("nan"))
         return orig(self, logits, labels)
 
     LMLoss.forward = forward
+
+
+def poison_grads_from(step: int, rank: int) -> None:
+    st = _track()
+    orig = LMLoss.forward
+
+    def forward(self, logits, labels):
+        if st["batches"] >= int(step) and _rank() == int(rank) and not st.get("evaluating"):
+            logits = BadGrad.apply(logits, float("nan"))
+        return orig(self, logits, labels)
+
+    LMLoss.forward = forward
+
+
+def drop_update(step: int) -> None:
+    st = _track()
+    orig = _ORIG["adamw_step"]
+
+    def adamw_step(self):
+        if st["batches"] == int(step):
+            return None
+        return orig(self)
+
+    paddle.optimizer.AdamW.step = adamw_step
 
 
 def spike(sample: int, factor: float) -> None:
@@ -128,45 +154,10 @@ def lr_from(step: int, lr: float) -> None:
     WarmupDecay.get_lr = get_lr
 
 
-def nan_weights(step: int) -> None:
-    """At the `step`-th batch, write NaN into the first element of every parameter named like a word embedding."""
-    st = _track()
-    tracked = PretrainData.next_step
-
-    def next_step(self):
-        out = tracked(self)
-        if st["batches"] == int(step):
-            for layer in st["models"]:
-                for p in layer.parameters():
-                    if "embedding" in p.name:
-                        flat = p.numpy().copy()
-                        flat.reshape(-1)[0] = float("nan")
-                        p.set_value(flat)
-        return out
-
-    PretrainData.next_step = next_step
-    from llmtrain.train import trainer
-
-    st["models"] = []
-    build = trainer.build_model_and_optimizer
-    if not hasattr(STATE_HOLDER, "_fault_build"):
-        STATE_HOLDER._fault_build = build
-
-    def recording(*a, **k):
-        built = STATE_HOLDER._fault_build(*a, **k)
-        st["models"].append(built.core)
-        return built
-
-    trainer.build_model_and_optimizer = recording
-
-
 def clear() -> None:
     PretrainData.next_step = _ORIG["next_step"]
     LMLoss.forward = _ORIG["forward"]
     WarmupDecay.get_lr = _ORIG["get_lr"]
     StepRunner.evaluate = _ORIG["evaluate"]
-    if hasattr(STATE_HOLDER, "_fault_build"):
-        from llmtrain.train import trainer
-
-        trainer.build_model_and_optimizer = STATE_HOLDER._fault_build
+    paddle.optimizer.AdamW.step = _ORIG["adamw_step"]
     _state().clear()

@@ -21,7 +21,7 @@ import pytest
 
 from launch import run_launch
 from llmtest import compose, tiny_overrides
-from llmtrain.checkpoint.manager import list_checkpoints
+from llmtrain.checkpoint.listing import list_checkpoints
 from llmtrain.config import ConfigError, check_config
 from llmtrain.train.anomaly import EXIT_DIVERGED
 from llmtrain.train.contract import rule_of

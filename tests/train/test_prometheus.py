@@ -20,7 +20,7 @@ TYPES = {
     "llmtrain_step_duration_seconds": "histogram",
     "llmtrain_info": "gauge",  # an Info metric is a gauge of value 1 in the text format
     "llmtrain_anomalies": "counter", "llmtrain_skipped_steps": "counter", "llmtrain_rewinds": "counter",
-    "llmtrain_transient_faults": "counter",
+    "llmtrain_transient_faults": "counter", "llmtrain_loss_scale_overflows": "counter",
 }
 
 
@@ -37,12 +37,14 @@ def test_exposition_names_types_labels_values():
         exp.step_done(5, 0.2)
         exp.step_done(6, 3.0)
         exp.record({"tokens_total": 1234, "tokens_per_sec": 50.5, "mfu": None, "loss": 7.25, "grad_norm": 1.5,
-                    "lr": 3e-4, "data_wait_time": 0.01})
+                    "lr": 3e-4, "data_wait_time": 0.01, "loss_scale": 16384.0})
         exp.checkpoint_saved(2.5)
         exp.memory({"param_bytes": 10, "optimizer_bytes": 20, "grad_bytes": 30})
-        kinds = {"nonfinite_loss": 0, "nonfinite_grad_norm": 1, "loss_spike": 2, "grad_norm_spike": 0}
-        exp.guard_counts({"anomalies": 3, "skipped_steps": 1, "rewinds": 2, "transient_faults": 1}, kinds)
-        exp.guard_counts({"anomalies": 3, "skipped_steps": 1, "rewinds": 2, "transient_faults": 1}, kinds)  # totals
+        kinds = {"nonfinite_loss": 0, "nonfinite_grad_norm": 1, "loss_spike": 2, "grad_norm_spike": 0,
+                 "loss_scale_overflow": 1}
+        counts = {"anomalies": 4, "skipped_steps": 1, "rewinds": 2, "transient_faults": 1, "loss_scale_overflows": 7}
+        exp.guard_counts(counts, kinds)
+        exp.guard_counts(counts, kinds)  # running totals: the second call adds nothing
         fams, text = _scrape(port)
     finally:
         exp.close()
@@ -64,7 +66,8 @@ def test_exposition_names_types_labels_values():
                 and all(s.labels.get(k) == v for k, v in labels.items())]
         return s.value
 
-    assert value("llmtrain_tokens") == 1234
+    assert value("llmtrain_tokens") == 1234 and value("llmtrain_model_tokens") == 1234
+    assert value("llmtrain_loss_scale") == 16384.0
     assert value("llmtrain_step") == 6
     assert value("llmtrain_loss") == 7.25 and value("llmtrain_grad_norm") == 1.5
     assert value("llmtrain_learning_rate") == pytest.approx(3e-4)
@@ -77,8 +80,9 @@ def test_exposition_names_types_labels_values():
     assert value("llmtrain_checkpoint_interval_steps") == 50
     assert [value("llmtrain_memory_bytes", kind=k) for k in ("parameters", "optimizer", "gradients")] == [10, 20, 30]
     # divergence guard: the running totals, once (a repeated total adds nothing)
-    assert [value("llmtrain_anomalies", kind=k) for k in kinds] == [0, 1, 2, 0]
-    assert (value("llmtrain_skipped_steps"), value("llmtrain_rewinds"), value("llmtrain_transient_faults")) == (1, 2, 1)
+    assert [value("llmtrain_anomalies", kind=k) for k in kinds] == [0, 1, 2, 0, 1]
+    assert (value("llmtrain_skipped_steps"), value("llmtrain_rewinds"), value("llmtrain_transient_faults"),
+            value("llmtrain_loss_scale_overflows")) == (1, 2, 1, 7)
     hist = {s.name: s for s in fams["llmtrain_step_duration_seconds"].samples if "le" not in s.labels}
     assert hist["llmtrain_step_duration_seconds_count"].value == 2
     assert hist["llmtrain_step_duration_seconds_sum"].value == pytest.approx(3.2)
@@ -86,12 +90,23 @@ def test_exposition_names_types_labels_values():
     assert (info.labels["model"], info.labels["layout"], info.labels["version"], info.value) == ("gpt-tiny", "dp2", "0.1.0", 1)
 
 
-def test_counter_never_goes_down_and_starts_at_restored_total():
+def _sample(exp, name: str, suffix: str = "") -> float:
+    (s,) = [s for m in exp.registry.collect() if m.name == name for s in m.samples if s.name == name + suffix]
+    return s.value
+
+
+def test_token_counter_stays_monotonic_over_a_rewind_and_the_gauge_follows_the_model():
+    """Starts at the restored total; a rewind takes the model's tokens (the gauge) back to the checkpoint's, the
+    counter stays and rises again with the redone steps (it counts tokens trained on, redone ones included)."""
     exp = PrometheusExporter("r", rank=0, node="n", tokens_total=500)
-    exp.set_tokens_total(400)  # a smaller value (cannot happen in a run) leaves the counter alone
-    exp.set_tokens_total(900)
-    (s,) = [s for m in exp.registry.collect() if m.name == "llmtrain_tokens" for s in m.samples if s.name.endswith("_total")]
-    assert s.value == 900
+    assert (_sample(exp, "llmtrain_tokens", "_total"), _sample(exp, "llmtrain_model_tokens")) == (500, 500)
+    exp.record({"tokens_total": 900})
+    exp.rewound(600)  # the divergence guard reloaded a checkpoint of 600 tokens
+    assert (_sample(exp, "llmtrain_tokens", "_total"), _sample(exp, "llmtrain_model_tokens")) == (900, 600)
+    exp.record({"tokens_total": 700})  # a redone step of 100 tokens
+    assert (_sample(exp, "llmtrain_tokens", "_total"), _sample(exp, "llmtrain_model_tokens")) == (1000, 700)
+    exp.model_tokens(650)  # a smaller value without a rewind adds nothing to the counter
+    assert _sample(exp, "llmtrain_tokens", "_total") == 1000
 
 
 def test_config_rejects_bad_port():

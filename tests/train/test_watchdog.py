@@ -24,7 +24,8 @@ import pytest
 
 from launch import REPO, child_pids, env, free_port, launch_cmd
 from llmtest import tiny_overrides
-from llmtrain.checkpoint.manager import list_checkpoints, verify_files
+from llmtrain.checkpoint.listing import list_checkpoints
+from llmtrain.checkpoint.verify import verify_files
 
 HANG_S = 6
 
