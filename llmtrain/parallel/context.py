@@ -167,6 +167,17 @@ def context_problems(parallel, model, seq_len: int, document_mask: bool = False,
                 problems.append(f"parallel.cp_comm=a2a: {fname}={heads} / parallel.tp={parallel.tp} = "
                                 f"{heads // parallel.tp} heads per tp rank is not divisible by parallel.cp={cp} "
                                 "(the all-to-all gives each cp rank heads/cp of them); use cp_comm=ring or allgather")
+    if getattr(model, "sliding_window", 0) > 0 and parallel.cp_comm != "a2a":
+        problems.append(f"model.sliding_window={model.sliding_window} with parallel.cp_comm={parallel.cp_comm}: the "
+                        "ring and all-gather blocks take no window; use cp_comm=a2a (the model's own core sees the "
+                        "whole sequence)")
+    if getattr(model, "moe_num_experts", 0) > 0:
+        problems.append(f"parallel.cp={cp} with model.moe_num_experts={model.moe_num_experts}: Mixture-of-Experts under "
+                        "context parallelism is not implemented (each rank's router would balance its own chunks: the "
+                        "balancing losses and statistics need summing over cp)")
+    if getattr(model, "mla_kv_lora_rank", 0) > 0:
+        problems.append(f"parallel.cp={cp} with multi-head latent attention (model.mla_kv_lora_rank="
+                        f"{model.mla_kv_lora_rank}): not implemented under context parallelism")
     if parallel.cp_comm == "ring" and document_mask and on_gpu:
         problems.append(f"parallel.cp_comm=ring with data.document_mask=true on GPU: the ring's flash attention "
                         "blocks take no per-document mask; use cp_comm=allgather or a2a (flashmask)")

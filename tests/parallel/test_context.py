@@ -12,6 +12,7 @@ and the per-rank check failing a layout that fell back to whole-sequence attenti
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import paddle
@@ -144,6 +145,12 @@ def test_context_problems_name_the_numbers():
     assert "model.family=encoder" in context_problems(ParallelConfig(cp=2), ModelConfig(
         name="e", family="encoder", hidden_size=32, num_layers=2, num_heads=4, ffn_hidden_size=64, vocab_size=256), 32)[0]
     assert "use cp_comm=allgather or a2a" in context_problems(ParallelConfig(cp=2), llama, 32, True, on_gpu=True)[0]
+    windowed = dataclasses.replace(llama, sliding_window=8)
+    assert "model.sliding_window=8 with parallel.cp_comm=ring" in context_problems(ParallelConfig(cp=2), windowed, 32)[0]
+    assert context_problems(ParallelConfig(cp=2, cp_comm="a2a"), windowed, 32) == []
+    moe = dataclasses.replace(llama, moe_num_experts=4)
+    assert "Mixture-of-Experts under context parallelism is not implemented" in context_problems(
+        ParallelConfig(cp=2), moe, 32)[0]
 
 
 def test_resolve_refuses_context_parallel_problems_up_front(tiny_corpus, tmp_path):

@@ -10,7 +10,8 @@ grad_norm within 1e-5 of the one-process run and tokens equal (never x cp); ever
 exchange computes, within 5% of every other rank's). cp2 runs each exchange (ring, allgather, a2a), GPT with
 learned positions and tied embeddings, packed documents (`data.document_mask`, positions reset per document), ring
 with recompute, and `context_checks.documents_alone_under_cp` (each document of a packed row gets its loss and
-gradients alone through every exchange); its Llama ring run writes step 2, from which a dp2 launch resumes and
+gradients alone through every exchange) and a sliding-window Llama under a2a (the model's core sees the whole
+sequence); its Llama ring run writes step 2, from which a dp2 launch resumes and
 matches steps 3-4. The 4-process layouts: dp2cp2 (a2a), tp2cp2 with sequence parallelism (ring), pp2cp2
 (allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ring).
 """
@@ -35,9 +36,10 @@ RUNS = {  # name: (model, extra overrides, one-process reference run)
     "llama_a2a": ("llama", ["parallel.cp_comm=a2a"], "llama"),
     "llama_recompute": ("llama", ["train.recompute=true"], "llama"),
     "gpt_allgather": ("gpt", ["parallel.cp_comm=allgather"], "gpt"),
+    "window_a2a": ("llama", ["model.sliding_window=8", "parallel.cp_comm=a2a"], "window"),
 }
 LAUNCHES = {  # layout: (processes, runs)
-    "cp2": (2, ["llama", "llama_allgather", "llama_a2a", "gpt", "gpt_docs", "llama_recompute"]),
+    "cp2": (2, ["llama", "llama_allgather", "llama_a2a", "gpt", "gpt_docs", "llama_recompute", "window_a2a"]),
     "dp2cp2": (4, ["llama_a2a"]),
     "tp2cp2": (4, ["llama"]),
     "pp2cp2": (4, ["llama_allgather", "gpt_allgather"]),
@@ -54,10 +56,12 @@ def _overrides(corpus, out, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_corpus, tmp_path_factory):
-    """One process: llama, gpt and gpt with packed documents: {name: (metrics, memory.json)}."""
+    """One process: llama, gpt, gpt with packed documents and a sliding-window llama: {name: (metrics, memory.json)}."""
     out = tmp_path_factory.mktemp("cp_ref")
-    names = ["llama", "gpt", "gpt_docs"]
-    run_many([_overrides(tiny_corpus, out, n) for n in names], nproc=0, workdir=out)
+    names = ["llama", "gpt", "gpt_docs", "window"]
+    runs = [_overrides(tiny_corpus, out, n) for n in names[:3]]
+    runs.append(tiny_overrides(tiny_corpus, str(out / "window"), "llama", steps=STEPS) + ["model.sliding_window=8"])
+    run_many(runs, nproc=0, workdir=out)
     return {n: (metrics(out / n), json.loads((out / n / "memory.json").read_text())) for n in names}
 
 
