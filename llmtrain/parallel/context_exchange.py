@@ -215,8 +215,8 @@ class ContextAttention:
     def __call__(self, q, k, v, causal: bool = True, mask=None, segments=None, **options):
         if mask is not None:
             raise ValueError("context parallelism takes no additive padding mask (decoders have none)")
-        if any(value is not None for value in options.values()):
-            raise NotImplementedError(f"attention options {sorted(options)} under context parallelism")
+        if self.comm != "a2a" and any(options.values()):  # refused up front (`context_problems`)
+            raise NotImplementedError(f"attention options {sorted(options)} under cp_comm={self.comm}")
         seg = None if segments is None else gather_sequence(segments, self.group)  # [b, s] rank order
         call = _Call(self, ChunkLayout(q.shape[1] * self.cp, self.cp), causal, seg)
         if self.comm == "a2a":
