@@ -131,16 +131,34 @@ def test_full_traceback_on_request(tmp_path):
 
 
 @pytest.mark.slow
-def test_config_error_under_the_launcher_is_said_once_with_status_2(tmp_path):
+def test_config_error_under_the_launcher_is_said_once_with_status_2(tiny_corpus, tmp_path):
+    """ONE 2-process launch for the family of up-front errors (issue 38 §4): bad batch arithmetic, a missing
+    data.prefixes file, a data.weights count that does not match, data made with another tokenizer, a missing
+    lexicon and a missing checkpoint.resume. Status 2, each problem said once (by rank 0), no traceback, and
+    before any process group starts: no rank reaches fleet's initialisation, nothing is written in run.dir.
+    (Each error alone, and a corrupt or run-directory checkpoint.resume, in process: tests/train/test_resolve.py,
+    tests/train/test_rundir.py.)"""
     from launch import launch_cmd, logs
 
-    cmd = launch_cmd(["llmtrain/pretrain.py", "+parallel=dp2", f"run.dir={tmp_path / 'run'}", *BAD], 2, tmp_path / "log")
+    missing = tmp_path / "nope" / "corpus_text_document"
+    bad = [*BAD[:2], "model=ernie-tiny", "model.max_position_embeddings=64", "data.seq_len=32",
+           "data.tokenizer=tokenizers/pd1998-bpe16k", f"data.prefixes=[{tiny_corpus['prefix']},{missing}]",
+           "data.weights=[1.0]", "data.masking.strategy=entity", "data.masking.entity_source=lexicon",
+           f"data.masking.lexicon={tmp_path / 'entities.txt'}", f"checkpoint.resume={tmp_path / 'no-run'}"]
+    cmd = launch_cmd(["llmtrain/pretrain.py", "+parallel=dp2", f"run.dir={tmp_path / 'run'}", *bad], 2,
+                     tmp_path / "log")
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180, env=_env())
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     worker_logs = logs(tmp_path / "log", tail=200)
-    assert worker_logs.count("not divisible by micro x data-parallel = 4 x 2 = 8") == 1, worker_logs
+    for needle in ("not divisible by micro x data-parallel = 4 x 2 = 8", f"{missing}.bin does not exist",
+                   "data.weights has 1 entries for 2 data.prefixes", f"{tiny_corpus['prefix']} was preprocessed with "
+                   "tokenizer", f"data.masking.lexicon={tmp_path / 'entities.txt'}: ",
+                   f"checkpoint.resume={tmp_path / 'no-run'}: no such directory"):
+        assert worker_logs.count(needle) == 1, (needle, worker_logs)
     # no Python traceback (a rank the launcher stops first may print Paddle's "C++ Traceback" signal banner)
     assert not re.search(r"^Traceback \(most recent call last\)", worker_logs, re.M), worker_logs
+    assert "layout dp2" not in worker_logs and "HybridParallel" not in worker_logs, worker_logs
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_parallel_options_are_degree_only_overrides():

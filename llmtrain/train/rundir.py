@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from llmtrain.checkpoint.health import resume_order
-from llmtrain.checkpoint.listing import FORMAT, STEP_DIR, list_checkpoints
+from llmtrain.checkpoint.listing import STEP_DIR, list_checkpoints
 from llmtrain.checkpoint.reader import describe_manifest
+from llmtrain.checkpoint.verify import verify_files
 from llmtrain.utils.log import global_rank, log0
 
 
@@ -54,26 +55,8 @@ class RunDirReview:
 
 def quick_problems(ckpt_dir: str) -> list[str]:
     """Problems of a checkpoint seen without hashing: a readable manifest of our format and every file it lists
-    present with its recorded size (the full check, with sha256, is `manager.verify_files`)."""
-    path = os.path.join(ckpt_dir, "manifest.json")
-    if not os.path.isfile(path):
-        return [f"{ckpt_dir}: no manifest.json (its save did not finish)"]
-    try:
-        with open(path) as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as e:
-        return [f"{path}: unreadable ({e})"]
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        return [f"{path}: not a {FORMAT} manifest"]
-    out = []
-    for name, info in sorted(manifest.get("files", {}).items()):
-        file = os.path.join(ckpt_dir, name)
-        size = os.path.getsize(file) if os.path.isfile(file) else None
-        if size is None:
-            out.append(f"{file}: missing")
-        elif size != info.get("size"):
-            out.append(f"{file}: {size} bytes, the manifest says {info.get('size')} (truncated?)")
-    return out
+    present with its recorded size (`verify.verify_files` without checksums)."""
+    return verify_files(ckpt_dir, checksums=False)
 
 
 def _manifest(ckpt_dir: str) -> dict:
