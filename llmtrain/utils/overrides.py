@@ -19,8 +19,14 @@ import typing
 from typing import Iterable, Mapping, Sequence
 
 
+OPEN = "*"
+"""The mark of a field whose value is a free-form mapping (`Dict`, `Any`): `path.*` in `schema_keys` means any key
+below `path` is valid."""
+
+
 def schema_keys(schema: type) -> set[str]:
-    """Every dotted field path of a dataclass tree (`train`, `train.max_steps`, `train.anomaly.policy`, ...)."""
+    """Every dotted field path of a dataclass tree (`train`, `train.max_steps`, `train.anomaly.policy`, ...); a
+    mapping-valued field adds `path.*` (`OPEN`)."""
     out: set[str] = set()
 
     def walk(cls: type, prefix: str) -> None:
@@ -28,12 +34,23 @@ def schema_keys(schema: type) -> set[str]:
         for f in dataclasses.fields(cls):
             path = prefix + f.name
             out.add(path)
-            inner = _dataclass_of(hints.get(f.name))
+            hint = hints.get(f.name)
+            inner = _dataclass_of(hint)
             if inner is not None:
                 walk(inner, path + ".")
+            elif hint is typing.Any or _is_mapping(hint):
+                out.add(f"{path}.{OPEN}")
 
     walk(schema, "")
     return out
+
+
+def _is_mapping(hint) -> bool:
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) == 1:
+        hint = args[0]
+    return hint is dict or typing.get_origin(hint) in (dict, typing.Mapping) or (
+        isinstance(typing.get_origin(hint), type) and issubclass(typing.get_origin(hint), Mapping))
 
 
 def _dataclass_of(hint):
@@ -51,13 +68,15 @@ def is_known(key: str, keys: set[str]) -> bool:
     parts = key.split(".")
     while parts and parts[-1].isdigit():
         parts.pop()
-    return ".".join(parts) in keys
+    if ".".join(parts) in keys:
+        return True
+    return any(".".join(parts[:i]) + "." + OPEN in keys for i in range(1, len(parts)))
 
 
 def nearest(key: str, names: Iterable[str], cutoff: float = 0.75) -> str | None:
     """The closest name to `key` by spelling (`train.max_step` -> `train.max_steps`), else by its last part
     (`max_steps` -> `train.max_steps`), else None."""
-    names = sorted(names)
+    names = sorted(n for n in names if not n.endswith("." + OPEN))
     close = difflib.get_close_matches(key, names, n=1, cutoff=cutoff)
     if close:
         return close[0]
