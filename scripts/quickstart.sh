@@ -5,7 +5,7 @@
 #   3. pretrain gpt-tiny on 2 CPU processes, data parallel (+parallel=dp2).
 # Leaves work/runs/quickstart/ with metrics.jsonl, loss_curve.png and checkpoints/step_<N>/. Each call starts a new
 # run (run.overwrite=true): a previous one in work/runs/quickstart is moved aside to work/runs/quickstart.old-<k>.
-# Extra arguments are Hydra overrides, e.g.  bash scripts/quickstart.sh train.max_steps=50 model=llama-tiny
+# Extra arguments are Hydra overrides, e.g.  bash scripts/quickstart.sh model=llama-tiny train.max_steps=50 optim.lr=1e-3
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
