@@ -137,13 +137,31 @@ def test_overwrite_moves_the_old_run_aside_and_nothing_mixes(old_run, tiny_corpu
     assert _resolve(tiny_corpus, other, "run.overwrite=true").run_dir.move_aside == f"{other}.old-1"
 
 
-def test_export_names_the_run_and_step_it_reads(old_run, tmp_path, capsys):
-    from llmtrain.export import main
+def test_export_and_generate_name_the_run_and_step_they_read(old_run, tmp_path, capsys):
+    """...and `generate --model missing/` is one message with status 2, not an 18-line traceback."""
+    import logging
 
-    assert main(["--checkpoint", str(old_run), "--output", str(tmp_path / "out"), "--safetensors"]) == 0
+    from llmtrain.export import main as export
+    from llmtrain.generate import main as generate
+
+    what = "step 2 of run gpt-tiny-single (model gpt-tiny, layout single, 512 tokens)"
+    assert export(["--checkpoint", str(old_run), "--output", str(tmp_path / "out"), "--safetensors"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"exported step 2 of run gpt-tiny-single (model gpt-tiny, layout single, 512 tokens): "
-                          f"{old_run / 'checkpoints' / 'step_2'} -> "), out
+    assert out.startswith(f"exported {what}: {old_run / 'checkpoints' / 'step_2'} -> "), out
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("llmtrain").addHandler(handler)
+    try:
+        assert generate(["--model", str(old_run), "--ids", "5,6", "--max-new-tokens", "1"]) == 0
+    finally:
+        logging.getLogger("llmtrain").removeHandler(handler)
+    assert f"generate: reading {what} from {old_run / 'checkpoints' / 'step_2'}" in said, said
+    capsys.readouterr()
+    assert generate(["--model", str(tmp_path / "missing"), "--ids", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"generate: --model {tmp_path / 'missing'}: no such directory (give a step_<N> or run " \
+                          "directory of ours, or a PaddleNLP model directory)", err
 
 
 def _env():
