@@ -21,7 +21,7 @@ What each family computes and which config fields are refused: `hf_config.py` (D
 stored [out, in] (transposed here to our [in, out]); Qwen3's `self_attn.q_norm.weight` / `k_norm.weight` [head_dim]
 are our `attn.q_norm` / `attn.k_norm`; Qwen3-MoE's `mlp.gate.weight` [E, h] is our router [h, E] and its
 `mlp.experts.{j}.{gate,up,down}_proj.weight` are stacked into `mlp.experts.w_gate/w_up/w_down` [E, ...] (our
-expert bias, auxiliary-loss-free balancing, has no HF tensor: zeros on import, refused on export when used).
+expert bias, auxiliary-loss-free balancing, has no HF tensor: zeros on import, refused on export when non-zero).
 `tie_word_embeddings`: logits through the embedding; transformers then omits `lm_head.weight` (and ignores one
 that is present, as we do, with a note). `pytorch_model.bin` (a pickle of torch tensors) is not read: convert to
 safetensors first.
@@ -193,9 +193,9 @@ def from_canonical(state: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
             out[f"{p}self_attn.k_norm.weight"] = state[f"{c}attn.k_norm.weight"]
         if cfg.is_moe_layer(i):
             bias = state[f"{c}mlp.expert_bias"]
-            if cfg.moe_bias_update_rate > 0 and np.any(bias != 0):
-                raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero and model.moe_bias_update_rate="
-                                        f"{cfg.moe_bias_update_rate}: Qwen3-MoE routes without a bias")
+            if np.any(bias != 0):  # the router chooses on scores + bias (llmtrain.models.moe.route)
+                raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero (auxiliary-loss-free balancing moved it): "
+                                        "Qwen3-MoE routes without a bias")
             out[f"{p}mlp.gate.weight"] = np.ascontiguousarray(state[f"{c}mlp.router.weight"].T)
             for ours, theirs in EXPERT_LINEARS:
                 stacked = state[f"{c}mlp.experts.{ours}"]

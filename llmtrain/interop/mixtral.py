@@ -21,7 +21,7 @@ Keys: `mixtral.layers.N.block_sparse_moe.gate.weight` [h, E];
 `...block_sparse_moe.experts.E.w1/w3.weight` [h, f] (gate, up), `w2.weight` [f, h] (down),
 stacked into our `layers.N.mlp.experts.w_gate/w_up/w_down` [E, ...]. Our expert bias
 (auxiliary-loss-free balancing) has no PaddleNLP counterpart: imported as zeros, and a
-model that uses it (moe_bias_update_rate > 0 with a non-zero bias) is refused on export.
+model whose bias is non-zero (the router chooses with it) is refused on export.
 """
 from __future__ import annotations
 
@@ -151,9 +151,9 @@ def from_canonical(state: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, 
     for i in range(cfg.num_layers):
         p, c = f"mixtral.layers.{i}.", f"layers.{i}."
         bias = state[f"{c}mlp.expert_bias"]
-        if cfg.moe_bias_update_rate > 0 and np.any(bias != 0):
-            raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero and model.moe_bias_update_rate="
-                                    f"{cfg.moe_bias_update_rate}: PaddleNLP's Mixtral routes without a bias")
+        if np.any(bias != 0):  # the router chooses on scores + bias (llmtrain.models.moe.route)
+            raise UnsupportedConfig(f"{c}mlp.expert_bias is non-zero (auxiliary-loss-free balancing moved it): "
+                                    "PaddleNLP's Mixtral routes without a bias")
         out[f"{p}input_layernorm.weight"] = state[f"{c}attn_norm.weight"]
         out[f"{p}post_attention_layernorm.weight"] = state[f"{c}mlp_norm.weight"]
         for n in "qkvo":

@@ -108,6 +108,11 @@ RULES: list[tuple[str, str, str]] = [
                                  "changes"),
     *_each("model.head_dim model.qk_norm", "refuse", "the checkpoint's attention tensors have the checkpoint's head "
                                                    "width and QK-norm weights (or none)"),
+    *_each("model.mla_q_lora_rank model.mla_kv_lora_rank model.mla_qk_nope_head_dim model.mla_qk_rope_head_dim "
+           "model.mla_v_head_dim", "refuse", "the checkpoint's latent-attention tensors have the checkpoint's ranks and "
+                                            "head widths"),
+    *_each("model.moe_n_group model.moe_topk_group model.moe_group_score", "warn",
+           "the experts a token may choose change from this step on (the weights fit either way)"),
     *_each("model.sliding_window model.sliding_window_layers " + " ".join(
         f"model.rope_scaling.{f.name}" for f in dataclasses.fields(RopeScaling)), "warn",
         "the attention over positions changes from this step on (the weights fit either way)"),
