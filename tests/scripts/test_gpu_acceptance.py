@@ -101,9 +101,10 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                 assert "LLMTRAIN_PARITY_TOL" in env
             pytests += 1
         elif words[1].endswith("scripts/gpu_acceptance.py"):
-            assert words[2] in ("env", "fp16-overflow"), words
-            if words[2] == "fp16-overflow":
-                runs = gpu_acceptance.fp16_overflow_runs(Path(words[3]))
+            assert words[2] in ("env", "fp16-overflow", "ep-alltoall"), words
+            if words[2] != "env":
+                runs = {"fp16-overflow": gpu_acceptance.fp16_overflow_runs,
+                        "ep-alltoall": gpu_acceptance.ep_alltoall_runs}[words[2]](Path(words[3]))
                 for run in runs:
                     if "call" in run:
                         assert (REPO / run["call"].split(":")[0]).is_file(), run
@@ -111,7 +112,7 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                         _check_run(run["overrides"], 2)
             subcommands += 1
     assert launches == plans == (6 if gpus >= 4 else 4)
-    assert pytests == 5 and finetunes == 1 and subcommands == 2
+    assert pytests == 5 and finetunes == 1 and subcommands == 3
 
 
 def test_too_few_gpus_refused(tmp_path):
