@@ -52,6 +52,7 @@ THROUGHPUT = ["model=llama-1b", "train.amp=bf16", "data.seq_len=2048", "train.gl
               "checkpoint.save_final=false", "checkpoint.interval=0", "checkpoint.resume=none"]
 GPU_PATHS = {
     "amp-fp16": ["gpu_paths", "fp16_overflow", "parity_bf16"],
+    "async-save-device-copy": ["gpu_paths"],
     "flash-attention": ["gpu_paths", "parity_bf16", "tput_auto"],
     "flashmask": ["gpu_paths", "finetune_packed"],
     "flashmask-window": ["gpu_paths"],
