@@ -10,6 +10,7 @@ device. Each section's schema lives with the package it configures.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -29,12 +30,19 @@ from llmtrain.train.config import OptimConfig, TrainConfig
 
 @dataclass
 class RunConfig:
-    name: str = "${model.name}-${oc.select:parallel.name,single}"
-    """Run label; the default is the model and layout names."""
+    name: str = "${model.name}-${layout_tag:}"
+    """Run label; the default is the model name and the layout's real degrees (`gpt-tiny-tp2pp2` for
+    `+parallel=tp2 parallel.pp=2`, `gpt-tiny-single` for one device; `llmtrain.parallel.config.layout_tag`)."""
 
     dir: str = "outputs/${run.name}"
-    """The run directory (metrics.jsonl, loss curve, checkpoints, VisualDL). Every rank computes the same path:
-    it never depends on the clock."""
+    """The run directory (metrics.jsonl, loss curve, checkpoints, VisualDL); it belongs to one run: a new run in a
+    directory holding another run's checkpoints is refused up front (`llmtrain.train.rundir`). Every rank computes
+    the same path: it never depends on the clock."""
+
+    overwrite: bool = False
+    """Start a new run in `dir` even though it holds another run: that run is moved aside to `<dir>.old-<k>` first
+    (never deleted). Without it, a new run (checkpoint.resume=none, or a config that cannot continue the
+    checkpoints there) in such a directory is refused."""
 
 
 @dataclass
@@ -77,7 +85,11 @@ class FinetuneConfig(Config):
 
 
 def register_configs() -> None:
-    """Register the root schemas (`base_config`, `base_finetune_config`) and group schemas (`<group>/base`)."""
+    """Register the root schemas (`base_config`, `base_finetune_config`), group schemas (`<group>/base`) and the
+    `layout_tag` resolver of the default run name."""
+    from llmtrain.parallel.config import layout_tag
+
+    OmegaConf.register_new_resolver("layout_tag", lambda *, _root_: layout_tag(_root_.get("parallel")), replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(name="base_finetune_config", node=FinetuneConfig)
@@ -90,8 +102,56 @@ def register_configs() -> None:
 
 
 def to_config(cfg) -> Config:
-    """The composed DictConfig as a typed `Config` object (all interpolations resolved)."""
+    """The composed DictConfig as a typed `Config` object (all interpolations resolved); a key that a `+key=value`
+    added and the schema lacks is a ConfigError (to_object would drop it silently)."""
+    from llmtrain.utils.overrides import composed_problems
+
+    schema = OmegaConf.get_type(cfg)  # Config or FinetuneConfig: the root schema the tree was composed on
+    command = "python llmtrain/finetune.py" if schema is FinetuneConfig else "python llmtrain/pretrain.py"
+    problems = composed_problems(cfg, schema, command) if dataclasses.is_dataclass(schema) else []
+    if problems:
+        raise ConfigError(problems)
     return OmegaConf.to_object(cfg)
+
+
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+ROOTS = {"config": (Config, "python llmtrain/pretrain.py"), "finetune": (FinetuneConfig, "python llmtrain/finetune.py")}
+"""Root config name -> (schema, the command that prints it)."""
+
+
+def presets() -> dict[str, list[str]]:
+    """{group: preset names} of `conf/<group>/*.yaml`."""
+    out = {}
+    for group in sorted(os.listdir(CONF_DIR)):
+        if os.path.isdir(os.path.join(CONF_DIR, group)):
+            out[group] = sorted(f[:-5] for f in os.listdir(os.path.join(CONF_DIR, group)) if f.endswith(".yaml"))
+    return out
+
+
+def command_line_problems(argv: list[str], config_name: str = "config", command: Optional[str] = None) -> list[str]:
+    """Unknown keys and presets among the Hydra overrides of a command line (`llmtrain.utils.overrides`), with and
+    without `+`, each with the nearest valid override."""
+    from hydra._internal.utils import get_args_parser  # Hydra's own parser of its command line (--cfg, -m, ...)
+
+    args, rest = get_args_parser().parse_known_args(argv)
+    from llmtrain.utils.overrides import override_problems
+
+    schema, default_command = ROOTS.get(args.config_name or config_name, ROOTS[config_name])
+    overrides = args.overrides + [a for a in rest if not a.startswith("-")]  # overrides after an option too
+    return override_problems(overrides, schema, presets(), command or default_command)
+
+
+def refuse_unknown_keys(config_name: str = "config", argv: Optional[list[str]] = None,
+                        command: Optional[str] = None) -> None:
+    """Before Hydra runs: exit with status 2 (rank 0 prints the problems) when an override names no config key or
+    preset (`train.max_step=10`, `+train.max_step=10`, `model=llama-tinny`)."""
+    import sys
+
+    problems = command_line_problems(sys.argv[1:] if argv is None else argv, config_name, command)
+    if problems:
+        from llmtrain.train.entry import exit_config_error
+
+        exit_config_error(ConfigError(problems))
 
 
 def compose_config(overrides=(), config_dir: Optional[str] = None, config_name: str = "config"):
@@ -99,13 +159,11 @@ def compose_config(overrides=(), config_dir: Optional[str] = None, config_name: 
 
         cfg = compose_config(["model=llama-tiny", "+parallel=tp2", "train.max_steps=5"])
     """
-    import os
-
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     register_configs()
-    config_dir = config_dir or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    config_dir = config_dir or CONF_DIR
     GlobalHydra.instance().clear()
     with initialize_config_dir(version_base="1.3", config_dir=config_dir):
         return compose(config_name=config_name, overrides=list(overrides))

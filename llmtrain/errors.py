@@ -20,6 +20,11 @@ class ConfigError(ValueError):
         super().__init__("invalid configuration:\n  - " + "\n  - ".join(self.problems))
 
 
+class RunFinished(Exception):
+    """The run directory's checkpoint is already at train.max_steps: nothing to train (resolve raises it before any
+    work; the entry script prints the message, which says how to train on, and exits 0)."""
+
+
 class FrozenConfigError(AttributeError):
     """Raised on an assignment to a resolved (frozen) configuration."""
 

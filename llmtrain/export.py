@@ -10,7 +10,7 @@ config.json + safetensors shards + index, `llmtrain.interop.hf_format`), or `aut
 started from a Hugging Face-layout directory (`model.init_from`), else `paddlenlp` — the format it came in.
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
-in which case the newest complete checkpoint is used (`llmtrain.checkpoint.reader`, the
+in which case the newest complete checkpoint is used (the command names the run and step it read) (`llmtrain.checkpoint.reader`, the
 reader generation and `model.init_from` use too). The checkpoint is verified
 (manifest, sizes, sha256) before anything is read; its tensors, written by any
 parallel layout, are assembled into full tensors (`llmtrain.checkpoint.shards`) and
@@ -30,13 +30,13 @@ format is written.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from typing import Optional
 
 from llmtrain.checkpoint.reader import Manifest, find_checkpoint, merged_state, model_state, tokenizer_of
 from llmtrain.errors import CheckpointReadError
+from llmtrain.utils.cli import ArgumentParser
 
 
 class ExportError(CheckpointReadError):
@@ -85,7 +85,7 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         info = write_paddlenlp_lora(cfg, lora, state, output, base=manifest.lora_base.get("init_from"),
                                     safetensors=safetensors, overwrite=overwrite)
         info.update(family="LoRA adapters", notes=[f"base model: {manifest.lora_base}"],
-                    checkpoint=ckpt_dir, tokenizer=None)
+                    checkpoint=ckpt_dir, read=manifest.describe(), tokenizer=None)
         return info
     if lora is not None:
         state = merged_state(manifest, state)
@@ -99,13 +99,14 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
                                           overwrite=overwrite)
     info["checkpoint"] = ckpt_dir
+    info["read"] = manifest.describe()
     info["tokenizer"] = tok
     info["notes"] = list(info.get("notes", [])) + merged_note
     return info
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmtrain.export", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m llmtrain.export", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="step_<N> directory, or a run directory")
     parser.add_argument("--output", required=True,
                         help="directory to create (from_pretrained format of PaddleNLP or Hugging Face)")
@@ -127,9 +128,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                                  args.overwrite, args.merge_lora)
     except (CheckpointReadError, UnsupportedConfig, CheckpointMismatch, FileExistsError) as e:
         print(f"export failed: {e}", file=sys.stderr)
-        return 1
+        return 2
     kind = "Hugging Face" if info["family"] in ("LlamaForCausalLM", "Qwen2ForCausalLM") else "PaddleNLP"
-    print(f"exported {info['checkpoint']} -> {info['out_dir']} as {kind} {info['family']} "
+    print(f"exported {info['read']}: {info['checkpoint']} -> {info['out_dir']} as {kind} {info['family']} "
           f"({', '.join(info['files'])})")
     for note in info["notes"]:
         print(f"  note: {note}")

@@ -18,14 +18,15 @@ pipeline parallel generation is not implemented.
 """
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
 from typing import Optional
 
 import numpy as np
 import paddle
 
+from llmtrain.utils.cli import ArgumentParser
 from llmtrain.utils.log import log0
 
 
@@ -38,6 +39,8 @@ def load_model(path: str, trusted: bool = False):
     from llmtrain.models.stages import canonical_parameters
 
     ckpt = read_model(path, trusted=trusted)
+    log0(f"generate: reading {ckpt.manifest.describe()} from {ckpt.manifest.path}" if ckpt.manifest is not None
+         else f"generate: reading the PaddleNLP model {path}")
     cfg = ckpt.config
     if cfg.family != "decoder":
         raise ValueError(f"{path}: a {cfg.family} model; generation needs a decoder (GPT, Llama)")
@@ -90,7 +93,7 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int, eos_id: Optional
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmtrain.generate", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m llmtrain.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="step_<N> or run directory, or a PaddleNLP directory")
     parser.add_argument("--prompt", default=None, help="text (needs a tokenizer)")
     parser.add_argument("--ids", default=None, help="prompt as comma-separated token ids instead of text")
@@ -102,12 +105,23 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print {prompt_ids, ids, text} as JSON")
     args = parser.parse_args(argv)
-    model, cfg, tok_path = load_model(args.model)
-    tok = None
-    if args.tokenizer or tok_path:
-        from llmtrain.tokenizer import load_tokenizer
+    if not os.path.isdir(args.model):
+        print(f"generate: --model {args.model}: no such directory (give a step_<N> or run directory of ours, or a "
+              "PaddleNLP model directory)", file=sys.stderr)
+        return 2
+    from llmtrain.errors import CheckpointReadError
+    from llmtrain.interop import CheckpointMismatch, UnsupportedConfig
 
-        tok = load_tokenizer(args.tokenizer or tok_path)
+    try:
+        model, cfg, tok_path = load_model(args.model)
+        tok = None
+        if args.tokenizer or tok_path:
+            from llmtrain.tokenizer import load_tokenizer
+
+            tok = load_tokenizer(args.tokenizer or tok_path)
+    except (CheckpointReadError, UnsupportedConfig, CheckpointMismatch, OSError, ValueError) as e:
+        print(f"generate: {e}", file=sys.stderr)  # one message, no traceback
+        return 2
     if args.ids is not None:
         prompt_ids = [int(x) for x in args.ids.split(",") if x.strip()]
     elif args.prompt is not None:

@@ -17,7 +17,10 @@ run in this process). With an `etcd://` master, before Paddle is imported:
   launcher counts as a failed worker.
 - `llmtrain.paddle_compat.elastic.install()`: Paddle 3.3.1's restart race (see there).
 
-Without an etcd master it only runs Paddle's launcher.
+Without an etcd master it only runs Paddle's launcher. Either way, the overrides of a recipe it
+launches (`llmtrain/pretrain.py`, `llmtrain/finetune.py`) are checked first: an unknown key or
+preset (`train.max_step=10`, with or without `+`) exits with status 2 naming the nearest valid one,
+before any worker starts (`llmtrain.config.refuse_unknown_keys`).
 """
 from __future__ import annotations
 
@@ -37,7 +40,21 @@ def _etcd_master(argv: list[str]) -> bool:
     return bool(master) and master.startswith("etcd://")
 
 
+RECIPES = {"pretrain.py": "config", "finetune.py": "finetune"}
+"""Entry scripts whose Hydra overrides are checked before the launch -> their root config."""
+
+
+def _recipe_overrides(argv: list[str]):
+    """(root config name, overrides) of the recipe on the launcher's command line, or None."""
+    for i, arg in enumerate(argv):
+        if arg.endswith(".py"):
+            name = RECIPES.get(os.path.basename(arg))
+            return (name, argv[i + 1:]) if name else None
+    return None
+
+
 def main() -> None:
+    recipe = _recipe_overrides(sys.argv[1:])
     if _etcd_master(sys.argv[1:]):
         os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"
         set_here = "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION" not in os.environ
@@ -54,6 +71,10 @@ def main() -> None:
         from llmtrain.paddle_compat.elastic import install
 
         install()
+    if recipe is not None:
+        from llmtrain.config import refuse_unknown_keys
+
+        refuse_unknown_keys(recipe[0], recipe[1])  # exit 2 before any worker starts
     from paddle.distributed.launch.main import launch
 
     launch()

@@ -15,7 +15,7 @@ if __package__ in (None, ""):
 
 import hydra
 
-from llmtrain.config import register_configs, to_config
+from llmtrain.config import refuse_unknown_keys, register_configs, to_config
 from llmtrain.train.entry import run_entry
 
 register_configs()
@@ -28,10 +28,12 @@ def pretrain(dcfg) -> dict:
     from llmtrain.parallel.strategy import init_distributed
     from llmtrain.plan.auto import choose_layout
     from llmtrain.resolve import resolve
+    from llmtrain.train.rundir import claim_run_dir
     from llmtrain.train.trainer import Trainer, build_data
 
     run = resolve(choose_layout(to_config(dcfg)))  # +parallel=auto -> the planner's layout; then every derived value
     # and every problem, before any work; frozen
+    claim_run_dir(run)  # run.overwrite=true: rank 0 moves the old run aside (never deletes it) before any work
     topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
     data = build_data(MLMData if run.objective == "encoder" else PretrainData, run, topo)  # tokenizer from resolve
     return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop
@@ -43,4 +45,5 @@ def main(dcfg) -> None:
 
 
 if __name__ == "__main__":
+    refuse_unknown_keys("config")  # train.max_step=10 or +train.max_step=10: exit 2 naming train.max_steps
     main()

@@ -3,6 +3,11 @@
     run = resolve(to_config(dcfg))     # ResolvedRun: frozen config, layout, tokenizer, imported weights
     python llmtrain/pretrain.py train.global_batch_size=10 train.micro_batch_size=4   # exit 2, problems listed
 
+Every file the run reads is checked here too: the data prefixes and their tokenizer, the
+masked-LM side files and lexicon (`llmtrain.data.inputs`), and what `run.dir` holds against
+`checkpoint.resume` (`llmtrain.train.rundir`: a directory belongs to one run; a resume this config
+cannot continue is refused before any process group starts).
+
 Derived here and nowhere else: the model's vocabulary (the tokenizer's padded size
 when `model.vocab_size` is null), the architecture of a checkpoint given by
 `model.init_from` (it replaces the preset's: it is the truth for its weights), the
@@ -20,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from llmtrain.config import Config, config_problems, freeze
-from llmtrain.errors import ConfigError
+from llmtrain.errors import ConfigError, RunFinished
 from llmtrain.models.config import FUSE_SWITCHES, ModelConfig, fusion_problems
 from llmtrain.paddle_compat.kernels import on_gpu
 from llmtrain.parallel.layout import Layout, layout_problems, model_fit_problems
@@ -54,6 +59,10 @@ class ResolvedRun:
 
     initial_adapters: Optional[Mapping[str, Any]] = None
     """{canonical `...lora_A`/`lora_B`: full tensor} of `finetune.lora.init_from` (PaddleNLP adapters), or None."""
+
+    run_dir: Optional[Any] = None
+    """`llmtrain.train.rundir.RunDirReview`: the checkpoint a resume continues, and where run.overwrite=true moves
+    an old run (`claim_run_dir`)."""
 
 
 def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
@@ -91,12 +100,23 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     problems += rampup_config_problems(cfg.train.batch_rampup, cfg.data, layout)
     problems += pipeline_moe_problems(model, cfg.parallel, cfg.train.amp, cfg.train.batch_rampup)
     problems += packing_problems(cfg.data, cfg.parallel)
+    from llmtrain.data.inputs import data_input_problems
+    from llmtrain.train.rundir import review_run_dir
+
+    problems += data_input_problems(cfg.data, tokenizer, model.family)  # every file the data section names
+    run_dir = review_run_dir(resolved, layout if not problems else None, tokenizer)  # one run per directory
+    problems += run_dir.problems
     if problems:
         raise ConfigError(problems)
+    if run_dir.finished:
+        raise RunFinished(run_dir.finished)
+    for note in run_dir.notes:
+        log0(note)
+    resolved = dataclasses.replace(resolved, checkpoint=dataclasses.replace(resolved.checkpoint, resume=run_dir.resume))
     return ResolvedRun(
         cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=cfg.model.family,
         initial_state=initial_state, world_size=world_size,
-        flops_per_token=_flops_per_token(resolved), initial_adapters=initial_adapters,
+        flops_per_token=_flops_per_token(resolved), initial_adapters=initial_adapters, run_dir=run_dir,
     )
 
 

@@ -4,6 +4,7 @@
 #   2. question/answer pairs cut from the corpus (train + held-out),
 #   3. LoRA fine-tuning from that PaddleNLP directory with packed sequences and held-out evaluation,
 #   4. generation before and after, and exports: PaddleNLP adapters and a merged plain model.
+# Each call starts a new fine-tuning run (a previous work/runs/lora-demo is moved aside to lora-demo.old-<k>).
 # Extra arguments are Hydra overrides of step 3, e.g.  bash scripts/finetune_demo.sh finetune.lora.rank=16
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +17,7 @@ python llmtrain/finetune.py model=gpt-tiny model.init_from=work/pnlp/gpt-tiny \
     data.seq_len=128 data.packing=true finetune.lora.rank=8 finetune.lora.alpha=16 \
     optim.lr=2e-3 optim.min_lr=2e-4 optim.warmup_steps=5 train.max_steps=40 train.global_batch_size=8 \
     train.micro_batch_size=4 train.eval_interval=20 train.eval_batches=4 train.log_interval=5 \
-    run.dir=work/runs/lora-demo checkpoint.resume=none "$@"
+    run.dir=work/runs/lora-demo run.overwrite=true "$@"
 PROMPT="中共中央总书记、国家主席江泽民发表新年讲话"
 echo "== before (the PaddleNLP base):"
 python -m llmtrain.generate --model work/pnlp/gpt-tiny --prompt "$PROMPT" --chat --max-new-tokens 40

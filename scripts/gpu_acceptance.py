@@ -12,7 +12,19 @@ Steps, in order (each one's output in OUT/<step>.log; a failed step is reported 
                     process, fp32 with TF32 off, |loss or grad_norm difference| <= PARITY_TOL["fp32"]
   parity_bf16       the same with train.amp=bf16 (flash attention, fused kernels, O2), bound PARITY_TOL["bf16"]
   paddlenlp_logits  our logits against PaddleNLP's GPT/Llama/ERNIE on the same weights (<= 1e-4, fp32, TF32 off)
+  gpu_paths         tests/gpu_paths on GPU: every GPU-only branch of the README's list (`GPU_PATHS`) with the real
+                    kernels, compared with the CPU references its rehearsal uses on CPU
   corpus            scripts/prepare_default_corpus.sh (the People's Daily corpus and tokenizer, CPU, idempotent)
+  sft_data          question/answer pairs cut from that corpus (llmtrain.corpus.qa_pairs), for finetune_packed
+  finetune_packed   packed fine-tuning on 2 GPUs with the GPU defaults (model.attention=auto -> flashmask with the
+                    examples' segment ids, bf16, fused kernels): 20 steps that must run to the end (before commit
+                    93a94ac this crashed at the first forward)
+  fp16_overflow     tiny Llama, train.amp=fp16 with the dynamic GradScaler on 2 GPUs; rank 1's gradients of step 3
+                    poisoned (tests/train/faults.py): step 3 must be a loss-scale overflow, the scale must halve and
+                    the run go on to its last step (checked by `check_fp16_overflow`)
+  ep_alltoall       moe-tiny under +parallel=ep2 on 2 GPUs, fp32 (TF32 off), once with the all-gather dispatcher and
+                    once with parallel.ep_dispatcher=alltoall (NCCL all-to-all): every step's loss and grad norm
+                    within PARITY_TOL["fp32"] of each other (checked by `check_ep_alltoall`)
   plan_<layout>     python -m llmtrain.plan for the layout (predicted tokens/s, MFU, memory), before its run
   tput_<layout>     llama-1b, bf16, seq 2048, global batch 64, --steps steps, per recommended layout
   report            OUT/report.md and OUT/report.json: every step's status, measured beside predicted, and what
@@ -38,10 +50,32 @@ FOUR_PROC = ("dp4", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "pp4v2")
 THROUGHPUT = ["model=llama-1b", "train.amp=bf16", "data.seq_len=2048", "train.global_batch_size=64",
               "train.micro_batch_size=1", "train.progress_bar=false", "train.visualdl=false",
               "checkpoint.save_final=false", "checkpoint.interval=0", "checkpoint.resume=none"]
+GPU_PATHS = {
+    "amp-fp16": ["gpu_paths", "fp16_overflow", "parity_bf16"],
+    "async-save-device-copy": ["gpu_paths"],
+    "cp-flash": ["gpu_paths"],
+    "cp-nccl-collectives": ["gpu_paths"],
+    "cp-ring-flash": ["gpu_paths"],
+    "flash-attention": ["gpu_paths", "parity_bf16", "tput_auto"],
+    "flashmask": ["gpu_paths", "finetune_packed"],
+    "flashmask-window": ["gpu_paths"],
+    "fused-rms-norm": ["gpu_paths", "fused_kernels", "parity_bf16"],
+    "fused-rope": ["gpu_paths", "fused_kernels", "finetune_packed"],
+    "fused-rope-scaled": ["gpu_paths"],
+    "mla-value-pad": ["gpu_paths"],
+    "alltoall-dispatch": ["ep_alltoall"],
+    "fleet-nccl": ["parity_fp32", "parity_bf16"],
+    "memory-metrics": ["gpu_paths", "tput_auto"],
+    "overlap-knobs": ["gpu_paths", "tput_dp4tp2", "tput_dp2tp2pp2"],  # the step names of an 8-GPU run
+    "peak-table": ["gpu_paths", "tput_auto"],
+}
+"""Every GPU-only branch (`# GPU-ONLY(<id>)` in llmtrain/, the README's list) -> the steps that run it here;
+tests/gpu_paths/test_markers.py keeps the keys equal to the marked branches."""
+FP16_STEPS = 6
 NOT_CHECKED = [
     "8-process layouts against one process (dp8, tp8, dp2tp2pp2): checked once on CPU, not in the parity suite",
     "more than one node (NCCL over the network): scripts/launch_multinode.sh is tested on CPU only",
-    "fp16 with the dynamic GradScaler: only bf16 and fp32 are run here",
+    "fp16 with the dynamic GradScaler beyond the tiny fp16_overflow run (no parity or throughput run in fp16)",
     "sequence parallelism (parallel.sequence_parallel): not implemented in llmtrain yet",
     "parallel.dp_comm_overlap, pp_sharding_comm_overlap, sharding_comm_overlap, sharding_tensor_fusion, "
     "sharding_split_param: refused by llmtrain's config checks (see llmtrain/parallel/config.py), so never run",
@@ -66,22 +100,20 @@ def layouts(n: int) -> dict[str, list[str]]:
 
 
 def detect_device() -> str | None:
-    """The planner's device name for GPU 0 (`llmtrain/plan/devices.py`), or None off GPU / when unknown."""
+    """The planner's device name for GPU 0 (the profile whose `match` its name holds, llmtrain/plan/profiles/), or
+    None off GPU / when unknown."""
     try:
         import paddle
 
         if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
             return None
         name = paddle.device.cuda.get_device_name(0)
-        total = paddle.device.cuda.get_device_properties(0).total_memory
     except Exception:  # noqa: BLE001 -- no usable CUDA
         return None
-    for key, dev in (("H200", "h200"), ("H800", "h800"), ("H100", "h100"), ("H20", "h20"), ("A800", "a800")):
-        if key in name:
-            return dev
-    if "A100" in name:
-        return "a100-80g" if total > 60 * 2**30 else "a100-40g"
-    return None
+    from llmtrain.plan.profile import datasheet_peak
+
+    found = datasheet_peak(name)
+    return None if found is None else found[1]
 
 
 def steps(out: Path, gpus: int, device: str, n_steps: int) -> list[dict]:
@@ -102,7 +134,17 @@ def steps(out: Path, gpus: int, device: str, n_steps: int) -> list[dict]:
         dict(name="paddlenlp_logits", argv=[py, "-m", "pytest", "tests/interop/test_import_paddlenlp.py",
                                             "tests/interop/test_export_paddlenlp.py", "tests/interop/test_ernie_import.py",
                                             "-q", "-p", "no:cacheprovider"], env=nccl_fp32),
+        dict(name="gpu_paths", argv=[py, "-m", "pytest", "tests/gpu_paths", "-q", "-p", "no:cacheprovider"],
+             env=nccl_fp32),
         dict(name="corpus", argv=["bash", "scripts/prepare_default_corpus.sh"], env={}),
+        dict(name="sft_data", argv=[py, "-m", "llmtrain.corpus.qa_pairs", "--input", str(CORPUS / "pd1998.jsonl"),
+                                    "--output", str(out / "sft"), "--valid", "50", "--max-lines", "2"], env={}),
+        dict(name="finetune_packed", argv=[
+            py, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(out / "finetune_packed" / "log"),
+            "llmtrain/finetune.py", *finetune_packed_overrides(out)], env={}),
+        dict(name="fp16_overflow", argv=[py, str(REPO / "scripts/gpu_acceptance.py"), "fp16-overflow", str(out)], env={}),
+        dict(name="ep_alltoall", argv=[py, str(REPO / "scripts/gpu_acceptance.py"), "ep-alltoall", str(out)],
+             env=nccl_fp32),
     ]
     run = THROUGHPUT + [f"train.max_steps={n_steps}", f"train.log_interval={max(1, n_steps // 3)}"]
     for name, par in layouts(gpus).items():
@@ -116,6 +158,100 @@ def steps(out: Path, gpus: int, device: str, n_steps: int) -> list[dict]:
             "--log_dir", str(out / "throughput" / name / "log"), "llmtrain/pretrain.py", *run, *par,
             f"plan.device={device}", f"run.dir={out / 'throughput' / name}"], env=env))
     return s
+
+
+CORPUS = REPO / "work" / "pd1998"
+"""Where scripts/prepare_default_corpus.sh (the `corpus` step) writes the corpus and its tokenizer."""
+
+
+def finetune_packed_overrides(out: Path) -> list[str]:
+    """Packed fine-tuning of a randomly initialised tiny Llama (RoPE, GQA) with every GPU default left on."""
+    return ["+parallel=dp2", "model=llama-tiny", "model.attention=auto", f"data.files=[{out / 'sft' / 'train.jsonl'}]",
+            f"data.tokenizer={CORPUS / 'tokenizer'}", "data.seq_len=256", "data.packing=true", "train.amp=bf16",
+            "train.max_steps=20", "train.global_batch_size=16", "train.micro_batch_size=4", "train.log_interval=5",
+            "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.interval=0",
+            "checkpoint.resume=none", f"run.dir={out / 'finetune_packed'}"]
+
+
+def fp16_overflow_runs(out: Path) -> list[dict]:
+    """tests/e2e/multirun_worker.py entries: poison rank 1's gradients of step 3, then one fp16 run."""
+    overrides = ["+parallel=dp2", "model=llama-tiny", "train.amp=fp16", "data.seq_len=256",
+                 f"train.max_steps={FP16_STEPS}", "train.global_batch_size=16", "train.micro_batch_size=4",
+                 "train.log_interval=1", "train.progress_bar=false", "train.visualdl=false",
+                 "checkpoint.save_final=false", "checkpoint.interval=0", "checkpoint.resume=none",
+                 f"run.dir={out / 'fp16_overflow'}"]
+    return [{"call": "tests/train/faults.py:poison_grads", "args": [3, 1]}, {"overrides": overrides}]
+
+
+def check_fp16_overflow(run_dir: Path) -> list[str]:
+    """What the fp16_overflow run's metrics.jsonl must show: step 3 an overflow, the loss scale halved there, every
+    step logged with a finite loss and no stop."""
+    try:
+        recs = [json.loads(line) for line in open(run_dir / "metrics.jsonl") if line.strip()]
+    except OSError as e:
+        return [f"metrics: {e}"]
+    steps = {r["step"]: r for r in recs if "loss" in r}
+    problems = []
+    if sorted(steps) != list(range(1, FP16_STEPS + 1)):
+        problems.append(f"logged steps {sorted(steps)}, expected 1..{FP16_STEPS}")
+    if any(r.get("event") == "stopped" for r in recs):
+        problems.append("the run stopped (an anomaly): " + json.dumps([r for r in recs if r.get("event") == "stopped"]))
+    if 2 in steps and 3 in steps:
+        if not steps[3].get("loss_scale_overflow"):
+            problems.append(f"step 3 not counted as a loss-scale overflow: {steps[3]}")
+        before, after = steps[2].get("loss_scale"), steps[3].get("loss_scale")
+        if before is None or after is None or after != before / 2:
+            problems.append(f"loss scale {before} at step 2 -> {after} at step 3: expected it to halve")
+    bad = [s for s, r in steps.items() if not isinstance(r["loss"], (int, float)) or r["loss"] != r["loss"]]
+    if bad:
+        problems.append(f"non-finite loss at steps {bad}")
+    return problems
+
+
+EP_STEPS = 6
+
+
+def ep_alltoall_runs(out: Path) -> list[dict]:
+    """tests/e2e/multirun_worker.py entries: the same moe-tiny ep2 run with each dispatcher (one fleet layout)."""
+    def run(dispatcher):
+        return {"overrides": ["+parallel=ep2", "model=moe-tiny", f"parallel.ep_dispatcher={dispatcher}",
+                              "data.seq_len=256", f"train.max_steps={EP_STEPS}", "train.global_batch_size=8",
+                              "train.micro_batch_size=4", "train.log_interval=1", "train.progress_bar=false",
+                              "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.interval=0",
+                              "checkpoint.resume=none", f"run.dir={out / 'ep_alltoall' / dispatcher}"]}
+    return [run("allgather"), run("alltoall")]
+
+
+def check_ep_alltoall(run_dir: Path) -> list[str]:
+    """Per-step loss and grad norm of the alltoall run within PARITY_TOL["fp32"] of the allgather run's."""
+    try:
+        recs = {d: [json.loads(line) for line in open(run_dir / d / "metrics.jsonl") if '"loss"' in line]
+                for d in ("allgather", "alltoall")}
+    except OSError as e:
+        return [f"metrics: {e}"]
+    if [r["step"] for r in recs["alltoall"]] != [r["step"] for r in recs["allgather"]] or not recs["alltoall"]:
+        return [f"steps differ: {[r['step'] for r in recs['allgather']]} vs {[r['step'] for r in recs['alltoall']]}"]
+    problems = []
+    for a, b in zip(recs["allgather"], recs["alltoall"]):
+        for key in ("loss", "grad_norm"):
+            if abs(a[key] - b[key]) > PARITY_TOL["fp32"]:
+                problems.append(f"step {a['step']} {key}: allgather {a[key]} alltoall {b[key]}")
+    return problems
+
+
+def run_multirun(out: Path, name: str, runs: list[dict], check) -> int:
+    """Write `runs` to OUT/<name>/runs.json, launch them on 2 GPUs, then `check(OUT/<name>)` (exit 0: no problem)."""
+    run_dir = out / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = run_dir / "runs.json"
+    spec.write_text(json.dumps(runs, indent=1))
+    argv = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", "2", "--log_dir", str(run_dir / "log"),
+            str(REPO / "tests/e2e/multirun_worker.py"), str(spec)]
+    print(" ".join(shlex.quote(a) for a in argv), flush=True)
+    rc = subprocess.run(argv, cwd=REPO).returncode
+    problems = check(run_dir) if rc == 0 else [f"the launch exited {rc} (see {run_dir / 'log'})"]
+    print("\n".join(problems) or f"{name}: every check held")
+    return 1 if problems else 0
 
 
 def shell_line(step: dict) -> str:
@@ -220,6 +356,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["env"]:
         write_env(argv[1])
         return 0
+    if argv[:1] == ["fp16-overflow"]:
+        return run_multirun(Path(argv[1]), "fp16_overflow", fp16_overflow_runs(Path(argv[1])), check_fp16_overflow)
+    if argv[:1] == ["ep-alltoall"]:
+        return run_multirun(Path(argv[1]), "ep_alltoall", ep_alltoall_runs(Path(argv[1])), check_ep_alltoall)
     ap = argparse.ArgumentParser(prog="scripts/gpu_acceptance.sh")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs of this node to use (default 8; at least 2)")
     ap.add_argument("--device", default="auto", help="planner device profile (a100-80g, h100, ...; default: detected)")

@@ -9,7 +9,8 @@ Paddle's launcher stops the node's other ranks and exits with the first failure;
 other nodes llmtrain's watchdog ends the ranks within train.peer_timeout_s), the supervisor
 waits `--delay` seconds and starts the same command again with `checkpoint.resume=auto`
 appended (unless the command already says so), so the job continues from the newest complete
-checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored). Status 5 (the divergence guard stopped the run,
+checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored); a `run.overwrite=true` of the command applies to
+the first attempt only (a relaunch must not move the run it continues aside). Status 5 (the divergence guard stopped the run,
 docs/divergence.md) is not relaunched: a resume would start from the same newest healthy checkpoint. It stops after
 `--max-restarts` relaunches and exits with the last status; exit 0 ends it at once.
 SIGTERM / SIGINT to the supervisor go to the launcher (which forwards them: the ranks finish
@@ -82,6 +83,8 @@ def main() -> int:
             time.sleep(args.delay)
             if stopping:
                 return 128 + stopping[0]
+            # a relaunch continues the run the first attempt started: run.overwrite=true would move it aside
+            cmd = [a for a in cmd if not a.startswith(("run.overwrite=", "+run.overwrite="))]
     print(f"[supervise] giving up after {args.max_restarts} relaunches; last status {code}", file=sys.stderr, flush=True)
     return code if code > 0 else 128 - code
 

@@ -8,11 +8,14 @@ means depends on the command:
 - `python llmtrain/<recipe>.py OVERRIDES`, also behind `python -m paddle.distributed.launch`, `python -m
   llmtrain.launch`, `bash scripts/launch_multinode.sh` and `python scripts/supervise.py ... --`: Hydra composes the
   recipe's root config with exactly those overrides, and `llmtrain.resolve.resolve` accepts it for the
-  launcher's world size (nproc_per_node x nnodes), after `+parallel=auto` is chosen as the recipe chooses it. A
+  launcher's world size (nproc_per_node x nnodes), after `+parallel=auto` is chosen as the recipe chooses it (an
+  unknown key or preset is refused first, as the recipe refuses it before Hydra composes). A
   command whose line ends in `# expect: refused` must be refused instead. Paths that exist only after other
   commands ran (a tokenizer under work/, a PaddleNLP directory, placeholders such as TOKENIZER_DIR) are stood in
   for: a missing `data.tokenizer` by the shipped `tokenizers/pd1998-bpe16k`, a missing `model.init_from` or
-  `finetune.lora.init_from` by none (the preset's architecture).
+  `finetune.lora.init_from` by none (the preset's architecture), missing data prefixes, lexicon and fine-tuning
+  files by tiny stand-ins; `run.dir` is always a fresh directory and `checkpoint.resume=PATH` none (what this
+  checkout's earlier runs left must not decide).
 - `python -m llmtrain.plan OVERRIDES`: composed; the device profile's name, and a given layout's degrees against
   `plan.devices`, checked as the planner checks them (the search itself is not run).
 - `python -m llmtrain.<module> ARGS` and `python scripts/<x>.py ARGS`: the module or file exists and, when it has an
@@ -196,12 +199,75 @@ def _compose(overrides: list, config_name: str):
     return to_config(compose_config(overrides, config_name=config_name))
 
 
+_STAND_IN_DIR: list = []
+
+
+def _stand_in_dir() -> str:
+    """A temporary directory of stand-in inputs (made once per process): a tiny MMIDIDX prefix with word
+    boundaries and no tokenizer record (`data`), a lexicon (`entities.txt`) and a fine-tuning file (`sft.jsonl`)."""
+    if not _STAND_IN_DIR:
+        import atexit
+        import shutil
+        import tempfile
+
+        import numpy as np
+
+        from llmtrain.data.indexed import IndexedWriter
+
+        root = tempfile.mkdtemp(prefix="docs_stand_in_")
+        atexit.register(shutil.rmtree, root, True)
+        builder = IndexedWriter(os.path.join(root, "data"), np.uint16, side=("wbd",))
+        tokens = np.arange(5, 5 + 4096) % 2000 + 5
+        builder.add_documents(tokens, np.array([1024] * 4), {"wbd": np.ones(len(tokens), np.uint8)})
+        builder.finalize()
+        with open(os.path.join(root, "entities.txt"), "w", encoding="utf-8") as f:
+            f.write("人民日报\n")
+        with open(os.path.join(root, "sft.jsonl"), "w", encoding="utf-8") as f:
+            f.write('{"prompt": "你好", "response": "你好"}\n')
+        _STAND_IN_DIR.append(root)
+    return _STAND_IN_DIR[0]
+
+
+def _exists(path) -> bool:
+    return os.path.exists(path) or os.path.exists(os.path.join(REPO, path)) or os.path.exists(path + ".idx") \
+        or os.path.exists(os.path.join(REPO, path) + ".idx")
+
+
+def _data_stand_ins(cmd: Command, data, tokenizer_stood_in: bool):
+    """Data files made by earlier commands (prefixes, a lexicon, fine-tuning records) replaced by stand-ins; a
+    stood-in tokenizer takes stand-in prefixes too (the real ones were made with the real tokenizer)."""
+    if hasattr(data, "files"):
+        for key in ("files", "valid_files"):
+            given = list(getattr(data, key) or [])
+            if any(not _exists(p) for p in given):
+                cmd.notes.append(f"data.{key}={given} absent here: a stand-in record file")
+                data = dataclasses.replace(data, **{key: [os.path.join(_stand_in_dir(), "sft.jsonl")] * len(given)})
+        return data
+    if tokenizer_stood_in or any(not _exists(p) for p in data.prefixes):
+        cmd.notes.append(f"data.prefixes={list(data.prefixes)} absent here (or of another tokenizer): stand-ins")
+        data = dataclasses.replace(data, prefixes=[os.path.join(_stand_in_dir(), "data")] * len(data.prefixes))
+    lexicon = data.masking.lexicon
+    if lexicon and not _exists(lexicon):
+        cmd.notes.append(f"data.masking.lexicon={lexicon} absent here: a stand-in lexicon")
+        data = dataclasses.replace(data, masking=dataclasses.replace(
+            data.masking, lexicon=os.path.join(_stand_in_dir(), "entities.txt")))
+    return data
+
+
 def _stand_ins(cmd: Command, cfg):
-    """Paths made by earlier commands (or placeholders) replaced so that validation can run here."""
+    """Paths made by earlier commands (or placeholders) replaced so that validation can run here; the run
+    directory is always a fresh one and `checkpoint.resume=PATH` is `none` (what this checkout's earlier runs left
+    there must not decide whether a document's command is right)."""
     data, model, ft = cfg.data, cfg.model, getattr(cfg, "finetune", None)
-    if not os.path.exists(os.path.join(REPO, data.tokenizer)) and not os.path.exists(data.tokenizer):
+    stood_in = not os.path.exists(os.path.join(REPO, data.tokenizer)) and not os.path.exists(data.tokenizer)
+    if stood_in:
         cmd.notes.append(f"data.tokenizer={data.tokenizer} absent here: {STAND_IN_TOKENIZER}")
         data = dataclasses.replace(data, tokenizer=os.path.join(REPO, STAND_IN_TOKENIZER))
+    data = _data_stand_ins(cmd, data, stood_in)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=os.path.join(_stand_in_dir(), "run")))
+    if cfg.checkpoint.resume not in ("auto", "none"):
+        cmd.notes.append(f"checkpoint.resume={cfg.checkpoint.resume}: none (the documents' runs are not made here)")
+        cfg = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, resume="none"))
     if model.init_from and not os.path.exists(model.init_from):
         cmd.notes.append(f"model.init_from={model.init_from} absent here: the preset")
         model = dataclasses.replace(model, init_from=None)
@@ -230,13 +296,16 @@ def _check_recipe(cmd: Command, script: str, overrides: list, world: int) -> Non
 
 
 def _resolve(script: str, overrides: list, world: int):
-    from llmtrain.config import ConfigError
+    from llmtrain.config import ConfigError, command_line_problems
     from llmtrain.plan.auto import choose_layout
     from llmtrain.resolve import resolve
 
     probe = Command("", 0, [])
-    cfg = _stand_ins(probe, _compose(overrides, RECIPES[script]))
+    unknown = command_line_problems(overrides, RECIPES[script])  # what the recipe refuses before Hydra composes
+    if unknown:
+        return probe.notes, ConfigError(unknown)
     try:
+        cfg = _stand_ins(probe, _compose(overrides, RECIPES[script]))  # an unknown `+key` is refused here
         resolve(choose_layout(cfg, world_size=world, log=lambda _: None), world_size=world)
     except ConfigError as e:
         return probe.notes, e

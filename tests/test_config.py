@@ -33,9 +33,56 @@ def test_every_parallel_option_composes_and_resolves(name):
 
 
 def test_parallel_fields_override_after_the_file():
+    """The default run name says the real degrees, not the preset's name: a later plain tp2 run must not find this
+    tp2 x pp2 run's checkpoints in its directory (issue 38 §1)."""
     c = to_config(compose(["+parallel=tp2", "parallel.pp=2"]))
     assert (c.parallel.tp, c.parallel.pp, c.parallel.world()) == (2, 2, 4)
-    assert c.run.name == "gpt-tiny-tp2"
+    assert c.run.name == "gpt-tiny-tp2pp2" and c.run.dir == "outputs/gpt-tiny-tp2pp2"
+    assert to_config(compose(["+parallel=tp2"])).run.name == "gpt-tiny-tp2"
+    names = {p: to_config(compose([f"+parallel={p}"])).run.name for p in ("zero3", "pp4v2", "tp2sp", "auto")}
+    assert names == {"zero3": "gpt-tiny-sharding2s3", "pp4v2": "gpt-tiny-pp4v2", "tp2sp": "gpt-tiny-tp2sp",
+                     "auto": "gpt-tiny-auto"}
+    assert to_config(compose(["+parallel=dp2", "parallel.sharding=2"])).run.name == "gpt-tiny-dp2sharding2"
+
+
+def test_unknown_keys_are_refused_with_the_nearest_name():
+    """With or without `+`, a key the schema lacks is refused naming the nearest one and the override that works
+    (issue 38 §3: `+train.max_step=10` used to run the default 20 steps and drop the key); a preset's typo too."""
+    from llmtrain.config import command_line_problems
+
+    for line in ("train.max_step=10", "+train.max_step=10", "++train.max_step=10"):
+        (p,) = command_line_problems([line])
+        assert p.startswith(f"{line}: train.max_step is not a config key") and "did you mean train.max_steps=10?" in p
+    (p,) = command_line_problems(["--cfg", "job", "model=llama-tinny", "max_steps=5"])[:1]
+    assert "did you mean model=llama-tiny?" in p
+    assert "did you mean train.max_steps=5?" in command_line_problems(["max_steps=5"])[0]
+    assert "did you mean train.anomaly.policy=stop?" in command_line_problems(["train.anomaly.polcy=stop"])[0]
+    assert "did you mean data.files=[a.jsonl]?" in command_line_problems(["data.file=[a.jsonl]"], "finetune")[0]
+    assert command_line_problems(["+parallel=tp2", "parallel.pp=2", "data.prefixes.0=x", "~seed", "hydra.run.dir=x",
+                                  "run.overwrite=true", "model=llama-tiny"]) == []
+    with pytest.raises(ConfigError, match=r"train.max_step: not a config key .*did you mean train.max_steps\?"):
+        to_config(compose(["+train.max_step=10"]))  # the compose API (tests, the docs check, the planner's)
+
+
+def test_unknown_key_exits_2_from_the_recipe_the_planner_and_the_launcher(tmp_path, capsys):
+    """`+train.max_step=10` exits 2 naming train.max_steps before Hydra composes: from the recipe, the planner, and
+    the launcher wrapper before any worker starts; export and generate name the nearest option."""
+    from llmtrain.export import main as export_main
+    from llmtrain.generate import main as generate_main
+
+    for cmd in (["llmtrain/pretrain.py"], ["-m", "llmtrain.plan"],
+                ["-m", "llmtrain.launch", "--nproc_per_node", "2", "--log_dir", str(tmp_path / "log"),
+                 "llmtrain/pretrain.py", "+parallel=dp2"]):
+        proc = subprocess.run([sys.executable, *cmd, "+train.max_step=10"], cwd=REPO, capture_output=True, text=True,
+                              timeout=120, env=_env())
+        assert proc.returncode == 2, (cmd, proc.stderr[-2000:])
+        assert "did you mean train.max_steps=10?" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "log").exists()  # no worker was started
+    for main, argv, near in ((export_main, ["--checkpoint", "x", "--ouput", "y"], "--output"),
+                             (generate_main, ["--modle", "x"], "--model")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and f"did you mean {near}?" in capsys.readouterr().err
 
 
 def test_model_presets_compose():
@@ -84,16 +131,34 @@ def test_full_traceback_on_request(tmp_path):
 
 
 @pytest.mark.slow
-def test_config_error_under_the_launcher_is_said_once_with_status_2(tmp_path):
+def test_config_error_under_the_launcher_is_said_once_with_status_2(tiny_corpus, tmp_path):
+    """ONE 2-process launch for the family of up-front errors (issue 38 §4): bad batch arithmetic, a missing
+    data.prefixes file, a data.weights count that does not match, data made with another tokenizer, a missing
+    lexicon and a missing checkpoint.resume. Status 2, each problem said once (by rank 0), no traceback, and
+    before any process group starts: no rank reaches fleet's initialisation, nothing is written in run.dir.
+    (Each error alone, and a corrupt or run-directory checkpoint.resume, in process: tests/train/test_resolve.py,
+    tests/train/test_rundir.py.)"""
     from launch import launch_cmd, logs
 
-    cmd = launch_cmd(["llmtrain/pretrain.py", "+parallel=dp2", f"run.dir={tmp_path / 'run'}", *BAD], 2, tmp_path / "log")
+    missing = tmp_path / "nope" / "corpus_text_document"
+    bad = [*BAD[:2], "model=ernie-tiny", "model.max_position_embeddings=64", "data.seq_len=32",
+           "data.tokenizer=tokenizers/pd1998-bpe16k", f"data.prefixes=[{tiny_corpus['prefix']},{missing}]",
+           "data.weights=[1.0]", "data.masking.strategy=entity", "data.masking.entity_source=lexicon",
+           f"data.masking.lexicon={tmp_path / 'entities.txt'}", f"checkpoint.resume={tmp_path / 'no-run'}"]
+    cmd = launch_cmd(["llmtrain/pretrain.py", "+parallel=dp2", f"run.dir={tmp_path / 'run'}", *bad], 2,
+                     tmp_path / "log")
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=180, env=_env())
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     worker_logs = logs(tmp_path / "log", tail=200)
-    assert worker_logs.count("not divisible by micro x data-parallel = 4 x 2 = 8") == 1, worker_logs
+    for needle in ("not divisible by micro x data-parallel = 4 x 2 = 8", f"{missing}.bin does not exist",
+                   "data.weights has 1 entries for 2 data.prefixes", f"{tiny_corpus['prefix']} was preprocessed with "
+                   "tokenizer", f"data.masking.lexicon={tmp_path / 'entities.txt'}: ",
+                   f"checkpoint.resume={tmp_path / 'no-run'}: no such directory"):
+        assert worker_logs.count(needle) == 1, (needle, worker_logs)
     # no Python traceback (a rank the launcher stops first may print Paddle's "C++ Traceback" signal banner)
     assert not re.search(r"^Traceback \(most recent call last\)", worker_logs, re.M), worker_logs
+    assert "layout dp2" not in worker_logs and "HybridParallel" not in worker_logs, worker_logs
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
 
 
 def test_parallel_options_are_degree_only_overrides():

@@ -98,6 +98,7 @@ def test_doc_command_is_real(cmd: Command, hydra):
 
 @pytest.mark.parametrize("line", [
     "python llmtrain/pretrain.py model=llama-tiny train.max_stepz=50",  # no such field
+    "python llmtrain/pretrain.py model=llama-tiny +train.max_step=50",  # a `+` key the schema lacks (was dropped)
     "python llmtrain/pretrain.py model=llama-tinyy",  # no such preset
     "python llmtrain/pretrain.py +parallel=dp2",  # 2 ranks' layout on one process
     "python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py +parallel=dp2   # expect: refused",

@@ -18,8 +18,10 @@ class CheckpointConfig:
     """Keep this many complete checkpoints; older ones are deleted only after a newer one is complete (0 keeps all)."""
 
     resume: str = "auto"
-    """`auto`: continue from the newest complete checkpoint under <run.dir>/checkpoints if any;
-    `none`: start fresh (existing checkpoints are left alone); or a path to a step_<N> directory."""
+    """`auto`: continue from the newest complete checkpoint under <run.dir>/checkpoints if any (a config that cannot
+    continue it is refused up front); `none`: a new run (refused when <run.dir> holds checkpoints: use a new
+    run.dir or run.overwrite=true); or a path: a step_<N> directory, or a run directory (its newest complete
+    checkpoint). Checked before any work by `llmtrain.train.rundir`."""
 
     save_final: bool = True
     """Save a checkpoint after the last step."""

@@ -69,8 +69,10 @@ class Checkpointer:
         if getattr(cfg.checkpoint, "async_save", False):
             from llmtrain.checkpoint.background import BackgroundWriter
 
-            if paddle.get_device() == "cpu":  # on GPU the copy is .numpy() (device to host), no reused buffers
+            if paddle.get_device() == "cpu":
                 buffers = HostBuffers()
+            else:  # each tensor's .numpy() is the device-to-host copy, into an array it owns: no reused host buffers
+                buffers = None  # GPU-ONLY(async-save-device-copy)
         self.files = CheckpointWriter(cfg, layout, topo, state, self.comm, tokenizer, buffers)
         if getattr(cfg.checkpoint, "async_save", False):
             self.writer = BackgroundWriter(self.files.write)

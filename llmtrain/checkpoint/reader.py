@@ -67,6 +67,28 @@ class Manifest:
                    lora_base=base, config=raw.get("config"), tokenizer=raw.get("tokenizer") or {}, raw=raw)
 
 
+    def describe(self) -> str:
+        """What the checkpoint is, for the commands that read it (`describe_manifest`)."""
+        return describe_manifest(self.raw)
+
+
+def describe_manifest(raw: dict) -> str:
+    """`step 200 of run gpt-tiny-dp2 (model gpt-tiny, layout dp2, 409600 tokens)`: what export, generate and a
+    resume name when they read a checkpoint (the run name is the writing run's `run.name`)."""
+    from llmtrain.parallel.config import layout_tag
+
+    name = "?"
+    try:
+        from omegaconf import OmegaConf
+
+        name = OmegaConf.create(raw.get("config") or "").get("run", {}).get("name") or "?"
+    except Exception:  # an old or foreign manifest: the step and model still say what it is
+        pass
+    model = (raw.get("model") or {}).get("name") or "?"
+    layout = layout_tag(raw["layout"]) if isinstance(raw.get("layout"), dict) else "?"
+    return f"step {raw.get('step')} of run {name} (model {model}, layout {layout}, {raw.get('tokens_total', '?')} tokens)"
+
+
 @dataclass
 class ModelCheckpoint:
     """A model read from a checkpoint."""

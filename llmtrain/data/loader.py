@@ -28,7 +28,6 @@ import argparse
 import collections
 import hashlib
 import json
-import os
 import sys
 import threading
 import time
@@ -39,13 +38,11 @@ import numpy as np
 
 from llmtrain.data.blend import Blend
 from llmtrain.data.indexed import IndexedDataset
+from llmtrain.data.inputs import check_made_with, open_prefix, weights_problem
 from llmtrain.data.packing import PackedSplit, parse_split
 from llmtrain.utils.paths import resolve_path
 from llmtrain.data.sampler import StepSampler
 from llmtrain.tokenizer import load_tokenizer
-
-CREATE_HINT = ("create it with `python -m llmtrain.data.preprocess --input CORPUS --tokenizer DIR "
-               "--output-prefix PREFIX` (the default corpus: `scripts/prepare_default_corpus.sh`)")
 
 
 def document_ids(input_ids: np.ndarray, eod_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -129,16 +126,12 @@ class PretrainData:
         if not prefixes:
             raise ValueError("data.prefixes is empty: give at least one MMIDIDX prefix")
         weights = None if cfg.weights is None else [float(w) for w in cfg.weights]
-        if weights is not None and len(weights) != len(prefixes):
-            raise ValueError(f"data.weights has {len(weights)} entries for {len(prefixes)} data.prefixes")
+        if weights_problem(prefixes, weights):
+            raise ValueError(weights_problem(prefixes, weights))
         self.datasets = []
-        for p in prefixes:
-            path = resolve_path(p)
-            for ext in (".bin", ".idx"):
-                if not os.path.isfile(path + ext):
-                    raise FileNotFoundError(f"data prefix {p!r}: {path + ext} does not exist; {CREATE_HINT}")
-            self.datasets.append(IndexedDataset(path))
-            self._check_tokenizer(path)
+        for p in prefixes:  # the checks llmtrain.resolve ran up front (llmtrain.data.inputs), raised here
+            self.datasets.append(open_prefix(p))
+            check_made_with(self.datasets[-1].prefix, self.tokenizer, self.cfg.tokenizer)
         fps = [ds.fingerprint() for ds in self.datasets]
         self.fingerprint = hashlib.sha256(json.dumps(
             [fps, weights, self.seq_len, str(cfg.split), self.seed]).encode()).hexdigest()[:16]
@@ -155,17 +148,6 @@ class PretrainData:
         self.prefetch = max(0, int(getattr(cfg, "num_workers", 1)))
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="data-prefetch") if self.prefetch else None
         self._pending: collections.deque = collections.deque()  # (consumed_samples, future)
-
-    def _check_tokenizer(self, prefix: str) -> None:
-        meta_path = prefix + ".meta.json"
-        if not os.path.isfile(meta_path):
-            return  # foreign (Megatron / PaddleNLP) data: nothing recorded to compare
-        with open(meta_path, encoding="utf-8") as f:
-            made_with = json.load(f).get("tokenizer", {})
-        if made_with.get("sha256") and made_with["sha256"] != self.tokenizer.sha256:
-            raise ValueError(f"{prefix} was preprocessed with tokenizer {made_with.get('name')!r} "
-                             f"(sha256 {made_with['sha256'][:12]}), but data.tokenizer={self.cfg.tokenizer!r} "
-                             f"is {self.tokenizer.name!r} (sha256 {self.tokenizer.sha256[:12]})")
 
     # ------------------------------------------------------------------ batches
     @property

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, is_dataclass
@@ -32,6 +31,7 @@ from dataclasses import asdict, is_dataclass
 import numpy as np
 from omegaconf import OmegaConf
 
+from llmtrain.data.inputs import missing_word_boundaries
 from llmtrain.data.loader import PretrainData, SampleStream
 from llmtrain.data.masking import Masker, check_masking_config
 from llmtrain.utils.log import log0
@@ -61,13 +61,9 @@ class MLMData(PretrainData):
         self.masker = Masker(cfg.masking, self.tokenizer, self.seed, lexicon)
         self.side = "wbd" if self.masker.needs_word_starts else None
         if self.side:
-            missing = [ds.prefix for ds in self.datasets if not os.path.isfile(f"{ds.prefix}.wbd")]
+            missing = missing_word_boundaries(cfg.masking.strategy, [ds.prefix for ds in self.datasets])
             if missing:
-                raise FileNotFoundError(
-                    f"data.masking.strategy={cfg.masking.strategy} needs word boundaries, but "
-                    f"{', '.join(m + '.wbd' for m in missing)} does not exist: preprocess with "
-                    "`python -m llmtrain.data.preprocess ... --word-boundaries jieba` (or `gold --words-key "
-                    "words` for pre-segmented text), or set data.masking.strategy=token")
+                raise FileNotFoundError(missing)
         masking = _masking_dict(cfg)
         if lexicon is not None:
             masking["lexicon_sha256"] = lexicon.sha256

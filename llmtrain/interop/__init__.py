@@ -1,5 +1,6 @@
 """Interoperability with PaddleNLP checkpoints (GPT, Llama, Qwen, Mixtral, ERNIE) and Hugging Face-layout
-Llama / Qwen2 / Qwen3 / DeepSeek-V2/V3 ones (`hf_format.py`; `read_paddlenlp_checkpoint` reads both).
+Llama / Qwen2 / Qwen3 / Qwen3-MoE / DeepSeek-V2/V3 ones (`hf_format.py`, `hf_config.py`; `read_paddlenlp_checkpoint`
+reads both).
 
     from llmtrain.interop import read_paddlenlp_checkpoint, write_paddlenlp_checkpoint, write_hf_checkpoint
 

@@ -21,7 +21,7 @@ What each family computes and which config fields are refused: `hf_config.py` (D
 stored [out, in] (transposed here to our [in, out]); Qwen3's `self_attn.q_norm.weight` / `k_norm.weight` [head_dim]
 are our `attn.q_norm` / `attn.k_norm`; Qwen3-MoE's `mlp.gate.weight` [E, h] is our router [h, E] and its
 `mlp.experts.{j}.{gate,up,down}_proj.weight` are stacked into `mlp.experts.w_gate/w_up/w_down` [E, ...] (our
-expert bias, auxiliary-loss-free balancing, has no HF tensor: zeros on import, refused on export when used).
+expert bias, auxiliary-loss-free balancing, has no HF tensor: zeros on import, refused on export when non-zero).
 `tie_word_embeddings`: logits through the embedding; transformers then omits `lm_head.weight` (and ignores one
 that is present, as we do, with a note). `pytorch_model.bin` (a pickle of torch tensors) is not read: convert to
 safetensors first.

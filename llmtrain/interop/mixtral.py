@@ -21,7 +21,7 @@ Keys: `mixtral.layers.N.block_sparse_moe.gate.weight` [h, E];
 `...block_sparse_moe.experts.E.w1/w3.weight` [h, f] (gate, up), `w2.weight` [f, h] (down),
 stacked into our `layers.N.mlp.experts.w_gate/w_up/w_down` [E, ...]. Our expert bias
 (auxiliary-loss-free balancing) has no PaddleNLP counterpart: imported as zeros, and a
-model that uses it (moe_bias_update_rate > 0 with a non-zero bias) is refused on export.
+model whose bias is non-zero (the router chooses with it) is refused on export.
 """
 from __future__ import annotations
 

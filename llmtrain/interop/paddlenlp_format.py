@@ -82,7 +82,7 @@ def _add_base_prefix(tensors: dict, origin: dict, prefix: str) -> bool:
 def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Optional[str] = None,
                               lazy: bool = False) -> tuple[ModelConfig, dict[str, np.ndarray], dict]:
     """(ModelConfig, canonical state as fp32 numpy, meta) of a PaddleNLP checkpoint directory, or of a Hugging
-    Face-layout Llama / Qwen2 one (`llmtrain.interop.hf_format`; meta["layout"] == "huggingface").
+    Face-layout Llama / Qwen2 / Qwen3 / Qwen3-MoE one (`llmtrain.interop.hf_format`; meta["layout"] == "huggingface").
 
     trusted: the directory is inside the run directory (our own files). Otherwise loading a
         pickled `.pdparams` first prints a warning that unpickling can run code.
@@ -100,7 +100,7 @@ def read_paddlenlp_checkpoint(ckpt_dir: str, trusted: bool = False, name: Option
     from llmtrain.interop.hf_format import hf_family, read_hf_checkpoint
 
     hf = hf_family(c, ckpt_dir)
-    if hf is not None:  # a Hugging Face-layout Llama / Qwen2 (`hf_format.py`)
+    if hf is not None:  # a Hugging Face-layout Llama / Qwen2 / Qwen3 / Qwen3-MoE (`hf_format.py`)
         return read_hf_checkpoint(ckpt_dir, c, hf, name=name, lazy=lazy)
     family = detect_family(c, ckpt_dir)
     module, prefix = FAMILIES[family]

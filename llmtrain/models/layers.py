@@ -244,13 +244,13 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None, 
     if segments is not None:
         from paddle.nn.functional.flash_attention import flashmask_attention
 
-        return flashmask_attention(q, k, v, document_end_rows(segments), causal=causal)
+        return flashmask_attention(q, k, v, document_end_rows(segments), causal=causal)  # GPU-ONLY(flashmask)
     if mask is None:
         from paddle.nn.functional.flash_attention import flash_attention
 
-        out, _ = flash_attention(q, k, v, causal=causal)
+        out, _ = flash_attention(q, k, v, causal=causal)  # GPU-ONLY(flash-attention)
         return out
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.astype(q.dtype), is_causal=causal)  # GPU-ONLY(flash-attention)
 
 
 def auto_attention(q, k, v, causal: bool = True, mask=None, segments=None, *, window: int = 0):

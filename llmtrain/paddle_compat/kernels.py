@@ -40,7 +40,7 @@ def fused_rms_norm(x, weight, eps: float):
     """x [.., h] normalised over the last axis times weight [h] (one kernel; fp32 statistics inside)."""
     from paddle.incubate.nn.functional import fused_rms_norm as _fused
 
-    return _fused(x, weight, None, eps, x.ndim - 1)[0]
+    return _fused(x, weight, None, eps, x.ndim - 1)[0]  # GPU-ONLY(fused-rms-norm)
 
 
 def fused_rope(q, k, cos, sin, position_ids=None):
@@ -48,7 +48,7 @@ def fused_rope(q, k, cos, sin, position_ids=None):
     (P = s when position_ids is None); position_ids [b, s] int64 rows of the table (packed or chunked sequences)."""
     from paddle.incubate.nn.functional import fused_rotary_position_embedding
 
-    q, k, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, position_ids=position_ids,
+    q, k, _ = fused_rotary_position_embedding(q, k, None, sin=sin, cos=cos, position_ids=position_ids,  # GPU-ONLY(fused-rope)
                                               use_neox_rotary_style=False)
     return q, k
 

@@ -128,3 +128,30 @@ class ParallelConfig:
     def data_parallel(self) -> int:
         """Ranks that read different data: dp x sharding."""
         return self.dp * self.sharding
+
+
+def layout_tag(parallel) -> str:
+    """The layout's real degrees as a name: `dp2`, `tp2pp2`, `dp2tp2pp2`, `sharding2` (ZeRO-1), `sharding2s3`
+    (stage 2/3), `pp4v2` (virtual stages), `dp2ep2`, `tp2sp` (sequence parallel), `single` for one device, `auto`
+    for the planner's choice. `parallel`: a ParallelConfig, its DictConfig node, or None. The default run name
+    (`run.name`) ends in it, so `+parallel=tp2 parallel.pp=2` never writes into a tp2 run's directory."""
+    if parallel is None:
+        return "single"
+
+    def get(name, default):
+        value = parallel.get(name, default) if hasattr(parallel, "get") else getattr(parallel, name, default)
+        return default if value is None else value
+
+    if get("name", "") == "auto":
+        return "auto"
+    tag = "".join(f"{axis}{get(axis, 1)}" for axis in ("dp", "tp", "pp", "cp") if get(axis, 1) > 1)
+    sharding, stage = get("sharding", 1), get("sharding_stage", 1)
+    if sharding > 1:
+        tag += f"sharding{sharding}" + (f"s{stage}" if stage != 1 else "")
+    if get("virtual_pp", 1) > 1:
+        tag += f"v{get('virtual_pp', 1)}"
+    if get("ep", 1) > 1:
+        tag += f"ep{get('ep', 1)}"
+    if get("sequence_parallel", False):
+        tag += "sp"
+    return tag or "single"

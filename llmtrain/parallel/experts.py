@@ -210,7 +210,7 @@ class ExpertParallelRoles:
             if paddle.get_device() == "cpu":
                 raise RuntimeError("parallel.ep_dispatcher=alltoall needs NCCL (GPU): Paddle's gloo backend has no "
                                    "all-to-all; use parallel.ep_dispatcher=allgather on CPU")
-            disp = AllToAllDispatch(group, rank, self._ep, cfg.moe_num_experts)
+            disp = AllToAllDispatch(group, rank, self._ep, cfg.moe_num_experts)  # GPU-ONLY(alltoall-dispatch)
         else:
             disp = AllGatherDispatch(group, rank, self._ep)
         layer = Experts(cfg, local, first=rank * local, dispatcher=disp)

@@ -99,7 +99,7 @@ def apply_overlap(strategy, layout, on_cpu: bool) -> list[str]:
         return on
     for knob in on:
         section, attr = KNOBS[knob]
-        setattr(strategy.hybrid_configs[section], attr, True)
+        setattr(strategy.hybrid_configs[section], attr, True)  # GPU-ONLY(overlap-knobs)
         if knob == "sharding_comm_overlap":  # as PaddleNLP: the sharding optimizer's overlap needs the accumulation count
             strategy.hybrid_configs["sharding_configs"].accumulate_steps = layout.grad_accum
     return []

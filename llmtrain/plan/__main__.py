@@ -18,7 +18,7 @@ import sys
 
 import hydra
 
-from llmtrain.config import register_configs, to_config
+from llmtrain.config import refuse_unknown_keys, register_configs, to_config
 from llmtrain.errors import ConfigError
 from llmtrain.plan.model import planned_model
 
@@ -103,4 +103,5 @@ if __name__ == "__main__":
 
         calibrate_main(sys.argv[1:])
     else:
+        refuse_unknown_keys("config", command="python -m llmtrain.plan")  # exit 2 naming the nearest key
         main()

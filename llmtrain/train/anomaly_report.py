@@ -14,9 +14,11 @@ from typing import Optional
 
 from llmtrain.utils.log import log0, log_all
 
-STOP_ADVICE = ("After fixing the cause (a lower optim.lr for a run that diverges again after rewinds), "
-               "checkpoint.resume=auto continues from it")
-"""The last sentence of the stop message: what the user does next."""
+STOP_ADVICE = ("After fixing the cause, checkpoint.resume=auto continues from it; a lower learning rate (for a run "
+               "that diverges again after rewinds) is a new LR schedule, so resume with it in force: "
+               "optim.lr=<lower> optim.on_resume=config checkpoint.resume=auto")
+"""The last sentence of the stop message: what the user does next (tests/train/test_contract.py follows it as
+written: the resume contract accepts it)."""
 
 
 def _fmt(x) -> str:

@@ -87,7 +87,7 @@ RULES: list[tuple[str, str, str]] = [
         train.metrics_linger_s""", "honoured", "logging, evaluation and memory settings do not change the numbers"),
     *_each("""checkpoint.interval checkpoint.keep_last checkpoint.resume checkpoint.save_final checkpoint.async_save
         checkpoint.timeout_minutes""", "honoured", "saving settings"),
-    *_each("run.name run.dir", "honoured", "where the run writes"),
+    *_each("run.name run.dir run.overwrite", "honoured", "where the run writes"),
     *_each("plan.devices plan.devices_per_node plan.device plan.top plan.recompute plan.profile plan.format",
            "honoured", "planner settings (`python -m llmtrain.plan`), ignored by training"),
     *_each(" ".join(f"train.anomaly.{f.name}" for f in dataclasses.fields(AnomalyConfig)), "honoured",
@@ -178,13 +178,34 @@ def schedule_position(batch_rampup, step: int, consumed_samples: Optional[int], 
     return step if batch_rampup is None or consumed_samples is None else consumed_samples / global_batch
 
 
+def as_override(value) -> str:
+    """A value as Hydra override text: null, true/false, [a,b], numbers and strings as they are."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(as_override(v) for v in value) + "]"
+    return str(value)
+
+
+def _with_layout(cfg: dict) -> dict:
+    """`cfg` with a one-device run's `parallel: null` spelled out as ParallelConfig's defaults, so a new layout shows
+    as the degrees that changed, not as every parallel field."""
+    if cfg.get("parallel") is not None:
+        return cfg
+    from llmtrain.parallel.config import ParallelConfig
+
+    return {**cfg, "parallel": dataclasses.asdict(ParallelConfig(name="single"))}
+
+
 def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], tokenizer: Optional[dict],
                   step: int, positions: Optional[tuple[float, float]] = None) -> Review:
     """Compare two resolved configs (nested dicts) at checkpoint `step` (steps done); pure.
 
     `positions`: the schedule position of the next step under the checkpoint's config and under this one
     (`schedule_position`); (step, step) when not given."""
-    old, new = flatten(saved), flatten(current)
+    old, new = flatten(_with_layout(saved)), flatten(_with_layout(current))
     at_old, at_new = positions if positions is not None else (step, step)
     # fields the older code did not have compare as their defaults
     defaults = flatten({"optim": dataclasses.asdict(OptimConfig()), "finetune": dataclasses.asdict(FinetuneOptions()),
@@ -204,7 +225,7 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
         if rule == "schedule":
             changed_schedule.append(line)
         elif rule == "refuse":
-            r.refused.append(f"{line}: refused ({why})")
+            r.refused.append(f"{line}: refused ({why}); to continue this run: {path}={as_override(a)}")
         elif rule == "warn":
             r.warnings.append(f"{line}: {why}")
         else:
@@ -213,7 +234,8 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
         for key in TOKENIZER_KEYS:
             if saved_tokenizer.get(key) != tokenizer.get(key):
                 r.refused.append(f"data.tokenizer: vocabulary differs ({key} {saved_tokenizer.get(key)!r} in the "
-                                 f"checkpoint, {tokenizer.get(key)!r} now): refused (token ids would change meaning)")
+                                 f"checkpoint, {tokenizer.get(key)!r} now): refused (token ids would change meaning); "
+                                 f"to continue this run: data.tokenizer={old.get('data.tokenizer')} (the checkpoint's)")
                 break
     on_resume = new.get("optim.on_resume")
     moved_position = abs(at_old - at_new) > 1e-9 * max(1.0, abs(at_old))
@@ -245,23 +267,39 @@ def review_resume(saved: dict, current: dict, saved_tokenizer: Optional[dict], t
     return r
 
 
-def apply_resume_contract(manifest: dict, run, scheduler) -> Review:
-    """The Trainer's resume hook (before any tensor is read): refuse, warn, and put the chosen schedule in force."""
+def saved_config(manifest: dict) -> dict:
+    """The resolved config a checkpoint was written under (nested dict), with the LR schedule its run actually used
+    (`schedule_in_force`: what optim.on_resume=checkpoint kept)."""
     from omegaconf import OmegaConf
 
     saved = OmegaConf.to_container(OmegaConf.create(manifest["config"]), resolve=True)
     in_force = manifest.get("schedule_in_force")
-    if in_force:  # compare with the schedule the checkpoint's run actually used (on_resume=checkpoint kept one)
+    if in_force:
         saved["optim"] = {**saved["optim"], **in_force["optim"]}
         saved["train"] = {**saved["train"], "max_steps": in_force["max_steps"]}
-    current = OmegaConf.to_container(OmegaConf.structured(run.cfg), resolve=True)
-    tok = run.tokenizer.identity() if run.tokenizer is not None else None
+    return saved
+
+
+def review_manifest(manifest: dict, cfg, layout, tokenizer) -> Review:
+    """What resuming the checkpoint of `manifest` under the resolved config `cfg` (its `layout`, `tokenizer`) does;
+    pure. `llmtrain.resolve` asks it up front (a refusal is a config problem before any work), the Trainer's hook
+    again when the checkpoint is loaded."""
+    from omegaconf import OmegaConf
+
+    saved = saved_config(manifest)
+    current = OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)
+    tok = tokenizer.identity() if tokenizer is not None else None
     step, data = int(manifest["step"]), manifest.get("data") or {}
     consumed = data.get("consumed_samples")
     positions = (schedule_position(saved["train"].get("batch_rampup"), step, consumed, data.get("global_batch_size")),
-                 schedule_position(run.cfg.train.batch_rampup, step, consumed,
-                                   run.layout.global_batch if run.cfg.train.batch_rampup is not None else None))
-    r = review_resume(saved, current, manifest.get("tokenizer"), tok, step, positions)
+                 schedule_position(cfg.train.batch_rampup, step, consumed,
+                                   layout.global_batch if cfg.train.batch_rampup is not None else None))
+    return review_resume(saved, current, manifest.get("tokenizer"), tok, step, positions)
+
+
+def apply_resume_contract(manifest: dict, run, scheduler) -> Review:
+    """The Trainer's resume hook (before any tensor is read): refuse, warn, and put the chosen schedule in force."""
+    r = review_manifest(manifest, run.cfg, getattr(run, "layout", None), run.tokenizer)
     if r.refused:
         raise ConfigError([f"resume from step {manifest['step']}: {p}" for p in r.refused])
     for w in r.warnings:
@@ -269,5 +307,5 @@ def apply_resume_contract(manifest: dict, run, scheduler) -> Review:
     for h in r.honoured:
         log0(f"resume: {h}")
     if r.schedule_from == "checkpoint":
-        scheduler.cfg, scheduler.max_steps = _optim(flatten(saved))
+        scheduler.cfg, scheduler.max_steps = _optim(flatten(saved_config(manifest)))
     return r

@@ -5,7 +5,9 @@
 
 A `ConfigError` (a configuration that cannot run) is printed once, by rank 0,
 as the list of problems, and the process exits with status 2 without a Python
-traceback (set HYDRA_FULL_ERROR=1 to get the traceback). A run the divergence guard stopped
+traceback (set HYDRA_FULL_ERROR=1 to get the traceback); so does an unknown override, checked before Hydra
+composes (`llmtrain.config.refuse_unknown_keys`). A run already finished (`RunFinished`: its checkpoint is at
+train.max_steps) says so and exits 0 before any work. A run the divergence guard stopped
 (`llmtrain.train.anomaly.Diverged`) prints its message and exits with status 5. A finished CPU job
 exits without the interpreter teardown that can crash in gloo after the work is
 done (`llmtrain.paddle_compat.process.exit_process`).
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import sys
 
-from llmtrain.errors import ConfigError
+from llmtrain.errors import ConfigError, RunFinished
 from llmtrain.utils.log import global_rank
 
 EXIT_CONFIG_ERROR = 2
@@ -23,6 +25,17 @@ RANK0_FIRST_S = 3.0
 """On a ConfigError every rank fails at once; the other ranks wait this long before exiting so rank 0's status
 reaches Paddle's launcher first. The launcher stops the remaining ranks (SIGTERM) when one fails and reports the
 first non-zero status in rank order: when rank 1 exited first, rank 0's -15 was reported (241) instead of 2."""
+
+
+def exit_config_error(e: ConfigError) -> None:
+    """Print the problems once (rank 0) and exit with status 2; the other ranks wait `RANK0_FIRST_S` first."""
+    if global_rank() == 0:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+    else:
+        import time
+
+        time.sleep(RANK0_FIRST_S)  # rank 0 exits first: the launcher reports status 2, not its SIGTERM of rank 0
+    sys.exit(EXIT_CONFIG_ERROR)
 
 
 def run_entry(recipe, dcfg) -> None:
@@ -40,13 +53,11 @@ def run_entry(recipe, dcfg) -> None:
     except ConfigError as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
+        exit_config_error(e)
+    except RunFinished as e:  # resolve found the run already at train.max_steps: nothing to do, said once
         if global_rank() == 0:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-        else:
-            import time
-
-            time.sleep(RANK0_FIRST_S)  # rank 0 exits first: the launcher reports status 2, not its SIGTERM of rank 0
-        sys.exit(EXIT_CONFIG_ERROR)
+            print(str(e), file=sys.stderr, flush=True)
+        sys.exit(0)
     from llmtrain.paddle_compat.process import exit_process
 
     exit_process(0)

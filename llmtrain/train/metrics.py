@@ -166,7 +166,7 @@ class Meter:
             "time": time.time(),
         }
         if not getattr(self.topo, "on_cpu", True):  # GPU: the largest peak allocation of any rank so far (bytes)
-            rec["max_memory_allocated"] = self._max_memory_allocated()
+            rec["max_memory_allocated"] = self._max_memory_allocated()  # GPU-ONLY(memory-metrics)
         rec.update(extra or {})
         self.last = rec
         if self.exporter is not None:

@@ -25,7 +25,7 @@ def peak_flops(configured_tflops: Optional[float]) -> tuple[Optional[float], str
         return configured_tflops * 1e12, "config train.peak_tflops"
     device = paddle.get_device()
     if device.startswith("gpu"):
-        name = paddle.device.cuda.get_device_name()
+        name = paddle.device.cuda.get_device_name()  # GPU-ONLY(peak-table)
         found = datasheet_peak(name)
         if found is not None:
             return found[0], f"datasheet bf16 dense peak of {name} (plan profile {found[1]})"

@@ -9,6 +9,7 @@ import pytest
 from llmtest import compose, tiny_overrides
 from llmtrain.checkpoint.listing import list_checkpoints
 from llmtrain.checkpoint.verify import verify_files
+from llmtrain.config import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +87,6 @@ def test_explicit_resume_of_a_corrupt_checkpoint_stops(three_checkpoints, tiny_c
 
     run = _copy(three_checkpoints, tmp_path / "run")
     (run / "checkpoints" / "step_4" / "rank_00000.json").write_text("{}")
-    with pytest.raises(RuntimeError, match="incomplete or corrupt"):
+    with pytest.raises(ConfigError, match="incomplete or corrupt"):  # found by resolve, before any work
         pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=8)
                          + [f"checkpoint.resume={run / 'checkpoints' / 'step_4'}"]))

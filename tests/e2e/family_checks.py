@@ -11,7 +11,8 @@ tests/e2e/test_families_e2e.py turns the registry into launches (tests/e2e/share
 - tp2: one fine-tuning run per family (and its LoRA run, `lora=True`) joins the shared tp2 launch of the other
   end-to-end files (global batch 8, micro-batch 2: that launch's batch layout);
 - pp2: one continued-pretraining run per family in the shared pp2 launch (global batch 4, micro-batch 2);
-- ep2 (dp2 x ep2): one continued-pretraining run per MoE family (global batch 4, micro-batch 2).
+- ep2 (dp2 x ep2): one continued-pretraining run per MoE family, in the shared dp2 launch (`+parallel=dp2
+  parallel.ep=2`: the same processes and fleet topology; global batch 8, micro-batch 2).
 Each run trains `STEPS` steps; its test then checks: step 1's loss equals the reference's on the same
 micro-batches (1e-4), memory.json's per-rank parameter shapes (`held`), and the final checkpoint exported with
 `--format auto` (the source's format; LoRA merged where the format has no adapter files) read back by the reference
@@ -30,10 +31,12 @@ from typing import Callable, Optional
 import numpy as np
 
 STEPS = 3
-GLOBAL_BATCH = {"tp2": 8, "pp2": 4, "ep2": 4}
+GLOBAL_BATCH = {"tp2": 8, "pp2": 4, "ep2": 8}
 """Global batch per layout, micro-batch 2 everywhere (the shared launches' batch layouts)."""
 ENTRY = {"tp2": "finetune", "pp2": "pretrain", "ep2": "pretrain"}
-PARALLEL = {"tp2": "+parallel=tp2", "pp2": "+parallel=pp2", "ep2": "+parallel=ep2"}
+PARALLEL = {"tp2": ["+parallel=tp2"], "pp2": ["+parallel=pp2"], "ep2": ["+parallel=dp2", "parallel.ep=2"]}
+LAUNCH = {"tp2": "tp2", "pp2": "pp2", "ep2": "dp2"}
+"""The shared launch (tests/e2e/shared_launch.py) each layout's runs join."""
 TOL = 1e-4
 FAMILY_MODULES = ["family_qwen3", "family_deepseek"]
 """Modules (beside this file) whose import registers families."""
@@ -157,7 +160,7 @@ def build(layout: str):
             src = source(fam, root.parent, tiny_corpus)
             run_dir = root / run_name(fam, lora)
             ov = run_overrides(fam, layout, src, tiny_corpus, run_dir, lora)
-            entries.append({"overrides": ov + [PARALLEL[layout]], "entry": ENTRY[layout]})
+            entries.append({"overrides": ov + PARALLEL[layout], "entry": ENTRY[layout]})
             info[run_name(fam, lora)] = Run(fam, lora, src, ov, run_dir)
         return entries, info
     return _build

@@ -18,6 +18,7 @@ import pytest
 
 import paddle.incubate.nn.functional as inc
 from llmtrain.models.config import RopeScaling
+from gpu_rehearsal import reaches
 from llmtrain.models.layers import Rotary
 
 REAL = inc.fused_rotary_position_embedding
@@ -56,7 +57,8 @@ def test_fused_rope_takes_the_scaled_table(scaling, packed, monkeypatch):
     q = paddle.to_tensor(rng.standard_normal([2, 40, 4, 16]).astype(np.float32))
     k = paddle.to_tensor(rng.standard_normal([2, 40, 2, 16]).astype(np.float32))
     pos = paddle.to_tensor(np.tile(np.concatenate([np.arange(30), np.arange(10)]), (2, 1))) if packed else None
-    fused = Rotary(16, 10000.0, fused=True, max_positions=64, scaling=scaling).apply_qk(q, k, pos)
+    with reaches("fused-rope-scaled"):
+        fused = Rotary(16, 10000.0, fused=True, max_positions=64, scaling=scaling).apply_qk(q, k, pos)
     plain = Rotary(16, 10000.0, fused=False, max_positions=64, scaling=scaling).apply_qk(q, k, pos)
     unscaled = Rotary(16, 10000.0, fused=False, max_positions=64).apply_qk(q, k, pos)
     for a, b, u in zip(fused, plain, unscaled):

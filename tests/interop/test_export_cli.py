@@ -78,12 +78,12 @@ def test_export_cli_refuses_corrupt_checkpoint_and_wrong_tokenizer(tmp_path, cap
     (tmp_path / "c.txt").write_text("人民日报 社论 今天 北京 天气\n" * 40, encoding="utf-8")
     spm.SentencePieceTrainer.train(input=str(tmp_path / "c.txt"), model_prefix=str(tok / "tokenizer"),
                                    vocab_size=16, minloglevel=2, byte_fallback=False)
-    assert main(["--checkpoint", step, "--output", str(tmp_path / "o"), "--tokenizer", str(tok)]) == 1
+    assert main(["--checkpoint", step, "--output", str(tmp_path / "o"), "--tokenizer", str(tok)]) == 2  # input errors: status 2
     assert "is not the one checkpoint" in capsys.readouterr().err
 
     with open(os.path.join(step, "rank_00001.safetensors"), "r+b") as f:
         f.truncate(100)
-    assert main(["--checkpoint", step, "--output", str(tmp_path / "o")]) == 1
+    assert main(["--checkpoint", step, "--output", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "incomplete or corrupt" in err and "rank_00001.safetensors" in err
     assert not os.path.exists(tmp_path / "o")

@@ -72,6 +72,12 @@ def test_import_matches_reference_and_export_reads_back(case, tmp_path):
     close(our_logits(cfg, state, paddle.to_tensor(ids)), reference_logits(tmp_path / "src", ids), f"{case} read")
 
     fresh = random_state(cfg, seed=5)
+    biases = [k for k in fresh if k.endswith("mlp.expert_bias")]
+    if biases:  # Qwen3-MoE routes without our auxiliary-loss-free bias: a moved one is refused, zeros go out
+        moved = dict(fresh, **{biases[-1]: np.full_like(fresh[biases[-1]], 0.01)})
+        with pytest.raises(UnsupportedConfig, match="expert_bias is non-zero"):
+            write_hf_checkpoint(cfg, moved, str(tmp_path / "refused"))
+        assert all(not np.any(fresh[k]) for k in biases)
     info = write_hf_checkpoint(cfg, fresh, str(tmp_path / "out"), max_shard_bytes=40_000)
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert set(written) <= PUBLISHED_FIELDS[family] | READ_TOO, set(written) - PUBLISHED_FIELDS[family]

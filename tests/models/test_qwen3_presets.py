@@ -53,11 +53,16 @@ def test_qwen3_preset_model_holds_the_counted_parameters():
     assert sum(int(np.prod(s)) for s in shapes.values()) == PUBLISHED["qwen3-0.6b"]
 
 
-@pytest.mark.parametrize("preset,devices", [("qwen3-30b-a3b", 8)])
-def test_planner_plans_qwen3(preset, devices):
+def test_planner_explains_qwen3_30b_a3b_under_expert_parallelism():
+    """The planner on dp8 x ep8 (bf16 weights): each rank holds the dense parameters and 1/8 of the experts, exactly."""
     from llmtrain.plan.__main__ import plan
 
-    cfg = to_config(compose([f"model={preset}", "data.seq_len=4096", "train.global_batch_size=64",
-                             f"plan.devices={devices}"]))
-    rows = plan(cfg)
-    assert rows and any(r["fits"] for r in rows)
+    cfg = to_config(compose(["model=qwen3-30b-a3b", "data.seq_len=4096", "train.global_batch_size=64",
+                             "plan.devices=8", "+parallel=dp8", "parallel.ep=8", "train.micro_batch_size=1",
+                             "train.recompute=true"]))
+    (row,) = plan(cfg)
+    m = cfg.model
+    experts = m.num_layers * m.moe_num_experts * 3 * m.hidden_size * m.expert_ffn_size()
+    bias = m.num_layers * m.moe_num_experts
+    assert row["runnable"] and row["memory_bytes"]["params"] == 2 * (parameter_count(m) - experts + experts // 8)
+    assert row["memory_bytes"]["grads"] == 2 * (parameter_count(m) - bias - experts + experts // 8)  # no bias grad

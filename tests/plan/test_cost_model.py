@@ -46,11 +46,15 @@ def test_gemm_kernels_carry_the_model_flops():
     """Forward + input-grad + weight-grad GEMMs of a micro-batch = 6 x (matmul parameters) x tokens, per tp rank."""
     cfg = _llama(num_layers=2)
     b, s = 2, 256
+    # llama-1b's matmul weights, counted from its shape (h 2048, 32 heads of 64, 4 kv heads: kv width 256,
+    # SwiGLU 5632, untied head over 32000): per block q and o h x h, k and v h x 256, gate, up and down h x 5632
+    h, kv, f, vocab = 2048, 4 * 64, 5632, 32000
+    matmul_weights = 2 * (2 * h * h + 2 * h * kv + 3 * h * f) + h * vocab
+    assert matmul_weights == 153_616_384
     for tp in (1, 2):
         mb = micro_batch_kernels(cfg, b, s, tp, 2, gpu=True, flash=True)
         gemm = sum(k.flops for k in mb.forward + mb.backward if k.kind == "gemm")
-        norms = (2 * cfg.num_layers + 1) * cfg.hidden_size  # not GEMM parameters
-        assert gemm == pytest.approx(6 * (flops_parameters(cfg) - norms) * b * s / tp, rel=1e-9)
+        assert gemm == pytest.approx(6 * matmul_weights * b * s / tp, rel=1e-9)  # 2 forward + 2 + 2 backward
     full = micro_batch_kernels(cfg, b, s, 1, 2, gpu=True, flash=True, recompute="full")
     none = micro_batch_kernels(cfg, b, s, 1, 2, gpu=True, flash=True)
     block_fwd = (len(none.forward) - len(micro_batch_kernels(cfg, b, s, 1, 2, True, True, layers=0).forward)) // 2
@@ -111,7 +115,9 @@ def test_math_attention_core_is_one_measured_composite_on_a_cpu_profile():
                                       "bwd": [[bh, s, d, rate / 2] for bh in (1, 64) for s in (16, 1024) for d in (8, 128)]})
     args = (cfg, 2, 64, 1, 1, False, False, "none", 2, True, True, [(10, 4)], [(10, 4)])
     with_core, without = step_compute(from_dict(math), *args), step_compute(from_dict(base), *args)
-    fl = attention_flops(2 * 4, 64, 64, False)
+    fl = 2 * (2 * 4) * 64 * 64 * 64 * 2  # q kᵀ and p v: 2·s²·d FLOPs each, for batch 2 x 4 heads of 64, seq 64
+    assert attention_flops(2 * 4, 64, 64, False) == fl
+    # backward: dp = do vᵀ, dv = pᵀ do, dq = ds k, dk = dsᵀ q, four products of the forward's size (2x its FLOPs)
     core = 2 * (fl / rate + 2 * fl / (rate / 2))  # two blocks, forward and backward
     assert with_core["by_kind_s"]["attention"] == pytest.approx(core)
     assert "attention" not in without["by_kind_s"]
@@ -521,6 +527,42 @@ def test_collective_wait_grows_with_the_compute_between_meetings():
     assert with_t["tp_comm_s"] > plain["tp_comm_s"] + 2 * 2 * 1e-3 * 10  # >= 10 calls at >= 1 ms more alpha
 
 
+GPT_TINY_PARAMS = {"word": 2560 * 128, "position": 1024 * 128, "final_norm": 2 * 128,
+                   "block": 4 * (128 * 128 + 128) + 2 * 2 * 128 + (128 * 512 + 512) + (512 * 128 + 128)}
+"""gpt-tiny's parameters at vocabulary 2560, counted from its shape (h 128, 4 layers, FFN 512, 1024 positions, biases,
+LayerNorms, tied head): per block q, k, v, o with biases, two LayerNorms, the FFN's two linears with biases."""
+GPT_TINY_2560_ALL = GPT_TINY_PARAMS["word"] + GPT_TINY_PARAMS["position"] + 4 * GPT_TINY_PARAMS["block"] \
+    + GPT_TINY_PARAMS["final_norm"]
+GPT_TINY_2560_CHARGED = GPT_TINY_2560_ALL - GPT_TINY_PARAMS["position"]
+"""The gradient elements the time model moves per step: every parameter but the position table (it charges the
+6N parameters, `flops_parameters`; see test_gradient_traffic_counts_every_parameter)."""
+
+
+def test_gpt_tiny_parameter_count():
+    from llmtrain.models.size import parameter_count
+
+    c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560"]))
+    assert (GPT_TINY_2560_ALL, GPT_TINY_2560_CHARGED) == (1_252_096, 1_121_024)
+    assert parameter_count(c.model) == GPT_TINY_2560_ALL and flops_parameters(c.model) == GPT_TINY_2560_CHARGED
+
+
+@pytest.mark.xfail(strict=True, reason="planner: the dp/sharding gradient and parameter traffic is priced from "
+                   "flops_parameters (llmtrain/plan/estimate.py local_param_bytes), which leaves out the input tables "
+                   "(position table here; the word table of an untied model) and counts only active experts; "
+                   "Paddle syncs every trainable gradient. Remove this mark with the fix.")
+def test_gradient_traffic_counts_every_parameter():
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import time_estimate
+
+    prof = from_dict(_synthetic(async_launch=False))
+    c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", "+parallel=dp2", "train.global_batch_size=2",
+                           "train.micro_batch_size=1"]))
+    est = time_estimate(c.model, resolve_layout(c.parallel, c.train, 2), 128, False, prof, 8)
+    # a ring all-reduce over 2 ranks moves 2 (n - 1) / n = 1 x the buffer over the link, plus its latencies
+    moved = est["dp_sharding_comm_s"] - 2 * prof.nvlink_alpha
+    assert moved == pytest.approx(GPT_TINY_2560_ALL * prof.dtype_bytes / prof.nvlink_bw, rel=1e-6)
+
+
 def test_zero2_meets_once_a_micro_batch_at_that_gap():
     """ZeRO-2 (Paddle's GroupShardedStage2) reduces every micro-batch's gradients to their owners, one reduce per
     owner's storage (B/bw together) after the micro-batch's forward and backward, then broadcasts the updated
@@ -536,7 +578,7 @@ def test_zero2_meets_once_a_micro_batch_at_that_gap():
                                f"train.global_batch_size={2 * accum}", "train.micro_batch_size=1"]))
         cfg, lay = c.model, resolve_layout(c.parallel, c.train, 2)
         est = time_estimate(cfg, lay, 128, False, prof, 8)
-        return est["dp_sharding_comm_s"], flops_parameters(cfg) * prof.dtype_bytes / prof.nvlink_bw, est["compute_s"]
+        return est["dp_sharding_comm_s"], GPT_TINY_2560_CHARGED * prof.dtype_bytes / prof.nvlink_bw, est["compute_s"]
 
     a = 2e-3
     for accum in (1, 2, 4):  # a flat wait: (accum + 1) transfers of B, 2 x accum + 1 alphas
@@ -565,6 +607,9 @@ def test_sharded_optimizer_is_priced_at_the_busiest_owner():
         per_rank = [r["optimizer_numel"] for r in predict_ranks(cfg, lay)]
         held = lambda tensors: sum(2 * n + 2 for n, _ in tensors)  # noqa: E731  AdamW's two moments + two pows, fp32
         assert held(owned) == max(per_rank), (par, held(owned), per_rank)
+        # by hand: the tied 16000 x 128 table alone is larger than the other 67 tensors together (924,416
+        # elements), so the busiest owner holds it alone: 2 x 2,048,000 + 2
+        assert max(per_rank) == 2 * 16000 * 128 + 2 == 4_096_002, per_rank
         assert len(owned) < len(grads) and held(owned) < held(grads)
 
 
@@ -577,15 +622,16 @@ def test_training_loop_meetings_are_priced():
 
     prof = from_dict(_synthetic(async_launch=False))
     a = prof.nvlink_alpha
-    for par, devices, meetings in (("dp2", 2, [2, 2, 2]), ("tp2", 2, [2, 2]), ("pp2", 2, [2, 2]),
-                                   ("zero2", 2, [2, 2, 2]), ("sharding2 parallel.dp=2", 4, [4, 4, 2, 2]),
-                                   ("dp4", 4, [4, 4, 4])):
+    # alphas per step, counted by hand: guard verdict + stop agreement over the job, then one metrics sum per data
+    # group; a meeting of 2 ranks costs 2 alphas (one step each way), of 4 ranks 4 (two tree levels each way)
+    for par, devices, alphas in (("dp2", 2, 2 + 2 + 2), ("tp2", 2, 2 + 2), ("pp2", 2, 2 + 2),
+                                 ("zero2", 2, 2 + 2 + 2), ("sharding2 parallel.dp=2", 4, 4 + 4 + 2 + 2),
+                                 ("dp4", 4, 4 + 4 + 4)):
         name, *extra = par.split()
         c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", f"+parallel={name}", *extra,
                                "train.global_batch_size=8", "train.micro_batch_size=1"]))
         est = time_estimate(c.model, resolve_layout(c.parallel, c.train, devices), 128, False, prof, 8)
-        want = sum(2 * math.ceil(math.log2(n)) * a for n in meetings)
-        assert est["loop_comm_s"] == pytest.approx(want, rel=1e-12), par
+        assert est["loop_comm_s"] == pytest.approx(alphas * a, rel=1e-12), par
         parts = ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s", "loop_comm_s")
         assert est["step_time_s"] == pytest.approx(sum(est[k] for k in parts), rel=1e-12), par
     c = to_config(compose(["model=gpt-tiny", "model.vocab_size=2560", "train.micro_batch_size=1"]))

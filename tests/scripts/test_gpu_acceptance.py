@@ -5,7 +5,8 @@
 Every printed pretraining launch and planner call is taken apart and its Hydra overrides are
 composed with our config tree; the layout must pass every check for the launch's process count
 (the planner's: plan.devices) and the model must fit it; pytest commands must name existing files
-and their -k expression must select exactly the layouts the GPU count can run.
+and their -k expression must select exactly the layouts the GPU count can run. The packed fine-tuning
+launch composes with conf/finetune.yaml, and the fp16_overflow step's runs compose and name existing files.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from llmtrain.parallel.layout import layout_problems, model_fit_problems
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "parallel"))
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_acceptance  # noqa: E402
 from test_parity import LAYOUTS  # noqa: E402
 
 
@@ -52,8 +55,8 @@ def _selected(expr: str) -> set[str]:
     return {name for name, i in ids.items() if compiled.evaluate(lambda word: word.lower() in i.lower())}
 
 
-def _check_run(overrides: list[str], nproc: int, on_gpu_model: bool = True) -> None:
-    cfg = to_config(compose_config(overrides))
+def _check_run(overrides: list[str], nproc: int, on_gpu_model: bool = True, config_name: str = "config") -> None:
+    cfg = to_config(compose_config(overrides, config_name=config_name))
     assert fusion_problems(cfg.model, on_gpu=on_gpu_model) == []
     if cfg.parallel is None or cfg.parallel.name == "auto":
         return  # the planner ranks/chooses the layout (tests/plan cover the ranking and +parallel=auto)
@@ -65,9 +68,15 @@ def _check_run(overrides: list[str], nproc: int, on_gpu_model: bool = True) -> N
 @pytest.mark.parametrize("gpus", [8, 2])
 def test_dry_run_commands_are_well_formed(gpus, tmp_path):
     cmds = _commands(gpus, tmp_path)
-    launches = plans = pytests = 0
+    launches = plans = pytests = finetunes = subcommands = 0
     for env, words in cmds:
-        if words[1:3] == ["-m", "paddle.distributed.launch"]:
+        if words[1:3] == ["-m", "paddle.distributed.launch"] and "llmtrain/finetune.py" in words:
+            assert int(words[words.index("--nproc_per_node") + 1]) == 2
+            overrides = words[words.index("llmtrain/finetune.py") + 1:]
+            assert {"data.packing=true", "model.attention=auto", "train.amp=bf16"} <= set(overrides)
+            _check_run(overrides, 2, config_name="finetune")
+            finetunes += 1
+        elif words[1:3] == ["-m", "paddle.distributed.launch"]:
             nproc = int(words[words.index("--nproc_per_node") + 1])
             assert nproc == gpus
             overrides = words[words.index("llmtrain/pretrain.py") + 1:]
@@ -84,15 +93,26 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
             plans += 1
         elif words[1:3] == ["-m", "pytest"]:
             files = [w for w in words[3:] if w.startswith("tests/")]
-            assert files and all((REPO / f).is_file() for f in files), files
+            assert files and all((REPO / f).exists() for f in files), files
             if "tests/parallel/test_parity.py" in files:
                 selected = _selected(words[words.index("-k") + 1])
                 expected = {name for name, n in LAYOUTS if n <= gpus}
                 assert selected == expected, (selected, expected)
                 assert "LLMTRAIN_PARITY_TOL" in env
             pytests += 1
+        elif words[1].endswith("scripts/gpu_acceptance.py"):
+            assert words[2] in ("env", "fp16-overflow", "ep-alltoall"), words
+            if words[2] != "env":
+                runs = {"fp16-overflow": gpu_acceptance.fp16_overflow_runs,
+                        "ep-alltoall": gpu_acceptance.ep_alltoall_runs}[words[2]](Path(words[3]))
+                for run in runs:
+                    if "call" in run:
+                        assert (REPO / run["call"].split(":")[0]).is_file(), run
+                    else:
+                        _check_run(run["overrides"], 2)
+            subcommands += 1
     assert launches == plans == (6 if gpus >= 4 else 4)
-    assert pytests == 4
+    assert pytests == 5 and finetunes == 1 and subcommands == 3
 
 
 def test_too_few_gpus_refused(tmp_path):

@@ -50,6 +50,41 @@ def test_layout_degrees_honoured():
     assert not r.refused and not r.warnings and any(h.startswith("parallel.") for h in r.honoured)
 
 
+def test_a_new_layout_reports_only_what_changed():
+    """One device -> dp2: the degree and the layout's name, not a line for each of ~25 parallel fields (issue 38 §5)."""
+    r = review(new=["+parallel=dp2"])
+    assert [h.split(":")[0] for h in r.honoured] == ["parallel.dp=1 in the checkpoint, 2 now",
+                                                      "parallel.name='single' in the checkpoint, 'dp2' now",
+                                                      "run.name='gpt-tiny-single' in the checkpoint, 'gpt-tiny-dp2' now"]
+    more = review(old=["+parallel=tp2"], new=["+parallel=tp2", "parallel.pp=2"])
+    assert [h.split(":")[0] for h in more.honoured] == ["parallel.pp=1 in the checkpoint, 2 now",
+                                                         "run.name='gpt-tiny-tp2' in the checkpoint, 'gpt-tiny-tp2pp2' now"]
+
+
+def test_every_refusal_says_the_override_that_gets_past_it():
+    r = review(new=["model.hidden_size=64", "seed=7", "optim.name=sgd"])
+    assert sorted(p.rsplit("; to continue this run: ", 1)[1] for p in r.refused) == \
+        ["model.hidden_size=32", "optim.name=adamw", "seed=1234"]
+    other = review(new=["data.tokenizer=/elsewhere/tokenizer"], tok=dict(TOK, sha256="cd" * 32))
+    assert other.refused[0].endswith("to continue this run: data.tokenizer=/data/tokenizer (the checkpoint's)")
+    assert "optim.on_resume=config" in review(new_steps=8).refused[0]
+
+
+def test_the_divergence_stop_advice_works_as_written():
+    """The stop message's advice, followed as written (a lower optim.lr, resumed with the overrides it names), is
+    accepted by the resume contract; the old advice (a lower optim.lr and checkpoint.resume=auto alone) was refused
+    with "Set optim.on_resume=config" (issue 38 §5)."""
+    import re
+
+    from llmtrain.train.anomaly_report import STOP_ADVICE
+
+    advice = re.findall(r"\b([a-z_.]+=\S+)", STOP_ADVICE.split(": ")[-1])
+    assert advice == ["optim.lr=<lower>", "optim.on_resume=config", "checkpoint.resume=auto"], advice
+    followed = [a.replace("<lower>", "5e-4") for a in advice]  # the checkpoint's run: optim.lr=1e-3
+    assert not review(new=followed, step=2).refused
+    assert "Set optim.on_resume=config" in review(new=["optim.lr=5e-4", "checkpoint.resume=auto"], step=2).refused[0]
+
+
 def test_schedule_change_moving_the_lr_refused_unless_chosen():
     r = review(new_steps=8)
     assert len(r.refused) == 1

@@ -39,8 +39,9 @@ def test_model_fit_problems_reported_even_when_the_world_size_is_wrong():
     assert "model.num_layers=3 cannot be split evenly into parallel.pp=2" in str(e.value)
 
 
-def test_derived_values_and_frozen_result():
-    cfg = to_config(compose([f"data.tokenizer={SHIPPED_TOKENIZER}", "+parallel=dp2", "train.global_batch_size=8",
+def test_derived_values_and_frozen_result(tiny_corpus, tmp_path):
+    cfg = to_config(compose([f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.prefixes=[{tiny_corpus['prefix']}]",
+                             f"run.dir={tmp_path}", "+parallel=dp2", "train.global_batch_size=8",
                              "train.micro_batch_size=2"]))
     run = resolve(cfg, world_size=2)
     assert cfg.model.vocab_size is None  # the composed config is not mutated
@@ -60,3 +61,28 @@ def test_vocabulary_smaller_than_the_tokenizer_is_refused():
     cfg = to_config(compose([f"data.tokenizer={SHIPPED_TOKENIZER}", "model.vocab_size=1000"]))
     with pytest.raises(ConfigError, match=r"model.vocab_size=1000 is smaller than the tokenizer's vocabulary"):
         resolve(cfg, world_size=1)
+
+
+def test_every_data_input_error_up_front(tiny_corpus, tmp_path):
+    """Issue 38 §4: a missing data.prefixes file, a data.weights count that does not match, data preprocessed with
+    another tokenizer, a missing lexicon: problems of resolve (exit 2 before any process group), each with its
+    path and numbers, not a traceback once the data loads."""
+    missing = str(tmp_path / "nope" / "corpus_text_document")
+    cfg = to_config(compose([f"data.tokenizer={SHIPPED_TOKENIZER}", f"data.prefixes=[{tiny_corpus['prefix']},{missing}]",
+                             "data.weights=[0.5,0.3,0.2]", f"run.dir={tmp_path / 'run'}"]))
+    with pytest.raises(ConfigError) as e:
+        resolve(cfg, world_size=1)
+    msg = str(e.value)
+    for needle in (f"data prefix {missing!r}: {missing}.bin does not exist; create it with `python -m "
+                   "llmtrain.data.preprocess",
+                   "data.weights has 3 entries for 2 data.prefixes",
+                   f"{tiny_corpus['prefix']} was preprocessed with tokenizer 'tokenizer'",
+                   f"but data.tokenizer={SHIPPED_TOKENIZER!r} is 'pd1998-bpe16k'"):
+        assert needle in msg, (needle, msg)
+    lexicon = str(tmp_path / "entities.txt")
+    ernie = to_config(compose(["model=ernie-tiny", "model.max_position_embeddings=64", "data.seq_len=32",
+                               f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.prefixes=[{tiny_corpus['prefix']}]",
+                               "data.masking.strategy=entity", "data.masking.entity_source=lexicon",
+                               f"data.masking.lexicon={lexicon}", f"run.dir={tmp_path / 'run'}"]))
+    with pytest.raises(ConfigError, match=rf"data.masking.lexicon={lexicon}: {lexicon} does not exist; build one with"):
+        resolve(ernie, world_size=1)

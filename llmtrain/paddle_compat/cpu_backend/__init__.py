@@ -67,7 +67,7 @@ def install() -> bool:
     """Install every CPU stand-in; idempotent. Returns True if active, False off-CPU."""
     global _INSTALLED
     if paddle.get_device() != "cpu":
-        return False
+        return False  # GPU-ONLY(fleet-nccl): fleet's own kernels and process groups, nothing replaced
     if _INSTALLED:
         return True
     check_paddle_version()
