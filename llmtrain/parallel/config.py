@@ -132,8 +132,9 @@ class ParallelConfig:
 
 def layout_tag(parallel) -> str:
     """The layout's real degrees as a name: `dp2`, `tp2pp2`, `dp2tp2pp2`, `sharding2` (ZeRO-1), `sharding2s3`
-    (stage 2/3), `pp4v2` (virtual stages), `dp2ep2`, `tp2sp` (sequence parallel), `single` for one device, `auto`
-    for the planner's choice. `parallel`: a ParallelConfig, its DictConfig node, or None. The default run name
+    (stage 2/3), `pp4v2` (virtual stages), `dp2ep2`, `tp2sp` (sequence parallel), `dp2cp2` / `tp2cp2sp` (context
+    parallel; the exchange `cp_comm` is not in the name: a run may resume under another), `single` for one device,
+    `auto` for the planner's choice. `parallel`: a ParallelConfig, its DictConfig node, or None. The default run name
     (`run.name`) ends in it, so `+parallel=tp2 parallel.pp=2` never writes into a tp2 run's directory."""
     if parallel is None:
         return "single"
