@@ -25,6 +25,10 @@ Steps, in order (each one's output in OUT/<step>.log; a failed step is reported 
   ep_alltoall       moe-tiny under +parallel=ep2 on 2 GPUs, fp32 (TF32 off), once with the all-gather dispatcher and
                     once with parallel.ep_dispatcher=alltoall (NCCL all-to-all): every step's loss and grad norm
                     within PARITY_TOL["fp32"] of each other (checked by `check_ep_alltoall`)
+  cp_exchanges      llama-tiny under +parallel=cp2 on 2 GPUs with each exchange (ring, allgather, a2a), fp32 (NCCL
+                    collectives, math blocks) and bf16 (flash blocks, flashmask chunks, the flash core under a2a):
+                    every step's loss and grad norm of the fp32 runs within PARITY_TOL["fp32"] of each other, of the
+                    bf16 runs within PARITY_TOL["bf16"] of the fp32 ring's (checked by `check_cp_exchanges`)
   plan_<layout>     python -m llmtrain.plan for the layout (predicted tokens/s, MFU, memory), before its run
   tput_<layout>     llama-1b, bf16, seq 2048, global batch 64, --steps steps, per recommended layout
   report            OUT/report.md and OUT/report.json: every step's status, measured beside predicted, and what
@@ -53,9 +57,9 @@ THROUGHPUT = ["model=llama-1b", "train.amp=bf16", "data.seq_len=2048", "train.gl
 GPU_PATHS = {
     "amp-fp16": ["gpu_paths", "fp16_overflow", "parity_bf16"],
     "async-save-device-copy": ["gpu_paths"],
-    "cp-flash": ["gpu_paths"],
-    "cp-nccl-collectives": ["gpu_paths"],
-    "cp-ring-flash": ["gpu_paths"],
+    "cp-flash": ["gpu_paths", "cp_exchanges"],
+    "cp-nccl-collectives": ["gpu_paths", "cp_exchanges"],
+    "cp-ring-flash": ["gpu_paths", "cp_exchanges"],
     "flash-attention": ["gpu_paths", "parity_bf16", "tput_auto"],
     "flashmask": ["gpu_paths", "finetune_packed"],
     "flashmask-window": ["gpu_paths"],
@@ -144,6 +148,8 @@ def steps(out: Path, gpus: int, device: str, n_steps: int) -> list[dict]:
             "llmtrain/finetune.py", *finetune_packed_overrides(out)], env={}),
         dict(name="fp16_overflow", argv=[py, str(REPO / "scripts/gpu_acceptance.py"), "fp16-overflow", str(out)], env={}),
         dict(name="ep_alltoall", argv=[py, str(REPO / "scripts/gpu_acceptance.py"), "ep-alltoall", str(out)],
+             env=nccl_fp32),
+        dict(name="cp_exchanges", argv=[py, str(REPO / "scripts/gpu_acceptance.py"), "cp-exchanges", str(out)],
              env=nccl_fp32),
     ]
     run = THROUGHPUT + [f"train.max_steps={n_steps}", f"train.log_interval={max(1, n_steps // 3)}"]
@@ -236,6 +242,42 @@ def check_ep_alltoall(run_dir: Path) -> list[str]:
         for key in ("loss", "grad_norm"):
             if abs(a[key] - b[key]) > PARITY_TOL["fp32"]:
                 problems.append(f"step {a['step']} {key}: allgather {a[key]} alltoall {b[key]}")
+    return problems
+
+
+CP_COMMS = ("ring", "allgather", "a2a")
+
+
+def cp_exchanges_runs(out: Path) -> list[dict]:
+    """tests/e2e/multirun_worker.py entries: llama-tiny under cp2 with each exchange, fp32 then bf16 (one layout)."""
+    def run(comm, amp):
+        return {"overrides": ["+parallel=cp2", "model=llama-tiny", f"parallel.cp_comm={comm}",
+                              "train.amp=" + ("none" if amp == "fp32" else amp),
+                              "data.seq_len=1024", f"train.max_steps={EP_STEPS}", "train.global_batch_size=8",
+                              "train.micro_batch_size=4", "train.log_interval=1", "train.progress_bar=false",
+                              "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.interval=0",
+                              "checkpoint.resume=none", f"run.dir={out / 'cp_exchanges' / f'{comm}_{amp}'}"]}
+    return [run(comm, amp) for amp in ("fp32", "bf16") for comm in CP_COMMS]
+
+
+def check_cp_exchanges(run_dir: Path) -> list[str]:
+    """fp32 exchanges within PARITY_TOL["fp32"] of each other; bf16 ones within PARITY_TOL["bf16"] of fp32 ring."""
+    try:
+        recs = {d: [json.loads(line) for line in open(run_dir / d / "metrics.jsonl") if '"loss"' in line]
+                for d in (f"{c}_{a}" for a in ("fp32", "bf16") for c in CP_COMMS)}
+    except OSError as e:
+        return [f"metrics: {e}"]
+    base = recs["ring_fp32"]
+    problems = []
+    for name, got in recs.items():
+        if [r["step"] for r in got] != [r["step"] for r in base] or not got:
+            problems.append(f"{name}: steps {[r['step'] for r in got]}, ring_fp32 {[r['step'] for r in base]}")
+            continue
+        tol = PARITY_TOL[name.split("_")[1]]
+        for a, b in zip(base, got):
+            for key in ("loss", "grad_norm"):
+                if abs(a[key] - b[key]) > tol:
+                    problems.append(f"step {a['step']} {key}: ring_fp32 {a[key]} {name} {b[key]} (bound {tol})")
     return problems
 
 
@@ -360,6 +402,8 @@ def main(argv=None) -> int:
         return run_multirun(Path(argv[1]), "fp16_overflow", fp16_overflow_runs(Path(argv[1])), check_fp16_overflow)
     if argv[:1] == ["ep-alltoall"]:
         return run_multirun(Path(argv[1]), "ep_alltoall", ep_alltoall_runs(Path(argv[1])), check_ep_alltoall)
+    if argv[:1] == ["cp-exchanges"]:
+        return run_multirun(Path(argv[1]), "cp_exchanges", cp_exchanges_runs(Path(argv[1])), check_cp_exchanges)
     ap = argparse.ArgumentParser(prog="scripts/gpu_acceptance.sh")
     ap.add_argument("--gpus", type=int, default=8, help="GPUs of this node to use (default 8; at least 2)")
     ap.add_argument("--device", default="auto", help="planner device profile (a100-80g, h100, ...; default: detected)")

@@ -277,6 +277,8 @@ def _flash_prefix(q_i, keys, values, causal: bool, seg, q_start: int):
     queries."""
     from paddle.nn.functional.flash_attention import flashmask_attention
 
+    from llmtrain.paddle_compat.flash_blocks import widened
+
     c, sk = q_i.shape[1], keys.shape[1]
     j = paddle.arange(sk, dtype="int32")
     below = paddle.clip(j - q_start, 0, c) if causal else paddle.zeros([sk], "int32")  # rows above are masked
@@ -287,4 +289,6 @@ def _flash_prefix(q_i, keys, values, causal: bool, seg, q_start: int):
 
         until = paddle.clip(document_end_rows(seg[:, :sk]).reshape([q_i.shape[0], sk]) - q_start, 0, c)
     rows = paddle.stack([until, below.unsqueeze(0).expand([q_i.shape[0], sk])], axis=-1)  # [b, sk, 2]
-    return flashmask_attention(q_i, keys, values, rows.unsqueeze(1).astype("int32"), causal=False)  # GPU-ONLY(cp-flash)
+    dv = values.shape[-1]  # MLA's values are narrower than q/k: the kernel takes one width (zero columns, cut after)
+    values = widened(values, q_i.shape[-1])
+    return flashmask_attention(q_i, keys, values, rows.unsqueeze(1).astype("int32"), causal=False)[..., :dv]  # GPU-ONLY(cp-flash)

@@ -1,27 +1,64 @@
-"""CPU rehearsal of GPU-ONLY(cp-ring-flash): the context-parallel ring's flash-attention blocks.
+"""GPU-only branch `cp-ring-flash`: the context-parallel ring's blocks through flash attention's kernels.
 
     python -m pytest tests/gpu_paths/test_cp_ring_flash.py -q
 
-On GPU the ring (llmtrain/parallel/context_exchange.py) computes each block with `paddle._C_ops.flash_attn` and
-back-propagates it with `flash_attn_grad` given the merged output and log-sum-exp
-(llmtrain/paddle_compat/flash_blocks.py). Here the two kernels are replaced by math references with the kernels'
-positional arguments and outputs (their argument count checked against the calls Paddle 3.3.1's own Python makes:
-`flash_attention` and `auto_parallel.ring_attention`), the branch is forced on, and for every (rank, source) step
-of a cp2 and a cp3 ring the flash branch must give what the CPU kernels give: output, log-sum-exp and gradients
-within 1e-5 — which checks the causal flag `ring_block` hands the kernel and the slicing around it.
+On a GPU with fp16/bf16 activations the ring (llmtrain/parallel/context_exchange.py) computes each block with
+`paddle._C_ops.flash_attn` and back-propagates it with `flash_attn_grad` given the ring's merged output and
+log-sum-exp (llmtrain/paddle_compat/flash_blocks.py). Here llmtrain is told it runs on a GPU (`kernels.on_gpu`)
+and both kernels are CPU references behind `checked`: `flash_attn`'s signature is the installed Paddle's own
+(its typing stub, `paddle/_typing/libs/libpaddle/pir/ops.pyi`, since the C++ function has none), `flash_attn_grad`'s
+stub takes `*args`, so its parameter list is written from the op's definition and held to the argument count of
+the calls Paddle's own `auto_parallel/ring_attention.py` makes. The references repeat the kernels' input checks
+(fp16/bf16, one head width for q, k, v) and return what the kernels return: out, lse [b, nh, sq rounded up to
+128] (the padding rows NaN here, so a caller that read them would fail), the seed offset.
+
+The whole ring then runs, forward and backward, on a cp group played by threads (tests/gpu_paths/cp_threads.py;
+its ring shift through the checked `batch_isend_irecv`), cp2 and cp3, GQA, and multi-head latent attention's
+narrower values (d_v < d: zero-padded for the kernels). Every rank's output and q/k/v gradients must equal one
+device's attention over the whole sequence (`gpu_references.dense_attention` in fp32 on the same fp16 values):
+`CPU_TOL` is a few fp16 roundings of the merged output (the ring rounds each block's output to fp16 before the
+log-sum-exp merge, and the gradients to fp16 once). Each kernel call must have been a square causal block or an
+unmasked one (flash kernels align a causal mask bottom-right; the ring never needs that alignment). On a real GPU
+the kernels are not replaced (bounds `GPU_TOL`, not yet measured on a GPU).
 """
 from __future__ import annotations
 
 import ast
 import inspect
+import math
+from pathlib import Path
 
+import numpy as np
 import paddle
 import pytest
 
-from llmtrain.parallel import context_exchange
-from llmtrain.parallel.context_chunks import ChunkLayout
-from llmtrain.parallel.context_attention import block_backward, block_forward, keep_mask
-from llmtrain.parallel.context_exchange import _Call, ring_block
+from cp_threads import ThreadGroup, random_tensors, run_exchange, whole_sequence, worst_error
+from gpu_rehearsal import ON_GPU, checked, reaches
+from gpu_references import _low_precision, _one_head_width
+from llmtrain.paddle_compat import kernels
+
+STUB = Path(paddle.__file__).parent / "_typing" / "libs" / "libpaddle" / "pir" / "ops.pyi"
+FP16 = 2.0**-11
+CPU_TOL = 8 * FP16
+"""Per entry (values O(1), gradients up to ~4): the block outputs' fp16 rounding carried through cp merges, and
+the gradients' one fp16 rounding each (measured <= 2.4e-3 = 4.8 units); a wrong causal flag or a misplaced block
+moves entries by O(0.1)."""
+GPU_TOL = 3e-2
+"""With the real kernels (fp16 accumulation orders of the GPU): not yet measured on a GPU."""
+
+
+def _stub_signature(name: str):
+    """A function with the signature the installed Paddle's typing stub gives `_C_ops.<name>`."""
+    for line in STUB.read_text(encoding="utf-8").splitlines():
+        if line.startswith(f"def {name}("):
+            space: dict = {"paddle": paddle}
+            exec(line.rstrip() + " ...", space)  # noqa: S102 -- Paddle's own stub line, a def with `...` body
+            return space[name]
+    raise AssertionError(f"{STUB}: no stub for {name}")
+
+
+def flash_attn_grad_spec(q, k, v, out, softmax_lse, seed_offset, attn_mask, out_grad, dropout, causal):
+    """`_C_ops.flash_attn_grad`'s parameters (the op's backward definition; its stub says only *args)."""
 
 
 def _paddle_call_arity(module, name: str) -> set:
@@ -31,76 +68,112 @@ def _paddle_call_arity(module, name: str) -> set:
             and n.func.attr == name and getattr(n.func.value, "id", None) == "_C_ops"}
 
 
-def _our_call_arity(name: str) -> set:
-    from llmtrain.paddle_compat import flash_blocks
+def _dense(q, k, v, causal: bool):
+    """(scores' probabilities [b, nh, sq, sk], lse [b, nh, sq]) in float64, causal aligned bottom-right (query t
+    of the block sees keys up to sk - sq + t), kv heads repeated for grouped-query attention."""
+    b, sq, nh, d = q.shape
+    sk, nkv = k.shape[1], k.shape[2]
+    kk = np.repeat(k, nh // nkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, kk) / math.sqrt(d)
+    if causal:
+        allowed = np.arange(sk)[None, :] <= (sk - sq + np.arange(sq))[:, None]
+        s = np.where(allowed, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    p = np.exp(s - m)
+    lse = (m + np.log(p.sum(-1, keepdims=True)))[..., 0]
+    return np.exp(s - lse[..., None]), lse
 
-    tree = ast.parse(inspect.getsource(flash_blocks))
-    return {len(n.args) for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-            and n.func.attr == name}
 
-
-def _bottom_right(sq: int, sk: int, causal: bool):
-    if not causal:
-        return None
-    return keep_mask(paddle.arange(sk - sq, sk), paddle.arange(sk), True)
+def _f64(t):
+    return t.astype("float32").numpy().astype(np.float64)
 
 
 def ref_flash_attn(q, k, v, fixed_seed_offset, attn_mask, dropout, causal, return_softmax, is_test, rng_name):
-    """`_C_ops.flash_attn`'s outputs (out, softmax, lse [b, nh, sq], seed_offset), causal aligned bottom-right."""
-    assert fixed_seed_offset is None and attn_mask is None and dropout == 0.0 and not return_softmax
-    out, lse = block_forward(q, k, v, _bottom_right(q.shape[1], k.shape[1], causal))
-    return out, None, lse, None
+    """`_C_ops.flash_attn` -> (out [b, sq, nh, d] in q's dtype, softmax None, lse [b, nh, ceil128(sq)] fp32,
+    seed_offset [2] int64)."""
+    _low_precision("flash_attn", query=q, key=k, value=v)
+    _one_head_width("flash_attn", q, k, v)
+    assert fixed_seed_offset is None and attn_mask is None and dropout == 0.0
+    p, lse = _dense(_f64(q), _f64(k), _f64(v), causal)
+    nh = q.shape[2]
+    out = np.einsum("bhqk,bkhd->bqhd", p, np.repeat(_f64(v), nh // v.shape[2], axis=2))
+    rounded = -(-q.shape[1] // 128) * 128
+    lse_pad = np.full([*lse.shape[:2], rounded], np.nan, np.float32)
+    lse_pad[:, :, : q.shape[1]] = lse
+    return (paddle.to_tensor(out.astype(np.float32)).astype(q.dtype), None, paddle.to_tensor(lse_pad),
+            paddle.to_tensor([0, 0], dtype="int64"))
 
 
-def ref_flash_attn_grad(q, k, v, out, lse, seed_offset, attn_mask, dout, dropout, causal):
-    assert attn_mask is None and dropout == 0.0 and list(seed_offset.shape) == [2]
-    return block_backward(q, k, v, out, lse, dout, _bottom_right(q.shape[1], k.shape[1], causal))
+def ref_flash_attn_grad(q, k, v, out, softmax_lse, seed_offset, attn_mask, out_grad, dropout, causal):
+    """`_C_ops.flash_attn_grad` -> (dq, dk, dv) in q's dtype: the block's share of the gradient given the row's
+    (merged) out and lse [b, nh, >= sq]."""
+    _low_precision("flash_attn_grad", query=q, key=k, value=v)
+    _one_head_width("flash_attn_grad", q, k, v)
+    assert attn_mask is None and dropout == 0.0
+    assert list(out.shape) == list(q.shape) and list(out_grad.shape) == list(q.shape)
+    b, sq, nh, d = q.shape
+    nkv = k.shape[2]
+    lse = softmax_lse.numpy().astype(np.float64)[:, :, :sq]
+    qn, kn, vn = _f64(q), np.repeat(_f64(k), nh // nkv, axis=2), np.repeat(_f64(v), nh // nkv, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", qn, kn) / math.sqrt(d)
+    if causal:
+        sk = k.shape[1]
+        s = np.where(np.arange(sk)[None, :] <= (sk - sq + np.arange(sq))[:, None], s, -np.inf)
+    p = np.exp(s - lse[..., None])  # the row's global probabilities of this block's keys
+    do = _f64(out_grad)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, do)
+    dp = np.einsum("bqhd,bkhd->bhqk", do, vn)
+    ds = p * (dp - (do * _f64(out)).sum(-1).transpose(0, 2, 1)[..., None]) / math.sqrt(d)
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, kn)
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, qn)
+    group = lambda g: g.reshape(b, g.shape[1], nkv, nh // nkv, d).sum(3)  # noqa: E731 -- kv heads' query groups
+    return tuple(paddle.to_tensor(x.astype(np.float32)).astype(q.dtype) for x in (dq, group(dk), group(dv)))
 
 
-def test_our_kernel_calls_take_the_arguments_paddle_passes():
+def test_the_kernel_specs_match_paddles_calls():
     from paddle.distributed.auto_parallel import ring_attention
     from paddle.nn.functional import flash_attention
 
-    assert _our_call_arity("flash_attn") <= _paddle_call_arity(flash_attention, "flash_attn") == {10}
-    assert _our_call_arity("flash_attn_grad") <= _paddle_call_arity(ring_attention, "flash_attn_grad") == {10}
-    for f in (ref_flash_attn, ref_flash_attn_grad):
-        assert len(inspect.signature(f).parameters) == 10
+    fwd = inspect.signature(_stub_signature("flash_attn"))
+    assert list(fwd.parameters) == list(inspect.signature(ref_flash_attn).parameters)
+    assert _paddle_call_arity(flash_attention, "flash_attn") == {len(fwd.parameters)}
+    grad = inspect.signature(flash_attn_grad_spec)
+    assert _paddle_call_arity(ring_attention, "flash_attn_grad") == {len(grad.parameters)}
+    assert list(grad.parameters) == list(inspect.signature(ref_flash_attn_grad).parameters)
 
 
-class _Owner:
-    def __init__(self, rank: int, cp: int):
-        self.group = type("G", (), {"rank": rank, "nranks": cp})()
-        self.rank = rank
+@pytest.fixture
+def flash(monkeypatch):
+    """On CPU: llmtrain sees a GPU and the two kernels are checked references ({} on a real GPU)."""
+    if ON_GPU:
+        return {}
+    monkeypatch.setattr(kernels, "on_gpu", lambda: True)
+    stand_ins = {
+        "flash_attn": checked(_stub_signature("flash_attn"), ref_flash_attn,
+                              ("q", "k", "v", "fixed_seed_offset", "attn_mask", "causal")),
+        "flash_attn_grad": checked(flash_attn_grad_spec, ref_flash_attn_grad,
+                                   tuple(inspect.signature(flash_attn_grad_spec).parameters)),
+    }
+    for name, f in stand_ins.items():
+        monkeypatch.setattr(paddle._C_ops, name, f, raising=False)
+    return stand_ins
 
-    def count(self, pairs):
-        pass
 
-
-@pytest.mark.parametrize("cp", [2, 3])
-def test_flash_branch_equals_the_cpu_blocks_on_every_ring_step(cp, monkeypatch):
-    layout = ChunkLayout(seq_len=2 * cp * 4, cp=cp)
-    c = layout.chunk
-    paddle.seed(1)
-    for rank in range(cp):
-        call = _Call(_Owner(rank, cp), layout, True, None)
-        for src in range(cp):
-            qs, ks, causal = ring_block(layout, rank, src)
-            q = paddle.randn([2, len(qs) * c, 4, 8])
-            k, v = paddle.randn([2, len(ks) * c, 2, 8]), paddle.randn([2, len(ks) * c, 2, 8])
-            dout = paddle.randn(q.shape)
-            monkeypatch.setattr(context_exchange, "_on_flash", lambda x: False)
-            out, lse = call.block(q, k, v, qs, src, ks, causal)
-            grads = call.block_grad(q, k, v, out, lse, dout, qs, src, ks, causal)
-            monkeypatch.setattr(context_exchange, "_on_flash", lambda x: True)
-            monkeypatch.setattr(paddle._C_ops, "flash_attn", ref_flash_attn, raising=False)
-            monkeypatch.setattr(paddle._C_ops, "flash_attn_grad", ref_flash_attn_grad, raising=False)
-            f_out, f_lse = call.block(q, k, v, qs, src, ks, causal)
-            f_grads = call.block_grad(q, k, v, out, lse, dout, qs, src, ks, causal)
-            monkeypatch.undo()
-            pairs = [(out, f_out), (lse, f_lse), *zip(grads, f_grads)]
-            for want, got in pairs:
-                finite = paddle.isfinite(want)
-                assert bool((finite == paddle.isfinite(got)).all()), (rank, src)
-                diff = paddle.where(finite, (want - got).abs(), paddle.zeros_like(want))
-                assert float(diff.max()) <= 1e-5, (rank, src, qs, ks, causal)
-            assert not (causal and len(qs) != len(ks)), "a causal flash block must be square"
+@pytest.mark.parametrize("cp, heads, widths", [(2, (4, 2), (8, 8)), (3, (4, 4), (8, 8)), (2, (4, 4), (16, 8))],
+                         ids=["cp2-gqa", "cp3", "cp2-mla-values"])
+def test_ring_through_flash_kernels_equals_one_device(cp, heads, widths, flash, monkeypatch):
+    rng = np.random.default_rng(cp + widths[0])
+    tensors = random_tensors(rng, b=2, s=4 * cp, nh=heads[0], nkv=heads[1], d=widths[0], dv=widths[1],
+                             dtype="float16")
+    group = ThreadGroup(cp, list(range(10, 10 + cp)))
+    group.install(monkeypatch)
+    with reaches("cp-ring-flash"):
+        got = run_exchange(group, "ring", tensors, dtype="float16")
+    err = worst_error(got, whole_sequence(tensors), cp)
+    assert max(err.values()) <= (GPU_TOL if ON_GPU else CPU_TOL), err
+    if flash:
+        blocks = flash["flash_attn"].calls + flash["flash_attn_grad"].calls
+        assert len(flash["flash_attn"].calls) == len(flash["flash_attn_grad"].calls) == cp * cp
+        for call in blocks:  # flash aligns a causal mask bottom-right: the ring only ever hands it square ones
+            assert not call["causal"] or call["q"].shape[1] == call["k"].shape[1], call["q"].shape
+        assert sum(c["causal"] for c in flash["flash_attn"].calls) == cp  # one own-chunk block per rank

@@ -10,6 +10,7 @@ launch composes with conf/finetune.yaml, and the fp16_overflow step's runs compo
 """
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -101,10 +102,11 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                 assert "LLMTRAIN_PARITY_TOL" in env
             pytests += 1
         elif words[1].endswith("scripts/gpu_acceptance.py"):
-            assert words[2] in ("env", "fp16-overflow", "ep-alltoall"), words
+            assert words[2] in ("env", "fp16-overflow", "ep-alltoall", "cp-exchanges"), words
             if words[2] != "env":
                 runs = {"fp16-overflow": gpu_acceptance.fp16_overflow_runs,
-                        "ep-alltoall": gpu_acceptance.ep_alltoall_runs}[words[2]](Path(words[3]))
+                        "ep-alltoall": gpu_acceptance.ep_alltoall_runs,
+                        "cp-exchanges": gpu_acceptance.cp_exchanges_runs}[words[2]](Path(words[3]))
                 for run in runs:
                     if "call" in run:
                         assert (REPO / run["call"].split(":")[0]).is_file(), run
@@ -112,10 +114,26 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                         _check_run(run["overrides"], 2)
             subcommands += 1
     assert launches == plans == (6 if gpus >= 4 else 4)
-    assert pytests == 5 and finetunes == 1 and subcommands == 3
+    assert pytests == 5 and finetunes == 1 and subcommands == 4
 
 
 def test_too_few_gpus_refused(tmp_path):
     proc = subprocess.run(["bash", "scripts/gpu_acceptance.sh", "--dry-run", "--gpus", "1"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--gpus 1: the parity suite needs at least 2 GPUs" in proc.stderr
+
+
+def test_cp_exchanges_check_compares_every_exchange_with_the_fp32_ring(tmp_path):
+    def write(name, losses):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": i + 1, "loss": x, "grad_norm": 1.0}) + "\n" for i, x in enumerate(losses)))
+
+    for amp in ("fp32", "bf16"):
+        for comm in gpu_acceptance.CP_COMMS:
+            write(f"{comm}_{amp}", [2.0, 1.9] if (comm, amp) != ("a2a", "bf16") else [2.01, 1.93])
+    assert gpu_acceptance.check_cp_exchanges(tmp_path) == []  # bf16 within 5e-2
+    (tmp_path / "allgather_fp32" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.001,
+                                                                            "grad_norm": 1.0}) + "\n")
+    problems = gpu_acceptance.check_cp_exchanges(tmp_path)
+    assert len(problems) == 1 and "allgather_fp32: steps [1]" in problems[0]
