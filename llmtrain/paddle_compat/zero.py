@@ -73,3 +73,33 @@ def stage3_reslice(model, params) -> int:
         p.status, p.use_count = "part", 0
         cut += 1
     return cut
+
+
+def zero_held_gradients(model) -> list:
+    """The gradient tensors this rank of a ZeRO-2/3 model holds after the backward and before the optimizer step
+    (the ones its optimizer step reads), each reduced over the sharding group already or about to be:
+
+    - stage 2 (`GroupShardedStage2`): the flat gradient storages whose `destination` is this rank (the gradients of
+      the parameters it owns), and the owned parameters too large for a storage (`_param_grads`: their `.grad`,
+      or `.main_grad` under O2's master gradients);
+    - stage 3 (`GroupShardedStage3`): every sliced trainable parameter's `bw_storage` (this rank's slice of its
+      gradient) and the storages of the unsliced parameters' whole gradients (`_grad_storages`, all-reduced over
+      the sharding group inside the optimizer step).
+
+    Summing each of them over another group of ranks that hold the same parameters (context parallelism's cp
+    ranks) before the step gives the step the gradients summed over that group too. Read in Paddle 3.3.1."""
+    require_tested_paddle()
+    if hasattr(model, "_param2buffer"):  # stage 3
+        unsliced = set(id(p) for p in model._unslice_params)
+        out = [p.bw_storage for p in model._layer.parameters()
+               if p.trainable and id(p) not in unsliced and getattr(p, "bw_storage", None) is not None]
+        return out + [s.buffer for s in model._grad_storages.values()]
+    rank, owner = model._rank, model._trainable_param2rank
+    out = [s.buffer for per_dtype in model._grad_storages.values() for s in per_dtype.values()
+           if s.destination == rank]
+    for p in model._trainable_params:
+        if p.name in model._param_grads and owner[p.name] == rank:
+            g = p.main_grad if model.use_main_grad else p.grad
+            if g is not None:
+                out.append(g)
+    return out

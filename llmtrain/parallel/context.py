@@ -173,11 +173,11 @@ def context_problems(parallel, model, seq_len: int, document_mask: bool = False,
                         "whole sequence)")
     if getattr(model, "moe_num_experts", 0) > 0:
         problems.append(f"parallel.cp={cp} with model.moe_num_experts={model.moe_num_experts}: Mixture-of-Experts under "
-                        "context parallelism is not implemented (each rank's router would balance its own chunks: the "
-                        "balancing losses and statistics need summing over cp)")
-    if getattr(model, "mla_kv_lora_rank", 0) > 0:
-        problems.append(f"parallel.cp={cp} with multi-head latent attention (model.mla_kv_lora_rank="
-                        f"{model.mla_kv_lora_rank}): not implemented under context parallelism")
+                        f"context parallelism is not implemented: each cp rank would route only its {seq_len // cp} of "
+                        f"the {seq_len} positions of a sequence, so the capacity C = ceil(factor x T x top_k / E), the "
+                        "balancing losses' f_i and P_i and the auxiliary-loss-free bias's counts would be computed "
+                        f"over 1/{cp} of each micro-batch's tokens T instead of all of them (they need summing over "
+                        "the cp group inside the MoE layer); use parallel.cp=1 (with ep, tp or pp) for MoE models")
     if parallel.cp_comm == "ring" and document_mask and on_gpu:
         problems.append(f"parallel.cp_comm=ring with data.document_mask=true on GPU: the ring's flash attention "
                         "blocks take no per-document mask; use cp_comm=allgather or a2a (flashmask)")

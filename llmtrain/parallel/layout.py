@@ -209,14 +209,11 @@ def _cp_problems(p: ParallelConfig) -> list[str]:
     problems = []
     if p.cp_comm not in CP_COMMS:
         problems.append(f"parallel.cp_comm={p.cp_comm!r}: expected one of {list(CP_COMMS)}")
-    if p.cp > 1 and p.sharding > 1 and p.sharding_stage in (2, 3):
-        problems.append(f"parallel.cp={p.cp} with parallel.sharding_stage={p.sharding_stage}: Paddle's group-sharded "
-                        "ZeRO-2/3 wrappers reduce gradients over the sharding group only, so the cp ranks' partial "
-                        "gradients would never be summed; use sharding_stage=1 (fleet's sharding optimizer sums "
-                        "over cp) with context parallelism")
     if p.cp > 1 and p.ep > 1:
         problems.append(f"parallel.cp={p.cp} with parallel.ep={p.ep}: expert parallelism under context parallelism "
-                        "is not implemented (the routers' balancing statistics would need summing over cp)")
+                        f"is not implemented: Mixture-of-Experts layers are refused under cp (each of the {p.cp} cp "
+                        f"ranks would route only 1/{p.cp} of every sequence, so the experts' capacity and the "
+                        "balancing losses would be computed over part of each micro-batch); use parallel.cp=1 with ep")
     return problems
 
 

@@ -17,6 +17,13 @@ refuses tp > 1 in `layout.py`); `RecordingShardedClip` wraps it to record the
 norm it uses (sliced gradients' squares all-reduced over the sharding group,
 un-sliced parameters' squares added once) and then lets Paddle clip.
 
+Context parallelism (cp > 1): Paddle's wrappers reduce gradients over the sharding group (and dp) only, and the
+cp ranks of a sharding rank hold the same parameters with the gradients of their own positions; `SumOverContext`
+all-reduces the gradients a rank holds (`zero_held_gradients`: its owned storages under stage 2, its slices and
+the unsliced parameters' storage under stage 3) over the cp group before the optimizer step, so the step, its clip
+and its dp reduction see the sum over the whole sequence. Traffic: one all-reduce over cp of 1/sharding of the
+gradients (stage 2/3) per step, on top of the sharding group's reduction.
+
 Frozen parameters (the base under LoRA): stage 3 slices them like any parameter but, in
 Paddle 3.3.1, never cuts them back to their slice once its backward pass has gathered them
 (that happens in a trainable parameter's gradient hook). `_reslice_frozen` does it: each
@@ -36,7 +43,7 @@ from llmtrain.paddle_compat.optim import (
     set_grad_clip,
     squared_l2_norm,
 )
-from llmtrain.paddle_compat.zero import stage3_frozen_by_layer, stage3_reslice
+from llmtrain.paddle_compat.zero import stage3_frozen_by_layer, stage3_reslice, zero_held_gradients
 
 LEVELS = {2: "os_g", 3: "p_g_os"}
 
@@ -101,7 +108,21 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     if layout.sharding_stage == 3:
         tags.set_recording_clip(optimizer, _install_recorder(optimizer, group))
         hooks = _reslice_frozen(core, model)
+    if layout.cp > 1:
+        hooks.append(SumOverContext(model, topo.cp_group))
     return model, optimizer, scaler, hooks
+
+
+class SumOverContext(StepHook):
+    """ZeRO-2/3 under cp: each rank's held gradients summed over its cp group before the optimizer update."""
+
+    def __init__(self, model, group):
+        self.model, self.group = model, group
+
+    @paddle.no_grad()
+    def before_update(self, check) -> None:
+        for g in zero_held_gradients(self.model):
+            dist.all_reduce(g, group=self.group)
 
 
 class ResliceFrozen(StepHook):

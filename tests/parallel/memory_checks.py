@@ -72,7 +72,8 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
-    "sharding2cp2": Degrees(sharding=2, cp=2),
+    "sharding2cp2": Degrees(sharding=2, cp=2), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
+    "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
 }
 """Context parallelism (cp): every cp rank holds what its cp rank 0 holds (parameters, optimizer state, gradients
 replicated over cp); `cp_rank` is one more coordinate of the rank entries."""

@@ -149,8 +149,12 @@ def test_context_problems_name_the_numbers():
     assert "model.sliding_window=8 with parallel.cp_comm=ring" in context_problems(ParallelConfig(cp=2), windowed, 32)[0]
     assert context_problems(ParallelConfig(cp=2, cp_comm="a2a"), windowed, 32) == []
     moe = dataclasses.replace(llama, moe_num_experts=4)
-    assert "Mixture-of-Experts under context parallelism is not implemented" in context_problems(
-        ParallelConfig(cp=2), moe, 32)[0]
+    (msg,) = context_problems(ParallelConfig(cp=2), moe, 32)
+    assert "Mixture-of-Experts under context parallelism is not implemented: each cp rank would route only its 16 " \
+           "of the 32 positions" in msg and "over 1/2 of each micro-batch's tokens" in msg
+    mla = dataclasses.replace(llama, num_kv_heads=None, mla_kv_lora_rank=16, mla_qk_nope_head_dim=8,
+                              mla_qk_rope_head_dim=8, mla_v_head_dim=4)
+    assert all(context_problems(ParallelConfig(cp=2, cp_comm=c), mla, 32) == [] for c in ("ring", "allgather", "a2a"))
 
 
 def test_resolve_refuses_context_parallel_problems_up_front(tiny_corpus, tmp_path):

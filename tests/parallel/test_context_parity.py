@@ -10,10 +10,11 @@ grad_norm within 1e-5 of the one-process run and tokens equal (never x cp); ever
 exchange computes, within 5% of every other rank's). cp2 runs each exchange (ring, allgather, a2a), GPT with
 learned positions and tied embeddings, packed documents (`data.document_mask`, positions reset per document), ring
 with recompute, and `context_checks.documents_alone_under_cp` (each document of a packed row gets its loss and
-gradients alone through every exchange) and a sliding-window Llama under a2a (the model's core sees the whole
-sequence); its Llama ring run writes step 2, from which a dp2 launch resumes and
-matches steps 3-4. The 4-process layouts: dp2cp2 (a2a), tp2cp2 with sequence parallelism (ring), pp2cp2
-(allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ring).
+gradients alone through every exchange), a sliding-window Llama under a2a (the model's core sees the whole
+sequence) and multi-head latent attention (values narrower than q/k) under the ring; its Llama ring run also
+evaluates held-out batches (loss and tokens equal to one process's) and writes step 2, from which a dp2 launch
+resumes and matches steps 3-4. The 4-process layouts: dp2cp2 (a2a), tp2cp2 with sequence parallelism (ring), pp2cp2
+(allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ZeRO-2 and ZeRO-3, ring).
 """
 from __future__ import annotations
 
@@ -28,6 +29,11 @@ from memory_checks import check_memory, check_predicted
 
 STEPS, TOL, SEQ, LAYERS, HEADS, MICRO = 4, 1e-5, 32, 4, 4, 2
 DOCS = ["data.document_mask=true", "data.reset_position_ids=true"]
+EVAL = ["train.eval_interval=2", "train.eval_batches=4"]
+"""Held-out evaluation in the Llama reference and its cp2 ring run (training records are unchanged by it)."""
+MLA = ["model.num_kv_heads=null", "model.mla_kv_lora_rank=16", "model.mla_q_lora_rank=16", "model.mla_qk_nope_head_dim=8",
+       "model.mla_qk_rope_head_dim=8", "model.mla_v_head_dim=4"]
+"""Multi-head latent attention on the tiny Llama: q/k 16 wide per head, values 4."""
 RUNS = {  # name: (model, extra overrides, one-process reference run)
     "llama": ("llama", [], "llama"),
     "gpt": ("gpt", [], "gpt"),
@@ -37,13 +43,16 @@ RUNS = {  # name: (model, extra overrides, one-process reference run)
     "llama_recompute": ("llama", ["train.recompute=true"], "llama"),
     "gpt_allgather": ("gpt", ["parallel.cp_comm=allgather"], "gpt"),
     "window_a2a": ("llama", ["model.sliding_window=8", "parallel.cp_comm=a2a"], "window"),
+    "mla": ("llama", MLA, "mla"),
+    "llama_zero2": ("llama", ["parallel.sharding_stage=2"], "llama"),
+    "llama_zero3": ("llama", ["parallel.sharding_stage=3", "parallel.zero3_segment_size=1024"], "llama"),
 }
 LAUNCHES = {  # layout: (processes, runs)
-    "cp2": (2, ["llama", "llama_allgather", "llama_a2a", "gpt", "gpt_docs", "llama_recompute", "window_a2a"]),
+    "cp2": (2, ["llama", "llama_allgather", "llama_a2a", "gpt", "gpt_docs", "llama_recompute", "window_a2a", "mla"]),
     "dp2cp2": (4, ["llama_a2a"]),
     "tp2cp2": (4, ["llama"]),
     "pp2cp2": (4, ["llama_allgather", "gpt_allgather"]),
-    "sharding2cp2": (4, ["llama"]),
+    "sharding2cp2": (4, ["llama", "llama_zero2", "llama_zero3"]),
 }
 DEGREES = {"cp2": dict(dp=1, tp=1, pp=1), "dp2cp2": dict(dp=2, tp=1, pp=1), "tp2cp2": dict(dp=1, tp=2, pp=1),
            "pp2cp2": dict(dp=1, tp=1, pp=2), "sharding2cp2": dict(dp=1, tp=1, pp=1, sharding=2)}
@@ -56,10 +65,11 @@ def _overrides(corpus, out, name: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(tiny_corpus, tmp_path_factory):
-    """One process: llama, gpt, gpt with packed documents and a sliding-window llama: {name: (metrics, memory.json)}."""
+    """One process: llama (with held-out evaluation), gpt, gpt with packed documents, multi-head latent attention and
+    a sliding-window llama: {name: (metrics, memory.json)}."""
     out = tmp_path_factory.mktemp("cp_ref")
-    names = ["llama", "gpt", "gpt_docs", "window"]
-    runs = [_overrides(tiny_corpus, out, n) for n in names[:3]]
+    names = ["llama", "gpt", "gpt_docs", "mla", "window"]
+    runs = [_overrides(tiny_corpus, out, n) + (EVAL if n == "llama" else []) for n in names[:4]]
     runs.append(tiny_overrides(tiny_corpus, str(out / "window"), "llama", steps=STEPS) + ["model.sliding_window=8"])
     run_many(runs, nproc=0, workdir=out)
     return {n: (metrics(out / n), json.loads((out / n / "memory.json").read_text())) for n in names}
@@ -75,7 +85,7 @@ def launched(tiny_corpus, tmp_path_factory):
             nproc, names = LAUNCHES[layout]
             root = tmp_path_factory.mktemp(f"cp_{layout}")
             runs = [_overrides(tiny_corpus, root, n) + [f"+parallel={layout}"]
-                    + (["checkpoint.interval=2"] if (layout, n) == ("cp2", "llama") else []) for n in names]
+                    + (["checkpoint.interval=2", *EVAL] if (layout, n) == ("cp2", "llama") else []) for n in names]
             if layout == "cp2":  # packed documents alone vs in a row, through every exchange, on these ranks
                 runs.append({"call": "tests/parallel/context_checks.py:documents_alone_under_cp",
                              "args": [str(root / "documents")]})
@@ -93,6 +103,7 @@ def launched(tiny_corpus, tmp_path_factory):
 
 
 def check_steps(name, ref, got, steps) -> float:
+    ref, got = ([r for r in recs if "loss" in r] for recs in (ref, got))  # training records (not evaluations)
     assert [r["step"] for r in got] == steps, (name, [r["step"] for r in got])
     worst = 0.0
     for g in got:
@@ -116,8 +127,10 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
         ref, ref_memory = reference[ref_name]
         worst = check_steps(f"{layout} {name}", ref, metrics(root / name), list(range(1, STEPS + 1)))
         memory = json.loads((root / name / "memory.json").read_text())
-        check_memory(memory, ref_memory, layout, tied=model == "gpt")
-        check_predicted(memory, layout)
+        stage = next((o.split("=")[1] for o in extra if o.startswith("parallel.sharding_stage=")), None)
+        held_layout = f"zero{stage}cp2" if stage else layout
+        check_memory(memory, ref_memory, held_layout, tied=model == "gpt", segment_size=1024 if stage == "3" else 2**20)
+        check_predicted(memory, held_layout)
         comm = next((o.split("=")[1] for o in extra if o.startswith("parallel.cp_comm=")), "ring")
         calls = LAYERS // d["pp"] * accum * MICRO * (2 if "train.recompute=true" in extra else 1)  # recompute: twice
         work = check_context(memory, 2, SEQ, comm, HEADS // d["tp"], calls, reset_positions=extra == DOCS)
@@ -128,7 +141,12 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
         if layout == "cp2":  # one micro-batch's activations ÷ cp (allgather also holds the whole sequence's k/v)
             bound = {"ring": 0.55, "a2a": 0.55, "allgather": 0.6}[comm]
             assert all(h <= bound * one for h in held), (name, held, one, bound)
-    if layout == "cp2":
+    if layout == "cp2":  # held-out evaluation: the same token-weighted loss and token count as one process
+        ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in
+                              (reference["llama"][0], metrics(root / "llama")))
+        assert [r["step"] for r in got_eval] == [r["step"] for r in ref_eval] == [2, 4], got_eval
+        for r, g in zip(ref_eval, got_eval):
+            assert abs(r["eval_loss"] - g["eval_loss"]) <= TOL and r["eval_tokens"] == g["eval_tokens"], (r, g)
         full = json.loads((root / "llama" / "memory.json").read_text())["ranks"][0]["activation_bytes"]
         rc = json.loads((root / "llama_recompute" / "memory.json").read_text())["ranks"][0]["activation_bytes"]
         assert rc < 0.7 * full, (rc, full)  # recompute keeps the blocks' inputs only

@@ -94,6 +94,12 @@ def test_context_parallel_degrees_and_exchange_are_checked():
     with pytest.raises(ConfigError) as e:
         resolve_layout(ParallelConfig(cp=2, cp_comm="p2p", sharding=2, sharding_stage=2), T(global_batch_size=8), 4)
     msg = str(e.value)
-    assert "parallel.cp_comm='p2p'" in msg and "parallel.cp=2 with parallel.sharding_stage=2" in msg
+    assert "parallel.cp_comm='p2p'" in msg and "sharding_stage" not in msg  # ZeRO-2/3 x cp works
+    for stage in (2, 3):
+        lay = resolve_layout(ParallelConfig(cp=2, sharding=2, sharding_stage=stage), T(global_batch_size=8), 4)
+        assert (lay.cp, lay.sharding, lay.sharding_stage) == (2, 2, stage)
+    with pytest.raises(ConfigError) as e:
+        resolve_layout(ParallelConfig(dp=2, cp=2, ep=2), T(global_batch_size=8), 4)
+    assert "parallel.cp=2 with parallel.ep=2: expert parallelism under context parallelism is not implemented" in str(e.value)
     lay = resolve_layout(ParallelConfig(cp=2, order=["dp", "cp", "pp", "sharding", "tp"]), T(global_batch_size=8), 2)
     assert lay.order == ("dp", "cp", "pp", "sharding", "tp")
