@@ -64,7 +64,8 @@ class ParallelConfig:
     2·cp-1-r (causal load balancing), so activations per rank shrink by 1/cp; attention exchanges keys/values over
     the group (`cp_comm`). Adds processes: world = dp x tp x pp x sharding x cp; cp ranks read the same samples
     (data ranks are dp x sharding), losses and token counts are summed over cp, gradients over dp x cp. Built on
-    fleet's `sep` axis. data.seq_len must be divisible by 2·cp."""
+    fleet's `sep` axis. data.seq_len must be divisible by 2·cp. Composes with dp, tp (+ sequence_parallel), pp and
+    ZeRO-1/2/3; Mixture-of-Experts models (so ep too) and encoders are refused (docs/long-context.md)."""
 
     cp_comm: str = "ring"
     """How attention sees the other chunks under cp > 1: `ring` (keys/values travel around the cp ring, one block

@@ -19,6 +19,7 @@ resumes and matches steps 3-4. The 4-process layouts: dp2cp2 (a2a), tp2cp2 with 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -71,7 +72,9 @@ def reference(tiny_corpus, tmp_path_factory):
     names = ["llama", "gpt", "gpt_docs", "mla", "window"]
     runs = [_overrides(tiny_corpus, out, n) + (EVAL if n == "llama" else []) for n in names[:4]]
     runs.append(tiny_overrides(tiny_corpus, str(out / "window"), "llama", steps=STEPS) + ["model.sliding_window=8"])
+    start = time.time()
     run_many(runs, nproc=0, workdir=out)
+    print(f"one-process references: {time.time() - start:.0f} s; " + _run_seconds(out, names, start))
     return {n: (metrics(out / n), json.loads((out / n / "memory.json").read_text())) for n in names}
 
 
@@ -89,17 +92,29 @@ def launched(tiny_corpus, tmp_path_factory):
             if layout == "cp2":  # packed documents alone vs in a row, through every exchange, on these ranks
                 runs.append({"call": "tests/parallel/context_checks.py:documents_alone_under_cp",
                              "args": [str(root / "documents")]})
+            start = time.time()
             try:
                 run_many(runs, nproc=nproc, workdir=root)
             except AssertionError as e:
                 done[layout] = e
                 raise
             done[layout] = root
+            print(f"{layout}: one launch of {nproc} processes, {time.time() - start:.0f} s; " + _run_seconds(root, names, start))
         if isinstance(done[layout], AssertionError):
             raise done[layout]
         return done[layout]
 
     return launch
+
+
+def _run_seconds(root, names, start) -> str:
+    """Seconds each run of a launch took (from the end of the previous run's metrics file to the end of its own)."""
+    out, last = [], start
+    for n in names:
+        end = (root / n / "metrics.jsonl").stat().st_mtime
+        out.append(f"{n} {end - last:.0f} s")
+        last = end
+    return ", ".join(out)
 
 
 def check_steps(name, ref, got, steps) -> float:
