@@ -32,7 +32,9 @@ class TrainConfig:
     global_batch_size, as Megatron's). None: off."""
 
     log_interval: int = 1
-    """Write a metrics line (metrics.jsonl, progress bar, VisualDL) every this many steps."""
+    """Write a metrics record every this many steps (and at the last step): a metrics.jsonl line, a log line on rank 0
+    (step/total, loss, lr, grad norm, tokens/s, TFLOP/s, MFU, GPU memory, fp16 loss scale, data wait, anomalies),
+    VisualDL scalars and the progress bar's position."""
 
     eval_interval: int = 0
     """Evaluate on the validation split every this many steps; 0 disables."""
@@ -59,7 +61,8 @@ class TrainConfig:
     <run.dir>/heartbeat has not changed for this many seconds (a dead process on this host is seen at once)."""
 
     progress_bar: bool = True
-    """Show a tqdm progress bar with the metrics on rank 0."""
+    """Show a tqdm progress bar with loss, tokens/s and MFU on rank 0 when its stderr is a terminal (never in the
+    launcher's workerlog files). The per-interval log lines are written either way."""
 
     visualdl: bool = True
     """Log metrics to VisualDL under <run.dir>/visualdl on rank 0."""

@@ -29,17 +29,23 @@ Definitions (docs/configuration.md, "Metrics", says the same):
 - step_time, data_wait_time: seconds per step, averaged over the window.
 - time: Unix time (seconds) when the record was made, after the step's work; the
   wall clock between two records covers whole steps, logging included.
+
+Every step record is also one log line on rank 0 (`llmtrain.train.logline`), in every mode; the tqdm progress
+bar (`train.progress_bar`) is drawn only when stderr is a terminal, so the launcher's workerlog files hold plain
+lines, never a `\r`-joined bar.
 """
 from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from typing import Optional
 
 import paddle
 import paddle.distributed as dist
 
+from llmtrain.train.logline import interval_line
 from llmtrain.train.step import StepOutput
 from llmtrain.utils.log import log0
 
@@ -82,10 +88,11 @@ class Meter:
         self._bar = self._vdl = None
         if self.is_writer:
             _truncate_after(self.path, start_step)
-            if progress_bar:
+            if progress_bar and _is_terminal(sys.stderr):  # never in a log file: there the log lines say it all
                 from tqdm import tqdm
 
-                self._bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True)
+                self._bar = tqdm(total=max_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                                 file=sys.stderr)
             if visualdl:
                 from visualdl import LogWriter
 
@@ -173,8 +180,17 @@ class Meter:
             self.exporter.record(rec)
         if self.is_writer:
             self._write(rec)
+            self._log(interval_line(rec, self.max_steps))
         self.reset_window()
         return rec
+
+    def _log(self, line: str) -> None:
+        """A log line on rank 0; above the progress bar when one is drawn."""
+        if self._bar is None:
+            log0(line)
+            return
+        with self._bar.external_write_mode(file=sys.stderr):
+            log0(line)
 
     def tokens_total_exact(self) -> int:
         """tokens_total including the not-yet-logged steps of the current window (a collective)."""
@@ -231,6 +247,14 @@ class Meter:
             self._bar.close()
         if self._vdl is not None:
             self._vdl.close()
+
+
+def _is_terminal(stream) -> bool:
+    """True when `stream` is an interactive terminal (not a file, pipe or the launcher's workerlog)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
 
 
 def _truncate_after(path: str, step: int) -> None:

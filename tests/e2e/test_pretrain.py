@@ -9,6 +9,7 @@ tests/e2e/test_ernie_paddlenlp.py, tests/deploy, tests/checkpoint and tests/trai
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +25,13 @@ STEPS = 16
 
 
 def build(out, tiny_corpus):
-    """(run_many entries, (run directory, overrides)): the dp2 pretraining run."""
+    """(run_many entries, (run directory, overrides, the launch's log directory)): the dp2 pretraining run, with
+    the progress bar on (the default) under the launcher."""
     overrides = tiny_overrides(tiny_corpus, str(out / "run"), "gpt", steps=STEPS) + [
         "+parallel=dp2", "optim.lr=3e-3", "data.eod_mask_loss=true", "train.eval_interval=8", "train.eval_batches=2",
-        "checkpoint.save_final=true", "train.visualdl=true",
+        "checkpoint.save_final=true", "train.visualdl=true", "train.progress_bar=true",
     ]
-    return [{"overrides": overrides, "entry": "pretrain"}], (out / "run", overrides)
+    return [{"overrides": overrides, "entry": "pretrain"}], (out / "run", overrides, out.parent / "log")
 
 
 join("dp2", "pretrain", build)
@@ -42,7 +44,7 @@ def dp2_run(tiny_corpus, tmp_path_factory):
 
 @pytest.mark.slow
 def test_dp2_run_writes_metrics_curve_and_checkpoint(dp2_run):
-    run_dir, _ = dp2_run
+    run_dir, _, _ = dp2_run
     recs = metrics(run_dir)
     train = [r for r in recs if "loss" in r]
     assert [r["step"] for r in train] == list(range(1, STEPS + 1))
@@ -66,7 +68,7 @@ def test_tokens_total_is_the_exact_count_of_loss_bearing_targets(dp2_run):
     from llmtrain.config import to_config
     from llmtrain.data.loader import PretrainData
 
-    run_dir, overrides = dp2_run
+    run_dir, overrides, _ = dp2_run
     cfg = to_config(compose([o for o in overrides if not o.startswith("+parallel")]))
     data = PretrainData(cfg.data, seed=cfg.seed, global_batch_size=8, micro_batch_size=8, dp_rank=0, dp_world=1)
     expected, per_step = 0, []
@@ -78,3 +80,20 @@ def test_tokens_total_is_the_exact_count_of_loss_bearing_targets(dp2_run):
     train = [r for r in metrics(run_dir) if "loss" in r]
     assert [r["tokens"] for r in train] == per_step
     assert train[-1]["tokens_total"] == expected
+
+
+@pytest.mark.slow
+def test_workerlog_holds_one_plain_line_per_step_and_no_progress_bar(dp2_run):
+    """Under the launcher (stderr is workerlog.0, not a terminal) train.progress_bar=true draws no bar: no `\r`, and
+    rank 0 writes one line per log interval (log_interval=1 here) with the fields of the metrics record."""
+    run_dir, _, log_dir = dp2_run
+    text = (log_dir / "workerlog.0").read_text(errors="replace")
+    assert "\r" not in text and not re.search(r"train: +\d+%\|", text)  # tqdm's bar (`train:  50%|...`) is absent
+    lines = [line for line in text.splitlines() if re.search(rf"\] step +\d+/{STEPS} \|", line)]
+    train = [r for r in metrics(run_dir) if "loss" in r]
+    assert len(lines) == STEPS, text[-3000:]
+    for line, rec in zip(lines, train):
+        assert f"step {rec['step']:>2}/{STEPS} | loss {rec['loss']:.4f} | lr {rec['lr']:.2e} | grad norm " in line
+        for field in (" tok/s | ", " TFLOP/s/device | MFU ", "% | data wait ", " ms/step"):
+            assert field in line, (field, line)
+    assert not re.search(r"\] step +\d+/", (log_dir / "workerlog.1").read_text(errors="replace"))  # rank 0 only

@@ -1,14 +1,19 @@
-"""The metrics line's arithmetic on one process: tokens, rates, and a CPU peak measured too low.
+"""The metrics line's arithmetic on one process: tokens, rates, a CPU peak measured too low; the per-interval log line.
 
     python -m pytest tests/train/test_metrics.py -q
 """
 from __future__ import annotations
 
+import io
 import json
+import logging
+import sys
 
 import paddle
+import pytest
 
 from llmtrain.parallel.strategy import Topology
+from llmtrain.train.logline import interval_line
 from llmtrain.train.metrics import Meter
 from llmtrain.train.step import StepOutput
 
@@ -54,3 +59,78 @@ def test_a_remeasured_peak_lower_than_the_first_is_not_taken(tmp_path):
     meter = _meter(tmp_path, peak=10.0, remeasure=lambda: 5.0)
     rec = meter.update(1, _out(10, 128), lr=1e-3, data_wait=0.0)
     assert meter.peak == 10.0 and rec["mfu"] > 1  # still above 1: logged as it is, never clipped
+
+
+class _Lines(logging.Handler):
+    """Collects the rank-0 logger's messages."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def log_lines():
+    handler = _Lines()
+    logger = logging.getLogger("llmtrain")
+    logger.addHandler(handler)
+    yield handler.lines
+    logger.removeHandler(handler)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_one_log_line_per_interval_with_the_fields_and_no_bar_off_a_terminal(tmp_path, log_lines, monkeypatch):
+    """train.progress_bar=true off a terminal (a workerlog file) draws no bar; every log_interval (and the last step)
+    is one plain line with step/total, loss, lr, grad norm, tokens/s, TFLOP/s, MFU, data wait, the fp16 loss scale
+    and the guard's counters; `train.progress_bar=false` the same lines."""
+    for bar in (True, False):
+        monkeypatch.setattr(sys, "stderr", io.StringIO())  # a log file: no terminal
+        log_lines.clear()
+        (tmp_path / str(bar)).mkdir()
+        meter = Meter(str(tmp_path / str(bar)), Topology(), flops_per_token=1e6, peak=1e18, log_interval=2, max_steps=5,
+                      progress_bar=bar, visualdl=False)
+        assert meter._bar is None
+        for step in range(1, 6):
+            extra = {"loss_scale": 32768.0, "anomalies_total": int(step >= 4), "skipped_steps_total": int(step >= 4)}
+            if step == 4:
+                extra |= {"anomaly": ["loss_spike"], "loss_scale_overflow": True}
+            meter.update(step, _out(100, 128), lr=3e-4, data_wait=0.002, extra=extra)
+        meter.close()
+        steps = [line for line in log_lines if line.startswith("step ")]
+        assert [s.split("|")[0].strip() for s in steps] == ["step 2/5", "step 4/5", "step 5/5"], log_lines
+        for line in steps:
+            assert "\r" not in line and "\n" not in line
+            for field in ("loss 2.0000", "lr 3.00e-04", "grad norm 1.000", " tok/s", " TFLOP/s/device", "MFU ",
+                          "loss scale 32768", "data wait 2.0 ms/step"):
+                assert field in line, (field, line)
+        assert "anomalies" not in steps[0]
+        assert "loss scale 32768 overflow" in steps[1] and "anomalies 1, skipped 1, this step: loss_spike" in steps[1]
+        assert sys.stderr.getvalue() == ""  # no bar was drawn
+
+
+def test_the_progress_bar_on_a_terminal_keeps_the_log_lines(tmp_path, log_lines, monkeypatch):
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    meter = Meter(str(tmp_path), Topology(), flops_per_token=1e6, peak=None, log_interval=1, max_steps=2,
+                  progress_bar=True, visualdl=False)
+    assert meter._bar is not None
+    for step in (1, 2):
+        meter.update(step, _out(100, 128), lr=1e-3, data_wait=0.0)
+    meter.close()
+    steps = [line for line in log_lines if line.startswith("step ")]
+    assert len(steps) == 2 and "MFU -" in steps[0]  # peak unknown: no MFU
+    assert "2/2" in sys.stderr.getvalue()  # the bar drew itself on the terminal
+
+
+def test_the_log_line_shows_gpu_memory_when_the_record_has_it():
+    rec = {"step": 3, "loss": 1.5, "lr": 1e-4, "grad_norm": None, "tokens_per_sec": 12345.6, "tflops_per_device": 0.5,
+           "mfu": 0.25, "data_wait_time": 0.0, "max_memory_allocated": 3 * 2**30}
+    line = interval_line(rec, 100)
+    assert line.startswith("step   3/100 | loss 1.5000 | lr 1.00e-04 | grad norm - | 12,346 tok/s | 0.5 TFLOP/s")
+    assert "MFU 25.0% | mem 3.00 GiB | data wait 0.0 ms/step" in line
