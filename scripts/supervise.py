@@ -11,7 +11,8 @@ waits `--delay` seconds and starts the same command again with `checkpoint.resum
 appended (unless the command already says so), so the job continues from the newest complete
 checkpoint (`<run.dir>/checkpoints`; an interrupted save is ignored); a `run.overwrite=true` of the command applies to
 the first attempt only (a relaunch must not move the run it continues aside). Status 5 (the divergence guard stopped the run,
-docs/divergence.md) is not relaunched: a resume would start from the same newest healthy checkpoint. It stops after
+docs/divergence.md) is not relaunched: a resume would start from the same newest healthy checkpoint; nor is status 2
+(a configuration error, found before any work: the same command fails the same way). It stops after
 `--max-restarts` relaunches and exits with the last status; exit 0 ends it at once.
 SIGTERM / SIGINT to the supervisor go to the launcher (which forwards them: the ranks finish
 their step, save and exit 0) and no relaunch follows. Each attempt sees LLMTRAIN_ATTEMPT=<n>.
@@ -32,6 +33,9 @@ import time
 
 EXIT_DIVERGED = 5
 """The status of a run the divergence guard stopped (`llmtrain.train.anomaly.EXIT_DIVERGED`): never relaunched."""
+EXIT_CONFIG = 2
+"""The status of a refused configuration (`llmtrain.errors.ConfigError`, also argparse's usage errors): never
+relaunched."""
 
 
 def main() -> int:
@@ -73,6 +77,10 @@ def main() -> int:
         if code == EXIT_DIVERGED:
             print(f"[supervise] the divergence guard stopped the job (status {code}): no relaunch (it would resume "
                   f"from the newest healthy checkpoint and diverge again); fix the cause first", file=sys.stderr, flush=True)
+            return code
+        if code == EXIT_CONFIG:
+            print(f"[supervise] the job refused its configuration (status {code}, the message above): no relaunch "
+                  "(the same command fails the same way); fix the command first", file=sys.stderr, flush=True)
             return code
         if stopping:
             print(f"[supervise] stopped by {signal.Signals(stopping[0]).name}; status {code}; no relaunch",
