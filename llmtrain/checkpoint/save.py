@@ -34,7 +34,7 @@ from llmtrain.checkpoint.listing import FORMAT, fsync_dir, fsync_file, write_jso
 from llmtrain.checkpoint.prune import after_complete
 from llmtrain.checkpoint.rendezvous import all_ok, manifest_nonce, mark_failed, save_nonce, wait_for
 from llmtrain.checkpoint.shards import collect_shard
-from llmtrain.utils.files import sha256_file
+from llmtrain.utils.files import chmod_as_created, sha256_file
 from llmtrain.utils.log import log0, log_all
 
 
@@ -158,6 +158,7 @@ class CheckpointWriter:
         os.makedirs(snap.tmp, exist_ok=True)
         stem = os.path.join(snap.tmp, f"rank_{self.topo.rank:05d}")
         save_file(snap.tensors, stem + ".safetensors")
+        chmod_as_created(stem + ".safetensors")  # save_file creates it 0600
         write_json(stem + ".json", {"rank": self.topo.rank, "tensors": snap.meta})
         with open(stem + ".rng", "wb") as f:  # our own pickle, read back only from inside the run directory
             pickle.dump(snap.rng, f)

@@ -34,6 +34,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
+from llmtrain.utils.files import chmod_as_created
 from llmtrain.utils.log import log0
 
 SAFE_SINGLE = "model.safetensors"
@@ -279,7 +280,10 @@ def staged_dir(out_dir: str) -> Iterator[str]:
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
     try:
         yield tmp
-        os.chmod(tmp, 0o755)  # mkdtemp makes it 0700
+        for dirpath, _, filenames in os.walk(tmp):  # mkdtemp makes 0700 and safetensors' save_file 0600 files
+            chmod_as_created(dirpath)
+            for name in filenames:
+                chmod_as_created(os.path.join(dirpath, name))
         fsync_tree(tmp)
         if os.path.exists(out_dir):
             old = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.old-", dir=parent)

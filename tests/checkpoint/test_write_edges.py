@@ -12,6 +12,7 @@ is on disk; a crash between the renames leaves the aside copy, which is found, l
 from __future__ import annotations
 
 import os
+import stat
 import shutil
 import time
 
@@ -22,6 +23,7 @@ from llmtrain.checkpoint import save as save_module
 from llmtrain.checkpoint.listing import list_checkpoints, read_manifest
 from llmtrain.checkpoint.prune import remove_superseded
 from llmtrain.checkpoint.verify import verify_files
+from llmtrain.utils.files import current_umask
 
 
 @pytest.mark.parametrize("fails_at", ["manifest", "rename"])
@@ -56,6 +58,8 @@ def test_replacing_a_step_always_leaves_a_complete_copy(tiny_gpt, tmp_path, monk
     rig.step()
     rig.save()
     old = read_manifest(rig.checkpoint(1))["save_nonce"]
+    modes = {f: stat.S_IMODE(os.stat(os.path.join(rig.checkpoint(1), f)).st_mode) for f in os.listdir(rig.checkpoint(1))}
+    assert set(modes.values()) == {0o666 & ~current_umask()}, modes  # the shard's safetensors too (save_file: 0600)
     checks = []
 
     def complete_step_1():

@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import stat
 
 import pytest
 from interop_helpers import assert_close, our_logits, paddlenlp_logits, random_state, token_ids
@@ -61,8 +62,15 @@ def test_export_cli_from_run_directory(tmp_path, capsys):
     write_our_checkpoint(str(tmp_path / "run" / "checkpoints" / "step_6"), CFG, state)
     os.makedirs(tmp_path / "run" / "checkpoints" / "step_9")  # an unfinished newer save: skipped
     out = str(tmp_path / "exported")
-    assert main(["--checkpoint", str(tmp_path / "run"), "--output", out, "--safetensors"]) == 0
+    old_umask = os.umask(0o027)  # the export follows the umask, as open() does (safetensors alone writes 0600)
+    try:
+        assert main(["--checkpoint", str(tmp_path / "run"), "--output", out, "--safetensors"]) == 0
+    finally:
+        os.umask(old_umask)
     assert "step_6" in capsys.readouterr().out
+    modes = {p: stat.S_IMODE(os.stat(os.path.join(out, p)).st_mode) for p in os.listdir(out)}
+    assert modes["model.safetensors"] == 0o640 and set(modes.values()) == {0o640}, modes
+    assert stat.S_IMODE(os.stat(out).st_mode) == 0o750
     ref = AutoModelForCausalLM.from_pretrained(out)
     ids = token_ids(CFG.vocab_size, seed=2)
     assert_close(our_logits(CFG, state, ids), paddlenlp_logits(ref, ids), "exported checkpoint")
