@@ -30,7 +30,7 @@ Steps, in order (each one's output in OUT/<step>.log; a failed step is reported 
                     a2a): every step's loss and grad norm of each bf16 run within PARITY_TOL["bf16"] of the fp32
                     ring's (checked by `check_cp_exchanges`)
   plan_<layout>     python -m llmtrain.plan for the layout (predicted tokens/s, MFU, memory), before its run
-  tput_<layout>     llama-1b, bf16, seq 2048, global batch 64, --steps steps, per recommended layout
+  tput_<layout>     tinyllama-1.1b, bf16, seq 2048, global batch 64, --steps steps, per recommended layout
   report            OUT/report.md and OUT/report.json: every step's status, measured beside predicted, and what
                     this run could not check
 """
@@ -51,7 +51,7 @@ PARITY_TOL = {"fp32": 5e-5, "bf16": 5e-2}
 cuBLAS picks shape-dependent kernels, so a tp-split matmul sums in another order: 5e-5, not yet measured on a GPU.
 bf16: 8 mantissa bits (one ulp of a loss near 8 is 0.03), reductions in other orders: 5e-2, not yet measured."""
 FOUR_PROC = ("dp4", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "pp4v2")
-THROUGHPUT = ["model=llama-1b", "train.amp=bf16", "data.seq_len=2048", "train.global_batch_size=64",
+THROUGHPUT = ["model=tinyllama-1.1b", "train.amp=bf16", "data.seq_len=2048", "train.global_batch_size=64",
               "train.micro_batch_size=1", "train.progress_bar=false", "train.visualdl=false",
               "checkpoint.save_final=false", "checkpoint.interval=0", "checkpoint.resume=none"]
 GPU_PATHS = {
@@ -83,7 +83,7 @@ NOT_CHECKED = [
     "sequence parallelism (parallel.sequence_parallel): not implemented in llmtrain yet",
     "parallel.dp_comm_overlap, pp_sharding_comm_overlap, sharding_comm_overlap, sharding_tensor_fusion, "
     "sharding_split_param: refused by llmtrain's config checks (see llmtrain/parallel/config.py), so never run",
-    "throughput of layouts other than the ones listed, and of models other than llama-1b",
+    "throughput of layouts other than the ones listed, and of models other than tinyllama-1.1b",
 ]
 
 
@@ -378,7 +378,7 @@ def write_report(out: Path, results: list[dict], gpus: int, device: str) -> int:
              f"Parity bounds per step: fp32 {PARITY_TOL['fp32']:g}, bf16 {PARITY_TOL['bf16']:g}.", "",
              "| step | exit | seconds | log |", "|---|---|---|---|"]
     lines += [f"| {r['name']} | {r['exit']} | {r['seconds']} | {r['log']} |" for r in results]
-    lines += ["", "## llama-1b throughput (bf16, seq 2048, global batch 64): measured beside predicted", "",
+    lines += ["", "## tinyllama-1.1b throughput (bf16, seq 2048, global batch 64): measured beside predicted", "",
               "| layout | degrees run | tokens/s/device | MFU | max memory allocated GiB | predicted tokens/s/device "
               "| predicted MFU | predicted memory GiB (worst rank) |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -5,7 +5,7 @@
 #   bash scripts/gpu_acceptance.sh --dry-run      # print the exact commands and exit 0 (also on CPU)
 #
 # Runs, over NCCL: fused kernels against their unfused references, every CI layout against one
-# process (fp32 and bf16), our logits against PaddleNLP's, and a short llama-1b throughput run per
+# process (fp32 and bf16), our logits against PaddleNLP's, and a short tinyllama-1.1b throughput run per
 # recommended layout; writes OUT/report.md and OUT/report.json (tokens/s, MFU, max memory
 # allocated, the planner's prediction beside each, and what the run could not check).
 # The steps and tolerances are in scripts/gpu_acceptance.py. Uses `python` from PATH

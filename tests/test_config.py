@@ -88,7 +88,7 @@ def test_unknown_key_exits_2_from_the_recipe_the_planner_and_the_launcher(tmp_pa
 
 
 def test_model_presets_compose():
-    for name in ("gpt-tiny", "llama-tiny", "gpt2-small", "llama-1b", "llama-7b", "ernie-tiny", "ernie-3.0-base-zh",
+    for name in ("gpt-tiny", "llama-tiny", "gpt2-small", "tinyllama-1.1b", "llama-7b", "ernie-tiny", "ernie-3.0-base-zh",
                  "ernie-3.0-medium-zh"):
         c = to_config(compose([f"model={name}"]))
         assert c.model.name == name

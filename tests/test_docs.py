@@ -80,6 +80,32 @@ def test_paths_named_in_the_docs_exist():
     assert not missing, "paths named in the docs that do not exist:\n" + "\n".join(missing)
 
 
+def test_every_model_preset_is_listed():
+    """docs/configuration.md's `model/` group list and docs/models.md's preset table name every conf/model/*.yaml,
+    and nothing that is not one."""
+    presets = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(REPO, "conf", "model", "*.yaml"))}
+    with open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8") as f:
+        group = re.search(r"groups: `model/` \(`([^`]+)`", f.read())
+    assert group, "docs/configuration.md no longer lists the model group as groups: `model/` (`...`)"
+    with open(os.path.join(REPO, "docs", "models.md"), encoding="utf-8") as f:
+        table = re.search(r"^\| preset \| what it is \|\n\|---\|---\|\n((?:\|.*\n)+)", f.read(), flags=re.M)
+    assert table, "docs/models.md has no `| preset | what it is |` table"
+    in_table = {name for row in table.group(1).splitlines() for name in re.findall(r"`([^`]+)`", row.split("|")[1])}
+    assert set(group.group(1).split()) == presets, ("docs/configuration.md", presets ^ set(group.group(1).split()))
+    assert in_table == presets, ("docs/models.md", presets ^ in_table)
+
+
+def test_no_page_speaks_of_the_issue_tracker():
+    """The docs describe the project, not the tracker it was built from ("the issue's run", "issue 38")."""
+    found = []
+    for path in [os.path.join(REPO, "README.md")] + sorted(glob.glob(os.path.join(REPO, "docs", "*.md"))):
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if re.search(r"\bthe issue's\b|\bissue \d+\b|\bthe issue\b", line, flags=re.I):
+                    found.append(f"{os.path.relpath(path, REPO)}:{n}: {line.strip()}")
+    assert not found, "\n".join(found)
+
+
 def test_readme_opens_with_the_two_commands():
     readme = [c for c in COMMANDS if c.source.endswith("README.md")]
     assert [c.argv for c in readme[:2]] == [["bash", "scripts/quickstart.sh"], ["bash", "scripts/test.sh"]]

@@ -4,12 +4,14 @@
     python -m llmtrain.plan model=llama-7b plan.devices=8 +parallel=dp2tp2 parallel.dp=2 parallel.sharding=2   # explain one
     python -m llmtrain.plan model=llama-7b plan.devices=64 plan.format=json plan.top=3
     python -m llmtrain.plan --calibrate [--out work/cpu-here.json]      # measure cpu-here (calibrate.py)
+    python -m llmtrain.plan --help                                       # the options, the plan.* fields
 
 Composed from the same Hydra tree as pretraining (conf/config.yaml + the `plan` section,
 llmtrain/plan/config.py). Memory: llmtrain/plan/memory.py (exact parameter/optimizer
 counts, the parameter list read off the model: params.py) and estimate.py (activations, time); time:
 kernels.py (the kernels of a step), timeline.py (host and device), profile.py (device profiles as data,
-profiles/*.json), calibrate.py (`--calibrate`: measure this machine).
+profiles/*.json), calibrate.py (`--calibrate`: measure this machine); what is printed: report.py (units, each
+row's launch overrides from overrides.py).
 """
 from __future__ import annotations
 
@@ -23,26 +25,6 @@ from llmtrain.errors import ConfigError
 from llmtrain.plan.model import planned_model
 
 register_configs()
-GIB = 2**30
-
-
-RECOMPUTE_SHORT = {"none": "none", "full": "full", "selective": "sel*"}
-NOT_RUNNABLE = "* selective recompute (attention core only): planned, not runnable in llmtrain yet"
-
-
-def _fmt_row(r: dict) -> str:
-    m = r["memory_bytes"]
-    return (f"{r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']]:>5} "
-            + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
-            + f" {'yes' if r['fits'] else 'NO':>4} {r['step_time_s']:8.2f} "
-            + " ".join(f"{r[k]:6.2f}" for k in ("compute_s", "dp_sharding_comm_s", "tp_comm_s", "pp_p2p_s", "bubble_s",
-                                             "loop_comm_s"))
-            + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}")
-
-
-HEADER = (f"{'layout':<22} {'mb':>3} {'recmp':>5} " + " ".join(f"{k:>7}" for k in ("params", "grads", "optim", "activ", "other", "total"))
-          + f" {'fits':>4} {'step_s':>8} " + " ".join(f"{k:>6}" for k in ("comp", "dp/sh", "tp", "pp", "bubble", "loop"))
-          + f" {'tok/s/dev':>9} {'mfu%':>5}")
 
 
 def plan(cfg) -> list[dict]:
@@ -77,31 +59,61 @@ def main(dcfg) -> None:
     if p.format == "json":
         print(json.dumps(rows[: p.top] if cfg.parallel is None else rows, indent=1))
         return
+    from llmtrain.plan.devices import get_device
+    from llmtrain.plan.report import explained, ranked_table
+
     if cfg.parallel is not None:
-        r = rows[0]
-        print(f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {r['micro_batch'] * r['grad_accum'] * r['dp'] * r['sharding']}, "
-              f"{p.devices} x {p.device} ({p.devices_per_node} per node)")
-        for k, v in r.items():
-            print(f"  {k}: {v}")
-        if not r["runnable"]:
-            print(NOT_RUNNABLE)
+        print("\n".join(explained(rows[0], cfg, get_device(p.device, p.profile).memory_bytes)))
+    else:
+        print("\n".join(ranked_table(rows, cfg, p.top)))
+
+
+USAGE = """\
+usage: python -m llmtrain.plan [OVERRIDE ...]                      rank every valid layout of the job
+       python -m llmtrain.plan +parallel=NAME [OVERRIDE ...]       explain one layout (NAME: conf/parallel/, or
+                                                                   custom with parallel.dp=... as a row prints)
+       python -m llmtrain.plan --calibrate [--out PATH] [--quick]  measure this machine into a cpu-here profile
+       python -m llmtrain.plan --help                              this text (--hydra-help: Hydra's own options)
+
+Predicts every layout's per-rank memory (GiB) and step time before launch, for plan.devices devices of profile
+plan.device. OVERRIDEs are Hydra overrides of the pretraining config (conf/config.yaml: model=, data.seq_len=,
+train.global_batch_size=, train.amp=, model.vocab_size=, ...) plus the plan section:
+
+{plan_fields}
+
+--calibrate measures this machine with Paddle (kernel tables, the training loop's host time, gloo collectives)
+into a profile file: --out PATH (default work/cpu-here.json, which plan.profile reads for plan.device=cpu-here),
+--quick for small tables (seconds). The ranked table ends with the overrides that launch each row.
+
+examples:
+  python -m llmtrain.plan model=llama-7b data.seq_len=4096 train.global_batch_size=1024 plan.devices=64 plan.device=h100
+  python -m llmtrain.plan model=llama-7b plan.devices=8 +parallel=dp2tp2 parallel.dp=2 parallel.sharding=2
+  python -m llmtrain.plan model=llama-7b plan.devices=64 plan.format=json plan.top=3
+  python -m llmtrain.plan --calibrate
+
+docs/planning.md explains the model and how well it predicts measured runs."""
+
+
+def usage() -> str:
+    from llmtrain.plan.config import PlanConfig
+    from llmtrain.utils.cli import field_help
+
+    return USAGE.format(plan_fields="\n".join(field_help(PlanConfig, "plan")))
+
+
+def cli(argv: list[str]) -> None:
+    """The command line: --help and --calibrate before Hydra (whose own --help is a dump of the config)."""
+    if "--help" in argv or "-h" in argv:
+        print(usage())
         return
-    fit = sum(r["fits"] for r in rows)
-    print(f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {cfg.train.global_batch_size}, {p.devices} x {p.device} "
-          f"({p.devices_per_node} per node): {len(rows)} valid (layout, micro-batch, recompute), {fit} fit; memory in GiB "
-          "for the worst rank, times in s per step")
-    print(HEADER)
-    for r in rows[: p.top]:
-        print(_fmt_row(r))
-    if any(not r["runnable"] for r in rows[: p.top]):
-        print(NOT_RUNNABLE)
+    if "--calibrate" in argv:
+        from llmtrain.plan.calibrate import main as calibrate_main
+
+        calibrate_main(argv)
+        return
+    refuse_unknown_keys("config", argv, command="python -m llmtrain.plan")  # exit 2 naming the nearest key
+    main()
 
 
 if __name__ == "__main__":
-    if "--calibrate" in sys.argv:
-        from llmtrain.plan.calibrate import main as calibrate_main
-
-        calibrate_main(sys.argv[1:])
-    else:
-        refuse_unknown_keys("config", command="python -m llmtrain.plan")  # exit 2 naming the nearest key
-        main()
+    cli(sys.argv[1:])

@@ -12,7 +12,9 @@ to keep the device busy is predicted slow, as it measures.
 The chosen degrees, micro-batch and recompute replace `parallel.*`, `train.micro_batch_size`
 (grad_accum derived from the global batch) and `train.recompute` (rows planned with selective recompute
 are skipped: the Trainer recomputes whole blocks only); the run then goes on
-exactly as if they had been given. The top three and the reason the first won are logged.
+exactly as if they had been given. The top three, the reason the first won and the overrides that pin the choice
+are logged, and so is a precision the plan assumed but the config does not train in (bf16 on a GPU profile when
+`train.amp=none`).
 """
 from __future__ import annotations
 
@@ -55,7 +57,10 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
                else "tied on predicted tokens/s; less memory on the worst rank")
     else:
         why = "the only layout that fits"
-    log(f"parallel=auto chose {best['name']}: {why}")
+    log(f"parallel=auto chose {best['name']}: {why} (to pin it: {' '.join(best['overrides']) or 'no +parallel'})")
+    if best["amp"] != cfg.train.amp:  # a GPU profile plans bf16 when train.amp=none
+        log(f"parallel=auto: the layouts were planned in {best['amp']} AMP, but train.amp={cfg.train.amp}: the run "
+            f"trains as configured (set train.amp={best['amp']} to train as planned)")
     knobs = _kept_knobs(cfg.parallel, best, log)
     parallel = ParallelConfig(name=best["name"], dp=best["dp"], tp=best["tp"], pp=best["pp"], sharding=best["sharding"],
                               sharding_stage=best["sharding_stage"], pp_schedule=best["pp_schedule"],

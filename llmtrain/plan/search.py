@@ -14,6 +14,7 @@ from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.plan.devices import get_device
 from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, recompute_mode, time_estimate
+from llmtrain.plan.overrides import launch_overrides
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 
@@ -47,7 +48,10 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
 
     `recompute`: `train.recompute` (bool) or "none" | "full" | "selective". The row's `recompute` is the bool
     `train.recompute` takes (true only for full recompute), `recompute_granularity` the mode, and `runnable`
-    is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only)."""
+    is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only).
+    `amp` is the precision planned: `none` (fp32) on a CPU profile; on a GPU profile `train.amp`, and bf16 when
+    that is `none` (the GPU profiles hold bf16 kernel tables: fp32 training on a GPU is not modelled; the table
+    says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`)."""
     mode = recompute_mode(recompute)
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
@@ -58,11 +62,13 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
                         "none" if amp == "none" else "bf16")
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp)
-    return {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
+    row = {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
             "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
             "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
             "recompute_granularity": mode, "runnable": mode != "selective",
-            "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
+            "amp": amp, "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
+    row["overrides"] = launch_overrides(row, cfg.train.amp)
+    return row
 
 
 def rank_layouts(cfg, model_cfg) -> list[dict]:

@@ -1,7 +1,7 @@
 """Compute time of a training step from its kernels: device time per kernel, host time per eager op, and how
 the two overlap.
 
-    python -m llmtrain.plan model=llama-1b plan.devices=1 plan.device=h200 +parallel=single train.micro_batch_size=1
+    python -m llmtrain.plan model=tinyllama-1.1b plan.devices=1 plan.device=h200 +parallel=single train.micro_batch_size=1
     t = step_compute(profile, model_cfg, b=1, s=2048, tp=1, micro_batches=8, ...)   # {"compute_s", "host_s", ...}
 
 Device time of a kernel (llmtrain/plan/kernels.py) comes from the profile's tables (profile.py): a GEMM's FLOPs

@@ -31,3 +31,26 @@ class ArgumentParser(argparse.ArgumentParser):
         if unknown:
             self.error("unrecognized arguments: " + " ".join(unknown))
         return parsed
+
+
+def field_help(cls, prefix: str, width: int = 100) -> list[str]:
+    """`--help` lines for a config dataclass: `  <prefix>.<field>=<default>` and its docstring (the string under
+    each field in the class source), wrapped."""
+    import ast
+    import dataclasses
+    import inspect
+    import textwrap
+
+    docs, body = {}, ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    lines = []
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            default = "null" if f.default is None else f.default
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else "???"
+        lines.append(f"  {prefix}.{f.name}={default}")
+        lines += textwrap.wrap(docs.get(f.name, ""), width, initial_indent="      ", subsequent_indent="      ")
+    return lines

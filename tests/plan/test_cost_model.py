@@ -36,7 +36,7 @@ def _synthetic(async_launch=True, host=10e-6, rate=100e12, bw=1e12) -> dict:
 
 
 def _llama(**over):
-    cfg = to_config(compose(["model=llama-1b", "model.vocab_size=32000"])).model
+    cfg = to_config(compose(["model=tinyllama-1.1b", "model.vocab_size=32000"])).model
     import dataclasses
 
     return dataclasses.replace(cfg, **over)
@@ -442,7 +442,7 @@ def test_sequence_parallel_kernels(fused):
     from llmtrain.plan.profile import load_profile as _load
 
     dev = _load("h200")
-    over = ["model=llama-1b", "model.vocab_size=32000", "+parallel=tp2", "parallel.tp=4", f"model.fuse_qkv={fused}", f"model.fuse_ffn={fused}",
+    over = ["model=tinyllama-1.1b", "model.vocab_size=32000", "+parallel=tp2", "parallel.tp=4", f"model.fuse_qkv={fused}", f"model.fuse_ffn={fused}",
             "data.seq_len=2048", "train.global_batch_size=4", "train.micro_batch_size=1"]
     from llmtrain.parallel.layout import resolve_layout
 

@@ -17,7 +17,7 @@ from llmtrain.config import to_config
 from llmtrain.models.size import parameter_count
 from llmtrain.plan.memory import greedy_partition, param_specs, predict_ranks, zero3_padded
 
-PRESETS = ["gpt-tiny", "llama-tiny", "gpt2-small", "llama-1b", "llama-7b", "ernie-tiny", "ernie-3.0-base-zh",
+PRESETS = ["gpt-tiny", "llama-tiny", "gpt2-small", "tinyllama-1.1b", "llama-7b", "ernie-tiny", "ernie-3.0-base-zh",
            "ernie-3.0-medium-zh"]
 
 
@@ -29,7 +29,7 @@ def test_parameter_list_counts_the_model(preset):
     assert len({s.name for s in specs}) == len(specs)
 
 
-@pytest.mark.parametrize("preset", ["gpt-tiny", "llama-tiny", "ernie-tiny", "moe-tiny", "llama-1b"])
+@pytest.mark.parametrize("preset", ["gpt-tiny", "llama-tiny", "ernie-tiny", "moe-tiny", "tinyllama-1.1b"])
 def test_parameter_list_is_read_off_the_model(preset):
     """Names, shapes and tp split axes come from the lazily built model and its tags (llmtrain/plan/params.py);
     the split axes agree with the tests' own name-based reference of fleet's layout (memory_checks.SPLIT_AXES),
