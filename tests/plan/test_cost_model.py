@@ -46,7 +46,7 @@ def test_gemm_kernels_carry_the_model_flops():
     """Forward + input-grad + weight-grad GEMMs of a micro-batch = 6 x (matmul parameters) x tokens, per tp rank."""
     cfg = _llama(num_layers=2)
     b, s = 2, 256
-    # llama-1b's matmul weights, counted from its shape (h 2048, 32 heads of 64, 4 kv heads: kv width 256,
+    # tinyllama-1.1b's matmul weights, counted from its shape (h 2048, 32 heads of 64, 4 kv heads: kv width 256,
     # SwiGLU 5632, untied head over 32000): per block q and o h x h, k and v h x 256, gate, up and down h x 5632
     h, kv, f, vocab = 2048, 4 * 64, 5632, 32000
     matmul_weights = 2 * (2 * h * h + 2 * h * kv + 3 * h * f) + h * vocab
