@@ -19,7 +19,7 @@ TIMES = (("compute_s", "compute"), ("dp_sharding_comm_s", "dp/sharding gradient 
          ("loop_comm_s", "training loop's collectives"))
 HEADER = (f"{'#':>3} {'layout':<22} {'mb':>3} {'recmp':>5} "
           + " ".join(f"{k:>7}" for k in ("params", "grads", "optim", "activ", "other", "total"))
-          + f" {'fits':>4} {'step_ms':>8} " + " ".join(f"{k:>7}" for k in ("comp", "dp/sh", "tp", "pp", "bubble", "loop"))
+          + f" {'fits':>4} {'step_ms':>8} " + " ".join(f"{k:>8}" for k in ("comp", "dp/sh", "tp", "pp", "bubble", "loop"))
           + f" {'tok/s/dev':>9} {'mfu%':>5}")
 
 
@@ -39,7 +39,7 @@ def _row_line(i: int, r: dict) -> str:
     return (f"{i:>3} {r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']]:>5} "
             + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
             + f" {'yes' if r['fits'] else 'NO':>4} {1e3 * r['step_time_s']:8.1f} "
-            + " ".join(f"{1e3 * r[k]:7.1f}" for k, _ in TIMES)
+            + " ".join(f"{1e3 * r[k]:8.1f}" for k, _ in TIMES)
             + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}")
 
 
