@@ -20,7 +20,8 @@ run in this process). With an `etcd://` master, before Paddle is imported:
 Without an etcd master it only runs Paddle's launcher. Either way, the overrides of a recipe it
 launches (`llmtrain/pretrain.py`, `llmtrain/finetune.py`) are checked first: an unknown key or
 preset (`train.max_step=10`, with or without `+`) exits with status 2 naming the nearest valid one,
-before any worker starts (`llmtrain.config.refuse_unknown_keys`).
+before any worker starts (`llmtrain.config.refuse_unknown_keys`). `--help` prints what llmtrain adds, then Paddle's
+options.
 """
 from __future__ import annotations
 
@@ -53,7 +54,38 @@ def _recipe_overrides(argv: list[str]):
     return None
 
 
+USAGE = """\
+usage: python -m llmtrain.launch [PADDLE LAUNCHER OPTIONS] SCRIPT.py [OVERRIDE ...]
+
+llmtrain's wrapper of Paddle's launcher (python -m paddle.distributed.launch): the same options and behaviour, plus
+  - the Hydra overrides of llmtrain/pretrain.py and llmtrain/finetune.py are checked before any worker starts: an
+    unknown key or preset exits with status 2 naming the nearest valid one;
+  - with an etcd master (--master etcd://HOST:PORT, for restarting jobs: --max_restart N --elastic_level 1) the
+    three fixes Paddle 3.3.1 needs on CPU: pure-Python protobuf for the launcher's etcd3 client,
+    GRPC_ENABLE_FORK_SUPPORT=0, and the restart-loop race fixed (llmtrain.paddle_compat.elastic).
+
+examples:
+  python -m llmtrain.launch --nproc_per_node 2 llmtrain/pretrain.py +parallel=dp2
+  python -m llmtrain.launch --master etcd://127.0.0.1:2379 --job_id run1 --nnodes 1 --nproc_per_node 2 \\
+      --max_restart 3 --elastic_level 1 llmtrain/pretrain.py +parallel=dp2 checkpoint.interval=100
+
+docs/long-runs.md explains restarts. Paddle's launcher options follow.
+"""
+
+
+def _asks_for_help(argv: list[str]) -> bool:
+    """--help / -h among the launcher's own arguments (before the script; after it they are the script's)."""
+    for arg in argv:
+        if arg.endswith(".py"):
+            return False
+        if arg in ("-h", "--help"):
+            return True
+    return False
+
+
 def main() -> None:
+    if _asks_for_help(sys.argv[1:]):
+        print(USAGE, flush=True)  # then Paddle's own usage, printed by its parser (exit 0)
     recipe = _recipe_overrides(sys.argv[1:])
     if _etcd_master(sys.argv[1:]):
         os.environ["GRPC_ENABLE_FORK_SUPPORT"] = "0"

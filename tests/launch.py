@@ -40,6 +40,12 @@ def env() -> dict:
     return e
 
 
+def path_without_ccache() -> str:
+    """$PATH without any directory that holds a ccache binary (so Paddle's import would warn about it)."""
+    dirs = os.environ.get("PATH", "").split(os.pathsep)
+    return os.pathsep.join(d for d in dirs if d and not os.path.exists(os.path.join(d, "ccache")))
+
+
 def fault_env(**faults: str) -> dict:
     """`env()` with checkpoint faults injected into every process of the job (tests/faults/sitecustomize.py)."""
     e = env()

@@ -82,12 +82,20 @@ def test_tp_pp_split_the_parameters():
 
 
 @pytest.mark.slow
-def test_cli_json_ranks_valid_layouts():
-    out = subprocess.run(
+def test_cli_json_ranks_valid_layouts(tmp_path):
+    """Run from an empty directory: it stays empty (no outputs/<name>/), and no Paddle ccache warning is printed."""
+    import os
+
+    from launch import path_without_ccache
+    from llmtest import REPO
+
+    proc = subprocess.run(
         [sys.executable, "-m", "llmtrain.plan", "model=llama-7b", "model.vocab_size=32000", "data.seq_len=4096",
          "train.global_batch_size=64", "plan.devices=8", "plan.device=a100-80g", "plan.format=json", "plan.top=3",
-         "train.amp=bf16"], capture_output=True, text=True, timeout=300, check=True).stdout
-    rows = json.loads(out)
+         "train.amp=bf16"], capture_output=True, text=True, timeout=300, check=True, cwd=tmp_path,
+        env=dict(os.environ, PYTHONPATH=REPO, PATH=path_without_ccache()))
+    assert os.listdir(tmp_path) == [] and "ccache" not in proc.stderr, proc.stderr[-2000:]
+    rows = json.loads(proc.stdout)
     assert len(rows) == 3
     for r in rows:
         assert r["dp"] * r["tp"] * r["pp"] * r["sharding"] == 8 and r["fits"] is True
