@@ -18,10 +18,11 @@ Definitions (docs/configuration.md, "Metrics", says the same):
   tokens processed; for packed pretraining they equal the loss-bearing tokens,
   for masked LM (15% bear loss) and fine-tuning (prompts bear none) they are
   more, and model FLOPs follow positions, not loss-bearing tokens.
-- mfu = tflops_per_device x 1e12 / peak FLOP/s of one device (null if unknown). A CPU peak is measured at
-  start-up (`llmtrain.train.peak`); on a loaded machine that measurement comes out low, so the first window whose
-  MFU exceeds 1 re-measures it once and keeps the higher value (logged). MFU can still exceed 1 after that: it
-  is then logged as it is, not clipped.
+- mfu = tflops_per_device x 1e12 / peak FLOP/s of one device (null if unknown). A CPU peak is measured once per
+  machine and cached (`llmtrain.train.peak`), so MFU of the same work is comparable between runs there (not across
+  machines); a measurement made under load comes out low, so the first window whose MFU exceeds 1 measures it
+  again once and keeps (and caches) the higher value (logged). MFU can still exceed 1 after that: it is then
+  logged as it is, not clipped.
 - loss: mean over the steps of the logging window (one step when
   log_interval=1) of the step loss, itself the mean over micro-batches and data
   ranks of each micro-batch's mean token loss; grad_norm: global L2 norm of the
@@ -110,7 +111,7 @@ class Meter:
         remeasure, self._remeasure_peak = self._remeasure_peak, None
         old, new = self.peak, remeasure()
         self.peak = max(old, new)
-        log0(f"model FLOP/s {achieved / 1e12:.3f} T exceed the peak measured at start-up ({old / 1e12:.3f} T, "
+        log0(f"model FLOP/s {achieved / 1e12:.3f} T exceed the measured CPU peak ({old / 1e12:.3f} T, "
              f"measured under load?): re-measured {new / 1e12:.3f} T, MFU now uses {self.peak / 1e12:.3f} T")
 
     def _max_memory_allocated(self) -> int:

@@ -47,7 +47,7 @@ from llmtrain.train.lora import init_adapters, split_adapters
 from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
-from llmtrain.train.peak import measure_cpu_matmul_peak, peak_flops
+from llmtrain.train.peak import peak_flops, remeasure_cpu_peak
 from llmtrain.train.plot import plot_metrics
 from llmtrain.train.prometheus import exporter_for_run
 from llmtrain.train.step import StepRunner
@@ -171,7 +171,7 @@ class Trainer:
             cfg.run.dir, topo, self.run.flops_per_token, peak, cfg.train.log_interval, max_steps,
             start_step=state.step, tokens_total=state.tokens_total,
             progress_bar=cfg.train.progress_bar, visualdl=cfg.train.visualdl, exporter=exporter,
-            remeasure_peak=measure_cpu_matmul_peak if peak_source.startswith("measured") else None,
+            remeasure_peak=remeasure_cpu_peak if "matmul peak" in peak_source else None,  # CPU: a measured peak
         )
         stop = StopRequest().install()
         wd = Watchdog(cfg.run.dir, topo, cfg.train.hang_timeout_s, cfg.train.peer_timeout_s).start() \

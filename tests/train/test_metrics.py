@@ -134,3 +134,26 @@ def test_the_log_line_shows_gpu_memory_when_the_record_has_it():
     line = interval_line(rec, 100)
     assert line.startswith("step   3/100 | loss 1.5000 | lr 1.00e-04 | grad norm - | 12,346 tok/s | 0.5 TFLOP/s")
     assert "MFU 25.0% | mem 3.00 GiB | data wait 0.0 ms/step" in line
+
+
+def test_the_cpu_peak_is_measured_once_per_machine_and_raised_only_upwards(tmp_path, monkeypatch):
+    """MFU on CPU divides by a peak measured once and cached (measured at every start it moved 46-73% for the same
+    work); a re-measurement (MFU above 1) replaces it only when higher; another thread setting is another entry."""
+    from llmtrain.train import peak
+
+    monkeypatch.setenv("LLMTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    calls = []
+
+    def measure(value):
+        return lambda: calls.append(value) or value
+
+    first, source = peak.cached_cpu_peak(measure(5e9))
+    assert first == 5e9 and calls == [5e9] and "measured now, cached in" in source
+    again, source = peak.cached_cpu_peak(measure(9e9))  # a later start: read, not measured
+    assert again == 5e9 and calls == [5e9] and "delete it to measure again" in source
+    assert peak.remeasure_cpu_peak(measure(4e9)) == 4e9 and peak.cached_cpu_peak(measure(1.0))[0] == 5e9  # lower: kept
+    assert peak.remeasure_cpu_peak(measure(7e9)) == 7e9 and peak.cached_cpu_peak(measure(1.0))[0] == 7e9  # higher: cached
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert peak.cached_cpu_peak(measure(3e9))[0] == 3e9  # another thread count: its own measurement
+    assert json.loads((tmp_path / "cpu-matmul-peak.json").read_text()).__len__() == 2
