@@ -24,10 +24,10 @@ def _presets() -> dict:
     """conf/parallel presets that set degrees only: their full degrees (defaults filled in) -> file name."""
     from omegaconf import OmegaConf
 
-    from llmtrain.config import CONF_DIR
+    from llmtrain.utils.paths import REPO_ROOT
 
     found = {}
-    folder = os.path.join(CONF_DIR, "parallel")
+    folder = os.path.join(REPO_ROOT, "conf", "parallel")
     for fname in sorted(os.listdir(folder)):
         raw = OmegaConf.to_container(OmegaConf.load(os.path.join(folder, fname)))
         keys = set(raw) - {"defaults", "name"}
