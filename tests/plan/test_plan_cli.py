@@ -55,16 +55,23 @@ def _cfg(*extra, model=TINY_JOB, devices=4):
     return to_config(compose([*model, "train.global_batch_size=16", f"plan.devices={devices}", *extra]))
 
 
-def test_every_ranked_row_launches_with_its_overrides():
+@pytest.fixture(scope="module")
+def h100_rows():
+    """(config, ranked rows) of llama-tiny on 4 x h100 with train.amp=none: shared by the tests below."""
+    from llmtrain.plan.search import rank_layouts
+
+    cfg = _cfg("plan.device=h100")
+    return cfg, rank_layouts(cfg, cfg.model)
+
+
+def test_every_ranked_row_launches_with_its_overrides(h100_rows):
     """A row's name (`dp2sharding2s1`) is not a conf/parallel/ file; its overrides compose, pass the layout rules and
     give exactly the row's degrees, micro-batch and recompute, and add train.amp=bf16 where bf16 was planned. One
     composition per kind of row (a preset, and each kind of custom layout) keeps it to seconds."""
     from llmtrain.parallel.layout import layout_problems, model_fit_problems
-    from llmtrain.plan.search import rank_layouts
 
-    base = ["model=llama-tiny", "model.vocab_size=2560", "data.seq_len=128", "train.global_batch_size=16"]
-    cfg = to_config(compose(base + ["plan.devices=4", "plan.device=h100"]))
-    rows = rank_layouts(cfg, cfg.model)
+    base = [*TINY_JOB, "train.global_batch_size=16"]
+    _, rows = h100_rows
     custom = [r for r in rows if r["overrides"][0] == "+parallel=custom"]
     picks = [next(r for r in rows if r["overrides"][0] == "+parallel=dp4"),  # a preset of exactly those degrees
              next(r for r in custom if r["pp"] > 1), next(r for r in custom if r["sharding_stage"] == 3),
@@ -82,12 +89,12 @@ def test_every_ranked_row_launches_with_its_overrides():
         assert run.train.amp == "bf16" == r["amp"]  # train.amp=none on a GPU profile: planned (and launched) in bf16
 
 
-def test_table_and_explanation_say_the_precision_and_print_units():
+def test_table_and_explanation_say_the_precision_and_print_units(h100_rows):
     from llmtrain.plan.__main__ import plan
     from llmtrain.plan.report import explained, ranked_table
 
-    cfg = _cfg("plan.device=h100")
-    table = "\n".join(ranked_table(plan(cfg), cfg, 5))
+    cfg, rows = h100_rows
+    table = "\n".join(ranked_table(rows, cfg, 5))
     assert "bf16 AMP (train.amp=none, but a GPU profile is planned in bf16" in table
     one = _cfg("plan.device=h100", "+parallel=dp2", "parallel.sharding=2", "train.micro_batch_size=2",
                model=["model=llama-7b", "data.seq_len=1024"])
