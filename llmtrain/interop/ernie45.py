@@ -79,7 +79,8 @@ DEFAULTS = {  # PaddleFormers 1.2.0's configuration defaults for the fields we r
                          num_nextn_predict_layers=1),
 }
 _QUIET = ("rope_scaling", "head_dim", "num_key_value_heads", "initializer_range", "num_nextn_predict_layers",
-          "moe_capacity", "moe_orthogonal_loss_lambda", "router_aux_loss_coef", "router_z_loss_coef")
+          "moe_capacity", "moe_orthogonal_loss_lambda", "router_aux_loss_coef", "router_z_loss_coef", "scoring_func",
+          "moe_norm_gate_logits", "moe_use_aux_free", "moe_group_experts")
 
 
 def layout_of(c: dict) -> str:
