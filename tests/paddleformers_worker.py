@@ -8,7 +8,8 @@ Requests (`op`):
 - `make`: a random `Ernie4_5ForCausalLM` (kind dense) or `Ernie4_5_MoeForCausalLM` (kind moe) of `config` (fields of
   PaddleFormers' Ernie4_5Config / Ernie4_5_MoeConfig; fuse_rms_norm false, the math attention), its RMSNorm weights
   moved off 1 and the MoE correction bias off 0 (`seed`), written with `save_pretrained(dir)` (its default format);
-  with `tokenizer` (a SentencePiece .model) also an `Ernie4_5Tokenizer` on it, written with its save_pretrained.
+  with `tokenizer` (a SentencePiece .model) also an `Ernie4_5Tokenizer` made from it (`from_pretrained` of a
+  directory holding it as tokenizer.model), written with its save_pretrained.
 - `logits`: `from_pretrained(dir)` (fuse_rms_norm false, math attention), eval, logits of the ids in the .npy file
   `ids` written to the .npy file `out` (float32). Models are cached per directory.
 - `encode`: `AutoTokenizer.from_pretrained(dir)` ids of each text, without special tokens.
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
 import traceback
 
 REPLY = os.fdopen(os.dup(1), "w")
@@ -60,18 +63,21 @@ def make(req: dict) -> dict:
     if req.get("tokenizer"):
         from paddleformers.transformers import Ernie4_5Tokenizer
 
-        tok = Ernie4_5Tokenizer(vocab_file=req["tokenizer"], add_bos_token=False, add_eos_token=False)
-        tok.save_pretrained(req["dir"])
+        with tempfile.TemporaryDirectory() as tmp:  # from a bare tokenizer.model, as a -PT release could ship it
+            shutil.copyfile(req["tokenizer"], os.path.join(tmp, "tokenizer.model"))
+            tok = Ernie4_5Tokenizer.from_pretrained(tmp, add_bos_token=False, add_eos_token=False)
+            tok.save_pretrained(req["dir"])  # tokenizer.json + tokenizer.model + tokenizer_config.json
     return {"files": files, "params": {n: list(p.shape) for n, p in model.named_parameters()}}
 
 
 def _model(directory: str):
     key = (directory, os.path.getmtime(os.path.join(directory, "config.json")))
     if key not in _MODELS:
-        from paddleformers.transformers import AutoModelForCausalLM
+        from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(directory, fuse_rms_norm=False, use_flash_attention=False,
-                                                     dtype="float32")
+        config = AutoConfig.from_pretrained(directory)
+        config.fuse_rms_norm, config.use_flash_attention = False, False  # the CPU path (the fused norm is GPU-only)
+        model = AutoModelForCausalLM.from_pretrained(directory, config=config, dtype="float32")
         model.eval()
         _MODELS[key] = model
     return _MODELS[key]
