@@ -140,7 +140,7 @@ def _moe_fields(g: dict, layers: int, bad: list, notes: list) -> dict:
 
 def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelConfig, list[str]]:
     """ModelConfig computing what PaddleFormers' `family` (ernie4_5 / ernie4_5_moe) computes for config.json `c`."""
-    from llmtrain.interop.hf_config import _rope_params
+    from llmtrain.interop.hf_rope import rope_params
 
     g = {k: c.get(k, v) for k, v in DEFAULTS[family].items()}
     notes = [f"{k} absent from config.json: PaddleFormers' default {v!r} used" for k, v in DEFAULTS[family].items()
@@ -150,7 +150,7 @@ def config_from_hf(c: dict, family: str, name: str, source: str) -> tuple[ModelC
         bad.append(f"hidden_act={g['hidden_act']!r} (SwiGLU with silu only)")
     if g["use_bias"]:
         bad.append("use_bias=true (a bias on every linear and every RMSNorm is not expressible here)")
-    theta, scaling = _rope_params(c, g)
+    theta, scaling = rope_params(c, g)
     if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
         bad.append(f"rope scaling {scaling!r} (ERNIE 4.5 is read with plain RoPE only)")
     h, heads = int(g["hidden_size"]), int(g["num_attention_heads"])
@@ -261,7 +261,8 @@ def _rows(cfg: ModelConfig) -> dict:
 def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = None) -> tuple[dict, list[str]]:
     """Our canonical state (lazy) from ERNIE 4.5 tensors, and notes; the MTP block is skipped."""
     from llmtrain.interop.deepseek import _Mapped
-    from llmtrain.interop.hf_format import EXPERT_LINEARS, _StackedTransposed
+    from llmtrain.interop.hf_format import EXPERT_LINEARS
+    from llmtrain.interop.tensor_files import StackedTransposed
     from llmtrain.interop.keys import model_shapes
 
     shapes, notes, state, rows = model_shapes(cfg), [], {}, _rows(cfg)
@@ -287,7 +288,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
                 shape = list(reversed(shapes[f"{c}mlp.experts.{ours}"][1:]))  # one expert's [out, in]
                 parts = [src.take(f"{p}mlp.experts.{j}.{theirs}.weight", shape) for j in range(e)]
                 if all(x is not None for x in parts):
-                    state[f"{c}mlp.experts.{ours}"] = _StackedTransposed(parts)
+                    state[f"{c}mlp.experts.{ours}"] = StackedTransposed(parts)
     put("final_norm.norm.weight", "model.norm.weight", False)
     if cfg.tie_embeddings:
         if src.has("lm_head.weight"):
