@@ -29,8 +29,9 @@ A LoRA checkpoint (adapters only, with a pointer to its base in the manifest) is
 as PaddleNLP adapters (`lora_config.json` + `lora_model_state.pdparams`, or
 `peft_model.safetensors`; `paddlenlp.peft.LoRAModel.from_pretrained(base, OUT)`), or with
 `--merge-lora` as a plain model whose weights are W + A B alpha/r (`llmtrain.interop.lora_format`). With
-`--format hf` or `paddleformers` (or auto from such a source) the adapters are always merged: no Hugging Face (PEFT)
-or PaddleFormers adapter format is written.
+`--format hf` (or auto from a Hugging Face source) the adapters are always merged: no Hugging Face (PEFT) adapter
+format is written. With `--format paddleformers` (an ERNIE 4.5 run) they are merged unless `--no-merge-lora` asks
+for PaddleFormers' adapter files (`llmtrain.interop.ernie45_lora`).
 """
 from __future__ import annotations
 
@@ -101,7 +102,15 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
     state = model_state(manifest)
     tok = tokenizer_of(manifest, tokenizer)
     merged_note = []
-    if lora is not None and fmt in ("hf", "paddleformers"):  # no HF / PaddleFormers LoRA files: merged
+    if lora is not None and fmt == "paddleformers" and merge_lora is False:  # PaddleFormers' own adapter files
+        from llmtrain.interop.ernie45_lora import write_paddleformers_lora
+
+        info = write_paddleformers_lora(cfg, lora, state, output, base=manifest.lora_base.get("init_from"),
+                                        overwrite=overwrite)
+        info.update(family="LoRA adapters", notes=[f"base model: {manifest.lora_base}"], checkpoint=ckpt_dir,
+                    tokenizer=None)
+        return info
+    if lora is not None and fmt in ("hf", "paddleformers"):  # no HF LoRA files; PaddleFormers' on request: merged
         if merge_lora is False:
             raise ExportError(f"{ckpt_dir}: --format hf writes no LoRA adapter files (PEFT's format is not "
                               "implemented); export the merged model (drop --no-merge-lora) or --format paddlenlp")

@@ -3,6 +3,7 @@
     from paddleformers_ref import pf_make, pf_logits, pf_encode
     pf_make(dir, "dense", config={...}, seed=0, tokenizer="tok/tokenizer.model")   # Ernie4_5ForCausalLM.save_pretrained
     pf_logits(dir, ids)          # [b, s, V] float64: PaddleFormers' from_pretrained(dir) forward
+    pf_lora_logits(dir, lora_dir, ids)   # with its LoRAModel adapters
     pf_encode(dir, ["..."])      # its AutoTokenizer's ids
 
 The environment is `.venv-paddleformers/` (scripts/paddleformers_env.sh: every package pinned in
@@ -93,6 +94,15 @@ def pf_logits(ckpt_dir, ids: np.ndarray) -> np.ndarray:
     with tempfile.TemporaryDirectory() as tmp:
         np.save(os.path.join(tmp, "ids.npy"), np.asarray(ids, dtype=np.int64))
         _ask(op="logits", dir=str(ckpt_dir), ids=os.path.join(tmp, "ids.npy"), out=os.path.join(tmp, "out.npy"))
+        return np.load(os.path.join(tmp, "out.npy")).astype(np.float64)
+
+
+def pf_lora_logits(ckpt_dir, lora_dir, ids: np.ndarray) -> np.ndarray:
+    """PaddleFormers' logits of `from_pretrained(ckpt_dir)` with `LoRAModel.from_pretrained(model, lora_dir)`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(os.path.join(tmp, "ids.npy"), np.asarray(ids, dtype=np.int64))
+        _ask(op="lora_logits", dir=str(ckpt_dir), lora=str(lora_dir), ids=os.path.join(tmp, "ids.npy"),
+             out=os.path.join(tmp, "out.npy"))
         return np.load(os.path.join(tmp, "out.npy")).astype(np.float64)
 
 

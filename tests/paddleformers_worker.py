@@ -12,6 +12,7 @@ Requests (`op`):
   directory holding it as tokenizer.model), written with its save_pretrained.
 - `logits`: `from_pretrained(dir)` (fuse_rms_norm false, math attention), eval, logits of the ids in the .npy file
   `ids` written to the .npy file `out` (float32). Models are cached per directory.
+- `lora_logits`: as `logits`, with `LoRAModel.from_pretrained(model, lora)` (PaddleFormers' adapter directory).
 - `encode`: `AutoTokenizer.from_pretrained(dir)` ids of each text, without special tokens.
 Every reply is one JSON line on the real stdout ({"ok": true, ...} or {"ok": false, "error": traceback}); whatever
 PaddleFormers prints goes to stderr.
@@ -70,9 +71,9 @@ def make(req: dict) -> dict:
     return {"files": files, "params": {n: list(p.shape) for n, p in model.named_parameters()}}
 
 
-def _model(directory: str):
+def _model(directory: str, fresh: bool = False):
     key = (directory, os.path.getmtime(os.path.join(directory, "config.json")))
-    if key not in _MODELS:
+    if key not in _MODELS or fresh:
         from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
 
         config = AutoConfig.from_pretrained(directory)
@@ -87,6 +88,17 @@ def logits(req: dict) -> dict:
     ids = np.load(req["ids"])
     with paddle.no_grad():
         out = _model(req["dir"])(paddle.to_tensor(ids.astype("int64")))
+    np.save(req["out"], out.logits.astype("float32").numpy())
+    return {"shape": list(out.logits.shape)}
+
+
+def lora_logits(req: dict) -> dict:
+    from paddleformers.peft import LoRAModel
+
+    with paddle.no_grad():
+        model = LoRAModel.from_pretrained(_model(req["dir"], fresh=True), req["lora"])
+        model.eval()
+        out = model(paddle.to_tensor(np.load(req["ids"]).astype("int64")))
     np.save(req["out"], out.logits.astype("float32").numpy())
     return {"shape": list(out.logits.shape)}
 
@@ -107,7 +119,8 @@ def main() -> None:
             continue
         req = json.loads(line)
         try:
-            reply = {"ok": True, **{"make": make, "logits": logits, "encode": encode}[req["op"]](req)}
+            reply = {"ok": True, **{"make": make, "logits": logits, "lora_logits": lora_logits,
+                                    "encode": encode}[req["op"]](req)}
         except Exception:  # the client raises it with the traceback
             reply = {"ok": False, "error": traceback.format_exc()}
         REPLY.write(json.dumps(reply) + "\n")

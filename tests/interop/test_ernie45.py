@@ -17,7 +17,7 @@ import paddle
 import pytest
 from ernie45_ref import ernie_logits
 from interop_helpers import TOL
-from paddleformers_ref import pf_encode, pf_logits, pf_make
+from paddleformers_ref import pf_encode, pf_logits, pf_lora_logits, pf_make
 
 from llmtrain.interop import read_paddlenlp_checkpoint
 from llmtrain.interop.ernie45 import config_from_hf, config_to_hf
@@ -97,6 +97,34 @@ def test_dense_export_is_read_by_paddleformers_in_both_layouts(sources, tmp_path
         again, state2, meta = read_paddlenlp_checkpoint(str(out))
         assert meta["layout"] == layout
         close(our_logits(again, state2, IDS), ours, f"our {layout} export read back")
+
+
+def test_lora_adapters_in_paddleformers_format(sources, tmp_path):
+    """Our q/k/v/o/gate/up/down adapters (rank 2, q and v only on block 1) written as PaddleFormers adapters on its
+    fused qkv_proj / up_gate_proj: LoRAModel.from_pretrained gives our merged model's logits."""
+    from types import SimpleNamespace
+
+    from llmtrain.interop.ernie45_lora import write_paddleformers_lora
+    from llmtrain.interop.keys import model_shapes
+    from llmtrain.interop.lora_format import merge_adapters
+
+    root, _ = sources
+    cfg, base, _ = read_paddlenlp_checkpoint(str(root / "dense"))
+    base = {k: np.asarray(v) for k, v in base.items()}
+    shapes, rng, adapters = model_shapes(cfg), np.random.default_rng(4), {}
+    for i in range(2):
+        for n in ["attn.q_proj", "attn.v_proj"] + (["attn.k_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                    "mlp.down_proj"] if i == 0 else []):
+            fan_in, fan_out = shapes[f"layers.{i}.{n}.weight"]
+            adapters[f"layers.{i}.{n}.lora_A"] = (0.3 * rng.standard_normal([fan_in, 2])).astype(np.float32)
+            adapters[f"layers.{i}.{n}.lora_B"] = (0.3 * rng.standard_normal([2, fan_out])).astype(np.float32)
+    lora = SimpleNamespace(rank=2, alpha=4.0, dropout=0.0)
+    info = write_paddleformers_lora(cfg, lora, adapters, str(tmp_path / "adapters"), base=str(root / "dense"))
+    assert info["rank"] == 6 and {"lora_config.json", "peft_model.safetensors.index.json"} <= set(info["files"])
+    merged = merge_adapters(base, adapters, lora.alpha / lora.rank)
+    ours = our_logits(cfg, merged, IDS)
+    assert np.abs(ours - our_logits(cfg, base, IDS)).max() > 0.1  # the adapters matter
+    close(pf_lora_logits(root / "dense", tmp_path / "adapters", IDS), ours, "PaddleFormers LoRAModel on our adapters")
 
 
 def test_tokenizer_files_load_in_both(sources):
