@@ -56,7 +56,7 @@ def make(req: dict) -> dict:
             if name.endswith("layernorm.weight") or name.endswith("norm.weight"):
                 p.set_value((1.0 + 0.2 * rng.standard_normal(p.shape)).astype("float32"))
             elif name.endswith("e_score_correction_bias"):
-                p.set_value((0.05 * rng.standard_normal(p.shape)).astype("float32"))
+                p.set_value((0.15 * rng.standard_normal(p.shape)).astype("float32"))
             elif req.get("scale"):
                 p.set_value(p.numpy() * float(req["scale"]))
     model.save_pretrained(req["dir"])
