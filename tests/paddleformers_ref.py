@@ -6,8 +6,9 @@
     pf_lora_logits(dir, lora_dir, ids)   # with its LoRAModel adapters
     pf_encode(dir, ["..."])      # its AutoTokenizer's ids
 
-The environment is `.venv-paddleformers/` (scripts/paddleformers_env.sh: every package pinned in
-scripts/paddleformers-requirements.txt, built on first use, then reused). The worker (tests/paddleformers_worker.py)
+The environment is built once by scripts/paddleformers_env.sh (every package pinned in
+scripts/paddleformers-requirements.txt; in ~/.cache/llmtrain/, reused by every checkout; scripts/test.sh builds it
+before the suite). The worker (tests/paddleformers_worker.py)
 imports PaddleFormers once and serves every request of this process. When the environment cannot be built the test
 skips saying why, or under CI=true fails (as tests/launch.py's `require_binary` does for system tools).
 """

@@ -1,7 +1,7 @@
-"""The real PaddleFormers 1.2.0, as a worker process that the tests talk to (it runs in .venv-paddleformers/, whose
-numpy 1.26 / transformers 5.3 cannot be imported next to llmtrain's).
+"""The real PaddleFormers 1.2.0, as a worker process that the tests talk to (it runs in the environment of
+scripts/paddleformers_env.sh, whose numpy 1.26 / transformers 5.3 cannot be imported next to llmtrain's).
 
-    .venv-paddleformers/bin/python tests/paddleformers_worker.py   # one JSON request per stdin line, one reply each
+    "$(bash scripts/paddleformers_env.sh)" tests/paddleformers_worker.py   # one JSON request per stdin line, one reply each
     # driven by tests/paddleformers_ref.py: pf_make(...), pf_logits(dir, ids), pf_encode(dir, texts)
 
 Requests (`op`):

@@ -3,7 +3,7 @@
     python -m pytest tests/interop/test_ernie45.py -q
 
 The tiny checkpoints are made by PaddleFormers itself (`Ernie4_5ForCausalLM` / `Ernie4_5_MoeForCausalLM` with
-fuse_rms_norm=False, `save_pretrained`) in its own environment (tests/paddleformers_ref.py builds it once). The dense
+fuse_rms_norm=False, `save_pretrained`) in its own environment (scripts/paddleformers_env.sh builds it once). The dense
 one is read back by PaddleFormers' forward; its MoE forward needs GPU-only kernels (`expand_modality_expert_id`), so
 the MoE reference is the numpy forward, whose attention and RoPE are checked here against PaddleFormers on the dense
 model.
