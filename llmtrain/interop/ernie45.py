@@ -56,7 +56,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig
+from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, ffn_names, take_norm_and_head
 from llmtrain.models.config import ModelConfig
 
 ARCHITECTURES = {"ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
@@ -192,17 +192,15 @@ def config_to_hf(cfg: ModelConfig, layout: str = "huggingface") -> dict:
 
     family = family_of(cfg)
     arch = ARCHITECTURES[family]
+    e = cfg.moe_num_experts
     wants = (("position", "rope"), ("norm", "rmsnorm"), ("activation", "swiglu"), ("norm_position", "pre"),
-             ("bias", False))
+             ("bias", False)) + ((("moe_router", "softmax"), ("moe_routed_scale", 1.0), ("moe_capacity_factor", 0.0),
+                                  ("moe_n_group", 1), ("moe_aux_loss_scope", "layer")) if e else ())
     bad = switch_mismatches(cfg, "decoder", arch, family, wants)
     if cfg.has_qkv_bias():
         bad.append(f"model.qkv_bias={cfg.qkv_bias} (ERNIE 4.5 has no biases)")
     bad += [b for b in attention_variant_mismatches(cfg, family) if not b.startswith("model.head_dim")]
-    e = cfg.moe_num_experts
     if e:
-        moe_wants = (("moe_router", "softmax"), ("moe_routed_scale", 1.0), ("moe_capacity_factor", 0.0),
-                     ("moe_n_group", 1), ("moe_aux_loss_scope", "layer"))
-        bad += [f"model.{k}={getattr(cfg, k)!r} ({arch} has {v!r})" for k, v in moe_wants if getattr(cfg, k) != v]
         if cfg.moe_aux_loss_coef and cfg.moe_aux_counts != "unbiased":
             bad.append("model.moe_aux_counts=chosen with a non-zero moe_aux_loss_coef (ERNIE counts the choices made "
                        "without the correction bias: moe_aux_counts=unbiased)")
@@ -242,13 +240,7 @@ def _layer_names(cfg: ModelConfig, i: int) -> list[tuple[str, str, bool]]:
     names = [("attn_norm.weight", "input_layernorm.weight", False),
              ("mlp_norm.weight", "post_attention_layernorm.weight", False)]
     names += [(f"attn.{n}_proj.weight", f"self_attn.{n}_proj.weight", True) for n in "qkvo"]
-    ffn = [f"{n}_proj" for n in ("gate", "up", "down")]
-    if not cfg.is_moe_layer(i):
-        return names + [(f"mlp.{n}.weight", f"mlp.{n}.weight", True) for n in ffn]
-    names.append(("mlp.router.weight", "mlp.gate.weight", True))
-    if cfg.moe_num_shared_experts:
-        names += [(f"mlp.shared.{n}.weight", f"mlp.shared_experts.{n}.weight", True) for n in ffn]
-    return names
+    return names + ffn_names(cfg, i)
 
 
 def _rows(cfg: ModelConfig) -> dict:
@@ -289,12 +281,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
                 parts = [src.take(f"{p}mlp.experts.{j}.{theirs}.weight", shape) for j in range(e)]
                 if all(x is not None for x in parts):
                     state[f"{c}mlp.experts.{ours}"] = StackedTransposed(parts)
-    put("final_norm.norm.weight", "model.norm.weight", False)
-    if cfg.tie_embeddings:
-        if src.has("lm_head.weight"):
-            src.ignore("lm_head.weight", "tie_word_embeddings=true: the logits use the embedding")
-    else:
-        put("lm_head.proj.weight", "lm_head.weight", True)
+    take_norm_and_head(src, cfg, put)
     mtp = sorted(k for k in src.tensors if k.startswith("model.mtp_"))
     for key in mtp:
         src.ignore(key, "multi-token prediction block (num_nextn_predict_layers): not implemented, skipped")
