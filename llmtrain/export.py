@@ -108,7 +108,7 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         info = write_paddleformers_lora(cfg, lora, state, output, base=manifest.lora_base.get("init_from"),
                                         overwrite=overwrite)
         info.update(family="LoRA adapters", notes=[f"base model: {manifest.lora_base}"], checkpoint=ckpt_dir,
-                    tokenizer=None)
+                    tokenizer=None, format=fmt)
         return info
     if lora is not None and fmt in ("hf", "paddleformers"):  # no HF LoRA files; PaddleFormers' on request: merged
         if merge_lora is False:
@@ -138,6 +138,7 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
                                           overwrite=overwrite)
     info["checkpoint"] = ckpt_dir
+    info["format"] = fmt
     info["read"] = manifest.describe()
     info["tokenizer"] = tok
     info["notes"] = list(info.get("notes", [])) + merged_note
@@ -168,7 +169,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (CheckpointReadError, UnsupportedConfig, CheckpointMismatch, FileExistsError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 2
-    kind = "Hugging Face" if info["family"] in ("LlamaForCausalLM", "Qwen2ForCausalLM") else "PaddleNLP"
+    kind = {"hf": "Hugging Face", "paddleformers": "PaddleFormers"}.get(info.get("format"), "PaddleNLP")
     print(f"exported {info['read']}: {info['checkpoint']} -> {info['out_dir']} as {kind} {info['family']} "
           f"({', '.join(info['files'])})")
     for note in info["notes"]:
