@@ -63,6 +63,9 @@ class Family:
     pretrain_overrides: list = field(default_factory=list)
     lora_targets: Optional[str] = None
     """finetune.lora.target_modules override (None: the default targets)."""
+    extra: Optional[Callable] = None
+    """extra(layout, run, ours, ids, tmp_path) -> dict of figures: the family's own further checks of a finished run
+    (`ours`: our logits of its final checkpoint for `ids`), e.g. an adapter export read by the real package."""
 
 
 FAMILIES: dict[str, Family] = {}
@@ -225,5 +228,6 @@ def check_run(layout: str, name: str, run: Run, tmp_path) -> dict:
     diff = float(np.abs(ours - got).max())
     assert np.abs(ours - fam.reference_logits(src, ids)).max() > TOL, (layout, name, "training changed nothing")
     assert diff <= TOL, (layout, name, diff)
+    more = fam.extra(layout, run, ours, ids, tmp_path) if fam.extra else {}
     return dict(loss=train[0]["loss"], reference=want, export_diff=diff, family=info_out["family"],
-                notes=info_out.get("notes"))
+                notes=info_out.get("notes"), **more)

@@ -12,7 +12,8 @@ expert, untied head, PaddleFormers' MTP block in the files (skipped on import).
 References: the dense one PaddleFormers' own forward; the MoE one tests/ernie45_ref.py's numpy forward (PaddleFormers'
 MoE forward needs GPU-only kernels), whose training loss adds PaddleFormers' router losses (aux with the unbiased
 choices and z, per block, summed).
-Layouts: dense tp2 (+ LoRA, exported merged), pp2; MoE tp2, pp2, ep2. Exports go out with --format auto, i.e. in
+Layouts: dense tp2 (+ LoRA, exported merged, and as PaddleFormers adapters read by its LoRAModel), pp2; MoE tp2,
+pp2, ep2. Exports go out with --format auto, i.e. in
 PaddleFormers' layout, and are read back by the reference.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from ernie45_ref import ernie_logits, ernie_loss
 from family_checks import Family, register, write_sft
-from paddleformers_ref import pf_logits, pf_make
+from paddleformers_ref import pf_logits, pf_lora_logits, pf_make
 
 SHAPE = dict(hidden_size=32, intermediate_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
              rope_theta=500000, max_position_embeddings=64, rms_norm_eps=1e-5)
@@ -86,7 +87,24 @@ def held_moe(layout, ranks):
             assert p["layers.1.attn.q_proj.weight"]["shape"] == [32, 64]
 
 
+def lora_adapters_read_by_paddleformers(layout, run, ours, ids, tmp_path) -> dict:
+    """The LoRA run exported as PaddleFormers adapters (--format paddleformers --no-merge-lora): its LoRAModel on the
+    source gives our trained logits (1e-4). Other runs: nothing."""
+    if not run.lora:
+        return {}
+    from family_checks import STEPS, TOL
+
+    from llmtrain.export import export_checkpoint
+
+    out = tmp_path / "pf_adapters"
+    info = export_checkpoint(str(run.run_dir / "checkpoints" / f"step_{STEPS}"), str(out), fmt="paddleformers",
+                             merge_lora=False)
+    diff = float(np.abs(pf_lora_logits(run.src, out, ids) - ours).max())
+    assert info["family"] == "LoRA adapters" and diff <= TOL, (info, diff)
+    return {"adapter_diff": diff, "adapter_rank": info["rank"]}
+
+
 register(Family(name="ernie45", make=_make("dense", DENSE, 5), reference_loss=dense_loss, reference_logits=pf_logits,
-                held=held_dense, layouts=("tp2", "pp2"), lora=True))
+                held=held_dense, layouts=("tp2", "pp2"), lora=True, extra=lora_adapters_read_by_paddleformers))
 register(Family(name="ernie45_moe", make=_make("moe", MOE, 6), reference_loss=ernie_loss,
                 reference_logits=ernie_logits, held=held_moe, layouts=("tp2", "pp2", "ep2")))
