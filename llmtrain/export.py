@@ -1,13 +1,17 @@
-"""Export a training checkpoint as one merged PaddleNLP or Hugging Face-layout model directory.
+"""Export a training checkpoint as one merged PaddleNLP, Hugging Face-layout or PaddleFormers model directory.
 
     python -m llmtrain.export --checkpoint outputs/RUN/checkpoints/step_1000 --output exported/ \\
-        [--format auto|paddlenlp|hf] [--safetensors] [--tokenizer tokenizers/zh-32k] [--overwrite] [--merge-lora]
+        [--format auto|paddlenlp|hf|paddleformers] [--safetensors] [--tokenizer tokenizers/zh-32k] [--overwrite] \\
+        [--merge-lora]
     # then: paddlenlp.transformers.AutoModelForCausalLM.from_pretrained("exported/")   (--format paddlenlp)
     #   or: transformers' AutoModelForCausalLM.from_pretrained("exported/")          (--format hf)
+    #   or: paddleformers.transformers.AutoModelForCausalLM.from_pretrained("exported/")   (--format paddleformers)
 
---format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE or DeepSeek-V2/V3:
-config.json + safetensors shards + index, `llmtrain.interop.hf_format`), or `auto` (the default): `hf` when the run
-started from a Hugging Face-layout directory (`model.init_from`), else `paddlenlp` — the format it came in.
+--format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE,
+DeepSeek-V2/V3 or an ERNIE 4.5 `-PT` style directory: config.json + safetensors shards + index,
+`llmtrain.interop.hf_format`), `paddleformers` (ERNIE 4.5 as PaddleFormers 1.2.0's save_pretrained writes it,
+`llmtrain.interop.ernie45`), or `auto` (the default): the format the run started from (`model.init_from`: a
+PaddleFormers ERNIE 4.5 directory -> paddleformers, another Hugging Face-layout one -> hf), else `paddlenlp`.
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
 in which case the newest complete checkpoint is used (the command names the run and step it read) (`llmtrain.checkpoint.reader`, the
@@ -26,7 +30,8 @@ as PaddleNLP adapters (`lora_config.json` + `lora_model_state.pdparams`, or
 `peft_model.safetensors`; `paddlenlp.peft.LoRAModel.from_pretrained(base, OUT)`), or with
 `--merge-lora` as a plain model whose weights are W + A B alpha/r (`llmtrain.interop.lora_format`). With
 `--format hf` (or auto from a Hugging Face source) the adapters are always merged: no Hugging Face (PEFT) adapter
-format is written.
+format is written. With `--format paddleformers` (an ERNIE 4.5 run) they are merged unless `--no-merge-lora` asks
+for PaddleFormers' adapter files (`llmtrain.interop.ernie45_lora`).
 """
 from __future__ import annotations
 
@@ -44,14 +49,38 @@ class ExportError(CheckpointReadError):
 
 
 def source_format(init_from: Optional[str]) -> str:
-    """`hf` when `init_from` is a Hugging Face-layout Llama / Qwen2 / Qwen3 / Qwen3-MoE directory (still present),
+    """`paddleformers` when `init_from` is an ERNIE 4.5 directory written by PaddleFormers, `hf` when it is another
+    Hugging Face-layout directory (Llama, Qwen2/3, Qwen3-MoE, DeepSeek, an ERNIE 4.5 `-PT` release; still present),
     else `paddlenlp`."""
-    if not init_from or not os.path.isfile(os.path.join(init_from, "config.json")):
+    family = source_family(init_from)
+    if family is None:
         return "paddlenlp"
+    from llmtrain.interop import ernie45
+    from llmtrain.interop.paddlenlp_format import read_config
+
+    if family in ernie45.ARCHITECTURES and ernie45.layout_of(read_config(init_from)) == "paddleformers":
+        return "paddleformers"
+    return "hf"
+
+
+def source_family(init_from: Optional[str]) -> Optional[str]:
+    """The Hugging Face model type of `init_from` (`hf_format.hf_family`), None for PaddleNLP or a missing dir."""
+    if not init_from or not os.path.isfile(os.path.join(init_from, "config.json")):
+        return None
     from llmtrain.interop.hf_format import hf_family
     from llmtrain.interop.paddlenlp_format import read_config
 
-    return "hf" if hf_family(read_config(init_from), init_from) else "paddlenlp"
+    return hf_family(read_config(init_from), init_from)
+
+
+def _hf_family(cfg, fmt: str, init_from: Optional[str]) -> Optional[str]:
+    """The HF model type an `hf` / `paddleformers` export writes: ERNIE 4.5 for `paddleformers` or an ERNIE source
+    (its dense blocks are a Llama's: only the source tells them apart), else None (`hf_config.hf_family_for`)."""
+    from llmtrain.interop import ernie45
+
+    if fmt == "paddleformers" or source_family(init_from) in ernie45.ARCHITECTURES:
+        return ernie45.family_of(cfg)
+    return None
 
 
 def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetensors: bool = False,
@@ -62,8 +91,8 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
     A LoRA checkpoint becomes a PaddleNLP adapter directory (`lora_config.json` + weights, loadable with
     `paddlenlp.peft.LoRAModel.from_pretrained` on its base), or with `merge_lora` (default: the run's
     `finetune.lora.merge`) a plain PaddleNLP model with W + A B alpha/r."""
-    if fmt not in ("auto", "paddlenlp", "hf"):
-        raise ExportError(f"--format {fmt!r}: expected auto, paddlenlp or hf")
+    if fmt not in ("auto", "paddlenlp", "hf", "paddleformers"):
+        raise ExportError(f"--format {fmt!r}: expected auto, paddlenlp, hf or paddleformers")
     from llmtrain.interop import write_paddlenlp_checkpoint
 
     manifest = Manifest.read(find_checkpoint(checkpoint))
@@ -73,12 +102,20 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
     state = model_state(manifest)
     tok = tokenizer_of(manifest, tokenizer)
     merged_note = []
-    if lora is not None and fmt == "hf":  # no Hugging Face LoRA format is written here: the adapters go in merged
+    if lora is not None and fmt == "paddleformers" and merge_lora is False:  # PaddleFormers' own adapter files
+        from llmtrain.interop.ernie45_lora import write_paddleformers_lora
+
+        info = write_paddleformers_lora(cfg, lora, state, output, base=manifest.lora_base.get("init_from"),
+                                        overwrite=overwrite)
+        info.update(family="LoRA adapters", notes=[f"base model: {manifest.lora_base}"], checkpoint=ckpt_dir,
+                    tokenizer=None, format=fmt)
+        return info
+    if lora is not None and fmt in ("hf", "paddleformers"):  # no HF LoRA files; PaddleFormers' on request: merged
         if merge_lora is False:
             raise ExportError(f"{ckpt_dir}: --format hf writes no LoRA adapter files (PEFT's format is not "
                               "implemented); export the merged model (drop --no-merge-lora) or --format paddlenlp")
         merge_lora = True
-        merged_note = ["LoRA adapters merged into the weights (W + A B alpha/r): Hugging Face format"]
+        merged_note = [f"LoRA adapters merged into the weights (W + A B alpha/r): {fmt} format"]
     if lora is not None and not (lora.merge if merge_lora is None else merge_lora):
         from llmtrain.interop.lora_format import write_paddlenlp_lora
 
@@ -91,14 +128,17 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         state = merged_state(manifest, state)
     elif merge_lora:
         raise ExportError(f"--merge-lora: {ckpt_dir} is not a LoRA checkpoint (its manifest has no 'lora' entry)")
-    if fmt == "hf":
+    if fmt in ("hf", "paddleformers"):
         from llmtrain.interop.hf_format import write_hf_checkpoint
 
-        info = write_hf_checkpoint(cfg, state, output, tokenizer_dir=tok, overwrite=overwrite)
+        info = write_hf_checkpoint(cfg, state, output, tokenizer_dir=tok, overwrite=overwrite,
+                                   family=_hf_family(cfg, fmt, cfg.init_from),
+                                   layout="paddleformers" if fmt == "paddleformers" else "huggingface")
     else:
         info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
                                           overwrite=overwrite)
     info["checkpoint"] = ckpt_dir
+    info["format"] = fmt
     info["read"] = manifest.describe()
     info["tokenizer"] = tok
     info["notes"] = list(info.get("notes", [])) + merged_note
@@ -110,9 +150,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--checkpoint", required=True, help="step_<N> directory, or a run directory")
     parser.add_argument("--output", required=True,
                         help="directory to create (from_pretrained format of PaddleNLP or Hugging Face)")
-    parser.add_argument("--format", default="auto", choices=["auto", "paddlenlp", "hf"],
-                        help="auto: the format of the run's model.init_from (hf for a Hugging Face directory), "
-                             "else paddlenlp")
+    parser.add_argument("--format", default="auto", choices=["auto", "paddlenlp", "hf", "paddleformers"],
+                        help="auto: the format of the run's model.init_from (hf for a Hugging Face directory, "
+                             "paddleformers for a PaddleFormers ERNIE 4.5 one), else paddlenlp")
     parser.add_argument("--safetensors", action="store_true", help="write model.safetensors (default: pdparams)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory to include (default: the run's)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output directory")
@@ -129,7 +169,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (CheckpointReadError, UnsupportedConfig, CheckpointMismatch, FileExistsError) as e:
         print(f"export failed: {e}", file=sys.stderr)
         return 2
-    kind = "Hugging Face" if info["family"] in ("LlamaForCausalLM", "Qwen2ForCausalLM") else "PaddleNLP"
+    kind = {"hf": "Hugging Face", "paddleformers": "PaddleFormers"}.get(info.get("format"), "PaddleNLP")
     print(f"exported {info['read']}: {info['checkpoint']} -> {info['out_dir']} as {kind} {info['family']} "
           f"({', '.join(info['files'])})")
     for note in info["notes"]:

@@ -47,7 +47,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig
+from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, ffn_names, take_norm_and_head
 from llmtrain.models.config import ModelConfig
 
 ARCHITECTURES = {"deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM"}
@@ -302,13 +302,7 @@ def _layer_names(cfg: ModelConfig, i: int) -> list[tuple[str, str, bool]]:
              ("attn.kv_a_norm.weight", "self_attn.kv_a_layernorm.weight", False),
              ("attn.kv_b_proj.weight", "self_attn.kv_b_proj.weight", True),
              ("attn.o_proj.weight", "self_attn.o_proj.weight", True)]
-    ffn = [f"{n}_proj" for n in ("gate", "up", "down")]
-    if not cfg.is_moe_layer(i):
-        return names + [(f"mlp.{n}.weight", f"mlp.{n}.weight", True) for n in ffn]
-    names.append(("mlp.router.weight", "mlp.gate.weight", True))
-    if cfg.moe_num_shared_experts:
-        names += [(f"mlp.shared.{n}.weight", f"mlp.shared_experts.{n}.weight", True) for n in ffn]
-    return names
+    return names + ffn_names(cfg, i)
 
 
 def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = None) -> tuple[dict, list[str]]:
@@ -345,12 +339,7 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
                 parts = [_dequantized(src, k, src.take(k, shape), block) for k in keys]
                 if all(x is not None for x in parts):
                     state[f"{c}mlp.experts.{ours}"] = StackedTransposed(parts)
-    put("final_norm.norm.weight", "model.norm.weight", False)
-    if cfg.tie_embeddings:
-        if src.has("lm_head.weight"):
-            src.ignore("lm_head.weight", "tie_word_embeddings=true: the logits use the embedding")
-    else:
-        put("lm_head.proj.weight", "lm_head.weight", True)
+    take_norm_and_head(src, cfg, put)
     mtp = sorted({k.split(".")[2] for k in src.tensors if k.startswith("model.layers.")
                   and int(k.split(".")[2]) >= cfg.num_layers})
     for key in src.tensors:

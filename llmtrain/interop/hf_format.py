@@ -44,7 +44,7 @@ from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
-                   "tokenizer.model", "generation_config.json")
+                   "tokenizer.model", "added_tokens.json", "generation_config.json")
 
 
 def hf_family(c: dict, ckpt_dir: str) -> Optional[str]:
@@ -56,9 +56,12 @@ def hf_family(c: dict, ckpt_dir: str) -> Optional[str]:
     archs = c.get("architectures") or []
     from llmtrain.interop import deepseek
 
-    for model_type, arch in deepseek.ARCHITECTURES.items():  # DeepSeek-V2/V3 exist only in the HF layout
-        if c.get("model_type") == model_type or arch in archs:
-            return model_type
+    from llmtrain.interop import ernie45
+
+    for module in (deepseek, ernie45):  # DeepSeek-V2/V3 and ERNIE 4.5: the HF layout (PaddleFormers writes it too)
+        for model_type, arch in module.ARCHITECTURES.items():
+            if c.get("model_type") == model_type or arch in archs:
+                return model_type
     for family, arch in (("qwen3_moe", "Qwen3Moe"), ("qwen3", "Qwen3"), ("qwen2", "Qwen2")):
         if c.get("model_type") == family or any(a.startswith(arch) for a in archs):
             if family == "qwen2" and any(a.startswith("Qwen2Moe") for a in archs):
@@ -194,10 +197,11 @@ def from_canonical(state: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
 
 
 def _deepseek(family: str):
-    """`llmtrain.interop.deepseek` (config and tensor mapping of DeepSeek-V2/V3) when `family` is one, else None."""
-    from llmtrain.interop import deepseek
+    """The module with the config and tensor mapping of `family` when it has its own (`deepseek.py`: DeepSeek-V2/V3,
+    `ernie45.py`: ERNIE 4.5), else None (this file's and hf_config.py's)."""
+    from llmtrain.interop import deepseek, ernie45
 
-    return deepseek if family in deepseek.ARCHITECTURES else None
+    return next((m for m in (deepseek, ernie45) if family in m.ARCHITECTURES), None)
 
 
 def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] = None,
@@ -222,7 +226,8 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
         log0(f"{ckpt_dir}: {note}")
     from llmtrain.interop.tokenizer_files import find_tokenizer_model
 
-    meta = dict(family=family, layout="huggingface", architectures=c.get("architectures"), config=c, files=files,
+    layout = ds.layout_of(c) if hasattr(ds, "layout_of") else "huggingface"
+    meta = dict(family=family, layout=layout, architectures=c.get("architectures"), config=c, files=files,
                 format=kind, sharded=os.path.basename(files[0]) != SAFE_SINGLE, dtype=dtype or "float32",
                 notes=notes + more, ignored=dict(src.ignored), warnings=[],
                 tokenizer_model=find_tokenizer_model(ckpt_dir), wordpiece_vocab=None)
@@ -230,20 +235,26 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
 
 
 def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_bytes: int = 2 * 2**30,
-                        tokenizer_dir: Optional[str] = None, overwrite: bool = False) -> dict:
-    """Write `state` (canonical name -> full fp32 tensor) as an HF directory of `hf_family_for(cfg)`, atomically.
+                        tokenizer_dir: Optional[str] = None, overwrite: bool = False, family: Optional[str] = None,
+                        layout: str = "huggingface") -> dict:
+    """Write `state` (canonical name -> full fp32 tensor) as an HF directory of `family` (default
+    `hf_family_for(cfg)`), atomically.
 
     Shards of at most `max_shard_bytes` (a tensor larger than that gets a shard of its own) with
-    `model.safetensors.index.json`, or one `model.safetensors` when everything fits in one.
+    `model.safetensors.index.json`, or one `model.safetensors` when everything fits in one; layout `paddleformers`
+    (ERNIE 4.5 only) writes PaddleFormers' config fields and always shards + index, as its save_pretrained does.
     tokenizer_dir: a directory whose HF tokenizer files (tokenizer.json, tokenizer_config.json, ...) are copied."""
     from safetensors.numpy import save_file
 
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    family = hf_family_for(cfg)
+    family = family or hf_family_for(cfg)
     ds = _deepseek(family)
-    config = (ds.config_to_hf if ds else config_to_hf)(cfg)
+    if layout != "huggingface" and not hasattr(ds, "layout_of"):
+        raise UnsupportedConfig(f"layout {layout!r}: only ERNIE 4.5 is written in PaddleFormers' layout here (for "
+                                f"{family} PaddleFormers' save_pretrained writes the Hugging Face layout: --format hf)")
+    config = ds.config_to_hf(cfg, layout) if hasattr(ds, "layout_of") else (ds.config_to_hf if ds else config_to_hf)(cfg)
     state = {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
     check_canonical(state, model_shapes(cfg), "state to export")
     tensors = (ds.from_canonical if ds else from_canonical)(state, cfg)
@@ -256,12 +267,12 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
         shards[-1].append(key)
         size += nbytes
     with staged_dir(out_dir) as tmp:
-        names = [SAFE_SINGLE] if len(shards) == 1 else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        names = [SAFE_SINGLE] if len(shards) == 1 and layout == "huggingface" else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
                                                           for i in range(len(shards))]
         for fname, keys in zip(names, shards):
             save_file({k: np.ascontiguousarray(tensors[k]) for k in keys}, os.path.join(tmp, fname),
                       metadata={"format": "pt"})
-        if len(shards) > 1:
+        if len(names) > 1 or names[0] != SAFE_SINGLE:
             index = {"metadata": {"total_size": int(sum(a.nbytes for a in tensors.values()))},
                      "weight_map": {k: fname for fname, keys in zip(names, shards) for k in keys}}
             with open(os.path.join(tmp, SAFE_INDEX), "w") as f:
@@ -274,6 +285,8 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
                     copied.append(fname)
             if not copied:
                 raise CheckpointFileError(f"tokenizer {tokenizer_dir}: none of {', '.join(TOKENIZER_FILES)} to copy")
+            if hasattr(ds, "complete_tokenizer"):
+                copied += ds.complete_tokenizer(tmp, copied)
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
     return dict(family=(ds.ARCHITECTURES if ds else ARCHITECTURES)[family], out_dir=out_dir,

@@ -123,6 +123,29 @@ class SourceTensors:
         raise CheckpointMismatch("\n".join(lines))
 
 
+def take_norm_and_head(src: SourceTensors, cfg, put) -> None:
+    """The final norm `model.norm.weight` and the untied head `lm_head.weight` through `put(canonical, key, linear)`
+    (the HF layout's names); a tied model's `lm_head.weight`, if the file has one, is ignored with the reason."""
+    put("final_norm.norm.weight", "model.norm.weight", False)
+    if not cfg.tie_embeddings:
+        put("lm_head.proj.weight", "lm_head.weight", True)
+    elif src.has("lm_head.weight"):
+        src.ignore("lm_head.weight", "tie_word_embeddings=true: the logits use the embedding")
+
+
+def ffn_names(cfg, i: int) -> list[tuple[str, str, bool]]:
+    """(our name inside `layers.i.`, the HF name inside `model.layers.i.`, is a linear) of block i's feed-forward in
+    the DeepSeek / ERNIE 4.5 layout: `mlp.{gate,up,down}_proj`, or the router `mlp.gate` and the shared experts'
+    `mlp.shared_experts.*` of an MoE block (its routed experts are stacked separately)."""
+    ffn = [f"{n}_proj" for n in ("gate", "up", "down")]
+    if not cfg.is_moe_layer(i):
+        return [(f"mlp.{n}.weight", f"mlp.{n}.weight", True) for n in ffn]
+    names = [("mlp.router.weight", "mlp.gate.weight", True)]
+    if cfg.moe_num_shared_experts:
+        names += [(f"mlp.shared.{n}.weight", f"mlp.shared_experts.{n}.weight", True) for n in ffn]
+    return names
+
+
 def check_canonical(state: dict, shapes: dict[str, list[int]], source: str) -> None:
     """`state` (canonical name -> array) has exactly the names of `shapes`, each with that shape."""
     missing = [n for n in shapes if n not in state]

@@ -298,6 +298,21 @@ class ModelConfig:
     """How a group is ranked: `top2` (the sum of its two best selection scores, bias included: DeepSeek-V3's
     `noaux_tc`) or `max` (its best score: DeepSeek-V2's `group_limited_greedy`)."""
 
+    # ---- ERNIE 4.5's MoE placement (`moe_layer_start_index` = moe_first_dense_layers, `moe_layer_end_index`,
+    # `moe_layer_interval`)
+
+    moe_layer_interval: int = 1
+    """Every n-th block is an MoE block: block i (0-based) has experts when (i + 1) % n == 0 (ERNIE 4.5's
+    `moe_layer_interval`), besides i >= moe_first_dense_layers and i <= moe_last_layer. 1: every block."""
+
+    moe_last_layer: Optional[int] = None
+    """The last block that may have experts (ERNIE 4.5's `moe_layer_end_index`); None: the last block."""
+
+    moe_aux_counts: str = "chosen"
+    """What f_i of the aux loss counts: `chosen` (the experts chosen, expert_bias included) or `unbiased` (the top-k
+    of the router probabilities without expert_bias: ERNIE 4.5's `moe_use_aux_free` loss). Equal while the bias is
+    zero."""
+
     def is_mla(self) -> bool:
         """Whether the blocks use multi-head latent attention (`mla_kv_lora_rank > 0`)."""
         return self.mla_kv_lora_rank > 0
@@ -327,7 +342,10 @@ class ModelConfig:
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether block `index` has a Mixture-of-Experts feed-forward."""
-        return self.moe_num_experts > 0 and index >= self.moe_first_dense_layers
+        if self.moe_num_experts <= 0 or index < self.moe_first_dense_layers:
+            return False
+        last = self.num_layers - 1 if self.moe_last_layer is None else self.moe_last_layer
+        return index <= last and (index + 1) % max(self.moe_layer_interval, 1) == 0
 
     def expert_ffn_size(self) -> int:
         """Inner width of one routed expert."""

@@ -81,6 +81,9 @@ class Routing:
     """[E] fp32 choices per expert before dropping (no gradient)."""
     dropped: paddle.Tensor
     """[] fp32 number of dropped (token, expert) choices (no gradient)."""
+    aux_counts: Optional[paddle.Tensor] = None
+    """[E] fp32 what the aux loss counts when it is not `counts`: the top-k of `probs` without the expert bias
+    (`model.moe_aux_counts=unbiased`, ERNIE 4.5; set by `MoEFeedForward`, no gradient)."""
 
 
 def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
@@ -183,12 +186,13 @@ def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: b
 def aux_loss(r: Routing) -> paddle.Tensor:
     """Switch/GShard load-balancing loss E * sum_i (counts_i / T) * mean_t probs[t, i] (balanced: top_k)."""
     num_tokens, num_experts = r.probs.shape
-    return num_experts * (r.counts / num_tokens * r.probs.mean(0)).sum()
+    counts = r.counts if r.aux_counts is None else r.aux_counts
+    return num_experts * (counts / num_tokens * r.probs.mean(0)).sum()
 
 
 def aux_terms(r: Routing):
     """(f [E] = counts / T, no gradient; P [E] = mean router probability) of one layer's forward."""
-    return r.counts / r.probs.shape[0], r.probs.mean(0)
+    return (r.counts if r.aux_counts is None else r.aux_counts) / r.probs.shape[0], r.probs.mean(0)
 
 
 def pooled_aux_loss(terms: list) -> paddle.Tensor:
@@ -270,6 +274,10 @@ class MoEFeedForward(nn.Layer):
         bias = self.expert_bias  # zero unless moved (moe_bias_update_rate) or read from a checkpoint (DeepSeek-V3)
         r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias, self.cfg.moe_capacity_factor,
                   groups=group_limit(self.cfg))
+        if self.cfg.moe_aux_counts == "unbiased":  # ERNIE 4.5: the aux loss counts the top-k without the bias
+            with paddle.no_grad():
+                free = paddle.topk(r.probs, self.top_k, axis=-1)[1]  # [T, k]
+                r.aux_counts = F.one_hot(free, self.num_experts).sum([0, 1]).astype("float32")  # [E]
         y = self.experts(flat, r.index, r.weight)  # [T, h]
         if self.cfg.moe_routed_scale != 1.0:
             y = y * self.cfg.moe_routed_scale

@@ -58,7 +58,8 @@ _MODEL_SHAPE = """model.family model.vocab_size model.hidden_size model.num_laye
     model.task_type_vocab_size model.task_id model.fuse_qkv model.fuse_ffn model.fuse_rms_norm model.fuse_rope
     model.fuse_swiglu model.moe_num_experts model.moe_num_shared_experts model.moe_top_k model.moe_ffn_hidden_size
     model.moe_first_dense_layers model.moe_router model.moe_norm_topk model.moe_routed_scale model.moe_capacity_factor
-    model.moe_aux_loss_coef model.moe_aux_loss_scope model.moe_z_loss_coef model.moe_bias_update_rate"""
+    model.moe_aux_loss_coef model.moe_aux_loss_scope model.moe_z_loss_coef model.moe_bias_update_rate
+    model.moe_layer_interval model.moe_last_layer model.moe_aux_counts"""
 
 # One rule per config field, named exactly (no prefixes, no default): a field without a rule is refused at resume
 # and fails tests/train/test_contract.py, so every new field needs a line here. Groups that may be null as a whole

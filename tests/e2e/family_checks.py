@@ -4,7 +4,7 @@
     register(Family(name="qwen3", make=make_qwen3, layouts=("tp2", "pp2"), held=held_qwen3, ...))   # at import
     python -m pytest tests/e2e/test_families_e2e.py -q
 
-A family registers its tiny source checkpoint (made in the test: Hugging Face layout, PaddleFormers ...), its
+A family registers its tiny source checkpoint (made in the test: Hugging Face layout, real PaddleFormers), its
 reference (`reference_loss(src, batch)`, `reference_logits(dir, ids)`: a forward we did not write through our
 model: numpy of the published architecture, or the real package), and what each rank must hold per layout.
 tests/e2e/test_families_e2e.py turns the registry into launches (tests/e2e/shared_launch.py):
@@ -18,7 +18,7 @@ micro-batches (1e-4), memory.json's per-rank parameter shapes (`held`), and the 
 `--format auto` (the source's format; LoRA merged where the format has no adapter files) read back by the reference
 with logits within 1e-4 of our model on the trained weights, and differing from the source's (training moved it).
 
-To add a family (families-b: DeepSeek; families-c: ERNIE 4.5): write a `family_<name>.py` beside this file that
+To add a family (as family_qwen3.py, family_deepseek.py, family_ernie45.py do): write a `family_<name>.py` beside this file that
 calls `register(...)`, and add its module name to `FAMILY_MODULES`; no new launch.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ PARALLEL = {"tp2": ["+parallel=tp2"], "pp2": ["+parallel=pp2"], "ep2": ["+parall
 LAUNCH = {"tp2": "tp2", "pp2": "pp2", "ep2": "dp2"}
 """The shared launch (tests/e2e/shared_launch.py) each layout's runs join."""
 TOL = 1e-4
-FAMILY_MODULES = ["family_qwen3", "family_deepseek"]
+FAMILY_MODULES = ["family_qwen3", "family_deepseek", "family_ernie45"]
 """Modules (beside this file) whose import registers families."""
 
 
@@ -63,6 +63,9 @@ class Family:
     pretrain_overrides: list = field(default_factory=list)
     lora_targets: Optional[str] = None
     """finetune.lora.target_modules override (None: the default targets)."""
+    extra: Optional[Callable] = None
+    """extra(layout, run, ours, ids, tmp_path) -> dict of figures: the family's own further checks of a finished run
+    (`ours`: our logits of its final checkpoint for `ids`), e.g. an adapter export read by the real package."""
 
 
 FAMILIES: dict[str, Family] = {}
@@ -225,5 +228,6 @@ def check_run(layout: str, name: str, run: Run, tmp_path) -> dict:
     diff = float(np.abs(ours - got).max())
     assert np.abs(ours - fam.reference_logits(src, ids)).max() > TOL, (layout, name, "training changed nothing")
     assert diff <= TOL, (layout, name, diff)
+    more = fam.extra(layout, run, ours, ids, tmp_path) if fam.extra else {}
     return dict(loss=train[0]["loss"], reference=want, export_diff=diff, family=info_out["family"],
-                notes=info_out.get("notes"))
+                notes=info_out.get("notes"), **more)
