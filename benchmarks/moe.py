@@ -91,9 +91,8 @@ def ep_worker(spec_path: str) -> None:
             return out
         return staticmethod(wrapper)
 
-    for cls in (experts._AllGather, experts._ReduceScatter):
-        cls.forward = timed(cls.forward)
-        cls.backward = timed(cls.backward)
+    experts._Exchange.forward = timed(experts._Exchange.forward)
+    experts._Exchange.backward = timed(experts._Exchange.backward)
     with open(spec_path) as f:
         spec = json.load(f)
     from llmtrain.config import compose_config

@@ -67,6 +67,7 @@ GPU_PATHS = {
     "fused-rope": ["gpu_paths", "fused_kernels", "finetune_packed"],
     "fused-rope-scaled": ["gpu_paths"],
     "mla-value-pad": ["gpu_paths"],
+    "moe-combine": ["gpu_paths", "ep_alltoall"],
     "alltoall-dispatch": ["ep_alltoall"],
     "fleet-nccl": ["parity_fp32", "parity_bf16"],
     "memory-metrics": ["gpu_paths", "tput_auto"],

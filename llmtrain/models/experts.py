@@ -1,11 +1,40 @@
-"""The routed experts of one MoE layer, stacked: [E, h, f] / [E, h, f] / [E, f, h] on one device.
+"""The routed experts of one MoE layer, stacked [E, h, f] / [E, h, f] / [E, f, h], run as batched GEMMs.
 
-    python -m pytest tests/models/test_moe.py -q
+    python -m pytest tests/models/test_dispatch.py tests/models/test_moe.py -q
     experts = roles.experts(cfg)          # Experts(cfg, cfg.moe_num_experts) unless a plan spreads them
+    y = experts(x, index, weight)         # x [T, h], index [T, k] int64 (-1: dropped), weight [T, k] fp32 -> [T, h]
 
-An expert-parallel plan (`llmtrain.parallel.experts`) builds the same layer with a block
-of the experts and a dispatcher that brings tokens to them; the router, the balancing
-losses and the statistics live in `llmtrain.models.moe`.
+The formulation (the op sequence the planner's PyTorch twin mirrors; `llmtrain.models.dispatch` has steps 1-5, 7):
+
+    x [T, h] this rank's tokens; index [T, k] int64 (-1: dropped by the capacity); weight [T, k] fp32; E experts
+    1. idx = index.T.reshape([k T])                       slot-major: every token's 1st choice, then every 2nd, ...
+                                                          (GShard's queue order, as route() counts the capacity)
+    2. onehot = one_hot(clip(idx, 0), E) * (idx >= 0)     [k T, E] int64, dropped rows zero
+       pos = (cumsum(onehot, 0) * onehot).sum(-1) - 1     [k T] place of the choice in its expert's queue
+    3. C = ceil(factor T k / E)                           capacity mode (moe_capacity_factor > 0): static, no host read
+       C = int(onehot.sum(0).max())                       dropless: THE ONE HOST READ of the layer (an expert-parallel
+                                                          dispatcher takes the max over its ep group first)
+    4. slot = idx * C + pos (kept), E C (dropped)         [k T]; row E C is a trash row, cut off after the scatter
+    5. buffer = index_add(zeros([E C + 1, h]), slot, 0, tile(x, [k, 1]))[:E C].reshape([E, C, h])   expert-major
+       (expert parallelism: [E, C, h] = [ep, E_local, C, h] -> exchange over the ep group -> [E_local, ep C, h])
+    6. swiglu: g = bmm(buf, w_gate), u = bmm(buf, w_up)   [E_l, N, f] each; with model.fuse_ffn ONE bmm with
+               [E_l, h, 2f] = concat(w_gate, w_up, -1), split; inner = silu(g) * u (model.fuse_swiglu: one kernel)
+       gelu:   inner = gelu(bmm(buf, w_up))
+       out = bmm(inner, w_down)                           [E_l, N, h]
+       (expert parallelism: the reverse exchange -> [E, C, h])
+    7. row = slot with dropped -> 0, laid out [T, k] (token-major)
+       y = (gather(out.reshape([E C, h]), row) [T, k, h] * weight.astype(dtype) [T, k, 1]).sum(1)  -> [T, h]
+       on a GPU: Paddle's fused moe_combine(out [E C, h], weight [T, k], row [T, k] int32), one kernel
+
+Deviations from the plan written before it was built (TEAM's formulation): the combine gathers in token-major order
+[T, k] (the layout of the fused kernel; the same rows and bytes as the slot-major gather) and uses row 0 with
+weight 0 for a dropped choice instead of the trash row (the expert output has no trash row; weight 0 is exact).
+
+The buffer rows past an expert's load are zeros; the experts compute them (no bias: their output is zero and their
+gradient contribution is zero). The stacked weights take part in every step, so every rank's expert gradient
+exists even when no token chose its experts. `LocalDispatch` is one device; an expert-parallel plan
+(`llmtrain.parallel.experts`) builds the same layer with a block of the experts and a dispatcher that moves the
+buffer between ranks; the router, the balancing losses and the statistics live in `llmtrain.models.moe`.
 """
 from __future__ import annotations
 
@@ -14,19 +43,25 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from llmtrain.contracts import tags
+from llmtrain.models import dispatch as moe_dispatch
 from llmtrain.models.config import ModelConfig
+from llmtrain.paddle_compat import kernels
 
 
 class LocalDispatch:
-    """One device: every expert is here, tokens stay where they are."""
+    """One device: every expert is here; the buffer stays where it is."""
 
-    def dispatch(self, x, index, weight):
-        """x [T, h], index/weight [T, k] -> the tokens and choices this rank's experts must serve."""
-        return x, index, weight
+    def agree_capacity(self, largest_load: paddle.Tensor) -> int:
+        """Dropless capacity from this micro-batch's largest expert load [] (the layer's one host read)."""
+        return moe_dispatch.host_int(largest_load)
 
-    def combine(self, y):
-        """y [T', h] partial outputs of this rank's experts -> [T, h] for this rank's tokens."""
-        return y
+    def to_experts(self, buffer):
+        """[E, C, h] this rank's tokens by expert -> [E_local, N, h] the rows this rank's experts serve."""
+        return buffer
+
+    def from_experts(self, out):
+        """[E_local, N, h] outputs of this rank's experts -> [E, C, h] outputs for this rank's tokens."""
+        return out
 
 
 class Experts(nn.Layer):
@@ -35,9 +70,11 @@ class Experts(nn.Layer):
     def __init__(self, cfg: ModelConfig, num_local: int, first: int = 0, dispatcher=None):
         super().__init__()
         h, f = cfg.hidden_size, cfg.expert_ffn_size()
-        self.first, self.num_local = first, num_local
+        self.first, self.num_local, self.num_experts = first, num_local, cfg.moe_num_experts
+        self.capacity_factor = cfg.moe_capacity_factor
         self.swiglu = cfg.activation == "swiglu"
         self.approximate = cfg.activation == "gelu_tanh"
+        self.fuse_ffn, self.fuse_swiglu = cfg.fused("fuse_ffn"), cfg.fused("fuse_swiglu")
         self.dispatcher = dispatcher or LocalDispatch()
         if self.swiglu:
             self.w_gate = self.create_parameter([num_local, h, f])
@@ -47,27 +84,29 @@ class Experts(nn.Layer):
         for p in self.parameters():
             tags.set_expert_axis(p, 0)  # the plan may hold a block of experts: full shape has num_experts rows
 
+    def capacity(self, num_tokens: int, top_k: int):
+        """C for a micro-batch of `num_tokens` (capacity mode), or None (dropless: from the step's largest load)."""
+        if self.capacity_factor <= 0:
+            return None
+        return moe_dispatch.capacity(num_tokens, top_k, self.num_experts, self.capacity_factor)
+
     def forward(self, x, index, weight):  # x [T, h]; index, weight [T, k]
-        x, index, weight = self.dispatcher.dispatch(x, index, weight)  # [T', h], [T', k]
-        num_tokens, top_k = index.shape
-        flat_index = index.reshape([-1])  # [T' k]
-        flat_weight = weight.reshape([-1])
-        token = paddle.arange(num_tokens, dtype="int64").repeat_interleave(top_k)  # [T' k]
-        out = paddle.zeros_like(x)  # [T', h]
-        served = 0
-        for j in range(self.num_local):
-            pos = paddle.nonzero(flat_index == self.first + j).flatten()  # choices served by expert j
-            if pos.shape[0] == 0:
-                continue
-            served += 1
-            rows = paddle.gather(token, pos)  # [n]
-            xe = paddle.gather(x, rows)  # [n, h]
-            if self.swiglu:
-                inner = F.silu(xe @ self.w_gate[j]) * (xe @ self.w_up[j])  # [n, f]
+        if isinstance(self.dispatcher, LocalDispatch) and self.num_local != self.num_experts:
+            raise ValueError(f"Experts holding {self.num_local} of {self.num_experts} experts needs an "
+                             "expert-parallel dispatcher (llmtrain.parallel.experts)")
+        slots = moe_dispatch.expert_slots(index, self.num_experts, self.capacity(*index.shape),
+                                          self.dispatcher.agree_capacity)
+        buffer = moe_dispatch.dispatch(x, slots)  # [E, C, h]
+        out = self.dispatcher.from_experts(self.ffn(self.dispatcher.to_experts(buffer)))  # [E, C, h]
+        return moe_dispatch.combine(out, slots, weight)  # [T, h]
+
+    def ffn(self, x):  # x [E_local, N, h] -> [E_local, N, h]
+        if self.swiglu:
+            if self.fuse_ffn:
+                gate, up = paddle.bmm(x, paddle.concat([self.w_gate, self.w_up], axis=-1)).chunk(2, axis=-1)
             else:
-                inner = F.gelu(xe @ self.w_up[j], approximate=self.approximate)
-            ye = (inner @ self.w_down[j]) * paddle.gather(flat_weight, pos).astype(x.dtype)[:, None]  # [n, h]
-            out = paddle.index_add(out, rows, 0, ye)
-        if served == 0:  # keep the stacked weights in the graph: their (zero) gradient exists on every rank
-            out = out + 0.0 * sum(p.sum() for p in self.parameters()).astype(out.dtype)
-        return self.dispatcher.combine(out)  # [T, h]
+                gate, up = paddle.bmm(x, self.w_gate), paddle.bmm(x, self.w_up)  # [E_l, N, f]
+            inner = kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up
+        else:
+            inner = F.gelu(paddle.bmm(x, self.w_up), approximate=self.approximate)
+        return paddle.bmm(inner, self.w_down)

@@ -52,10 +52,10 @@ weight) choices to `llmtrain.models.experts.Experts`, which computes the ones it
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import paddle
 import paddle.nn as nn
 import paddle.nn.functional as F
@@ -63,6 +63,7 @@ from paddle.autograd import PyLayer
 
 from llmtrain.contracts.steps import StepHook
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.dispatch import capacity  # noqa: F401  (route's C; also imported from here)
 
 
 @dataclass
@@ -84,11 +85,6 @@ class Routing:
     aux_counts: Optional[paddle.Tensor] = None
     """[E] fp32 what the aux loss counts when it is not `counts`: the top-k of `probs` without the expert bias
     (`model.moe_aux_counts=unbiased`, ERNIE 4.5; set by `MoEFeedForward`, no gradient)."""
-
-
-def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
-    """Tokens one expert takes from a micro-batch: ceil(factor * tokens * top_k / experts)."""
-    return int(math.ceil(factor * tokens * top_k / num_experts))
 
 
 @dataclass(frozen=True)
@@ -251,11 +247,11 @@ class MoEFeedForward(nn.Layer):
         if cfg.moe_num_shared_experts > 0:
             self.shared = FeedForward(cfg, roles, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
         self.loss_terms: list = []  # (aux, z) per forward, consumed by MoELMLoss
-        self.step_counts = None  # [E] choices summed over this step's micro-batches (training only)
-        self.step_dropped = 0.0
-        self.step_choices = 0
+        self.step_sums = None
+        """[E + 3] float64 on the device, summed over this step's training micro-batches: choices per expert, dropped
+        choices, and (attached losses only) the aux and z losses. Read on the host once per step, by `MoEStats`."""
+        self.step_choices = 0  # (token, expert) choices this step (a static count: no device read)
         self.grad_scale = None  # attached losses: d(objective)/d(micro-batch loss), see attach_balancing_losses
-        self.step_aux = self.step_z = 0.0  # attached losses: sums over this step's micro-batches (for logging)
         self.replaying = False  # set while recompute re-runs the block in the backward (see `replay`)
 
     @contextlib.contextmanager
@@ -266,6 +262,34 @@ class MoEFeedForward(nn.Layer):
             yield
         finally:
             self.replaying = False
+
+    @property
+    def step_counts(self):
+        """[E] float64 choices per expert this step (None before the first training forward); on the device."""
+        return None if self.step_sums is None else self.step_sums[:self.num_experts]
+
+    @property
+    def step_dropped(self):
+        """[] dropped choices this step, on the device (0.0 before the first training forward)."""
+        return 0.0 if self.step_sums is None else self.step_sums[self.num_experts]
+
+    @property
+    def step_aux(self):
+        """[] attached aux losses summed this step, on the device."""
+        return 0.0 if self.step_sums is None else self.step_sums[self.num_experts + 1]
+
+    @property
+    def step_z(self):
+        """[] attached z losses summed this step, on the device."""
+        return 0.0 if self.step_sums is None else self.step_sums[self.num_experts + 2]
+
+    def _record_step(self, r: Routing, aux=None, z=None) -> None:
+        """Add one training forward's statistics to `step_sums`, on the device (no host read)."""
+        losses = (paddle.zeros([2], "float64") if aux is None else
+                  paddle.stack([aux.detach(), z.detach()]).astype("float64"))
+        sums = paddle.concat([r.counts.astype("float64"), r.dropped.astype("float64").reshape([1]), losses])
+        self.step_sums = sums if self.step_sums is None else self.step_sums + sums
+        self.step_choices += int(r.index.size)
 
     def forward(self, x):  # [b, s, h]
         shape = x.shape
@@ -284,6 +308,7 @@ class MoEFeedForward(nn.Layer):
         if self.shared is not None:
             y = y + self.shared(flat)
         record = not self.replaying  # recompute re-runs the same ops in the backward: record them once
+        aux = z = None
         if self.grad_scale is None:
             terms = (aux_terms(r), z_loss(r))
             if record:
@@ -292,13 +317,8 @@ class MoEFeedForward(nn.Layer):
             aux, z = aux_loss(r), z_loss(r)
             share = (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / self.num_moe
             y = _BalancingLossGrad.apply(y, share, self.grad_scale)
-            if record:
-                self.step_aux += float(aux)
-                self.step_z += float(z)
         if self.training and record:
-            self.step_counts = r.counts if self.step_counts is None else self.step_counts + r.counts
-            self.step_dropped += float(r.dropped)
-            self.step_choices += int(r.index.size)
+            self._record_step(r, aux, z)  # stays on the device: read once per step by MoEStats
         return y.reshape(shape)
 
 
@@ -346,52 +366,72 @@ class MoEStats(StepHook):
     `moe_aux_loss`, `moe_z_loss` (means over the step's micro-batches and data ranks), `moe_load_max_mean`
     (per MoE layer of the model: max / mean choices per expert) and `moe_dropped_frac`. The reduced vector has
     one slot per MoE layer of the model (`MoEFeedForward.slot`), so `layers` may be a part of the model (a
-    pipeline stage's, with a `reduce` that also sums over the stages)."""
+    pipeline stage's, with a `reduce` that also sums over the stages).
+
+    Everything the step recorded stays on the device until `finish_step` reads it in ONE host read
+    (`_device_sums().tolist()`); no MoE layer reads a value during the forward."""
 
     def __init__(self, layers: list[MoEFeedForward], cfg: ModelConfig):
         self.layers, self.cfg = layers, cfg
-        self.aux_sum = self.z_sum = 0.0
+        self.loss_sums = None  # [2] float64 on the device: the micro-batches' mean aux and z losses, summed
         self.losses = 0
 
     def record_loss(self, aux, z) -> None:
-        """One training micro-batch's mean aux and z loss (before their coefficients)."""
-        self.aux_sum += float(aux)
-        self.z_sum += float(z)
+        """One training micro-batch's mean aux and z loss (before their coefficients), added on the device."""
+        sums = paddle.stack([aux.detach(), z.detach()]).astype("float64")
+        self.loss_sums = sums if self.loss_sums is None else self.loss_sums + sums
         self.losses += 1
 
-    def _loss_sums(self) -> list:
-        """[sum over micro-batches of the mean aux loss over MoE layers, the same of z, micro-batches]."""
-        return [self.aux_sum, self.z_sum, float(self.losses)]
+    @property
+    def aux_sum(self) -> float:
+        """Sum over this step's micro-batches of the mean aux loss over MoE layers (reads the device)."""
+        return 0.0 if self.loss_sums is None else float(self.loss_sums[0])
+
+    @property
+    def z_sum(self) -> float:
+        """The same for the z loss (reads the device)."""
+        return 0.0 if self.loss_sums is None else float(self.loss_sums[1])
+
+    def _loss_sums(self) -> paddle.Tensor:
+        """[3] float64: [sum over micro-batches of the mean aux loss over MoE layers, the same of z, micro-batches]."""
+        sums = paddle.zeros([2], "float64") if self.loss_sums is None else self.loss_sums
+        return paddle.concat([sums, paddle.full([1], float(self.losses), "float64")])
 
     def _stepped(self) -> bool:
-        return bool(self.layers) and self.layers[0].step_counts is not None
+        return bool(self.layers) and self.layers[0].step_sums is not None
+
+    def _device_sums(self) -> paddle.Tensor:
+        """[3 + slots (E + 2)] float64 on the device: `_loss_sums()`, then per MoE layer of the model its choices
+        per expert, dropped choices and choices (zeros for a layer not held here)."""
+        e = self.cfg.moe_num_experts
+        rows = [paddle.zeros([e + 2], "float64") for _ in range(moe_layer_count(self.cfg))]
+        for layer in self.layers:
+            if layer.step_sums is not None:
+                rows[layer.slot] = paddle.concat([layer.step_sums[:e + 1],
+                                                  paddle.full([1], float(layer.step_choices), "float64")])
+        return paddle.concat([self._loss_sums(), *rows])
 
     @paddle.no_grad()
     def finish_step(self, reduce=lambda v: v) -> dict:
         if not self._stepped():
             return {}
         e, slots = self.cfg.moe_num_experts, moe_layer_count(self.cfg)
-        rows = [[0.0] * (e + 2) for _ in range(slots)]  # per MoE layer: choices per expert, dropped, choices
-        for layer in self.layers:
-            if layer.step_counts is not None:
-                rows[layer.slot] = layer.step_counts.tolist() + [layer.step_dropped, float(layer.step_choices)]
-        total = reduce(self._loss_sums() + [v for row in rows for v in row])
+        total = reduce(self._device_sums().tolist())  # the step's one host read of the routing statistics
         aux, z, losses = total[:3]
         total = total[3:]
-        self.aux_sum = self.z_sum = 0.0
-        self.losses = 0
+        self.loss_sums, self.losses = None, 0
         ratios, counts, dropped, choices = [], [], 0.0, 0.0
         for i in range(slots):
             row = total[i * (e + 2):(i + 1) * (e + 2)]
-            counts.append(paddle.to_tensor(row[:e], dtype="float32"))
+            counts.append(row[:e])
             dropped, choices = dropped + row[e], choices + row[e + 1]
-            mean = float(counts[i].mean())
-            ratios.append(float(counts[i].max()) / mean if mean > 0 else 0.0)
+            mean = float(np.asarray(row[:e], np.float32).mean())  # fp32, as the per-expert counts are kept
+            ratios.append(max(row[:e]) / mean if mean > 0 else 0.0)
         for layer in self.layers:
             if self.cfg.moe_bias_update_rate > 0:
-                update_bias(layer.expert_bias, counts[layer.slot], self.cfg.moe_bias_update_rate)
-            layer.step_counts, layer.step_dropped, layer.step_choices = None, 0.0, 0
-            layer.step_aux = layer.step_z = 0.0
+                update_bias(layer.expert_bias, paddle.to_tensor(counts[layer.slot], dtype="float32"),
+                            self.cfg.moe_bias_update_rate)
+            layer.step_sums, layer.step_choices = None, 0
         out = {"moe_load_max_mean": ratios, "moe_dropped_frac": dropped / choices if choices else 0.0}
         if losses:
             out["moe_aux_loss"] = aux / losses

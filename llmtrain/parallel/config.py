@@ -50,8 +50,10 @@ class ParallelConfig:
     """Expert-parallel degree (Mixture-of-Experts models): each group of ep data-parallel ranks spreads the routed
     experts over its members, num_experts / ep each. Carved out of dp (adds no processes); must divide dp."""
 
-    ep_dispatcher: str = "allgather"
-    """How tokens reach their experts under ep > 1: `allgather` (gloo and NCCL) or `alltoall` (NCCL only, GPU)."""
+    ep_dispatcher: str = "auto"
+    """How the expert-major token buffer moves between the ep ranks under ep > 1: `alltoall` (one all-to-all; NCCL
+    only, GPU), `allgather` (all-gather of every rank's buffer, ep x the bytes; gloo and NCCL) or `auto` (alltoall
+    on a GPU, allgather on CPU)."""
 
     order: list = field(default_factory=lambda: ["dp", "pp", "sharding", "tp"])
     """Nesting of the process grid from outermost to innermost (fleet's `hybrid_configs.order`; `tp` = fleet's `mp`).

@@ -15,20 +15,21 @@ partition and each rank updates its own; the dense parameters' optimizer state
 is partitioned as without experts. Under pipeline parallelism every stage has its
 own ep groups (the dp ranks of that stage) for its own layers' experts.
 
-Dispatch. A dispatcher has `dispatch(x, index, weight)` -> the (token, expert,
-weight) rows this rank's experts must serve, and `combine(y)` -> this rank's
-tokens' summed expert outputs. Two implementations:
-- `AllGatherDispatch` (what CI runs; gloo and NCCL): every rank all-gathers the
-  group's tokens [ep T, h] and choices, computes its experts on the choices that
-  name them, and the partial outputs are summed back to their owners. Paddle's
-  gloo process group has all_gather and all_reduce but no reduce_scatter and no
-  all-to-all (Paddle 3.3.1), so the sum-back is an all_reduce of [ep T, h]
-  followed by taking this rank's rows: ep x the bytes of a reduce-scatter.
-  Autograd: the gradient of an all-gather is a reduce-scatter (the same
-  all_reduce + rows) and vice versa (`_AllGather`, `_ReduceScatter`).
-- `AllToAllDispatch` (NCCL only, GPU): each choice row goes to the rank of its
-  expert with `alltoall_single` (split sizes exchanged first) and comes back
-  the same way. A thin path, NOT tested here: there is no all-to-all on CPU.
+Dispatch. Every rank lays its own tokens out expert-major, [E, C, h] (`llmtrain.models.dispatch`: the same C on
+every rank of the group: the capacity, or dropless the largest expert load of the group, `agree_capacity`, an
+all-reduce MAX then the layer's one host read), and the dispatcher moves that buffer, never per-expert slices:
+
+    [E, C, h] = [ep, E_local, C, h]  -- exchange -->  [ep (source rank), E_local, C, h] -> [E_local, ep C, h]
+    experts (batched GEMMs) -> [E_local, ep C, h] -> [ep, E_local, C, h]  -- exchange -->  [E, C, h] -> combine
+
+The exchange is an all-to-all with equal blocks (block j of a rank goes to rank j); it is its own transpose, so
+its backward is the same exchange (`_Exchange`). Two transports (`parallel.ep_dispatcher`):
+- `allgather` (gloo and NCCL; what CI runs): Paddle 3.3.1's gloo process group has no all-to-all, so every rank
+  all-gathers the group's [ep, E_local, C, h] buffers and keeps the blocks addressed to it: ep x the bytes of an
+  all-to-all (`AllGatherExchange`);
+- `alltoall` (NCCL only, GPU): one `alltoall_single` with equal splits (`AllToAllExchange`), rehearsed on CPU with
+  `alltoall_single` replaced by a reference built from all_gather (tests/gpu_paths/test_alltoall_dispatch.py);
+- `auto` (the default): `alltoall` on a GPU, `allgather` on CPU.
 
 Tensor parallelism: experts are replicated over the tp ranks, not split (each
 tp rank of a dp position holds the same block and dispatches the same tokens in
@@ -55,6 +56,7 @@ import paddle.distributed as dist
 from paddle.autograd import PyLayer
 
 from llmtrain.contracts import tags
+from llmtrain.models.dispatch import host_int
 from llmtrain.models.experts import Experts
 
 
@@ -82,138 +84,98 @@ def expert_groups(hcg, ep: int, rank: int):
     return ep_rank, ep_group, edp_group
 
 
-def _rows(t, rank: int, world: int):
-    n = t.shape[0] // world
-    return t[rank * n:(rank + 1) * n]
-
-
-class _AllGather(PyLayer):
-    """x [T, ...] on each of the group's ranks -> [ep T, ...] in rank order; backward: reduce-scatter."""
+class _Exchange(PyLayer):
+    """x [ep, ...] -> [ep, ...]: block j goes to rank j, block i of the result came from rank i (an all-to-all
+    with equal blocks); backward: the same exchange of the gradient (the exchange is its own transpose)."""
 
     @staticmethod
-    def forward(ctx, x, group, rank, world):
-        ctx.group, ctx.rank, ctx.world = group, rank, world
-        parts = []
-        dist.all_gather(parts, x.contiguous(), group=group)
-        return paddle.concat(parts, axis=0)
+    def forward(ctx, x, exchange):
+        ctx.exchange = exchange
+        return exchange(x)
 
     @staticmethod
     def backward(ctx, dy):
-        dy = dy.clone()
-        dist.all_reduce(dy, group=ctx.group)
-        return _rows(dy, ctx.rank, ctx.world)
+        return ctx.exchange(dy)
 
 
-class _ReduceScatter(PyLayer):
-    """y [ep T, ...] partial sums on each rank -> this rank's rows of the sum [T, ...]; backward: all-gather."""
+class AllGatherExchange:
+    """The exchange from all_gather (gloo and NCCL): every rank gathers all [ep, ...] buffers, keeps its blocks."""
 
-    @staticmethod
-    def forward(ctx, y, group, rank, world):
-        ctx.group = group
-        total = y.clone()
-        dist.all_reduce(total, group=group)
-        return _rows(total, rank, world)
+    def __init__(self, group, rank: int):
+        self.group, self.rank = group, rank
 
-    @staticmethod
-    def backward(ctx, dy):
+    def __call__(self, x):  # [ep, ...]
         parts = []
-        dist.all_gather(parts, dy.contiguous(), group=ctx.group)
-        return paddle.concat(parts, axis=0)
+        dist.all_gather(parts, x.contiguous(), group=self.group)  # ep buffers [ep, ...], in rank order
+        return paddle.stack([part[self.rank] for part in parts])  # [ep (source), ...]
 
 
-class AllGatherDispatch:
-    """All-gather the ep group's tokens, compute local experts on all of them, sum the outputs back (gloo/NCCL)."""
+class AllToAllExchange:
+    """The exchange as one `alltoall_single` with equal splits (NCCL only: gloo has no all-to-all)."""
 
-    def __init__(self, group, rank: int, world: int):
-        self.group, self.rank, self.world = group, rank, world
+    def __init__(self, group):
+        self.group = group
 
-    def dispatch(self, x, index, weight):  # x [T, h]; index, weight [T, k]
-        x_all = _AllGather.apply(x, self.group, self.rank, self.world)  # [ep T, h]
-        parts = []
-        dist.all_gather(parts, index.contiguous(), group=self.group)
-        index_all = paddle.concat(parts, axis=0)  # [ep T, k], no gradient
-        weight_all = _AllGather.apply(weight, self.group, self.rank, self.world)  # [ep T, k]
-        return x_all, index_all, weight_all
-
-    def combine(self, y):  # [ep T, h] partial (this rank's experts only)
-        return _ReduceScatter.apply(y, self.group, self.rank, self.world)  # [T, h]
-
-
-class _AllToAll(PyLayer):
-    """Rows of x sent in blocks of `send` sizes, received in blocks of `recv` sizes; backward: the reverse exchange."""
-
-    @staticmethod
-    def forward(ctx, x, send, recv, group):
-        ctx.send, ctx.recv, ctx.group = send, recv, group
-        out = paddle.empty([sum(recv), *x.shape[1:]], dtype=x.dtype)
-        dist.alltoall_single(out, x.contiguous(), send, recv, group=group)
+    def __call__(self, x):  # [ep, ...]
+        out = paddle.empty_like(x)
+        dist.alltoall_single(out, x.contiguous(), None, None, group=self.group)  # GPU-ONLY(alltoall-dispatch)
         return out
 
-    @staticmethod
-    def backward(ctx, dy):
-        dx = paddle.empty([sum(ctx.send), *dy.shape[1:]], dtype=dy.dtype)
-        dist.alltoall_single(dx, dy.contiguous(), ctx.recv, ctx.send, group=ctx.group)
-        return dx
+
+class ExpertParallelDispatch:
+    """Moves the expert-major buffer between the ep group's ranks (see the module docstring)."""
+
+    def __init__(self, group, world: int, exchange):
+        self.group, self.world, self.exchange = group, world, exchange
+
+    def agree_capacity(self, largest_load) -> int:
+        """Dropless C: the largest expert load over the group's micro-batches (all-reduce MAX), read once."""
+        t = largest_load.reshape([1]).clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return host_int(t)
+
+    def to_experts(self, buffer):  # [E, C, h] this rank's tokens
+        experts, cap, hidden = buffer.shape
+        local = experts // self.world
+        blocks = buffer.reshape([self.world, local, cap, hidden])  # [ep (expert rank), E_l, C, h]
+        got = _Exchange.apply(blocks, self.exchange)  # [ep (token rank), E_l, C, h]
+        return got.transpose([1, 0, 2, 3]).reshape([local, self.world * cap, hidden])  # [E_l, ep C, h]
+
+    def from_experts(self, out):  # [E_l, ep C, h] outputs of this rank's experts
+        local, rows, hidden = out.shape
+        blocks = out.reshape([local, self.world, rows // self.world, hidden]).transpose([1, 0, 2, 3])
+        back = _Exchange.apply(blocks, self.exchange)  # [ep (expert rank), E_l, C, h] for this rank's tokens
+        return back.reshape([local * self.world, rows // self.world, hidden])  # [E, C, h]
 
 
-class AllToAllDispatch:
-    """NCCL only (GPU; untested on CPU, where gloo has no all-to-all): each choice row travels to its expert's rank.
-
-    dispatch: the T k choice rows sorted by destination rank, split sizes exchanged,
-    rows (token vector, expert id, weight) sent with `alltoall_single`; the experts
-    see [R, h] rows with one choice each. combine: the outputs travel back by the
-    reverse exchange and are summed per source token."""
-
-    def __init__(self, group, rank: int, world: int, num_experts: int):
-        self.group, self.rank, self.world = group, rank, world
-        self.per_rank = num_experts // world
-
-    def dispatch(self, x, index, weight):
-        num_tokens, top_k = index.shape
-        flat = index.reshape([-1])  # [T k]
-        token = paddle.arange(num_tokens, dtype="int64").repeat_interleave(top_k)
-        dest = paddle.where(flat >= 0, flat // self.per_rank, paddle.full_like(flat, self.world))  # dropped: last
-        order = paddle.argsort(dest, stable=True)
-        keep = int((flat >= 0).astype("int64").sum())
-        order = order[:keep]
-        send = paddle.bincount(dest[order], minlength=self.world)[: self.world].astype("int64")
-        recv = paddle.empty_like(send)
-        dist.alltoall_single(recv, send, group=self.group)
-        send_l, recv_l = send.tolist(), recv.tolist()
-        self._ctx = (num_tokens, paddle.gather(token, order), send_l, recv_l)
-        rows = _AllToAll.apply(paddle.gather(x, paddle.gather(token, order)), send_l, recv_l, self.group)
-        ids = paddle.empty([sum(recv_l)], dtype="int64")
-        dist.alltoall_single(ids, paddle.gather(flat, order), send_l, recv_l, group=self.group)
-        w = _AllToAll.apply(paddle.gather(weight.reshape([-1]), order), send_l, recv_l, self.group)
-        return rows, ids[:, None], w[:, None]
-
-    def combine(self, y):  # [R, h] weighted outputs of the received rows
-        num_tokens, token, send_l, recv_l = self._ctx
-        back = _AllToAll.apply(y, recv_l, send_l, self.group)  # [kept choices, h] in send order
-        out = paddle.zeros([num_tokens, y.shape[-1]], dtype=y.dtype)
-        return paddle.index_add(out, token, 0, back)
+def has_alltoall() -> bool:
+    """Whether this process's collective backend has an all-to-all (NCCL on a GPU; gloo on CPU has none)."""
+    return paddle.get_device() != "cpu"
 
 
 class ExpertParallelRoles:
     """The layout's `Roles` with the routed experts spread over the ep group; everything else delegated."""
 
-    def __init__(self, inner, topo, ep: int, dispatcher: str = "allgather"):
+    def __init__(self, inner, topo, ep: int, dispatcher: str = "auto"):
         self._inner, self._topo, self._ep, self._dispatcher = inner, topo, ep, dispatcher
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
+    def exchange(self):
+        """The transport of `parallel.ep_dispatcher` (auto: all-to-all where the backend has one)."""
+        rank, group = self._topo.ep_rank, self._topo.ep_group
+        if self._dispatcher == "alltoall" or (self._dispatcher == "auto" and has_alltoall()):
+            if not has_alltoall():
+                raise RuntimeError("parallel.ep_dispatcher=alltoall needs NCCL (GPU): Paddle's gloo backend has no "
+                                   "all-to-all; use parallel.ep_dispatcher=allgather (or auto) on CPU")
+            return AllToAllExchange(group)  # GPU-ONLY(alltoall-dispatch)
+        return AllGatherExchange(group, rank)
+
     def experts(self, cfg) -> Experts:
         local = cfg.moe_num_experts // self._ep
-        rank, group = self._topo.ep_rank, self._topo.ep_group
-        if self._dispatcher == "alltoall":
-            if paddle.get_device() == "cpu":
-                raise RuntimeError("parallel.ep_dispatcher=alltoall needs NCCL (GPU): Paddle's gloo backend has no "
-                                   "all-to-all; use parallel.ep_dispatcher=allgather on CPU")
-            disp = AllToAllDispatch(group, rank, self._ep, cfg.moe_num_experts)  # GPU-ONLY(alltoall-dispatch)
-        else:
-            disp = AllGatherDispatch(group, rank, self._ep)
-        layer = Experts(cfg, local, first=rank * local, dispatcher=disp)
+        disp = ExpertParallelDispatch(self._topo.ep_group, self._ep, self.exchange())
+        layer = Experts(cfg, local, first=self._topo.ep_rank * local, dispatcher=disp)
         for p in layer.parameters():
             p.no_sync = True  # not averaged by paddle.DataParallel: ExpertGradSync reduces them
         return layer

@@ -49,7 +49,7 @@ class Layout:
     zero2_buffer_size: int = 8388608
     ep: int = 1
     """Expert-parallel degree, carved out of dp (llmtrain/parallel/experts.py)."""
-    ep_dispatcher: str = "allgather"
+    ep_dispatcher: str = "auto"
     order: tuple = AXES
     name: str = "single"
     global_batch: int = 1
@@ -167,8 +167,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
             problems.append(f"parallel.pp_schedule=interleaved with parallel.virtual_pp={p.virtual_pp}: needs virtual_pp >= 2")
     elif p.virtual_pp != 1:
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
-    if p.ep_dispatcher not in ("allgather", "alltoall"):
-        problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'allgather' or 'alltoall'")
+    if p.ep_dispatcher not in ("auto", "allgather", "alltoall"):
+        problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'auto', 'allgather' or 'alltoall'")
     if p.ep > 1 and p.sharding > 1:
         if p.sharding_stage != 1:
             problems.append(f"parallel.ep={p.ep} with parallel.sharding_stage={p.sharding_stage}: expert parallelism "

@@ -66,21 +66,24 @@ class PipelineMoEStats(MoEStats):
         self.micro_batches = micro_batches
         attach_balancing_losses(self.layers, 1.0 / micro_batches)
 
-    def _loss_sums(self) -> list:
-        n = moe_layer_count(self.cfg)  # this stage's layers' share of the mean over the model's MoE layers
-        return [sum(layer.step_aux for layer in self.layers) / n, sum(layer.step_z for layer in self.layers) / n,
-                float(self.micro_batches if self.first_stage else 0)]
+    def _loss_sums(self) -> paddle.Tensor:
+        """[3] float64 on the device: this stage's layers' share of the mean aux and z losses over the model's MoE
+        layers, summed over the micro-batches, and the micro-batches (counted by the first stage)."""
+        n = moe_layer_count(self.cfg)
+        sums = paddle.zeros([2], "float64")
+        for layer in self.layers:
+            if layer.step_sums is not None:
+                sums = sums + layer.step_sums[self.cfg.moe_num_experts + 1:]
+        return paddle.concat([sums / n, paddle.full([1], float(self.micro_batches if self.first_stage else 0), "float64")])
 
     def _stepped(self) -> bool:
         return True  # called after every training step, on every stage (a collective, even with no MoE layer here)
 
-    def _stage_sum(self, values: list) -> list:
-        t = paddle.to_tensor(values, dtype="float64")
+    def _device_sums(self) -> paddle.Tensor:
+        """`MoEStats._device_sums` summed over the pipeline stages, still on the device (one read follows)."""
+        t = super()._device_sums()
         dist.all_reduce(t, group=self.pp_group)
-        return t.tolist()
-
-    def finish_step(self, reduce=lambda v: v) -> dict:
-        return super().finish_step(lambda values: reduce(self._stage_sum(values)))
+        return t
 
     def step_loss(self, loss, metrics: dict):
         """The last stage's LM loss (broadcast to every stage by fleet) + the balancing terms of all stages."""

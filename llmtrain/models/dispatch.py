@@ -1,0 +1,91 @@
+"""Tokens into the expert-major buffer [E, C, h] and back: the MoE dispatch, from tensor ops only.
+
+    python -m pytest tests/models/test_dispatch.py -q
+    slots = expert_slots(index, num_experts, capacity)    # where every (token, choice) goes
+    buffer = dispatch(x, slots)                            # [T, h] -> [E, C, h]
+    y = combine(expert_out, slots, weight)                 # [E, C, h] -> [T, h]
+
+The op sequence is written out in `llmtrain.models.experts` (steps 1-5 and 7 are here). No step reads a value on
+the host except the dropless capacity (`capacity=None`): C = the largest expert load of the micro-batch,
+`int(counts.max())`, the one host read of an MoE layer, taken through `agree` (an expert-parallel dispatcher
+takes the maximum over its group first, so every rank's buffer has the same C).
+
+On a GPU the combine runs as Paddle's fused `moe_combine` kernel when the installed Paddle is the tested one
+(`llmtrain.paddle_compat.moe_kernels`); the tensor ops below are the CPU path and the fallback.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import paddle
+import paddle.nn.functional as F
+
+from llmtrain.paddle_compat import moe_kernels
+
+
+@dataclass
+class Slots:
+    """Where each of the k T choices of a micro-batch sits in the expert-major buffer, in slot-major order (every
+    token's first choice, then every second, ...: GShard's queue order, as `llmtrain.models.moe.route` counts the
+    capacity)."""
+
+    slot: paddle.Tensor
+    """[k T] int64: row of the choice in the flat buffer [E C + 1, h]; E C (the trash row) for a dropped choice."""
+    row: paddle.Tensor
+    """[T, k] int64: the same rows in token-major order for the combine, 0 for a dropped choice (its weight is 0)."""
+    num_experts: int
+    capacity: int
+    """C, rows per expert."""
+
+
+def capacity(tokens: int, top_k: int, num_experts: int, factor: float) -> int:
+    """Tokens one expert takes from a micro-batch: ceil(factor * tokens * top_k / experts)."""
+    return int(math.ceil(factor * tokens * top_k / num_experts))
+
+
+def host_int(t: paddle.Tensor) -> int:
+    """The one host read of a dropless MoE layer (one device, or a dispatcher's group maximum already taken)."""
+    return int(t.reshape([]))
+
+
+def expert_slots(index: paddle.Tensor, num_experts: int, capacity: Optional[int],
+                 agree: Callable[[paddle.Tensor], int] = host_int) -> Slots:
+    """Steps 1-4: index [T, k] int64 (-1: dropped) -> the buffer row of every choice.
+
+    `capacity`: C (capacity mode: static, no host read) or None (dropless: C = the largest expert load,
+    `agree(counts.max())`)."""
+    num_tokens, top_k = index.shape
+    idx = index.transpose([1, 0]).reshape([top_k * num_tokens])  # [k T] slot-major
+    keep = idx >= 0  # [k T]
+    onehot = F.one_hot(paddle.clip(idx, min=0), num_experts).astype("int64") * keep.astype("int64")[:, None]
+    pos = (paddle.cumsum(onehot, axis=0) * onehot).sum(-1) - 1  # [k T] place in its expert's queue
+    if capacity is None:
+        capacity = max(agree(onehot.sum(0).max()), 1)  # dropless: the one host read of the layer
+    trash = paddle.full_like(idx, num_experts * capacity)
+    slot = paddle.where(keep, idx * capacity + pos, trash)  # [k T]
+    row = paddle.where(keep, slot, paddle.zeros_like(slot)).reshape([top_k, num_tokens]).transpose([1, 0])  # [T, k]
+    return Slots(slot, row, num_experts, capacity)
+
+
+def dispatch(x: paddle.Tensor, slots: Slots) -> paddle.Tensor:
+    """Step 5: x [T, h] -> [E, C, h]; each kept choice's token in its row, zeros elsewhere (the trash row cut off)."""
+    num_tokens, hidden = x.shape
+    top_k = slots.slot.shape[0] // num_tokens
+    rows = slots.num_experts * slots.capacity
+    buffer = paddle.zeros([rows + 1, hidden], dtype=x.dtype)  # [E C + 1, h]
+    buffer = paddle.index_add(buffer, slots.slot, 0, paddle.tile(x, [top_k, 1]))  # choice j of token t at slot
+    return buffer[:rows].reshape([slots.num_experts, slots.capacity, hidden])  # [E, C, h]
+
+
+def combine(y: paddle.Tensor, slots: Slots, weight: paddle.Tensor) -> paddle.Tensor:
+    """Step 7: expert outputs y [E, C, h] -> [T, h] = sum over a token's k choices of weight * its row (weight
+    [T, k] fp32, 0 where dropped; cast to y's dtype)."""
+    flat = y.reshape([-1, y.shape[-1]])  # [E C, h]
+    weight = weight.astype(y.dtype)
+    if moe_kernels.fused_combine_available():  # GPU-ONLY(moe-combine)
+        return moe_kernels.fused_combine(flat, weight, slots.row)
+    num_tokens, top_k = weight.shape
+    rows = paddle.gather(flat, slots.row.reshape([-1]))  # [T k, h] token-major
+    return (rows.reshape([num_tokens, top_k, -1]) * weight.unsqueeze(-1)).sum(1)  # [T, h]
