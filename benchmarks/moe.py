@@ -1,28 +1,27 @@
-"""Mixture-of-Experts: CPU throughput vs a dense model of the same active size, the dispatcher's share of an ep2
-step, and all-gather vs all-to-all dispatch traffic for the GPU presets.
+"""Mixture-of-Experts on CPU: the batched dispatcher against the old per-expert loop (before / after), against a
+dense model of the same active size, the dispatcher's share of an ep2 step, and the exchange's traffic for the GPU
+presets.
 
     python benchmarks/moe.py [--steps 10] [--rounds 2] [--no-ep] [data.seq_len=128 ...]
 
-1. One process, one run, side by side: `moe-tiny` and a dense model with the same
-   ACTIVE parameters (`flops_parameters` equal: moe-tiny's first block is dense at
-   width 352 and its 3 MoE blocks run 2 routed + 1 shared expert of width 96 plus an
-   8-way router per token, so a dense FFN of width (352 + 3 x (3 x 96 + 8)) / 4 = 306
-   in every block). Both through the real entry function (`llmtrain.pretrain.pretrain`),
-   rounds alternating moe / dense, each timed by wall clock from the end of warm-up
-   step 3 to the last step (`benchmarks/walltime.py`); medians printed.
-2. `moe-tiny +parallel=ep2` on 2 processes (gloo), with the all-gather dispatcher's
-   collectives (forward and backward) timed by wall clock on every rank: their share of
-   the step time after warm-up. The collectives run where the real ones do; only a
-   timer is wrapped around them here (the routing indices' all_gather, T k int64, is
-   not timed).
-3. Analytic bytes per rank and step of one micro-batch of 4096 tokens in bf16, per
-   MoE layer summed over layers, forward + backward, for the GPU presets:
-   all-gather dispatcher as implemented (all_gather of x [T, h], all_reduce of
-   [ep T, h] in place of reduce-scatter, and the mirror in backward: a ring moves
-   (ep-1) T h bytes per all-gather and 2 (ep-1) T h per all-reduce: 6 (ep-1) T h b) vs
-   all-to-all (each choice row whose expert lives elsewhere, (ep-1)/ep of T k rows,
-   out and back, forward and backward: 4 T k h b (ep-1)/ep); routing indices and
-   weights (T k x 12 bytes) are left out of both. Ratio 1.5 ep / k.
+1. Before / after, one process, one run, side by side: `moe-tiny` (8 experts) and `moe-tiny` with 64 experts,
+   each trained with the old per-expert loop (`tests/models/moe_loop.py`: a `nonzero` + gather + index_add per
+   expert, installed over `Experts.forward` for that run only) and with the batched dispatcher
+   (`llmtrain/models/experts.py`), plus a dense model with the same ACTIVE parameters (`flops_parameters` equal:
+   moe-tiny's first block is dense at width 352 and its 3 MoE blocks run 2 routed + 1 shared expert of width 96
+   plus an 8-way router per token, so a dense FFN of width (352 + 3 x (3 x 96 + 8)) / 4 = 306 in every block).
+   All through the real entry function (`llmtrain.pretrain.pretrain`), rounds alternating over the variants, each
+   timed by wall clock from the end of warm-up step 3 to the last step (`benchmarks/walltime.py`); medians printed.
+2. The MoE layer alone (moe-tiny's shape, 4096 tokens, forward + backward), old loop vs dispatcher, interleaved
+   repetitions: where the layer's own cost shows without the 16000-row output projection around it.
+3. `moe-tiny +parallel=ep2` on 2 processes (gloo), with the dispatcher's exchanges (forward and backward) timed by
+   wall clock on every rank: their share of the step time after warm-up. The exchanges run where the real ones
+   do; only a timer is wrapped around them here.
+4. Analytic bytes per rank and step of one micro-batch of 4096 tokens in bf16, summed over MoE layers, forward +
+   backward, for the GPU presets: the dispatcher moves the expert-major buffer [E, C, h] four times per layer (to
+   the experts and back, forward and backward), E C = f T k rows at capacity factor f (1.25 here; dropless: the
+   largest load sets C). All-to-all sends (ep-1)/ep of it each time: 4 f T k h b (ep-1)/ep; the all-gather
+   transport receives every other rank's whole buffer: 4 f T k h b (ep-1), ep times more.
 Prints markdown tables (benchmarks/README.md holds a run).
 """
 from __future__ import annotations
@@ -42,6 +41,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from walltime import trainer_window  # noqa: E402
 
+sys.path.insert(0, os.path.join(REPO, "tests", "models"))
+from moe_loop import installed_loop  # noqa: E402  (the old loop: a test reference, not shipped)
+
 WARMUP = 3
 DENSE = ["model.moe_num_experts=0", "model.ffn_hidden_size=306", "model.name=dense-306"]
 PRESETS = ("mixtral-8x7b", "qwen-moe-a2.7b", "deepseek-v2-lite")
@@ -53,13 +55,24 @@ def base_overrides(extra: list[str], steps: int, run_dir: str) -> list[str]:
             f"run.dir={run_dir}", *extra]
 
 
-def one_run(extra: list[str], steps: int) -> float:
+def one_run(extra: list[str], steps: int, loop: bool = False) -> float:
+    import contextlib
+
     from llmtrain.config import compose_config
     from llmtrain.pretrain import pretrain
 
     run_dir = tempfile.mkdtemp(prefix="moe_bench_")
-    pretrain(compose_config(base_overrides(extra, steps, run_dir)))
+    with installed_loop() if loop else contextlib.nullcontext():
+        pretrain(compose_config(base_overrides(extra, steps, run_dir)))
     return trainer_window(run_dir, WARMUP, positions_per_step=0)["tokens_per_s"]
+
+
+VARIANTS = {  # name: (overrides, old loop?)
+    "moe-tiny, old loop": ([], True), "moe-tiny, dispatcher": ([], False),
+    "moe-tiny 64 experts, old loop": (["model.moe_num_experts=64"], True),
+    "moe-tiny 64 experts, dispatcher": (["model.moe_num_experts=64"], False),
+    "dense, ffn 306": (DENSE, False),
+}
 
 
 def side_by_side(extra: list[str], steps: int, rounds: int) -> dict:
@@ -68,13 +81,41 @@ def side_by_side(extra: list[str], steps: int, rounds: int) -> dict:
     import dataclasses
 
     cfgs = {k: to_config(compose_config(base_overrides(extra + e, steps, "/tmp/unused"))).model
-            for k, e in (("moe", []), ("dense", DENSE))}
+            for k, (e, _) in VARIANTS.items()}
     active = {k: flops_parameters(dataclasses.replace(c, vocab_size=c.vocab_size or 16000)) for k, c in cfgs.items()}
-    rates = {"moe": [], "dense": []}
+    rates = {k: [] for k in VARIANTS}
     for _ in range(rounds):
-        rates["moe"].append(one_run(extra, steps))
-        rates["dense"].append(one_run(extra + DENSE, steps))
+        for k, (e, loop) in VARIANTS.items():
+            rates[k].append(one_run(extra + e, steps, loop))
     return {"active": active, "rates": rates}
+
+
+def layer_timing(experts: int, tokens: int = 4096, reps: int = 5) -> dict:
+    """ms per forward + backward of one moe-tiny MoE layer (old loop vs dispatcher), repetitions interleaved."""
+    import paddle
+
+    from llmtrain.config import compose_config, to_config
+    from llmtrain.models.moe import MoEFeedForward
+    from llmtrain.models.roles import Roles
+
+    cfg = to_config(compose_config(["model=moe-tiny", f"model.moe_num_experts={experts}"])).model
+    paddle.seed(0)
+    layer = MoEFeedForward(cfg, Roles(), index=1)
+    x = paddle.randn([1, tokens, cfg.hidden_size])
+    x.stop_gradient = False
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        layer(x).sum().backward()
+        layer.loss_terms.clear()
+        return (time.perf_counter() - t0) * 1e3
+
+    times = {"loop": [], "dispatcher": []}
+    for _ in range(reps + 1):  # the first repetition warms up
+        with installed_loop():
+            times["loop"].append(once())
+        times["dispatcher"].append(once())
+    return {k: statistics.median(v[1:]) for k, v in times.items()}
 
 
 def ep_worker(spec_path: str) -> None:
@@ -136,18 +177,19 @@ def ep_share(extra: list[str], steps: int) -> list[dict]:
     return [json.load(open(f"{out}.{r}")) for r in range(2)]
 
 
-def traffic_table(seq_tokens: int = 4096, elem_bytes: int = 2, eps=(2, 8)) -> list[str]:
+def traffic_table(seq_tokens: int = 4096, elem_bytes: int = 2, eps=(2, 8), factor: float = 1.25) -> list[str]:
     from llmtrain.config import compose_config, to_config
 
-    rows = ["| preset | MoE layers | h | top-k | ep | all-gather (as built) GB/step | all-to-all GB/step | ratio |",
+    rows = ["| preset | MoE layers | h | top-k | ep | all-gather transport GB/step | all-to-all GB/step | ratio |",
             "|---|---|---|---|---|---|---|---|"]
     for name in PRESETS:
         c = to_config(compose_config([f"model={name}"])).model
         layers = sum(c.is_moe_layer(i) for i in range(c.num_layers))
         t, h, k = seq_tokens, c.hidden_size, c.moe_top_k
+        buffer = factor * t * k * h * elem_bytes  # [E, C, h] bytes, E C = f T k
         for ep in eps:
-            ag = layers * 6 * (ep - 1) * t * h * elem_bytes
-            a2a = layers * 4 * t * k * h * elem_bytes * (ep - 1) / ep
+            ag = layers * 4 * buffer * (ep - 1)
+            a2a = layers * 4 * buffer * (ep - 1) / ep
             rows.append(f"| {name} | {layers} | {h} | {k} | {ep} | {ag / 1e9:.2f} | {a2a / 1e9:.2f} | {ag / a2a:.1f} |")
     return rows
 
@@ -162,15 +204,22 @@ def main() -> None:
     if args.ep_worker:
         return ep_worker(args.ep_worker)
     res = side_by_side(extra, args.steps, args.rounds)
-    m, d = (statistics.median(res["rates"][k]) for k in ("moe", "dense"))
+    med = {k: statistics.median(v) for k, v in res["rates"].items()}
     print("| model | active parameters (flops_parameters) | tokens/s (median) | rounds |")
     print("|---|---|---|---|")
-    print(f"| moe-tiny | {res['active']['moe'] / 1e6:.3f}M | {m:.0f} | {', '.join(f'{x:.0f}' for x in res['rates']['moe'])} |")
-    print(f"| dense, ffn 306 | {res['active']['dense'] / 1e6:.3f}M | {d:.0f} | {', '.join(f'{x:.0f}' for x in res['rates']['dense'])} |")
-    print(f"\nmoe-tiny / dense tokens/s: {m / d:.2f}")
+    for k, v in res["rates"].items():
+        print(f"| {k} | {res['active'][k] / 1e6:.3f}M | {med[k]:.0f} | {', '.join(f'{x:.0f}' for x in v)} |")
+    print(f"\ndispatcher / old loop tokens/s: 8 experts {med['moe-tiny, dispatcher'] / med['moe-tiny, old loop']:.2f}, "
+          f"64 experts {med['moe-tiny 64 experts, dispatcher'] / med['moe-tiny 64 experts, old loop']:.2f}; "
+          f"moe-tiny (dispatcher) / dense: {med['moe-tiny, dispatcher'] / med['dense, ffn 306']:.2f}")
+    print("\n| MoE layer, 4096 tokens, fwd + bwd | old loop ms | dispatcher ms | old / new |")
+    print("|---|---|---|---|")
+    for e in (8, 64):
+        t = layer_timing(e)
+        print(f"| {e} experts top-2 | {t['loop']:.1f} | {t['dispatcher']:.1f} | {t['loop'] / t['dispatcher']:.2f} |")
     if not args.no_ep:
         ranks = ep_share(extra, args.steps)
-        print("\n| ep2 rank | steps timed | step time s | dispatcher collectives s/step | share |")
+        print("\n| ep2 rank | steps timed | step time s | dispatcher exchanges s/step | share |")
         print("|---|---|---|---|---|")
         for r, x in enumerate(ranks):
             print(f"| {r} | {x['steps']} | {x['seconds'] / x['steps']:.3f} | {x['dispatch_s'] / x['steps']:.3f} | "

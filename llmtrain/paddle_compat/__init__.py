@@ -13,6 +13,8 @@ of `AUDIT` in the new release, fix what moved, then raise `TESTED_PADDLE_VERSION
 - `optim.py`, `zero.py`, `fleet.py`, `amp.py`, `process.py`: the private attributes the training
   path reads or sets on every device; `host_memory.py`: the host allocator's counter (planner checks);
   `elastic.py`: the restart race of Paddle's etcd launcher (installed by `python -m llmtrain.launch`).
+- `kernels.py`, `moe_kernels.py`: public but release-sensitive fused kernels (`paddle.incubate`), chosen on GPU;
+  the MoE combine kernel only with the tested release (else the tensor ops).
 """
 from __future__ import annotations
 
