@@ -35,6 +35,8 @@ class Slots:
     """[k T] int64: row of the choice in the flat buffer [E C + 1, h]; E C (the trash row) for a dropped choice."""
     row: paddle.Tensor
     """[T, k] int64: the same rows in token-major order for the combine, 0 for a dropped choice (its weight is 0)."""
+    source: paddle.Tensor
+    """[E C] int64: the token in each buffer row, T for an empty row (the zero row appended to x by `dispatch`)."""
     num_experts: int
     capacity: int
     """C, rows per expert."""
@@ -63,20 +65,21 @@ def expert_slots(index: paddle.Tensor, num_experts: int, capacity: Optional[int]
     pos = (paddle.cumsum(onehot, axis=0) * onehot).sum(-1) - 1  # [k T] place in its expert's queue
     if capacity is None:
         capacity = max(agree(onehot.sum(0).max()), 1)  # dropless: the one host read of the layer
-    trash = paddle.full_like(idx, num_experts * capacity)
-    slot = paddle.where(keep, idx * capacity + pos, trash)  # [k T]
+    rows = num_experts * capacity
+    slot = paddle.where(keep, idx * capacity + pos, paddle.full_like(idx, rows))  # [k T]
     row = paddle.where(keep, slot, paddle.zeros_like(slot)).reshape([top_k, num_tokens]).transpose([1, 0])  # [T, k]
-    return Slots(slot, row, num_experts, capacity)
+    token = paddle.tile(paddle.arange(num_tokens, dtype="int64"), [top_k])  # [k T] token of each choice
+    source = paddle.scatter(paddle.full([rows + 1], num_tokens, "int64"), slot, token)[:rows]  # [E C]
+    return Slots(slot, row, source, num_experts, capacity)
 
 
 def dispatch(x: paddle.Tensor, slots: Slots) -> paddle.Tensor:
-    """Step 5: x [T, h] -> [E, C, h]; each kept choice's token in its row, zeros elsewhere (the trash row cut off)."""
-    num_tokens, hidden = x.shape
-    top_k = slots.slot.shape[0] // num_tokens
-    rows = slots.num_experts * slots.capacity
-    buffer = paddle.zeros([rows + 1, hidden], dtype=x.dtype)  # [E C + 1, h]
-    buffer = paddle.index_add(buffer, slots.slot, 0, paddle.tile(x, [top_k, 1]))  # choice j of token t at slot
-    return buffer[:rows].reshape([slots.num_experts, slots.capacity, hidden])  # [E, C, h]
+    """Step 5: x [T, h] -> [E, C, h]: each buffer row gathers its token (`slots.source`), an empty row the zero row
+    appended to x. (A gather, whose backward is one index_add into [T + 1, h]; measured on CPU 6x faster forward +
+    backward than an index_add of the k T choices into the buffer, whose backward Paddle runs slowly.)"""
+    hidden = x.shape[1]
+    padded = paddle.concat([x, paddle.zeros([1, hidden], dtype=x.dtype)])  # [T + 1, h]
+    return paddle.gather(padded, slots.source).reshape([slots.num_experts, slots.capacity, hidden])  # [E, C, h]
 
 
 def combine(y: paddle.Tensor, slots: Slots, weight: paddle.Tensor) -> paddle.Tensor:

@@ -71,6 +71,7 @@ def test_slots_are_the_capacity_queue():
     # queue of expert 0: t0.1st, t1.1st, t2.2nd; expert 1: t2.1st, t0.2nd; expert 2: t3.1st, t1.2nd
     assert s.slot.tolist() == [0, 1, 3, 6, 4, 7, 2, 9]  # [k T]: first choices of t0..t3, then second choices
     assert s.row.tolist() == [[0, 4], [1, 7], [3, 2], [6, 0]]
+    assert s.source.tolist() == [0, 1, 2, 2, 0, 4, 3, 1, 4]  # the token in each buffer row; 4 = T: an empty row
     assert expert_slots(index, 3, capacity=None).capacity == 3  # dropless: the largest load
 
 
