@@ -34,7 +34,9 @@ class Slots:
     slot: paddle.Tensor
     """[k T] int64: row of the choice in the flat buffer [E C + 1, h]; E C (the trash row) for a dropped choice."""
     row: paddle.Tensor
-    """[T, k] int64: the same rows in token-major order for the combine, 0 for a dropped choice (its weight is 0)."""
+    """[T, k] int64: the same rows in token-major order for the combine, 0 for a dropped choice (weighted by 0)."""
+    kept: paddle.Tensor
+    """[T, k] bool: the choice is computed (index >= 0 and, with a capacity, its place in the queue < C)."""
     source: paddle.Tensor
     """[E C] int64: the token in each buffer row, T for an empty row (the zero row appended to x by `dispatch`)."""
     num_experts: int
@@ -57,7 +59,8 @@ def expert_slots(index: paddle.Tensor, num_experts: int, capacity: Optional[int]
     """Steps 1-4: index [T, k] int64 (-1: dropped) -> the buffer row of every choice.
 
     `capacity`: C (capacity mode: static, no host read) or None (dropless: C = the largest expert load,
-    `agree(counts.max())`)."""
+    `agree(counts.max())`). With a capacity, a choice past its expert's C-th place is dropped here too (route()
+    has already dropped them: this only keeps a caller's index from writing into the next expert's rows)."""
     num_tokens, top_k = index.shape
     idx = index.transpose([1, 0]).reshape([top_k * num_tokens])  # [k T] slot-major
     keep = idx >= 0  # [k T]
@@ -65,12 +68,15 @@ def expert_slots(index: paddle.Tensor, num_experts: int, capacity: Optional[int]
     pos = (paddle.cumsum(onehot, axis=0) * onehot).sum(-1) - 1  # [k T] place in its expert's queue
     if capacity is None:
         capacity = max(agree(onehot.sum(0).max()), 1)  # dropless: the one host read of the layer
+    else:
+        keep = keep & (pos < capacity)
     rows = num_experts * capacity
     slot = paddle.where(keep, idx * capacity + pos, paddle.full_like(idx, rows))  # [k T]
     row = paddle.where(keep, slot, paddle.zeros_like(slot)).reshape([top_k, num_tokens]).transpose([1, 0])  # [T, k]
+    kept = keep.reshape([top_k, num_tokens]).transpose([1, 0])  # [T, k]
     token = paddle.tile(paddle.arange(num_tokens, dtype="int64"), [top_k])  # [k T] token of each choice
     source = paddle.scatter(paddle.full([rows + 1], num_tokens, "int64"), slot, token)[:rows]  # [E C]
-    return Slots(slot, row, source, num_experts, capacity)
+    return Slots(slot, row, kept, source, num_experts, capacity)
 
 
 def dispatch(x: paddle.Tensor, slots: Slots) -> paddle.Tensor:
@@ -84,11 +90,11 @@ def dispatch(x: paddle.Tensor, slots: Slots) -> paddle.Tensor:
 
 def combine(y: paddle.Tensor, slots: Slots, weight: paddle.Tensor) -> paddle.Tensor:
     """Step 7: expert outputs y [E, C, h] -> [T, h] = sum over a token's k choices of weight * its row (weight
-    [T, k] fp32, 0 where dropped; cast to y's dtype)."""
+    [T, k] fp32, set to 0 where dropped, cast to y's dtype)."""
     flat = y.reshape([-1, y.shape[-1]])  # [E C, h]
-    weight = weight.astype(y.dtype)
-    if moe_kernels.fused_combine_available():  # GPU-ONLY(moe-combine)
-        return moe_kernels.fused_combine(flat, weight, slots.row)
+    weight = (weight * slots.kept.astype(weight.dtype)).astype(y.dtype)  # [T, k]; a dropped choice adds nothing
+    if moe_kernels.fused_combine_available():
+        return moe_kernels.fused_combine(flat, weight, slots.row)  # GPU-ONLY(moe-combine)
     num_tokens, top_k = weight.shape
     rows = paddle.gather(flat, slots.row.reshape([-1]))  # [T k, h] token-major
     return (rows.reshape([num_tokens, top_k, -1]) * weight.unsqueeze(-1)).sum(1)  # [T, h]

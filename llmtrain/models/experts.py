@@ -14,7 +14,8 @@ The formulation (the op sequence the planner's PyTorch twin mirrors; `llmtrain.m
     3. C = ceil(factor T k / E)                           capacity mode (moe_capacity_factor > 0): static, no host read
        C = int(onehot.sum(0).max())                       dropless: THE ONE HOST READ of the layer (an expert-parallel
                                                           dispatcher takes the max over its ep group first)
-    4. slot = idx * C + pos (kept), E C (dropped)         [k T]; E C is a trash row
+    4. kept = idx >= 0 (and pos < C in capacity mode: route() already dropped those; a guard, no host read)
+       slot = idx * C + pos (kept), E C (dropped)         [k T]; E C is a trash row
        source = scatter(full([E C + 1], T), slot, tile(arange(T), [k]))[:E C]
                                                           [E C] int64: the token of each buffer row, T if empty
     5. buffer = gather(concat(x, zeros([1, h])), source).reshape([E, C, h])    expert-major; empty rows zero
@@ -25,9 +26,9 @@ The formulation (the op sequence the planner's PyTorch twin mirrors; `llmtrain.m
        gelu:   inner = gelu(bmm(buf, w_up))
        out = bmm(inner, w_down)                           [E_l, N, h]
        (expert parallelism: the reverse exchange -> [E, C, h])
-    7. row = slot with dropped -> 0, laid out [T, k] (token-major)
-       y = (gather(out.reshape([E C, h]), row) [T, k, h] * weight.astype(dtype) [T, k, 1]).sum(1)  -> [T, h]
-       on a GPU: Paddle's fused moe_combine(out [E C, h], weight [T, k], row [T, k] int32), one kernel
+    7. row = slot with dropped -> 0, laid out [T, k] (token-major); w = weight * kept [T, k] (0 where dropped)
+       y = (gather(out.reshape([E C, h]), row) [T, k, h] * w.astype(dtype) [T, k, 1]).sum(1)  -> [T, h]
+       on a GPU: Paddle's fused moe_combine(out [E C, h], w [T, k], row [T, k] int32), one kernel
 
 Deviations from the plan written before it was built (TEAM's formulation): step 5 gathers each buffer row's token
 through the inverse map `source` instead of scattering x[tok] into the rows `slot` (the same buffer; on CPU the

@@ -64,6 +64,26 @@ def test_dispatcher_equals_the_old_loop(experts, factor, extra):
         assert len(np.unique(r.index.numpy())) < 64  # experts without a token are in the buffer too
 
 
+def test_a_dropped_choice_adds_nothing_whatever_its_weight():
+    """index -1 drops a choice even when its weight is not 0 (Experts' contract), as the old loop did; a capacity
+    also drops a caller's choice past an expert's C-th place instead of spilling it into the next expert's rows."""
+    cfg = experts_cfg()
+    paddle.seed(1)
+    layer = Experts(cfg, 8)
+    x = paddle.randn([12, 16])
+    index = paddle.to_tensor(np.random.default_rng(3).integers(0, 8, (12, 2)), dtype="int64")
+    index[2, 1], index[7, 0] = -1, -1
+    weight = paddle.rand([12, 2])
+    x.stop_gradient = weight.stop_gradient = False
+    got, want = Experts.forward(layer, x, index, weight), loop_forward(layer, x, index, weight)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    for a, b in zip(paddle.grad(got.sum(), [x, weight]), paddle.grad(want.sum(), [x, weight])):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-6)
+    crowded = paddle.zeros([4, 2], dtype="int64")  # 8 choices of expert 0, capacity 3: the last 5 dropped
+    s = expert_slots(crowded, 3, capacity=3)
+    assert s.slot.tolist() == [0, 1, 2] + [9] * 5 and s.kept.numpy().sum() == 3
+
+
 def test_slots_are_the_capacity_queue():
     """Slot-major queue (every first choice before any second), expert-major rows, dropped choices in the trash row."""
     index = paddle.to_tensor([[0, 1], [0, 2], [1, 0], [2, -1]], dtype="int64")  # [T=4, k=2]
