@@ -1,19 +1,19 @@
-"""Mixture-of-Experts on CPU: the batched dispatcher against the old per-expert loop (before / after), against a
-dense model of the same active size, the dispatcher's share of an ep2 step, and the exchange's traffic for the GPU
-presets.
+"""Mixture-of-Experts on CPU: the batched dispatcher against the old per-expert loop (before / after), side by side
+in one run, the dispatcher's share of an ep2 step, and the exchange's traffic for the GPU presets.
 
-    python benchmarks/moe.py [--steps 10] [--rounds 2] [--no-ep] [data.seq_len=128 ...]
+    python benchmarks/moe.py [--steps 10] [--rounds 3] [--reps 7] [--no-ep] [data.seq_len=128 ...]
 
-1. Before / after, one process, one run, side by side: `moe-tiny` (8 experts) and `moe-tiny` with 64 experts,
-   each trained with the old per-expert loop (`tests/models/moe_loop.py`: a `nonzero` + gather + index_add per
-   expert, installed over `Experts.forward` for that run only) and with the batched dispatcher
-   (`llmtrain/models/experts.py`), plus a dense model with the same ACTIVE parameters (`flops_parameters` equal:
-   moe-tiny's first block is dense at width 352 and its 3 MoE blocks run 2 routed + 1 shared expert of width 96
-   plus an 8-way router per token, so a dense FFN of width (352 + 3 x (3 x 96 + 8)) / 4 = 306 in every block).
-   All through the real entry function (`llmtrain.pretrain.pretrain`), rounds alternating over the variants, each
-   timed by wall clock from the end of warm-up step 3 to the last step (`benchmarks/walltime.py`); medians printed.
-2. The MoE layer alone (moe-tiny's shape, 4096 tokens, forward + backward), old loop vs dispatcher, interleaved
-   repetitions: where the layer's own cost shows without the 16000-row output projection around it.
+1. Before / after through the real entry function (`llmtrain.pretrain.pretrain`), one process: `moe-tiny` (8
+   experts top-2) and `moe-tiny` with 64 experts, each trained with the old per-expert loop
+   (`tests/models/moe_loop.py`: a `nonzero` + gather + index_add per expert, installed over `Experts.forward` for
+   that run only; the routing statistics are the new on-device ones in both) and with the batched dispatcher
+   (`llmtrain/models/experts.py`). Each round runs the loop and the dispatcher back to back, in alternating order
+   (loop first in even rounds), timed by wall clock from the end of warm-up step 3 to the last step
+   (`benchmarks/walltime.py`); the ratio new / old is taken within each round (the pair shares the host's load of
+   that minute) and reported as the median and the range over rounds.
+2. The MoE layer alone (moe-tiny's shape, 4096 tokens, forward + backward): old loop and dispatcher alternating
+   `--reps` times after a warm-up; the per-pair ratio old / new, median and range. Where the layer's own cost shows
+   without the 16000-row output projection around it.
 3. `moe-tiny +parallel=ep2` on 2 processes (gloo), with the dispatcher's exchanges (forward and backward) timed by
    wall clock on every rank: their share of the step time after warm-up. The exchanges run where the real ones
    do; only a timer is wrapped around them here.
@@ -45,8 +45,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "models"))
 from moe_loop import installed_loop  # noqa: E402  (the old loop: a test reference, not shipped)
 
 WARMUP = 3
-DENSE = ["model.moe_num_experts=0", "model.ffn_hidden_size=306", "model.name=dense-306"]
 PRESETS = ("mixtral-8x7b", "qwen-moe-a2.7b", "deepseek-v2-lite")
+MODELS = {"moe-tiny (8 experts top-2)": [], "moe-tiny, 64 experts top-2": ["model.moe_num_experts=64"]}
 
 
 def base_overrides(extra: list[str], steps: int, run_dir: str) -> list[str]:
@@ -67,31 +67,23 @@ def one_run(extra: list[str], steps: int, loop: bool = False) -> float:
     return trainer_window(run_dir, WARMUP, positions_per_step=0)["tokens_per_s"]
 
 
-VARIANTS = {  # name: (overrides, old loop?)
-    "moe-tiny, old loop": ([], True), "moe-tiny, dispatcher": ([], False),
-    "moe-tiny 64 experts, old loop": (["model.moe_num_experts=64"], True),
-    "moe-tiny 64 experts, dispatcher": (["model.moe_num_experts=64"], False),
-    "dense, ffn 306": (DENSE, False),
-}
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 def side_by_side(extra: list[str], steps: int, rounds: int) -> dict:
-    from llmtrain.config import compose_config, to_config
-    from llmtrain.models.size import flops_parameters
-    import dataclasses
-
-    cfgs = {k: to_config(compose_config(base_overrides(extra + e, steps, "/tmp/unused"))).model
-            for k, (e, _) in VARIANTS.items()}
-    active = {k: flops_parameters(dataclasses.replace(c, vocab_size=c.vocab_size or 16000)) for k, c in cfgs.items()}
-    rates = {k: [] for k in VARIANTS}
-    for _ in range(rounds):
-        for k, (e, loop) in VARIANTS.items():
-            rates[k].append(one_run(extra + e, steps, loop))
-    return {"active": active, "rates": rates}
+    """{model: {"loop": [tokens/s per round], "dispatcher": [...]}}, each round's pair back to back."""
+    rates = {m: {"loop": [], "dispatcher": []} for m in MODELS}
+    for r in range(rounds):
+        for m, overrides in MODELS.items():
+            order = ("loop", "dispatcher") if r % 2 == 0 else ("dispatcher", "loop")
+            for kind in order:
+                rates[m][kind].append(one_run(extra + overrides, steps, loop=kind == "loop"))
+    return rates
 
 
-def layer_timing(experts: int, tokens: int = 4096, reps: int = 5) -> dict:
-    """ms per forward + backward of one moe-tiny MoE layer (old loop vs dispatcher), repetitions interleaved."""
+def layer_timing(experts: int, tokens: int = 4096, reps: int = 7) -> dict:
+    """ms per forward + backward of one moe-tiny MoE layer, old loop and dispatcher alternating (one warm-up each)."""
     import paddle
 
     from llmtrain.config import compose_config, to_config
@@ -104,18 +96,22 @@ def layer_timing(experts: int, tokens: int = 4096, reps: int = 5) -> dict:
     x = paddle.randn([1, tokens, cfg.hidden_size])
     x.stop_gradient = False
 
-    def once() -> float:
-        t0 = time.perf_counter()
-        layer(x).sum().backward()
-        layer.loss_terms.clear()
-        return (time.perf_counter() - t0) * 1e3
+    def once(loop: bool) -> float:
+        import contextlib
 
+        with installed_loop() if loop else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            layer(x).sum().backward()
+            elapsed = (time.perf_counter() - t0) * 1e3
+        layer.loss_terms.clear()
+        return elapsed
+
+    once(True), once(False)  # warm-up
     times = {"loop": [], "dispatcher": []}
-    for _ in range(reps + 1):  # the first repetition warms up
-        with installed_loop():
-            times["loop"].append(once())
-        times["dispatcher"].append(once())
-    return {k: statistics.median(v[1:]) for k, v in times.items()}
+    for r in range(reps):
+        for kind in (("loop", "dispatcher") if r % 2 == 0 else ("dispatcher", "loop")):
+            times[kind].append(once(kind == "loop"))
+    return times
 
 
 def ep_worker(spec_path: str) -> None:
@@ -197,26 +193,28 @@ def traffic_table(seq_tokens: int = 4096, elem_bytes: int = 2, eps=(2, 8), facto
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=7, help="repetitions of the layer-alone timing")
     ap.add_argument("--no-ep", action="store_true", help="skip the 2-process ep2 measurement")
     ap.add_argument("--ep-worker", help=argparse.SUPPRESS)
     args, extra = ap.parse_known_args()
     if args.ep_worker:
         return ep_worker(args.ep_worker)
-    res = side_by_side(extra, args.steps, args.rounds)
-    med = {k: statistics.median(v) for k, v in res["rates"].items()}
-    print("| model | active parameters (flops_parameters) | tokens/s (median) | rounds |")
+    rates = side_by_side(extra, args.steps, args.rounds)
+    print("| model | old loop tokens/s (rounds) | dispatcher tokens/s (rounds) | new / old, median (range) |")
     print("|---|---|---|---|")
-    for k, v in res["rates"].items():
-        print(f"| {k} | {res['active'][k] / 1e6:.3f}M | {med[k]:.0f} | {', '.join(f'{x:.0f}' for x in v)} |")
-    print(f"\ndispatcher / old loop tokens/s: 8 experts {med['moe-tiny, dispatcher'] / med['moe-tiny, old loop']:.2f}, "
-          f"64 experts {med['moe-tiny 64 experts, dispatcher'] / med['moe-tiny 64 experts, old loop']:.2f}; "
-          f"moe-tiny (dispatcher) / dense: {med['moe-tiny, dispatcher'] / med['dense, ffn 306']:.2f}")
-    print("\n| MoE layer, 4096 tokens, fwd + bwd | old loop ms | dispatcher ms | old / new |")
+    for m, r in rates.items():
+        ratios = [b / a for a, b in zip(r["loop"], r["dispatcher"])]
+        print(f"| {m} | {', '.join(f'{x:.0f}' for x in r['loop'])} | {', '.join(f'{x:.0f}' for x in r['dispatcher'])} "
+              f"| {spread(ratios)} |")
+    print(f"\n| MoE layer alone, 4096 tokens, fwd + bwd ({args.reps} pairs) | old loop ms, median "
+          "| dispatcher ms, median | old / new, median (range) |")
     print("|---|---|---|---|")
     for e in (8, 64):
-        t = layer_timing(e)
-        print(f"| {e} experts top-2 | {t['loop']:.1f} | {t['dispatcher']:.1f} | {t['loop'] / t['dispatcher']:.2f} |")
+        t = layer_timing(e, reps=args.reps)
+        ratios = [a / b for a, b in zip(t["loop"], t["dispatcher"])]
+        print(f"| {e} experts top-2 | {statistics.median(t['loop']):.1f} | {statistics.median(t['dispatcher']):.1f} "
+              f"| {spread(ratios)} |")
     if not args.no_ep:
         ranks = ep_share(extra, args.steps)
         print("\n| ep2 rank | steps timed | step time s | dispatcher exchanges s/step | share |")

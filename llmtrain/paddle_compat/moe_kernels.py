@@ -5,10 +5,11 @@
 
 `paddle.incubate.nn.functional.moe_combine(x, combine_weights, scatter_index)` computes, in one kernel with its
 own backward (`moe_combine_grad`), y[t] = sum_j combine_weights[t, j] * x[scatter_index[t, j]]: x [N, h] 2-D,
-combine_weights [T, k] of x's dtype (the kernel reads both through one type), scatter_index [T, k] int32
-(Paddle 3.3.1's GPU kernel indexes it row-major as [T, k]; its docstring's "[k, s]" is what `moe_gate_dispatch`
-returns before ERNIE transposes it). That is step 7 of `llmtrain.models.experts`' formulation, so the GPU path
-replaces the gather, the weighting and the sum over k (three kernels and a [T k, h] intermediate) by one.
+combine_weights [T, k] of x's dtype (the kernel reads both through one type and sums the k terms in it),
+scatter_index [T, k] int32 (Paddle 3.3.1's GPU kernel indexes it row-major as [T, k]; its docstring's "[k, s]" is
+what `moe_gate_dispatch` returns before ERNIE transposes it). That is step 7 of `llmtrain.models.experts`'
+formulation, so the GPU path replaces the gather, the weighting and the sum over k (three kernels and a [T k, h]
+intermediate) by one.
 
 Chosen (`fused_combine_available`) on a CUDA device when the installed Paddle is the tested release
 (`TESTED_PADDLE_VERSION`: its signature and semantics were read there) and has the function; otherwise the
@@ -19,8 +20,8 @@ Why not Paddle's dispatch kernels as well (read in 3.3.1): `moe_gate_dispatch` a
 choose the top-k experts themselves from the gate scores (route()'s expert bias, group-limited routing and
 capacity order would be bypassed); `moe_gate_dispatch_partial_nosoftmaxtopk` takes the choices but copies expert
 offsets to the host and synchronises the stream inside its forward; `moe_permute` needs the per-expert token
-counts as a host list (a sync) and has no backward of its own. The dispatch stays one `index_add` (step 5), whose
-backward is a gather.
+counts as a host list (a sync) and has no backward of its own. The dispatch stays one gather through the inverse
+map (step 5), whose backward is one index_add.
 """
 from __future__ import annotations
 

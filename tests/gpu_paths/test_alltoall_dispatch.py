@@ -106,7 +106,8 @@ def test_two_rank_alltoall_equals_one_process(tiny_llama, monkeypatch, factor):
     stand_in = checked(dist.alltoall_single, group.alltoall_single,
                        ("out_tensor", "in_tensor", "in_split_sizes", "out_split_sizes", "group"))
     monkeypatch.setattr(ep_module.dist, "alltoall_single", stand_in)
-    monkeypatch.setattr(ep_module.dist, "all_reduce", checked(dist.all_reduce, group.all_reduce, ("tensor", "op", "group")))
+    reduce_max = checked(dist.all_reduce, group.all_reduce, ("tensor", "op", "group"))
+    monkeypatch.setattr(ep_module.dist, "all_reduce", reduce_max)
     layers = []
     with reaches("alltoall-dispatch"), monkeypatch.context() as gpu:
         gpu.setattr(paddle, "get_device", lambda *a: "gpu:0")

@@ -60,7 +60,7 @@ class _Combine(PyLayer):
 def reference_moe_combine(x, combine_weights, scatter_index, **_defaults):
     """What the GPU kernel computes, after the checks its wrapper and kernel make (Paddle 3.3.1)."""
     assert x.ndim == 2, f"moe_combine: x must be 2-D, got {x.shape}"
-    assert scatter_index.dtype == paddle.int32, f"moe_combine only supports int32 scatter_index, got {scatter_index.dtype}"
+    assert scatter_index.dtype == paddle.int32, f"moe_combine: int32 scatter_index only, got {scatter_index.dtype}"
     assert combine_weights.dtype == x.dtype, (combine_weights.dtype, x.dtype)
     assert list(scatter_index.shape) == list(combine_weights.shape) and combine_weights.ndim == 2
     ids = scatter_index.numpy()
