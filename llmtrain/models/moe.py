@@ -45,9 +45,11 @@ The routed experts are stacked tensors `experts.w_gate/w_up/w_down`
 [E, h, f] / [E, h, f] / [E, f, h] tagged with expert axis 0 (`tags.set_expert_axis`); a plan that
 spreads experts over ranks (expert parallelism) builds them through
 `Roles.experts` holding a contiguous block of E and passes a dispatcher that
-brings every token to the rank of its experts (`llmtrain/parallel/experts.py`).
+moves the expert-major token buffer [E, C, h] between the ranks (`llmtrain/parallel/experts.py`).
 The model never asks which experts are local: it hands all (token, expert,
-weight) choices to `llmtrain.models.experts.Experts`, which computes the ones it holds.
+weight) choices to `llmtrain.models.experts.Experts`, which lays them out, computes the ones it holds and
+combines the outputs. No value is read on the host during the forward except, dropless, C (one read per layer,
+`llmtrain.models.dispatch`); the routing statistics stay on the device until `MoEStats.finish_step`.
 """
 from __future__ import annotations
 

@@ -120,10 +120,10 @@ def test_a_step_makes_at_most_one_host_sync_per_moe_layer(experts):
         calls = step_syncs(model, ids)
         assert len(calls) == per_layer * layers, calls
         assert all(where.endswith("llmtrain/models/dispatch.py:" + where.rsplit(":", 1)[1]) for _, where in calls)
-        with installed_loop():  # the counter is honest: the old loop's per-expert nonzero is seen
-            old = step_syncs(model, ids)
-        assert sum(name == "paddle.nonzero" for name, _ in old) == experts * layers  # one per expert and layer
-        assert len(old) > layers
+    with installed_loop():  # the counter is honest: the old loop's per-expert nonzero is seen
+        old = step_syncs(model, ids)
+    assert sum(name == "paddle.nonzero" for name, _ in old) == experts * layers  # one per expert and layer
+    assert len(old) > layers
 
 
 def test_the_counter_sees_each_kind_of_read():
