@@ -67,13 +67,14 @@ def _op_counts(row: dict) -> tuple[int, int, int, int, int]:
     (kernels.py) for one host_model.json row, the model configured as benchmarks/planner.py configures the H200
     rows."""
     from llmtrain.config import compose_config, register_configs, to_config
-    from llmtrain.plan.kernels import micro_batch_kernels
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
     from benchmarks.planner import h200_overrides
 
     register_configs()
     a = row["arch"]
     cfg = to_config(compose_config(h200_overrides(a, row["micro_batch"], row["recompute"]))).model
-    mb = micro_batch_kernels(cfg, row["micro_batch"], a["seq"], 1, 2, True, True, "full" if row["recompute"] else "none")
+    mb = micro_batch_kernels(MicroBatchSpec(cfg, row["micro_batch"], a["seq"], 1, 2, True, True,
+                                            "full" if row["recompute"] else "none"))
     f, b = mb.forward, mb.backward
     nf = sum(k.kind != "view" for k in f)
     nb = sum(k.kind != "view" and k.host != "launch" for k in b)

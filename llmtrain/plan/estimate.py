@@ -55,7 +55,9 @@ import math
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
-from llmtrain.plan.timeline import step_compute
+from llmtrain.plan.kernels import MicroBatchSpec
+from llmtrain.plan.moe import MoEPlan
+from llmtrain.plan.timeline import StepSpec, step_compute
 
 OVERLAP = 0.8
 RECOMPUTE = ("none", "full", "selective")
@@ -249,18 +251,38 @@ def prod_(shape) -> int:
     return out
 
 
-def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: float = 1) -> dict:
+MOE_IMBALANCE = 1.25
+"""The stated dropless imbalance when none is given (`plan.moe_imbalance`): the largest expert's load over the
+mean, which sets the dropless dispatch buffer's rows per expert (llmtrain/plan/moe.py)."""
+
+
+def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None) -> MoEPlan:
+    """How a rank of `layout` runs its MoE layers: ep and its dispatcher from the layout, the ep group's link
+    (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance."""
+    ep = getattr(layout, "ep", 1)
+    stride = layout.tp * layout.sharding * layout.pp
+    return MoEPlan(ep=ep, dispatcher=getattr(layout, "ep_dispatcher", "alltoall") if dev.async_launch else "allgather",
+                   imbalance=MOE_IMBALANCE if imbalance is None else imbalance,
+                   link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0))
+
+
+def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: float = 1,
+                     moe: MoEPlan | None = None) -> dict:
     """The compute part of a step on the slowest pipeline stage (timeline.step_compute), selective recompute's
     extra attention forward added; `local_ranks` processes of the job on one host (a CPU profile's
-    `shared_host` slowdown)."""
+    `shared_host` slowdown); `moe`: how the MoE layers run (expert parallelism, dropless imbalance)."""
     s, b, t, p, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.grad_accum
     gpu = dev.async_launch
+    cp = getattr(layout, "cp", 1)
 
     def stage_compute(stage, ranks):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
-        return step_compute(dev, cfg, b, s, t, m, gpu, flash, "full" if mode == "full" else "none",
-                            cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned,
-                            sp=bool(getattr(layout, "sequence_parallel", False)), local_ranks=ranks)
+        n = cfg.num_layers / p
+        micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none", n,
+                               stage == 0, stage == p - 1, bool(getattr(layout, "sequence_parallel", False)),
+                               math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
+                               first_layer=int(round(stage * n)), cp=cp, moe=moe)
+        return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
 
     stages = sorted({0, p - 1})
     ends = {st: stage_compute(st, local_ranks) for st in stages}
@@ -296,7 +318,7 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
 
 
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
-                  amp: str = "bf16") -> dict:
+                  amp: str = "bf16", moe_imbalance: float | None = None) -> dict:
     mode = recompute_mode(recompute)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
@@ -304,7 +326,8 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
-    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node))
+    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
+    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
@@ -382,6 +405,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     tokens = layout.global_batch * s
     world = layout.world
     return {"compute_s": compute, "host_s": comp["host_s"], "device_s": comp["device_s"],
+            "ep_comm_s": comp["by_kind_s"].get("comm", 0.0),
             "kernels_per_step": comp["kernels_per_step"], "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
             "bubble_s": bubble, "loop_comm_s": loop_comm, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
             "mfu": tokens * per_token / step / world / dev.peak_flops}
