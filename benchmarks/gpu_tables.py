@@ -58,12 +58,28 @@ def moe_shapes(smoke: bool) -> dict:
                                     MoE(64, 6, 1408, 2816, norm_topk=False, aux_coef=0.001))}
 
 
-def moe_rows(smoke: bool) -> dict:
-    """moe_steps rows: name -> (Arch, MoE, micro_batch, timed steps)."""
+def moe_rows(smoke: bool, which: str = "all") -> dict:
+    """moe_steps rows: name -> (Arch, MoE, micro_batch, timed steps). `which`: "all" (the first sweep) or
+    "followup": the expert-major scan (`MoE.scan` experts) with capacity and dropless, the agreed (tokens) scan
+    dropless and, for the Qwen shape, with capacity, the grouped reference and the loop, every row of a shape and
+    micro-batch from the same weights and batch (a seed per shape and micro-batch)."""
     import dataclasses as dc
 
     rows = {}
     shapes = moe_shapes(smoke)
+    if which == "followup":
+        first = next(iter(shapes))
+        for name, (a, m) in shapes.items():
+            for mb in (1, 2):
+                for cf, tag in ((1.25, "cap1.25"), (0.0, "dropless")):
+                    rows[f"{name}-mb{mb}-slots_emajor-{tag}"] = (a, dc.replace(m, capacity_factor=cf, scan="experts"), mb, 10)
+                rows[f"{name}-mb{mb}-slots-dropless"] = (a, dc.replace(m, capacity_factor=0.0), mb, 10)
+                rows[f"{name}-mb{mb}-grouped-dropless"] = (a, dc.replace(m, capacity_factor=0.0, impl="grouped"), mb, 6)
+                if name == first:
+                    rows[f"{name}-mb{mb}-slots-cap1.25"] = (a, dc.replace(m, capacity_factor=1.25), mb, 10)
+        rows[f"{first}-mb1-loop-cap1.25"] = (shapes[first][0], dc.replace(shapes[first][1], capacity_factor=1.25,
+                                                                           impl="loop"), 1, 5)
+        return rows
     for name, (a, m) in shapes.items():
         for mb in (1, 2):
             for cf, tag in ((1.25, "cap1.25"), (0.0, "dropless")):
@@ -111,8 +127,15 @@ def _timed_steps(b: Bench, model, opt, batch, warmup: int, n: int) -> list[float
 
 
 def run_moe_steps(b: Bench, deadline: float):
-    for name, (a, m, mb, n) in moe_rows(b.args.smoke).items():
+    import zlib
+
+    import gpu_moe
+
+    for name, (a, m, mb, n) in moe_rows(b.args.smoke, b.args.moe_set).items():
         row = {"name": name, "arch": a.as_dict(), "moe": m.as_dict(), "micro_batch": mb}
+        if b.args.moe_set == "followup":  # the same weights and batch for every row of a shape and micro-batch
+            b.gen.manual_seed(zlib.crc32(name.rsplit("-", 2)[0].encode()))
+            row["seed"] = "crc32 of " + name.rsplit("-", 2)[0]
         if time.time() > deadline:
             row["error"] = "time budget spent before this row"
             b.add("moe_steps", row)
@@ -124,7 +147,14 @@ def run_moe_steps(b: Bench, deadline: float):
             opt = MasterAdamW(model.parameters())
             row.update(params=sum(p.numel() for p in model.parameters()), tensors=len(opt.params))
             batch = make_batch(a, mb, b.dev, b.gen)
-            times = _timed_steps(b, model, opt, batch, 2 if n < 10 else 3, n if not b.args.smoke else 2)
+            for _ in range(2 if n < 10 else 3):
+                train_step(model, opt, batch)
+            gpu_moe.CAPACITIES.clear()
+            times = _timed_steps(b, model, opt, batch, 0, n if not b.args.smoke else 2)
+            if m.impl == "slots":  # C of every layer of every timed step (dropless: the host reads)
+                L = a.layers
+                row["capacities"] = [gpu_moe.CAPACITIES[i:i + L] for i in range(0, len(gpu_moe.CAPACITIES), L)]
+                row["capacity_mean_factor"] = statistics.mean(gpu_moe.CAPACITIES) / (mb * a.seq * m.top_k / m.experts)
             row.update(step_s=times, step_s_median=statistics.median(times),
                        tokens_per_s=mb * a.seq / statistics.median(times))
             loads = []  # per layer of one more forward: (max, mean) choices per expert
@@ -164,24 +194,25 @@ def expert_gemms(E: int, C: int, h: int, f: int) -> list[tuple]:
             (E, h, 2 * f, C, "tn"), (E, f, h, C, "tn")]
 
 
-DROPLESS_C = (1.0, 1.1, 1.2, 1.35, 1.5)
+DROPLESS_C = (1.0, 1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0)
 """Dropless capacities measured: C = factor x T k / E (the largest expert's load is not known before the run)."""
 
 
-def bmm_shapes(smoke: bool) -> list[tuple]:
+def bmm_shapes(smoke: bool, factors=DROPLESS_C) -> list[tuple]:
     out = set()
     for a, m in moe_shapes(smoke).values():
         for mb in (1, 2):
             T = mb * a.seq
             mean = T * m.top_k / m.experts
-            cs = {math.ceil(1.25 * mean)} | {int(round(x * mean)) for x in DROPLESS_C}
+            cs = {math.ceil(1.25 * mean)} | {int(round(x * mean)) for x in factors}
             for C in cs:
                 out.update(expert_gemms(m.experts, C, a.hidden, m.ffn))
     return sorted(out)
 
 
 def run_bmm(b: Bench, deadline: float):
-    for E, m, n, k, lay in bmm_shapes(b.args.smoke):
+    factors = tuple(float(x) for x in b.args.bmm_c.split(",")) if b.args.bmm_c else DROPLESS_C
+    for E, m, n, k, lay in bmm_shapes(b.args.smoke, factors):
         if time.time() > deadline:
             b.add("bmm", {"note": "time budget spent"})
             return
@@ -256,6 +287,10 @@ def moe_op_makers(b: Bench, n: int, width: int, k: int):
         "moe_logsumexp": lambda: (lambda x=torch.randn(n, E, device=dev, generator=b.gen): torch.logsumexp(x, -1)),
         "moe_logsumexp_bwd": grad_of(lambda x: torch.logsumexp(x, -1), (n, E)),
         f"moe_topk{k}": lambda: (lambda x=torch.randn(n, E, device=dev, generator=b.gen): torch.topk(x, k, -1)),
+        # the expert-major scan (gpu_moe.MoE.scan "experts"): transposing copy, scan along [E, n], column sum
+        "moe_t_copy_i64": lambda: (lambda o=onehot(): o.t().contiguous()),
+        "moe_cumsum_emajor": lambda: (lambda o=onehot().t().contiguous(): torch.cumsum(o, 1)),
+        "moe_sum0_emajor": lambda: (lambda o=onehot().t().contiguous(): o.sum(0)),
     }
     h = width  # row classes: [n, h] bf16
     R = max(1, n // 2)
@@ -296,6 +331,8 @@ def run_moe_ops(b: Bench, deadline: float):
         for n, width, k in sizes:
             ops, row_ops = moe_op_makers(b, n, width, k)
             for op, make in (ops if kind == "route" else row_ops).items():
+                if b.args.ops and op not in b.args.ops.split(","):
+                    continue
                 if time.time() > deadline:
                     b.add("moe_ops", {"note": "time budget spent"})
                     return
@@ -412,6 +449,9 @@ def main(argv=None):
     ap.add_argument("--steps-n", type=int, default=10)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. moe_steps=200,bmm=60")
+    ap.add_argument("--moe-set", default="all", choices=("all", "followup"), help="moe_steps rows (moe_rows)")
+    ap.add_argument("--ops", default="", help="moe_ops: only these op classes (comma list)")
+    ap.add_argument("--bmm-c", default="", help="bmm: dropless C factors of T k / E (default DROPLESS_C)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.reps = min(args.reps, 3)

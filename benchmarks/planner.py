@@ -6,6 +6,7 @@
                                                          # the CPU table alone: N interleaved passes of the ten
                                                          # runs, each after its own calibration; --no-run:
                                                          # re-predict the last runs
+    python benchmarks/planner.py --h200-moe --h200-long  # MoE and 16k-64k twin steps (benchmarks/data/h200_moe)
     python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps_pass*.json, default
                                                          # benchmarks/data/h200) against the h200 profile (fitted by
                                                          # benchmarks/fit_h200.py)
@@ -372,9 +373,107 @@ def h200_table(data_dir: str = H200_DATA) -> None:
           "within 10% (against the median of the three passes)")
 
 
+H200_MOE_DATA = "benchmarks/data/h200_moe"
+
+
+def h200_moe_overrides(arch: dict, moe: dict, micro_batch: int, imbalance: float) -> list[str]:
+    """Planner overrides for one moe_steps.json row (benchmarks/gpu_moe.py's twin): the dense row's overrides
+    (`h200_overrides`: the attention, the shared expert as the fused dense FFN) with every block MoE, the row's
+    experts, top-k, widths, router and losses, its capacity factor (0: dropless) and, for dropless, the row's
+    routing imbalance as the stated factor (`plan.moe_imbalance`: an input of the routing, not a time)."""
+    m = moe
+    return h200_overrides(arch, micro_batch, False) + [
+        f"model.moe_num_experts={m['experts']}", f"model.moe_top_k={m['top_k']}", f"model.moe_ffn_hidden_size={m['ffn']}",
+        f"model.moe_num_shared_experts={m['shared_ffn'] // m['ffn']}", "model.moe_first_dense_layers=0",
+        "model.moe_router=softmax", f"model.moe_norm_topk={str(m['norm_topk']).lower()}",
+        f"model.moe_aux_loss_coef={m['aux_coef']}", f"model.moe_z_loss_coef={m['z_coef']}",
+        f"model.moe_capacity_factor={m['capacity_factor']}", f"plan.moe_imbalance={imbalance:.4f}"]
+
+
+def h200_moe_rows(data_dir: str = H200_MOE_DATA, impl: str = "slots") -> list[dict]:
+    """Predicted vs measured step time of the MoE twin's rows of one formulation (moe_steps.json; never fitted).
+    The dropless rows' stated imbalance is each row's measured routing (`imbalance`: the mean over layers of the
+    busiest expert's load over the mean load, read from one forward after the timed steps)."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for r in json.loads((Path(data_dir) / "moe_steps.json").read_text())["rows"]:
+        if r.get("moe", {}).get("impl") != impl or not r.get("step_s_median"):
+            continue
+        pred = _row(h200_moe_overrides(r["arch"], r["moe"], r["micro_batch"], r["imbalance"]))
+        out.append({"name": r["name"], "measured_s": r["step_s_median"], "predicted_s": pred["step_time_s"],
+                    "error": pred["step_time_s"] / r["step_s_median"] - 1, "imbalance": r["imbalance"],
+                    "busy_s": r.get("kernel_time_s"), "host_s": pred["host_s"], "device_s": pred["device_s"],
+                    "memory_allocated": pred["memory_bytes"]["allocated"], "peak_measured": r.get("peak_mem_bytes")})
+    return out
+
+
+def h200_moe_table(data_dir: str = H200_MOE_DATA) -> None:
+    import json
+    from pathlib import Path
+
+    measured = {r["name"]: r for r in json.loads((Path(data_dir) / "moe_steps.json").read_text())["rows"]
+                if r.get("step_s_median")}
+    print("\n| MoE row (H200 twin, seq 4096) | measured s | predicted s | error | stated imbalance | predicted host / "
+          "device s | GPU busy s (profiled) | predicted / measured peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = h200_moe_rows(data_dir)
+    for r in rows:
+        print(f"| {r['name']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | "
+              f"{r['imbalance']:.2f} | {r['host_s']:.4f} / {r['device_s']:.4f} | {r['busy_s'] or 0:.4f} | "
+              f"{r['memory_allocated'] / 2**30:.1f} / {(r['peak_measured'] or 0) / 2**30:.1f} |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+          f"{sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%")
+    print("\n| shape, micro-batch | slots cap 1.25 s | slots dropless s | grouped GEMM (dropless) s | loop cap 1.25 s | "
+          "loop / slots (cap) | slots / grouped (cap; dropless) |")
+    print("|---|---|---|---|---|---|---|")
+    for key in sorted({n.rsplit("-", 2)[0] for n in measured}):
+        get = lambda tag: measured.get(f"{key}-{tag}", {}).get("step_s_median")  # noqa: E731
+        cap, drop, grp, loop = get("slots-cap1.25"), get("slots-dropless"), get("grouped-dropless"), get("loop-cap1.25")
+        fmt = lambda x: f"{x:.4f}" if x else "-"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+        print(f"| {key} | {fmt(cap)} | {fmt(drop)} | {fmt(grp)} | {fmt(loop)} | {ratio(loop, cap)} | "
+              f"{ratio(cap, grp)}; {ratio(drop, grp)} |")
+
+
+def h200_long_rows(data_dir: str = H200_MOE_DATA) -> list[dict]:
+    """Predicted vs measured step time of the dense twin at 16k-64k tokens (long_steps.json; never fitted)."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for r in json.loads((Path(data_dir) / "long_steps.json").read_text())["rows"]:
+        if not r.get("step_s_median"):
+            continue
+        pred = _row(h200_overrides(r["arch"], r["micro_batch"], r["recompute"]))
+        out.append({"name": r["name"], "measured_s": r["step_s_median"], "predicted_s": pred["step_time_s"],
+                    "error": pred["step_time_s"] / r["step_s_median"] - 1, "busy_s": r.get("kernel_time_s"),
+                    "memory_allocated": pred["memory_bytes"]["allocated"], "peak_measured": r.get("peak_mem_bytes")})
+    return out
+
+
+def h200_long_table(data_dir: str = H200_MOE_DATA) -> None:
+    rows = h200_long_rows(data_dir)
+    print("\n| long row (H200 twin, one micro-batch) | measured s | predicted s | error | GPU busy s (profiled) | "
+          "predicted allocated / measured peak GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | "
+              f"{r['busy_s'] or 0:.4f} | {r['memory_allocated'] / 2**30:.1f} / {(r['peak_measured'] or 0) / 2**30:.1f} |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+          f"{sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%")
+
+
 if __name__ == "__main__":
     register_configs()
-    if "--cpu-only" not in sys.argv and "--h200-only" not in sys.argv:
+    if "--h200-moe" in sys.argv:
+        h200_moe_table()
+    if "--h200-long" in sys.argv:
+        h200_long_table()
+    if not {"--cpu-only", "--h200-only", "--h200-moe", "--h200-long"} & set(sys.argv):
         main()
         megatron_table()
         ratio_table()

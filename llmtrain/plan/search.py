@@ -56,7 +56,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes)
     est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
-                        "none" if amp == "none" else "bf16")
+                        "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp)
     return {"name": name, "dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "virtual_pp": layout.virtual_pp,
             "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
