@@ -55,6 +55,10 @@ class MoEPlan:
     """Dropless: the largest expert's load over the mean load T k / E (1.0: perfectly balanced); sets C."""
     link: tuple = (0.0, 0.0)
     """(bandwidth bytes/s, alpha s) of the ep group's links (estimate._link)."""
+    scan: str = "tokens"
+    """How the queue places are scanned: `tokens` (the agreed formulation: cumsum over axis 0 of the one-hot
+    [k T, E]) or `experts` (the one-hot held expert-major [E, k T]: a transposing copy, the cumsum along the
+    contiguous axis, a sum over the experts)."""
 
 
 def capacity(cfg, T: int, plan: MoEPlan) -> int:
@@ -83,6 +87,13 @@ def _tiny(n: float, count: int = 1) -> list:
     return [mem("add", n)] * count
 
 
+def _scan(n: float, plan: MoEPlan) -> list:
+    """cumsum of the one-hot (n elements), times the one-hot, summed over the experts: the queue places."""
+    if plan.scan == "experts":
+        return [mem("moe_cumsum_emajor", n), mem("moe_mul_i64", n), mem("moe_sum0_emajor", n)]
+    return [mem("moe_cumsum", n), mem("moe_mul_i64", n), mem("moe_rowsum_i64", n)]
+
+
 def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     """Add the kernels of one MoE feed-forward over this rank's T tokens to the pass `p` (module docstring)."""
     h, E, k, f = cfg.hidden_size, cfg.moe_num_experts, cfg.moe_top_k, cfg.expert_ffn_size()
@@ -105,13 +116,12 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
         p.op(_tiny(T * k, 2), _tiny(T * k, 3))
     p.op([mem("moe_one_hot", kTE), mem("moe_colsum_i64", kTE)] + _tiny(E, 2))  # one_hot [T, k, E]; counts
     if cap:  # queue positions in slot-major order, the drop mask, index = where(keep, index, -1)
-        p.op([mem("moe_mul_i64", kTE), mem("moe_cumsum", kTE), mem("moe_mul_i64", kTE), mem("moe_rowsum_i64", kTE),
-              view("reshape"), view("t")] + _tiny(kT, 6))
+        p.op([mem("moe_mul_i64", kTE)] + _scan(kTE, plan) + [view("reshape"), view("t")] + _tiny(kT, 6))
         p.op(_tiny(T * k, 2), _tiny(T * k))  # weight * keep
     # Experts.forward: slot-major choices, queue places, slots
     p.op(_tiny(kT, 5))  # index.T.reshape, arange, repeat, >= 0, clamp
-    p.op([mem("moe_one_hot", kTE), mem("moe_mul_i64", kTE), mem("moe_cumsum", kTE), mem("moe_mul_i64", kTE),
-          mem("moe_rowsum_i64", kTE)] + _tiny(kT))
+    p.op([mem("moe_one_hot", kTE), mem("moe_mul_i64", kTE)] + ([mem("moe_t_copy_i64", kTE)] if plan.scan == "experts" else [])
+         + _scan(kTE, plan) + _tiny(kT))
     if not cap:  # dropless: C = int(counts.max()), the one host read of the layer
         p.op(_tiny(E) + [Kernel("sync", "host_read")])
     p.op(_tiny(kT, 4))  # idx * C + pos, the trash row, where
