@@ -7,15 +7,21 @@
 `llmtrain/models/moe.py` (router, `route()`, routed experts, shared expert, balancing losses), the routed
 experts run three ways (`MoE.impl`):
 
-- `slots`: the formulation agreed for llmtrain's `Experts.forward` (the team plan's "MoE formulation"), op for op:
-  choices in slot-major order (idx = index.T.reshape([k T]), tok = arange(T) tiled k times); one_hot(idx) with
-  dropped rows zeroed; pos = (cumsum(onehot, 0) * onehot).sum(-1) - 1; C = ceil(factor T k / E) (capacity) or
-  int(counts.max()) (dropless: the one host read per layer, recorded in `CAPACITIES`); `MoE.scan`
-  "experts" computes the same places with the one-hot held expert-major [E, k T] (the scan along its
-  contiguous axis: PyTorch's cumsum over axis 0 of [k T, E] runs ~0.2-0.4 us per row on the H200); slot = idx C + pos, dropped -> the trash row E C;
-  buffer [E C + 1, h] zeros, index_add of x[tok] (a row gather) at `slot`; [E, C, h] bmm [E, h, 2f] (gate and up
-  concatenated at every forward: `fuse_ffn`), silu(g) * u, bmm [E, f, h]; gather the rows at slot (dropped: row 0,
-  weight 0), times the slot-major weights, sum over the k choices;
+- `slots`: llmtrain's `Experts.forward` as `llmtrain/models/experts.py` writes it (the team plan's formulation with
+  the MOE-FORMULATION change of step 5), op for op: choices in slot-major order (idx = index.T.reshape([k T]));
+  one_hot(idx) with dropped rows zeroed; pos = (cumsum(onehot, 0) * onehot).sum(-1) - 1; C = ceil(factor T k / E)
+  (capacity) or int(counts.max()) (dropless: the one host read per layer, recorded in `CAPACITIES`);
+  slot = idx C + pos, dropped -> E C; source = scatter(full([E C + 1], T), slot, tile(arange(T), k))[:E C] (the
+  token of each buffer row, T if empty); buffer = gather(concat(x, zeros([1, h])), source) -> [E, C, h] (its
+  backward one index_add of the buffer's gradient into [T + 1, h]); [E, C, h] bmm [E, h, 2f] (gate and up
+  concatenated at every forward: `fuse_ffn`), silu(g) * u, bmm [E, f, h]; combine in token-major order: the rows
+  at row = slot (dropped: row 0, weight 0) laid out [T, k], gathered [T, k, h], times the weights [T, k, 1],
+  summed over k. Variants for the record (`MoE.dispatch` "index_add": the plan before that change, x[tok]
+  index_added into the buffer at `slot`);
+- `MoE.scan`: how `cumsum(onehot, 0)` runs. "paddle" (the default) writes out Paddle's GPU cumsum kernel for an
+  axis that is not the last (paddle/phi/kernels/gpu/cum_kernel.cu: a transpose to [E, k T], a block scan along
+  the contiguous axis, a transpose back); "torch" is PyTorch's own cumsum over axis 0 of [k T, E], a different
+  algorithm that runs ~0.2-0.4 us per row on the H200 (2.7 ms at k T = 16384): not what llmtrain runs;
 - `loop`: main's `Experts.forward` before that change: per expert `nonzero(index == j)` (a device-to-host sync
   each), gather, three matmuls, weight, `index_add` into [T, h];
 - `grouped`: a grouped-GEMM reference (Megatron's/torchtitan's permute + grouped GEMM): choices stably sorted by
@@ -51,7 +57,8 @@ class MoE:
     shared_ffn: int = 0  # width of the shared expert(s) as one FFN (0: none)
     capacity_factor: float = 0.0  # 0: dropless
     impl: str = "slots"  # slots | loop | grouped
-    scan: str = "tokens"  # slots: queue places by a cumsum over axis 0 of [k T, E] (tokens) or over [E, k T] (experts)
+    scan: str = "paddle"  # cumsum over axis 0 of [k T, E]: Paddle's GPU kernel written out (paddle) or PyTorch's (torch)
+    dispatch: str = "gather"  # slots: gather through the inverse map (llmtrain) | index_add (the plan before a593f33)
     norm_topk: bool = True
     aux_coef: float = 0.01
     z_coef: float = 0.0
@@ -61,6 +68,14 @@ class MoE:
 
     def capacity(self, tokens: int) -> int:
         return int(math.ceil(self.capacity_factor * tokens * self.top_k / self.experts))
+
+
+def cumsum0(onehot, moe: MoE):
+    """cumsum over axis 0 of [n, E] as `moe.scan` says (module docstring): Paddle's kernel written out (transpose,
+    scan along the contiguous axis, transpose back) or PyTorch's own."""
+    if moe.scan == "paddle":
+        return torch.cumsum(onehot.t().contiguous(), 1).t().contiguous()
+    return torch.cumsum(onehot, 0)
 
 
 def route(logits, moe: MoE):
@@ -78,12 +93,8 @@ def route(logits, moe: MoE):
         counts = onehot.sum((0, 1)).float()  # [E]
         dropped = torch.zeros((), device=logits.device)
         if moe.capacity_factor > 0:
-            if moe.scan == "experts":  # expert-major [E, k T]: the scan runs along the contiguous axis
-                ordered = onehot.permute(2, 1, 0).reshape(E, k * T)
-                place = (torch.cumsum(ordered, 1) * ordered).sum(0)  # [k T] 1-based place in its expert's queue
-            else:
-                ordered = onehot.transpose(0, 1).reshape(k * T, E)  # slot-major
-                place = (torch.cumsum(ordered, 0) * ordered).sum(-1)  # 1-based place in its expert's queue
+            ordered = onehot.transpose(0, 1).reshape(k * T, E)  # slot-major
+            place = (cumsum0(ordered, moe) * ordered).sum(-1)  # 1-based place in its expert's queue
             keep = (place <= moe.capacity(T)).reshape(k, T).t()  # [T, k]
             dropped = (~keep).float().sum()
             index = torch.where(keep, index, torch.full_like(index, -1))
@@ -93,30 +104,30 @@ def route(logits, moe: MoE):
 
 
 def experts_slots(moe: MoE, x, index, weight, counts, w_gate, w_up, w_down):
-    """The agreed formulation (module docstring). x [T, h]; index/weight [T, k]; w_gate/w_up [E, h, f],
+    """llmtrain's formulation (module docstring). x [T, h]; index/weight [T, k]; w_gate/w_up [E, h, f],
     w_down [E, f, h] -> [T, h]. Dropless reads int(counts.max()) once (the layer's one host sync)."""
     T, h = x.shape
     E, k = moe.experts, moe.top_k
     idx = index.t().reshape(-1)  # [k T] slot-major
-    tok = torch.arange(T, device=x.device).repeat(k)  # [k T] token of each choice
     keep = idx >= 0
     onehot = F.one_hot(idx.clamp(min=0), E) * keep[:, None]  # [k T, E], dropped rows zero
-    if moe.scan == "experts":  # the same places, scanned along the contiguous axis of [E, k T]
-        onehot = onehot.t().contiguous()
-        pos = (torch.cumsum(onehot, 1) * onehot).sum(0) - 1
-    else:
-        pos = (torch.cumsum(onehot, 0) * onehot).sum(-1) - 1  # [k T] place in its expert's queue
+    pos = (cumsum0(onehot, moe) * onehot).sum(-1) - 1  # [k T] place in its expert's queue
     C = moe.capacity(T) if moe.capacity_factor > 0 else int(counts.max())  # dropless: the host read
     CAPACITIES.append(C)
     slot = torch.where(keep, idx * C + pos, torch.full_like(idx, E * C))  # [k T]; dropped -> trash row E C
-    buf = torch.zeros(E * C + 1, h, device=x.device, dtype=x.dtype)
-    buf = buf.index_add(0, slot, x.index_select(0, tok))  # dispatch: [E C + 1, h]
-    xe = buf[: E * C].view(E, C, h)  # [E, C, h] expert-major
+    tok = torch.arange(T, device=x.device).repeat(k)  # [k T] token of each choice
+    if moe.dispatch == "index_add":  # the plan before a593f33: x[tok] index_added at `slot`
+        buf = torch.zeros(E * C + 1, h, device=x.device, dtype=x.dtype)
+        xe = buf.index_add(0, slot, x.index_select(0, tok))[: E * C].view(E, C, h)
+    else:  # the inverse map: the token of each buffer row (T: empty), gathered from x with a zero row appended
+        source = torch.full((E * C + 1,), T, device=x.device, dtype=torch.int64).scatter_(0, slot, tok)[: E * C]
+        padded = torch.cat([x, x.new_zeros(1, h)])  # [T + 1, h]
+        xe = padded.index_select(0, source).view(E, C, h)  # [E, C, h] expert-major; backward: index_add into [T+1, h]
     g, u = torch.bmm(xe, torch.cat([w_gate, w_up], dim=-1)).chunk(2, dim=-1)  # [E, C, f] each (fuse_ffn)
     ye = torch.bmm(F.silu(g) * u, w_down).view(E * C, h)  # [E C, h]
-    rows = torch.where(keep, slot, torch.zeros_like(slot))  # dropped: any row, weight 0
-    wsm = weight.t().reshape(-1).to(x.dtype)  # [k T] slot-major weights
-    return (ye.index_select(0, rows) * wsm[:, None]).view(k, T, h).sum(0)  # combine: [T, h]
+    row = torch.where(keep, slot, torch.zeros_like(slot)).view(k, T).t().reshape(-1)  # [T k] token-major; dropped 0
+    rows = ye.index_select(0, row).view(T, k, h)  # [T, k, h]
+    return (rows * weight.to(x.dtype)[:, :, None]).sum(1)  # combine: [T, h]
 
 
 def experts_loop(moe: MoE, x, index, weight, counts, w_gate, w_up, w_down):

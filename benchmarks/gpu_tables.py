@@ -59,31 +59,34 @@ def moe_shapes(smoke: bool) -> dict:
 
 
 def moe_rows(smoke: bool, which: str = "all") -> dict:
-    """moe_steps rows: name -> (Arch, MoE, micro_batch, timed steps). `which`: "all" (the first sweep) or
-    "followup": the expert-major scan (`MoE.scan` experts) with capacity and dropless, the agreed (tokens) scan
-    dropless and, for the Qwen shape, with capacity, the grouped reference and the loop, every row of a shape and
-    micro-batch from the same weights and batch (a seed per shape and micro-batch)."""
+    """moe_steps rows: name -> (Arch, MoE, micro_batch, timed steps). `which`: "all" (the first sweep, 2026-12-03
+    10:59, before MOE-FORMULATION a593f33: index_add dispatch, PyTorch's own cumsum) or "final": llmtrain's final
+    op sequence (gather through the inverse map, Paddle's cumsum kernel written out: gpu_moe's defaults) with
+    capacity and dropless, the grouped reference, the loop for the Qwen shape, and two variants of the Qwen mb1
+    capacity row (the index_add dispatch; PyTorch's cumsum), every row of a shape and micro-batch from the same
+    weights and batch (a seed per shape and micro-batch)."""
     import dataclasses as dc
 
     rows = {}
     shapes = moe_shapes(smoke)
-    if which == "followup":
+    if which == "final":
         first = next(iter(shapes))
         for name, (a, m) in shapes.items():
             for mb in (1, 2):
                 for cf, tag in ((1.25, "cap1.25"), (0.0, "dropless")):
-                    rows[f"{name}-mb{mb}-slots_emajor-{tag}"] = (a, dc.replace(m, capacity_factor=cf, scan="experts"), mb, 10)
-                rows[f"{name}-mb{mb}-slots-dropless"] = (a, dc.replace(m, capacity_factor=0.0), mb, 10)
+                    rows[f"{name}-mb{mb}-slots-{tag}"] = (a, dc.replace(m, capacity_factor=cf), mb, 10)
                 rows[f"{name}-mb{mb}-grouped-dropless"] = (a, dc.replace(m, capacity_factor=0.0, impl="grouped"), mb, 6)
                 if name == first:
-                    rows[f"{name}-mb{mb}-slots-cap1.25"] = (a, dc.replace(m, capacity_factor=1.25), mb, 10)
-        rows[f"{first}-mb1-loop-cap1.25"] = (shapes[first][0], dc.replace(shapes[first][1], capacity_factor=1.25,
-                                                                           impl="loop"), 1, 5)
+                    rows[f"{name}-mb{mb}-loop-cap1.25"] = (a, dc.replace(m, capacity_factor=1.25, impl="loop"), mb, 4)
+        a, m = shapes[first]
+        rows[f"{first}-mb1-slots_indexadd-cap1.25"] = (a, dc.replace(m, capacity_factor=1.25, dispatch="index_add"), 1, 10)
+        rows[f"{first}-mb1-slots_torchscan-cap1.25"] = (a, dc.replace(m, capacity_factor=1.25, scan="torch"), 1, 10)
         return rows
     for name, (a, m) in shapes.items():
         for mb in (1, 2):
             for cf, tag in ((1.25, "cap1.25"), (0.0, "dropless")):
-                rows[f"{name}-mb{mb}-slots-{tag}"] = (a, dc.replace(m, capacity_factor=cf, impl="slots"), mb, 10)
+                rows[f"{name}-mb{mb}-slots-{tag}"] = (a, dc.replace(m, capacity_factor=cf, impl="slots", scan="torch",
+                                                                    dispatch="index_add"), mb, 10)
             rows[f"{name}-mb{mb}-grouped-dropless"] = (a, dc.replace(m, capacity_factor=0.0, impl="grouped"), mb, 6)
     first = next(iter(shapes))
     for name, (a, m) in shapes.items():
@@ -133,7 +136,7 @@ def run_moe_steps(b: Bench, deadline: float):
 
     for name, (a, m, mb, n) in moe_rows(b.args.smoke, b.args.moe_set).items():
         row = {"name": name, "arch": a.as_dict(), "moe": m.as_dict(), "micro_batch": mb}
-        if b.args.moe_set == "followup":  # the same weights and batch for every row of a shape and micro-batch
+        if b.args.moe_set == "final":  # the same weights and batch for every row of a shape and micro-batch
             b.gen.manual_seed(zlib.crc32(name.rsplit("-", 2)[0].encode()))
             row["seed"] = "crc32 of " + name.rsplit("-", 2)[0]
         if time.time() > deadline:
@@ -287,10 +290,14 @@ def moe_op_makers(b: Bench, n: int, width: int, k: int):
         "moe_logsumexp": lambda: (lambda x=torch.randn(n, E, device=dev, generator=b.gen): torch.logsumexp(x, -1)),
         "moe_logsumexp_bwd": grad_of(lambda x: torch.logsumexp(x, -1), (n, E)),
         f"moe_topk{k}": lambda: (lambda x=torch.randn(n, E, device=dev, generator=b.gen): torch.topk(x, k, -1)),
-        # the expert-major scan (gpu_moe.MoE.scan "experts"): transposing copy, scan along [E, n], column sum
+        # Paddle's cumsum over axis 0 (gpu_moe.cumsum0 "paddle"): transpose [n, E] -> [E, n], scan along the
+        # contiguous axis, transpose back ([E, n] -> [n, E], the same bytes as the first)
         "moe_t_copy_i64": lambda: (lambda o=onehot(): o.t().contiguous()),
         "moe_cumsum_emajor": lambda: (lambda o=onehot().t().contiguous(): torch.cumsum(o, 1)),
-        "moe_sum0_emajor": lambda: (lambda o=onehot().t().contiguous(): o.sum(0)),
+        # the inverse map: source = scatter(full([n + 1], T), slot, tok) over the n = k T choices (int64)
+        "moe_scatter_i64": lambda: (lambda d=torch.full((n + 1,), n, device=dev, dtype=torch.int64),
+                                    i=torch.randperm(n + 1, device=dev, generator=b.gen)[:n],
+                                    t=ints(): d.scatter_(0, i, t)),
     }
     h = width  # row classes: [n, h] bf16
     R = max(1, n // 2)
@@ -299,6 +306,12 @@ def moe_op_makers(b: Bench, n: int, width: int, k: int):
         "moe_index_add_rows": lambda: (lambda buf=torch.zeros(R, h, device=dev, dtype=dt), i=rows_idx(R),
                                        s=randn(b, n, h): buf.index_add_(0, i, s)),
         "moe_fill": lambda: (lambda buf=torch.empty(n, h, device=dev, dtype=dt): buf.zero_()),
+        # the dispatch gather's backward: the n = E C buffer rows' gradient index_added into [T + 1, h], each
+        # token k times, the empty rows into the zero row T (20% of the rows at C = 1.25 T k / E; inv60: 60%,
+        # a dropless buffer twice as deep)
+        "moe_index_add_inv": lambda: inverse_index_add(b, n, h, k, 0.2),
+        "moe_index_add_inv60": lambda: inverse_index_add(b, n, h, k, 0.6),
+        "moe_sum_mid": lambda: (lambda x=randn(b, max(1, n // k), k, h): x.sum(1)),  # the token-major combine's sum
         "moe_mul_rows": lambda: (lambda x=randn(b, n, h), w=randn(b, n, 1): x * w),
         "moe_rowsum_bf16": lambda: (lambda x=randn(b, n, h): x.sum(-1)),
         "moe_sum_k": lambda: (lambda x=randn(b, k, max(1, n // k), h): x.sum(0)),
@@ -307,6 +320,17 @@ def moe_op_makers(b: Bench, n: int, width: int, k: int):
                                        dtype=dt),
     }
     return ops, row_ops
+
+
+def inverse_index_add(b: Bench, n: int, h: int, k: int, empty: float):
+    """One index_add of n buffer rows [n, h] into [T + 1, h] through an inverse map with `empty` of the rows on
+    the zero row T and the rest spread over T = (1 - empty) n / k tokens, k rows each (a callable over fresh
+    operands)."""
+    T = max(1, int((1 - empty) * n) // k)
+    src = torch.cat([torch.arange(T, device=b.dev).repeat(k), torch.full((n - k * T,), T, device=b.dev)])
+    src = src[torch.randperm(n, device=b.dev, generator=b.gen)]
+    buf, g = torch.zeros(T + 1, h, device=b.dev, dtype=b.dtype), randn(b, n, h)
+    return lambda: buf.index_add_(0, src, g)
 
 
 def moe_op_sizes(smoke: bool) -> tuple[list, list]:
@@ -449,7 +473,7 @@ def main(argv=None):
     ap.add_argument("--steps-n", type=int, default=10)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. moe_steps=200,bmm=60")
-    ap.add_argument("--moe-set", default="all", choices=("all", "followup"), help="moe_steps rows (moe_rows)")
+    ap.add_argument("--moe-set", default="all", choices=("all", "final"), help="moe_steps rows (moe_rows)")
     ap.add_argument("--ops", default="", help="moe_ops: only these op classes (comma list)")
     ap.add_argument("--bmm-c", default="", help="bmm: dropless C factors of T k / E (default DROPLESS_C)")
     args = ap.parse_args(argv)
