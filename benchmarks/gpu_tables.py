@@ -349,6 +349,10 @@ def moe_op_sizes(smoke: bool) -> tuple[list, list]:
     return sorted(route), sorted(rows)
 
 
+PER_CHOICE = ("moe_scatter_i64",)
+"""Op classes whose numel is n (one element per choice), not n x width."""
+
+
 def run_moe_ops(b: Bench, deadline: float):
     route, rows = moe_op_sizes(b.args.smoke)
     for kind, sizes in (("route", route), ("rows", rows)):
@@ -360,7 +364,7 @@ def run_moe_ops(b: Bench, deadline: float):
                 if time.time() > deadline:
                     b.add("moe_ops", {"note": "time budget spent"})
                     return
-                numel = n * width
+                numel = n if op in PER_CHOICE else n * width
                 row = {"op": op, "numel": numel, "n": n, "width": width, "k": k}
                 try:
                     nbytes = numel * (8 if kind == "route" else 2) * 3
@@ -369,7 +373,7 @@ def run_moe_ops(b: Bench, deadline: float):
                     del fns
                 except Exception as e:  # noqa: BLE001
                     row["error"] = f"{type(e).__name__}: {e}"[:300]
-                b.add("moe_ops", row, {"notes": "numel = n x width (routing classes: [n, E] int64/fp32; row "
+                b.add("moe_ops", row, {"notes": "numel = n x width (moe_scatter_i64: n; routing classes: [n, E] int64/fp32; row "
                                                 "classes: [n, h] bf16; moe_swiglu_view: silu(g) * u on the chunk "
                                                 "views of [n, 2h]; moe_sum_k: [k, n/k, h].sum(0))"})
             _free(b)
