@@ -36,10 +36,5 @@ class PlanConfig:
     """Dropless MoE (`model.moe_capacity_factor=0`): the stated load of the busiest expert over the mean load
     (T·k/E), which sizes the dispatch buffer's rows per expert; null: 1.25. Capacity mode ignores it."""
 
-    moe_scan: str = "tokens"
-    """How llmtrain's MoE dispatcher scans the queue places (llmtrain/plan/moe.py `MoEPlan.scan`): `tokens`, the
-    agreed formulation's cumsum over axis 0 of the one-hot [k·T, E], or `experts`, over its expert-major
-    [E, k·T] transpose."""
-
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""

@@ -269,14 +269,14 @@ MOE_IMBALANCE = 1.25
 mean, which sets the dropless dispatch buffer's rows per expert (llmtrain/plan/moe.py)."""
 
 
-def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None, scan: str = "tokens") -> MoEPlan:
+def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None) -> MoEPlan:
     """How a rank of `layout` runs its MoE layers: ep and its dispatcher from the layout, the ep group's link
     (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance."""
     ep = getattr(layout, "ep", 1)
     stride = layout.tp * layout.sharding * layout.pp
     return MoEPlan(ep=ep, dispatcher=getattr(layout, "ep_dispatcher", "alltoall") if dev.async_launch else "allgather",
                    imbalance=MOE_IMBALANCE if imbalance is None else imbalance,
-                   link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0), scan=scan)
+                   link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0))
 
 
 def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: float = 1,
@@ -368,7 +368,7 @@ def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, 
 
 
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
-                  amp: str = "bf16", moe_imbalance: float | None = None, moe_scan: str = "tokens") -> dict:
+                  amp: str = "bf16", moe_imbalance: float | None = None) -> dict:
     mode = recompute_mode(recompute)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
@@ -376,7 +376,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
-    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance, moe_scan)
+    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
     comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks

@@ -11,15 +11,20 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   [T, E] and a scatter-add), the top-k renormalisation when `moe_norm_topk`; one_hot [T, k, E] and the counts;
   with a capacity factor, GShard's queue positions (slot-major copy, cumsum over the k·T choices, product, row
   sum) and the drop mask;
-- the experts: the slot-major choices, one_hot [k T, E] with dropped rows zeroed, cumsum over the choices, the
-  queue place, C = ceil(factor T k / E) (capacity) or ceil(imbalance T k / E) (dropless: `MoEPlan.imbalance`,
-  the largest expert's load over the mean, a stated factor; the host reads it, `int(counts.max())`: a `sync`
-  kernel, where the host waits for the device); the dispatch buffer [E C + 1, h] (zeros, a row gather of
-  x[tok], the out-of-place index_add: a copy and an atomic add; backward: a row gather and zeros + index_add
-  into [T, h]); gate|up concatenated [E, h, 2f] (a copy each forward), bmm [E, C, h] x [E, h, 2f] (and its
-  input (nt) and weight (tn) gradients), silu(g) * u on the chunk views (`moe_swiglu_view`), bmm [E, C, f] x
-  [E, f, h]; the combine: the rows at the slots gathered, times the slot-major weights, summed over the k choices
-  (backward: zeros + index_add into [E C, h], the weight product and its row sums);
+- the experts (`llmtrain/models/experts.py`'s final op sequence, MOE-FORMULATION a593f33): the slot-major
+  choices, one_hot [k T, E] with dropped rows zeroed, the queue places (cumsum over the choices, product, row
+  sum), C = ceil(factor T k / E) (capacity) or ceil(imbalance T k / E) (dropless: `MoEPlan.imbalance`, the
+  largest expert's load over the mean, a stated factor; the host reads it, `int(counts.max())`: a `sync` kernel,
+  where the host waits for the device); slot = idx C + pos; the inverse map `source` [E C] (a fill and a scatter
+  of the k T token ids); the dispatch: x with a zero row appended [T + 1, h] (a copy), the buffer gathered
+  through `source` [E C, h] (backward: zeros [T + 1, h] and one index_add of the E C rows, the empty ones on the
+  zero row, `moe_index_add_inv`, and the concat's gradient split off: a copy); gate|up concatenated [E, h, 2f]
+  (a copy each forward), bmm [E, C, h] x [E, h, 2f] (and its input (nt) and weight (tn) gradients), silu(g) * u
+  on the chunk views (`moe_swiglu_view`), bmm [E, C, f] x [E, f, h]; the combine in token-major order: the rows
+  [T, k] gathered [T, k, h], times the weights [T, k, 1], summed over k (`moe_sum_mid`; backward: zeros + index_add
+  into [E C, h], the weight product and its row sums). Every cumsum over axis 0 (route()'s and the experts') is
+  Paddle's GPU kernel for an axis that is not the last: a transpose to [E, k T], a block scan along it, a
+  transpose back (paddle/phi/kernels/gpu/cum_kernel.cu; `_scan`);
 - the shared expert(s): a dense FFN of `moe_num_shared_experts` x the expert width (kernels._mlp) and the add;
 - the balancing terms (f = counts / T, P = the probabilities' mean, the z-loss's logsumexp [T, E]) and the
   statistics' adds, on the device; per micro-batch `balancing_loss_kernels` (aux, z and their coefficients).
@@ -55,10 +60,6 @@ class MoEPlan:
     """Dropless: the largest expert's load over the mean load T k / E (1.0: perfectly balanced); sets C."""
     link: tuple = (0.0, 0.0)
     """(bandwidth bytes/s, alpha s) of the ep group's links (estimate._link)."""
-    scan: str = "tokens"
-    """How the queue places are scanned: `tokens` (the agreed formulation: cumsum over axis 0 of the one-hot
-    [k T, E]) or `experts` (the one-hot held expert-major [E, k T]: a transposing copy, the cumsum along the
-    contiguous axis, a sum over the experts)."""
 
 
 def capacity(cfg, T: int, plan: MoEPlan) -> int:
@@ -87,11 +88,19 @@ def _tiny(n: float, count: int = 1) -> list:
     return [mem("add", n)] * count
 
 
-def _scan(n: float, plan: MoEPlan) -> list:
-    """cumsum of the one-hot (n elements), times the one-hot, summed over the experts: the queue places."""
-    if plan.scan == "experts":
-        return [mem("moe_cumsum_emajor", n), mem("moe_mul_i64", n), mem("moe_sum0_emajor", n)]
-    return [mem("moe_cumsum", n), mem("moe_mul_i64", n), mem("moe_rowsum_i64", n)]
+def _scan(n: float) -> list:
+    """The queue places (cumsum(onehot, 0) * onehot).sum(-1) over a one-hot [k T, E] of n elements: Paddle's GPU
+    cumsum over axis 0 (a transpose to [E, k T], the block scan along it, a transpose back), the product, the row
+    sum."""
+    return [mem("moe_t_copy_i64", n), mem("moe_cumsum_emajor", n), mem("moe_t_copy_i64", n), mem("moe_mul_i64", n),
+            mem("moe_rowsum_i64", n)]
+
+
+def inverse_index_add(n_rows: int, kept: int, h: int) -> Kernel:
+    """The dispatch gather's backward: `n_rows` buffer rows of width h index_added into [T + 1, h], the rows past
+    the `kept` choices on the zero row; priced between the tables measured with 20% and 60% of the rows empty."""
+    empty = min(0.6, max(0.2, 1.0 - kept / max(1, n_rows)))
+    return Kernel("mem", "moe_index_add_inv", ("moe_index_add_inv60", (empty - 0.2) / 0.4), numel=n_rows * h)
 
 
 def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
@@ -116,20 +125,19 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
         p.op(_tiny(T * k, 2), _tiny(T * k, 3))
     p.op([mem("moe_one_hot", kTE), mem("moe_colsum_i64", kTE)] + _tiny(E, 2))  # one_hot [T, k, E]; counts
     if cap:  # queue positions in slot-major order, the drop mask, index = where(keep, index, -1)
-        p.op([mem("moe_mul_i64", kTE)] + _scan(kTE, plan) + [view("reshape"), view("t")] + _tiny(kT, 6))
+        p.op([mem("moe_mul_i64", kTE)] + _scan(kTE) + [view("reshape"), view("t")] + _tiny(kT, 6))
         p.op(_tiny(T * k, 2), _tiny(T * k))  # weight * keep
-    # Experts.forward: slot-major choices, queue places, slots
-    p.op(_tiny(kT, 5))  # index.T.reshape, arange, repeat, >= 0, clamp
-    p.op([mem("moe_one_hot", kTE), mem("moe_mul_i64", kTE)] + ([mem("moe_t_copy_i64", kTE)] if plan.scan == "experts" else [])
-         + _scan(kTE, plan) + _tiny(kT))
+    # Experts.forward: slot-major choices, queue places, slots, the inverse map
+    p.op(_tiny(kT, 3))  # index.T.reshape, >= 0, clamp
+    p.op([mem("moe_one_hot", kTE), mem("moe_mul_i64", kTE)] + _scan(kTE) + _tiny(kT))
     if not cap:  # dropless: C = int(counts.max()), the one host read of the layer
         p.op(_tiny(E) + [Kernel("sync", "host_read")])
-    p.op(_tiny(kT, 4))  # idx * C + pos, the trash row, where
-    # dispatch: buffer [E C + 1, h]
-    p.op([mem("moe_fill", (EC + 1) * h)])
-    p.op([mem("moe_gather_rows", kT * h)], [mem("moe_fill", T * h), mem("moe_index_add_rows", kT * h)])
-    p.op([mem("copy", (EC + 1) * h), mem("moe_index_add_rows", kT * h)], [mem("moe_gather_rows", kT * h)])
-    p.op([view("slice"), view("view")])
+    p.op(_tiny(kT, 6))  # idx * C + pos, the trash row, where; arange(T), its k-fold tile
+    p.op(_tiny(EC) + [mem("moe_scatter_i64", kT), view("slice")])  # source = scatter(full([E C + 1], T), slot, tok)
+    # dispatch: buffer [E C, h] = gather(concat(x, zeros([1, h])), source)
+    p.op(_tiny(h) + [mem("copy", (T + 1) * h)], [mem("copy", T * h)])
+    p.op([mem("moe_gather_rows", EC * h), view("view")],
+         [mem("moe_fill", (T + 1) * h), inverse_index_add(EC, kT, h)])
     if plan.ep > 1:  # to the experts' ranks (and the gradient back)
         p.op([_exchange(EC * h * e, plan)], [_exchange(EC * h * e, plan)])
     # experts: bmm over [E/ep, ep C, h]
@@ -143,12 +151,12 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     p.op([view("view")], [view("view")])
     if plan.ep > 1:  # back to the tokens' ranks
         p.op([_exchange(EC * h * e, plan)], [_exchange(EC * h * e, plan)])
-    # combine: rows at the slots x slot-major weights, summed over the k choices
-    p.op(_tiny(kT, 2))  # rows = where(keep, slot, 0)
-    p.op(_tiny(kT, 2), _tiny(kT, 2))  # weight.T.reshape, cast
-    p.op([mem("moe_gather_rows", kT * h)], [mem("moe_fill", EC * h), mem("moe_index_add_rows", kT * h)])
+    # combine, token-major: rows [T, k] of the expert output gathered, times the weights [T, k, 1], summed over k
+    p.op(_tiny(kT, 3))  # row = where(keep, slot, 0), laid out [T, k]
+    p.op(_tiny(kT), _tiny(kT))  # weight.astype(bf16)
+    p.op([mem("moe_gather_rows", kT * h), view("view")], [mem("moe_fill", EC * h), mem("moe_index_add_rows", kT * h)])
     p.op([mem("moe_mul_rows", kT * h)], [mem("moe_mul_rows", kT * h), mem("mul", kT * h), mem("moe_rowsum_bf16", kT * h)])
-    p.op([view("view"), mem("moe_sum_k", kT * h)], [view("expand")])
+    p.op([mem("moe_sum_mid", kT * h)], [view("expand")])
     if cfg.moe_routed_scale != 1.0:
         p.op([mem("mul", T * h)], [mem("mul", T * h)])
     if cfg.moe_num_shared_experts > 0:
@@ -178,12 +186,12 @@ def moe_activation_bytes(cfg, T: int, e: int, plan: MoEPlan) -> float:
     El, rows = E // max(1, plan.ep), max(1, plan.ep) * C
     kT = k * T
     n = T * h  # the router's bf16 input copy
-    n += (E * C + 1) * h  # the dispatch buffer (bmm's input)
+    n += E * C * h  # the dispatch buffer (bmm's input)
     n += El * h * 2 * f  # the concatenated gate|up weights (bmm's other operand)
     n += El * rows * (2 * f + f + f)  # gate|up output (silu's and the product's inputs), silu(g), the product
     n += kT * h + kT  # the gathered rows and slot-major weights (the weight product's inputs)
     fp32 = 3 * T * E  # logits, probabilities (softmax output), the logsumexp's input and output
-    ints = 3 * kT + T * k  # tok, slot, rows; the top-k index
+    ints = E * C + 2 * kT + T * k  # source (the gather's index), slot, row (the combine's); the top-k index
     if plan.ep > 1:
         n += El * rows * h  # the received buffer
     return n * e + 4 * fp32 + 8 * ints

@@ -67,8 +67,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes, moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
     est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
-                        "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None),
-                        moe_scan=getattr(cfg.plan, "moe_scan", "tokens"))
+                        "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
                        cp, cp_comm)

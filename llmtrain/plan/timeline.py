@@ -66,6 +66,9 @@ def kernel_seconds(prof, k) -> float:
             return prof.math_attention_seconds(bh, s, d, k.flops, k.kind == "attn_bwd")
         return prof.attention_seconds(bh, s, d, causal, k.flops, k.kind == "attn_bwd")
     if k.kind == "mem":
+        if k.shape:  # between two classes' tables (Kernel.shape)
+            other, w = k.shape
+            return (1 - w) * prof.mem_seconds(k.op, k.numel) + w * prof.mem_seconds(other, k.numel)
         return prof.mem_seconds(k.op, k.numel)
     if k.kind == "comm":  # priced where it was made (llmtrain/plan/moe.py `exchange_seconds`)
         return float(k.shape[0])

@@ -87,12 +87,33 @@ def test_expert_parallel_exchanges_are_in_the_stream():
     assert not [k for k in _kernels(cfg, MoEPlan()) if k.kind == "comm"]
 
 
-def test_expert_major_scan_swaps_the_scan_kernels():
-    cfg = _moe(moe_capacity_factor=1.25)
-    ops = lambda scan: [k.op for k in _kernels(cfg, MoEPlan(scan=scan)) if k.op.startswith("moe_")]  # noqa: E731
-    tokens, experts = ops("tokens"), ops("experts")
-    assert tokens.count("moe_cumsum") == 2 * cfg.num_layers and "moe_cumsum_emajor" not in tokens
-    assert experts.count("moe_cumsum_emajor") == 2 * cfg.num_layers and "moe_cumsum" not in experts
+def test_dispatch_is_the_final_op_sequence():
+    """MOE-FORMULATION a593f33: the forward gathers the E C buffer rows (no index_add of the k T choices); the
+    backward index_adds them into [T + 1, h] once, priced between the 20%- and 60%-empty tables by the buffer's
+    empty share; every cumsum over axis 0 is Paddle's transpose, scan along the rows, transpose back (route()'s
+    and the experts': two per layer with a capacity, one dropless)."""
+    from llmtrain.plan.timeline import kernel_seconds
+
+    for factor, imbalance, scans in ((1.25, 1.0, 2), (0.0, 2.5, 1)):
+        cfg = _moe(moe_capacity_factor=factor)
+        plan = MoEPlan(imbalance=imbalance)
+        mb = micro_batch_kernels(MicroBatchSpec(cfg, 1, 4096, moe=plan))
+        h, T, k, E = cfg.hidden_size, 4096, cfg.moe_top_k, cfg.moe_num_experts
+        EC = E * capacity(cfg, T, plan)
+        fwd = [x for x in mb.forward if x.op.startswith("moe_")]
+        assert not [x for x in fwd if "index_add" in x.op]
+        assert [x.numel for x in fwd if x.op == "moe_gather_rows"] == [EC * h, k * T * h] * cfg.num_layers
+        assert [x.op for x in fwd].count("moe_cumsum_emajor") == scans * cfg.num_layers
+        assert [x.op for x in fwd].count("moe_t_copy_i64") == 2 * scans * cfg.num_layers
+        inv = [x for x in mb.backward if x.op == "moe_index_add_inv"]
+        assert len(inv) == cfg.num_layers and {x.numel for x in inv} == {EC * h}
+        empty = 1 - k * T / EC  # 20% at C = 1.25 T k / E, 60% at 2.5
+        assert inv[0].shape == ("moe_index_add_inv60", pytest.approx((empty - 0.2) / 0.4, abs=1e-3))
+    classes = {"copy": [[1e3, 1e-6], [1e9, 1e-3]], "moe_index_add_inv": [[1e3, 1e-6], [1e9, 1.0]],
+               "moe_index_add_inv60": [[1e3, 1e-6], [1e9, 3.0]]}
+    prof = from_dict(_profile(memory_bound={"fallback": "copy", "classes": classes}))
+    assert kernel_seconds(prof, inv[0]) == pytest.approx((1 - inv[0].shape[1]) * prof.mem_seconds(
+        "moe_index_add_inv", inv[0].numel) + inv[0].shape[1] * prof.mem_seconds("moe_index_add_inv60", inv[0].numel))
 
 
 def test_long_attention_is_priced_from_the_measured_rate():
