@@ -257,6 +257,24 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     return grads, [grads[i] for i in sorted(busiest)]
 
 
+def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
+    """(other, expert) gradient elements one rank of the busiest pipeline stage synchronises each step: every
+    trainable tensor it holds, input tables and every expert included (Paddle syncs each trainable gradient, not
+    the 6N of the FLOPs), tp-local; the experts E/ep of them (`local_shape`)."""
+    ep = getattr(layout, "ep", 1)
+    best = (0, 0)
+    for rank in range(layout.pp):
+        key = (repr(cfg), layout.pp, layout.virtual_pp, rank)
+        if key not in _STAGE_SPECS:
+            _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, rank,
+                                                         cfg.tie_embeddings) if x.trainable and not x.frozen]
+        specs = _STAGE_SPECS[key]
+        other = sum(prod_(local_shape(x, layout.tp)) for x in specs if not x.expert)
+        expert = sum(prod_(local_shape(x, layout.tp, ep)) for x in specs if x.expert)
+        best = max(best, (other, expert), key=sum)
+    return best
+
+
 def prod_(shape) -> int:
     out = 1
     for d in shape:
@@ -403,7 +421,9 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
     bw_pp, a_pp = dev.p2p_bw or bw_pp, dev.p2p_alpha or a_pp  # measured send/recv figures when calibrated
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
-    local_param_bytes = n_flops / (t * p) * e
+    other_elems, expert_elems = synced_gradient_elements(cfg, layout)
+    ep = getattr(layout, "ep", 1)
+    local_param_bytes = (other_elems + expert_elems) * e
     micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     after_update = max(0.0, compute - m * micro)  # the optimizer's share of the step: the gap before its gathers
     grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
@@ -418,7 +438,10 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al_link)
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
-            grads += _ring(local_param_bytes / share, n, bw, al)
+            if ep > 1:  # expert gradients sum over the expert-data-parallel group (dp / ep ranks), the rest over dp
+                grads += _ring(other_elems * e / share, n, bw, al) + _ring(expert_elems * e / share, n // ep, bw, al)
+            else:
+                grads += _ring(local_param_bytes / share, n, bw, al)
         elif layout.sharding_stage == 3:
             zero3 += 3 * _ring(local_param_bytes, n, bw, al, factor=1.0)
         elif layout.sharding_stage == 2:
