@@ -92,8 +92,13 @@ def rank_layouts(cfg, model_cfg) -> list[dict]:
 def _rank(cfg, model_cfg, context: bool) -> list[dict]:
     dev = get_device(cfg.plan.device, cfg.plan.profile)
     rows = []
+    if context:  # what llmtrain's context parallelism refuses (the model, the sequence, the exchange)
+        from llmtrain.parallel.context import context_problems
     for pc in candidates(cfg.plan.devices, context):
         if model_fit_problems(pc, model_cfg):
+            continue
+        if context and context_problems(pc, model_cfg, cfg.data.seq_len, bool(getattr(cfg.data, "document_mask", False)),
+                                        dev.async_launch):
             continue
         for mb in MICRO_BATCHES:
             train = dataclasses.replace(cfg.train, micro_batch_size=mb, grad_accum=None)

@@ -180,3 +180,30 @@ def test_cp_exchanges():
     assert a2a == pytest.approx(cfg.num_layers * 2 * (0.75 * nbytes / prof.nvlink_bw + 12 * prof.nvlink_alpha))
     slow = dataclasses.replace(prof, nvlink_bw=1e9)  # a slow link: the ring's transfers are exposed
     assert cp_comm_s(cfg, lay("ring"), 65536, "none", slow, 8, stride) > 0
+
+
+@pytest.mark.skipif(not __import__("llmtrain.plan.search", fromlist=["HAS_CP"]).HAS_CP,
+                    reason="parallel.cp and parallel.cp_comm come with the cp branch (issue 36 items 1-3)")
+def test_auto_takes_cp_only_when_nothing_else_fits(monkeypatch):
+    """+parallel=auto: 384k tokens of a llama-1b with one kv head on 2 x h200 fit only under cp2 with full
+    recompute (tp2 needs the kv heads divisible; sharding2 holds the whole sequence), ring or all-gather (a2a
+    needs the kv heads divisible by cp); at 4k no cp layout is ranked at all."""
+    import paddle
+
+    from llmtrain.plan.auto import choose_layout
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.search import rank_layouts
+
+    over = ["model=llama-1b", "model.vocab_size=32000", "model.num_kv_heads=1", "train.global_batch_size=2",
+            "plan.devices=2", "plan.device=h200"]
+    cfg = to_config(compose(over + ["data.seq_len=393216"]))
+    rows = rank_layouts(cfg, planned_model(cfg))
+    fits = [r for r in rows if r["fits"]]
+    assert fits and {(r["cp"], r["cp_comm"], r["recompute"]) for r in fits} == {(2, "ring", True), (2, "allgather", True)}
+    assert not [r for r in rows if r["cp_comm"] == "a2a" and r["cp"] > 1]
+    short = to_config(compose(over + ["data.seq_len=4096"]))
+    assert {r["cp"] for r in rank_layouts(short, planned_model(short))} == {1}
+    monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")  # choose_layout plans plan.device on a GPU
+    auto = to_config(compose(over + ["data.seq_len=393216", "+parallel=auto"]))
+    chosen = choose_layout(auto, world_size=2, log=lambda _: None)
+    assert (chosen.parallel.cp, chosen.parallel.cp_comm, chosen.train.recompute) == (2, fits[0]["cp_comm"], True)
