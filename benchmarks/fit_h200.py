@@ -2,15 +2,17 @@
 
     python benchmarks/fit_h200.py benchmarks/data/h200              # -> llmtrain/plan/profiles/h200.json
     python benchmarks/fit_h200.py DATA_DIR --out /tmp/h200.json
-    python benchmarks/fit_h200.py DATA_DIR --moe-data benchmarks/data/h200_moe   # the default second directory
+    python benchmarks/fit_h200.py DATA_DIR --moe-data benchmarks/data/h200_moe,benchmarks/data/h200_moe/final
+                                                                    # the default further directories
 
 DATA_DIR holds gemm.json, attention.json, memory_bound.json, host.json, host_model.json and optimizer.json as
 benchmarks/gpu_reference.py writes them (their README.md describes each); steps*.json, if there, are not read.
 The host block comes from host_model.json (the model twin's own code path at tiny shapes, `host_from_model`);
 without that file, from host.json's loops of tiny eager ops (`host_times`), which miss the model code's Python.
 The constants that are not measured there come from the datasheet and are said so in the file.
-A second directory (`--moe-data`, default benchmarks/data/h200_moe; benchmarks/gpu_tables.py writes it) adds
-kernel tables only, never its steps: `bmm.json` (the experts' batched GEMMs), `gemm_extra.json` (exact-hit
+Further directories (`--moe-data`, a comma list, default benchmarks/data/h200_moe and its `final/` (the second
+run: the dispatch's new op classes); benchmarks/gpu_tables.py writes them) add kernel tables only, never their
+steps (a later directory's rows of the same op and size join the earlier's medians): `bmm.json` (the experts' batched GEMMs), `gemm_extra.json` (exact-hit
 dense shapes), `moe_ops.json` (the dispatch's ops, each its own memory-bound class, named by op) and
 `attention_long.json` (its `flash_twin_views` rows: the layout the twin and Paddle's flash attention run).
 """
@@ -142,14 +144,16 @@ def optimizer_rows(rows: list[dict]) -> list[dict]:
     return [{"tensors": r["tensors"], "numel": r["params"], "seconds": r["step_s"]} for r in rows if r.get("step_s")]
 
 
-def moe_tables(data: Path) -> dict:
-    """The profile blocks fitted from a benchmarks/gpu_tables.py directory (kernel tables only; see the module
+def moe_tables(dirs: list[Path]) -> dict:
+    """The profile blocks fitted from benchmarks/gpu_tables.py directories (kernel tables only; see the module
     docstring): {"bmm", "gemm_exact", "attention_long", "moe_classes", "provenance"}; {} when absent."""
     from llmtrain.plan.fit import fit_attention
 
     def load(name):
-        path = data / f"{name}.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        found = [json.loads((d / f"{name}.json").read_text()) for d in dirs if (d / f"{name}.json").exists()]
+        if not found:
+            return None
+        return {"rows": [r for f in found for r in f["rows"]], "provenance": [f.get("provenance", {}) for f in found]}
 
     out, prov = {}, {}
     bmm = load("bmm")
@@ -204,16 +208,18 @@ def main(argv: list[str]) -> None:
     prov["fitted_by"] = f"python benchmarks/fit_h200.py {data}"
     prof = fit_profile(raw, BASE, prov)
     prof["optimizer"]["includes_clip"] = True  # step_s holds the clip (and zeroing the grads)
-    moe_dir = Path(argv[argv.index("--moe-data") + 1]) if "--moe-data" in argv else data.parent / "h200_moe"
-    extra = moe_tables(moe_dir)
+    moe_arg = argv[argv.index("--moe-data") + 1] if "--moe-data" in argv else \
+        f"{data.parent / 'h200_moe'},{data.parent / 'h200_moe' / 'final'}"
+    moe_dirs = [Path(x) for x in moe_arg.split(",") if x]
+    extra = moe_tables(moe_dirs)
     if extra:
-        src = f"fitted from {moe_dir} (benchmarks/gpu_tables.py), kernel tables only"
+        src = f"fitted from {moe_arg} (benchmarks/gpu_tables.py), kernel tables only"
         for key in ("bmm", "gemm_exact", "attention_long"):
             if key in extra:
                 prof[key] = {"source": src, **extra[key]}
         prof["memory_bound"]["classes"].update(extra.get("moe_classes", {}))
         prof["provenance"]["moe_tables"] = extra["provenance"]
-        prof["provenance"]["fitted_by"] += f" --moe-data {moe_dir}"
+        prof["provenance"]["fitted_by"] += f" --moe-data {moe_arg}"
     out.write_text(json.dumps(prof, indent=1))
     print(f"wrote {out}: {len(prof['gemm']['rows'])} GEMM shapes, {len(prof.get('attention', {}).get('rows', []))} "
           f"attention rows, memory-bound classes {sorted(prof['memory_bound']['classes'])}, host {prof['host']}, "

@@ -7,6 +7,7 @@
                                                          # runs, each after its own calibration; --no-run:
                                                          # re-predict the last runs
     python benchmarks/planner.py --h200-moe --h200-long  # MoE and 16k-64k twin steps (benchmarks/data/h200_moe)
+    python benchmarks/planner.py --long-cp               # llama-7b at 32k/128k on 8/64 h200s, with and without cp
     python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps_pass*.json, default
                                                          # benchmarks/data/h200) against the h200 profile (fitted by
                                                          # benchmarks/fit_h200.py)
@@ -374,6 +375,8 @@ def h200_table(data_dir: str = H200_DATA) -> None:
 
 
 H200_MOE_DATA = "benchmarks/data/h200_moe"
+H200_MOE_FINAL = "benchmarks/data/h200_moe/final"
+"""The second MoE run (2026-12-03 13:33): llmtrain's final op sequence, the rows the planner is checked against."""
 
 
 def h200_moe_overrides(arch: dict, moe: dict, micro_batch: int, imbalance: float) -> list[str]:
@@ -390,32 +393,42 @@ def h200_moe_overrides(arch: dict, moe: dict, micro_batch: int, imbalance: float
         f"model.moe_capacity_factor={m['capacity_factor']}", f"plan.moe_imbalance={imbalance:.4f}"]
 
 
-def h200_moe_rows(data_dir: str = H200_MOE_DATA, impl: str = "slots") -> list[dict]:
-    """Predicted vs measured step time of the MoE twin's rows of one formulation (moe_steps.json; never fitted).
-    The dropless rows' stated imbalance is each row's measured routing (`imbalance`: the mean over layers of the
-    busiest expert's load over the mean load, read from one forward after the timed steps)."""
+def stated_imbalance(row: dict) -> float:
+    """A dropless row's stated factor: the mean over its timed steps and layers of the capacity C the dispatcher
+    used (the host reads, recorded: `capacity_mean_factor`, C over T k / E); the first run recorded none, so its
+    rows fall back to `imbalance` (the busiest expert's load over the mean in one forward after the timed steps).
+    Capacity rows ignore it."""
+    return row.get("capacity_mean_factor") or row["imbalance"]
+
+
+def h200_moe_rows(data_dir: str = H200_MOE_FINAL, impl: str = "slots") -> list[dict]:
+    """Predicted vs measured step time of the MoE twin's rows of llmtrain's formulation (moe_steps.json; never
+    fitted): `impl` slots with the twin's defaults (the variants, tagged `slots_*`, are left out)."""
     import json
     from pathlib import Path
 
     out = []
     for r in json.loads((Path(data_dir) / "moe_steps.json").read_text())["rows"]:
-        if r.get("moe", {}).get("impl") != impl or not r.get("step_s_median"):
+        if r.get("moe", {}).get("impl") != impl or not r.get("step_s_median") or f"-{impl}-" not in r["name"]:
             continue
-        pred = _row(h200_moe_overrides(r["arch"], r["moe"], r["micro_batch"], r["imbalance"]))
+        if r["moe"].get("scan", "paddle") != "paddle" or r["moe"].get("dispatch", "gather") != "gather":
+            continue
+        imb = stated_imbalance(r)
+        pred = _row(h200_moe_overrides(r["arch"], r["moe"], r["micro_batch"], imb))
         out.append({"name": r["name"], "measured_s": r["step_s_median"], "predicted_s": pred["step_time_s"],
-                    "error": pred["step_time_s"] / r["step_s_median"] - 1, "imbalance": r["imbalance"],
+                    "error": pred["step_time_s"] / r["step_s_median"] - 1, "imbalance": imb,
                     "busy_s": r.get("kernel_time_s"), "host_s": pred["host_s"], "device_s": pred["device_s"],
                     "memory_allocated": pred["memory_bytes"]["allocated"], "peak_measured": r.get("peak_mem_bytes")})
     return out
 
 
-def h200_moe_table(data_dir: str = H200_MOE_DATA) -> None:
+def h200_moe_table(data_dir: str = H200_MOE_FINAL) -> None:
     import json
     from pathlib import Path
 
     measured = {r["name"]: r for r in json.loads((Path(data_dir) / "moe_steps.json").read_text())["rows"]
                 if r.get("step_s_median")}
-    print("\n| MoE row (H200 twin, seq 4096) | measured s | predicted s | error | stated imbalance | predicted host / "
+    print("\n| MoE row (H200 twin, seq 4096) | measured s | predicted s | error | stated dropless C / (T k / E) | predicted host / "
           "device s | GPU busy s (profiled) | predicted / measured peak GiB |")
     print("|---|---|---|---|---|---|---|---|")
     rows = h200_moe_rows(data_dir)
@@ -467,13 +480,51 @@ def h200_long_table(data_dir: str = H200_MOE_DATA) -> None:
           f"{sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%")
 
 
+LONG_CP_MODEL = ["model=llama-7b", "model.vocab_size=32000", "model.attention=flash", "train.amp=bf16"]
+
+
+def long_cp_rows(seqs=(32768, 131072), devices=(8, 64)) -> list[dict]:
+    """The planner's best layouts for llama-7b at long sequences on h200 nodes (global batch = devices): the best
+    that fits without context parallelism and the best with cp for each exchange (`rank_layouts(context=True)`;
+    needs parallel.cp). Predictions only: no multi-GPU step was measured."""
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.search import rank_layouts
+
+    out = []
+    for s in seqs:
+        for n in devices:
+            cfg = to_config(compose_config(LONG_CP_MODEL + [f"data.seq_len={s}", f"train.global_batch_size={n}",
+                                                            f"plan.devices={n}", "plan.device=h200"]))
+            rows = [r for r in rank_layouts(cfg, planned_model(cfg), context=True) if r["fits"] and r["runnable"]]
+            best = {"none": next((r for r in rows if r["cp"] == 1), None)}
+            for comm in ("ring", "allgather", "a2a"):
+                best[comm] = next((r for r in rows if r["cp"] > 1 and r["cp_comm"] == comm), None)
+            out.append({"seq": s, "devices": n, "best": best})
+    return out
+
+
+def long_cp_table() -> None:
+    print("\n| llama-7b, h200 | best without cp | best with cp, ring | all-gather | all-to-all (a2a) |")
+    print("|---|---|---|---|---|")
+    cell = lambda r: "-" if r is None else (  # noqa: E731
+        f"{r['name']} mb{r['micro_batch']}{' recompute' if r['recompute'] else ''}: {r['step_time_s']:.2f} s, "
+        f"{r['tokens_per_sec_per_device']:.0f} tok/s/dev, {r['memory_bytes']['total'] / 2**30:.0f} GiB"
+        + (f", cp exposed {r['cp_comm_s']:.2f} s" if r["cp"] > 1 else ""))
+    for row in long_cp_rows():
+        b = row["best"]
+        print(f"| seq {row['seq'] // 1024}k, {row['devices']} GPUs | {cell(b['none'])} | {cell(b['ring'])} | "
+              f"{cell(b['allgather'])} | {cell(b['a2a'])} |")
+
+
 if __name__ == "__main__":
     register_configs()
+    if "--long-cp" in sys.argv:
+        long_cp_table()
     if "--h200-moe" in sys.argv:
         h200_moe_table()
     if "--h200-long" in sys.argv:
         h200_long_table()
-    if not {"--cpu-only", "--h200-only", "--h200-moe", "--h200-long"} & set(sys.argv):
+    if not {"--cpu-only", "--h200-only", "--h200-moe", "--h200-long", "--long-cp"} & set(sys.argv):
         main()
         megatron_table()
         ratio_table()

@@ -1,7 +1,7 @@
 """The kernels of one micro-batch's forward and backward, as llmtrain runs them, for the operator-level cost model.
 
     python -m llmtrain.plan model=llama-1b data.seq_len=2048 plan.devices=1 plan.device=h200 +parallel=single
-    ks = micro_batch_kernels(model_cfg, b=4, s=2048, tp=1, gpu=True, flash=True, recompute="none")
+    ks = micro_batch_kernels(MicroBatchSpec(model_cfg, b=4, s=2048, t=1, gpu=True, flash=True, recompute="none"))
 
 Each `Kernel` is one eager op: one host dispatch and one device kernel. The list follows
 `llmtrain/models/decoder.py` and `layers.py` block by block with the `model.fuse_*` paths this run

@@ -78,12 +78,13 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
             "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
 
 
-def rank_layouts(cfg, model_cfg) -> list[dict]:
+def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
     """Every valid (layout, micro-batch, recompute none/full/selective) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
     then by less memory on the worst rank. When no layout without context parallelism fits (a sequence too long
-    for one device's memory) and the parallel config has cp, the layouts with cp > 1 are ranked too."""
+    for one device's memory) and the parallel config has cp, the layouts with cp > 1 are ranked too (`context`
+    True: always; False: never)."""
     rows = _rank(cfg, model_cfg, context=False)
-    if HAS_CP and not any(r["fits"] for r in rows):
+    if HAS_CP and context is not False and (context or not any(r["fits"] for r in rows)):
         rows = _rank(cfg, model_cfg, context=True) + rows
         rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
     return rows
