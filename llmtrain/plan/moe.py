@@ -24,7 +24,9 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   [T, k] gathered [T, k, h], times the weights [T, k, 1], summed over k (`moe_sum_mid`; backward: zeros + index_add
   into [E C, h], the weight product and its row sums). Every cumsum over axis 0 (route()'s and the experts') is
   Paddle's GPU kernel for an axis that is not the last: a transpose to [E, k T], a block scan along it, a
-  transpose back (paddle/phi/kernels/gpu/cum_kernel.cu; `_scan`);
+  transpose back (paddle/phi/kernels/gpu/cum_kernel.cu; `_scan`). On a GPU llmtrain's combine is Paddle's fused
+  `moe_combine` when present; it is priced as the tensor ops it replaces (the CPU path and fallback, what the
+  twin runs);
 - the shared expert(s): a dense FFN of `moe_num_shared_experts` x the expert width (kernels._mlp) and the add;
 - the balancing terms (f = counts / T, P = the probabilities' mean, the z-loss's logsumexp [T, E]) and the
   statistics' adds, on the device; per micro-batch `balancing_loss_kernels` (aux, z and their coefficients).
