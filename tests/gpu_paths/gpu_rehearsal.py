@@ -11,7 +11,7 @@
   non-default value for any argument the reference does not implement, and runs `reference(**arguments)`;
 - `reaches(id)`: a context manager that traces the marked lines; its block must run at least one line marked with
   `id`, and the rehearsal module as a whole every one of them (tests/gpu_paths/conftest.py checks at the end of
-  the module);
+  the module, `module_problems`; on CPU a module whose every test skipped fails there too);
 - `LowPrecisionCore(dtype)`: Roles whose attention core is handed q, k, v in fp16/bf16, as under AMP O2 (CPU has
   no low-precision matmul, so the rest of the model stays fp32); `RoundedCore(dtype)`: its CPU reference (the
   same roundings, math in fp32);
@@ -154,6 +154,27 @@ def reaches(branch: str):
         sys.settrace(previous)
     HITS.setdefault(branch, set()).update(hit)
     assert hit, f"the block ran none of the lines marked GPU-ONLY({branch}): {sorted(want)}"
+
+
+def module_problems(module: str, branch: str, marked: list[tuple[str, int]], hit: set, ran: int,
+                    on_gpu: bool) -> list[str]:
+    """What a finished rehearsal module `module` of `branch` lacks: on CPU at least one test must have run (a
+    rehearsal whose every test skips on CPU rehearses nothing; only an extra real-GPU check may skip there), and its
+    `reaches` blocks together must have run every line in `marked` ((file, line) pairs; `hit`: those that ran). On a
+    GPU a module whose tests all skip is accepted (the acceptance steps of GPU_PATHS run the branch there)."""
+    if ran == 0:
+        if on_gpu:
+            return []
+        return [f"{module}: every test was skipped on CPU, so GPU-ONLY({branch}) was never rehearsed: a rehearsal "
+                "must run on CPU with the GPU kernel replaced by a checked() reference (skip only an extra test that "
+                "needs the real GPU; tests/gpu_paths/README.md)"]
+    want = {(os.path.realpath(f), n) for f, n in marked}
+    missed = sorted(want - hit)
+    if not missed:
+        return []
+    return [f"{module}: no `reaches('{branch}')` block ran these GPU-ONLY({branch}) lines: "
+            + ", ".join(f"{os.path.relpath(f, REPO)}:{n}" for f, n in missed)
+            + " (run the branch that holds each inside `with reaches(...)`, or move a marker that no GPU run takes)"]
 
 
 def rounded(t, dtype: str):

@@ -10,10 +10,11 @@ has. A rehearsal without a marker, a README item without one, or an acceptance e
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-from gpu_rehearsal import REPO, branch_of, markers, readme_ids, rehearsal_file
+from gpu_rehearsal import REPO, branch_of, markers, module_problems, readme_ids, rehearsal_file
 
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_acceptance  # noqa: E402
@@ -111,3 +112,16 @@ def test_readme_parser_reads_ids_and_refuses_an_item_without_one(tmp_path):
         assert "without its id" in str(e)
     else:
         raise AssertionError("an item without an id passed")
+
+
+def test_a_module_that_skips_on_cpu_or_misses_a_marked_line_fails():
+    """conftest.py's end-of-module check: a rehearsal whose every test skipped on CPU (a `skipif(not ON_GPU)` on
+    each) rehearses nothing; a marked line no `reaches` block ran is named with its file and line."""
+    marked = [(str(REPO / "llmtrain" / "a.py"), 3), (str(REPO / "llmtrain" / "a.py"), 7)]
+    hit = {(os.path.realpath(f), n) for f, n in marked}
+    assert module_problems("test_x.py", "x", marked, hit, ran=2, on_gpu=False) == []
+    (skipped,) = module_problems("test_x.py", "x", marked, set(), ran=0, on_gpu=False)
+    assert "every test was skipped on CPU" in skipped and "GPU-ONLY(x)" in skipped
+    assert module_problems("test_x.py", "x", marked, set(), ran=0, on_gpu=True) == []  # GPU_PATHS' steps run it
+    (missed,) = module_problems("test_x.py", "x", marked, set(list(hit)[:1]) | {("other.py", 1)}, ran=1, on_gpu=True)
+    assert "no `reaches('x')` block ran" in missed and missed.count("llmtrain/a.py:") == 1
