@@ -6,6 +6,9 @@
   a line that only the GPU path runs);
 - `rehearsal_file(id)`: tests/gpu_paths/test_<id with _ for ->.py, where that branch is rehearsed;
 - `readme_ids()`: the ids of the README's "GPU-only code paths" list (each item starts with the id in backticks);
+  `docs_steps()`: {id: acceptance steps} of docs/gpus.md's list of the same name (each item ends with
+  `— steps `<step>`, ...`);
+- `header_markers(marks)`: markers that sit on an `if` condition or another compound statement's header (refused);
 - `checked(real, reference, implements)`: a stand-in for the GPU-only Paddle function `real` that binds every call
   to `inspect.signature(real)` (a wrong argument list raises TypeError, as the real function would), refuses a
   non-default value for any argument the reference does not implement, and runs `reference(**arguments)`;
@@ -20,6 +23,7 @@
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import os
@@ -59,6 +63,28 @@ def markers(root: Path = PACKAGE) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
+_HEADERS = {ast.If: "an `if`/`elif` condition", ast.While: "a `while` condition", ast.For: "a `for` header",
+            ast.With: "a `with` header", ast.FunctionDef: "a `def` line", ast.Try: "a `try` line"}
+
+
+def header_markers(marks: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """One line per marker that sits on the header of a compound statement (an `if` condition, a `def`, ...): the
+    CPU path evaluates that line too, so the tracer would count the branch as rehearsed when only the condition ran."""
+    out = []
+    trees: dict[str, ast.AST] = {}
+    for branch, lines in sorted(marks.items()):
+        for path, n in lines:
+            tree = trees.setdefault(path, ast.parse(Path(path).read_text(encoding="utf-8")))
+            for node in ast.walk(tree):
+                kind = next((v for k, v in _HEADERS.items() if isinstance(node, k)), None)
+                if kind is not None and node.lineno <= n < node.body[0].lineno:
+                    out.append(f"{Path(path).relative_to(REPO) if Path(path).is_relative_to(REPO) else path}:{n}: "
+                               f"GPU-ONLY({branch}) sits on {kind}, which the CPU path runs too: put the marker on "
+                               "the line(s) inside the branch that only a GPU run executes")
+                    break
+    return out
+
+
 def rehearsal_file(branch: str) -> Path:
     return REPO / "tests" / "gpu_paths" / f"test_{branch.replace('-', '_')}.py"
 
@@ -71,20 +97,50 @@ def branch_of(test_file: str) -> str | None:
     return name[len("test_"):-len(".py")].replace("_", "-")
 
 
+def listed_items(path: Path, section: str = README_SECTION) -> list[tuple[str, str]]:
+    """(id, item text) of the list items in `section` of the markdown file `path`, in order: items are `- `<id>` ...`
+    lines (continuation lines indented); an item without its id in backticks first raises."""
+    text = path.read_text(encoding="utf-8")
+    if section not in text:
+        raise AssertionError(f"{path}: no '{section}' section")
+    items: list[list[str]] = []
+    for line in text.split(section, 1)[1].split("\n## ", 1)[0].splitlines():
+        if line.startswith("- "):
+            items.append([line])
+        elif items and line.startswith("  ") and line.strip():
+            items[-1].append(line.strip())
+        elif items and not line.strip():
+            items.append([])  # a blank line ends the item
+    out = []
+    for lines in filter(None, items):
+        m = re.match(r"- `([^`]+)`", lines[0])
+        if m is None:
+            raise AssertionError(f"{path}: GPU-only item without its id in backticks first: {lines[0]!r}")
+        out.append((m.group(1), " ".join(lines)))
+    return out
+
+
 def readme_ids(readme: Path = REPO / "README.md") -> list[str]:
     """Ids of the list items in the README's GPU-only section, in order: `- `<id>` ...` lines."""
-    text = readme.read_text(encoding="utf-8")
-    if README_SECTION not in text:
-        raise AssertionError(f"{readme}: no '{README_SECTION}' section")
-    section = text.split(README_SECTION, 1)[1].split("\n## ", 1)[0]
-    ids = []
-    for n, line in enumerate(section.splitlines()):
-        if line.startswith("- "):
-            m = re.match(r"- `([^`]+)`", line)
-            if m is None:
-                raise AssertionError(f"{readme}: GPU-only item without its id in backticks first: {line!r}")
-            ids.append(m.group(1))
-    return ids
+    return [i for i, _ in listed_items(readme)]
+
+
+DOCS = REPO / "docs" / "gpus.md"
+
+
+def docs_steps(docs: Path = DOCS) -> dict[str, list[str]]:
+    """{id: acceptance steps} of docs/gpus.md's GPU-only list, in order: each item ends with
+    `— steps `a`, `b`` (the scripts/gpu_acceptance.py steps that run it on a GPU); an item without raises."""
+    out = {}
+    for branch, text in listed_items(docs):
+        m = re.search(r"— steps ((?:`[^`]+`(?:, )?)+)[;.]?$", text)
+        if m is None:
+            raise AssertionError(f"{docs}: the GPU-only item `{branch}` does not end with "
+                                 f"'— steps `<step>`, ...' (its GPU_PATHS steps): {text!r}")
+        if branch in out:
+            raise AssertionError(f"{docs}: the GPU-only item `{branch}` is listed twice")
+        out[branch] = re.findall(r"`([^`]+)`", m.group(1))
+    return out
 
 
 def checked(real, reference, implements: tuple[str, ...]):
@@ -92,7 +148,13 @@ def checked(real, reference, implements: tuple[str, ...]):
 
     Every argument of `real` that is not in `implements` must keep its default (the reference does not model it);
     `stand_in.calls` keeps the bound arguments of every call."""
-    sig = inspect.signature(real)
+    try:
+        sig = inspect.signature(real)
+    except ValueError as e:  # a C builtin (paddle._C_ops.*) has no Python signature to bind to
+        raise AssertionError(f"checked(): inspect.signature cannot read {real!r} ({e}): bind the stand-in to the public "
+                             "Python function that wraps it, or check the argument list another way that fails on a "
+                             "wrong one (e.g. against the calls Paddle's own Python makes) and say how in the "
+                             "rehearsal's docstring") from None
     where = f"{getattr(real, '__module__', '?')}.{getattr(real, '__qualname__', real)}{sig}"
     missing = [p for p in implements if p not in sig.parameters]
     if missing:
