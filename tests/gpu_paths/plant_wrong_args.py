@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 import tokenize
 from pathlib import Path
 
@@ -42,6 +43,8 @@ sys.path.insert(0, str(HERE))
 from gpu_rehearsal import markers, rehearsal_file  # noqa: E402
 
 PLANTED_KEYWORD = "planted_wrong_arg"
+MARKER_OF = "# GPU-ONLY({})".format
+"""The marker comment of an id."""
 SKIP_ALL = '\nimport pytest as _planted_pytest\npytestmark = _planted_pytest.mark.skip(reason="planted: all skipped")\n'
 
 
@@ -88,23 +91,22 @@ EQUIVALENT = {
 """(id, plant) -> why the planted code computes exactly what the original does (reported, not counted as survived)."""
 
 
-def _comments(text: str) -> dict[int, str]:
-    """line -> its comment (with the `#`)."""
-    out = {}
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            out[tok.start[0]] = tok.string
-    return out
+def _comments(lines: list[str]) -> list[str]:
+    """The comments (with their `#`) of the lines of one statement, in order."""
+    source = textwrap.dedent("\n".join(lines)) + "\n"
+    return [t.string for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
 
 
 def _statement(tree: ast.AST, line: int):
     """The innermost simple statement (no body) whose lines hold `line`, or None (a compound statement's header)."""
-    best = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.stmt) and not hasattr(node, "body") and node.lineno <= line <= node.end_lineno:
-            if best is None or node.lineno >= best.lineno:
-                best = node
-    return best
+    node, found = tree, None
+    while True:
+        inside = [c for c in ast.iter_child_nodes(node)
+                  if isinstance(c, (ast.stmt, ast.excepthandler)) and c.lineno <= line <= c.end_lineno]
+        if not inside:
+            return found
+        node = inside[0]
+        found = None if hasattr(node, "body") else node
 
 
 def _calls(stmt) -> list[ast.Call]:
@@ -176,13 +178,13 @@ def _value_plants(tree: ast.AST, stmt):
             yield f"None -> {ast.unparse(other)} (the CPU side's value)", lambda s: setattr(s, "value", copy.deepcopy(other))
 
 
-def _rewrite(text: str, stmt, new_stmt, comments: dict[int, str]) -> str:
+def _rewrite(text: str, stmt, new_stmt) -> str:
     """`text` with the lines of `stmt` replaced by `new_stmt` on its first line (its comments kept there) and blank
     lines for the rest (every other line keeps its number)."""
     lines = text.split("\n")
     first = lines[stmt.lineno - 1]
     indent = first[: len(first) - len(first.lstrip())]
-    kept = "  ".join(comments[n] for n in range(stmt.lineno, stmt.end_lineno + 1) if n in comments)
+    kept = "  ".join(_comments(lines[stmt.lineno - 1: stmt.end_lineno]))
     body = indent + ast.unparse(new_stmt) + ("  " + kept if kept else "")
     lines[stmt.lineno - 1: stmt.end_lineno] = [body] + [""] * (stmt.end_lineno - stmt.lineno)
     return "\n".join(lines)
@@ -190,12 +192,14 @@ def _rewrite(text: str, stmt, new_stmt, comments: dict[int, str]) -> str:
 
 def argument_plants(root: Path = REPO) -> tuple[list[Plant], list[str]]:
     """The plants of every marked statement, and one line per marked line that got none (and why)."""
-    plants, unplanted, seen = [], [], set()
+    plants, unplanted, seen, files = [], [], set(), {}
     for branch, lines in sorted(markers(root / "llmtrain").items()):
         for path, line in lines:
             rel = os.path.relpath(path, root)
-            text = Path(path).read_text(encoding="utf-8")
-            tree = ast.parse(text)
+            if path not in files:
+                text = Path(path).read_text(encoding="utf-8")
+                files[path] = text, ast.parse(text)
+            text, tree = files[path]
             stmt = _statement(tree, line)
             if stmt is None:
                 unplanted.append(f"{rel}:{line} GPU-ONLY({branch}): on a compound statement's header (refused by "
@@ -204,20 +208,19 @@ def argument_plants(root: Path = REPO) -> tuple[list[Plant], list[str]]:
             if (rel, stmt.lineno) in seen:
                 continue
             seen.add((rel, stmt.lineno))
-            comments = _comments(text)
             index = {id(n): k for k, n in enumerate(ast.walk(stmt))}
             made = 0
             for call in _calls(stmt):
                 for what, mutate in _call_plants(call):
                     new = copy.deepcopy(stmt)
                     mutate(list(ast.walk(new))[index[id(call)]])
-                    plants.append(Plant(branch, f"{rel}:{stmt.lineno}", what, rel, _rewrite(text, stmt, new, comments)))
+                    plants.append(Plant(branch, f"{rel}:{stmt.lineno}", what, rel, _rewrite(text, stmt, new)))
                     made += 1
             if not made:
                 for what, mutate in _value_plants(tree, stmt):
                     new = copy.deepcopy(stmt)
                     mutate(new)
-                    plants.append(Plant(branch, f"{rel}:{stmt.lineno}", what, rel, _rewrite(text, stmt, new, comments)))
+                    plants.append(Plant(branch, f"{rel}:{stmt.lineno}", what, rel, _rewrite(text, stmt, new)))
                     made += 1
             if not made:
                 unplanted.append(f"{rel}:{line} GPU-ONLY({branch}): no call or constant to plant in")

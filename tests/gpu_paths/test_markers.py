@@ -209,3 +209,19 @@ def test_a_module_that_skips_on_cpu_or_misses_a_marked_line_fails():
     assert module_problems("test_x.py", "x", marked, set(), ran=0, on_gpu=True) == []  # GPU_PATHS' steps run it
     (missed,) = module_problems("test_x.py", "x", marked, set(list(hit)[:1]) | {("other.py", 1)}, ran=1, on_gpu=True)
     assert "no `reaches('x')` block ran" in missed and missed.count("llmtrain/a.py:") == 1
+
+
+def test_every_marked_line_gets_wrong_argument_plants():
+    """plant_wrong_args.py (run by hand: minutes) has plants for every marked line, each a file that still parses
+    and keeps its markers: a branch marked later is planted without touching the script."""
+    import ast
+
+    from plant_wrong_args import MARKER_OF, argument_plants
+
+    plants, unplanted = argument_plants()
+    assert unplanted == []
+    assert {p.branch for p in plants} == set(markers())
+    first = {p.where: p for p in reversed(plants)}  # one plant per planted statement: parsing is the slow part
+    for p in first.values():
+        ast.parse(p.text)
+    assert all(MARKER_OF(p.branch) in p.text for p in plants)
