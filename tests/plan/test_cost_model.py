@@ -601,7 +601,7 @@ def test_zero2_meets_once_a_micro_batch_at_that_gap():
     parameters (B/bw) right after the optimizer: each extra micro-batch adds one meeting, and the reduce's wait
     is read at the micro-batch's compute, not at the step's."""
     from llmtrain.parallel.layout import resolve_layout
-    from llmtrain.plan.estimate import flops_parameters, time_estimate
+    from llmtrain.plan.estimate import time_estimate
 
     def comm(accum, gap_table):
         base = _synthetic(async_launch=False)  # a CPU profile: nothing overlaps the collectives
