@@ -2,12 +2,19 @@
 
     python benchmarks/fit_h200.py benchmarks/data/h200              # -> llmtrain/plan/profiles/h200.json
     python benchmarks/fit_h200.py DATA_DIR --out /tmp/h200.json
+    python benchmarks/fit_h200.py DATA_DIR --moe-data benchmarks/data/h200_moe,benchmarks/data/h200_moe/final
+                                                                    # the default further directories
 
 DATA_DIR holds gemm.json, attention.json, memory_bound.json, host.json, host_model.json and optimizer.json as
 benchmarks/gpu_reference.py writes them (their README.md describes each); steps*.json, if there, are not read.
 The host block comes from host_model.json (the model twin's own code path at tiny shapes, `host_from_model`);
 without that file, from host.json's loops of tiny eager ops (`host_times`), which miss the model code's Python.
 The constants that are not measured there come from the datasheet and are said so in the file.
+Further directories (`--moe-data`, a comma list, default benchmarks/data/h200_moe and its `final/` (the second
+run: the dispatch's new op classes); benchmarks/gpu_tables.py writes them) add kernel tables only, never their
+steps (a later directory's rows of the same op and size join the earlier's medians): `bmm.json` (the experts' batched GEMMs), `gemm_extra.json` (exact-hit
+dense shapes), `moe_ops.json` (the dispatch's ops, each its own memory-bound class, named by op) and
+`attention_long.json` (its `flash_twin_views` rows: the layout the twin and Paddle's flash attention run).
 """
 from __future__ import annotations
 
@@ -62,13 +69,14 @@ def _op_counts(row: dict) -> tuple[int, int, int, int, int]:
     (kernels.py) for one host_model.json row, the model configured as benchmarks/planner.py configures the H200
     rows."""
     from llmtrain.config import compose_config, register_configs, to_config
-    from llmtrain.plan.kernels import micro_batch_kernels
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
     from benchmarks.planner import h200_overrides
 
     register_configs()
     a = row["arch"]
     cfg = to_config(compose_config(h200_overrides(a, row["micro_batch"], row["recompute"]))).model
-    mb = micro_batch_kernels(cfg, row["micro_batch"], a["seq"], 1, 2, True, True, "full" if row["recompute"] else "none")
+    mb = micro_batch_kernels(MicroBatchSpec(cfg, row["micro_batch"], a["seq"], 1, 2, True, True,
+                                            "full" if row["recompute"] else "none"))
     f, b = mb.forward, mb.backward
     nf = sum(k.kind != "view" for k in f)
     nb = sum(k.kind != "view" and k.host != "launch" for k in b)
@@ -136,6 +144,56 @@ def optimizer_rows(rows: list[dict]) -> list[dict]:
     return [{"tensors": r["tensors"], "numel": r["params"], "seconds": r["step_s"]} for r in rows if r.get("step_s")]
 
 
+def moe_tables(dirs: list[Path]) -> dict:
+    """The profile blocks fitted from benchmarks/gpu_tables.py directories (kernel tables only; see the module
+    docstring): {"bmm", "gemm_exact", "attention_long", "moe_classes", "provenance"}; {} when absent."""
+    from llmtrain.plan.fit import fit_attention
+
+    def load(name):
+        found = [json.loads((d / f"{name}.json").read_text()) for d in dirs if (d / f"{name}.json").exists()]
+        if not found:
+            return None
+        return {"rows": [r for f in found for r in f["rows"]], "provenance": [f.get("provenance", {}) for f in found]}
+
+    out, prov = {}, {}
+    bmm = load("bmm")
+    if bmm:
+        med: dict = {}
+        for r in bmm["rows"]:
+            if r.get("seconds"):
+                med.setdefault((r["batch"], r["m"], r["n"], r["k"], r["layout"]), []).append(r["seconds"])
+        out["bmm"] = {"rows": [[*key, 2.0 * key[0] * key[1] * key[2] * key[3] / statistics.median(t)]
+                               for key, t in sorted(med.items())]}
+        prov["bmm"] = bmm.get("provenance", {})
+    extra = load("gemm_extra")
+    if extra:
+        med = {}
+        for r in extra["rows"]:
+            if r.get("seconds"):
+                med.setdefault((r["m"], r["n"], r["k"], r["layout"]), []).append(r["seconds"])
+        out["gemm_exact"] = {"rows": [[*key, 2.0 * key[0] * key[1] * key[2] / statistics.median(t)]
+                                      for key, t in sorted(med.items())]}
+        prov["gemm_extra"] = extra.get("provenance", {})
+    attn = load("attention_long")
+    if attn:
+        rows = [r for r in attn["rows"] if r.get("way") == "flash_twin_views" and r.get("fwd_s")]
+        fitted = fit_attention(rows)  # [bh, s, d, causal, fwd, bwd]
+        out["attention_long"] = {"rows": [[*f[:4], r["kv_heads"], *f[4:]] for f, r in zip(fitted, rows)]}
+        prov["attention_long"] = attn.get("provenance", {})
+    ops = load("moe_ops")
+    if ops:
+        by: dict = {}
+        for r in ops["rows"]:
+            if r.get("seconds") and "eager" not in str(r.get("timing", "")):
+                by.setdefault(r["op"], {}).setdefault(float(r["numel"]), []).append(r["seconds"])
+        out["moe_classes"] = {op: [[n, statistics.median(t)] for n, t in sorted(sizes.items())]
+                              for op, sizes in sorted(by.items())}
+        prov["moe_ops"] = ops.get("provenance", {})
+    if out:
+        out["provenance"] = prov
+    return out
+
+
 def main(argv: list[str]) -> None:
     data = Path(argv[0] if argv and not argv[0].startswith("--") else "benchmarks/data/h200")
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else \
@@ -150,6 +208,18 @@ def main(argv: list[str]) -> None:
     prov["fitted_by"] = f"python benchmarks/fit_h200.py {data}"
     prof = fit_profile(raw, BASE, prov)
     prof["optimizer"]["includes_clip"] = True  # step_s holds the clip (and zeroing the grads)
+    moe_arg = argv[argv.index("--moe-data") + 1] if "--moe-data" in argv else \
+        f"{data.parent / 'h200_moe'},{data.parent / 'h200_moe' / 'final'}"
+    moe_dirs = [Path(x) for x in moe_arg.split(",") if x]
+    extra = moe_tables(moe_dirs)
+    if extra:
+        src = f"fitted from {moe_arg} (benchmarks/gpu_tables.py), kernel tables only"
+        for key in ("bmm", "gemm_exact", "attention_long"):
+            if key in extra:
+                prof[key] = {"source": src, **extra[key]}
+        prof["memory_bound"]["classes"].update(extra.get("moe_classes", {}))
+        prof["provenance"]["moe_tables"] = extra["provenance"]
+        prof["provenance"]["fitted_by"] += f" --moe-data {moe_arg}"
     out.write_text(json.dumps(prof, indent=1))
     print(f"wrote {out}: {len(prof['gemm']['rows'])} GEMM shapes, {len(prof.get('attention', {}).get('rows', []))} "
           f"attention rows, memory-bound classes {sorted(prof['memory_bound']['classes'])}, host {prof['host']}, "

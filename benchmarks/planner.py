@@ -6,6 +6,8 @@
                                                          # the CPU table alone: N interleaved passes of the ten
                                                          # runs, each after its own calibration; --no-run:
                                                          # re-predict the last runs
+    python benchmarks/planner.py --h200-moe --h200-long  # MoE and 16k-64k twin steps (benchmarks/data/h200_moe)
+    python benchmarks/planner.py --long-cp               # llama-7b at 32k/128k on 8/64 h200s, with and without cp
     python benchmarks/planner.py --h200-only [DIR]       # H200 steps (DIR/steps_pass*.json, default
                                                          # benchmarks/data/h200) against the h200 profile (fitted by
                                                          # benchmarks/fit_h200.py)
@@ -372,9 +374,157 @@ def h200_table(data_dir: str = H200_DATA) -> None:
           "within 10% (against the median of the three passes)")
 
 
+H200_MOE_DATA = "benchmarks/data/h200_moe"
+H200_MOE_FINAL = "benchmarks/data/h200_moe/final"
+"""The second MoE run (2026-12-03 13:33): llmtrain's final op sequence, the rows the planner is checked against."""
+
+
+def h200_moe_overrides(arch: dict, moe: dict, micro_batch: int, imbalance: float) -> list[str]:
+    """Planner overrides for one moe_steps.json row (benchmarks/gpu_moe.py's twin): the dense row's overrides
+    (`h200_overrides`: the attention, the shared expert as the fused dense FFN) with every block MoE, the row's
+    experts, top-k, widths, router and losses, its capacity factor (0: dropless) and, for dropless, the row's
+    routing imbalance as the stated factor (`plan.moe_imbalance`: an input of the routing, not a time)."""
+    m = moe
+    return h200_overrides(arch, micro_batch, False) + [
+        f"model.moe_num_experts={m['experts']}", f"model.moe_top_k={m['top_k']}", f"model.moe_ffn_hidden_size={m['ffn']}",
+        f"model.moe_num_shared_experts={m['shared_ffn'] // m['ffn']}", "model.moe_first_dense_layers=0",
+        "model.moe_router=softmax", f"model.moe_norm_topk={str(m['norm_topk']).lower()}",
+        f"model.moe_aux_loss_coef={m['aux_coef']}", f"model.moe_z_loss_coef={m['z_coef']}",
+        f"model.moe_capacity_factor={m['capacity_factor']}", f"plan.moe_imbalance={imbalance:.4f}"]
+
+
+def stated_imbalance(row: dict) -> float:
+    """A dropless row's stated factor: the mean over its timed steps and layers of the capacity C the dispatcher
+    used (the host reads, recorded: `capacity_mean_factor`, C over T k / E); the first run recorded none, so its
+    rows fall back to `imbalance` (the busiest expert's load over the mean in one forward after the timed steps).
+    Capacity rows ignore it."""
+    return row.get("capacity_mean_factor") or row["imbalance"]
+
+
+def h200_moe_rows(data_dir: str = H200_MOE_FINAL, impl: str = "slots") -> list[dict]:
+    """Predicted vs measured step time of the MoE twin's rows of llmtrain's formulation (moe_steps.json; never
+    fitted): `impl` slots with the twin's defaults (the variants, tagged `slots_*`, are left out)."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for r in json.loads((Path(data_dir) / "moe_steps.json").read_text())["rows"]:
+        if r.get("moe", {}).get("impl") != impl or not r.get("step_s_median") or f"-{impl}-" not in r["name"]:
+            continue
+        if r["moe"].get("scan", "paddle") != "paddle" or r["moe"].get("dispatch", "gather") != "gather":
+            continue
+        imb = stated_imbalance(r)
+        pred = _row(h200_moe_overrides(r["arch"], r["moe"], r["micro_batch"], imb))
+        out.append({"name": r["name"], "measured_s": r["step_s_median"], "predicted_s": pred["step_time_s"],
+                    "error": pred["step_time_s"] / r["step_s_median"] - 1, "imbalance": imb,
+                    "busy_s": r.get("kernel_time_s"), "host_s": pred["host_s"], "device_s": pred["device_s"],
+                    "memory_allocated": pred["memory_bytes"]["allocated"], "peak_measured": r.get("peak_mem_bytes")})
+    return out
+
+
+def h200_moe_table(data_dir: str = H200_MOE_FINAL) -> None:
+    import json
+    from pathlib import Path
+
+    measured = {r["name"]: r for r in json.loads((Path(data_dir) / "moe_steps.json").read_text())["rows"]
+                if r.get("step_s_median")}
+    print("\n| MoE row (H200 twin, seq 4096) | measured s | predicted s | error | stated dropless C / (T k / E) | predicted host / "
+          "device s | GPU busy s (profiled) | predicted / measured peak GiB |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows = h200_moe_rows(data_dir)
+    for r in rows:
+        print(f"| {r['name']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | "
+              f"{r['imbalance']:.2f} | {r['host_s']:.4f} / {r['device_s']:.4f} | {r['busy_s'] or 0:.4f} | "
+              f"{r['memory_allocated'] / 2**30:.1f} / {(r['peak_measured'] or 0) / 2**30:.1f} |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+          f"{sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%")
+    print("\n| shape, micro-batch | slots cap 1.25 s | slots dropless s | grouped GEMM (dropless) s | loop cap 1.25 s | "
+          "loop / slots (cap) | slots / grouped (cap; dropless) |")
+    print("|---|---|---|---|---|---|---|")
+    for key in sorted({n.rsplit("-", 2)[0] for n in measured}):
+        get = lambda tag: measured.get(f"{key}-{tag}", {}).get("step_s_median")  # noqa: E731
+        cap, drop, grp, loop = get("slots-cap1.25"), get("slots-dropless"), get("grouped-dropless"), get("loop-cap1.25")
+        fmt = lambda x: f"{x:.4f}" if x else "-"  # noqa: E731
+        ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+        print(f"| {key} | {fmt(cap)} | {fmt(drop)} | {fmt(grp)} | {fmt(loop)} | {ratio(loop, cap)} | "
+              f"{ratio(cap, grp)}; {ratio(drop, grp)} |")
+
+
+def h200_long_rows(data_dir: str = H200_MOE_DATA) -> list[dict]:
+    """Predicted vs measured step time of the dense twin at 16k-64k tokens (long_steps.json; never fitted)."""
+    import json
+    from pathlib import Path
+
+    out = []
+    for r in json.loads((Path(data_dir) / "long_steps.json").read_text())["rows"]:
+        if not r.get("step_s_median"):
+            continue
+        pred = _row(h200_overrides(r["arch"], r["micro_batch"], r["recompute"]))
+        out.append({"name": r["name"], "measured_s": r["step_s_median"], "predicted_s": pred["step_time_s"],
+                    "error": pred["step_time_s"] / r["step_s_median"] - 1, "busy_s": r.get("kernel_time_s"),
+                    "memory_allocated": pred["memory_bytes"]["allocated"], "peak_measured": r.get("peak_mem_bytes")})
+    return out
+
+
+def h200_long_table(data_dir: str = H200_MOE_DATA) -> None:
+    rows = h200_long_rows(data_dir)
+    print("\n| long row (H200 twin, one micro-batch) | measured s | predicted s | error | GPU busy s (profiled) | "
+          "predicted allocated / measured peak GiB |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['name']} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% | "
+              f"{r['busy_s'] or 0:.4f} | {r['memory_allocated'] / 2**30:.1f} / {(r['peak_measured'] or 0) / 2**30:.1f} |")
+    errs = [abs(r["error"]) for r in rows]
+    print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
+          f"{sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%")
+
+
+LONG_CP_MODEL = ["model=llama-7b", "model.vocab_size=32000", "model.attention=flash", "train.amp=bf16"]
+
+
+def long_cp_rows(seqs=(32768, 131072), devices=(8, 64)) -> list[dict]:
+    """The planner's best layouts for llama-7b at long sequences on h200 nodes (global batch = devices): the best
+    that fits without context parallelism and the best with cp for each exchange (`rank_layouts(context=True)`;
+    needs parallel.cp). Predictions only: no multi-GPU step was measured."""
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.search import rank_layouts
+
+    out = []
+    for s in seqs:
+        for n in devices:
+            cfg = to_config(compose_config(LONG_CP_MODEL + [f"data.seq_len={s}", f"train.global_batch_size={n}",
+                                                            f"plan.devices={n}", "plan.device=h200"]))
+            rows = [r for r in rank_layouts(cfg, planned_model(cfg), context=True) if r["fits"] and r["runnable"]]
+            best = {"none": next((r for r in rows if r["cp"] == 1), None)}
+            for comm in ("ring", "allgather", "a2a"):
+                best[comm] = next((r for r in rows if r["cp"] > 1 and r["cp_comm"] == comm), None)
+            out.append({"seq": s, "devices": n, "best": best})
+    return out
+
+
+def long_cp_table() -> None:
+    print("\n| llama-7b, h200 | best without cp | best with cp, ring | all-gather | all-to-all (a2a) |")
+    print("|---|---|---|---|---|")
+    cell = lambda r: "-" if r is None else (  # noqa: E731
+        f"{r['name']} mb{r['micro_batch']}{' recompute' if r['recompute'] else ''}: {r['step_time_s']:.2f} s, "
+        f"{r['tokens_per_sec_per_device']:.0f} tok/s/dev, {r['memory_bytes']['total'] / 2**30:.0f} GiB"
+        + (f", cp exposed {r['cp_comm_s']:.2f} s" if r["cp"] > 1 else ""))
+    for row in long_cp_rows():
+        b = row["best"]
+        print(f"| seq {row['seq'] // 1024}k, {row['devices']} GPUs | {cell(b['none'])} | {cell(b['ring'])} | "
+              f"{cell(b['allgather'])} | {cell(b['a2a'])} |")
+
+
 if __name__ == "__main__":
     register_configs()
-    if "--cpu-only" not in sys.argv and "--h200-only" not in sys.argv:
+    if "--long-cp" in sys.argv:
+        long_cp_table()
+    if "--h200-moe" in sys.argv:
+        h200_moe_table()
+    if "--h200-long" in sys.argv:
+        h200_long_table()
+    if not {"--cpu-only", "--h200-only", "--h200-moe", "--h200-long", "--long-cp"} & set(sys.argv):
         main()
         megatron_table()
         ratio_table()

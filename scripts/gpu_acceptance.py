@@ -55,6 +55,7 @@ THROUGHPUT = ["model=tinyllama-1.1b", "train.amp=bf16", "data.seq_len=2048", "tr
               "train.micro_batch_size=1", "train.progress_bar=false", "train.visualdl=false",
               "checkpoint.save_final=false", "checkpoint.interval=0", "checkpoint.resume=none"]
 GPU_PATHS = {
+    "alltoall-dispatch": ["ep_alltoall"],
     "amp-fp16": ["gpu_paths", "fp16_overflow", "parity_bf16"],
     "async-save-device-copy": ["gpu_paths"],
     "cp-flash": ["gpu_paths", "cp_exchanges"],
@@ -63,19 +64,19 @@ GPU_PATHS = {
     "flash-attention": ["gpu_paths", "parity_bf16", "tput_auto"],
     "flashmask": ["gpu_paths", "finetune_packed"],
     "flashmask-window": ["gpu_paths"],
-    "fused-rms-norm": ["gpu_paths", "fused_kernels", "parity_bf16"],
-    "fused-rope": ["gpu_paths", "fused_kernels", "finetune_packed"],
+    "fleet-nccl": ["gpu_paths", "parity_fp32", "parity_bf16"],
+    "fused-rms-norm": ["gpu_paths", "fused_kernels", "parity_fp32", "parity_bf16", "finetune_packed"],
+    "fused-rope": ["gpu_paths", "fused_kernels", "parity_fp32", "parity_bf16", "finetune_packed"],
     "fused-rope-scaled": ["gpu_paths"],
+    "memory-metrics": ["gpu_paths", "tput_auto"],
     "mla-value-pad": ["gpu_paths"],
     "moe-combine": ["gpu_paths", "ep_alltoall"],
-    "alltoall-dispatch": ["ep_alltoall"],
-    "fleet-nccl": ["parity_fp32", "parity_bf16"],
-    "memory-metrics": ["gpu_paths", "tput_auto"],
     "overlap-knobs": ["gpu_paths", "tput_dp4tp2", "tput_dp2tp2pp2"],  # the step names of an 8-GPU run
     "peak-table": ["gpu_paths", "tput_auto"],
 }
-"""Every GPU-only branch (`# GPU-ONLY(<id>)` in llmtrain/, the README's list) -> the steps that run it here;
-tests/gpu_paths/test_markers.py keeps the keys equal to the marked branches."""
+"""Every GPU-only branch (`# GPU-ONLY(<id>)` in llmtrain/, the README's and docs/gpus.md's lists) -> the steps that
+run it here (Llama runs use the fused norm and RoPE, on by default on GPU); tests/gpu_paths/test_markers.py keeps
+the keys equal to the marked branches and the steps equal to docs/gpus.md's."""
 FP16_STEPS = 6
 NOT_CHECKED = [
     "8-process layouts against one process (dp8, tp8, dp2tp2pp2): checked once on CPU, not in the parity suite",

@@ -56,7 +56,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, ffn_names, take_norm_and_head
+from llmtrain.interop.keys import EXPERT_LINEARS, SourceTensors, UnsupportedConfig, ffn_names, take_norm_and_head
 from llmtrain.models.config import ModelConfig
 
 ARCHITECTURES = {"ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
@@ -253,7 +253,6 @@ def _rows(cfg: ModelConfig) -> dict:
 def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = None) -> tuple[dict, list[str]]:
     """Our canonical state (lazy) from ERNIE 4.5 tensors, and notes; the MTP block is skipped."""
     from llmtrain.interop.deepseek import _Mapped
-    from llmtrain.interop.hf_format import EXPERT_LINEARS
     from llmtrain.interop.tensor_files import StackedTransposed
     from llmtrain.interop.keys import model_shapes
 
@@ -292,7 +291,6 @@ def to_canonical(src: SourceTensors, cfg: ModelConfig, config: Optional[dict] = 
 
 def from_canonical(state: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """ERNIE 4.5 tensors ([out, in] linears, q/k rotary rows interleaved again) from our canonical state."""
-    from llmtrain.interop.hf_format import EXPERT_LINEARS
 
     back = {k: np.argsort(v) for k, v in _rows(cfg).items()}  # theirs = ours[argsort(order)]
     out = {"model.embed_tokens.weight": np.asarray(state["embed.word.weight"], np.float32)}

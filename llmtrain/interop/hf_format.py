@@ -37,7 +37,7 @@ from typing import Optional
 import numpy as np
 
 from llmtrain.interop.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, hf_family_for
-from llmtrain.interop.keys import SourceTensors, UnsupportedConfig, check_canonical, model_shapes
+from llmtrain.interop.keys import EXPERT_LINEARS, SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tensor_files import (SAFE_INDEX, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            StackedTransposed, find_weight_files, read_tensors, staged_dir)
 from llmtrain.models.config import ModelConfig
@@ -103,10 +103,6 @@ class _Transposed:
     def __array__(self, dtype=None, copy=None):
         arr = np.ascontiguousarray(np.asarray(self.inner, dtype=np.float32).T)
         return arr if dtype is None else arr.astype(dtype, copy=False)
-
-
-EXPERT_LINEARS = (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))
-"""(our stacked expert tensor in `layers.i.mlp.experts.`, HF linear in `model.layers.i.mlp.experts.{j}.`)"""
 
 
 def _linears(cfg: ModelConfig, index: int) -> list[tuple[str, str, bool]]:

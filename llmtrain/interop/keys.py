@@ -173,3 +173,7 @@ def model_shapes(cfg) -> dict[str, list[int]]:
     with paddle.LazyGuard():
         model = build_model(cfg)
     return {name: [int(s) for s in p.shape] for name, p in canonical_parameters(model)}
+
+
+EXPERT_LINEARS = (("w_gate", "gate_proj"), ("w_up", "up_proj"), ("w_down", "down_proj"))
+"""(our stacked expert tensor in `layers.i.mlp.experts.`, HF linear in `model.layers.i.mlp.experts.{j}.`)"""

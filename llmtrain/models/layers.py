@@ -236,11 +236,11 @@ def flash_attention_gpu(q, k, v, causal: bool = True, mask=None, segments=None, 
     Paddle's flashmask attention with the first masked row per key (`document_end_rows`, `window_end_rows`)
     (not run on CPU, where `auto` picks the math path; rehearsed on CPU in tests/gpu_paths/). Shapes as
     math_attention."""
-    if window and causal and window < q.shape[1]:  # GPU-ONLY(flashmask-window)
+    if window and causal and window < q.shape[1]:
         from paddle.nn.functional.flash_attention import flashmask_attention
 
-        rows = window_end_rows(q.shape[0], q.shape[1], window, segments)
-        return flashmask_attention(q, k, v, rows, causal=True)
+        rows = window_end_rows(q.shape[0], q.shape[1], window, segments)  # GPU-ONLY(flashmask-window)
+        return flashmask_attention(q, k, v, rows, causal=True)  # GPU-ONLY(flashmask-window)
     if segments is not None:
         from paddle.nn.functional.flash_attention import flashmask_attention
 

@@ -95,8 +95,9 @@ def padded_value_core(core, qk_dim: int):
         dv = v.shape[-1]
         if dv == qk_dim:
             return core(q, k, v, causal, mask, segments, **kw)
-        v = paddle.concat([v, paddle.zeros([*v.shape[:-1], qk_dim - dv], dtype=v.dtype)], axis=-1)  # [b, s, nh, qk]
-        return core(q, k, v, causal, mask, segments, **kw)[..., :dv]  # [b, s, nh, d_v]
+        pad = paddle.zeros([*v.shape[:-1], qk_dim - dv], dtype=v.dtype)  # GPU-ONLY(mla-value-pad)
+        v = paddle.concat([v, pad], axis=-1)  # GPU-ONLY(mla-value-pad): [b, s, nh, qk]
+        return core(q, k, v, causal, mask, segments, **kw)[..., :dv]  # GPU-ONLY(mla-value-pad): [b, s, nh, d_v]
 
     return attend
 
@@ -127,8 +128,8 @@ class MLAttention(nn.Layer):
                              max_positions=cfg.max_position_embeddings, scaling=cfg.rope_scaling)  # over d_r only
         self.q_factor = mla_softmax_scale(cfg) * math.sqrt(self.qk)  # the cores divide by sqrt(qk): 1 without YaRN
         core = choose_attention(cfg.attention)
-        if core is not math_attention:  # GPU-ONLY(mla-value-pad): flash kernels take one head width for q, k, v
-            core = padded_value_core(core, self.qk)
+        if core is not math_attention:  # flash kernels take one head width for q, k, v
+            core = padded_value_core(core, self.qk)  # GPU-ONLY(mla-value-pad)
         self.attend = roles.attention_core(core)  # a plan may wrap the core (context parallelism's exchange)
         self.roles = roles
 

@@ -62,6 +62,8 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
         log(f"parallel=auto: the layouts were planned in {best['amp']} AMP, but train.amp={cfg.train.amp}: the run "
             f"trains as configured (set train.amp={best['amp']} to train as planned)")
     knobs = _kept_knobs(cfg.parallel, best, log)
+    if best.get("cp", 1) > 1:  # chosen only when no layout without context parallelism fits (search.rank_layouts)
+        knobs.update(cp=best["cp"], cp_comm=best["cp_comm"])
     parallel = ParallelConfig(name=best["name"], dp=best["dp"], tp=best["tp"], pp=best["pp"], sharding=best["sharding"],
                               sharding_stage=best["sharding_stage"], pp_schedule=best["pp_schedule"],
                               virtual_pp=best["virtual_pp"], zero3_segment_size=cfg.parallel.zero3_segment_size,

@@ -347,18 +347,21 @@ def _predict_loop_row(profile: dict, r: dict) -> tuple[float, int]:
     from math import prod
 
     from llmtrain.models.config import ModelConfig
-    from llmtrain.plan.kernels import micro_batch_kernels
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
     from llmtrain.plan.params import model_param_specs
     from llmtrain.plan.profile import from_dict
-    from llmtrain.plan.timeline import step_compute
+    from llmtrain.plan.timeline import StepSpec, step_compute
 
     m, s, b, layers = r["micro_batches"], r["seq"], r["micro_batch"], r["layers"]
     model = ModelConfig(**r["model"])
     tensors = [(int(prod(x.shape)), 4) for x in model_param_specs(model) if not x.frozen]
-    pred = step_compute(from_dict(profile), model, b, s, 1, m, False, False, "none", layers, True, True, tensors,
-                        tensors)["compute_s"]
-    mb = micro_batch_kernels(model, b, s, 1, 4, False, False, "none", layers,
-                             math_core=bool(profile.get("attention_math", {}).get("fwd")))
+    prof = from_dict(profile)
+    micro = MicroBatchSpec(model, b, s, 1, prof.dtype_bytes, False, False, "none", layers,
+                           math_core=prof.math_attn is not None,
+                           ce_core="vocab_parallel_ce" in prof.mem_curves)
+    pred = step_compute(prof, StepSpec(micro, m, tensors, tensors))["compute_s"]
+    mb = micro_batch_kernels(MicroBatchSpec(model, b, s, 1, 4, False, False, "none", layers,
+                                            math_core=bool(profile.get("attention_math", {}).get("fwd"))))
     return pred, len(mb.forward) + len(mb.backward)
 
 

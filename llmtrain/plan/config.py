@@ -32,5 +32,9 @@ class PlanConfig:
     """A calibrated profile file (`python -m llmtrain.plan --calibrate` writes work/cpu-here.json), relative to the
     working directory; used when it exists and its `name` is `plan.device` (null: never; then the packaged profile)."""
 
+    moe_imbalance: Optional[float] = None
+    """Dropless MoE (`model.moe_capacity_factor=0`): the stated load of the busiest expert over the mean load
+    (T·k/E), which sizes the dispatch buffer's rows per expert; null: 1.25. Capacity mode ignores it."""
+
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""

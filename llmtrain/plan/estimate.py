@@ -55,7 +55,9 @@ import math
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
-from llmtrain.plan.timeline import step_compute
+from llmtrain.plan.kernels import MicroBatchSpec
+from llmtrain.plan.moe import MoEPlan
+from llmtrain.plan.timeline import StepSpec, step_compute
 
 OVERLAP = 0.8
 RECOMPUTE = ("none", "full", "selective")
@@ -152,13 +154,26 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
 
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
-                    dtype_bytes: int, flash: bool, framework_bytes: float) -> dict:
+                    dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None) -> dict:
     mode = recompute_mode(recompute)
     ranks = predict_stage_ranks(cfg, layout, amp, device)
     worst = None
-    s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective",
-                                       sp=getattr(layout, "sequence_parallel", False), gpu=device == "gpu")
+    cp = getattr(layout, "cp", 1)
+    s, b, t, p, v, m = seq_len // cp, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
+    sp = getattr(layout, "sequence_parallel", False)
+    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
+                                       gpu=device == "gpu")
+    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
+    if moe_layers:  # an MoE block: the dense block with the shared expert's FFN, plus the dispatch's tensors
+        import dataclasses
+
+        from llmtrain.plan.moe import moe_activation_bytes
+
+        shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
+        plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=MOE_IMBALANCE if moe_imbalance is None else moe_imbalance)
+        moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
+                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
+        per_layer = (per_layer * (cfg.num_layers - moe_layers) + moe_layer * moe_layers) / cfg.num_layers
     layers_here = cfg.num_layers / p
     if p == 1:
         in_flight_layers = layers_here
@@ -242,6 +257,24 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     return grads, [grads[i] for i in sorted(busiest)]
 
 
+def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
+    """(other, expert) gradient elements one rank of the busiest pipeline stage synchronises each step: every
+    trainable tensor it holds, input tables and every expert included (Paddle syncs each trainable gradient, not
+    the 6N of the FLOPs), tp-local; the experts E/ep of them (`local_shape`)."""
+    ep = getattr(layout, "ep", 1)
+    best = (0, 0)
+    for rank in range(layout.pp):
+        key = (repr(cfg), layout.pp, layout.virtual_pp, rank)
+        if key not in _STAGE_SPECS:
+            _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, rank,
+                                                         cfg.tie_embeddings) if x.trainable and not x.frozen]
+        specs = _STAGE_SPECS[key]
+        other = sum(prod_(local_shape(x, layout.tp)) for x in specs if not x.expert)
+        expert = sum(prod_(local_shape(x, layout.tp, ep)) for x in specs if x.expert)
+        best = max(best, (other, expert), key=sum)
+    return best
+
+
 def prod_(shape) -> int:
     out = 1
     for d in shape:
@@ -249,18 +282,38 @@ def prod_(shape) -> int:
     return out
 
 
-def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: float = 1) -> dict:
+MOE_IMBALANCE = 1.25
+"""The stated dropless imbalance when none is given (`plan.moe_imbalance`): the largest expert's load over the
+mean, which sets the dropless dispatch buffer's rows per expert (llmtrain/plan/moe.py)."""
+
+
+def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None) -> MoEPlan:
+    """How a rank of `layout` runs its MoE layers: ep and its dispatcher from the layout, the ep group's link
+    (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance."""
+    ep = getattr(layout, "ep", 1)
+    stride = layout.tp * layout.sharding * layout.pp
+    return MoEPlan(ep=ep, dispatcher=getattr(layout, "ep_dispatcher", "alltoall") if dev.async_launch else "allgather",
+                   imbalance=MOE_IMBALANCE if imbalance is None else imbalance,
+                   link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0))
+
+
+def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: float = 1,
+                     moe: MoEPlan | None = None) -> dict:
     """The compute part of a step on the slowest pipeline stage (timeline.step_compute), selective recompute's
     extra attention forward added; `local_ranks` processes of the job on one host (a CPU profile's
-    `shared_host` slowdown)."""
+    `shared_host` slowdown); `moe`: how the MoE layers run (expert parallelism, dropless imbalance)."""
     s, b, t, p, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.grad_accum
     gpu = dev.async_launch
+    cp = getattr(layout, "cp", 1)
 
     def stage_compute(stage, ranks):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
-        return step_compute(dev, cfg, b, s, t, m, gpu, flash, "full" if mode == "full" else "none",
-                            cfg.num_layers / p, stage == 0, stage == p - 1, grads, owned,
-                            sp=bool(getattr(layout, "sequence_parallel", False)), local_ranks=ranks)
+        n = cfg.num_layers / p
+        micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none", n,
+                               stage == 0, stage == p - 1, bool(getattr(layout, "sequence_parallel", False)),
+                               math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
+                               first_layer=int(round(stage * n)), cp=cp, moe=moe)
+        return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
 
     stages = sorted({0, p - 1})
     ends = {st: stage_compute(st, local_ranks) for st in stages}
@@ -295,8 +348,45 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     return dict(worst, other_stages_s=fill)
 
 
+def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, stride: dict) -> float:
+    """Exposed seconds a step spends in context parallelism's key/value exchanges (`parallel.cp_comm`), on this
+    rank's L/pp blocks, every micro-batch (again in the backward's second forward under full recompute):
+    - ring: each layer's forward runs cp - 1 steps, each sending this rank's k and v chunk (2·b·(s/cp)·kv/tp
+      elements) to the next rank while attending over the block in hand (an s/cp x s/cp block at the flash
+      rate of an s/cp call): exposed max(0, transfer - that block's attention) per step; the backward runs the
+      ring in reverse with k, v and dk, dv (twice the bytes) against the block's backward;
+    - allgather: k and v all-gathered once per layer forward (cp·chunk bytes, ring all-gather), dk and dv
+      reduce-scattered in the backward; not overlapped (attention waits for the whole sequence's keys);
+    - a2a (Ulysses): forward all-to-alls of q, k, v (sequence- to head-split) and of the output back, the
+      backward the same four; (cp - 1)/cp of each tensor's bytes; not overlapped.
+    A pair of ring neighbours or the group talks over `_link` (cp ranks `tp` apart)."""
+    from llmtrain.plan.kernels import attention_flops
+
+    cp, t, b, m = layout.cp, layout.tp, layout.micro_batch, layout.grad_accum
+    e, d = dev.dtype_bytes, cfg.attn_head_dim()
+    sl = seq_len // cp
+    nh, kv = cfg.num_heads // t, cfg.kv_heads() * d / t
+    chunk = 2 * b * sl * kv * e  # this rank's k and v
+    bw, alpha = _link(stride["cp"] * cp, dev, devices_per_node, stride["cp"])
+    forwards = 2 if mode == "full" else 1
+    kind = getattr(layout, "cp_comm", "ring")
+    if kind == "ring":
+        fl = attention_flops(b * nh, sl, d, False)
+        fwd_block = dev.attention_seconds(b * nh, sl, d, True, fl, False)
+        bwd_block = dev.attention_seconds(b * nh, sl, d, True, 2.5 * fl, True)
+        bw_p2p, a_p2p = _link(stride["cp"] * 2, dev, devices_per_node)
+        step_f, step_b = chunk / bw_p2p + a_p2p, 2 * chunk / bw_p2p + a_p2p
+        layer = (cp - 1) * (forwards * max(0.0, step_f - fwd_block) + max(0.0, step_b - bwd_block))
+    elif kind == "allgather":
+        layer = (forwards + 1) * _ring(chunk * cp, cp, bw, alpha, factor=1.0)
+    else:  # a2a: q, k, v in and the output out, each (cp - 1)/cp of its bytes
+        nbytes = b * sl * (2 * nh * d + 2 * kv) * e
+        layer = (forwards + 1) * ((cp - 1) / cp * nbytes / bw + 4 * (cp - 1) * alpha)
+    return m * cfg.num_layers / layout.pp * layer
+
+
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
-                  amp: str = "bf16") -> dict:
+                  amp: str = "bf16", moe_imbalance: float | None = None) -> dict:
     mode = recompute_mode(recompute)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
@@ -304,10 +394,12 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
-    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node))
+    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
+    comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
-    stride = {"tp": 1, "sharding": t, "pp": t * layout.sharding, "dp": t * layout.sharding * p}
+    cp = getattr(layout, "cp", 1)  # context parallelism sits just outside tp (Megatron's tp-cp nesting)
+    stride = {"tp": 1, "cp": t, "sharding": t * cp, "pp": t * cp * layout.sharding, "dp": t * cp * layout.sharding * p}
     bw_tp, a_tp = _link(t, dev, devices_per_node, 1)
     # per block: 2 forward (o_proj, down_proj outputs; again under full recompute), one backward per column input.
     # Sequence parallelism replaces each by an all-gather + reduce-scatter (the same bytes, counted as the
@@ -329,21 +421,27 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
     bw_pp, a_pp = dev.p2p_bw or bw_pp, dev.p2p_alpha or a_pp  # measured send/recv figures when calibrated
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
-    local_param_bytes = n_flops / (t * p) * e
+    other_elems, expert_elems = synced_gradient_elements(cfg, layout)
+    ep = getattr(layout, "ep", 1)
+    local_param_bytes = (other_elems + expert_elems) * e
     micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     after_update = max(0.0, compute - m * micro)  # the optimizer's share of the step: the gap before its gathers
     grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
     zero3 = 0.0  # every micro-batch: ZeRO-3 all-gathers the parameters for forward and backward, reduce-scatters grads
     zero2 = 0.0  # every micro-batch: ZeRO-2 reduces the gradients
-    for axis, n in (("dp", layout.dp), ("sharding", layout.sharding)):
+    for axis, n in (("dp", layout.dp * cp), ("sharding", layout.sharding)):  # gradients reduce over dp x cp
         if n <= 1:
             continue
-        bw, al_link = _link(stride[axis] * n, dev, devices_per_node, stride[axis])
+        lane = "cp" if axis == "dp" and layout.dp == 1 else axis  # dp x cp: the cp ranks when dp is 1
+        bw, al_link = _link(stride[lane] * n, dev, devices_per_node, stride[lane])
         # the ranks meet once a step for the gradients (ZeRO-3: three collectives a micro-batch)
         al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al_link)
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
-            grads += _ring(local_param_bytes / share, n, bw, al)
+            if ep > 1:  # expert gradients sum over the expert-data-parallel group (dp / ep ranks), the rest over dp
+                grads += _ring(other_elems * e / share, n, bw, al) + _ring(expert_elems * e / share, n // ep, bw, al)
+            else:
+                grads += _ring(local_param_bytes / share, n, bw, al)
         elif layout.sharding_stage == 3:
             zero3 += 3 * _ring(local_param_bytes, n, bw, al, factor=1.0)
         elif layout.sharding_stage == 2:
@@ -378,10 +476,12 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step
     bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / (v * m) if p > 1 else 0.0
-    step = compute + tp_comm + pp_comm + exposed + bubble + loop_comm
+    cp_comm = cp_comm_s(cfg, layout, seq_len, mode, dev, devices_per_node, stride) if cp > 1 else 0.0
+    step = compute + tp_comm + pp_comm + exposed + bubble + loop_comm + cp_comm
     tokens = layout.global_batch * s
     world = layout.world
     return {"compute_s": compute, "host_s": comp["host_s"], "device_s": comp["device_s"],
+            "ep_comm_s": comp["by_kind_s"].get("comm", 0.0),
             "kernels_per_step": comp["kernels_per_step"], "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
-            "bubble_s": bubble, "loop_comm_s": loop_comm, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
+            "bubble_s": bubble, "loop_comm_s": loop_comm, "cp_comm_s": cp_comm, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
             "mfu": tokens * per_token / step / world / dev.peak_flops}

@@ -1,7 +1,7 @@
 """The kernels of one micro-batch's forward and backward, as llmtrain runs them, for the operator-level cost model.
 
     python -m llmtrain.plan model=tinyllama-1.1b data.seq_len=2048 plan.devices=1 plan.device=h200 +parallel=single
-    ks = micro_batch_kernels(model_cfg, b=4, s=2048, tp=1, gpu=True, flash=True, recompute="none")
+    ks = micro_batch_kernels(MicroBatchSpec(model_cfg, b=4, s=2048, t=1, gpu=True, flash=True, recompute="none"))
 
 Each `Kernel` is one eager op: one host dispatch and one device kernel. The list follows
 `llmtrain/models/decoder.py` and `layers.py` block by block with the `model.fuse_*` paths this run
@@ -44,7 +44,8 @@ class Kernel:
     op: str
     """Op class of a memory-bound kernel (a class of the profile's memory_bound table) or a name."""
     shape: tuple = ()
-    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal, kv_heads)."""
+    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal, kv_heads); mem: () or (a second op
+    class, w): priced (1 - w) x its own class + w x the second (between two measured conditions)."""
     numel: float = 0.0
     """Memory-bound kernels: elements of one input, the table's index (fp32 statistics and the like are
     folded into the op's measured time)."""
@@ -183,8 +184,9 @@ def _mla_projections(p: _Pass, cfg, T, t, e, fused: dict) -> tuple[int, int, int
     return nh, qk, nh * dv
 
 
-def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False):
-    """One block on one tp rank; `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
+def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False, moe=None,
+           cp: int = 1):
+    """One block on one tp rank (`moe`: a callable adding the MoE feed-forward's kernels, moe.py); `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
     biases work on this rank's T/tp positions, the column linears on the all-gathered T; `math_core`: the math
     attention core as one composite kernel (a profile that measured it, `attention_math`)."""
     h, d = cfg.hidden_size, cfg.attn_head_dim()
@@ -220,7 +222,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
         _rope(p, T, (q, kv), fused["fuse_rope"])
     if flash:
         shape = (b * nh, s, d, causal, nkv)
-        fl = attention_flops(b * nh, s, d, causal)
+        fl = attention_flops(b * nh, s, d, causal) * cp  # cp: 1/cp of the whole sequence's causal work
         p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
     elif math_core:  # the profile's measured composite: layers.math_attention from the reshapes of q, k, v to o's input
         if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
@@ -248,27 +250,37 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
     _linear(p, T, o_in, h, cfg.bias, "o", Ts)
     _residual(p, Ts, h, gpu)
     _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
+    if moe is not None:  # the MoE feed-forward (llmtrain/plan/moe.py) in place of the dense one
+        moe(p, T, fused)
+    else:
+        _mlp(p, cfg, T, Ts, f, fused, sp, cfg.bias)
+    _residual(p, Ts, h, gpu)
+
+
+def _mlp(p: _Pass, cfg, T, Ts, f, fused: dict, sp: bool, bias: bool):
+    """The feed-forward x [T, h] -> [T, h] of inner width f (on this tp rank): gate|up (or up), the activation,
+    down; `Ts`: the rows the down projection's bias is added to (sequence parallelism)."""
+    h = cfg.hidden_size
     if cfg.activation == "swiglu":
         if fused["fuse_ffn"]:
             p.op([mem("copy", h * 2 * f)], [mem("copy", h * 2 * f)])
-            _linear(p, T, h, 2 * f, cfg.bias, "gate_up")
+            _linear(p, T, h, 2 * f, bias, "gate_up")
             _seq_edge(p, T, 2 * f, sp)
             p.op([view("split")], [mem("copy", 2 * T * f)])
         else:
             for name in ("gate", "up"):
-                _linear(p, T, h, f, cfg.bias, name)
+                _linear(p, T, h, f, bias, name)
                 _seq_edge(p, T, f, sp)
             p.op([], [mem("add", Ts * h)])
         # silu(gate) * up: one kernel fused (`fuse_swiglu`), two unfused (the profile's row is the pair)
         host = [] if fused["fuse_swiglu"] else [view("mul")]
         p.op([mem("swiglu", T * f)] + host, [mem("swiglu_bwd", T * f)] + host + host)
     else:
-        _linear(p, T, h, f, cfg.bias, "up")
+        _linear(p, T, h, f, bias, "up")
         _seq_edge(p, T, f, sp)
         p.op([mem("gelu", T * f)], [mem("gelu_bwd", T * f)])
     _seq_edge(p, T, f, sp)
-    _linear(p, T, f, h, cfg.bias, "down", Ts)
-    _residual(p, Ts, h, gpu)
+    _linear(p, T, f, h, bias, "down", Ts)
 
 
 def block_kernels(cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False) -> tuple[list[Kernel], list[Kernel]]:
@@ -349,28 +361,87 @@ class MicroBatch:
         return [k for ks, n, *_ in self.backward_segments for _ in range(n) for k in ks]
 
 
-def micro_batch_kernels(cfg, b: int, s: int, t: int, e: int, gpu: bool, flash: bool, recompute: str = "none",
-                        layers: float | None = None, first: bool = True, last: bool = True,
-                        sp: bool = False, math_core: bool = False, ce_core: bool = False) -> MicroBatch:
-    """All kernels of one micro-batch's forward and backward on one rank (`layers` blocks; default all; `sp`:
-    sequence parallelism; `math_core`: see block_kernels; `ce_core`: see head_kernels)."""
-    L = cfg.num_layers if layers is None else layers
-    bf, bb = block_kernels(cfg, b, s, t, e, gpu, flash, sp, math_core)
+@dataclass
+class MicroBatchSpec:
+    """One micro-batch [b, s] on one rank, as `micro_batch_kernels` enumerates it."""
+
+    cfg: object
+    """The model (ModelConfig)."""
+    b: int
+    """Micro-batch size (sequences)."""
+    s: int
+    """Sequence length (the whole sequence; a cp rank holds s / cp of it)."""
+    t: int = 1
+    """Tensor-parallel degree."""
+    e: int | None = 2
+    """Bytes per element of the compute dtype (None: the profile's, in timeline.step_compute)."""
+    gpu: bool = True
+    """How `model.fuse_* = auto` resolves (on for a GPU)."""
+    flash: bool = True
+    """Flash attention (else the math core)."""
+    recompute: str = "none"
+    """none | full (every block's forward again in the backward)."""
+    layers: float | None = None
+    """Blocks on this rank (None: all)."""
+    first: bool = True
+    """This rank holds the embedding (the first pipeline stage)."""
+    last: bool = True
+    """This rank holds the head and the loss (the last pipeline stage)."""
+    sp: bool = False
+    """Sequence parallelism (tp > 1)."""
+    math_core: bool | None = False
+    """The math attention core as one composite kernel (a profile that measured it, `attention_math`; None: as
+    the profile does, in timeline.step_compute)."""
+    ce_core: bool | None = False
+    """The CPU stand-in's vocabulary-parallel cross entropy as one composite kernel (`vocab_parallel_ce`; None:
+    as the profile does)."""
+    first_layer: int = 0
+    """Index of this rank's first block (which blocks are MoE: `ModelConfig.is_moe_layer`)."""
+    cp: int = 1
+    """Context-parallel degree: this rank's blocks see s / cp positions; its attention does 1/cp of the causal
+    work (balanced chunks) at the rate of a length-s/cp call."""
+    moe: object = None
+    """llmtrain.plan.moe.MoEPlan (expert parallelism, dropless imbalance); None: its defaults."""
+
+
+def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
+    """All kernels of one micro-batch's forward and backward on one rank (see MicroBatchSpec); the blocks of an
+    MoE model run llmtrain/plan/moe.py's feed-forward from `moe_first_dense_layers` on."""
+    from llmtrain.plan.moe import MoEPlan, moe_ffn
+
+    cfg, b, t, e, gpu = spec.cfg, spec.b, spec.t, spec.e, spec.gpu
+    s = spec.s // max(1, spec.cp)
+    L = cfg.num_layers if spec.layers is None else spec.layers
     n = int(round(L))
+    plan = spec.moe or MoEPlan()
+
+    def blocks(moe: bool):
+        p = _Pass()
+        hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
+        _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
+        return p.fwd, p.backward()
+
+    dense = sum(not cfg.is_moe_layer(i) for i in range(spec.first_layer, spec.first_layer + n))
+    kinds = [(blocks(False), dense)] if dense else []
+    if n - dense:
+        kinds.append((blocks(True), n - dense))
     fwd, bwd = [], []
-    if first:
+    if spec.first:
         ef, eb = embedding_kernels(cfg, b, s, t, e)
         fwd.append((ef, 1))
-    fwd.append((bf, n))
-    if last:
-        hf, hb = head_kernels(cfg, b, s, t, e, gpu, sp, ce_core)
+    fwd += [(bf, k) for (bf, _), k in kinds]
+    if spec.last:
+        hf, hb = head_kernels(cfg, b, s, t, e, gpu, spec.sp, spec.ce_core)
+        if cfg.moe_num_experts > 0:  # the balancing losses over the model's MoE layers, added to the loss
+            from llmtrain.plan.moe import balancing_loss_kernels
+
+            lf, lb = balancing_loss_kernels(cfg)
+            hf, hb = hf + lf, lb + hb
         fwd.append((hf, 1))
         bwd.append((hb, 1))
-    if recompute == "full":  # the block's forward again, then its backward
-        bwd.append((bf + bb, n, len(bf)))
-    else:
-        bwd.append((bb, n))
-    if first:
+    for (bf, bb), k in reversed(kinds):
+        bwd.append((bf + bb, k, len(bf)) if spec.recompute == "full" else (bb, k))
+    if spec.first:
         bwd.append((eb, 1))
     return MicroBatch(fwd, bwd)
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import os
 
-DEGREES = {"dp": 1, "tp": 1, "pp": 1, "sharding": 1, "sharding_stage": 1, "pp_schedule": "1f1b", "virtual_pp": 1}
+DEGREES = {"dp": 1, "tp": 1, "pp": 1, "sharding": 1, "sharding_stage": 1, "pp_schedule": "1f1b", "virtual_pp": 1,
+           "cp": 1, "cp_comm": "ring"}
 """The fields of a planned layout, with ParallelConfig's defaults."""
 
 

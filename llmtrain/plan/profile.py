@@ -23,6 +23,19 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   composite op priced by its rate at (b·heads, seq, head_dim) interpolated as GEMM rates are (the FLOPs of the
   full s² square, kernels.attention_flops(..., causal=False)); a profile without it prices the core as its
   batched GEMMs and memory-bound ops (kernels.py);
+- `gemm_exact.rows` [m, n, k, layout, FLOP/s] (h200: benchmarks/data/h200_moe/gemm_extra.json): shapes measured
+  for the MoE and long-sequence rows, used only where a kernel's (m, n, k, layout) is one of them exactly and
+  `gemm` has no row of that (m, n, k), so they move no interpolated rate of `gemm`; not carried into profiles
+  scaled from this one (`scaled_from`: their `gemm` grid keeps its interpolation);
+- `bmm.rows` [batch, m, n, k, layout, FLOP/s] (the experts' batched GEMMs, [E, C, h] x [E, h, f] and their
+  gradients): an exact shape its own rate; otherwise log(rate) interpolated linearly in log m (the capacity)
+  between the measured rows of the same (batch, n, k, layout), the end rows' rates outside them (the rate of a
+  longer buffer taken as the longest measured one's); without such rows, `gemm` at (batch·m, n, k);
+- `attention_long.rows` [batch·heads, seq, head_dim, causal, kv_heads, fwd FLOP/s, bwd FLOP/s] (flash attention
+  measured to 128k on the layout the twin and Paddle run, [b, s, heads, d]): for a sequence longer than the
+  longest of `attention.rows`, the rate of the row set of the same head dim (nearest batch·heads), linear in
+  log seq between its measured lengths and flat past the longest: long sequences are priced from the measured
+  rate, never from a fitted curve;
 - `shared_host` (CPU profiles from `--calibrate`): {"ranks": 2, "rows": [{kind, size, slowdown}, ...]}: how
   much slower a GEMM and adds (in cache, streaming) run in the slowest of that many processes computing on the
   host at once than alone (measure.shared_host_table); timeline.step_compute scales a rank's kernels by it when the layout
@@ -139,6 +152,27 @@ class Curve:
         return math.exp(y0 + (y1 - y0) * (x - x0) / (x1 - x0))
 
 
+class BmmTable:
+    """Rates of measured batched GEMMs [(batch, m, n, k, layout, FLOP/s)]; see the module docstring."""
+
+    def __init__(self, rows):
+        self.exact = {(int(b), int(m), int(n), int(k), lay): float(r) for b, m, n, k, lay, r in rows}
+        self.lines: dict = {}
+        for (b, m, n, k, lay), r in self.exact.items():
+            self.lines.setdefault((b, n, k, lay), []).append((math.log(m), math.log(r)))
+        for pts in self.lines.values():
+            pts.sort()
+
+    def rate(self, batch: int, m: int, n: int, k: int, layout: str) -> float | None:
+        hit = self.exact.get((int(batch), int(m), int(n), int(k), layout))
+        if hit is not None:
+            return hit
+        pts = self.lines.get((int(batch), int(n), int(k), layout))
+        if not pts:
+            return None
+        return math.exp(_piecewise(pts, math.log(max(m, 1))))
+
+
 @dataclass
 class Profile:
     name: str
@@ -182,6 +216,12 @@ class Profile:
     gemm_layouts: dict = field(default_factory=dict)
     """{"nt" | "tn": GemmTable} measured with that operand transposed (CPU profiles from `--calibrate`: on this
     CPU a weight gradient Xᵀ @ dY ran up to 30% slower than the same shape untransposed); absent: `gemm`."""
+    gemm_exact: dict = field(default_factory=dict)
+    """{(m, n, k, layout): FLOP/s} of `gemm_exact` (exact hits only)."""
+    bmm: BmmTable | None = None
+    """The experts' batched GEMMs (`bmm`), or None: `gemm` at (batch·m, n, k)."""
+    attn_long: list = field(default_factory=list)
+    """`attention_long.rows` [(batch·heads, seq, head_dim, causal, kv_heads, fwd FLOP/s, bwd FLOP/s)]."""
     source: str = ""
     raw: dict = field(default_factory=dict, repr=False)
 
@@ -193,15 +233,38 @@ class Profile:
         flops = 2.0 * m * n * k * batch
         if flops <= 0:
             return 0.0
-        return flops / self.gemm_layouts.get(layout, self.gemm).rate(m * batch, n, k)
+        if batch > 1 and self.bmm is not None:
+            r = self.bmm.rate(batch, m, n, k, layout)
+            if r is not None:
+                return flops / r
+        table = self.gemm_layouts.get(layout, self.gemm)
+        if batch == 1 and self.gemm_exact and (int(m), int(n), int(k)) not in table.exact:
+            r = self.gemm_exact.get((int(m), int(n), int(k), layout))
+            if r is not None:
+                return flops / r
+        return flops / table.rate(m * batch, n, k)
 
     def attention_seconds(self, bh: int, s: int, d: int, causal: bool, flops: float, backward: bool) -> float:
         rows = [r for r in self.attn_rows if r[2] == d and r[3] == causal] or self.attn_rows
         if not rows:
             raise ValueError(f"profile {self.name}: no attention rows (flash attention cannot be costed)")
+        if self.attn_long and s > max(r[1] for r in rows):
+            return flops / self.long_attention_rate(bh, s, d, causal, backward)
         i = 5 if backward else 4
         rate = _idw([(math.log(r[0]), math.log(r[1]), r[i]) for r in rows], (math.log(bh), math.log(s)))
         return flops / rate
+
+    def long_attention_rate(self, bh: int, s: int, d: int, causal: bool, backward: bool) -> float:
+        """FLOP/s of flash attention past the `attention` table's longest sequence, from `attention_long`: the
+        row set of head dim d (else the nearest head dim) and causality, nearest in batch·heads, linear in
+        log seq between its lengths, the longest length's rate beyond it."""
+        rows = [r for r in self.attn_long if r[3] == causal] or self.attn_long
+        dd = min({r[2] for r in rows}, key=lambda x: abs(math.log(x / d)))
+        rows = [r for r in rows if r[2] == dd]
+        nb = min({r[0] for r in rows}, key=lambda x: abs(math.log(x / bh)))
+        i = 6 if backward else 5
+        pts = sorted((math.log(r[1]), r[i]) for r in rows if r[0] == nb)
+        return _piecewise(pts, math.log(s))
 
     def math_attention_seconds(self, bh: int, s: int, d: int, flops: float, backward: bool) -> float:
         """Seconds of the composite math attention core (forward, or its backward) from `attention_math`."""
@@ -276,6 +339,11 @@ def _scaled(raw: dict, base: dict) -> dict:
     flops, bw, host = float(f["flops"]), float(f["bandwidth"]), float(f.get("host", 1.0))
     out = dict(base)
     out.update({k: v for k, v in raw.items() if k not in ("gemm", "attention", "memory_bound", "host", "optimizer")})
+    out.pop("gemm_exact", None)  # exact hits of the measured device only: a scaled grid keeps its interpolation
+    for key, first in (("bmm", 5), ("attention_long", 5)):  # rates from column `first` on
+        if base.get(key):
+            out[key] = {"source": f"{base['name']} {key} rates x {flops:.4g}", "rows": [
+                [*r[:first], *(x * flops for x in r[first:])] for r in base[key]["rows"]]}
     out["gemm"] = {"source": f"{base['name']} gemm rates x {flops:.4g}", "rows": [
         [m, n, k, r * flops] for m, n, k, r in base["gemm"]["rows"]]}
     out["attention"] = {"source": f"{base['name']} attention rates x {flops:.4g}", "rows": [
@@ -311,6 +379,9 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         gemm=GemmTable(raw["gemm"]["rows"]),
         gemm_layouts={lay: GemmTable(t["rows"]) for lay, t in raw.get("gemm_layouts", {}).items()},
         attn_rows=[tuple(r) for r in raw.get("attention", {}).get("rows", [])],
+        attn_long=[tuple(r) for r in raw.get("attention_long", {}).get("rows", [])],
+        gemm_exact={(int(m), int(n), int(k), lay): float(r) for m, n, k, lay, r in raw.get("gemm_exact", {}).get("rows", [])},
+        bmm=BmmTable(raw["bmm"]["rows"]) if raw.get("bmm", {}).get("rows") else None,
         shared_host=raw.get("shared_host"),
         math_attn=({k: GemmTable(raw["attention_math"][k]) for k in ("fwd", "bwd")}
                    if raw.get("attention_math", {}).get("fwd") else None),

@@ -2,7 +2,7 @@
 the two overlap.
 
     python -m llmtrain.plan model=tinyllama-1.1b plan.devices=1 plan.device=h200 +parallel=single train.micro_batch_size=1
-    t = step_compute(profile, model_cfg, b=1, s=2048, tp=1, micro_batches=8, ...)   # {"compute_s", "host_s", ...}
+    t = step_compute(profile, StepSpec(MicroBatchSpec(model_cfg, b=1, s=2048), micro_batches=8, grads=g, owned=g))
 
 Device time of a kernel (llmtrain/plan/kernels.py) comes from the profile's tables (profile.py): a GEMM's FLOPs
 at the rate measured for that shape, flash attention's FLOPs at the rate measured for its (batch·heads, seq)
@@ -48,7 +48,10 @@ stream.
 """
 from __future__ import annotations
 
-from llmtrain.plan.kernels import micro_batch_kernels, optimizer_kernels
+import dataclasses
+from dataclasses import dataclass, field
+
+from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels, optimizer_kernels
 from llmtrain.plan.profile import slowdown_at
 
 
@@ -63,7 +66,12 @@ def kernel_seconds(prof, k) -> float:
             return prof.math_attention_seconds(bh, s, d, k.flops, k.kind == "attn_bwd")
         return prof.attention_seconds(bh, s, d, causal, k.flops, k.kind == "attn_bwd")
     if k.kind == "mem":
+        if k.shape:  # between two classes' tables (Kernel.shape)
+            other, w = k.shape
+            return (1 - w) * prof.mem_seconds(k.op, k.numel) + w * prof.mem_seconds(other, k.numel)
         return prof.mem_seconds(k.op, k.numel)
+    if k.kind == "comm":  # priced where it was made (llmtrain/plan/moe.py `exchange_seconds`)
+        return float(k.shape[0])
     return 0.0
 
 
@@ -89,6 +97,11 @@ class Stream:
             h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
             if k.host == "launch":  # launched by the autograd engine itself (kernels.Kernel.host)
                 h = host.get("launch_op_s", h)
+            if k.kind == "sync":  # a host read of a device value: the host waits for the queue to drain
+                self.host = max(self.host, self.device) + h
+                self.device = max(self.device, self.host)
+                self.host_total += h
+                continue
             d = memo.get(k)
             if d is None:
                 d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
@@ -165,17 +178,32 @@ class Stream:
         return max(self.host, self.device)
 
 
-def step_compute(prof, cfg, b: int, s: int, tp: int, micro_batches: int, gpu: bool, flash: bool,
-                 recompute: str, layers: float, first: bool, last: bool, grads: list[tuple[int, int]],
-                 owned: list[tuple[int, int]], sp: bool = False, local_ranks: float = 1) -> dict:
-    """Compute seconds of one step on one rank (its `layers` blocks, embedding if `first`, head if `last`;
-    `grads` [(elements, bytes per element)] the gradients it accumulates, `owned` the tensors it updates),
-    with the breakdown. `local_ranks`: processes of the job computing at once on this rank's host (a profile
-    with a `shared_host` table slows its kernels by the factor measured for that many; others ignore it)."""
-    e = prof.dtype_bytes
-    mb = micro_batch_kernels(cfg, b, s, tp, e, gpu, flash, recompute, layers, first, last, sp,
-                             math_core=prof.math_attn is not None, ce_core="vocab_parallel_ce" in prof.mem_curves)
-    slow = prof.shared_host_slowdown(local_ranks)
+@dataclass
+class StepSpec:
+    """One training step on one rank: its micro-batches and the tensors its optimizer touches."""
+
+    micro: MicroBatchSpec
+    """One micro-batch (all of a step's are alike)."""
+    micro_batches: int = 1
+    """Micro-batches per step (gradient accumulation)."""
+    grads: list = field(default_factory=list)
+    """[(elements, bytes per element)] of the gradients this rank accumulates."""
+    owned: list = field(default_factory=list)
+    """[(elements, bytes per element)] of the tensors this rank's optimizer updates."""
+    local_ranks: float = 1
+    """Processes of the job computing at once on this rank's host (a profile's `shared_host` slowdown)."""
+
+
+def step_compute(prof, spec: StepSpec) -> dict:
+    """Compute seconds of one step on one rank (see StepSpec), with the breakdown."""
+    mbs = spec.micro
+    unset = {k: v for k, v in (("e", prof.dtype_bytes), ("math_core", prof.math_attn is not None),
+                               ("ce_core", "vocab_parallel_ce" in prof.mem_curves)) if getattr(mbs, k) is None}
+    if unset:  # what the profile measured decides
+        mbs = dataclasses.replace(mbs, **unset)
+    micro_batches, grads, owned = spec.micro_batches, spec.grads, spec.owned
+    mb = micro_batch_kernels(mbs)
+    slow = prof.shared_host_slowdown(spec.local_ranks)
     st = Stream(prof, slow)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
     # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment

@@ -116,7 +116,8 @@ class Meter:
 
     def _max_memory_allocated(self) -> int:
         """paddle.device.cuda.max_memory_allocated(), maximum over every rank of the job."""
-        t = paddle.to_tensor([float(paddle.device.cuda.max_memory_allocated())], dtype="float64")
+        peak = paddle.device.cuda.max_memory_allocated()  # GPU-ONLY(memory-metrics): bytes, this rank
+        t = paddle.to_tensor([float(peak)], dtype="float64")
         if self.topo.world > 1:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())

@@ -1,36 +1,41 @@
-"""After each rehearsal module: every line marked with its id ran inside one of its `reaches` blocks.
+"""After each rehearsal module: on CPU it ran (not every test skipped), and every line marked with its id ran
+inside one of its `reaches` blocks.
 
-Checked only when this process ran every selected test of the module and each passed or was skipped (a `-k`
-subset, a test split across xdist workers or an earlier failure would make a missing line no news)."""
+The check runs in the teardown of the module's last test (a hook, not a fixture: a module whose tests are all
+skipped sets up no fixture, and that is the case it must catch), and only when this process ran every selected
+test of the module and each passed or was skipped (a `-k` subset, a test split across xdist workers or an earlier
+failure would make a missing line no news). `gpu_rehearsal.module_problems` says what is missing."""
 from __future__ import annotations
-
-import os
 
 import pytest
 
-from gpu_rehearsal import HITS, branch_of, markers
+from gpu_rehearsal import HITS, ON_GPU, branch_of, markers, module_problems
 
-_PASSED: dict[str, set] = {}
+_RAN: dict[str, set] = {}
+"""Rehearsal file -> node ids whose call passed."""
+_SKIPPED: dict[str, set] = {}
+"""Rehearsal file -> node ids skipped (at setup or inside the test)."""
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
-    if (report.when == "call" and report.passed) or report.skipped:  # a skipped test ran no marked line
-        _PASSED.setdefault(str(item.path), set()).add(item.nodeid)
+    if report.when == "call" and report.passed:
+        _RAN.setdefault(str(item.path), set()).add(item.nodeid)
+    elif report.skipped:
+        _SKIPPED.setdefault(str(item.path), set()).add(item.nodeid)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def every_marked_line_reached(request):
-    yield
-    branch = branch_of(str(request.path))
-    if branch is None:
+def pytest_runtest_teardown(item, nextitem):
+    path = str(item.path)
+    branch = branch_of(path)
+    if branch is None or (nextitem is not None and str(nextitem.path) == path):
         return
-    selected = {i.nodeid for i in request.session.items if str(i.path) == str(request.path)}
-    if not selected or not selected <= _PASSED.get(str(request.path), set()):
+    selected = {i.nodeid for i in item.session.items if str(i.path) == path}
+    ran, skipped = _RAN.get(path, set()), _SKIPPED.get(path, set())
+    if not selected <= ran | skipped:
         return
-    want = {(os.path.realpath(f), n) for f, n in markers().get(branch, [])}
-    missed = sorted(want - HITS.get(branch, set()))
-    assert not missed, (f"{request.path.name}: no `reaches('{branch}')` block ran these GPU-ONLY({branch}) lines: "
-                        + ", ".join(f"{os.path.relpath(f)}:{n}" for f, n in missed))
+    problems = module_problems(item.path.name, branch, markers().get(branch, []), HITS.get(branch, set()),
+                               ran=len(ran), on_gpu=ON_GPU)
+    assert not problems, "\n".join(problems)

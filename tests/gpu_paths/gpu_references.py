@@ -131,6 +131,9 @@ def scaled_dot_product_attention(query, key, value, attn_mask, is_causal, **_def
         out = dense_attention(query, key, value, causal=is_causal)
     elif attn_mask.dtype == paddle.bool:
         out = dense_attention(query, key, value, drop=paddle.logical_not(attn_mask), causal=is_causal)
+    elif attn_mask.dtype != query.dtype:  # Paddle's docstring: "The dtype can be bool or same type of query"
+        raise TypeError(f"scaled_dot_product_attention: attn_mask {attn_mask.dtype} with query {query.dtype}: the "
+                        "mask is bool or of the query's dtype")
     else:
         out = dense_attention(query, key, value, bias=attn_mask, causal=is_causal)
     return out.astype(query.dtype)

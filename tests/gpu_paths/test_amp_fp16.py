@@ -12,7 +12,8 @@ function, faults from tests/train/faults.py, the scaler from tests/gpu_paths/amp
 - `persistent`: fp16, NaN gradients from step 3 on, train.anomaly.max_consecutive_overflows=3,
   train.anomaly.policy=stop: the third overflow in a row (step 5, scale 4096) is an anomaly; the run stops with
   the message docs/divergence.md shows and status 5 (`EXIT_DIVERGED`), through the entry's own handling.
-In-process (`test_amp_plan_builds_the_scaler_the_runs_use`): the marked line of `AmpPlan.scaler` runs under
+The `overflow` and `persistent` runs also pass and fail `check_fp16_overflow`, the check of the GPU acceptance step
+`fp16_overflow` (scripts/gpu_acceptance.py). In-process (`test_amp_plan_builds_the_scaler_the_runs_use`): the marked line of `AmpPlan.scaler` runs under
 `reaches("amp-fp16")` (tests/gpu_paths' convention, once its gpu_rehearsal.py is on the branch) and the scaler it
 builds halves its scale at one overflowing step of a tiny model. The guard's fp16 logic in one process:
 tests/train/test_guard_fast.py.
@@ -20,6 +21,7 @@ tests/train/test_guard_fast.py.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,9 @@ import pytest
 from launch import REPO, metrics, run_launch
 from llmtest import tiny_overrides
 from llmtrain.train.anomaly import EXIT_DIVERGED
+
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_acceptance  # noqa: E402
 
 TOL = 1e-5
 STEPS = 6
@@ -103,3 +108,6 @@ def test_fp16_overflow_under_dp2_is_skipped_and_a_persistent_one_stops(tiny_corp
     persistent = [r for r in metrics(tmp_path / "persistent") if "loss" in r]
     assert [r["loss_scale"] for r in persistent] == [32768.0, 32768.0, 16384.0, 8192.0, 4096.0]
     assert Path(tmp_path / "overflow" / "metrics.jsonl").exists()
+    # the GPU acceptance step fp16_overflow judges its run with this check: it passes this run, refuses the stopped one
+    assert STEPS == gpu_acceptance.FP16_STEPS and gpu_acceptance.check_fp16_overflow(tmp_path / "overflow") == []
+    assert any("stopped" in p for p in gpu_acceptance.check_fp16_overflow(tmp_path / "persistent"))

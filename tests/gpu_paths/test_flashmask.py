@@ -45,12 +45,16 @@ GPU_TOL = {"core": 2e-2, "loss": 1e-2, "grad": 5e-2}
 
 @pytest.fixture
 def gpu(monkeypatch):
-    """On CPU: llmtrain sees a GPU and Paddle's flashmask kernel is the checked reference (None on a real GPU)."""
+    """On CPU: llmtrain sees a GPU and Paddle's flashmask kernel is the checked reference (None on a real GPU). Plain
+    flash attention is a checked reference too, so that a packed batch sent there (its segments lost) computes, and
+    shows, rather than failing for want of a CPU fp16 kernel; `stand_in.flash` keeps its calls."""
     if ON_GPU:
         return None
     monkeypatch.setattr(kernels, "on_gpu", lambda: True)
     stand_in = checked(FA.flashmask_attention, ref.flashmask_attention, ref.FLASHMASK_ARGS)
     monkeypatch.setattr(FA, "flashmask_attention", stand_in)
+    stand_in.flash = checked(FA.flash_attention, ref.flash_attention, ref.FLASH_ARGS)
+    monkeypatch.setattr(FA, "flash_attention", stand_in.flash)
     return stand_in
 
 
@@ -88,8 +92,8 @@ def test_packed_finetuning_batch_through_auto_reaches_flashmask(gpu, tiny_llama)
     assert choose_attention("auto").__name__ == "auto_attention"  # what a GPU run builds
     with reaches("flashmask"):
         loss, grads = _packed_step(cfg, LowPrecisionCore(dtype), batch)
-    if gpu is not None:  # every layer called the kernel once, with the end rows of its examples
-        assert len(gpu.calls) == cfg.num_layers
+    if gpu is not None:  # every layer called the kernel once, with the end rows of its examples, and none flash
+        assert len(gpu.calls) == cfg.num_layers and gpu.flash.calls == []
         want = np.stack([np.searchsorted(r, r, side="right") for r in batch["segment_ids"]])[:, None, :, None]
         for call in gpu.calls:
             assert call["causal"] is True and call["query"].dtype == paddle.float16
