@@ -67,6 +67,11 @@ class StepRecord:
     """Sums a list of floats over the data-parallel ranks (a collective: every rank calls it the same times)."""
     metrics: dict = field(default_factory=dict)
     """Extra metrics of the step, written beside the loss (metrics.jsonl)."""
+    logged: bool = True
+    """Whether this step's record is written (`train.log_interval`): on other steps the metrics are dropped, so a
+    hook need not read the device for them."""
+    reduce_device: Optional[Callable[[Any], Any]] = None
+    """Sums a tensor over the data-parallel ranks on the device (a collective, no host read; None: not offered)."""
 
 
 class StepHook:

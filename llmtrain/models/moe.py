@@ -359,11 +359,11 @@ def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
 class MoEStats(StepHook):
     """Per-step routing statistics and the auxiliary-loss-free bias update: the MoE model's step hook.
 
-    `after_step(record)` (`llmtrain.contracts.steps`) runs `finish_step(record.reduce_sum)`, adds the metrics to
-    the record and sets the logged loss (`step_loss`).
+    `after_step(record)` (`llmtrain.contracts.steps`) runs `finish_step(record.reduce_sum, record.logged,
+    record.reduce_device)`, adds the metrics to the record and sets the logged loss (`step_loss`).
 
-    `finish_step(reduce)` after the optimizer step: sums the step's choices per
-    expert over the data ranks through `reduce(list[float]) -> list[float]`,
+    `finish_step(reduce, read, reduce_device)` after the optimizer step: sums the step's choices per
+    expert over the data ranks through `reduce_device(tensor) -> tensor` (or `reduce(list[float]) -> list[float]`),
     moves every layer's expert bias (when enabled) and returns the metrics
     `moe_aux_loss`, `moe_z_loss` (means over the step's micro-batches and data ranks), `moe_load_max_mean`
     (per MoE layer of the model: max / mean choices per expert) and `moe_dropped_frac`. The reduced vector has
@@ -371,12 +371,15 @@ class MoEStats(StepHook):
     pipeline stage's, with a `reduce` that also sums over the stages).
 
     Everything the step recorded stays on the device until `finish_step` reads it in ONE host read
-    (`_device_sums().tolist()`); no MoE layer reads a value during the forward."""
+    (`.tolist()`), and only on a logged step (`StepRecord.logged`, `train.log_interval`) when the trainer offers a
+    device-side reduction (`StepRecord.reduce_device`): the sums over the data ranks and the bias update stay on the
+    device on the other steps. No MoE layer reads a value during the forward."""
 
     def __init__(self, layers: list[MoEFeedForward], cfg: ModelConfig):
         self.layers, self.cfg = layers, cfg
         self.loss_sums = None  # [2] float64 on the device: the micro-batches' mean aux and z losses, summed
         self.losses = 0
+        self.step_losses = None  # [3] float64 on the device after finish_step: aux, z sums and micro-batches
 
     def record_loss(self, aux, z) -> None:
         """One training micro-batch's mean aux and z loss (before their coefficients), added on the device."""
@@ -414,26 +417,47 @@ class MoEStats(StepHook):
         return paddle.concat([self._loss_sums(), *rows])
 
     @paddle.no_grad()
-    def finish_step(self, reduce=lambda v: v) -> dict:
+    def finish_step(self, reduce=lambda v: v, read: bool = True, reduce_device=None) -> dict:
+        """The step's metrics (empty before the first training step, and when `read` is False), the bias moved.
+
+        `reduce_device` (a device-side sum over the data ranks): the sums stay on the device; the expert bias moves
+        there and the host reads them once, only when `read` (a logged step). Without it, `reduce` sums the list of
+        floats read from the device (one read every step)."""
         if not self._stepped():
             return {}
-        e, slots = self.cfg.moe_num_experts, moe_layer_count(self.cfg)
-        total = reduce(self._device_sums().tolist())  # the step's one host read of the routing statistics
-        aux, z, losses = total[:3]
-        total = total[3:]
+        sums = self._device_sums()
+        if reduce_device is not None:
+            total = reduce_device(sums)  # [3 + slots (E + 2)] float64, summed over the data ranks, on the device
+            values = total.tolist() if read else None  # the one host read of the routing statistics
+        else:
+            values = reduce(sums.tolist())  # the one host read of the routing statistics
+            total = paddle.to_tensor(values, dtype="float64")
         self.loss_sums, self.losses = None, 0
-        ratios, counts, dropped, choices = [], [], 0.0, 0.0
+        self.step_losses = total[:3]  # [aux, z, micro-batches], on the device (the pipeline's logged loss)
+        self._finish_layers(total)
+        return {} if values is None else self._metrics(values)
+
+    def _finish_layers(self, total: paddle.Tensor) -> None:
+        """Move every layer's expert bias (when enabled) from its model-wide counts in `total`, on the device; clear
+        the step's sums."""
+        e = self.cfg.moe_num_experts
+        for layer in self.layers:
+            if self.cfg.moe_bias_update_rate > 0:
+                first = 3 + layer.slot * (e + 2)
+                update_bias(layer.expert_bias, total[first:first + e].astype("float32"), self.cfg.moe_bias_update_rate)
+            layer.step_sums, layer.step_choices = None, 0
+
+    def _metrics(self, values: list) -> dict:
+        """`values` (the host copy of `_device_sums()` summed over the data ranks) -> the step's metrics."""
+        e, slots = self.cfg.moe_num_experts, moe_layer_count(self.cfg)
+        aux, z, losses = values[:3]
+        rows = values[3:]
+        ratios, dropped, choices = [], 0.0, 0.0
         for i in range(slots):
-            row = total[i * (e + 2):(i + 1) * (e + 2)]
-            counts.append(row[:e])
+            row = rows[i * (e + 2):(i + 1) * (e + 2)]
             dropped, choices = dropped + row[e], choices + row[e + 1]
             mean = float(np.asarray(row[:e], np.float32).mean())  # fp32, as the per-expert counts are kept
             ratios.append(max(row[:e]) / mean if mean > 0 else 0.0)
-        for layer in self.layers:
-            if self.cfg.moe_bias_update_rate > 0:
-                update_bias(layer.expert_bias, paddle.to_tensor(counts[layer.slot], dtype="float32"),
-                            self.cfg.moe_bias_update_rate)
-            layer.step_sums, layer.step_choices = None, 0
         out = {"moe_load_max_mean": ratios, "moe_dropped_frac": dropped / choices if choices else 0.0}
         if losses:
             out["moe_aux_loss"] = aux / losses
@@ -445,7 +469,7 @@ class MoEStats(StepHook):
         return loss
 
     def after_step(self, record) -> None:
-        metrics = self.finish_step(record.reduce_sum)
+        metrics = self.finish_step(record.reduce_sum, record.logged, record.reduce_device)
         record.metrics.update(metrics)
         record.loss = self.step_loss(record.loss, metrics)
 

@@ -56,4 +56,4 @@ def fused_combine(x: paddle.Tensor, weight: paddle.Tensor, row: paddle.Tensor) -
     """x [N, h] expert output rows, weight [T, k] (x's dtype), row [T, k] integer rows of x -> [T, h]."""
     from paddle.incubate.nn.functional import moe_combine
 
-    return moe_combine(x, weight, row.astype("int32"))
+    return moe_combine(x, weight, row.astype("int32"))  # GPU-ONLY(moe-combine)

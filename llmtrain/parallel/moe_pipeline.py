@@ -74,7 +74,8 @@ class PipelineMoEStats(MoEStats):
         for layer in self.layers:
             if layer.step_sums is not None:
                 sums = sums + layer.step_sums[self.cfg.moe_num_experts + 1:]
-        return paddle.concat([sums / n, paddle.full([1], float(self.micro_batches if self.first_stage else 0), "float64")])
+        counted = paddle.full([1], float(self.micro_batches if self.first_stage else 0), "float64")
+        return paddle.concat([sums / n, counted])
 
     def _stepped(self) -> bool:
         return True  # called after every training step, on every stage (a collective, even with no MoE layer here)
@@ -86,9 +87,11 @@ class PipelineMoEStats(MoEStats):
         return t
 
     def step_loss(self, loss, metrics: dict):
-        """The last stage's LM loss (broadcast to every stage by fleet) + the balancing terms of all stages."""
-        return loss + (self.cfg.moe_aux_loss_coef * metrics["moe_aux_loss"]
-                       + self.cfg.moe_z_loss_coef * metrics["moe_z_loss"])
+        """The last stage's LM loss (broadcast to every stage by fleet) + the balancing terms of all stages, on the
+        device (also on a step whose metrics are not read: the logging window averages every step's loss)."""
+        aux, z, micro_batches = self.step_losses[0], self.step_losses[1], self.step_losses[2]
+        terms = (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / micro_batches  # [] float64
+        return loss + terms.astype(loss.dtype)
 
 
 def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> list:

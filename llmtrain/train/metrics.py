@@ -142,7 +142,7 @@ class Meter:
             now = time.perf_counter()
             self.exporter.step_done(step, now - self._step_start)
             self._step_start = now
-        if step % self.log_interval and step != self.max_steps:
+        if not self.logs(step):
             if self._bar is not None:
                 self._bar.update(1)
             return None
@@ -200,6 +200,18 @@ class Meter:
         self.tokens_total += int(round(pending))
         self._pending_tokens = 0
         return self.tokens_total
+
+    def logs(self, step: int) -> bool:
+        """Whether step `step` (1-based) writes a record: every `log_interval`-th step and the last."""
+        return step % self.log_interval == 0 or step == self.max_steps
+
+    def reduce_tensor(self, t):
+        """A tensor of per-data-rank values summed over the data-parallel ranks, on the device (a collective, no host
+        read); a new tensor, `t` is left as it was."""
+        t = t.clone()
+        for group in self.topo.data_group():
+            dist.all_reduce(t, group=group)
+        return t
 
     def reduce_sum(self, values: list[float]) -> list[float]:
         """Sums of per-data-rank values over the data-parallel ranks, in fp64 (a collective)."""

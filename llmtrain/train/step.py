@@ -134,10 +134,11 @@ class StepRunner:
             loss = self._run_flat(micro_batches)
         return StepOutput(loss=loss, tokens=tokens, positions=positions, grad_norm=self.clip.last_norm)
 
-    def finish(self, step: int, out: StepOutput, reduce_sum) -> StepRecord:
-        """After the step: every hook's `after_step` (metrics such as MoE routing statistics; the logged loss)."""
+    def finish(self, step: int, out: StepOutput, reduce_sum, logged: bool = True, reduce_device=None) -> StepRecord:
+        """After the step: every hook's `after_step` (metrics such as MoE routing statistics; the logged loss);
+        `logged`: the step writes a record; `reduce_device`: a device-side sum over the data ranks (StepRecord)."""
         record = StepRecord(step=step, loss=out.loss, grad_norm=out.grad_norm, tokens=out.tokens,
-                            reduce_sum=reduce_sum)
+                            reduce_sum=reduce_sum, logged=logged, reduce_device=reduce_device)
         for hook in self.hooks:
             hook.after_step(record)
         return record

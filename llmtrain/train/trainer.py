@@ -211,7 +211,8 @@ class Trainer:
             step += 1
             # divergence guard: the policy's action for a rejected step (skip / rewind / stop), counted before the record
             action = guard.policy(out.anomaly, ckpt) if out.anomaly is not None else None
-            record = runner.finish(step, out, meter.reduce_sum)  # step hooks: e.g. MoE routing metrics, bias update
+            # step hooks: e.g. MoE routing metrics (read on the host on log steps only), bias update
+            record = runner.finish(step, out, meter.reduce_sum, logged=meter.logs(step), reduce_device=meter.reduce_tensor)
             out = dataclasses.replace(out, loss=record.loss)
             extra = {"consumed_samples": data.consumed_samples, **guard.metrics(), **record.metrics}
             meter.update(step, out, lr, data_wait, extra=extra)

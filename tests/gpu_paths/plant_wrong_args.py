@@ -85,8 +85,8 @@ REGRESSIONS = [
 EQUIVALENT = {
     ("amp-fp16", "loss_scaler: drop decr_every_n_nan_or_inf="):
         "paddle.amp.GradScaler's default decr_every_n_nan_or_inf is 1, the value passed: the same scaler",
-    ("alltoall-dispatch", "AllToAllDispatch: rank -> None"):
-        "AllToAllDispatch stores `rank` and never reads it (alltoall_single needs no rank): the same dispatcher",
+    ("alltoall-dispatch", "x.contiguous(..., planted_wrong_arg=1)"):
+        "Paddle 3.3.1's Tensor.contiguous is a C builtin that takes no argument and ignores keywords: the same tensor",
 }
 """(id, plant) -> why the planted code computes exactly what the original does (reported, not counted as survived)."""
 

@@ -95,9 +95,9 @@ def test_slots_are_the_capacity_queue():
     assert expert_slots(index, 3, capacity=None).capacity == 3  # dropless: the largest load
 
 
-def moe_tiny(experts: int, factor: float):
+def moe_tiny(experts: int, factor: float, *extra: str):
     cfg = to_config(compose(["model=moe-tiny", f"model.moe_num_experts={experts}",
-                             f"model.moe_capacity_factor={factor}", "model.vocab_size=512"])).model
+                             f"model.moe_capacity_factor={factor}", "model.vocab_size=512", *extra])).model
     paddle.seed(0)
     return build_model(cfg)
 
@@ -175,3 +175,25 @@ def test_routing_statistics_are_read_once_per_step(monkeypatch):
     assert metrics["moe_aux_loss"] == pytest.approx(aux, rel=1e-7)
     assert metrics["moe_z_loss"] == pytest.approx(z, rel=1e-7)
     assert all(layer.step_sums is None for layer in moe_layers(model)) and model.loss_fn.stats.losses == 0
+
+
+def test_routing_statistics_are_read_only_on_logged_steps():
+    """With a device-side reduction (the trainer's, `StepRecord.reduce_device`), a step whose record is not written
+    (train.log_interval) reads nothing on the host and still moves the expert bias, on the device, from that step's
+    loads; the next logged step reads its own step once (the metrics of a step, as before)."""
+    model = moe_tiny(8, 1.0, "model.moe_bias_update_rate=0.01")
+    stats, layers = model.loss_fn.stats, moe_layers(model)
+    rng = np.random.default_rng(2)
+    loads = []
+    for logged in (False, True):
+        ids = paddle.to_tensor(rng.integers(0, 512, (2, 64)), dtype="int64")
+        mean_loss(model.loss_fn(model(ids), (ids, paddle.ones([2, 64])))).backward()
+        loads.append([layer.step_counts.numpy().astype("float32") for layer in layers])
+        before = [layer.expert_bias.numpy().copy() for layer in layers]
+        with count_host_syncs() as syncs:
+            metrics = stats.finish_step(read=logged, reduce_device=lambda t: t)
+        assert syncs.total == int(logged), syncs.calls
+        for layer, b, c in zip(layers, before, loads[-1]):
+            np.testing.assert_array_equal(layer.expert_bias.numpy(), b + 0.01 * np.sign(c.mean() - c))
+        assert (metrics == {}) != logged
+    assert metrics["moe_load_max_mean"] == pytest.approx([c.max() / c.mean() for c in loads[1]], rel=1e-7)
