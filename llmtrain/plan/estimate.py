@@ -292,7 +292,8 @@ def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None)
     (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance."""
     ep = getattr(layout, "ep", 1)
     stride = layout.tp * layout.sharding * layout.pp
-    return MoEPlan(ep=ep, dispatcher=getattr(layout, "ep_dispatcher", "alltoall") if dev.async_launch else "allgather",
+    chosen = getattr(layout, "ep_dispatcher", "auto")  # auto: all-to-all on a GPU (llmtrain/parallel/experts.py)
+    return MoEPlan(ep=ep, dispatcher=("alltoall" if chosen == "auto" else chosen) if dev.async_launch else "allgather",
                    imbalance=MOE_IMBALANCE if imbalance is None else imbalance,
                    link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0))
 
