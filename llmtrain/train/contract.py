@@ -89,7 +89,8 @@ RULES: list[tuple[str, str, str]] = [
     *_each("""checkpoint.interval checkpoint.keep_last checkpoint.resume checkpoint.save_final checkpoint.async_save
         checkpoint.timeout_minutes""", "honoured", "saving settings"),
     *_each("run.name run.dir run.overwrite", "honoured", "where the run writes"),
-    *_each("plan.devices plan.devices_per_node plan.device plan.top plan.recompute plan.profile plan.format",
+    *_each("""plan.devices plan.devices_per_node plan.device plan.top plan.recompute plan.profile plan.format
+        plan.moe_imbalance""",
            "honoured", "planner settings (`python -m llmtrain.plan`), ignored by training"),
     *_each(" ".join(f"train.anomaly.{f.name}" for f in dataclasses.fields(AnomalyConfig)), "honoured",
            "divergence guard settings: a healthy step trains the same; the detector's history restarts empty at a "
