@@ -12,7 +12,8 @@ Requests (`op`):
   directory holding it as tokenizer.model), written with its save_pretrained.
 - `logits`: `from_pretrained(dir)` (fuse_rms_norm false, math attention), eval, logits of the ids in the .npy file
   `ids` written to the .npy file `out` (float32). Models are cached per directory.
-- `lora_logits`: as `logits`, with `LoRAModel.from_pretrained(model, lora)` (PaddleFormers' adapter directory).
+- `lora_logits`: as `logits`, with `LoRAModel.from_pretrained(model, lora)` (PaddleFormers' adapter directory) on a
+  model loaded for this request alone (LoRAModel rewrites the model it wraps; the cached one stays the base).
 - `encode`: `AutoTokenizer.from_pretrained(dir)` ids of each text, without special tokens.
 Every reply is one JSON line on the real stdout ({"ok": true, ...} or {"ok": false, "error": traceback}); whatever
 PaddleFormers prints goes to stderr.
@@ -71,16 +72,22 @@ def make(req: dict) -> dict:
     return {"files": files, "params": {n: list(p.shape) for n, p in model.named_parameters()}}
 
 
-def _model(directory: str, fresh: bool = False):
-    key = (directory, os.path.getmtime(os.path.join(directory, "config.json")))
-    if key not in _MODELS or fresh:
-        from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
+def _load(directory: str):
+    """A new `from_pretrained(directory)` model (fuse_rms_norm false, math attention), in eval mode."""
+    from paddleformers.transformers import AutoConfig, AutoModelForCausalLM
 
-        config = AutoConfig.from_pretrained(directory)
-        config.fuse_rms_norm, config.use_flash_attention = False, False  # the CPU path (the fused norm is GPU-only)
-        model = AutoModelForCausalLM.from_pretrained(directory, config=config, dtype="float32")
-        model.eval()
-        _MODELS[key] = model
+    config = AutoConfig.from_pretrained(directory)
+    config.fuse_rms_norm, config.use_flash_attention = False, False  # the CPU path (the fused norm is GPU-only)
+    model = AutoModelForCausalLM.from_pretrained(directory, config=config, dtype="float32")
+    model.eval()
+    return model
+
+
+def _model(directory: str):
+    """The cached model of `directory` (never handed to LoRAModel, which rewrites its layers in place)."""
+    key = (directory, os.path.getmtime(os.path.join(directory, "config.json")))
+    if key not in _MODELS:
+        _MODELS[key] = _load(directory)
     return _MODELS[key]
 
 
@@ -96,7 +103,9 @@ def lora_logits(req: dict) -> dict:
     from paddleformers.peft import LoRAModel
 
     with paddle.no_grad():
-        model = LoRAModel.from_pretrained(_model(req["dir"], fresh=True), req["lora"])
+        # a model of its own: LoRAModel swaps the base's linears for LoRA layers in place, so a cached base would
+        # give every later `logits` request of this directory the adapted model
+        model = LoRAModel.from_pretrained(_load(req["dir"]), req["lora"])
         model.eval()
         out = model(paddle.to_tensor(np.load(req["ids"]).astype("int64")))
     np.save(req["out"], out.logits.astype("float32").numpy())

@@ -124,7 +124,11 @@ def test_lora_adapters_in_paddleformers_format(sources, tmp_path):
     merged = merge_adapters(base, adapters, lora.alpha / lora.rank)
     ours = our_logits(cfg, merged, IDS)
     assert np.abs(ours - our_logits(cfg, base, IDS)).max() > 0.1  # the adapters matter
+    before = pf_logits(root / "dense", IDS)  # the worker's cached base model
     close(pf_lora_logits(root / "dense", tmp_path / "adapters", IDS), ours, "PaddleFormers LoRAModel on our adapters")
+    # the base reference is still the base (LoRAModel rewrites the model it wraps in place: once the worker's cached
+    # one, which made a later pp2 run's reference loss the adapted model's)
+    assert np.array_equal(pf_logits(root / "dense", IDS), before)
 
 
 def test_tokenizer_files_load_in_both(sources):
