@@ -27,7 +27,7 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   transpose back (paddle/phi/kernels/gpu/cum_kernel.cu; `_scan`). On a GPU llmtrain's combine is Paddle's fused
   `moe_combine` when present; it is priced as the tensor ops it replaces (the CPU path and fallback, what the
   twin runs);
-- the shared expert(s): a dense FFN of `moe_num_shared_experts` x the expert width (kernels._mlp) and the add;
+- the shared expert(s): a dense FFN of `moe_num_shared_experts` x the expert width (kernel_ops._mlp) and the add;
 - the balancing terms (f = counts / T, P = the probabilities' mean, the z-loss's logsumexp [T, E]) and the
   statistics' adds, on the device; per micro-batch `balancing_loss_kernels` (aux, z and their coefficients).
 
@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from llmtrain.plan.kernels import Kernel, _linear, _mlp, gemm, mem, view
+from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, gemm, mem, view
 
 
 @dataclass
