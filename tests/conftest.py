@@ -62,3 +62,21 @@ def tiny_llama():
         vocab_size=256, max_position_embeddings=64, position="rope", norm="rmsnorm", norm_eps=1e-6,
         activation="swiglu", bias=False, tie_embeddings=False,
     )
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Under xdist's loadscope, the work units longest first (tests/xdist_schedule.py)."""
+    if getattr(config.option, "dist", "no") == "loadscope" or os.environ.get("PYTEST_XDIST_WORKER"):
+        from xdist_schedule import order
+
+        by_id = {it.nodeid: it for it in items}
+        items[:] = [by_id[n] for n in order(list(by_id))]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """tests/xdist_schedule.py's scheduler for `--dist loadscope` (scripts/test.sh); xdist's own otherwise."""
+    if config.option.dist == "loadscope":
+        from xdist_schedule import UnitScheduling
+
+        return UnitScheduling(config, log)
+    return None
