@@ -87,6 +87,11 @@ EQUIVALENT = {
         "paddle.amp.GradScaler's default decr_every_n_nan_or_inf is 1, the value passed: the same scaler",
     ("alltoall-dispatch", "x.contiguous(..., planted_wrong_arg=1)"):
         "Paddle 3.3.1's Tensor.contiguous is a C builtin that takes no argument and ignores keywords: the same tensor",
+    ("cp-nccl-collectives", "p.contiguous(..., planted_wrong_arg=1)"):
+        "Paddle 3.3.1's Tensor.contiguous is a C builtin that takes no argument and ignores keywords: the same tensor",
+    ("cp-flash", "flashmask_attention: drop causal="):
+        "paddle.nn.functional.flashmask_attention's default causal is False, the value passed (the causal part is in "
+        "the start/end row indices): the same call",
 }
 """(id, plant) -> why the planted code computes exactly what the original does (reported, not counted as survived)."""
 

@@ -61,6 +61,19 @@ def flash_attn_grad_spec(q, k, v, out, softmax_lse, seed_offset, attn_mask, out_
     """`_C_ops.flash_attn_grad`'s parameters (the op's backward definition; its stub says only *args)."""
 
 
+def every_argument(stand_in, name: str):
+    """`stand_in` refusing a call that leaves any parameter to its default: a `_C_ops` function reads its arguments
+    by position and has no defaults (the stub's are the Python API's; Paddle's own calls pass every one)."""
+    n = len(inspect.signature(_stub_signature(name) if name == "flash_attn" else flash_attn_grad_spec).parameters)
+
+    def call(*args, **kwargs):
+        assert len(args) + len(kwargs) == n, f"_C_ops.{name} takes all {n} arguments, given {len(args) + len(kwargs)}"
+        return stand_in(*args, **kwargs)
+
+    call.calls = stand_in.calls
+    return call
+
+
 def _paddle_call_arity(module, name: str) -> set:
     """Positional argument counts of every `_C_ops.<name>(...)` call in a Paddle module's source."""
     tree = ast.parse(inspect.getsource(module))
@@ -110,6 +123,8 @@ def ref_flash_attn_grad(q, k, v, out, softmax_lse, seed_offset, attn_mask, out_g
     _low_precision("flash_attn_grad", query=q, key=k, value=v)
     _one_head_width("flash_attn_grad", q, k, v)
     assert attn_mask is None and dropout == 0.0
+    # the forward's seed and offset ([2] int64, as flash_attn returned them), which the kernel reads
+    assert isinstance(seed_offset, paddle.Tensor) and list(seed_offset.shape) == [2] and seed_offset.dtype == paddle.int64
     assert list(out.shape) == list(q.shape) and list(out_grad.shape) == list(q.shape)
     b, sq, nh, d = q.shape
     nkv = k.shape[2]
@@ -155,7 +170,7 @@ def flash(monkeypatch):
                                    tuple(inspect.signature(flash_attn_grad_spec).parameters)),
     }
     for name, f in stand_ins.items():
-        monkeypatch.setattr(paddle._C_ops, name, f, raising=False)
+        monkeypatch.setattr(paddle._C_ops, name, every_argument(f, name), raising=False)
     return stand_ins
 
 
