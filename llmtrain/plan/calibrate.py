@@ -32,8 +32,8 @@ time, halved, is `collective_alpha_busy` (each call also waits for the other ran
 shared host costs milliseconds where the quiet alpha is tens of microseconds). The same with ~0.15, 8 and
 60 ms matmuls, then 1 and 5 forward+backward passes of a small MLP (autograd work of ~50 and ~250 ms, a
 micro-batch's or a step's worth), between the calls gives `alpha_by_gap` (the wait grows with the compute
-between two meetings: alphas of 0.5, 1.1, 1.7, 2.1, 4.5 and 8.6 ms at 0.27, 1.6, 12, 45, 96 and 177 ms on
-2026-12-02; after ~250 ms of a real gpt-tiny micro-batch the two ranks arrived 5-70 ms apart), which the planner
+between two meetings; the measured curve is in benchmarks/README.md, "Measurements the planner's code cites"),
+which the planner
 reads at each collective's gap (tp's all-reduces a few ms apart, ZeRO-2's reduces once a micro-batch, the
 gradient sync once a step).
 The planner uses the collective bandwidth and the busy alpha for dp/sharding/tp and the send/recv figures
@@ -239,7 +239,8 @@ def measure_gloo(sizes=SIZES, repeats: int = 10, log_dir: str | None = None) -> 
 
 GEMM_SIZES = (16, 64, 256, 1024, 4096, 16384)
 MEM_SIZES = (2**8, 2**11, 2**14, 2**17, 2**20, 2**21, 2**22)  # 2^21: fp32 tensors of 8 MiB fit the 32 MiB L3 of
-# this host with their inputs, 2^22 do not (an add: 1.2 ms vs 10 ms, 2026-12-01): the curve needs both sides
+# this host with their inputs, 2^22 do not (benchmarks/README.md, "Measurements the planner's code cites"): the
+# curve needs both sides
 QUICK = {"gemm_sizes": (16, 128, 1024), "gemm_max_flops": 2e8, "mem_sizes": (2**8, 2**12, 2**16),
          "optimizer": ((2, 2**10), (8, 2**10), (2, 2**14)), "gloo_sizes": (4 * 2**10, 2**20, 4 * 2**20),
          "repeats": 3, "passes": 1, "math_attention": ((1, 16, 8), (4, 64, 8), (4, 16, 32))}

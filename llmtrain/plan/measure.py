@@ -433,9 +433,9 @@ def shared_host_table(ranks: int = 2, seconds: float = 0.5, rounds: int = 5, wor
     a kernel's slowdown is the median over rounds of (the slowest process's median call together) / (median call
     alone), in wall-clock time: {"ranks", "rows": [{kind, size, alone_s, together_s, slowdown, cpu_time_slowdown}]}.
     The slowest, not the typical process: a multi-process job meets at every collective, so it moves at its
-    slowest rank's pace, and on a shared host the processes' speeds wander apart (two pinned 512³ matmul loops
-    at once, 2026-12-02: 15.95 / 17.48, 16.18 / 14.71, 15.34 / 12.14 ms a call; the slower 5-12% above the
-    mean). What it holds:
+    slowest rank's pace, and on a shared host the processes' speeds wander apart (two pinned matmul loops at
+    once: the slower 5-12% above the mean; benchmarks/README.md, "Measurements the planner's code cites").
+    What it holds:
     the hardware the processes share (caches, memory bandwidth, SMT siblings; `cpu_time_slowdown`, the same
     ratio in each thread's CPU time, is that part alone) and the host's other work, which a single process
     leaves to the idle cores but `ranks` processes on as many cores must share time with. The planner scales

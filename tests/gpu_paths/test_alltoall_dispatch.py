@@ -166,7 +166,7 @@ def test_two_rank_alltoall_equals_one_process(tiny_llama, monkeypatch, factor):
 
 def test_cpu_refuses_the_alltoall_dispatcher_and_auto_takes_allgather(tiny_llama):
     if ON_GPU:
-        pytest.skip("a GPU builds it")
+        pytest.skip("on a GPU the all-to-all dispatcher is built over NCCL; this test checks the CPU build refuses it")
     roles = ep_module.ExpertParallelRoles(Roles(), Topology(ep_rank=0, ep_group=None), EP, "alltoall")
     with pytest.raises(RuntimeError, match="ep_dispatcher=alltoall needs NCCL"):
         roles.experts(_cfg(tiny_llama, 0.0))

@@ -52,7 +52,7 @@ def test_unknown_gpus_ask_for_the_peak_and_a_configured_peak_wins(monkeypatch, n
     assert peak.peak_flops(400.0) == (400e12, "config train.peak_tflops")
 
 
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+@pytest.mark.skipif(not ON_GPU, reason="reads the real GPU name; the CPU tests above rehearse the table with a pretended name")
 def test_real_device_name():
     name = paddle.device.cuda.get_device_name()
     with reaches("peak-table"):

@@ -10,19 +10,16 @@ by more than 1% fails here and must update the pin and benchmarks/README.md.
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
+from llmtest import planner_benchmark
+
 from llmtrain.config import register_configs
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("planner_benchmark", bench)
-spec.loader.exec_module(bench)
+bench = planner_benchmark()
 register_configs()
 DATA = ROOT / "benchmarks" / "data" / "h200_moe"
 

@@ -18,20 +18,17 @@ table (465.9 and 432.8 TFLOP/s per H100); Korthikanti et al. 2022 abstract (530B
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from llmtest import planner_benchmark
 
 from llmtrain.config import compose_config, register_configs, to_config
 from llmtrain.plan.__main__ import plan
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("planner_benchmark", ROOT / "benchmarks" / "planner.py")
-bench = importlib.util.module_from_spec(spec)
-sys.modules.setdefault("planner_benchmark", bench)
-spec.loader.exec_module(bench)
+bench = planner_benchmark()
 register_configs()
 
 THROUGHPUT_GOAL, MEMORY_GOAL, RATIO_GOAL_POINTS = 0.15, 0.10, 5.0
