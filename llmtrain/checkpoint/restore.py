@@ -19,9 +19,11 @@ import numpy as np
 import paddle
 
 from llmtrain.checkpoint.shards import ShardIndex, is_split_like_param
+from llmtrain.contracts import tags
 from llmtrain.models.init import load_full_state
 from llmtrain.paddle_compat.optim import fresh_optimizer_entries, optimizer_state_dict
 from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
+from llmtrain.parallel.expert_states import ExpertStates
 from llmtrain.parallel.slicing import TensorSlices, local_slice
 
 
@@ -73,8 +75,11 @@ class LayoutRestorer:
         """Accumulators and master weights keyed by this run's optimizer variable names, cut for this layout."""
         t = self.state.tensors
         sliced = stage3_slices(t.model)
+        experts = ExpertStates(t.named_params, self.layout, self.topo) if self.layout.ep > 1 else None
         accumulators, masters = {}, {}
         for name, param in t.named_params:
+            if experts is not None and tags.is_expert(param) and not experts.keeps_state(param):
+                continue  # another rank of its expert-data-parallel group keeps this expert tensor's state
             var_name = stage3_storage(param).name if param.name in sliced else param.name
             for key in index.keys(f"optim/{name}/"):
                 acc = key.rsplit("/", 1)[1]

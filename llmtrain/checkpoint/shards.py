@@ -27,6 +27,7 @@ import paddle
 
 from llmtrain.contracts import tags
 from llmtrain.paddle_compat.optim import OptimizerState
+from llmtrain.parallel.expert_states import ExpertStates
 from llmtrain.parallel.slicing import full_shape
 
 SCALAR_ACCUMULATORS = ("beta1_pow_acc", "beta2_pow_acc")
@@ -205,15 +206,18 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.masters
     sliced = stage3_slices(built.model)
-    ep = getattr(layout, "ep", 1)
+    ep = layout.ep
+    experts = ExpertStates(built.named_params, layout, topo) if ep > 1 else None
     for name, param in built.named_params:
         if param.name in sliced:
             if first_data_rank:
                 _collect_sliced(name, param, sliced[param.name], opt_state, masters, tensors, meta, pool)
             continue
         if ep > 1 and tags.is_expert(param):
-            if topo.data_rank < ep and topo.tp_rank == 0:  # the first ep group holds every expert once (whole over tp)
-                _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views, pool)
+            values = topo.data_rank < ep and topo.tp_rank == 0  # the first ep group holds every expert once (whole over tp)
+            states = experts.writes_state(param, topo)  # its owner in each edp group, or the first ep group's rank
+            _collect_experts(name, param, topo, layout, (opt_state if states else None, masters), tensors, meta, views,
+                             pool, values)
             continue
         if not _owns_replica(param, topo, layout.tp):
             continue
@@ -239,10 +243,15 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     return tensors, meta
 
 
-def _collect_experts(name, param, topo, layout, opt_state, masters, tensors, meta, views, pool) -> None:
-    """Expert parallelism: this rank's block of experts (value and optimizer state) as pieces of the full tensor."""
-    tensors[f"model/{name}"] = arr = _np32(param, clone=views, pool=pool)
-    meta[f"model/{name}"] = _piece_meta(name, param, arr.shape, topo, layout.tp, ep_degree=layout.ep)
+def _collect_experts(name, param, topo, layout, state, tensors, meta, views, pool, values: bool) -> None:
+    """Expert parallelism: this rank's block of experts as pieces of the full tensor: its values when `values`, its
+    optimizer state when `state` = (the optimizer state, master weights) holds one (None: another rank writes it)."""
+    if values:
+        tensors[f"model/{name}"] = arr = _np32(param, clone=views, pool=pool)
+        meta[f"model/{name}"] = _piece_meta(name, param, arr.shape, topo, layout.tp, ep_degree=layout.ep)
+    opt_state, masters = state
+    if opt_state is None:
+        return
     for acc, var in opt_state.accumulators(param.name):
         key = f"optim/{name}/{acc}"
         if not is_split_like_param(key) and topo.ep_rank != 0:

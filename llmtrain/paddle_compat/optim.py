@@ -58,7 +58,8 @@ def recording_hybrid_clip_classes():
 
     class RecordingHybridClip(HybridParallelClipGrad):
         last_norm = None
-        expert_group = None  # expert parallelism: expert gradients differ per ep rank, summed over this group
+        expert_group = None  # expert parallelism: each expert's squared gradient norm is on one rank of this group
+        expert_share = 1.0  # the share of the group's sum each rank adds (1/sharding: fleet sums over sharding next)
         _expert_fix = None
 
         def _dygraph_clip(self, params_grads):
@@ -69,11 +70,11 @@ def recording_hybrid_clip_classes():
                 local = paddle.add_n(local) if local else paddle.zeros([1], "float32")
                 total = local.clone()
                 paddle.distributed.all_reduce(total, group=self.expert_group)
-                self._expert_fix = total - local
+                self._expert_fix = total * self.expert_share - local
             return super()._dygraph_clip(params_grads)
 
         def _global_norm(self, global_norm_var_dist, global_norm_var_not_dist):
-            if self._expert_fix is not None:  # every expert counted once: the ep group's sum replaces this rank's
+            if self._expert_fix is not None:  # every expert counted once: a share of the group's sum replaces this rank's
                 global_norm_var_not_dist.add_(self._expert_fix.reshape(global_norm_var_not_dist.shape))
                 self._expert_fix = None
             super()._global_norm(global_norm_var_dist, global_norm_var_not_dist)
@@ -150,11 +151,13 @@ def skip_in_dp_grad_sync(optimizer, skip, after=None) -> None:
                            "reduced")
 
 
-def keep_local_in_zero1(optimizer, local) -> list:
+def keep_local_in_zero1(optimizer, local, keep=None, after_sync=None) -> list:
     """fleet's stage-1 sharding optimizer (`DygraphShardingOptimizer`) with the parameters for which `local(param)`
     is true kept out of its partition: it partitions the others as before (sorted greedy, `_partition_parameters`),
-    and every sharding rank updates its own local parameters (their values differ per rank: experts) with its own
-    optimizer state, never reducing their gradients to an owner nor broadcasting them. Returns the local parameters.
+    never reduces the local ones' gradients to an owner nor broadcasts them, and this rank updates, with its own
+    optimizer state, the local parameters for which `keep(param)` is true (all of them when `keep` is None; their
+    values differ per rank: experts). `after_sync()` runs right after fleet's broadcast of the updated shared
+    parameters (the local ones' own broadcast). Returns the local parameters this rank updates.
 
     Internals (Paddle 3.3.1, without tensor fusion or comm overlap, the CPU and default path): `_parameter_list`
     (what it partitions and clears), `_rank2params` / `_param2rank` (owners: what `step` updates on this rank and
@@ -170,7 +173,7 @@ def keep_local_in_zero1(optimizer, local) -> list:
     if shard is None or shard.tensor_fusion or shard.comm_overlap:
         raise RuntimeError("expected fleet's DygraphShardingOptimizer without tensor fusion or comm overlap")
     everything = shard._parameter_list
-    mine = [p for p in everything if local(p)]
+    mine = [p for p in everything if local(p) and (keep is None or keep(p))]
     shard._parameter_list = [p for p in everything if not local(p)]
     shared = shard._partition_parameters()  # the same rule over the replicated parameters only
     shard._parameter_list = everything  # clear_grad still clears every gradient
@@ -188,6 +191,8 @@ def keep_local_in_zero1(optimizer, local) -> list:
             sync()
         finally:
             shard._rank2params = full
+        if after_sync is not None:
+            after_sync()
 
     shard._sharding_sync_parameters = sync_shared
     return mine

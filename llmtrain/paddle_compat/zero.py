@@ -3,6 +3,7 @@ and repairs (frozen parameters cut back to their slices after the backward, `sta
 
     slices = stage3_slices(model)    # {param name: (start, end, padded size)}; {} for any other model
     stage3_reslice(model, frozen)    # gathered frozen parameters back to this rank's slices
+    model, optimizer, scaler = built_without(build, optimizer, experts, stage)   # ZeRO-2/3 never seeing `experts`
 
 Stage 3 flattens each sliced parameter, pads it to a multiple of the sharding degree
 and keeps rank r's part in `param.fw_storage`; the bounds live in the wrapper's
@@ -103,3 +104,40 @@ def zero_held_gradients(model) -> list:
             if g is not None:
                 out.append(g)
     return out
+
+
+def built_without(build, optimizer, params, stage: int):
+    """`build()` (a call of Paddle's `group_sharded_parallel` on `optimizer`, returning (model, optimizer,
+    scaler)), with the ZeRO-2/3 wrappers never managing `params` (parameters whose values differ per rank of the
+    sharding group: routed experts; llmtrain reduces, updates and clears them itself). Returns what it returned.
+
+    - stage 2: `GroupShardedOptimizerStage2` partitions, reduces and broadcasts the parameters of the list it is
+      given (`group_sharded_parallel` passes `optimizer._parameter_list`), and `GroupShardedStage2` hooks those
+      only: the list is the others' while the wrappers are built; the inner optimizer keeps every parameter and
+      steps those with a gradient;
+    - stage 3: `GroupShardedStage3` broadcasts every parameter from the sharding group's first rank, and slices
+      (or keeps in its all-reduced gradient storage) every trainable one: `params` are frozen while it is built
+      (their layers must be in its `exclude_layer`, else frozen ones are sliced too) and their values put back;
+      then they join its `_unslice_params`, which its step adds to the inner optimizer's list and its gradient
+      clearing and slicing skip, without a gradient storage.
+    Read in Paddle 3.3.1."""
+    require_tested_paddle()
+    values = [p.clone() for p in params]
+    ids = {id(p) for p in params}
+    full = optimizer._parameter_list
+    if stage == 2:
+        optimizer._parameter_list = [p for p in full if id(p) not in ids]
+    else:
+        for p in params:
+            p.stop_gradient = True
+    try:
+        model, wrapped, scaler = build()
+    finally:
+        optimizer._parameter_list = full
+        for p, value in zip(params, values):
+            p.stop_gradient = False
+            p.set_value(value)
+    if stage == 3:
+        for p in params:
+            model._unslice_params.add(p)
+    return model, wrapped, scaler

@@ -3,17 +3,15 @@
     python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=moe-tiny +parallel=ep2
     python -m pytest tests/parallel/test_experts.py -q
 
-Groups. EP is carved out of the data-parallel ranks (as PaddleNLP's
-`use_expert_parallel`): the dp ranks of one (tp, pp, sharding) coordinate are
-cut into groups of ep consecutive ranks (the *ep group*: together they hold
-every expert once, rank j of a group the j-th block of num_experts / ep); the
-ranks holding the same block form the *expert-data-parallel group* (dp / ep
-ranks). Dense parameters stay replicated over dp as before. With ZeRO-1 sharding
-(`parallel.sharding` = ep) the ep group is the sharding group instead: its ranks
-hold different experts, so the experts stay out of the sharded optimizer's
-partition and each rank updates its own; the dense parameters' optimizer state
-is partitioned as without experts. Under pipeline parallelism every stage has its
-own ep groups (the dp ranks of that stage) for its own layers' experts.
+Groups (`Layout.group_ranks`, llmtrain/parallel/groups.py). ep divides the data-parallel ranks, dp x sharding, of
+each (pp, cp, tp) coordinate; numbered by data index (dp coordinate x sharding + sharding coordinate), ep
+consecutive ones form an *ep group* (together they hold every expert once, member j the j-th block of
+num_experts / ep) and the ranks equal mod ep an *expert-data-parallel (edp) group* (dp x sharding / ep ranks
+holding the same block). With ep = sharding the ep group is the sharding group; with sharding = 1 a block of dp
+ranks. Dense parameters are replicated over dp and sharded over `parallel.sharding` as without experts; the
+experts' gradients are reduced and, under ZeRO, their optimizer states sharded over edp
+(llmtrain/parallel/expert_states.py). Under pipeline parallelism every stage has its own groups for its own
+layers' experts.
 
 Dispatch. Every rank lays its own tokens out expert-major, [E, C, h] (`llmtrain.models.dispatch`: the same C on
 every rank of the group: the capacity, or dropless the largest expert load of the group, `agree_capacity`, an
@@ -39,15 +37,9 @@ memory, and the dispatcher stays independent of tp. The price is tp x the
 expert compute. (Megatron-style expert tensor parallelism is absent.)
 
 Gradients. Expert parameters are marked `no_sync` (so `paddle.DataParallel`
-and fleet's start-up broadcasts skip them) and left out of fleet's gradient
-synchronisation (dp all-reduce, ZeRO-1 reduce); right after it, still before the
-clip, `ExpertGradSync` sums them over the expert-data-parallel group and divides
-by the data-parallel degree (a holder's gradient already sums the losses of its
-ep group's ranks through the dispatcher's backward), giving the one-process
-gradient of the mean loss. The global grad norm counts each expert once:
-`GlobalNormClip` / fleet's hybrid clip sum the squares of expert gradients over
-the ep group (`expert_group`; under sharding fleet's own all-reduce over the
-sharding group does it), dense ones as before.
+and fleet's start-up broadcasts skip them), left out of fleet's gradient
+synchronisation and of Paddle's ZeRO-2/3 wrappers, and reduced over edp by
+`llmtrain.parallel.expert_states`, which also makes the global grad norm count each expert once.
 """
 from __future__ import annotations
 
@@ -153,48 +145,8 @@ class ExpertParallelRoles:
         disp = ExpertParallelDispatch(self._topo.ep_group, self._ep, self.exchange())
         layer = Experts(cfg, local, first=self._topo.ep_rank * local, dispatcher=disp)
         for p in layer.parameters():
-            p.no_sync = True  # not averaged by paddle.DataParallel: ExpertGradSync reduces them
+            p.no_sync = True  # not averaged by paddle.DataParallel: llmtrain.parallel.expert_states reduces them
         return layer
-
-
-def expert_parameters(model) -> list:
-    return [p for p in model.parameters() if is_expert(p)]
-
-
-class ExpertGradSync:
-    """After the backward: expert grads summed over the expert-data-parallel group, divided by the data-parallel degree."""
-
-    def __init__(self, model, topo, data_parallel: int):
-        self.params = expert_parameters(model)
-        self.group = topo.expert_dp_group
-        self.scale = 1.0 / data_parallel
-
-    @paddle.no_grad()
-    def __call__(self) -> None:
-        for p in self.params:
-            g = p.grad
-            if g is None:
-                continue
-            if self.group is not None:
-                dist.all_reduce(g, group=self.group)
-            g.scale_(self.scale)
-
-
-def attach_expert_parallel(core, optimizer, clip, layout, topo) -> None:
-    """Under ep > 1: fleet's gradient synchronisation (dp all-reduce, ZeRO-1 reduce) leaves expert gradients alone
-    and the expert gradient reduction runs right after it, before the clip (every layout, the pipeline's too); the
-    clip counts each expert once. With sharding the experts stay out of the ZeRO-1 partition: each rank updates its
-    own (`keep_local_in_zero1`), and fleet's norm all-reduce over the sharding group (= the ep group) already sums
-    each expert once."""
-    if layout.ep <= 1:
-        return
-    from llmtrain.paddle_compat.optim import keep_local_in_zero1, skip_in_dp_grad_sync
-
-    skip_in_dp_grad_sync(optimizer, is_expert, after=ExpertGradSync(core, topo, layout.data_parallel))
-    if layout.sharding > 1:
-        keep_local_in_zero1(optimizer, is_expert)
-    else:
-        clip.expert_group = topo.ep_group
 
 
 def is_expert(param) -> bool:

@@ -84,7 +84,7 @@ class StateSharding:
     optimizer: bool
     """Optimizer states (and fp32 master weights) split: ZeRO-1 and up."""
     gradients: bool
-    """Gradients reduced to their owner only and freed elsewhere: ZeRO-2 and up."""
+    """Gradients reduced to their owner only and freed elsewhere once the backward is over (dense: ZeRO-2 and up)."""
     parameters: bool
     """Parameter values sliced, gathered around their use: ZeRO-3."""
 
@@ -95,12 +95,14 @@ def state_sharding(layout, expert: bool) -> StateSharding:
 
     Dense parameters: the sharding group, `parallel.sharding` ways, as the stage says. Routed experts under ep > 1:
     the expert-data-parallel group (edp = dp x sharding / ep ranks holding the same experts) whenever ZeRO is on
-    (sharding > 1): their optimizer states from stage 1, gradients from stage 2; their values are never sliced
-    further (ep already divides them: a rank holds num_experts / ep experts whole, under ZeRO-3 too). Without ZeRO,
-    or with edp = 1, every rank keeps its experts' states whole. Under ep = 1 experts are dense parameters."""
+    (sharding > 1), at every stage: each expert tensor's optimizer state on one rank of the group, and its gradient
+    too once the backward is over (reduced to that rank and freed on the others: llmtrain/parallel/expert_states.py);
+    their values are never sliced further (ep already divides them: a rank holds num_experts / ep experts whole,
+    under ZeRO-3 too). Without ZeRO, or with edp = 1, every rank keeps its experts' states whole. Under ep = 1
+    experts are dense parameters."""
     stage = layout.sharding_stage if layout.sharding > 1 else 0
     if expert and layout.ep > 1:
         degree = layout.edp if stage else 1
-        return StateSharding("edp", degree, degree > 1, degree > 1 and stage >= 2, False)
+        return StateSharding("edp", degree, degree > 1, degree > 1, False)
     degree = layout.sharding
     return StateSharding("sharding", degree, degree > 1, degree > 1 and stage >= 2, degree > 1 and stage == 3)

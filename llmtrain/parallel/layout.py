@@ -232,16 +232,7 @@ def _expert_problems(p: ParallelConfig) -> list[str]:
         return [f"parallel.ep={p.ep} does not divide the data-parallel ranks parallel.dp={p.dp} x parallel.sharding="
                 f"{p.sharding} = {data}: the routed experts are spread over ep of the data-parallel ranks of each "
                 f"(pp, cp, tp) coordinate; {hint}"]
-    problems = []
-    if p.sharding > 1 and p.sharding_stage != 1:
-        problems.append(f"parallel.ep={p.ep} with parallel.sharding_stage={p.sharding_stage}: expert parallelism "
-                        "composes with ZeRO-1 only for now (Paddle's ZeRO-2/3 wrappers would treat the ranks' "
-                        "different experts as one replicated parameter); use parallel.sharding_stage=1")
-    if p.sharding > 1 and p.ep != p.sharding:
-        problems.append(f"parallel.ep={p.ep} with parallel.sharding={p.sharding}: under sharding the experts' "
-                        "optimizer states are kept out of the sharded partition only when the ep group is the "
-                        f"sharding group, for now; use parallel.ep={p.sharding}")
-    return problems
+    return []
 
 
 def _cp_problems(p: ParallelConfig) -> list[str]:

@@ -43,34 +43,49 @@ from llmtrain.paddle_compat.optim import (
     set_grad_clip,
     squared_l2_norm,
 )
-from llmtrain.paddle_compat.zero import stage3_frozen_by_layer, stage3_reslice, zero_held_gradients
+from llmtrain.paddle_compat.zero import built_without, stage3_frozen_by_layer, stage3_reslice, zero_held_gradients
 
 LEVELS = {2: "os_g", 3: "p_g_os"}
 
 
 class RecordingShardedClip:
-    """Paddle's GroupShardedClipGrad, plus `last_norm` (the global norm it clips with)."""
+    """Paddle's GroupShardedClipGrad, plus `last_norm` (the global norm it clips with). Under expert parallelism
+    (`expert_group` set: the data group, on one rank of which each expert tensor's gradient lives) the experts'
+    squares are summed over that group and the clip is applied here with Paddle's formula."""
 
     def __init__(self, inner, group):
         self.inner = inner
         self.group = group
         self.last_norm = None
+        self.expert_group = None
 
     @paddle.no_grad()
     def __call__(self, params_grads):
         sliced = paddle.zeros([1], dtype="float32")
         unsliced = paddle.zeros([1], dtype="float32")
+        experts = paddle.zeros([1], dtype="float32")
         for p, g in params_grads:
             if g is None or getattr(p, "need_clip", True) is False:
                 continue
             sq = squared_l2_norm(g).astype("float32").reshape([1])
-            if hasattr(p, "unslice"):
+            if self.expert_group is not None and tags.is_expert(p):
+                experts = experts + sq
+            elif hasattr(p, "unslice"):
                 unsliced = unsliced + sq
             else:
                 sliced = sliced + sq
         dist.all_reduce(sliced, group=self.group)
-        self.last_norm = paddle.sqrt(sliced + unsliced).reshape([])
-        return self.inner(params_grads)
+        if self.expert_group is None:
+            self.last_norm = paddle.sqrt(sliced + unsliced).reshape([])
+            return self.inner(params_grads)
+        dist.all_reduce(experts, group=self.expert_group)
+        self.last_norm = norm = paddle.sqrt(sliced + unsliced + experts).reshape([])
+        limit = paddle.full([], self.inner._clip.clip_norm, dtype="float32")
+        scale = limit / paddle.maximum(norm, limit)  # GroupShardedClipGrad's formula
+        for p, g in params_grads:
+            if g is not None and getattr(p, "need_clip", True) is not False:
+                g.scale_(scale.astype(g.dtype))
+        return params_grads
 
     def __getattr__(self, item):
         return getattr(self.inner, item)
@@ -91,17 +106,24 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     """ZeRO-2/3 wrappers over the sharding group; returns (model, optimizer, scaler, step hooks) with a recording
     clip."""
     group, dp_group = topo.group("sharding"), topo.group("dp")
+    experts = [p for p in core.parameters() if tags.is_expert(p)] if layout.ep > 1 else []
     extra = {}
     if layout.sharding_stage == 3:
         # Stage 3 gathers a sliced parameter only around its own layer's forward; a tied word
         # table is also read by the output projection, outside that forward, so it stays unsliced.
-        extra["exclude_layer"] = [id(layer) for layer in core.sublayers() if tags.is_tied_table(layer)]
+        # Routed experts (ep > 1) are not Paddle's to manage (`built_without`): their layers stay unsliced too.
+        extra["exclude_layer"] = [id(layer) for layer in core.sublayers()
+                                  if tags.is_tied_table(layer) or any(tags.is_expert(p) for p in layer.parameters(
+                                      include_sublayers=False))]
         extra["segment_size"] = layout.zero3_segment_size
     else:
         extra["buffer_max_size"] = layout.zero2_buffer_size
-    model, optimizer, scaler = paddle.distributed.sharding.group_sharded_parallel(
-        core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group, **extra,
-    )
+
+    def build():
+        return paddle.distributed.sharding.group_sharded_parallel(
+            core, optimizer, level=LEVELS[layout.sharding_stage], scaler=scaler, group=group, dp_group=dp_group, **extra)
+
+    model, optimizer, scaler = built_without(build, optimizer, experts, layout.sharding_stage)
     hooks = []
     if layout.sharding_stage == 3:
         tags.set_recording_clip(optimizer, _install_recorder(optimizer, group))

@@ -34,7 +34,7 @@ from llmtrain.data.rampup import BatchRampup
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
-from llmtrain.parallel.experts import attach_expert_parallel
+from llmtrain.parallel.expert_states import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
@@ -122,7 +122,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     local.core = core
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
-    attach_expert_parallel(core, optimizer, clip, layout, topo)  # ep > 1: expert gradient reduction, expert-aware norm
+    local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
     return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
                  local.hooks, local.inputs, local.report)
 

@@ -201,11 +201,11 @@ def check_groups(got: dict, sharding: int, ep: int) -> None:
         assert e["ep_rank"] == want["ep"].index(r), (r, e["ep_rank"], want["ep"])
 
 
-def check_zero3_slice(layout: str, e: dict, name: str, p: dict, full_shape: list) -> None:
+def check_zero3_slice(layout: str, e: dict, name: str, p: dict, full_shape: list, d: Degrees = None) -> None:
     """Rank entry `e` holds parameter `name` (memory.json entry `p`) as its ZeRO-3 flat slice: [start, end) of the
     flattened parameter padded to a multiple of the sharding degree after Paddle's CPU alignment, in rank order;
-    the full tensor is not kept outside the forward."""
-    d = DEGREES[layout]
+    the full tensor is not kept outside the forward. `d`: the degrees, when `layout` is not a name in DEGREES."""
+    d = d or DEGREES[layout]
     z = p.get("zero3")
     assert z is not None, f"{layout}: rank {e['rank']} holds {name} {p['shape']} whole; ZeRO-3 must slice it"
     padded = z["padded"]
@@ -267,73 +267,110 @@ FROZEN = re.compile(r"layers\.\d+\.mlp\.expert_bias")
 """The auxiliary-loss-free bias: a parameter without gradient or optimizer state."""
 
 
-def check_expert_memory(got: dict, ref: dict, dp: int, ep: int, tp: int = 1, pp: int = 1, sharding: int = 1) -> None:
-    """An MoE run under dp (x tp, x pp, x ZeRO-1 sharding) with `ep` (1: experts replicated) against its one-process
-    run. Every rank holds the dense parameters of its pipeline stage as the tp layout says (`SPLIT_AXES`) and exactly
-    E / ep experts of each stacked expert tensor of its stage (axis 0; whole over tp); stage s holds the layers
-    s * L/pp ... (s + 1) * L/pp - 1 (the embedding with the first, the final norm and head with the last), stages are
-    disjoint and cover the model; the element counts of an ep group's ranks (dp ranks ep by ep, or with sharding the
-    sharding group) sum to the model's for every expert tensor; over all ranks, numel / copies (dense: dp x sharding
-    x tp unless tp-split, experts: dp x sharding / ep x tp) sums to the model. Optimizer state: AdamW's for every held
-    trainable parameter, none for the frozen expert bias; under ZeRO-1 every rank keeps its own experts' state and
-    the sharding ranks own disjoint sets of the dense parameters covering them, each at most 1/sharding of their
-    elements plus the largest one."""
+def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2**20) -> None:
+    """An MoE run under the degrees `d` (dp, tp, pp, sharding at ZeRO stage `d.stage`, ep; ep = 1: experts
+    replicated) against its one-process run. Written from the definitions, not read from the product:
+
+    - every rank holds its pipeline stage's parameters (stage s: layers s * L/pp ... (s + 1) * L/pp - 1, the embedding
+      with the first, the final norm and head with the last), the same names on every rank of a stage, the stages
+      covering the model; dense ones as the tp layout says (`SPLIT_AXES`), or under ZeRO-3 as flat slices when larger
+      than `segment_size`; exactly E / ep experts of each stacked expert tensor (axis 0, whole over tp);
+    - the ep group (data index = dp_rank x sharding + sharding_rank; index // ep equal) holds every expert once;
+      over all ranks, numel / copies sums to the model (+ ZeRO-3 padding): dense dp x sharding x tp copies (tp-split:
+      no tp factor; ZeRO-3 slices: dp), experts dp x sharding / ep x tp;
+    - optimizer state (AdamW's, none for the frozen expert bias): dense parameters' as without experts (whole; ZeRO-1/2
+      a disjoint, balanced partition over each sharding group; ZeRO-3 the slices' and the unsliced parameters');
+      experts: with sharding and edp = dp x sharding / ep > 1, each expert tensor's state on exactly one rank of
+      its edp group (data index mod ep equal), each rank at most 1/edp of the expert elements plus the largest;
+      otherwise on every rank holding it;
+    - gradients after the step: without ZeRO-2/3 the held parameters' bytes, less the frozen bias (without sharding)
+      and the expert tensors whose state another rank keeps (freed once reduced to their owner)."""
     full = {n: p["shape"] for n, p in ref["ranks"][0]["params"].items()}
     assert got["model_numel"] == ref["model_numel"] == sum(prod(s) for s in full.values())
     assert any(EXPERTS.fullmatch(n) for n in full), "not an MoE model"
     ranks = got["ranks"]
     coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"]) for e in ranks)
-    assert coords == sorted(itertools.product(range(dp), range(tp), range(pp), range(sharding))), coords
-    chunk = len({_layer(n) for n in full} - {None}) // pp
+    assert coords == sorted(itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))), coords
+    zero3 = d.sharding > 1 and d.stage == 3
+    edp = d.dp * d.sharding // d.ep
+    sharded_experts = d.sharding > 1 and edp > 1
+    chunk = len({_layer(n) for n in full} - {None}) // d.pp
     stages: dict = {}
     for e in ranks:  # pipeline stages: this stage's layers only, the same names on every rank of a stage
         s = e["pp_rank"]
         want = {n for n in full if (_layer(n) is not None and _layer(n) // chunk == s)
-                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == pp - 1))}
-        assert set(e["params"]) == want, (f"pp{pp}: rank {e['rank']} (stage {s}) holds {sorted(set(e['params']) ^ want)[:4]} "
-                                          "beyond (or short of) its stage's layers")
+                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == d.pp - 1))}
+        assert set(e["params"]) == want, (f"pp{d.pp}: rank {e['rank']} (stage {s}) holds "
+                                          f"{sorted(set(e['params']) ^ want)[:4]} beyond (or short of) its stage's layers")
         stages.setdefault(s, set(e["params"]))
     assert set().union(*stages.values()) == set(full)
-    groups: dict = {}
-    total = Fraction(0)
+    index = lambda e: e["dp_rank"] * d.sharding + e["sharding_rank"]  # noqa: E731
+    ep_groups, edp_groups, sharding_groups = {}, {}, {}
+    total, padding = Fraction(0), 0
     for e in ranks:
-        ep_group = (e["dp_rank"], e["tp_rank"], e["pp_rank"]) if sharding > 1 else \
-            (e["dp_rank"] // ep, e["tp_rank"], e["pp_rank"])
-        groups.setdefault(ep_group, []).append(e)
+        ep_groups.setdefault((index(e) // d.ep, e["tp_rank"], e["pp_rank"]), []).append(e)
+        edp_groups.setdefault((index(e) % d.ep, e["tp_rank"], e["pp_rank"]), []).append(e)
+        sharding_groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"]), []).append(e)
         for name, p in e["params"].items():
             want = list(full[name])
             expert = EXPERTS.fullmatch(name) is not None
             axis = None if expert else split_axis(name)
+            if zero3 and not expert and prod(want) > segment_size:
+                check_zero3_slice(f"ep{d.ep} zero3", e, name, p, want, d)
+                total += Fraction(p["numel"], d.dp)
+                padding += p["zero3"]["padded"] - prod(want) if index(e) == 0 else 0
+                state = e["optimizer_params"].get(name)
+                assert state == adam_state(p["numel"]), (e["rank"], name, state)
+                continue
             if expert:
-                want[0] //= ep
+                want[0] //= d.ep
             elif axis is not None:
-                want[axis] //= tp
-            assert p["shape"] == want, (
-                f"ep{ep} tp{tp}: rank {e['rank']} holds {name} as {p['shape']}, expected {want} (full {full[name]})")
-            copies = (dp * sharding // ep if expert else dp * sharding) * (1 if axis is not None else tp)
+                want[axis] //= d.tp
+            assert p["shape"] == want and "zero3" not in p, (
+                f"ep{d.ep} tp{d.tp}: rank {e['rank']} holds {name} as {p['shape']}, expected {want} (full {full[name]})")
+            copies = (d.dp * d.sharding // d.ep if expert else d.dp * d.sharding) * (1 if axis is not None else d.tp)
             total += Fraction(p["numel"], copies)
             state = e["optimizer_params"].get(name)
-            if sharding == 1 or expert or FROZEN.fullmatch(name):
-                assert state == (None if FROZEN.fullmatch(name) else adam_state(p["numel"])), (e["rank"], name, state)
+            if FROZEN.fullmatch(name):
+                assert state is None, (e["rank"], name, state)
+            elif (not sharded_experts) if expert else (d.sharding == 1 or zero3):
+                assert state == adam_state(p["numel"]), (e["rank"], name, state)
             else:
                 assert state in (None, adam_state(p["numel"])), (e["rank"], name, state)
-        frozen = 0 if sharding > 1 else sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))
-        assert e["grad_bytes"] == e["param_bytes"] - frozen, (e["rank"], e["grad_bytes"], e["param_bytes"])
-    assert total == got["model_numel"], (f"ep{ep} tp{tp}: ranks hold {float(total)} elements net of replication, "
-                                         f"the model has {got['model_numel']}")
-    for members in groups.values():
-        assert len(members) == ep
+        if d.sharding == 1 or d.stage == 1:
+            frozen = 0 if d.sharding > 1 else sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))
+            freed = sum(p["bytes"] for n, p in e["params"].items() if EXPERTS.fullmatch(n) and sharded_experts
+                        and n not in e["optimizer_params"])
+            assert e["grad_bytes"] == e["param_bytes"] - frozen - freed, (e["rank"], e["grad_bytes"], e["param_bytes"])
+        else:
+            assert e["grad_bytes"] > 0, e["rank"]
+    assert total == got["model_numel"] + padding, (
+        f"ep{d.ep} tp{d.tp}: ranks hold {float(total)} elements net of replication, the model has {got['model_numel']}")
+    for members in ep_groups.values():  # together they hold every expert once
+        assert len(members) == d.ep
         for name in stages[members[0]["pp_rank"]]:
             if EXPERTS.fullmatch(name):
                 assert sum(m["params"][name]["numel"] for m in members) == prod(full[name]), name
-        if sharding > 1:  # ZeRO-1: the dense state is partitioned over the group, disjointly and completely
-            dense = {n for n in members[0]["params"] if not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n)}
-            owned = [{n for n in m["optimizer_params"] if n in dense} for m in members]
-            for a, b in itertools.combinations(owned, 2):
-                assert not a & b, f"sharding ranks both keep optimizer state of {sorted(a & b)[:5]}"
-            assert set().union(*owned) == dense, dense - set().union(*owned)
-            elems = {n: members[0]["params"][n]["numel"] for n in dense}
-            for m, mine in zip(members, owned):
-                held = sum(elems[n] for n in mine)
-                assert 0 < held <= sum(elems.values()) / sharding + max(elems.values()) and held < sum(elems.values()), (
-                    f"rank {m['rank']} keeps optimizer state for {held} of {sum(elems.values())} dense elements")
+    if sharded_experts:  # each expert tensor's state on one rank of its edp group, balanced
+        for members in edp_groups.values():
+            _check_partition("edp", members, lambda n: EXPERTS.fullmatch(n) is not None, edp)
+    if d.sharding > 1 and d.stage in (1, 2):  # the dense state partitioned over each sharding group
+        for members in sharding_groups.values():
+            _check_partition("sharding", members, lambda n: not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n),
+                             d.sharding)
+
+
+def _check_partition(kind: str, members: list, trained, degree: int) -> None:
+    """The `trained(name)` parameters' optimizer states kept by exactly one of `members` each (together all of them),
+    each member at most 1/degree of their elements plus the largest one (a greedy partition)."""
+    assert len(members) == degree, (kind, [m["rank"] for m in members])
+    names = {n for n in members[0]["params"] if trained(n)}
+    owned = [{n for n in m["optimizer_params"] if n in names} for m in members]
+    for a, b in itertools.combinations(owned, 2):
+        assert not a & b, f"{kind} ranks both keep optimizer state of {sorted(a & b)[:5]}"
+    assert set().union(*owned) == names, (kind, sorted(names - set().union(*owned))[:5])
+    elems = {n: members[0]["params"][n]["numel"] for n in names}
+    for m, mine in zip(members, owned):
+        held = sum(elems[n] for n in mine)
+        assert 0 < held <= sum(elems.values()) / degree + max(elems.values()) and held < sum(elems.values()), (
+            f"{kind}: rank {m['rank']} keeps optimizer state for {held} of {sum(elems.values())} elements")

@@ -43,9 +43,10 @@ def test_ep_is_carved_out_of_dp():
     (ParallelConfig(dp=1, pp=2, ep=2), 2, "parallel.dp=1 x parallel.sharding=1 = 1: the routed experts are spread over "
                                           "ep of the data-parallel ranks of each (pp, cp, tp) coordinate; add "
                                           "data-parallel ranks"),
-    (ParallelConfig(sharding=4, ep=2), 4, "parallel.ep=2 with parallel.sharding=4: under sharding the experts' "
-                                          "optimizer states"),
-    (ParallelConfig(sharding=2, sharding_stage=2, ep=2), 2, "parallel.ep=2 with parallel.sharding_stage=2"),
+    (ParallelConfig(dp=2, sharding=3, ep=4), 6, "parallel.ep=4 does not divide the data-parallel ranks parallel.dp=2 x "
+                                                "parallel.sharding=3 = 6: the routed experts are spread over ep of the "
+                                                "data-parallel ranks of each (pp, cp, tp) coordinate; use parallel.ep in "
+                                                "[2, 3, 6]"),
     (ParallelConfig(dp=4, ep=4), 4, "model.moe_num_experts=6 is not divisible by parallel.ep=4"),
     (ParallelConfig(dp=2, ep=0), 2, "parallel.ep=0: must be >= 1"),
     (ParallelConfig(dp=2, ep=2, ep_dispatcher="nccl"), 2, "parallel.ep_dispatcher='nccl'"),

@@ -93,13 +93,14 @@ def test_expert_groups_of_named_layouts():
 
 def test_state_sharding_names_the_group_per_stage():
     """Dense parameters shard over the sharding group, routed experts over the expert-data-parallel group (their
-    values never beyond ep); no ZeRO, no sharding; ep = 1: experts are dense parameters."""
+    values never beyond ep; their gradients reduced to the state's owner at every stage); no ZeRO, no sharding;
+    ep = 1: experts are dense parameters."""
     for stage, want in ((1, (True, False, False)), (2, (True, True, False)), (3, (True, True, True))):
         lay = Layout(dp=8, sharding=32, ep=32, sharding_stage=stage)
         dense, expert = lay.state_sharding(expert=False), lay.state_sharding(expert=True)
         assert (dense.group, dense.degree, (dense.optimizer, dense.gradients, dense.parameters)) == ("sharding", 32, want)
         assert (expert.group, expert.degree, (expert.optimizer, expert.gradients, expert.parameters)) == \
-            ("edp", 8, want[:2] + (False,))
+            ("edp", 8, (True, True, False))
     plain = Layout(dp=256, ep=32).state_sharding(expert=True)
     assert (plain.degree, plain.optimizer) == (1, False)
     assert Layout(sharding=4, ep=4).state_sharding(expert=True).degree == 1  # edp = 1: each rank its own experts

@@ -1,0 +1,98 @@
+"""Expert parallelism independent of data parallelism and sharding: moe-tiny (4 experts, top-2) under dp2 x
+sharding2 with ep 2 or 4 at ZeRO stages 1, 2 and 3 equals one process (per-step loss and grad_norm within 1e-5,
+routing statistics exactly), and every rank holds its part (`memory_checks.check_expert_memory`: E/ep experts,
+their optimizer states 1/edp over the expert-data-parallel group where sharded, dense states 1/sharding).
+
+    python -m pytest tests/parallel/test_expert_parity.py -q
+    LLMTRAIN_EXPERT_SEED=1234 python -m pytest tests/parallel/test_expert_parity.py -q   # replay a draw
+    LLMTRAIN_EXPERT_SAMPLE=all python -m pytest tests/parallel/test_expert_parity.py -q  # sweep every composition
+
+All runs share one 4-process launch (one fleet topology, dp2 x sharding2; ep and the ZeRO stage are llmtrain's).
+`REQUIRED` always run; of the other compositions `SAMPLED` are drawn each run with a seed printed in the test
+output (and in the assertion message), so composition bugs are found over time without every run paying for all.
+sharding2 x ep2 under ZeRO-2 and ZeRO-3 on 2 processes ride the ZeRO launch of tests/parallel/test_parity.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+
+import pytest
+
+from launch import metrics, run_many
+from llmtest import tiny_overrides
+from memory_checks import Degrees, check_expert_memory, check_groups
+
+STEPS = 4
+TOL = 1e-5
+MOE = ["model.moe_bias_update_rate=0.01"]
+COMPOSITIONS = [(ep, stage) for ep in (4, 2) for stage in (1, 2, 3)]
+"""(parallel.ep, parallel.sharding_stage) over dp2 x sharding2: ep4 spreads the 4 experts over all 4 data ranks
+(edp = 1: the ep group spans dp and sharding), ep2 shares them within each sharding group and shards their states
+over the dp pairs holding the same experts (edp = 2)."""
+REQUIRED = [(4, 1), (4, 2), (2, 2)]
+SAMPLED = 1
+SEED = int(os.environ.get("LLMTRAIN_EXPERT_SEED", random.SystemRandom().randrange(10**6)))
+
+
+def chosen() -> list[tuple[int, int]]:
+    """REQUIRED plus SAMPLED of the others drawn with SEED (all of them under LLMTRAIN_EXPERT_SAMPLE=all)."""
+    if os.environ.get("LLMTRAIN_EXPERT_SAMPLE") == "all":
+        return list(COMPOSITIONS)
+    rest = [c for c in COMPOSITIONS if c not in REQUIRED]
+    return REQUIRED + random.Random(SEED).sample(rest, SAMPLED)
+
+
+def _name(ep: int, stage: int) -> str:
+    return f"ep{ep}_s{stage}"
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_corpus, tmp_path_factory):
+    """One process, then every chosen composition in one dp2 x sharding2 launch; {name: (metrics, memory)}."""
+    out = tmp_path_factory.mktemp("expert_parity")
+    base = lambda name: tiny_overrides(tiny_corpus, str(out / name), "moe", steps=STEPS) + MOE  # noqa: E731
+    run_many([base("single")], nproc=0, workdir=out / "single_launch")
+    layouts = [base(_name(ep, s)) + ["+parallel=dp2", "parallel.sharding=2", f"parallel.ep={ep}",
+                                     f"parallel.sharding_stage={s}", "parallel.zero3_segment_size=1024"]
+               for ep, s in chosen()]
+    run_many(layouts, nproc=4, workdir=out / "launch")
+    read = lambda name: (metrics(out / name), json.loads((out / name / "memory.json").read_text()))  # noqa: E731
+    return {name: read(name) for name in ["single", *(_name(*c) for c in chosen())]}
+
+
+@pytest.mark.slow
+def test_expert_layouts_match_one_process_and_hold_their_part(runs):
+    print(f"expert compositions {chosen()} (LLMTRAIN_EXPERT_SEED={SEED}; LLMTRAIN_EXPERT_SAMPLE=all sweeps all)")
+    ref, ref_memory = runs["single"]
+    for ep, stage in chosen():
+        name = _name(ep, stage)
+        got, memory = runs[name]
+        where = f"dp2 sharding2 ep{ep} ZeRO-{stage} (LLMTRAIN_EXPERT_SEED={SEED})"
+        assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1)), where
+        worst = 0.0
+        for r, g in zip(ref, got):
+            for key in ("loss", "grad_norm", "moe_aux_loss"):
+                worst = max(worst, abs(g[key] - r[key]))
+                assert abs(g[key] - r[key]) <= TOL, (where, r["step"], key, g[key], r[key])
+            for key in ("tokens", "tokens_total", "consumed_samples", "moe_load_max_mean", "moe_dropped_frac"):
+                assert g[key] == r[key], (where, r["step"], key, g[key], r[key])
+        print(f"{where}: max |loss or grad_norm - one process| = {worst:.2e}")
+        check_groups(memory, 2, ep)
+        check_expert_memory(memory, ref_memory, Degrees(dp=2, sharding=2, stage=stage, ep=ep), segment_size=1024)
+
+
+def test_replicated_expert_states_fail_the_expert_check(runs):
+    """The ep2 ZeRO-2 run's memory.json with every rank keeping its experts' optimizer state (not sharded over the
+    edp pair holding the same experts) must fail the check."""
+    _, memory = runs[_name(2, 2)]
+    fake = json.loads(json.dumps(memory))
+    for e in fake["ranks"]:
+        for n, p in e["params"].items():
+            if ".experts." in n:
+                e["optimizer_params"][n] = 2 * p["numel"] + 2
+        e["optimizer_numel"] = sum(e["optimizer_params"].values())
+    check_expert_memory(memory, runs["single"][1], Degrees(dp=2, sharding=2, stage=2, ep=2), segment_size=1024)
+    with pytest.raises(AssertionError, match="edp ranks both keep optimizer state"):
+        check_expert_memory(fake, runs["single"][1], Degrees(dp=2, sharding=2, stage=2, ep=2), segment_size=1024)
