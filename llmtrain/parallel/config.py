@@ -47,8 +47,11 @@ class ParallelConfig:
     """Model chunks per pipeline rank for the interleaved schedule (1 = plain 1F1B)."""
 
     ep: int = 1
-    """Expert-parallel degree (Mixture-of-Experts models): each group of ep data-parallel ranks spreads the routed
-    experts over its members, num_experts / ep each. Carved out of dp (adds no processes); must divide dp."""
+    """Expert-parallel degree (Mixture-of-Experts models): any divisor of the data-parallel ranks dp x sharding (adds
+    no processes). Each group of ep consecutive data ranks spreads the routed experts over its members, num_experts
+    / ep each; the dp x sharding / ep ranks holding the same experts (the expert-data-parallel group) sum their
+    gradients and, under ZeRO (sharding > 1, any stage), shard their optimizer states, while dense parameters
+    shard over `sharding` as without experts (docs/layouts.md, "Process groups")."""
 
     ep_dispatcher: str = "auto"
     """How the expert-major token buffer moves between the ep ranks under ep > 1: `alltoall` (one all-to-all; NCCL

@@ -243,9 +243,13 @@ def _cp_problems(p: ParallelConfig) -> list[str]:
         problems.append(f"parallel.cp_comm={p.cp_comm!r}: expected one of {list(CP_COMMS)}")
     if p.cp > 1 and p.ep > 1:
         problems.append(f"parallel.cp={p.cp} with parallel.ep={p.ep}: expert parallelism under context parallelism "
-                        f"is not implemented: Mixture-of-Experts layers are refused under cp (each of the {p.cp} cp "
-                        f"ranks would route only 1/{p.cp} of every sequence, so the experts' capacity and the "
-                        "balancing losses would be computed over part of each micro-batch); use parallel.cp=1 with ep")
+                        "is not implemented. The process groups allow it (each cp rank would dispatch its own chunks' "
+                        "tokens in its ep group, expert gradients summed over the expert-data-parallel ranks and cp), "
+                        f"but Mixture-of-Experts layers are refused under cp: each of the {p.cp} cp ranks routes only "
+                        f"1/{p.cp} of every sequence, so the experts' capacity, the balancing losses and the bias "
+                        "counts would be computed over part of each micro-batch (summing the routing statistics over "
+                        "the cp group inside the MoE layer is not built); use parallel.cp=1 with ep, or cp with a "
+                        "dense model")
     return problems
 
 

@@ -8,8 +8,9 @@ their optimizer states 1/edp over the expert-data-parallel group where sharded, 
     LLMTRAIN_EXPERT_SAMPLE=all python -m pytest tests/parallel/test_expert_parity.py -q  # sweep every composition
 
 All runs share one 4-process launch (one fleet topology, dp2 x sharding2; ep and the ZeRO stage are llmtrain's).
-`REQUIRED` always run; of the other compositions `SAMPLED` are drawn each run with a seed printed in the test
-output (and in the assertion message), so composition bugs are found over time without every run paying for all.
+`REQUIRED` compositions run from step 1 every time; two of the others are drawn with a seed printed in the test
+output (and in every assertion message) and resume from step 2 of another layout's checkpoint (`SOURCES`), so
+composition and checkpoint bugs are found over time without every run paying for all compositions.
 sharding2 x ep2 under ZeRO-2 and ZeRO-3 on 2 processes ride the ZeRO launch of tests/parallel/test_parity.py.
 """
 from __future__ import annotations
@@ -32,47 +33,65 @@ COMPOSITIONS = [(ep, stage) for ep in (4, 2) for stage in (1, 2, 3)]
 (edp = 1: the ep group spans dp and sharding), ep2 shares them within each sharding group and shards their states
 over the dp pairs holding the same experts (edp = 2)."""
 REQUIRED = [(4, 1), (4, 2), (2, 2)]
-SAMPLED = 1
+"""Run from step 1 in every draw."""
+SAVED = 2
+SOURCES = ("ep2_s2", "single")
+"""Runs saving step SAVED, from which the drawn compositions resume: expert states written by their edp owners
+(ep2, ZeRO-2), and one process's states (loaded by their owners only)."""
 SEED = int(os.environ.get("LLMTRAIN_EXPERT_SEED", random.SystemRandom().randrange(10**6)))
-
-
-def chosen() -> list[tuple[int, int]]:
-    """REQUIRED plus SAMPLED of the others drawn with SEED (all of them under LLMTRAIN_EXPERT_SAMPLE=all)."""
-    if os.environ.get("LLMTRAIN_EXPERT_SAMPLE") == "all":
-        return list(COMPOSITIONS)
-    rest = [c for c in COMPOSITIONS if c not in REQUIRED]
-    return REQUIRED + random.Random(SEED).sample(rest, SAMPLED)
 
 
 def _name(ep: int, stage: int) -> str:
     return f"ep{ep}_s{stage}"
 
 
+def chosen() -> tuple[list, dict]:
+    """(compositions run from step 1, {run name: (composition, source run)} resumed from step SAVED of a source):
+    REQUIRED from step 1, and two of the other compositions drawn with SEED resuming from SOURCES, so each draw
+    covers five of the six compositions; LLMTRAIN_EXPERT_SAMPLE=all also runs every composition from step 1."""
+    rest = [c for c in COMPOSITIONS if c not in REQUIRED]
+    draw = random.Random(SEED).sample(rest, len(SOURCES))
+    resumes = {f"{_name(*c)}_from_{src}": (c, src) for c, src in zip(draw, SOURCES)}
+    full = list(COMPOSITIONS) if os.environ.get("LLMTRAIN_EXPERT_SAMPLE") == "all" else list(REQUIRED)
+    return full, resumes
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_corpus, tmp_path_factory):
-    """One process, then every chosen composition in one dp2 x sharding2 launch; {name: (metrics, memory)}."""
+    """One process, then the chosen compositions and resumes in one dp2 x sharding2 launch; {name: (metrics,
+    memory)}."""
     out = tmp_path_factory.mktemp("expert_parity")
+    full, resumes = chosen()
     base = lambda name: tiny_overrides(tiny_corpus, str(out / name), "moe", steps=STEPS) + MOE  # noqa: E731
-    run_many([base("single")], nproc=0, workdir=out / "single_launch")
-    layouts = [base(_name(ep, s)) + ["+parallel=dp2", "parallel.sharding=2", f"parallel.ep={ep}",
-                                     f"parallel.sharding_stage={s}", "parallel.zero3_segment_size=1024"]
-               for ep, s in chosen()]
+    layout = lambda ep, s: ["+parallel=dp2", "parallel.sharding=2", f"parallel.ep={ep}",  # noqa: E731
+                            f"parallel.sharding_stage={s}", "parallel.zero3_segment_size=1024"]
+    save = [f"checkpoint.interval={SAVED}"]
+    run_many([base("single") + save], nproc=0, workdir=out / "single_launch")
+    layouts = [base(_name(*c)) + layout(*c) + (save if _name(*c) in SOURCES else []) for c in full]
+    layouts += [base(name) + layout(*c) + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{SAVED}'}"]
+                for name, (c, src) in resumes.items()]
     run_many(layouts, nproc=4, workdir=out / "launch")
     read = lambda name: (metrics(out / name), json.loads((out / name / "memory.json").read_text()))  # noqa: E731
-    return {name: read(name) for name in ["single", *(_name(*c) for c in chosen())]}
+    return {name: read(name) for name in ["single", *(_name(*c) for c in full), *resumes]}
 
 
 @pytest.mark.slow
 def test_expert_layouts_match_one_process_and_hold_their_part(runs):
-    print(f"expert compositions {chosen()} (LLMTRAIN_EXPERT_SEED={SEED}; LLMTRAIN_EXPERT_SAMPLE=all sweeps all)")
+    """Every chosen composition, from step 1 or resumed from another layout's step SAVED: each step's loss,
+    grad_norm and balancing loss within TOL of one process, token counts and routing statistics exactly; every
+    rank's groups and holdings as the layout says."""
+    full, resumes = chosen()
+    print(f"expert compositions {full}, resumed {resumes} (LLMTRAIN_EXPERT_SEED={SEED}; "
+          "LLMTRAIN_EXPERT_SAMPLE=all runs every composition from step 1)")
     ref, ref_memory = runs["single"]
-    for ep, stage in chosen():
-        name = _name(ep, stage)
+    for name, (ep, stage), first in [*((_name(*c), c, 1) for c in full),
+                                     *((n, c, SAVED + 1) for n, (c, _) in resumes.items())]:
         got, memory = runs[name]
-        where = f"dp2 sharding2 ep{ep} ZeRO-{stage} (LLMTRAIN_EXPERT_SEED={SEED})"
-        assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, STEPS + 1)), where
+        where = f"{name}: dp2 sharding2 ep{ep} ZeRO-{stage} (LLMTRAIN_EXPERT_SEED={SEED})"
+        assert [r["step"] for r in got] == list(range(first, STEPS + 1)), where
         worst = 0.0
-        for r, g in zip(ref, got):
+        for g in got:
+            r = ref[g["step"] - 1]
             for key in ("loss", "grad_norm", "moe_aux_loss"):
                 worst = max(worst, abs(g[key] - r[key]))
                 assert abs(g[key] - r[key]) <= TOL, (where, r["step"], key, g[key], r[key])
