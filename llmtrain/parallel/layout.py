@@ -270,9 +270,14 @@ def model_fit_problems(degrees, model) -> list[str]:
     ep = getattr(degrees, "ep", 1) if degrees is not None else 1
     e = getattr(model, "moe_num_experts", 0)
     if ep > 1 and e <= 0:
-        problems.append(f"parallel.ep={ep} with model.moe_num_experts={e}: expert parallelism needs an MoE model")
+        problems.append(f"parallel.ep={ep} with model.moe_num_experts={e}: expert parallelism needs an MoE model; "
+                        "use parallel.ep=1")
     elif ep > 1 and e % ep:
-        problems.append(f"model.moe_num_experts={e} is not divisible by parallel.ep={ep}")
+        data = getattr(degrees, "dp", 1) * getattr(degrees, "sharding", 1)
+        fits = [k for k in range(1, data + 1) if data % k == 0 and e % k == 0]
+        problems.append(f"model.moe_num_experts={e} is not divisible by parallel.ep={ep}: each ep rank holds "
+                        f"num_experts / ep experts; use parallel.ep in {fits} (dividing both the experts and the "
+                        f"{data} data-parallel ranks)")
     if e > 0 and pp > 1 and model.moe_aux_loss_scope != "layer":
         problems.append(f"model.moe_aux_loss_scope={model.moe_aux_loss_scope!r} with parallel.pp={pp}: under pipeline "
                         "parallelism each stage feeds its layers' balancing losses to the backward, and a loss pooled "

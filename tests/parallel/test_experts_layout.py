@@ -47,7 +47,9 @@ def test_ep_is_carved_out_of_dp():
                                                 "parallel.sharding=3 = 6: the routed experts are spread over ep of the "
                                                 "data-parallel ranks of each (pp, cp, tp) coordinate; use parallel.ep in "
                                                 "[2, 3, 6]"),
-    (ParallelConfig(dp=4, ep=4), 4, "model.moe_num_experts=6 is not divisible by parallel.ep=4"),
+    (ParallelConfig(dp=4, ep=4), 4, "model.moe_num_experts=6 is not divisible by parallel.ep=4: each ep rank holds "
+                                    "num_experts / ep experts; use parallel.ep in [1, 2] (dividing both the experts "
+                                    "and the 4 data-parallel ranks)"),
     (ParallelConfig(dp=2, ep=0), 2, "parallel.ep=0: must be >= 1"),
     (ParallelConfig(dp=2, ep=2, ep_dispatcher="nccl"), 2, "parallel.ep_dispatcher='nccl'"),
 ])
@@ -69,7 +71,8 @@ def test_ep_composes_with_pp_and_zero1():
 
 def test_ep_needs_an_moe_model():
     dense = ModelConfig(**{**MOE.__dict__, "moe_num_experts": 0})
-    assert "parallel.ep=2 with model.moe_num_experts=0" in problems(ParallelConfig(dp=2, ep=2), 2, dense)
+    assert "parallel.ep=2 with model.moe_num_experts=0: expert parallelism needs an MoE model; use parallel.ep=1" \
+        in problems(ParallelConfig(dp=2, ep=2), 2, dense)
     with pytest.raises(ConfigError, match="moe_top_k=7 > model.moe_num_experts=6"):
         check_model_fits(resolve_layout(None, TrainConfig(), 1), ModelConfig(**{**MOE.__dict__, "moe_top_k": 7}))
 
