@@ -42,7 +42,7 @@ def state_owners(named, degree: int) -> dict:
     """{canonical name: index in its edp group of the rank keeping the tensor's optimizer state}: largest first,
     each to the least-loaded index (ties: the lowest), the same on every rank of the group."""
     load, owner = [0] * degree, {}
-    for name, p in sorted(named, key=lambda np_: (-int(np_[1].size), np_[0])):
+    for name, p in sorted(named, key=lambda pair: (-int(pair[1].size), pair[0])):
         k = min(range(degree), key=lambda i: (load[i], i))
         owner[name] = k
         load[k] += int(p.size)
@@ -62,8 +62,8 @@ class ExpertStates:
         degree = layout.state_sharding(expert=True).degree
         members = topo.ranks("edp")
         by_name = state_owners(named, degree) if degree > 1 else {}
+        # {parameter variable name: global rank keeping its state}; empty when every rank keeps its own
         self.owner = {p.name: members[by_name[n]] for n, p in named if n in by_name}
-        """{parameter variable name: global rank keeping its state}; empty when every rank keeps its own."""
 
     def keeps_state(self, param) -> bool:
         """Whether this rank keeps (and updates) the optimizer state of expert tensor `param`."""
