@@ -199,8 +199,8 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     first_data_rank = topo.dp_rank == 0
     # replicated tensors are spread over the data ranks, balanced by size, so each rank copies and
     # writes ~1/n of them: a save's copy and write take ~1/n of the time on the slowest rank
-    data_ranks = layout.dp * layout.sharding
-    my_data_rank = topo.dp_rank * layout.sharding + topo.sharding_rank
+    data_ranks = layout.data_parallel
+    my_data_rank = topo.data_rank
     param_writer = _balanced_owners(built.named_params, data_ranks)  # model tensors: any data rank
     state_writer = _balanced_owners(built.named_params, layout.dp)   # optimizer state: any dp replica
     opt_state = optimizer_state(built.optimizer)

@@ -31,11 +31,11 @@ def make_roles(layout: Layout, topo: Topology, context=None) -> Roles:
     if layout.tp > 1 and layout.sequence_parallel:
         from llmtrain.parallel.sequence import SequenceParallelRoles
 
-        roles = SequenceParallelRoles(topo.hcg)
+        roles = SequenceParallelRoles(topo)
     elif layout.tp > 1:
         from llmtrain.parallel.tensor import TensorParallelRoles
 
-        roles = TensorParallelRoles(topo.hcg)
+        roles = TensorParallelRoles(topo)
     if layout.ep > 1:
         from llmtrain.parallel.experts import ExpertParallelRoles
 

@@ -2,7 +2,7 @@
 
     python -m paddle.distributed.launch --nproc_per_node 2 llmtrain/pretrain.py model=llama-tiny +parallel=tp2
 
-    roles = TensorParallelRoles(hcg)      # after fleet.init with mp_degree > 1
+    roles = TensorParallelRoles(topo)     # after init_distributed with tp > 1
     model = build_model(cfg.model, roles)
 
 q/k/v and gate/up are `ColumnParallelLinear` (outputs split, not gathered), o and
@@ -43,13 +43,13 @@ class TensorParallelRoles(Roles):
 
     Shapes below are this rank's: V/tp rows of the vocabulary, out/tp or in/tp features."""
 
-    def __init__(self, hcg):
+    def __init__(self, topo):
         from paddle.distributed.fleet import meta_parallel as mpu
 
         self._mpu = mpu
-        self.group = hcg.get_model_parallel_group()
-        self.tp_degree = hcg.get_model_parallel_world_size()
-        self.tp_rank = hcg.get_model_parallel_rank()
+        self.group = topo.group("tp")
+        self.tp_degree = topo.size("tp")
+        self.tp_rank = topo.tp_rank
         self._ce = None
 
     def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
