@@ -28,6 +28,7 @@ HEAVY = [
     "tests/train/test_lora.py",
     "tests/deploy/test_k8s_manifests.py",
     "tests/plan/test_calibrate.py",
+    "tests/parallel/test_expert_parity.py",   # ~35 s: one 4-process launch (2026-12-06, load ~3)
 ]
 """Work units by measured duration, longest first."""
 
