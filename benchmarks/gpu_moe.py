@@ -79,7 +79,7 @@ def cumsum0(onehot, moe: MoE):
 
 
 def route(logits, moe: MoE):
-    """llmtrain.models.moe.route (softmax router): (index [T, k] (-1 dropped), weight [T, k] fp32, probs [T, E],
+    """llmtrain.models.router.route (softmax router): (index [T, k] (-1 dropped), weight [T, k] fp32, probs [T, E],
     counts [E] fp32, dropped [] fp32)."""
     T, E = logits.shape
     k = moe.top_k

@@ -28,7 +28,7 @@ from llmtrain.paddle_compat import moe_kernels
 @dataclass
 class Slots:
     """Where each of the k T choices of a micro-batch sits in the expert-major buffer, in slot-major order (every
-    token's first choice, then every second, ...: GShard's queue order, as `llmtrain.models.moe.route` counts the
+    token's first choice, then every second, ...: GShard's queue order, as `llmtrain.models.router.route` counts the
     capacity)."""
 
     slot: paddle.Tensor
