@@ -241,6 +241,14 @@ class ModelConfig:
     moe_router: str = "softmax"
     """Router scores: `softmax` over experts (Mixtral, Qwen) or per-expert `sigmoid` (DeepSeek-V3)."""
 
+    moe_router_dtype: str = "fp32"
+    """Precision of the routing under AMP (Megatron's `moe_router_dtype`): `fp32` runs the router GEMM (fp32
+    weight, kept fp32 by O2's decorate, as the expert bias), the scores, top-k, the bias and the balancing losses,
+    and the combine's weighted sum of the k expert outputs in fp32, whatever `train.amp` (PaddleFormers' ERNIE 4.5
+    and Megatron-based configs do the same); `amp` is Megatron's unset value and llmtrain's old behaviour: the router
+    GEMM and the combine in the activation dtype (bf16/fp16 under `train.amp`), the rest in fp32. Without AMP both
+    are fp32."""
+
     moe_norm_topk: bool = True
     """Renormalise the top-k scores of a token to sum to 1 (Mixtral yes; Qwen1.5-MoE, DeepSeek-V2 no)."""
 

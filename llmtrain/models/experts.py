@@ -27,8 +27,10 @@ The formulation (the op sequence the planner's PyTorch twin mirrors; `llmtrain.m
        out = bmm(inner, w_down)                           [E_l, N, h]
        (expert parallelism: the reverse exchange -> [E, C, h])
     7. row = slot with dropped -> 0, laid out [T, k] (token-major); w = weight * kept [T, k] (0 where dropped)
-       y = (gather(out.reshape([E C, h]), row) [T, k, h] * w.astype(dtype) [T, k, 1]).sum(1)  -> [T, h]
-       on a GPU: Paddle's fused moe_combine(out [E C, h], w [T, k], row [T, k] int32), one kernel
+       y = (gather(out.reshape([E C, h]), row) [T, k, h] * w [T, k, 1]).sum(1)  -> [T, h]
+       in fp32 (out cast to fp32 first, the sum cast once to out's dtype; model.moe_router_dtype=amp: w cast to
+       out's dtype and the sum in it); on a GPU: Paddle's fused moe_combine(out [E C, h], w [T, k], row [T, k]
+       int32), one kernel, given the same dtypes
 
 Deviations from the plan written before it was built (TEAM's formulation): step 5 gathers each buffer row's token
 through the inverse map `source` instead of scattering x[tok] into the rows `slot` (the same buffer; on CPU the
@@ -79,6 +81,7 @@ class Experts(nn.Layer):
         h, f = cfg.hidden_size, cfg.expert_ffn_size()
         self.first, self.num_local, self.num_experts = first, num_local, cfg.moe_num_experts
         self.capacity_factor = cfg.moe_capacity_factor
+        self.combine_fp32 = cfg.moe_router_dtype == "fp32"  # the combine's weighted sum in fp32 under AMP
         self.swiglu = cfg.activation == "swiglu"
         self.approximate = cfg.activation == "gelu_tanh"
         self.fuse_ffn, self.fuse_swiglu = cfg.fused("fuse_ffn"), cfg.fused("fuse_swiglu")
@@ -105,7 +108,7 @@ class Experts(nn.Layer):
                                           self.dispatcher.agree_capacity)
         buffer = moe_dispatch.dispatch(x, slots)  # [E, C, h]
         out = self.dispatcher.from_experts(self.ffn(self.dispatcher.to_experts(buffer)))  # [E, C, h]
-        return moe_dispatch.combine(out, slots, weight)  # [T, h]
+        return moe_dispatch.combine(out, slots, weight, fp32=self.combine_fp32)  # [T, h]
 
     def ffn(self, x):  # x [E_local, N, h] -> [E_local, N, h]
         if self.swiglu:

@@ -57,7 +57,8 @@ from paddle.autograd import PyLayer
 
 from llmtrain.contracts.steps import StepHook
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.router import Routing, group_limit, route
+from llmtrain.models.router import Router, Routing, group_limit, route
+from llmtrain.paddle_compat import amp
 
 
 def aux_loss(r: Routing) -> paddle.Tensor:
@@ -120,9 +121,11 @@ class MoEFeedForward(nn.Layer):
         self.slot = moe_slot(cfg, index)  # which MoE layer of the model (block `index`)
         self.num_moe = moe_layer_count(cfg)
         self.num_experts, self.top_k = cfg.moe_num_experts, cfg.moe_top_k
-        self.router = nn.Linear(cfg.hidden_size, self.num_experts, bias_attr=False)
+        self.router = Router(cfg.hidden_size, self.num_experts, cfg.moe_router_dtype)
         self.expert_bias = self.create_parameter([self.num_experts], is_bias=True)
         self.expert_bias.stop_gradient = True  # moved by MoEStats.finish_step, never by the optimizer
+        if cfg.moe_router_dtype == "fp32":
+            amp.keep_fp32_under_o2(self)  # this layer's own parameter, the expert bias (not its sublayers)
         self.experts = roles.experts(cfg)
         self.shared = None
         if cfg.moe_num_shared_experts > 0:
@@ -172,17 +175,30 @@ class MoEFeedForward(nn.Layer):
         self.step_sums = sums if self.step_sums is None else self.step_sums + sums
         self.step_choices += int(r.index.size)
 
+    def routing(self, flat):
+        """flat [T, h] -> (Routing, (aux, z) losses or None, attached share or None): the router's GEMM, `route`
+        and the balancing terms, in fp32 whatever AMP does (`model.moe_router_dtype=fp32`)."""
+        region = amp.fp32_region() if self.cfg.moe_router_dtype == "fp32" else contextlib.nullcontext()
+        with region:
+            logits = self.router(flat)  # [T, E] fp32
+            bias = self.expert_bias  # zero unless moved (moe_bias_update_rate) or read from a checkpoint (DeepSeek-V3)
+            r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias,
+                      self.cfg.moe_capacity_factor, groups=group_limit(self.cfg))
+            if self.cfg.moe_aux_counts == "unbiased":  # ERNIE 4.5: the aux loss counts the top-k without the bias
+                with paddle.no_grad():
+                    free = paddle.topk(r.probs, self.top_k, axis=-1)[1]  # [T, k]
+                    r.aux_counts = F.one_hot(free, self.num_experts).sum([0, 1]).astype("float32")  # [E]
+            if self.grad_scale is None:
+                return r, (aux_terms(r), z_loss(r)), None
+            if not self.training:
+                return r, None, None
+            aux, z = aux_loss(r), z_loss(r)  # this layer's share of the balancing loss, fed to the backward through y
+            return r, (aux, z), (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / self.num_moe
+
     def forward(self, x):  # [b, s, h]
         shape = x.shape
         flat = x.reshape([-1, shape[-1]])  # [T, h]
-        logits = self.router(flat.astype("float32") if flat.dtype != paddle.float32 else flat).astype("float32")
-        bias = self.expert_bias  # zero unless moved (moe_bias_update_rate) or read from a checkpoint (DeepSeek-V3)
-        r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias, self.cfg.moe_capacity_factor,
-                  groups=group_limit(self.cfg))
-        if self.cfg.moe_aux_counts == "unbiased":  # ERNIE 4.5: the aux loss counts the top-k without the bias
-            with paddle.no_grad():
-                free = paddle.topk(r.probs, self.top_k, axis=-1)[1]  # [T, k]
-                r.aux_counts = F.one_hot(free, self.num_experts).sum([0, 1]).astype("float32")  # [E]
+        r, terms, share = self.routing(flat)
         y = self.experts(flat, r.index, r.weight)  # [T, h]
         if self.cfg.moe_routed_scale != 1.0:
             y = y * self.cfg.moe_routed_scale
@@ -191,12 +207,10 @@ class MoEFeedForward(nn.Layer):
         record = not self.replaying  # recompute re-runs the same ops in the backward: record them once
         aux = z = None
         if self.grad_scale is None:
-            terms = (aux_terms(r), z_loss(r))
             if record:
                 self.loss_terms.append(terms)
-        elif self.training:  # this layer's share of the balancing loss, fed to the backward through y
-            aux, z = aux_loss(r), z_loss(r)
-            share = (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / self.num_moe
+        elif share is not None:
+            aux, z = terms
             y = _BalancingLossGrad.apply(y, share, self.grad_scale)
         if self.training and record:
             self._record_step(r, aux, z)  # stays on the device: read once per step by MoEStats
@@ -226,13 +240,14 @@ def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
         layer.loss_terms = []
     if not terms:
         return None, None, None
-    if cfg.moe_aux_loss_scope == "model":
-        aux = pooled_aux_loss([a for a, _ in terms])
-    else:
-        e = cfg.moe_num_experts
-        aux = paddle.stack([e * (f * p).sum() for (f, p), _ in terms]).mean()
-    z = paddle.stack([b for _, b in terms]).mean()
-    return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
+    with amp.fp32_region():  # fp32 terms stay fp32 whatever AMP's lists say
+        if cfg.moe_aux_loss_scope == "model":
+            aux = pooled_aux_loss([a for a, _ in terms])
+        else:
+            e = cfg.moe_num_experts
+            aux = paddle.stack([e * (f * p).sum() for (f, p), _ in terms]).mean()
+        z = paddle.stack([b for _, b in terms]).mean()
+        return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
 
 
 class MoEStats(StepHook):

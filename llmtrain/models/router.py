@@ -1,8 +1,15 @@
-"""The router's decision for one micro-batch: scores, top-k (with the expert bias and group limits), combine
-weights and the capacity queue. Single-device code.
+"""The router of an MoE layer: its GEMM (`Router`) and its decision for one micro-batch (`route`: scores, top-k with
+the expert bias and group limits, combine weights, the capacity queue). Single-device code.
 
-    python -m pytest tests/models/test_moe.py -q
+    python -m pytest tests/models/test_moe.py tests/models/test_moe_precision.py -q
+    logits = Router(h, E, "fp32")(x)          # x [T, h] -> [T, E] fp32
     r = route(logits, top_k, "softmax", norm_topk=True, bias=expert_bias, capacity_factor=0.0, groups=None)
+
+Precision (`model.moe_router_dtype`): with `fp32` the router weight stays fp32 under AMP O2 (`decorate` leaves it)
+and the caller runs the GEMM, `route` and the balancing losses inside `llmtrain.paddle_compat.amp.fp32_region()`,
+where AMP casts nothing: fp32 logits from fp32 operands (O2 would otherwise cast a white-listed matmul's inputs to
+bf16, fp32 weight or not). With `amp` the GEMM runs as AMP gives it (bf16 under train.amp=bf16) and only its output
+is cast to fp32.
 
 Routing (`route`): logits = x W_r (fp32, no bias); scores = softmax(logits) or
 sigmoid(logits); the top-k experts are chosen on scores + `expert_bias` (the
@@ -19,10 +26,32 @@ from dataclasses import dataclass
 from typing import Optional
 
 import paddle
+import paddle.nn as nn
 import paddle.nn.functional as F
 
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.dispatch import capacity
+from llmtrain.paddle_compat import amp
+
+
+class Router(nn.Layer):
+    """x [T, h] -> logits [T, E] fp32 = x W_r, W_r [h, E] (`weight`, no bias); `dtype`: `fp32` or `amp` (module
+    docstring). With `fp32` call it inside `amp.fp32_region()`."""
+
+    def __init__(self, hidden: int, experts: int, dtype: str = "fp32"):
+        super().__init__()
+        if dtype not in ("fp32", "amp"):
+            raise ValueError(f"model.moe_router_dtype={dtype!r}: expected 'fp32' or 'amp'")
+        self.dtype = dtype
+        self.weight = self.create_parameter([hidden, experts])
+        if dtype == "fp32":
+            amp.keep_fp32_under_o2(self)
+
+    def forward(self, x):  # [T, h]
+        if self.dtype == "fp32":
+            x32 = x if x.dtype == paddle.float32 else x.astype("float32")
+            return paddle.matmul(x32, self.weight)  # [T, E] fp32 operands, fp32 GEMM
+        return paddle.matmul(x, self.weight).astype("float32")  # [T, E]; AMP casts the operands
 
 
 @dataclass

@@ -245,8 +245,8 @@ def model_fit_problems(degrees, model) -> list[str]:
         problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_num_experts={e}")
     if e > 0 and model.moe_top_k < 1:
         problems.append(f"model.moe_top_k={model.moe_top_k}: must be >= 1")
-    for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_aux_loss_scope", ("layer", "model")),
-                           ("moe_aux_counts", ("chosen", "unbiased"))):
+    for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_router_dtype", ("fp32", "amp")),
+                           ("moe_aux_loss_scope", ("layer", "model")), ("moe_aux_counts", ("chosen", "unbiased"))):
         if e > 0 and getattr(model, fname) not in allowed:
             problems.append(f"model.{fname}={getattr(model, fname)!r}: expected one of {list(allowed)}")
     if e > 0 and model.moe_layer_interval < 1:
