@@ -197,12 +197,15 @@ class ModelConfig:
     `true`, `false`. Has a CPU kernel; tested equal to the unfused path on CPU."""
 
     fuse_qkv: str = "auto"
-    """q, k and v projections as one matmul (their weights concatenated at forward; one all-reduce of the input
-    gradient under tp instead of three): `auto` (on for GPU), `true`, `false`. Parameters and checkpoints keep the
-    canonical q_proj/k_proj/v_proj names; the concatenation costs a copy of the weights per micro-batch."""
+    """q, k and v projections as one matmul (their weights concatenated at forward and again in backward, the
+    concatenation never kept between them: `llmtrain/models/fused_linear.py`; under tp one all-reduce of the input
+    gradient instead of three, under sequence parallelism one all-gather and one gathered copy kept instead of
+    three): `auto` (on for GPU), `true`, `false`. Parameters and checkpoints keep the canonical q_proj/k_proj/v_proj
+    names."""
 
     fuse_ffn: str = "auto"
-    """gate and up projections (activation=swiglu) as one matmul, like fuse_qkv: `auto` (on for GPU), `true`, `false`."""
+    """gate and up projections (activation=swiglu) as one matmul, like fuse_qkv: `auto` (on for GPU), `true`,
+    `false`. The routed experts always run gate and up as two batched GEMMs (no [E, h, 2f] copy)."""
 
     init_from: Optional[str] = None
     """PaddleNLP checkpoint directory (config.json + weights) to start from instead of random init."""
