@@ -29,9 +29,11 @@ experts run three ways (`MoE.impl`):
   [E, out, in] views), weighted, `index_add` back; no host sync. Dropless only (its natural mode).
 
 Gathers are `index_select` and scatters `index_add` (Paddle's gather / its gradient: an atomic add), not
-advanced indexing (whose PyTorch backward sorts). The router mirrors `MoEFeedForward.forward` under Paddle's O2:
-x cast to fp32 (the layer's `astype`), cast back to bf16 by auto_cast for the matmul, bf16 GEMM [T, h] x [h, E],
-logits cast to fp32. Routing statistics (counts, dropped) stay on the device. The balancing losses enter the loss
+advanced indexing (whose PyTorch backward sorts). The router mirrors `MoEFeedForward.routing` under Paddle's O2
+(`MoE.router_dtype`, `model.moe_router_dtype`): "fp32" (llmtrain's default) x cast to fp32 and an fp32 GEMM
+[T, h] x [h, E] with an fp32 weight, on TF32 tensor cores as Paddle runs fp32 GEMMs by default (the twin sets
+`torch.backends.cuda.matmul.allow_tf32`; it has no other fp32 GEMM); "amp" a bf16 GEMM and its logits cast to fp32.
+Routing statistics (counts, dropped) stay on the device. The balancing losses enter the loss
 as `MoELMLoss` adds them: coef_aux * mean over layers of E sum_i f_i P_i + coef_z * mean of z (z computed always).
 Where this differs from llmtrain on Paddle: attention is the twin's (no MLA for the DeepSeek shape: multi-head
 attention of the same width), and PyTorch's kernels are not Paddle's.
@@ -60,6 +62,7 @@ class MoE:
     scan: str = "paddle"  # cumsum over axis 0 of [k T, E]: Paddle's GPU kernel written out (paddle) or PyTorch's (torch)
     dispatch: str = "gather"  # slots: gather through the inverse map (llmtrain) | index_add (the plan before a593f33)
     norm_topk: bool = True
+    router_dtype: str = "fp32"  # fp32 (TF32 GEMM, fp32 weight) | amp (bf16 GEMM): model.moe_router_dtype
     aux_coef: float = 0.01
     z_coef: float = 0.0
 
@@ -79,7 +82,7 @@ def cumsum0(onehot, moe: MoE):
 
 
 def route(logits, moe: MoE):
-    """llmtrain.models.moe.route (softmax router): (index [T, k] (-1 dropped), weight [T, k] fp32, probs [T, E],
+    """llmtrain.models.router.route (softmax router): (index [T, k] (-1 dropped), weight [T, k] fp32, probs [T, E],
     counts [E] fp32, dropped [] fp32)."""
     T, E = logits.shape
     k = moe.top_k
@@ -185,7 +188,8 @@ class MoEDecoder(Decoder):
         for b in self.blocks:
             if not moe.shared_ffn:
                 del b.wup, b.wgate, b.wdown
-            b.w_router = torch.nn.Parameter(torch.randn(h, E, **kw) * 0.02)  # [h, E]
+            router_kw = dict(kw, dtype=torch.float32) if moe.router_dtype == "fp32" else kw
+            b.w_router = torch.nn.Parameter(torch.randn(h, E, **router_kw) * 0.02)  # [h, E]
             # drawn in one layout for every impl (the same weights for the same generator state); the grouped
             # reference stores them transposed
             store = (lambda w: w.transpose(1, 2).contiguous()) if moe.impl == "grouped" else (lambda w: w)
@@ -194,11 +198,16 @@ class MoEDecoder(Decoder):
             b.w_down = torch.nn.Parameter(store(torch.randn(E, f, h, **kw) * (0.02 / math.sqrt(2 * a.layers))))
         self.terms: list = []
         self.stat_counts = self.stat_dropped = None  # routing statistics, on the device
+        if moe.router_dtype == "fp32":
+            torch.backends.cuda.matmul.allow_tf32 = True  # Paddle's cuBLAS default for fp32 GEMMs
 
     def mlp(self, blk, x):  # x [b, s, h] -> [b, s, h]
         moe, shape = self.moe, x.shape
         flat = x.reshape(-1, shape[-1])  # [T, h]
-        logits = (flat.float().to(flat.dtype) @ blk.w_router).float()  # router under O2: [T, E] fp32
+        if moe.router_dtype == "fp32":
+            logits = flat.float() @ blk.w_router  # [T, E]: fp32 operands, TF32 GEMM
+        else:
+            logits = (flat @ blk.w_router).float()  # [T, E]: bf16 GEMM, logits cast
         index, weight, probs, counts, dropped = route(logits, moe)
         y = IMPLS[moe.impl](moe, flat, index, weight, counts, blk.w_gate, blk.w_up, blk.w_down)
         if moe.shared_ffn:

@@ -382,13 +382,15 @@ H200_MOE_FINAL = "benchmarks/data/h200_moe/final"
 def h200_moe_overrides(arch: dict, moe: dict, micro_batch: int, imbalance: float) -> list[str]:
     """Planner overrides for one moe_steps.json row (benchmarks/gpu_moe.py's twin): the dense row's overrides
     (`h200_overrides`: the attention, the shared expert as the fused dense FFN) with every block MoE, the row's
-    experts, top-k, widths, router and losses, its capacity factor (0: dropless) and, for dropless, the row's
+    experts, top-k, widths, router (its GEMM's dtype: `amp`, bf16, for rows measured before the twin had
+    `router_dtype`) and losses, its capacity factor (0: dropless) and, for dropless, the row's
     routing imbalance as the stated factor (`plan.moe_imbalance`: an input of the routing, not a time)."""
     m = moe
     return h200_overrides(arch, micro_batch, False) + [
         f"model.moe_num_experts={m['experts']}", f"model.moe_top_k={m['top_k']}", f"model.moe_ffn_hidden_size={m['ffn']}",
         f"model.moe_num_shared_experts={m['shared_ffn'] // m['ffn']}", "model.moe_first_dense_layers=0",
         "model.moe_router=softmax", f"model.moe_norm_topk={str(m['norm_topk']).lower()}",
+        f"model.moe_router_dtype={m.get('router_dtype', 'amp')}",  # rows before the fp32 router ran a bf16 GEMM
         f"model.moe_aux_loss_coef={m['aux_coef']}", f"model.moe_z_loss_coef={m['z_coef']}",
         f"model.moe_capacity_factor={m['capacity_factor']}", f"plan.moe_imbalance={imbalance:.4f}"]
 

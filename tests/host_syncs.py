@@ -12,8 +12,15 @@ Python thread until the queue before it has run:
 - ops whose OUTPUT SHAPE depends on the data, so the host must learn it before it can describe the result:
   `paddle.nonzero`, `masked_select`, one-argument `paddle.where`, `unique`, `unique_consecutive`, `bincount`,
   `Tensor.__getitem__` with a boolean mask, `paddle.repeat_interleave` with a tensor of repeats.
-Counting these Python entry points counts every synchronisation the model code asks for (Paddle's kernels
-themselves do not wait for the host). A read inside another counted call (`__float__` calling `item`) counts once.
+A read inside another counted call (`__float__` calling `item`) counts once.
+
+What a count proves, and what it does not: it counts the Python calls above made while the block runs, on CPU. A
+GPU synchronisation that happens inside Paddle's C++ is invisible to it: a kernel that copies a device value to the
+host itself (an attribute given as a device tensor, e.g. `topk` with a tensor k or `arange` with device bounds; a
+data-shaped op reached from C++; `moe_permute`'s host token counts, `moe_gate_dispatch_partial_nosoftmaxtopk`), a
+collective, or the CUDA allocator waiting for memory. So "0 counted" means the model code asks for no value on the
+host, not that the GPU stream never stalls; which kernels of the MoE path synchronise internally was read in their
+sources (docs/models.md, "Host synchronisation"), not measured here.
 """
 from __future__ import annotations
 

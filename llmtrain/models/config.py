@@ -197,12 +197,15 @@ class ModelConfig:
     `true`, `false`. Has a CPU kernel; tested equal to the unfused path on CPU."""
 
     fuse_qkv: str = "auto"
-    """q, k and v projections as one matmul (their weights concatenated at forward; one all-reduce of the input
-    gradient under tp instead of three): `auto` (on for GPU), `true`, `false`. Parameters and checkpoints keep the
-    canonical q_proj/k_proj/v_proj names; the concatenation costs a copy of the weights per micro-batch."""
+    """q, k and v projections as one matmul (their weights concatenated at forward and again in backward, the
+    concatenation never kept between them: `llmtrain/models/fused_linear.py`; under tp one all-reduce of the input
+    gradient instead of three, under sequence parallelism one all-gather and one gathered copy kept instead of
+    three): `auto` (on for GPU), `true`, `false`. Parameters and checkpoints keep the canonical q_proj/k_proj/v_proj
+    names."""
 
     fuse_ffn: str = "auto"
-    """gate and up projections (activation=swiglu) as one matmul, like fuse_qkv: `auto` (on for GPU), `true`, `false`."""
+    """gate and up projections (activation=swiglu) as one matmul, like fuse_qkv: `auto` (on for GPU), `true`,
+    `false`. The routed experts always run gate and up as two batched GEMMs (no [E, h, 2f] copy)."""
 
     init_from: Optional[str] = None
     """PaddleNLP checkpoint directory (config.json + weights) to start from instead of random init."""
@@ -240,6 +243,14 @@ class ModelConfig:
 
     moe_router: str = "softmax"
     """Router scores: `softmax` over experts (Mixtral, Qwen) or per-expert `sigmoid` (DeepSeek-V3)."""
+
+    moe_router_dtype: str = "fp32"
+    """Precision of the routing under AMP (Megatron's `moe_router_dtype`): `fp32` runs the router GEMM (fp32
+    weight, kept fp32 by O2's decorate, as the expert bias), the scores, top-k, the bias and the balancing losses,
+    and the combine's weighted sum of the k expert outputs in fp32, whatever `train.amp` (PaddleFormers' ERNIE 4.5
+    and Megatron-based configs do the same); `amp` is Megatron's unset value and llmtrain's old behaviour: the router
+    GEMM and the combine in the activation dtype (bf16/fp16 under `train.amp`), the rest in fp32. Without AMP both
+    are fp32."""
 
     moe_norm_topk: bool = True
     """Renormalise the top-k scores of a token to sum to 1 (Mixtral yes; Qwen1.5-MoE, DeepSeek-V2 no)."""

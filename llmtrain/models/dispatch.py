@@ -22,13 +22,13 @@ from typing import Callable, Optional
 import paddle
 import paddle.nn.functional as F
 
-from llmtrain.paddle_compat import moe_kernels
+from llmtrain.paddle_compat import amp, moe_kernels
 
 
 @dataclass
 class Slots:
     """Where each of the k T choices of a micro-batch sits in the expert-major buffer, in slot-major order (every
-    token's first choice, then every second, ...: GShard's queue order, as `llmtrain.models.moe.route` counts the
+    token's first choice, then every second, ...: GShard's queue order, as `llmtrain.models.router.route` counts the
     capacity)."""
 
     slot: paddle.Tensor
@@ -88,13 +88,29 @@ def dispatch(x: paddle.Tensor, slots: Slots) -> paddle.Tensor:
     return paddle.gather(padded, slots.source).reshape([slots.num_experts, slots.capacity, hidden])  # [E, C, h]
 
 
-def combine(y: paddle.Tensor, slots: Slots, weight: paddle.Tensor) -> paddle.Tensor:
+def combine(y: paddle.Tensor, slots: Slots, weight: paddle.Tensor, fp32: bool = True) -> paddle.Tensor:
     """Step 7: expert outputs y [E, C, h] -> [T, h] = sum over a token's k choices of weight * its row (weight
-    [T, k] fp32, set to 0 where dropped, cast to y's dtype)."""
+    [T, k] fp32, set to 0 where dropped). `fp32` (`model.moe_router_dtype=fp32`): the products and their sum in
+    fp32 whatever AMP does, the result cast once to y's dtype (Megatron, torchtitan); else the weight is cast to y's
+    dtype and the sum runs in it (bf16 under AMP: k roundings)."""
     flat = y.reshape([-1, y.shape[-1]])  # [E C, h]
-    weight = (weight * slots.kept.astype(weight.dtype)).astype(y.dtype)  # [T, k]; a dropped choice adds nothing
+    weight = weight * slots.kept.astype(weight.dtype)  # [T, k] fp32; a dropped choice adds nothing
+    if not fp32:
+        return _weighted_sum(flat, slots, weight.astype(y.dtype))
+    with amp.fp32_region():
+        out = _weighted_sum(flat, slots, weight)  # [T, h] fp32
+    return out if y.dtype == paddle.float32 else out.astype(y.dtype)
+
+
+def _as(t: paddle.Tensor, dtype) -> paddle.Tensor:
+    return t if t.dtype == dtype else t.astype(dtype)
+
+
+def _weighted_sum(flat: paddle.Tensor, slots: Slots, weight: paddle.Tensor) -> paddle.Tensor:
+    """flat [E C, h], weight [T, k] -> [T, h] computed in the weight's dtype: the fused kernel on a GPU (flat cast to
+    it), else the rows gathered, cast, weighted and summed."""
     if moe_kernels.fused_combine_available():
-        return moe_kernels.fused_combine(flat, weight, slots.row)  # GPU-ONLY(moe-combine)
+        return moe_kernels.fused_combine(_as(flat, weight.dtype), weight, slots.row)  # GPU-ONLY(moe-combine)
     num_tokens, top_k = weight.shape
-    rows = paddle.gather(flat, slots.row.reshape([-1]))  # [T k, h] token-major
+    rows = _as(paddle.gather(flat, slots.row.reshape([-1])), weight.dtype)  # [T k, h] token-major
     return (rows.reshape([num_tokens, top_k, -1]) * weight.unsqueeze(-1)).sum(1)  # [T, h]

@@ -21,14 +21,17 @@ The formulation (the op sequence the planner's PyTorch twin mirrors; `llmtrain.m
     5. buffer = gather(concat(x, zeros([1, h])), source).reshape([E, C, h])    expert-major; empty rows zero
        (backward: one index_add of d buffer into [T + 1, h])
        (expert parallelism: [E, C, h] = [ep, E_local, C, h] -> exchange over the ep group -> [E_local, ep C, h])
-    6. swiglu: g = bmm(buf, w_gate), u = bmm(buf, w_up)   [E_l, N, f] each; with model.fuse_ffn ONE bmm with
-               [E_l, h, 2f] = concat(w_gate, w_up, -1), split; inner = silu(g) * u (model.fuse_swiglu: one kernel)
+    6. swiglu: g = bmm(buf, w_gate), u = bmm(buf, w_up)   [E_l, N, f] each, on the stacked parameters themselves
+               (never concatenated: that copy [E_l, h, 2f] was kept for the backward, 0.69 GB per layer of
+               qwen-moe-a2.7b in bf16); inner = silu(g) * u (model.fuse_swiglu: one kernel)
        gelu:   inner = gelu(bmm(buf, w_up))
        out = bmm(inner, w_down)                           [E_l, N, h]
        (expert parallelism: the reverse exchange -> [E, C, h])
     7. row = slot with dropped -> 0, laid out [T, k] (token-major); w = weight * kept [T, k] (0 where dropped)
-       y = (gather(out.reshape([E C, h]), row) [T, k, h] * w.astype(dtype) [T, k, 1]).sum(1)  -> [T, h]
-       on a GPU: Paddle's fused moe_combine(out [E C, h], w [T, k], row [T, k] int32), one kernel
+       y = (gather(out.reshape([E C, h]), row) [T, k, h] * w [T, k, 1]).sum(1)  -> [T, h]
+       in fp32 (out cast to fp32 first, the sum cast once to out's dtype; model.moe_router_dtype=amp: w cast to
+       out's dtype and the sum in it); on a GPU: Paddle's fused moe_combine(out [E C, h], w [T, k], row [T, k]
+       int32), one kernel, given the same dtypes
 
 Deviations from the plan written before it was built (TEAM's formulation): step 5 gathers each buffer row's token
 through the inverse map `source` instead of scattering x[tok] into the rows `slot` (the same buffer; on CPU the
@@ -79,9 +82,10 @@ class Experts(nn.Layer):
         h, f = cfg.hidden_size, cfg.expert_ffn_size()
         self.first, self.num_local, self.num_experts = first, num_local, cfg.moe_num_experts
         self.capacity_factor = cfg.moe_capacity_factor
+        self.combine_fp32 = cfg.moe_router_dtype == "fp32"  # the combine's weighted sum in fp32 under AMP
         self.swiglu = cfg.activation == "swiglu"
         self.approximate = cfg.activation == "gelu_tanh"
-        self.fuse_ffn, self.fuse_swiglu = cfg.fused("fuse_ffn"), cfg.fused("fuse_swiglu")
+        self.fuse_swiglu = cfg.fused("fuse_swiglu")
         self.dispatcher = dispatcher or LocalDispatch()
         if self.swiglu:
             self.w_gate = self.create_parameter([num_local, h, f])
@@ -105,14 +109,11 @@ class Experts(nn.Layer):
                                           self.dispatcher.agree_capacity)
         buffer = moe_dispatch.dispatch(x, slots)  # [E, C, h]
         out = self.dispatcher.from_experts(self.ffn(self.dispatcher.to_experts(buffer)))  # [E, C, h]
-        return moe_dispatch.combine(out, slots, weight)  # [T, h]
+        return moe_dispatch.combine(out, slots, weight, fp32=self.combine_fp32)  # [T, h]
 
     def ffn(self, x):  # x [E_local, N, h] -> [E_local, N, h]
         if self.swiglu:
-            if self.fuse_ffn:
-                gate, up = paddle.bmm(x, paddle.concat([self.w_gate, self.w_up], axis=-1)).chunk(2, axis=-1)
-            else:
-                gate, up = paddle.bmm(x, self.w_gate), paddle.bmm(x, self.w_up)  # [E_l, N, f]
+            gate, up = paddle.bmm(x, self.w_gate), paddle.bmm(x, self.w_up)  # [E_l, N, f] each
             inner = kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up
         else:
             inner = F.gelu(paddle.bmm(x, self.w_up), approximate=self.approximate)

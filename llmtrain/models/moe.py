@@ -8,14 +8,8 @@ with `MoEFeedForward` when `model.moe_num_experts > 0`:
 
     y = shared(x) + scale * sum_{e in topk(x)} w_e(x) * expert_e(x)
 
-Routing (`route`): logits = x W_r (fp32, no bias); scores = softmax(logits) or
-sigmoid(logits); the top-k experts are chosen on scores + `expert_bias` (the
-auxiliary-loss-free bias: zero unless moved, `moe_bias_update_rate > 0`, or imported), their weights
-are the unbiased scores, renormalised to sum 1 when `moe_norm_topk`. With
-`moe_capacity_factor > 0` each expert keeps at most C = ceil(factor * T * k / E)
-of a micro-batch's T tokens, first choices before second choices and earlier
-tokens before later ones (GShard's order); the rest is dropped (weight 0) and
-counted. Dropless (the default) computes every choice.
+Routing (`route`, `llmtrain.models.router`): logits = x W_r (fp32, no bias); softmax or sigmoid scores; the top-k
+experts chosen on scores + `expert_bias`, weighted by the unbiased scores; an optional capacity per expert.
 
 Losses, added to the LM loss by `MoELMLoss` (or, once `attach_balancing_losses` ran, fed to the
 backward through each layer's output, for a loss function that sees only the LM loss: a pipeline's
@@ -54,8 +48,6 @@ combines the outputs. No value is read on the host during the forward except, dr
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import paddle
@@ -65,120 +57,8 @@ from paddle.autograd import PyLayer
 
 from llmtrain.contracts.steps import StepHook
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.dispatch import capacity  # noqa: F401  (route's C; also imported from here)
-
-
-@dataclass
-class Routing:
-    """The routing decision of one micro-batch of T tokens over E experts."""
-
-    index: paddle.Tensor
-    """[T, k] int64 chosen experts; -1 where the choice was dropped by the capacity."""
-    weight: paddle.Tensor
-    """[T, k] fp32 combine weights (0 where dropped); differentiable w.r.t. the router."""
-    probs: paddle.Tensor
-    """[T, E] fp32 router probabilities (for the aux loss; sigmoid scores normalised per token)."""
-    logits: paddle.Tensor
-    """[T, E] fp32 router logits (for the z-loss)."""
-    counts: paddle.Tensor
-    """[E] fp32 choices per expert before dropping (no gradient)."""
-    dropped: paddle.Tensor
-    """[] fp32 number of dropped (token, expert) choices (no gradient)."""
-    aux_counts: Optional[paddle.Tensor] = None
-    """[E] fp32 what the aux loss counts when it is not `counts`: the top-k of `probs` without the expert bias
-    (`model.moe_aux_counts=unbiased`, ERNIE 4.5; set by `MoEFeedForward`, no gradient)."""
-
-
-@dataclass(frozen=True)
-class GroupLimit:
-    """Group-limited routing (DeepSeek): the E routed experts form `groups` equal groups (consecutive expert ids)
-    and a token chooses its top-k among the experts of its `keep` best groups only."""
-
-    groups: int
-    """DeepSeek's `n_group`."""
-    keep: int
-    """DeepSeek's `topk_group`."""
-    score: str = "top2"
-    """A group's rank: `top2` (sum of its two best selection scores: V3's `noaux_tc`) or `max` (V2)."""
-
-
-def group_limit(cfg: ModelConfig) -> Optional[GroupLimit]:
-    """The model's group limit (`moe_n_group`, `moe_topk_group`, `moe_group_score`), None without grouping."""
-    return GroupLimit(cfg.moe_n_group, cfg.moe_topk_group, cfg.moe_group_score) if cfg.moe_n_group > 1 else None
-
-
-def limit_to_groups(choose: paddle.Tensor, limit: Optional[GroupLimit]) -> paddle.Tensor:
-    """Selection scores [T, E] with every expert outside the token's `limit.keep` best groups set to -inf, so it is
-    never chosen (DeepSeek-V3's inference code; transformers fills 0.0, the same choice unless a bias below -1 makes
-    selection scores negative). Unchanged when `limit` is None. No gradient flows through the choice."""
-    if limit is None:
-        return choose
-    num_tokens, num_experts = choose.shape
-    grouped = choose.reshape([num_tokens, limit.groups, num_experts // limit.groups])  # [T, G, E/G]
-    if limit.score == "top2":
-        group_score = paddle.topk(grouped, 2, axis=-1)[0].sum(-1)  # [T, G]
-    else:
-        group_score = grouped.max(-1)  # [T, G]
-    _, best = paddle.topk(group_score, limit.keep, axis=-1)  # [T, keep]
-    chosen = F.one_hot(best, limit.groups).sum(1) > 0  # [T, G]
-    mask = chosen.unsqueeze(-1).expand([num_tokens, limit.groups, num_experts // limit.groups])  # [T, G, E/G]
-    return paddle.where(mask.reshape([num_tokens, num_experts]), choose, paddle.full_like(choose, float("-inf")))
-
-
-def group_problems(model) -> list[str]:
-    """`moe_n_group` / `moe_topk_group` / `moe_group_score` fit the experts and top_k (empty: fine)."""
-    e, g, keep = model.moe_num_experts, model.moe_n_group, model.moe_topk_group
-    if e <= 0 or (g == 1 and keep == 1):
-        return []
-    problems = []
-    if g < 1 or e % g:
-        return [f"model.moe_n_group={g}: must be >= 1 and divide model.moe_num_experts={e}"]
-    if not 1 <= keep <= g:
-        problems.append(f"model.moe_topk_group={keep}: must be in 1..model.moe_n_group={g}")
-    elif model.moe_top_k > keep * (e // g):
-        problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_topk_group={keep} x {e // g} experts per "
-                        "group: a token could not find its experts")
-    if model.moe_group_score not in ("top2", "max"):
-        problems.append(f"model.moe_group_score={model.moe_group_score!r}: expected 'top2' or 'max'")
-    elif model.moe_group_score == "top2" and e // g < 2:
-        problems.append(f"model.moe_group_score=top2 needs >= 2 experts per group (moe_num_experts={e}, "
-                        f"moe_n_group={g})")
-    return problems
-
-
-def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: bool = True,
-          bias: Optional[paddle.Tensor] = None, capacity_factor: float = 0.0,
-          groups: Optional[GroupLimit] = None) -> Routing:
-    """Route T tokens from their router logits [T, E] (fp32); see the module docstring."""
-    num_tokens, num_experts = logits.shape
-    if kind == "softmax":
-        scores = F.softmax(logits, axis=-1)  # [T, E]
-        probs = scores
-    elif kind == "sigmoid":
-        scores = F.sigmoid(logits)
-        probs = scores / scores.sum(-1, keepdim=True)
-    else:
-        raise ValueError(f"model.moe_router={kind!r}: expected 'softmax' or 'sigmoid'")
-    choose = scores if bias is None else scores + bias.detach()[None]
-    choose = limit_to_groups(choose, groups)  # group-limited routing (DeepSeek): only the best groups' experts
-    _, index = paddle.topk(choose.detach(), top_k, axis=-1)  # [T, k]
-    weight = paddle.take_along_axis(scores, index, axis=-1)  # [T, k]
-    if norm_topk:
-        weight = weight / weight.sum(-1, keepdim=True)
-    with paddle.no_grad():
-        onehot = F.one_hot(index, num_experts)  # [T, k, E]
-        counts = onehot.sum([0, 1]).astype("float32")  # [E]
-        dropped = paddle.zeros([], "float32")
-        if capacity_factor > 0:
-            cap = capacity(num_tokens, top_k, num_experts, capacity_factor)
-            ordered = onehot.transpose([1, 0, 2]).reshape([top_k * num_tokens, num_experts])  # slot-major
-            position = paddle.cumsum(ordered, axis=0) * ordered  # 1-based place in its expert's queue
-            keep = (position.sum(-1) <= cap).reshape([top_k, num_tokens]).transpose([1, 0])  # [T, k]
-            dropped = (~keep).astype("float32").sum()
-            index = paddle.where(keep, index, paddle.full_like(index, -1))
-    if capacity_factor > 0:
-        weight = weight * keep.astype(weight.dtype)
-    return Routing(index, weight, probs, logits, counts, dropped)
+from llmtrain.models.router import Router, Routing, group_limit, route
+from llmtrain.paddle_compat import amp
 
 
 def aux_loss(r: Routing) -> paddle.Tensor:
@@ -241,9 +121,11 @@ class MoEFeedForward(nn.Layer):
         self.slot = moe_slot(cfg, index)  # which MoE layer of the model (block `index`)
         self.num_moe = moe_layer_count(cfg)
         self.num_experts, self.top_k = cfg.moe_num_experts, cfg.moe_top_k
-        self.router = nn.Linear(cfg.hidden_size, self.num_experts, bias_attr=False)
+        self.router = Router(cfg.hidden_size, self.num_experts, cfg.moe_router_dtype)
         self.expert_bias = self.create_parameter([self.num_experts], is_bias=True)
         self.expert_bias.stop_gradient = True  # moved by MoEStats.finish_step, never by the optimizer
+        if cfg.moe_router_dtype == "fp32":
+            amp.keep_fp32_under_o2(self)  # this layer's own parameter, the expert bias (not its sublayers)
         self.experts = roles.experts(cfg)
         self.shared = None
         if cfg.moe_num_shared_experts > 0:
@@ -293,17 +175,30 @@ class MoEFeedForward(nn.Layer):
         self.step_sums = sums if self.step_sums is None else self.step_sums + sums
         self.step_choices += int(r.index.size)
 
+    def routing(self, flat):
+        """flat [T, h] -> (Routing, (aux, z) losses or None, attached share or None): the router's GEMM, `route`
+        and the balancing terms, in fp32 whatever AMP does (`model.moe_router_dtype=fp32`)."""
+        region = amp.fp32_region() if self.cfg.moe_router_dtype == "fp32" else contextlib.nullcontext()
+        with region:
+            logits = self.router(flat)  # [T, E] fp32
+            bias = self.expert_bias  # zero unless moved (moe_bias_update_rate) or read from a checkpoint (DeepSeek-V3)
+            r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias,
+                      self.cfg.moe_capacity_factor, groups=group_limit(self.cfg))
+            if self.cfg.moe_aux_counts == "unbiased":  # ERNIE 4.5: the aux loss counts the top-k without the bias
+                with paddle.no_grad():
+                    free = paddle.topk(r.probs, self.top_k, axis=-1)[1]  # [T, k]
+                    r.aux_counts = F.one_hot(free, self.num_experts).sum([0, 1]).astype("float32")  # [E]
+            if self.grad_scale is None:
+                return r, (aux_terms(r), z_loss(r)), None
+            if not self.training:
+                return r, None, None
+            aux, z = aux_loss(r), z_loss(r)  # this layer's share of the balancing loss, fed to the backward through y
+            return r, (aux, z), (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / self.num_moe
+
     def forward(self, x):  # [b, s, h]
         shape = x.shape
         flat = x.reshape([-1, shape[-1]])  # [T, h]
-        logits = self.router(flat.astype("float32") if flat.dtype != paddle.float32 else flat).astype("float32")
-        bias = self.expert_bias  # zero unless moved (moe_bias_update_rate) or read from a checkpoint (DeepSeek-V3)
-        r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias, self.cfg.moe_capacity_factor,
-                  groups=group_limit(self.cfg))
-        if self.cfg.moe_aux_counts == "unbiased":  # ERNIE 4.5: the aux loss counts the top-k without the bias
-            with paddle.no_grad():
-                free = paddle.topk(r.probs, self.top_k, axis=-1)[1]  # [T, k]
-                r.aux_counts = F.one_hot(free, self.num_experts).sum([0, 1]).astype("float32")  # [E]
+        r, terms, share = self.routing(flat)
         y = self.experts(flat, r.index, r.weight)  # [T, h]
         if self.cfg.moe_routed_scale != 1.0:
             y = y * self.cfg.moe_routed_scale
@@ -312,12 +207,10 @@ class MoEFeedForward(nn.Layer):
         record = not self.replaying  # recompute re-runs the same ops in the backward: record them once
         aux = z = None
         if self.grad_scale is None:
-            terms = (aux_terms(r), z_loss(r))
             if record:
                 self.loss_terms.append(terms)
-        elif self.training:  # this layer's share of the balancing loss, fed to the backward through y
-            aux, z = aux_loss(r), z_loss(r)
-            share = (self.cfg.moe_aux_loss_coef * aux + self.cfg.moe_z_loss_coef * z) / self.num_moe
+        elif share is not None:
+            aux, z = terms
             y = _BalancingLossGrad.apply(y, share, self.grad_scale)
         if self.training and record:
             self._record_step(r, aux, z)  # stays on the device: read once per step by MoEStats
@@ -347,13 +240,14 @@ def moe_loss(layers: list[MoEFeedForward], cfg: ModelConfig):
         layer.loss_terms = []
     if not terms:
         return None, None, None
-    if cfg.moe_aux_loss_scope == "model":
-        aux = pooled_aux_loss([a for a, _ in terms])
-    else:
-        e = cfg.moe_num_experts
-        aux = paddle.stack([e * (f * p).sum() for (f, p), _ in terms]).mean()
-    z = paddle.stack([b for _, b in terms]).mean()
-    return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
+    with amp.fp32_region():  # fp32 terms stay fp32 whatever AMP's lists say
+        if cfg.moe_aux_loss_scope == "model":
+            aux = pooled_aux_loss([a for a, _ in terms])
+        else:
+            e = cfg.moe_num_experts
+            aux = paddle.stack([e * (f * p).sum() for (f, p), _ in terms]).mean()
+        z = paddle.stack([b for _, b in terms]).mean()
+        return cfg.moe_aux_loss_coef * aux + cfg.moe_z_loss_coef * z, aux, z
 
 
 class MoEStats(StepHook):

@@ -25,6 +25,7 @@ import paddle.nn as nn
 import paddle.nn.functional as F
 
 from llmtrain.contracts import tags
+from llmtrain.models.fused_linear import concat_linear
 from llmtrain.models.lora import add_fused_adapters
 
 
@@ -45,8 +46,9 @@ class Roles:
     def column_linears(self, x: paddle.Tensor, layers: list) -> list:
         """Several column linears of the same input as ONE matmul: x [.., in] -> [y_i [.., out_i]].
 
-        The weights (and biases) are concatenated along the output axis at each call, so the
-        parameters stay the layers' own (canonical names, unchanged checkpoints); outputs equal
+        The weights (and biases) are concatenated along the output axis at each call and the concatenation is not
+        kept for the backward (`llmtrain.models.fused_linear`), so the parameters stay the layers' own (canonical
+        names, unchanged checkpoints) and no weight copy outlives the layer's forward; outputs equal
         `[layer(x) for layer in layers]`, LoRA adapters included (`llmtrain.models.lora.add_fused_adapters`:
         their x A as one block too). A plan overrides `concat_columns`, not this."""
         return add_fused_adapters(self, x, layers, self.concat_columns(x, layers))
@@ -133,12 +135,3 @@ class Roles:
         """Per-token cross entropy: logits [b, s, V], labels [b, s] -> loss [b, s] (fp32)."""
         loss = F.cross_entropy(logits.astype("float32"), labels.unsqueeze(-1), reduction="none")
         return loss.squeeze(-1)
-
-
-def concat_linear(x, layers):
-    """y = x @ concat(W_i) + concat(b_i), split back per layer: x [.., in] -> [[.., out_i] ...]."""
-    weight = paddle.concat([layer.weight for layer in layers], axis=1)  # [in, sum out_i]
-    biases = [layer.bias for layer in layers]
-    bias = None if biases[0] is None else paddle.concat(biases, axis=0)  # [sum out_i]
-    y = F.linear(x, weight, bias)  # [.., sum out_i]
-    return paddle.split(y, [layer.weight.shape[1] for layer in layers], axis=-1)

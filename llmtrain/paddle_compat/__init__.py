@@ -54,6 +54,9 @@ AUDIT = (
      "amp.grad_scaler._refresh_optimizer_state", "paddle_compat/amp.py",
      "the fp16 loss scaler: its overflow flag read inside the clip (the divergence guard), its per-step state reset "
      "after a rejected step, and `_update` without the float()-of-a-[1]-tensor TypeError of numpy >= 2"),
+    ("Layer._cast_to_low_precision, amp.auto_cast.amp_global_state().amp_dtype, Tracer._amp_level",
+     "paddle_compat/amp.py", "fp32 islands under O2 (the MoE router and combine): a layer's parameters kept fp32 by "
+     "decorate, an auto_cast(enable=False) block that leaves the recorded AMP dtype as it was"),
     ("os._exit after closing outputs", "paddle_compat/process.py",
      "skip an interpreter teardown that can crash in gloo after a CPU job finished"),
     ("paddle._C_ops.flash_attn/flash_attn_grad", "paddle_compat/flash_blocks.py",

@@ -5,6 +5,8 @@
     found = overflow_flag(scaler)      # inside optimizer.step(): the bool [1] tensor the scaler's unscale set
     scale = loss_scale(scaler)         # the current loss scale (a host read)
     abandon_step(scaler)               # a step that raised inside scaler.step(): the next one unscales again
+    keep_fp32_under_o2(layer)          # O2's decorate leaves this layer's own parameters fp32
+    with fp32_region(): ...            # inside auto_cast: ops run in their inputs' dtypes (fp32 stays fp32)
 
 What Paddle 3.3.1 does, read in `paddle/amp/grad_scaler.py` and `paddle/optimizer/optimizer.py`:
 - `GradScaler.step(opt)` unscales the gradients (`_unscale`: `check_finite_and_unscale` sets the bool
@@ -21,9 +23,22 @@ What Paddle 3.3.1 does, read in `paddle/amp/grad_scaler.py` and `paddle/optimize
   counting without the print (the guard logs the overflow and the new scale).
 On CPU the scaler disables itself in its constructor (it acts only on CUDA/XPU/custom places); the
 tests force it on over fp32 math (tests/gpu_paths/test_amp_fp16.py).
+
+fp32 islands under O2 (the MoE router and combine, `model.moe_router_dtype=fp32`), read in `paddle/amp/auto_cast.py`
+and the eager auto-cast (`paddle/fluid/imperative/amp_utils.h`, `GetAmpDestDtype`):
+- `decorate(level='O2')` casts every layer's own parameters (`Layer._to_impl(include_sublayers=False)`) unless
+  `need_keep_fp32(layer)`: `layer._cast_to_low_precision` False (what `excluded_layers` sets, on the layer and all
+  its sublayers; `keep_fp32_under_o2` sets it on one layer only), BatchNorm, or LayerNorm under fp16;
+- inside `auto_cast(level='O2')` a white-listed op (`matmul`, `linear_v2`, ...) gets its inputs cast to the AMP
+  dtype whatever their dtype, so an fp32 weight alone does not make an fp32 GEMM; `auto_cast(enable=False)` sets the
+  tracer's level to O0 for its block (no cast at all) and restores it after. It also overwrites
+  `amp_global_state().amp_dtype` (read by GradScaler's constructor) with its `dtype` argument without restoring
+  it: `fp32_region` passes the current value.
 """
 from __future__ import annotations
 
+import contextlib
+import sys
 from collections import defaultdict
 
 import paddle
@@ -87,3 +102,21 @@ def abandon_step(scaler) -> None:
     from paddle.amp.grad_scaler import _refresh_optimizer_state
 
     scaler._optimizer_states = defaultdict(_refresh_optimizer_state)
+
+
+def keep_fp32_under_o2(layer) -> None:
+    """Make `paddle.amp.decorate(level='O2')` leave `layer`'s own parameters (not its sublayers') in fp32."""
+    require_tested_paddle()
+    layer._cast_to_low_precision = False
+
+
+def fp32_region():
+    """A block where AMP casts nothing (the tracer at O0): each op runs in its inputs' dtypes. Inside an O2/O1
+    `auto_cast` it is `auto_cast(enable=False)` keeping the AMP dtype Paddle records globally; without AMP a no-op."""
+    require_tested_paddle()
+    from paddle.base.framework import _dygraph_tracer
+
+    if _dygraph_tracer()._amp_level == paddle.base.core.AmpLevel.O0:
+        return contextlib.nullcontext()
+    amp_dtype = sys.modules["paddle.amp.auto_cast"].amp_global_state().amp_dtype
+    return paddle.amp.auto_cast(enable=False, dtype=amp_dtype)

@@ -286,8 +286,8 @@ def model_fit_problems(degrees, model) -> list[str]:
         problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_num_experts={e}")
     if e > 0 and model.moe_top_k < 1:
         problems.append(f"model.moe_top_k={model.moe_top_k}: must be >= 1")
-    for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_aux_loss_scope", ("layer", "model")),
-                           ("moe_aux_counts", ("chosen", "unbiased"))):
+    for fname, allowed in (("moe_router", ("softmax", "sigmoid")), ("moe_router_dtype", ("fp32", "amp")),
+                           ("moe_aux_loss_scope", ("layer", "model")), ("moe_aux_counts", ("chosen", "unbiased"))):
         if e > 0 and getattr(model, fname) not in allowed:
             problems.append(f"model.{fname}={getattr(model, fname)!r}: expected one of {list(allowed)}")
     if e > 0 and model.moe_layer_interval < 1:
@@ -297,7 +297,7 @@ def model_fit_problems(degrees, model) -> list[str]:
                         f"{model.moe_first_dense_layers}, moe_last_layer={model.moe_last_layer}, moe_layer_interval="
                         f"{model.moe_layer_interval}, num_layers={model.num_layers})")
     from llmtrain.models.mla import mla_problems
-    from llmtrain.models.moe import group_problems
+    from llmtrain.models.router import group_problems
 
     problems += group_problems(model) + mla_problems(model, bool(getattr(degrees, "sequence_parallel", False)))
     if model.num_heads <= 0 or model.num_layers <= 0:

@@ -101,7 +101,7 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
     - the inputs of the column linears: one s·b·h per sub-block on one device (the norm output, shared by the
       projections); under tp each ColumnParallelLinear keeps its own copy (fleet's c_identity copies:
       phi CIdentityKernel), 3 for q/k/v and 2 for SwiGLU's gate/up, 1 per fused projection (`fuse_qkv`,
-      `fuse_ffn`), which also keeps its concatenated weight [h, out/t] per call;
+      `fuse_ffn`: its concatenated weight is not kept, `llmtrain/models/fused_linear.py`);
     - QK-norm (`qk_norm`): per head as our RMSNorm, on q and k: normalised s·b·(q + kv)/t (compute dtype), their
       fp32 copy and an fp32 rsqrt per head and position;
     - attention: the o_proj input (s·b·q/t; flash attention's output is the same storage); RoPE keeps q and k
@@ -130,7 +130,6 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
     else:  # two norms: normalised tensor (compute dtype), fp32 input copy, fp32 rsqrt
         n, stats = 2 * sb * h / shard, (2 * sb * h + 2 * sb) / shard
     n += (2 if t == 1 and not sp else column_inputs(cfg, gpu)) * sb * h  # column linears' inputs
-    n += h * (q + 2 * kv) * on["fuse_qkv"] + h * 2 * f / t * (on["fuse_ffn"] and swiglu)  # concatenated weights
     n += sb * q  # o_proj input
     if cfg.qk_norm:  # layers.HeadNorm on q and k (unfused RMSNorm per head): normalised, fp32 input copy, fp32 rsqrt
         n += sb * (q + kv)

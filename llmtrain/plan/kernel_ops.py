@@ -96,8 +96,8 @@ def _mlp(p: _Pass, cfg, T, Ts, f, fused: dict, sp: bool, bias: bool):
     down; `Ts`: the rows the down projection's bias is added to (sequence parallelism)."""
     h = cfg.hidden_size
     if cfg.activation == "swiglu":
-        if fused["fuse_ffn"]:
-            p.op([mem("copy", h * 2 * f)], [mem("copy", h * 2 * f)])
+        if fused["fuse_ffn"]:  # concatenated at forward and again in backward, not kept (kernels.py's docstring)
+            p.op([mem("copy", h * 2 * f)], [mem("copy", 2 * h * 2 * f)])
             _linear(p, T, h, 2 * f, bias, "gate_up")
             _seq_edge(p, T, 2 * f, sp)
             p.op([view("split")], [mem("copy", 2 * T * f)])

@@ -11,7 +11,10 @@ linears hold out/tp features, row linears in/tp):
 - GEMMs (`gemm`, C[m, n] = A[m, k] @ B[k, n]): a linear layer x [T, K] @ W [K, N] (T = b·s tokens) is
   the forward (T, N, K), the input gradient (T, K, N) and the weight gradient (K, N, T); fused
   projections (`fuse_qkv`, `fuse_ffn`) are one GEMM of the concatenated width plus the weight concat
-  (a copy, forward and backward); the LM head (untied: [h, V/tp]; tied: x @ tableᵀ) likewise;
+  (a copy in the forward; in the backward the weights concatenated again, as the concatenation is not kept
+  (`llmtrain/models/fused_linear.py`), and the gradient's split: priced as one copy of twice the bytes, one host
+  dispatch, because the h200 host fit counts the dispatches of the twin, which still concatenates through
+  autograd); the LM head (untied: [h, V/tp]; tied: x @ tableᵀ) likewise;
 - the attention core (`attn`): flash attention by (batch·heads, seq, head dim, causal), forward and
   backward; the math path (CPU, `attention=math`) as its batched GEMMs (q·kᵀ, probs·v and their
   gradients) plus the transposes, the fp32 cast, the causal mask add, the softmax and its backward; or, when
@@ -125,8 +128,8 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
     if cfg.is_mla():  # its own projections; the core below on nh/tp heads of d_qk (flash: v padded to d_qk)
         nh, d, o_in = _mla_projections(p, cfg, T, t, e, fused)
         nkv, q = nh, nh * d
-    elif fused["fuse_qkv"]:  # one GEMM of the weights concatenated at every forward (a copy; its grad split back)
-        p.op([mem("copy", h * (q + 2 * kv))], [mem("copy", h * (q + 2 * kv))])
+    elif fused["fuse_qkv"]:  # one GEMM of the weights concatenated at forward and again in backward (not kept)
+        p.op([mem("copy", h * (q + 2 * kv))], [mem("copy", 2 * h * (q + 2 * kv))])  # (module docstring)
         _linear(p, T, h, q + 2 * kv, cfg.bias, "qkv")
         _seq_edge(p, T, q + 2 * kv, sp)
         p.op([view("split")], [mem("copy", T * (q + 2 * kv))])  # the backward concatenates q, k, v grads

@@ -6,8 +6,11 @@
 The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for op, as the H200 twin runs it
 (benchmarks/gpu_moe.py `MoEDecoder` with `experts_slots`), for T = b·s tokens of this rank:
 
-- router under O2: x cast to fp32 and back (two casts of [T, h]), GEMM [T, h] x [h, E] (its input and weight
-  gradients), logits cast to fp32; `route()`: softmax [T, E], top-k, the chosen scores' gather (backward: zeros
+- the router (`model.moe_router_dtype`): `fp32` (default), x cast to fp32 (a cast of [T, h] under AMP), the GEMM
+  [T, h] x [h, E] and its input and weight gradients in fp32 with an fp32 weight: under AMP priced as the bf16
+  table's GEMM with twice the reduction length (fp32 operands are twice the bytes, and on Ampere/Hopper Paddle runs
+  fp32 GEMMs on TF32 tensor cores, half the bf16 rate at the datasheet peaks); `amp`, the GEMM in the activation
+  dtype and its logits cast to fp32; `route()`: softmax [T, E], top-k, the chosen scores' gather (backward: zeros
   [T, E] and a scatter-add), the top-k renormalisation when `moe_norm_topk`; one_hot [T, k, E] and the counts;
   with a capacity factor, GShard's queue positions (slot-major copy, cumsum over the k·T choices, product, row
   sum) and the drop mask;
@@ -18,9 +21,9 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   where the host waits for the device); slot = idx C + pos; the inverse map `source` [E C] (a fill and a scatter
   of the k T token ids); the dispatch: x with a zero row appended [T + 1, h] (a copy), the buffer gathered
   through `source` [E C, h] (backward: zeros [T + 1, h] and one index_add of the E C rows, the empty ones on the
-  zero row, `moe_index_add_inv`, and the concat's gradient split off: a copy); gate|up concatenated [E, h, 2f]
-  (a copy each forward), bmm [E, C, h] x [E, h, 2f] (and its input (nt) and weight (tn) gradients), silu(g) * u
-  on the chunk views (`moe_swiglu_view`), bmm [E, C, f] x [E, f, h]; the combine in token-major order: the rows
+  zero row, `moe_index_add_inv`, and the concat's gradient split off: a copy); gate and up, bmm [E, C, h] x
+  [E, h, f] each on the stacked weights (no concatenated copy; their input (nt) and weight (tn) gradients, the
+  two input gradients added), silu(g) * u (`moe_swiglu_view`), bmm [E, C, f] x [E, f, h]; the combine in token-major order: the rows
   [T, k] gathered [T, k, h], times the weights [T, k, 1], summed over k (`moe_sum_mid`; backward: zeros + index_add
   into [E C, h], the weight product and its row sums). Every cumsum over axis 0 (route()'s and the experts') is
   Paddle's GPU kernel for an axis that is not the last: a transpose to [E, k T], a block scan along it, a
@@ -38,9 +41,9 @@ queued kernels like any op). `alltoall` (NCCL): (ep - 1)/ep of the buffer's byte
 `allgather` (gloo, which has no all-to-all): each rank receives the other ranks' whole buffers, (ep - 1) x its
 bytes. The local experts then run as bmm over [E/ep, ep C, h].
 
-Saved for backward (`moe_activation_bytes`): the router's bf16 input copy, the fp32 logits and probabilities,
-the index tensors, the dispatch buffer [E C + 1, h], the concatenated weights [E/ep, h, 2f] (bmm keeps its
-operand), the gate|up output and silu(g) and the product [E/ep, ep C, f...], the gathered rows [k T, h].
+Saved for backward (`moe_activation_bytes`): the router GEMM's input (an fp32 copy [T, h] with the fp32 router
+under AMP, else in the activation dtype), the fp32 logits and probabilities,
+the index tensors, the dispatch buffer [E C + 1, h], the gate and up outputs and silu(g) and the product [E/ep, ep C, f...], the gathered rows [k T, h].
 """
 from __future__ import annotations
 
@@ -113,12 +116,18 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     EC = E * C
     El, rows = E // max(1, plan.ep), max(1, plan.ep) * C  # local experts, rows each serves
     cap = cfg.moe_capacity_factor > 0
-    # router (MoEFeedForward.forward under O2)
+    # router (MoEFeedForward.routing)
     p.op([view("reshape")], [view("reshape")])
-    p.op([mem("cast", T * h)], [mem("cast", T * h)])  # x.astype(fp32)
-    p.op([mem("cast", T * h)], [mem("cast", T * h)])  # auto_cast back to bf16 for the matmul
-    _linear(p, T, h, E, False, "router")
-    p.op([mem("cast", TE)], [mem("cast", TE)])  # logits fp32
+    if cfg.moe_router_dtype == "fp32":
+        if e < 4:  # under AMP: x.astype(fp32); the fp32 (TF32) GEMM at twice the bf16 GEMM's work
+            p.op([mem("cast", T * h)], [mem("cast", T * h)])
+            p.op([gemm(T, E, 2 * h, op="router.fwd")], [gemm(T, h, 2 * E, op="router.dgrad", layout="nt"),
+                                                         gemm(h, E, 2 * T, op="router.wgrad", layout="tn")])
+        else:
+            _linear(p, T, h, E, False, "router")
+    else:  # moe_router_dtype=amp: the GEMM in the activation dtype, the logits cast to fp32
+        _linear(p, T, h, E, False, "router")
+        p.op([mem("cast", TE)], [mem("cast", TE)])
     # route(): softmax, top-k, the chosen scores, renormalisation; counts and capacity under no_grad
     p.op([mem("moe_softmax", TE)], [mem("moe_softmax_bwd", TE)])
     p.op([mem(f"moe_topk{k}", TE)])
@@ -143,10 +152,10 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     if plan.ep > 1:  # to the experts' ranks (and the gradient back)
         p.op([_exchange(EC * h * e, plan)], [_exchange(EC * h * e, plan)])
     # experts: bmm over [E/ep, ep C, h]
-    p.op([mem("copy", El * h * 2 * f)], [mem("copy", El * h * 2 * f)])  # gate|up weights concatenated
-    p.op([gemm(rows, 2 * f, h, El, "expert.gate_up")],
-         [gemm(rows, h, 2 * f, El, "expert.gate_up.dgrad", "nt"), gemm(h, 2 * f, rows, El, "expert.gate_up.wgrad", "tn")])
-    p.op([view("chunk")], [mem("copy", El * rows * 2 * f)])
+    for name in ("expert.gate", "expert.up"):  # two bmm on the stacked weights themselves
+        p.op([gemm(rows, f, h, El, name)], [gemm(rows, h, f, El, f"{name}.dgrad", "nt"),
+                                           gemm(h, f, rows, El, f"{name}.wgrad", "tn")])
+    p.op([], [mem("add", El * rows * h)])  # the buffer's two gradients summed
     p.op([mem("moe_swiglu_view", El * rows * f), view("mul")], [mem("moe_swiglu_view_bwd", El * rows * f)] + [view("mul")] * 2)
     p.op([gemm(rows, h, f, El, "expert.down")],
          [gemm(rows, f, h, El, "expert.down.dgrad", "nt"), gemm(f, h, rows, El, "expert.down.wgrad", "tn")])
@@ -187,13 +196,12 @@ def moe_activation_bytes(cfg, T: int, e: int, plan: MoEPlan) -> float:
     C = capacity(cfg, T, plan)
     El, rows = E // max(1, plan.ep), max(1, plan.ep) * C
     kT = k * T
-    n = T * h  # the router's bf16 input copy
-    n += E * C * h  # the dispatch buffer (bmm's input)
-    n += El * h * 2 * f  # the concatenated gate|up weights (bmm's other operand)
-    n += El * rows * (2 * f + f + f)  # gate|up output (silu's and the product's inputs), silu(g), the product
+    router_input = T * h * (4 if cfg.moe_router_dtype == "fp32" else e)  # the router GEMM's input (module docstring)
+    n = E * C * h  # the dispatch buffer (bmm's input)
+    n += El * rows * (2 * f + f + f)  # gate and up outputs (silu's and the product's inputs), silu(g), the product
     n += kT * h + kT  # the gathered rows and slot-major weights (the weight product's inputs)
     fp32 = 3 * T * E  # logits, probabilities (softmax output), the logsumexp's input and output
     ints = E * C + 2 * kT + T * k  # source (the gather's index), slot, row (the combine's); the top-k index
     if plan.ep > 1:
         n += El * rows * h  # the received buffer
-    return n * e + 4 * fp32 + 8 * ints
+    return n * e + router_input + 4 * fp32 + 8 * ints

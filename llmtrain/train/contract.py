@@ -117,6 +117,8 @@ RULES: list[tuple[str, str, str]] = [
     *_each("model.mla_q_lora_rank model.mla_kv_lora_rank model.mla_qk_nope_head_dim model.mla_qk_rope_head_dim "
            "model.mla_v_head_dim", "refuse", "the checkpoint's latent-attention tensors have the checkpoint's ranks and "
                                              "head widths"),
+    ("model.moe_router_dtype", "warn", "the routing and the combine change precision from this step on (checkpoints "
+                                       "hold fp32 weights: they fit either way)"),
     *_each("model.moe_n_group model.moe_topk_group model.moe_group_score", "warn",
            "the experts a token may choose change from this step on (the weights fit either way)"),
     *_each("model.sliding_window model.sliding_window_layers " + " ".join(

@@ -28,7 +28,7 @@ import pytest
 
 from gpu_rehearsal import ON_GPU, checked, reaches
 from llmtrain.models.experts import Experts
-from llmtrain.models.moe import route
+from llmtrain.models.router import route
 from llmtrain.models.roles import Roles
 from llmtrain.parallel import experts as ep_module
 from llmtrain.parallel.layout import Layout

@@ -32,18 +32,23 @@ GPU_TOL = 1e-5
 """|fused - tensor ops| on a GPU, fp32: not yet measured."""
 
 
+def _bf16(a: np.ndarray) -> np.ndarray:
+    return paddle.to_tensor(a).astype("bfloat16").astype("float32").numpy()
+
+
 class _Combine(PyLayer):
     """moe_combine's contract with its backward, in numpy loops (independent of llmtrain's gather + sum)."""
 
     @staticmethod
     def forward(ctx, x, weight, index):
-        xs, ws, ids = x.numpy(), weight.numpy(), index.numpy()
+        low = x.dtype == paddle.bfloat16  # the kernel's bf16 instance rounds every product and every partial sum
+        xs, ws, ids = x.astype("float32").numpy(), weight.astype("float32").numpy(), index.numpy()
         ctx.saved = (xs, ws, ids)
-        y = np.zeros((ws.shape[0], xs.shape[1]), xs.dtype)
+        y = np.zeros((ws.shape[0], xs.shape[1]), np.float32)
         for t in range(ws.shape[0]):
             for j in range(ws.shape[1]):
-                y[t] += ws[t, j] * xs[ids[t, j]]
-        return paddle.to_tensor(y)
+                y[t] = _bf16(y[t] + _bf16(ws[t, j] * xs[ids[t, j]])) if low else y[t] + ws[t, j] * xs[ids[t, j]]
+        return paddle.to_tensor(y).astype(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):
@@ -111,6 +116,37 @@ def test_the_gpu_combine_equals_the_tensor_ops(monkeypatch, factor):
     names = ["y", "dx", *(n for n, p in layer.named_parameters() if not p.stop_gradient)]
     for name, a, b in zip(names, got, want):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=name)
+
+
+def test_the_gpu_combine_gets_bf16_expert_outputs_as_fp32(monkeypatch):
+    """Under AMP the expert outputs are bf16: with model.moe_router_dtype=fp32 (the default) the kernel is handed
+    them and the weights in fp32 (it sums in its input dtype), and the result is cast once to bf16; with `amp` it
+    gets both in bf16. The tensor-op combine over the same bf16 rows is the reference (1e-6 before the one
+    rounding, so equal after it up to one bf16 ulp where a sum sits on a rounding boundary)."""
+    from llmtrain.models.dispatch import combine, expert_slots
+
+    paddle.seed(6)
+    index = paddle.argsort(paddle.rand([20, 8]), axis=-1)[:, :2]  # [T, k]
+    slots = expert_slots(index, 8, capacity=None)
+    y = paddle.randn([8, slots.capacity, 16]).astype("bfloat16")  # [E, C, h]
+    weight = paddle.nn.functional.softmax(paddle.randn([20, 2]), axis=-1)
+    with monkeypatch.context() as cpu:
+        cpu.setattr(moe_kernels, "fused_combine_available", lambda: False)
+        want = combine(y, slots, weight).astype("float32").numpy()
+    if not ON_GPU:
+        monkeypatch.setattr(kernels, "on_gpu", lambda: True)
+        stand_in = checked(IF.moe_combine, reference_moe_combine, ("x", "combine_weights", "scatter_index"))
+        monkeypatch.setattr(IF, "moe_combine", stand_in)
+    with reaches("moe-combine"):
+        got = combine(y, slots, weight)
+        old = combine(y, slots, weight, fp32=False)
+    assert got.dtype == old.dtype == paddle.bfloat16
+    if not ON_GPU:
+        assert [(c["x"].dtype, c["combine_weights"].dtype) for c in stand_in.calls] == [
+            (paddle.float32, paddle.float32), (paddle.bfloat16, paddle.bfloat16)]
+    np.testing.assert_allclose(got.astype("float32").numpy(), want, rtol=2**-7, atol=0)
+    # summed in bf16, the kernel rounds every product and partial sum: further from the fp32 sum
+    assert np.abs(old.astype("float32").numpy() - want).max() > np.abs(got.astype("float32").numpy() - want).max()
 
 
 def test_another_paddle_release_falls_back_to_the_tensor_ops(monkeypatch):

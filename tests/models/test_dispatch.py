@@ -22,7 +22,8 @@ from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.dispatch import expert_slots
 from llmtrain.models.experts import Experts
-from llmtrain.models.moe import moe_layers, route
+from llmtrain.models.moe import moe_layers
+from llmtrain.models.router import route
 
 
 def experts_cfg(**kw) -> ModelConfig:

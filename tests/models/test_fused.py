@@ -3,9 +3,11 @@
     python -m pytest tests/models/test_fused.py -q
 
 fuse_swiglu (Paddle's swiglu kernel), fuse_qkv and fuse_ffn (one matmul of concatenated
-weights) run here: forward and every gradient are compared with the unfused path on the
-same weights, also with LoRA adapters on the fused projections. fuse_rms_norm and fuse_rope have no working CPU kernel (see
-llmtrain/paddle_compat/kernels.py) and are refused on CPU; on a GPU (scripts/gpu_acceptance.sh
+weights, the concatenation not kept for the backward) run here: forward and every gradient are compared with the unfused path on the
+same weights, also with LoRA adapters on the fused projections. No weight copy is kept: a moe-tiny
+training step with every CPU fusion on holds exactly the concatenated-weight copies fewer bytes than the
+formulation whose autograd kept them (the host allocator's "Allocated" counter: on CPU the bytes saved for
+backward). fuse_rms_norm and fuse_rope have no working CPU kernel (see llmtrain/paddle_compat/kernels.py) and are refused on CPU; on a GPU (scripts/gpu_acceptance.sh
 runs this file there) every switch is compared, in fp32.
 """
 from __future__ import annotations
@@ -137,3 +139,63 @@ def test_fused_projections_under_zero3_auto_off_true_refused(tiny_corpus, tmp_pa
     assert (model.fuse_qkv, model.fuse_ffn) == ("false", "false") and model.fused("fuse_swiglu")
     with pytest.raises(ConfigError, match="model.fuse_ffn=true with parallel.sharding_stage=3"):
         resolve(to_config(compose_config(base + ["model.fuse_ffn=true"])), world_size=2)
+
+
+def _concatenating(monkeypatch):
+    """The formulation before issue 45's fix, installed for one run: dense fused projections and the experts' gate|up
+    as one GEMM over weights concatenated at every forward through autograd (which keeps the copy for the
+    backward)."""
+    import paddle.nn.functional as F
+
+    from llmtrain.models import experts, roles
+    from llmtrain.paddle_compat import kernels
+
+    def concat_linear(x, layers):
+        weight = paddle.concat([layer.weight for layer in layers], axis=1)  # [in, sum out_i]: the copy
+        y = F.linear(x, weight, None if layers[0].bias is None else paddle.concat([la.bias for la in layers]))
+        return paddle.split(y, [layer.weight.shape[1] for layer in layers], axis=-1)
+
+    def ffn(self, x):  # [E, N, h]
+        gate, up = paddle.bmm(x, paddle.concat([self.w_gate, self.w_up], axis=-1)).chunk(2, axis=-1)  # the copy
+        return paddle.bmm(kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up, self.w_down)
+
+    monkeypatch.setattr(roles, "concat_linear", concat_linear)
+    monkeypatch.setattr(experts.Experts, "ffn", ffn)
+
+
+def _moe_step_bytes(cfg, ids):
+    """(bytes held after the forward, peak above the start over forward + backward) of one moe-tiny step."""
+    from llmtrain.paddle_compat.host_memory import host_allocated_bytes, host_peak_bytes
+
+    paddle.seed(0)
+    model = build_model(cfg)
+    labels = (ids, paddle.ones(ids.shape, dtype="float32"))
+    with host_peak_bytes() as peak:
+        start = host_allocated_bytes()
+        loss = mean_loss(model.loss_fn(model(ids), labels))
+        held = host_allocated_bytes() - start
+        loss.backward()
+    return held, peak.bytes
+
+
+def test_fused_projections_copy_no_weights(monkeypatch):
+    """moe-tiny cut to two blocks (one dense, one MoE), fuse_qkv + fuse_ffn + fuse_swiglu, one training step of 512
+    tokens: the forward holds exactly the bytes of the concatenated weights fewer than the formulation that kept
+    them (q|k|v and gate|up of every block and shared expert, [E, h, 2f] of every MoE layer), and the step's
+    peak falls by at least that much (by exactly that much here: the peak comes before any block's backward)."""
+    cfg = to_config(compose_config(["model=moe-tiny", "model.num_layers=2", "model.vocab_size=512",
+                                    "model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"])).model
+    ids = paddle.to_tensor(np.random.default_rng(0).integers(0, 512, (2, 256)), dtype="int64")
+    held, peak = _moe_step_bytes(cfg, ids)
+    with monkeypatch.context() as m:
+        _concatenating(m)
+        old_held, old_peak = _moe_step_bytes(cfg, ids)
+    h, d = cfg.hidden_size, cfg.attn_head_dim()
+    qkv = h * (cfg.num_heads + 2 * cfg.kv_heads()) * d  # [h, q + 2 kv] per block
+    moe = [cfg.is_moe_layer(i) for i in range(cfg.num_layers)]
+    dense_ffn = sum(not m for m in moe) * h * 2 * cfg.ffn_hidden_size  # [h, 2 f]
+    shared = sum(moe) * h * 2 * cfg.moe_num_shared_experts * cfg.expert_ffn_size()  # the shared experts' gate|up
+    routed = sum(moe) * cfg.moe_num_experts * h * 2 * cfg.expert_ffn_size()  # [E, h, 2 f] per MoE layer
+    copies = 4 * (cfg.num_layers * qkv + dense_ffn + shared + routed)  # fp32 bytes
+    assert old_held - held == copies, (old_held, held, copies)
+    assert old_peak - peak >= copies, (old_peak, peak, copies)

@@ -91,7 +91,7 @@ def test_deepseek_preset_is_what_the_published_config_imports_as(preset):
 def test_group_limited_routing_keeps_the_best_groups_only():
     from hf_deepseek import route as reference_route
 
-    from llmtrain.models.moe import GroupLimit, limit_to_groups, route
+    from llmtrain.models.router import GroupLimit, limit_to_groups, route
 
     rng = np.random.default_rng(0)
     logits, bias = rng.standard_normal([40, 8]), 0.4 * rng.standard_normal(8)
@@ -113,7 +113,7 @@ def test_group_limited_routing_keeps_the_best_groups_only():
 
 def test_mla_and_group_problems_name_the_fields():
     from llmtrain.models.mla import mla_problems
-    from llmtrain.models.moe import group_problems
+    from llmtrain.models.router import group_problems
 
     assert not mla_problems(tiny_mla()) and not group_problems(tiny_mla())
     assert any("mla_qk_rope_head_dim=5" in p for p in mla_problems(tiny_mla(mla_qk_rope_head_dim=5)))

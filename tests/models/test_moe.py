@@ -14,8 +14,9 @@ from llmtrain.models import build_model
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters
-from llmtrain.models.moe import (MoEFeedForward, attach_balancing_losses, aux_loss, capacity, moe_layers, route,
-                                 update_bias, z_loss)
+from llmtrain.models.dispatch import capacity
+from llmtrain.models.moe import MoEFeedForward, attach_balancing_losses, aux_loss, moe_layers, update_bias, z_loss
+from llmtrain.models.router import route
 from llmtrain.models.roles import Roles
 from llmtrain.models.size import flops_parameters, parameter_count
 from llmtrain.contracts.steps import mean_loss
