@@ -16,6 +16,7 @@ from typing import Optional, Protocol
 
 from llmtrain.errors import ConfigError
 from llmtrain.parallel.config import ParallelConfig
+from llmtrain.parallel.pp_split import split_fit_problems, split_problems
 
 __all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout", "model_fit_problems",
            "check_model_fits"]
@@ -45,6 +46,10 @@ class Layout:
     sharding_stage: int = 1
     pp_schedule: str = "1f1b"
     virtual_pp: int = 1
+    pp_layers: tuple = ()
+    """Transformer blocks per pipeline chunk in model order (length pp x virtual_pp; chunk i runs on stage i % pp);
+    `()` when pp == 1. `parallel.pp_layers`, or the cost-balanced default filled in by
+    `llmtrain.plan.stage_cost.with_pipeline_split` (`llmtrain.parallel.pp_split`)."""
     zero3_segment_size: int = 1048576
     zero2_buffer_size: int = 8388608
     ep: int = 1
@@ -167,6 +172,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
             problems.append(f"parallel.pp_schedule=interleaved with parallel.virtual_pp={p.virtual_pp}: needs virtual_pp >= 2")
     elif p.virtual_pp != 1:
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
+    problems += split_problems(p.pp, p.virtual_pp, p.pp_layers)
     if p.ep_dispatcher not in ("auto", "allgather", "alltoall"):
         problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'auto', 'allgather' or 'alltoall'")
     if p.ep > 1 and p.sharding > 1:
@@ -194,7 +200,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
     g, m, a = batch
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
-        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
+        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, pp_layers=tuple(p.pp_layers or ()), order=tuple(p.order),
+        name=p.name,
         zero3_segment_size=p.zero3_segment_size, zero2_buffer_size=p.zero2_buffer_size,
         ep=p.ep, ep_dispatcher=p.ep_dispatcher, cp=p.cp, cp_comm=p.cp_comm,
         global_batch=g, micro_batch=m, grad_accum=a,
@@ -225,10 +232,10 @@ def check_model_fits(layout: Layout, model) -> None:
 
 
 def model_fit_problems(degrees, model) -> list[str]:
-    """Model widths divisible by tp, layers splittable into pp x virtual stages.
+    """Model widths divisible by tp, at least one block per pipeline chunk, an explicit split holding every block.
 
-    `degrees`: anything with `tp`, `pp` and `virtual_pp` (a `Layout`, a `ParallelConfig`, or None for one device),
-    so the check runs even when the layout itself has problems."""
+    `degrees`: anything with `tp`, `pp`, `virtual_pp` and `pp_layers` (a `Layout`, a `ParallelConfig`, or None for
+    one device), so the check runs even when the layout itself has problems."""
     problems: list[str] = []
     tp, pp, vpp = (degrees.tp, degrees.pp, degrees.virtual_pp) if degrees is not None else (1, 1, 1)
     ep = getattr(degrees, "ep", 1) if degrees is not None else 1
@@ -275,10 +282,5 @@ def model_fit_problems(degrees, model) -> list[str]:
     for fname, val in checks:
         if val is not None and tp >= 1 and val % tp:
             problems.append(f"{fname}={val} is not divisible by parallel.tp={tp}")
-    stages = pp * vpp
-    if stages >= 1 and model.num_layers % stages:
-        problems.append(
-            f"model.num_layers={model.num_layers} cannot be split evenly into parallel.pp={pp} x "
-            f"parallel.virtual_pp={vpp} = {stages} pipeline stages"
-        )
+    problems += split_fit_problems(pp, vpp, degrees.pp_layers if degrees is not None else None, model.num_layers)
     return problems
