@@ -201,10 +201,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
         problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'auto', 'allgather' or 'alltoall'")
     problems += _expert_problems(p)
     batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
-    if batch is not None and p.pp_schedule == "interleaved" and batch[2] % p.pp:
-        problems.append(
-            f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
-        )
+    if batch is not None and p.pp_schedule == "interleaved":
+        problems += _interleaved_accum_problems(batch[2], p.pp)
     if p.zero2_buffer_size < 1:
         problems.append(f"parallel.zero2_buffer_size={p.zero2_buffer_size}: must be >= 1 (elements)")
     from llmtrain.parallel.overlap import overlap_problems
@@ -246,6 +244,17 @@ def _expert_problems(p: ParallelConfig) -> list[str]:
                         "optimizer states are kept out of the sharded partition only when the ep group is the "
                         f"sharding group, for now; use parallel.ep={p.sharding}")
     return problems
+
+
+def _interleaved_accum_problems(accum: int, pp: int) -> list[str]:
+    """fleet's interleaved schedules (Paddle 3.3.1, fleet/model.py): with at least 2 x pp micro-batches the
+    interleaved 1F1B, any count; with pp to 2 x pp - 1 its forward-then-backward variant, a multiple of pp only;
+    fewer than pp, none."""
+    if accum >= 2 * pp or (accum >= pp and accum % pp == 0):
+        return []
+    return [f"train.grad_accum={accum} with parallel.pp={pp} (interleaved): fleet's interleaved schedule needs "
+            f"{2 * pp} or more micro-batches, or a multiple of pp from {pp} (its forward-then-backward variant); "
+            f"use train.grad_accum={pp} or >= {2 * pp}"]
 
 
 def _cp_problems(p: ParallelConfig) -> list[str]:

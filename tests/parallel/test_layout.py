@@ -60,8 +60,11 @@ def test_unsupported_combinations_give_reasons():
     assert "sharding_stage=3 with parallel.pp=2" in str(e.value)
     with pytest.raises(ConfigError, match="needs pp > 2"):
         resolve_layout(ParallelConfig(pp=2, pp_schedule="interleaved", virtual_pp=2), T(global_batch_size=8), 2)
-    with pytest.raises(ConfigError, match="multiple of pp"):
+    with pytest.raises(ConfigError, match="a multiple of pp from 4"):
         resolve_layout(ParallelConfig(pp=4, pp_schedule="interleaved", virtual_pp=2), T(global_batch_size=6, micro_batch_size=1), 4)
+    # 2 x pp micro-batches or more: fleet's interleaved 1F1B takes any count (8 over pp3)
+    lay = resolve_layout(ParallelConfig(pp=3, pp_schedule="interleaved", virtual_pp=2), T(global_batch_size=8, micro_batch_size=1), 3)
+    assert (lay.grad_accum, lay.virtual_pp) == (8, 2)
 
 
 def test_several_problems_in_one_message():
