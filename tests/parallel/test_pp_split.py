@@ -129,6 +129,21 @@ def test_fleet_cuts_the_marked_stage_list_at_the_chunk_ends(split, pp, tiny_llam
     assert chunks[0][0] == "embed" and chunks[-1][-1] == "lm_head"
 
 
+def test_resolve_fills_the_default_split_from_the_planners_costs(tiny_corpus, tmp_path):
+    """A pipeline run without parallel.pp_layers gets the split balanced by `layer_costs` on the CPU profile (this
+    run's micro-batch and sequence), and a run that gives one keeps it."""
+    from llmtrain.resolve import resolve
+
+    base = [f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.prefixes=[{tiny_corpus['prefix']}]",
+            "model=llama-tiny", "model.num_layers=5", "+parallel=pp2", "train.global_batch_size=8",
+            "train.micro_batch_size=2", "data.seq_len=32"]
+    run = resolve(to_config(compose(base + [f"run.dir={tmp_path / 'a'}"])), world_size=2)
+    costs = layer_costs(run.cfg.model, split_profile(False, "a100-80g"), micro_batch=2, seq_len=32)
+    assert run.layout.pp_layers == balanced_split(costs, 2) and sum(run.layout.pp_layers) == 5
+    given = resolve(to_config(compose(base + [f"run.dir={tmp_path / 'b'}", "parallel.pp_layers=[1,4]"])), world_size=2)
+    assert given.layout.pp_layers == (1, 4)
+
+
 def test_the_default_split_weighs_dense_moe_blocks_and_the_head():
     """DeepSeek-V3 (3 dense blocks, then 58 MoE) on 8 stages priced on h800: the first stage takes more blocks (its
     dense ones are cheaper), and the split is at least as good as one by count alone in its costliest stage and better
