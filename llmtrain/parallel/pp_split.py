@@ -11,6 +11,7 @@ under their canonical names), so a run may resume under another split or under n
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Optional, Sequence
 
 REL_TOL = 1e-9
@@ -63,6 +64,12 @@ def count_split(num_layers: int, chunks: int) -> tuple[int, ...]:
 
 
 def balanced_split(costs: Sequence[float], chunks: int) -> tuple[int, ...]:
+    """`_balanced_split` of the costs as a tuple (remembered: the planner asks again for every layout it ranks)."""
+    return _balanced_split(tuple(costs), chunks)
+
+
+@lru_cache(maxsize=256)
+def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
     """Blocks per chunk minimising the costliest chunk, then the sum of squared chunk costs (a tie between equal
     bottlenecks goes to the evener split); every chunk holds at least one block.
 
