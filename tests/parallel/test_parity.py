@@ -11,7 +11,7 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1.
+under dp2pp2 with ep2 split 3 + 1. pp4v2 and the pp3 pair are drawn, one of them per suite run (`DRAWN`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -49,7 +49,7 @@ import os
 
 import pytest
 
-from llmtest import tiny_overrides
+from llmtest import drawn_or_skip, tiny_overrides
 from launch import metrics, run_many
 from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
@@ -80,6 +80,11 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
+DRAWN = [("pp4v2",), ("pp3", "pp3v2")]
+"""Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
+(`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
+both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
+8 micro-batches) with uneven chunks."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
           ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
 """Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
@@ -267,6 +272,8 @@ def launched(reference, tiny_corpus, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,nproc", LAYOUTS, ids=[name for name, _ in LAYOUTS])
 def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, launched):
+    if any(layout in group for group in DRAWN):
+        drawn_or_skip(layout, DRAWN)
     runs_dir = launched(layout, nproc)
     names, segment, _ = layout_runs(layout, runs_dir, reference, tiny_corpus)
     if layout == "tp2":
