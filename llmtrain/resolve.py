@@ -126,11 +126,13 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
 def _pipeline_split(layout: Layout, cfg: Config) -> Layout:
     """The layout with its blocks per pipeline chunk: `parallel.pp_layers`, or balanced by the planner's cost of each
     piece on this run's device (`llmtrain.plan.stage_cost`)."""
+    from llmtrain.plan.estimate import moe_plan
     from llmtrain.plan.stage_cost import split_profile, with_pipeline_split
 
-    return with_pipeline_split(layout, cfg.model, split_profile(on_gpu(), cfg.plan.device), seq_len=cfg.data.seq_len,
+    dev = split_profile(on_gpu(), cfg.plan.device)
+    return with_pipeline_split(layout, cfg.model, dev, seq_len=cfg.data.seq_len,
                                recompute="full" if cfg.train.recompute else "none",
-                               devices_per_node=cfg.plan.devices_per_node)
+                               moe=moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance))
 
 
 def _resolve_lora(cfg: Config, problems: list[str]):

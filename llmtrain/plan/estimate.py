@@ -395,14 +395,14 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     from llmtrain.plan.stage_cost import with_pipeline_split
 
     mode = recompute_mode(recompute)
-    layout = with_pipeline_split(layout, cfg, dev, seq_len=seq_len, recompute=mode, devices_per_node=devices_per_node)
+    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
+    layout = with_pipeline_split(layout, cfg, dev, seq_len=seq_len, recompute=mode, moe=moe)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     n_flops = flops_parameters(cfg)
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
-    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
     comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks

@@ -13,7 +13,7 @@ import dataclasses
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.plan.devices import get_device
-from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, recompute_mode, time_estimate
+from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, moe_plan, recompute_mode, time_estimate
 from llmtrain.plan.overrides import launch_overrides
 from llmtrain.plan.stage_cost import with_pipeline_split
 
@@ -116,7 +116,8 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
                 continue
             for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
                 split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len, recompute=recompute,
-                                            devices_per_node=cfg.plan.devices_per_node)
+                                            moe=moe_plan(layout, dev, cfg.plan.devices_per_node,
+                                                         cfg.plan.moe_imbalance))
                 rows.append(evaluate(cfg, model_cfg, split, recompute, dev))
     rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
     return rows

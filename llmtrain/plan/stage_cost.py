@@ -61,16 +61,13 @@ def layer_costs(model_cfg, dev: Profile, *, micro_batch: int, seq_len: int, tp: 
     return costs
 
 
-def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recompute: str = "none",
-                        devices_per_node: int = 8):
+def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recompute: str = "none", moe=None):
     """`layout` with `pp_layers` filled: unchanged when pp == 1 or the split was given (`parallel.pp_layers`),
-    otherwise balanced by `layer_costs` on `dev` (each chunk at least one block; the caller has checked
-    `model.num_layers` >= pp x virtual_pp, `llmtrain.parallel.layout.model_fit_problems`)."""
+    otherwise balanced by `layer_costs` on `dev` (`moe`: the layout's `llmtrain.plan.estimate.moe_plan`; each chunk
+    at least one block; the caller has checked `model.num_layers` >= pp x virtual_pp,
+    `llmtrain.parallel.layout.model_fit_problems`)."""
     if layout.pp <= 1 or layout.pp_layers:
         return layout
-    from llmtrain.plan.estimate import moe_plan
-
     costs = layer_costs(model_cfg, dev, micro_batch=layout.micro_batch, seq_len=seq_len, tp=layout.tp,
-                        sequence_parallel=layout.sequence_parallel, cp=layout.cp, recompute=recompute,
-                        moe=moe_plan(layout, dev, devices_per_node) if model_cfg.moe_num_experts > 0 else None)
+                        sequence_parallel=layout.sequence_parallel, cp=layout.cp, recompute=recompute, moe=moe)
     return dataclasses.replace(layout, pp_layers=balanced_split(costs, layout.pp * layout.virtual_pp))
