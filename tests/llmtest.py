@@ -34,7 +34,8 @@ def drawn_or_skip(member: str, groups: list[tuple]) -> None:
     import pytest
 
     seed, chosen = draw(groups)
-    replay = f"{SAMPLE_SEED}={seed} replays this draw, {SAMPLE_SEED}=all runs every one of {groups}"
+    replay = f"{SAMPLE_SEED}={'all' if seed is None else seed} replays this draw, {SAMPLE_SEED}=all runs every one " \
+        f"of {groups}"
     if member not in chosen:
         pytest.skip(f"{member}: not drawn this run (seed {seed}; {replay})")
     print(f"{member}: drawn (seed {seed}; {replay})")
