@@ -11,7 +11,7 @@ cannot continue is refused before any process group starts).
 Derived here and nowhere else: the model's vocabulary (the tokenizer's padded size
 when `model.vocab_size` is null), the architecture of a checkpoint given by
 `model.init_from` (it replaces the preset's: it is the truth for its weights), the
-batch arithmetic and the parallel layout, and the model FLOPs per token. Value
+batch arithmetic and the parallel layout (with its pipeline split), and the model FLOPs per token. Value
 checks, layout rules, tokenizer and checkpoint problems and model-fits-layout
 problems are all collected before one `ConfigError` is raised, so a user fixes
 everything in one round. Nothing downstream mutates the configuration: the
@@ -78,7 +78,10 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     resolved = dataclasses.replace(cfg, model=model)
     resolved, initial_adapters = _resolve_lora(resolved, problems)
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
-    problems = config_problems(resolved) + layout_issues + problems + model_fit_problems(cfg.parallel, model)
+    fit = model_fit_problems(cfg.parallel, model)
+    problems = config_problems(resolved) + layout_issues + problems + fit
+    if layout is not None and layout.pp > 1 and not fit:
+        layout = _pipeline_split(layout, resolved)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     problems += fusion_problems(model, on_gpu())
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
@@ -118,6 +121,18 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
         initial_state=initial_state, world_size=world_size,
         flops_per_token=_flops_per_token(resolved), initial_adapters=initial_adapters, run_dir=run_dir,
     )
+
+
+def _pipeline_split(layout: Layout, cfg: Config) -> Layout:
+    """The layout with its blocks per pipeline chunk: `parallel.pp_layers`, or balanced by the planner's cost of each
+    piece on this run's device (`llmtrain.plan.stage_cost`)."""
+    from llmtrain.plan.estimate import moe_plan
+    from llmtrain.plan.stage_cost import split_profile, with_pipeline_split
+
+    dev = split_profile(on_gpu(), cfg.plan.device)
+    return with_pipeline_split(layout, cfg.model, dev, seq_len=cfg.data.seq_len,
+                               recompute="full" if cfg.train.recompute else "none",
+                               moe=moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance))
 
 
 def _resolve_lora(cfg: Config, problems: list[str]):

@@ -1,12 +1,44 @@
 """Helpers shared by the tests (a module with a unique name: several conftest.py files exist).
 
     from llmtest import REPO, compose, tiny_overrides
+    seed, chosen = draw([("pp4v2",), ("pp3", "pp3v2")])   # this suite run's sample of launches
 """
 from __future__ import annotations
 
 import os
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+SAMPLE_SEED = "LLMTRAIN_SAMPLE_SEED"
+"""Environment variable of the seed that draws a suite run's sample of compositions (`draw`): an integer replays a
+draw, `all` runs every composition."""
+
+
+def draw(groups: list[tuple], k: int = 1):
+    """(seed, the members of the `k` groups drawn): the seed is $LLMTRAIN_SAMPLE_SEED, else today's date as YYYYMMDD
+    (UTC; the same on every xdist worker of a run, another draw tomorrow); `all` (seed None) chooses every group."""
+    import datetime
+    import random
+
+    given = os.environ.get(SAMPLE_SEED, "")
+    if given == "all":
+        return None, {m for g in groups for m in g}
+    seed = int(given) if given else int(datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d"))
+    return seed, {m for g in random.Random(seed).sample(list(groups), k) for m in g}
+
+
+def drawn_or_skip(member: str, groups: list[tuple]) -> None:
+    """Skip `member` (of one of `groups`) when this run's `draw` did not choose its group, saying how to replay the draw
+    and how to run them all; print the seed when it runs."""
+    import pytest
+
+    seed, chosen = draw(groups)
+    replay = f"{SAMPLE_SEED}={'all' if seed is None else seed} replays this draw, {SAMPLE_SEED}=all runs every one " \
+        f"of {groups}"
+    if member not in chosen:
+        pytest.skip(f"{member}: not drawn this run (seed {seed}; {replay})")
+    print(f"{member}: drawn (seed {seed}; {replay})")
 
 
 def compose(overrides=()):

@@ -178,7 +178,8 @@ class CheckpointWriter:
         for component in self.state.components:  # the schedule, the loss scaler, the data position, skip windows
             manifest.update(component.state_dict())
         return manifest | {
-            "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
+            "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")}
+            | {"pp_layers": list(self.layout.pp_layers)},  # the split it was saved under (tensors are whole)
             "world": self.topo.world,
             "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
             "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),

@@ -9,6 +9,7 @@ after the file is chosen (`+parallel=tp2 parallel.pp=2`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass
@@ -45,6 +46,15 @@ class ParallelConfig:
 
     virtual_pp: int = 1
     """Model chunks per pipeline rank for the interleaved schedule (1 = plain 1F1B)."""
+
+    pp_layers: Optional[list] = None
+    """Transformer blocks per pipeline chunk, in model order: `[3,2]` puts blocks 0-2 on stage 0 and 3-4 on stage 1.
+    One entry per chunk (pp x virtual_pp of them; chunk i runs on stage i % pp, as fleet's interleaved schedule
+    assigns chunks), each >= 1, summing to model.num_layers; the embedding joins the first chunk, the final norm,
+    head and loss the last (PaddleFormers' explicit segments, Megatron's `--decoder-first/last-pipeline-num-layers`
+    generalised). null: balanced by the planner's per-layer cost, embedding and head counted
+    (`llmtrain.plan.stage_cost`), so the last stage usually holds fewer blocks. Checkpoints are layout-free: a run
+    resumes under another split. docs/layouts.md#uneven-pipeline-stages."""
 
     ep: int = 1
     """Expert-parallel degree (Mixture-of-Experts models): any divisor of the data-parallel ranks dp x sharding (adds
@@ -138,10 +148,11 @@ class ParallelConfig:
 
 def layout_tag(parallel) -> str:
     """The layout's real degrees as a name: `dp2`, `tp2pp2`, `dp2tp2pp2`, `sharding2` (ZeRO-1), `sharding2s3`
-    (stage 2/3), `pp4v2` (virtual stages), `dp2ep2`, `tp2sp` (sequence parallel), `dp2cp2` / `tp2cp2sp` (context
-    parallel; the exchange `cp_comm` is not in the name: a run may resume under another), `single` for one device,
-    `auto` for the planner's choice. `parallel`: a ParallelConfig, its DictConfig node, or None. The default run name
-    (`run.name`) ends in it, so `+parallel=tp2 parallel.pp=2` never writes into a tp2 run's directory."""
+    (stage 2/3), `pp4v2` (virtual stages), `pp2L3-2` (an explicit split, parallel.pp_layers=[3,2]), `dp2ep2`, `tp2sp`
+    (sequence parallel), `dp2cp2` / `tp2cp2sp` (context parallel; the exchange `cp_comm` is not in the name: a run
+    may resume under another), `single` for one device, `auto` for the planner's choice. `parallel`: a
+    ParallelConfig, its DictConfig node, or None. The default run name (`run.name`) ends in it, so `+parallel=tp2
+    parallel.pp=2` never writes into a tp2 run's directory, nor a run split [3,2] into one split [2,3]."""
     if parallel is None:
         return "single"
 
@@ -157,6 +168,10 @@ def layout_tag(parallel) -> str:
         tag += f"sharding{sharding}" + (f"s{stage}" if stage != 1 else "")
     if get("virtual_pp", 1) > 1:
         tag += f"v{get('virtual_pp', 1)}"
+    if get("pp_layers", None) and get("pp", 1) > 1:
+        from llmtrain.parallel.pp_split import split_tag
+
+        tag += split_tag(list(get("pp_layers", None)))
     if get("ep", 1) > 1:
         tag += f"ep{get('ep', 1)}"
     if get("sequence_parallel", False):

@@ -18,6 +18,7 @@ from llmtrain.errors import ConfigError
 from llmtrain.parallel import groups
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.groups import AXES, StateSharding
+from llmtrain.parallel.pp_split import split_fit_problems, split_problems
 
 __all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout", "model_fit_problems",
            "check_model_fits"]
@@ -73,7 +74,8 @@ class Layout:
     """The key/value exchange under cp > 1: ring, allgather or a2a."""
     pp_layers: tuple = ()
     """Transformer blocks per pipeline chunk, in model order: pp x virtual_pp entries, chunk i on stage i % pp (as
-    Paddle's interleaved PipelineLayer assigns chunks); () when pp == 1."""
+    Paddle's interleaved PipelineLayer assigns chunks); () when pp == 1. `parallel.pp_layers`, or the cost-balanced
+    default filled in by `llmtrain.plan.stage_cost.with_pipeline_split` (`llmtrain.parallel.pp_split`)."""
 
     @property
     def world(self) -> int:
@@ -194,14 +196,13 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
             problems.append(f"parallel.pp_schedule=interleaved with parallel.virtual_pp={p.virtual_pp}: needs virtual_pp >= 2")
     elif p.virtual_pp != 1:
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
+    problems += split_problems(p.pp, p.virtual_pp, p.pp_layers)
     if p.ep_dispatcher not in ("auto", "allgather", "alltoall"):
         problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'auto', 'allgather' or 'alltoall'")
     problems += _expert_problems(p)
     batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
-    if batch is not None and p.pp_schedule == "interleaved" and batch[2] % p.pp:
-        problems.append(
-            f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (interleaved): the number of micro-batches must be a multiple of pp"
-        )
+    if batch is not None and p.pp_schedule == "interleaved":
+        problems += _interleaved_accum_problems(batch[2], p.pp)
     if p.zero2_buffer_size < 1:
         problems.append(f"parallel.zero2_buffer_size={p.zero2_buffer_size}: must be >= 1 (elements)")
     from llmtrain.parallel.overlap import overlap_problems
@@ -212,7 +213,8 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
     g, m, a = batch
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
-        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, order=tuple(p.order), name=p.name,
+        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, pp_layers=tuple(p.pp_layers or ()), order=tuple(p.order),
+        name=p.name,
         zero3_segment_size=p.zero3_segment_size, zero2_buffer_size=p.zero2_buffer_size,
         ep=p.ep, ep_dispatcher=p.ep_dispatcher, cp=p.cp, cp_comm=p.cp_comm,
         global_batch=g, micro_batch=m, grad_accum=a,
@@ -233,6 +235,17 @@ def _expert_problems(p: ParallelConfig) -> list[str]:
                 f"{p.sharding} = {data}: the routed experts are spread over ep of the data-parallel ranks of each "
                 f"(pp, cp, tp) coordinate; {hint}"]
     return []
+
+
+def _interleaved_accum_problems(accum: int, pp: int) -> list[str]:
+    """fleet's interleaved schedules (Paddle 3.3.1, fleet/model.py): with at least 2 x pp micro-batches the
+    interleaved 1F1B, any count; with pp to 2 x pp - 1 its forward-then-backward variant, a multiple of pp only;
+    fewer than pp, none."""
+    if accum >= 2 * pp or (accum >= pp and accum % pp == 0):
+        return []
+    return [f"train.grad_accum={accum} with parallel.pp={pp} (interleaved): fleet's interleaved schedule needs "
+            f"{2 * pp} or more micro-batches, or a multiple of pp from {pp} (its forward-then-backward variant); "
+            f"use train.grad_accum={pp} or >= {2 * pp}"]
 
 
 def _cp_problems(p: ParallelConfig) -> list[str]:
@@ -261,10 +274,10 @@ def check_model_fits(layout: Layout, model) -> None:
 
 
 def model_fit_problems(degrees, model) -> list[str]:
-    """Model widths divisible by tp, layers splittable into pp x virtual stages.
+    """Model widths divisible by tp, at least one block per pipeline chunk, an explicit split holding every block.
 
-    `degrees`: anything with `tp`, `pp` and `virtual_pp` (a `Layout`, a `ParallelConfig`, or None for one device),
-    so the check runs even when the layout itself has problems."""
+    `degrees`: anything with `tp`, `pp`, `virtual_pp` and `pp_layers` (a `Layout`, a `ParallelConfig`, or None for
+    one device), so the check runs even when the layout itself has problems."""
     problems: list[str] = []
     tp, pp, vpp = (degrees.tp, degrees.pp, degrees.virtual_pp) if degrees is not None else (1, 1, 1)
     ep = getattr(degrees, "ep", 1) if degrees is not None else 1
@@ -316,10 +329,5 @@ def model_fit_problems(degrees, model) -> list[str]:
     for fname, val in checks:
         if val is not None and tp >= 1 and val % tp:
             problems.append(f"{fname}={val} is not divisible by parallel.tp={tp}")
-    stages = pp * vpp
-    if stages >= 1 and model.num_layers % stages:
-        problems.append(
-            f"model.num_layers={model.num_layers} cannot be split evenly into parallel.pp={pp} x "
-            f"parallel.virtual_pp={vpp} = {stages} pipeline stages"
-        )
+    problems += split_fit_problems(pp, vpp, degrees.pp_layers if degrees is not None else None, model.num_layers)
     return problems

@@ -13,10 +13,19 @@ becomes a `SharedLayerDesc`: its first appearance builds the model's layer (the
 embedding), a later appearance (the output projection) builds a `TiedHead`,
 which holds only the word table. So the last pipeline stage does not carry a
 second copy of the position or token-type tables, and every parameter keeps
-one canonical name. Blocks are divided evenly (`seg_method="layer:Block"`),
-the embedding joins the first stage and the final norm + head the last. The
+one canonical name. The blocks are cut into chunks of `layout.pp_layers` blocks
+(`llmtrain.parallel.pp_split`: given or balanced by cost; chunk i on stage i % pp),
+the embedding joins the first chunk and the final norm + head the last. The
 pipeline's micro-batches are the gradient-accumulation micro-batches
 (`pipeline_configs.accumulate_steps` = train grad_accum).
+
+How fleet is told the split: its `SegmentLayers` accepts explicit boundaries only
+for 1F1B, and for the interleaved schedule only `seg_method="layer:<regex>"`,
+which divides the layers whose class name matches the regex equally among the
+chunks and cuts right after each chunk's share. So the last block of every chunk
+is built from a subclass named `PipelineChunkEnd<Block>` (same attributes, same
+canonical names) and the regex matches those alone: one marked layer per chunk,
+cut after it, for both schedules.
 """
 from __future__ import annotations
 
@@ -33,6 +42,8 @@ from llmtrain.models.stages import Stage
 from llmtrain.paddle_compat.fleet import mark_secondary_shared_copies
 from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.moe_pipeline import attach_pipeline_moe
+from llmtrain.parallel.pp_split import chunk_starts, describe_split
+from llmtrain.utils.log import log0
 
 
 class TiedHead(nn.Layer):
@@ -89,13 +100,34 @@ def _carrying(layer_cls):
     return type(f"Carrying{layer_cls.__name__}", (layer_cls,), {"forward": forward, "__doc__": layer_cls.__doc__})
 
 
-def stage_descs(stages: list[Stage], roles, carry: bool = False) -> list:
+CHUNK_END = "PipelineChunkEnd"
+"""Class-name prefix of the last block of every pipeline chunk; `seg_method` cuts after each (see the module)."""
+_CHUNK_END_CLASSES: dict = {}
+
+
+def _chunk_end(layer_cls):
+    """`layer_cls` under the name `PipelineChunkEnd<name>`: the same layer, matched by `seg_method`."""
+    if layer_cls not in _CHUNK_END_CLASSES:
+        _CHUNK_END_CLASSES[layer_cls] = type(f"{CHUNK_END}{layer_cls.__name__}", (layer_cls,),
+                                             {"__doc__": layer_cls.__doc__})
+    return _CHUNK_END_CLASSES[layer_cls]
+
+
+def mark_chunk_ends(stages: list[Stage], pp_layers) -> list[Stage]:
+    """`stages` with the last block of every chunk of `pp_layers` blocks built as `_chunk_end` of its class."""
+    ends = {f"layers.{start + n - 1}" for start, n in zip(chunk_starts(pp_layers), pp_layers)}
+    return [st._replace(layer_cls=_chunk_end(st.layer_cls)) if st.prefix in ends else st for st in stages]
+
+
+def stage_descs(stages: list[Stage], roles, carry: bool = False, pp_layers=()) -> list:
     """fleet's `LayerDesc` / `SharedLayerDesc` for the model's ordered stage list (`carry`: stages pass positions and
-    document ids along, `_carrying`)."""
+    document ids along, `_carrying`; `pp_layers`: the last block of each chunk marked, `mark_chunk_ends`)."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
 
     if carry:
         stages = [st._replace(layer_cls=_carrying(st.layer_cls)) for st in stages]
+    if pp_layers:
+        stages = mark_chunk_ends(stages, pp_layers)
     descs, seen = [], set()
     for st in stages:
         if st.shared_key is None:
@@ -150,7 +182,11 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
     (input_ids, position_ids[, segment_ids]) and every stage passes them on (`_carrying`)."""
     from paddle.distributed.fleet.meta_parallel import PipelineLayer
 
-    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry)
+    if len(layout.pp_layers) != layout.pp * layout.virtual_pp or sum(layout.pp_layers) != model_cfg.num_layers:
+        raise ValueError(f"layout.pp_layers={list(layout.pp_layers)} is not a split of model.num_layers="
+                         f"{model_cfg.num_layers} blocks into parallel.pp={layout.pp} x parallel.virtual_pp="
+                         f"{layout.virtual_pp} chunks (resolve the layout with llmtrain.resolve)")
+    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry, layout.pp_layers)
     extra = {}
     if layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
@@ -160,9 +196,10 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         num_stages=layout.pp,
         topology=topo.hcg.topology(),
         loss_fn=loss,
-        seg_method="layer:Block",
+        seg_method=f"layer:^{CHUNK_END}",
         **extra,
     )
+    log0(f"pipeline split {list(layout.pp_layers)} (blocks per chunk): {describe_split(layout.pp_layers, layout.pp)}")
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
     hooks = [TokenSums(loss)]
     hooks += attach_pipeline_moe(pipe, model_cfg, layout, topo)  # MoE: every stage's balancing losses, statistics

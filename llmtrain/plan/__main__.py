@@ -43,7 +43,13 @@ def plan(cfg) -> list[dict]:
         if cfg.plan.recompute is not None and cfg.plan.recompute not in RECOMPUTE:
             raise ConfigError([f"plan.recompute={cfg.plan.recompute!r}: expected one of {list(RECOMPUTE)} or null"])
         recompute = cfg.plan.recompute if cfg.plan.recompute is not None else cfg.train.recompute
-        return [evaluate(cfg, model, layout, recompute, get_device(cfg.plan.device, cfg.plan.profile))]
+        dev = get_device(cfg.plan.device, cfg.plan.profile)
+        from llmtrain.plan.estimate import moe_plan, recompute_mode
+        from llmtrain.plan.stage_cost import with_pipeline_split
+
+        layout = with_pipeline_split(layout, model, dev, seq_len=cfg.data.seq_len, recompute=recompute_mode(recompute),
+                                     moe=moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance))
+        return [evaluate(cfg, model, layout, recompute, dev)]
     return rank_layouts(cfg, model)
 
 

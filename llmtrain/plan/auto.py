@@ -66,7 +66,8 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
         knobs.update(cp=best["cp"], cp_comm=best["cp_comm"])
     parallel = ParallelConfig(name=best["name"], dp=best["dp"], tp=best["tp"], pp=best["pp"], sharding=best["sharding"],
                               sharding_stage=best["sharding_stage"], pp_schedule=best["pp_schedule"],
-                              virtual_pp=best["virtual_pp"], zero3_segment_size=cfg.parallel.zero3_segment_size,
+                              virtual_pp=best["virtual_pp"], pp_layers=best["pp_layers"] or None,
+                              zero3_segment_size=cfg.parallel.zero3_segment_size,
                               order=list(cfg.parallel.order), **knobs)
     train = dataclasses.replace(cfg.train, micro_batch_size=best["micro_batch"], grad_accum=None,
                                 recompute=best["recompute"])

@@ -54,6 +54,7 @@ from __future__ import annotations
 import math
 
 from llmtrain.models.size import flops_parameters
+from llmtrain.parallel.pp_split import stage_blocks
 from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
@@ -239,10 +240,10 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     the busiest sharding rank updates: ZeRO-1/2 own whole tensors, partitioned as fleet does (memory.py's
     `greedy_partition`; the owner with the most elements, whom the others wait for at the parameters' broadcast),
     ZeRO-3 each tensor's 1/sharding slice)."""
-    key = (repr(cfg), layout.pp, layout.virtual_pp, pp_rank)
+    key = (repr(cfg), layout.pp, tuple(layout.pp_layers), pp_rank)
     if key not in _STAGE_SPECS:
-        _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, pp_rank,
-                                                     cfg.tie_embeddings) if x.trainable and not x.frozen]
+        _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), layout, pp_rank, cfg.tie_embeddings)
+                             if x.trainable and not x.frozen]
     specs = _STAGE_SPECS[key]
     grads = [(int(prod_(local_shape(x, layout.tp))), _param_bytes(x, amp)) for x in specs]
     sh = layout.sharding
@@ -263,10 +264,10 @@ def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
     ep = getattr(layout, "ep", 1)
     best = (0, 0)
     for rank in range(layout.pp):
-        key = (repr(cfg), layout.pp, layout.virtual_pp, rank)
+        key = (repr(cfg), layout.pp, tuple(layout.pp_layers), rank)
         if key not in _STAGE_SPECS:
-            _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), cfg, layout.pp, layout.virtual_pp, rank,
-                                                         cfg.tie_embeddings) if x.trainable and not x.frozen]
+            _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), layout, rank, cfg.tie_embeddings)
+                                 if x.trainable and not x.frozen]
         specs = _STAGE_SPECS[key]
         other = sum(prod_(local_shape(x, layout.tp)) for x in specs if not x.expert)
         expert = sum(prod_(local_shape(x, layout.tp, ep)) for x in specs if x.expert)
@@ -308,11 +309,12 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
 
     def stage_compute(stage, ranks):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
-        n = cfg.num_layers / p
-        micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none", n,
-                               stage == 0, stage == p - 1, bool(getattr(layout, "sequence_parallel", False)),
+        blocks = stage_blocks(layout.pp_layers, p, stage) if p > 1 else list(range(cfg.num_layers))
+        micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none",
+                               len(blocks), stage == 0, stage == p - 1,
+                               bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
-                               first_layer=int(round(stage * n)), cp=cp, moe=moe)
+                               first_layer=blocks[0], cp=cp, moe=moe)
         return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
 
     stages = sorted({0, p - 1})
@@ -387,14 +389,19 @@ def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, 
 
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
                   amp: str = "bf16", moe_imbalance: float | None = None) -> dict:
+    """Step time of `layout` on `dev` and its parts; a pipeline layout without its split gets the default one, as a
+    run on `dev` resolves it (`llmtrain.plan.stage_cost.with_pipeline_split`)."""
+    from llmtrain.plan.stage_cost import with_pipeline_split
+
     mode = recompute_mode(recompute)
+    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
+    layout = with_pipeline_split(layout, cfg, dev, seq_len=seq_len, recompute=mode, moe=moe)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     n_flops = flops_parameters(cfg)
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
-    moe = moe_plan(layout, dev, devices_per_node, moe_imbalance)
     comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks

@@ -14,8 +14,8 @@ Two parts:
      names from `canonical_parameters`, split axes from the layers' own tags); tp splits the
      column/row/vocabulary tensors (Megatron's layout, fleet's
      `ColumnParallelLinear`/`RowParallelLinear`/`VocabParallelEmbedding`); pp gives stage s
-     the chunks s, s + pp, ... of pp x v equal chunks of blocks (fleet's `seg_method=
-     "layer:Block"`), the embedding to the first chunk, the final norm and head to the
+     the chunks s, s + pp, ... of `layout.pp_layers` blocks each (llmtrain/parallel/pp_split.py),
+     the embedding to the first chunk, the final norm and head to the
      last, and a second copy of a tied word table to the last stage;
    - ZeRO-1 (fleet `DygraphShardingOptimizer._partition_parameters`): the stage's parameters
      sorted by element count, largest first (stable), each given to the sharding rank with
@@ -48,6 +48,8 @@ from llmtrain.plan.params import ParamSpec  # noqa: F401 (re-exported: the plann
 from dataclasses import dataclass
 from math import prod
 
+from llmtrain.parallel.pp_split import stage_blocks
+
 TIED = "embed.word.weight"
 DEVICE_ALIGN_BYTES = {"cpu": 4096, "gpu": 256}  # Paddle's group_sharded_stage3 `alignment`
 ADAM_SLOTS = 2  # moment1, moment2 (fp32, the parameter's shape)
@@ -66,18 +68,21 @@ def param_specs(cfg, lora=None) -> list[ParamSpec]:
     return model_param_specs(cfg, lora)
 
 
-def stage_params(specs: list[ParamSpec], cfg, pp: int, vpp: int, pp_rank: int, tied: bool) -> list[ParamSpec]:
-    """The parameters pipeline stage `pp_rank` holds (all of them when pp = 1)."""
-    if pp == 1:
+def stage_params(specs: list[ParamSpec], layout, pp_rank: int, tied: bool) -> list[ParamSpec]:
+    """The parameters pipeline stage `pp_rank` of `layout` holds: its chunks' blocks (`layout.pp_layers`), the
+    embedding on the first stage, the final norm and head on the last (all of them when pp = 1)."""
+    if layout.pp == 1:
         return list(specs)
-    chunk = cfg.num_layers // (pp * vpp)
-    mine = {(pp_rank + k * pp) * chunk + j for k in range(vpp) for j in range(chunk)}
+    if not layout.pp_layers:
+        raise ValueError(f"layout.pp_layers is empty under parallel.pp={layout.pp}: fill the split first "
+                         "(llmtrain.plan.stage_cost.with_pipeline_split)")
+    mine = set(stage_blocks(layout.pp_layers, layout.pp, pp_rank))
     out = []
     for s in specs:
         if s.chunk == "first":
-            keep = pp_rank == 0 or (tied and s.name == TIED and pp_rank == pp - 1)
+            keep = pp_rank == 0 or (tied and s.name == TIED and pp_rank == layout.pp - 1)
         elif s.chunk == "last":
-            keep = pp_rank == pp - 1
+            keep = pp_rank == layout.pp - 1
         else:
             keep = s.chunk in mine
         if keep:
@@ -128,7 +133,7 @@ def _opt_elems(n: int, low_precision: bool, frozen: bool = False) -> int:
 def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
     """Predicted holdings of the sharding ranks 0..sharding-1 of pipeline stage `pp_rank` (every dp/tp rank alike)."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
-    held = stage_params(specs, cfg, layout.pp, layout.virtual_pp, pp_rank, cfg.tie_embeddings)
+    held = stage_params(specs, layout, pp_rank, cfg.tie_embeddings)
     ep = getattr(layout, "ep", 1)
     local = [(s, prod(local_shape(s, tp, ep)), _param_bytes(s, amp)) for s in held]
     if stage == 3:  # every sharding rank holds an equal slice of each sliced parameter

@@ -13,8 +13,9 @@ import dataclasses
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.plan.devices import get_device
-from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, recompute_mode, time_estimate
+from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, moe_plan, recompute_mode, time_estimate
 from llmtrain.plan.overrides import launch_overrides
+from llmtrain.plan.stage_cost import with_pipeline_split
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
 HAS_CP = "cp" in {f.name for f in dataclasses.fields(ParallelConfig)}
@@ -76,7 +77,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
                        cp, cp_comm)
     row = {"name": name, "dp": layout.dp, "cp": cp, "cp_comm": cp_comm, "tp": layout.tp, "pp": layout.pp,
-           "virtual_pp": layout.virtual_pp,
+           "virtual_pp": layout.virtual_pp, "pp_layers": list(layout.pp_layers),
            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
            "recompute_granularity": mode, "runnable": mode != "selective",
@@ -113,7 +114,10 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
             layout, problems = layout_problems(pc, train, cfg.plan.devices)
             if problems:
                 continue
-            for recompute in RECOMPUTE:
-                rows.append(evaluate(cfg, model_cfg, layout, recompute, dev))
+            for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
+                split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len, recompute=recompute,
+                                            moe=moe_plan(layout, dev, cfg.plan.devices_per_node,
+                                                         cfg.plan.moe_imbalance))
+                rows.append(evaluate(cfg, model_cfg, split, recompute, dev))
     rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
     return rows

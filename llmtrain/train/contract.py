@@ -67,7 +67,7 @@ _MODEL_SHAPE = """model.family model.vocab_size model.hidden_size model.num_laye
 RULES: list[tuple[str, str, str]] = [
     ("parallel", "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
     *_each("""parallel.name parallel.dp parallel.tp parallel.pp parallel.sharding parallel.sharding_stage
-        parallel.zero3_segment_size parallel.zero2_buffer_size parallel.pp_schedule parallel.virtual_pp parallel.ep
+        parallel.zero3_segment_size parallel.zero2_buffer_size parallel.pp_schedule parallel.virtual_pp parallel.pp_layers parallel.ep
         parallel.ep_dispatcher parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
         parallel.pp_enable_timer parallel.dp_comm_overlap parallel.pp_sharding_comm_overlap
         parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param

@@ -11,10 +11,11 @@ are gathered with `all_gather_object` (a few kB each, no file I/O before or insi
 collective), rank 0 writes `<run.dir>/memory.json` and logs one line:
 
     {"format": "llmtrain-memory-1", "step": <first step of the run>,
-     "layout": {dp, tp, pp, sharding, sharding_stage, virtual_pp, cp, ep},
+     "layout": {dp, tp, pp, sharding, sharding_stage, virtual_pp, cp, ep, pp_layers},
      "model_numel": <parameters of the whole model, a tied table once>,
      "ranks": [{"rank", "dp_rank", "tp_rank", "pp_rank", "sharding_rank", "cp_rank", "ep_rank",
                 "groups": {kind: [global ranks of this rank's group]} for dp, pp, sharding, cp, tp, data, ep, edp,
+                "blocks": [transformer block indices whose parameters it holds],
                 "params": {canonical name: {"shape", "numel", "bytes"[, "zero3"]}},
                 "param_numel", "param_bytes",
                 "optimizer_numel", "optimizer_bytes", "optimizer_params": {canonical name: numel},
@@ -156,6 +157,7 @@ def measure_rank(built, topo) -> dict:
         "rank": topo.rank, "dp_rank": topo.dp_rank, "tp_rank": topo.tp_rank, "pp_rank": topo.pp_rank,
         "sharding_rank": topo.sharding_rank, "cp_rank": topo.cp_rank, "ep_rank": topo.ep_rank,
         "groups": topo.members(),
+        "blocks": sorted({int(n.split(".")[1]) for n in params if n.startswith("layers.")}),
         "params": params,
         "param_numel": sum(p["numel"] for p in params.values()),
         "param_bytes": sum(p["bytes"] for p in params.values()),
@@ -200,7 +202,8 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
     report = {
         "format": FORMAT,
         "step": step,
-        "layout": {k: getattr(layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp", "ep")},
+        "layout": {**{k: getattr(layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp",
+                                                      "ep")}, "pp_layers": list(layout.pp_layers)},
         "model_numel": int(model_numel),
         "ranks": entries,
         "predicted": predicted,

@@ -27,6 +27,8 @@ from parallel.memory_checks import check_predicted  # tests/parallel (no package
 STEPS = 12
 TOL = 1e-5
 EXACT = ("tokens", "tokens_total", "consumed_samples")
+PP2_SPLITS = {"gpt": "[3,1]", "llama": "[1,3]"}
+"""Uneven pipeline stages of the 4-block models under pp2 (`parallel.pp_layers`)."""
 MOE = ["model.moe_bias_update_rate=0.01"]
 """moe-tiny (its aux-loss-free expert bias is part of the checkpoint) for the expert-parallel resumes."""
 
@@ -197,7 +199,9 @@ def _safe_metrics(run_dir):
 def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the
     uninterrupted records. The other direction in the same launches: tp2, pp2 and zero3 write step 9 as tp slices,
-    pipeline stages and ZeRO-3 slices, and one process continues each from there.
+    pipeline stages and ZeRO-3 slices, and one process continues each from there. Under pp2 the stages are uneven
+    (`PP2_SPLITS`: the GPT 3 + 1, the Llama 1 + 3), and in the same launch a second pp2 run continues the Llama's
+    step 9 split the other way, 3 + 1 (one uneven split to another).
     Mixture-of-Experts: ep2 (dp2 ranks sharing out the experts) writes step 6 and one process, tp2 and ZeRO-3 with
     ep2 continue (ep2 -> 1, ep2 -> tp2, ep2 -> zero3 ep2, which writes step 9 for one process); ep2 continues from
     one process's step 6 (1 -> ep2).
@@ -217,6 +221,7 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     worst = check_against(uninterrupted["moe"], recs, "single -> ep2 moe", keys=("loss", "grad_norm"))
     print(f"single -> ep2 moe: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
     split = ("tp2", "pp2", "zero3")  # these also write step 9, which one process then continues
+    resplit = tmp_path / "pp2" / "llama_resplit"
     # one launch per fleet topology: ZeRO-1/2/3 share sharding=2 (the stage is ours, not fleet's), so they share one
     for launch in (("tp2",), ("pp2",), ("sharding2", "zero2", "zero3"), (None,)):
         runs, checked = [], []
@@ -225,6 +230,7 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
             runs += [part(out / m, m, 9) + [f"checkpoint.resume={src / m / 'checkpoints' / 'step_6'}"] + ([f"+parallel={layout}"] if layout else [])
                      + (["parallel.zero3_segment_size=1024"] if layout == "zero3" else [])  # really slice the tiny params
                      + (["checkpoint.save_final=true"] if layout in split and m == "llama" else [])
+                     + ([f"parallel.pp_layers={PP2_SPLITS[m]}"] if layout == "pp2" else [])
                      for m in ("gpt", "llama")]
             checked += [(layout, out, m) for m in ("gpt", "llama")]
             if layout in (None, "tp2", "zero3"):  # ep2 -> one process, ep2 -> tp2 (experts whole on both tp ranks),
@@ -235,6 +241,9 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
                             + (["parallel.ep=2", "parallel.zero3_segment_size=1024", "checkpoint.save_final=true"]
                                if layout == "zero3" else []))
                 checked.append((layout, out, "moe"))
+            if layout == "pp2":  # the 1 + 3 stages' step 9 continued as 3 + 1
+                runs.append(part(resplit, "llama", STEPS) + ["+parallel=pp2", "parallel.pp_layers=[3,1]",
+                            f"checkpoint.resume={out / 'llama' / 'checkpoints' / 'step_9'}"])
             if layout is None:  # tp slices, pipeline stages and ZeRO-3 slices reassembled for one process
                 runs += [part(out / f"from_{s}", "llama", STEPS) + [f"checkpoint.resume={tmp_path / s / 'llama' / 'checkpoints' / 'step_9'}"] for s in split]
                 runs.append(part(out / "moe_from_zero3", "moe", STEPS) + MOE
@@ -254,6 +263,13 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     assert [r["step"] for r in recs] == list(range(10, STEPS + 1))
     worst = check_against(uninterrupted["moe"], recs, "zero3 ep2 -> single moe", keys=("loss", "grad_norm"))
     print(f"zero3 ep2 -> single moe: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
+    recs = _records(resplit)
+    assert [r["step"] for r in recs] == list(range(10, STEPS + 1))
+    worst = check_against(uninterrupted["llama"], recs, "pp2 1+3 -> 3+1", keys=("loss", "grad_norm"))
+    print(f"pp2 split 1+3 -> 3+1 llama: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
+    memory = json.loads((resplit / "memory.json").read_text())
+    assert [(e["pp_rank"], e["blocks"]) for e in memory["ranks"]] == [(0, [0, 1, 2]), (1, [3])]
+    check_predicted(memory, "pp2")
     for s in split:
         recs = _records(tmp_path / "single" / f"from_{s}")
         assert [r["step"] for r in recs] == list(range(10, STEPS + 1)), s

@@ -37,10 +37,10 @@ def expected_pairs(comm: str, seq_len: int, cp: int, heads: int, rows: int) -> i
 def check_context(report: dict, cp: int, seq_len: int, comm: str, heads: int, calls: int,
                   reset_positions: bool = False) -> list[int]:
     """Every rank's "context" entry against the layout (see the module docstring); `heads` the query heads on a tp
-    rank, `calls` the attention calls x rows of the first step on one rank (layers x micro-batches x micro-batch
-    size). Returns the score elements of each rank."""
+    rank, `calls` the attention calls x rows of one block in the first step (micro-batches x micro-batch size), times
+    the blocks the rank holds (its pipeline stage's, memory.json "blocks"). Returns the score elements of each rank."""
     c = seq_len // (2 * cp)
-    work = []
+    work, stages = [], {}
     for e in report["ranks"]:
         ctx = e.get("context")
         assert ctx is not None, f"rank {e['rank']}: no context-parallel entry (the plan was not applied)"
@@ -52,13 +52,17 @@ def check_context(report: dict, cp: int, seq_len: int, comm: str, heads: int, ca
             assert ctx["positions"] == ctx["index_ranges"], (e["rank"], ctx)
         else:  # positions restart per document: never beyond the sequence index, and not all global
             assert all(0 <= p[0] <= q[0] and p[1] <= q[1] for p, q in zip(ctx["positions"], ctx["index_ranges"]))
-        want = expected_pairs(comm, seq_len, cp, heads, calls)
+        rank_calls = calls * len(e["blocks"])
+        want = expected_pairs(comm, seq_len, cp, heads, rank_calls)
         assert ctx["score_pairs"] == want, (e["rank"], comm, ctx["score_pairs"], want)
         assert ctx["exchange_bytes"] > 0, (e["rank"], ctx)
         work.append(ctx["score_pairs"])
-    assert max(work) <= (1 + BALANCE) * min(work), f"attention work per rank {work}: not balanced within 5%"
-    full = heads * seq_len * seq_len * calls  # one rank attending over the whole sequence (math core: s x s)
-    assert max(work) <= (1 + BALANCE) * full / cp, f"attention work per rank {work} vs whole-sequence {full}"
+        stages.setdefault(e["pp_rank"], []).append(ctx["score_pairs"])
+        full = heads * seq_len * seq_len * rank_calls  # one rank attending over the whole sequence (math core: s x s)
+        assert ctx["score_pairs"] <= (1 + BALANCE) * full / cp, f"rank {e['rank']}: {ctx['score_pairs']} vs whole {full}"
+    for stage, per_rank in stages.items():  # the cp ranks of one pipeline stage
+        assert max(per_rank) <= (1 + BALANCE) * min(per_rank), f"stage {stage}: attention work per rank {per_rank}: " \
+            "not balanced within 5%"
     return work
 
 

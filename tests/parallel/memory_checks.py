@@ -14,8 +14,10 @@ Rules (AdamW: two moments of the parameter's shape plus two [1] beta powers per 
 - tp: the split tensors hold 1/tp of their split axis on each tp rank (`SPLIT_AXES`), every
   other tensor (norms, position tables, row-linear biases, MLA's replicated q_a/kv_a down-projections) is whole;
 - pp: the ranks of one stage hold the same names; stages are disjoint except the tied word
-  table (first and last stage); their union is the whole model; with v virtual stages the
-  layers form pp x v equal chunks and stage s holds chunks s, s + pp, ... (interleaved);
+  table (first and last stage); their union is the whole model; the layers form pp x v chunks
+  of the run's split (memory.json layout.pp_layers: every block once, at least one per chunk,
+  the test's split when it gave one) and stage s holds chunks s, s + pp, ... (interleaved);
+  each rank's "blocks" lists exactly those;
 - ZeRO-3 (`sharding_stage=3`): a parameter of more than `segment_size` elements (except a
   tied table, which stays whole) is held as a flat slice [start, end) of the flattened
   parameter padded to `padded` elements; the slices of the sharding ranks tile [0, padded)
@@ -61,6 +63,9 @@ class Degrees:
     vpp: int = 1
     cp: int = 1
     ep: int = 1
+    split: tuple = ()
+    """Blocks per pipeline chunk the run must have been given (parallel.pp_layers); () = the default split, read
+    from memory.json and checked to be a split of the model (`stage_layers`)."""
 
     @property
     def world(self) -> int:
@@ -72,6 +77,7 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "zero2": Degrees(sharding=2, stage=2), "zero3": Degrees(sharding=2, stage=3), "dp4": Degrees(dp=4),
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2),
+    "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
     "sharding2cp2": Degrees(sharding=2, cp=2), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
     "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
@@ -92,18 +98,37 @@ def _layer(name: str):
     return int(m.group(1)) if m else None
 
 
+def stage_layers(got: dict, n_layers: int, pp: int, vpp: int = 1, split: tuple = ()) -> dict:
+    """{pipeline stage: the blocks it must hold}. The run's split (memory.json layout.pp_layers) must be blocks per
+    chunk of all `n_layers` (pp x vpp chunks of at least one block; equal to `split` when the test gave one); chunk
+    i holds the next pp_layers[i] blocks and runs on stage i % pp (fleet's interleaved assignment)."""
+    recorded = tuple(got["layout"]["pp_layers"])
+    if pp == 1:
+        assert recorded == (), recorded
+        return {0: set(range(n_layers))}
+    assert len(recorded) == pp * vpp and min(recorded) >= 1 and sum(recorded) == n_layers, (
+        f"pp{pp} x {vpp}: the run's split {list(recorded)} is not {pp * vpp} chunks of >= 1 of the {n_layers} blocks")
+    assert not split or recorded == tuple(split), f"the run was split {list(recorded)}, the test gave {list(split)}"
+    out, at = {s: set() for s in range(pp)}, 0
+    for i, n in enumerate(recorded):
+        out[i % pp] |= set(range(at, at + n))
+        at += n
+    return out
+
+
 def adam_state(numel: int) -> int:
     return 2 * numel + 2
 
 
-def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: int = 2**20) -> None:
+def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: int = 2**20, split: tuple = ()) -> None:
     d = DEGREES[layout]
     full = {n: p["shape"] for n, p in ref["ranks"][0]["params"].items()}  # one process: the whole model
     numel = {n: prod(s) for n, s in full.items()}
     assert ref["model_numel"] == got["model_numel"] == sum(numel.values()), (ref["model_numel"], got["model_numel"])
     assert all(ref["ranks"][0]["optimizer_params"][n] == adam_state(k) for n, k in numel.items())
-    assert got["layout"] == {"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
-                             "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep}, (layout, got["layout"])
+    assert got["layout"] == {"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding, "sharding_stage": d.stage,
+                             "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep,
+                             "pp_layers": got["layout"]["pp_layers"]}, (layout, got["layout"])
     ranks = got["ranks"]
     assert [e["rank"] for e in ranks] == list(range(d.world)), layout
     coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"], e.get("cp_rank", 0)) for e in ranks)
@@ -137,12 +162,13 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
         shared = stage_names[a] & stage_names[b]
         allowed = {TIED} if tied and (a, b) == (0, d.pp - 1) else set()
         assert shared == allowed, f"{layout}: pipeline stages {a} and {b} both hold {sorted(shared)[:5]}"
-    n_layers = len({_layer(n) for n in full} - {None})
-    chunk = n_layers // (d.pp * d.vpp)  # layers per (virtual) stage; stage s runs chunks s, s + pp, ...
+    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, d.vpp, split or d.split)
     for s, names in stage_names.items():
-        want = {(s + k * d.pp) * chunk + j for k in range(d.vpp) for j in range(chunk)}
-        assert {_layer(n) for n in names} - {None} == want, (
-            f"{layout}: pipeline stage {s} holds layers {sorted({_layer(n) for n in names} - {None})}, expected {sorted(want)}")
+        assert {_layer(n) for n in names} - {None} == blocks[s], (
+            f"{layout}: pipeline stage {s} holds layers {sorted({_layer(n) for n in names} - {None})}, expected "
+            f"{sorted(blocks[s])}")
+    for e in ranks:
+        assert e["blocks"] == sorted(blocks[e["pp_rank"]]), (layout, e["rank"], e["blocks"])
 
     # 3. every element counted once: sum over ranks of numel / copies == model (+ ZeRO-3 padding)
     total, padding = Fraction(0), 0
@@ -267,11 +293,12 @@ FROZEN = re.compile(r"layers\.\d+\.mlp\.expert_bias")
 """The auxiliary-loss-free bias: a parameter without gradient or optimizer state."""
 
 
-def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2**20) -> None:
+def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2**20, split: tuple = ()) -> None:
     """An MoE run under the degrees `d` (dp, tp, pp, sharding at ZeRO stage `d.stage`, ep; ep = 1: experts
     replicated) against its one-process run. Written from the definitions, not read from the product:
 
-    - every rank holds its pipeline stage's parameters (stage s: layers s * L/pp ... (s + 1) * L/pp - 1, the embedding
+    - every rank holds its pipeline stage's parameters (stage s: the blocks of its chunk of the run's split,
+      `stage_layers`; `split`: the one the test gave; the embedding
       with the first, the final norm and head with the last), the same names on every rank of a stage, the stages
       covering the model; dense ones as the tp layout says (`SPLIT_AXES`), or under ZeRO-3 as flat slices when larger
       than `segment_size`; exactly E / ep experts of each stacked expert tensor (axis 0, whole over tp);
@@ -294,11 +321,11 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
     zero3 = d.sharding > 1 and d.stage == 3
     edp = d.dp * d.sharding // d.ep
     sharded_experts = d.sharding > 1 and edp > 1
-    chunk = len({_layer(n) for n in full} - {None}) // d.pp
+    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, 1, split)
     stages: dict = {}
     for e in ranks:  # pipeline stages: this stage's layers only, the same names on every rank of a stage
         s = e["pp_rank"]
-        want = {n for n in full if (_layer(n) is not None and _layer(n) // chunk == s)
+        want = {n for n in full if (_layer(n) is not None and _layer(n) in blocks[s])
                 or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == d.pp - 1))}
         assert set(e["params"]) == want, (f"pp{d.pp}: rank {e['rank']} (stage {s}) holds "
                                           f"{sorted(set(e['params']) ^ want)[:4]} beyond (or short of) its stage's layers")

@@ -42,7 +42,8 @@ def measure(out_dir: str) -> None:
     start = time.perf_counter()
     hcg = fleet.get_hybrid_communicate_group()
     paddle.seed(3)
-    pipe, _ = build_pipeline(_cfg(), SimpleNamespace(pp=2, virtual_pp=1), Roles(), SimpleNamespace(hcg=hcg))
+    layout = SimpleNamespace(pp=2, virtual_pp=1, pp_layers=(LAYERS // 2, LAYERS // 2))
+    pipe, _ = build_pipeline(_cfg(), layout, Roles(), SimpleNamespace(hcg=hcg))
     model = fleet.distributed_model(pipe)
     opt = fleet.distributed_optimizer(paddle.optimizer.SGD(learning_rate=0.0, parameters=model.parameters()))
     model.micro_batch_size = B

@@ -212,7 +212,7 @@ def _report(cp=2, seq=32, comm="ring", heads=4, calls=8):
     for r in range(cp):
         chunks = [r, 2 * cp - 1 - r]
         rng = [[i * c, i * c + c - 1] for i in chunks]
-        ranks.append({"rank": r, "cp_rank": r, "context": {
+        ranks.append({"rank": r, "cp_rank": r, "pp_rank": 0, "blocks": [0], "context": {
             "cp_rank": r, "chunks": chunks, "index_ranges": rng, "positions": rng, "local_positions": 2 * c,
             "score_pairs": expected_pairs(comm, seq, cp, heads, calls), "exchange_bytes": 1}})
     return {"ranks": ranks}

@@ -6,7 +6,12 @@ A tiny GPT-2-style and a tiny Llama-style model (8 layers, so pp4 x 2 virtual
 stages divides them), fixed seed and data, fp32, 4 optimizer steps (2 of warm-up) with a
 global batch of 8 (micro-batch 2), run through the real entry function under
 `paddle.distributed.launch` on CPU processes (gloo + llmtrain's CPU backend); one launch per layout, except
-sharding2, zero2 and zero3, which share one fleet topology and one launch (`SHARED_LAUNCH`).
+sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topology and one launch
+(`SHARED_LAUNCHES`). Uneven pipeline stages (`SPLITS`): a 5-block Llama split 3 + 2 under pp2 as a user writes it
+(`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
+split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
+Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
+under dp2pp2 with ep2 split 3 + 1. pp4v2 and the pp3 pair are drawn, one of them per suite run (`DRAWN`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -46,7 +51,7 @@ import os
 
 import pytest
 
-from llmtest import tiny_overrides
+from llmtest import drawn_or_skip, tiny_overrides
 from launch import metrics, run_many
 from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
@@ -63,17 +68,37 @@ STEPS = 4
 and the decaying learning rate all act; each step costs ~0.45 s in a 2-process tiny run (8 steps made the suite
 ~2 minutes longer)."""
 INIT_STEPS = 3
-TIED = {"gpt": True, "llama": False, "ernie": True, "qwen3": False}
+TIED = {"gpt": True, "llama": False, "llama5": False, "ernie": True, "qwen3": False}
 
 LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
+    ("pp3", 3), ("pp3v2", 3),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
          "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
+"""A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
+DRAWN = [("pp4v2",), ("pp3", "pp3v2")]
+"""Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
+(`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
+both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
+8 micro-batches) with uneven chunks."""
+SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
+          ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
+"""Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
+8 blocks on pp3): 5 blocks as 3 + 2, written as a user would (`LAYOUT_OF`); MoE with a first stage holding no MoE
+block (its balancing-loss share and statistics are nothing) and under ep2; 8 blocks in 6 interleaved chunks of 1-2.
+Per-rank holdings are checked against the split (`memory_checks.stage_layers`)."""
+LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"]}
+"""A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
+LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"]}
+"""Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp
+micro-batches; 8 is not a multiple of 3: its remainder path runs too). Every sample has 32 target tokens, so the
+mean of 8 micro-batch means equals one process's mean of 4 micro-batches of 2: the same reference."""
 SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
@@ -128,6 +153,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
+    if run == "llama5":  # 5 blocks: an odd count, split unevenly under pp2 (SPLITS)
+        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + ["model.num_layers=5"]
     if run == "gpt_sp":  # sequence parallelism, one all-gather per projection, biases, LayerNorm, tied head
         return tiny_overrides(corpus, str(out / run), "gpt", steps=STEPS) + LAYERS + SP
     if run.startswith("moe"):
@@ -155,7 +182,7 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3"]
+    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5"]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
@@ -186,16 +213,20 @@ with 4096-element gradient storages: the parameters that do not fit are reduced 
 backward peak is about its owned share (tests/parallel/zero2_peak.py), where the default storages hold every
 gradient on every rank."""
 
-SHARED_LAUNCH = ("sharding2", "zero2", "zero3")
-"""Layouts of one fleet topology (sharding degree 2; the ZeRO stage is llmtrain's wrapper, not fleet's): their runs
-go through one launch, started by whichever of them runs first; each is still checked by its own test."""
+SHARED_LAUNCHES = (("sharding2", "zero2", "zero3"), ("pp3", "pp3v2"))
+"""Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
+virtual stages are the PipelineLayer's, fleet's groups are the same): their runs go through one launch, started by
+whichever of them runs first; each is still checked by its own test."""
 
 
 def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], dict, list]:
     """(run names, ZeRO-3 segment per run, run_many entries) of one layout's runs, writing under `out`."""
-    names = [*MODELS, *EXTRA.get(layout, ())]
+    names = [*RUNS.get(layout, MODELS), *EXTRA.get(layout, ())]
     segment = {n: SEGMENTS.get(n, 1024) if layout == "zero3" else 2**20 for n in names}  # slice even tiny parameters
-    runs = [run_overrides(tiny_corpus, out, n, reference["init_from"]) + [f"+parallel={layout}"]
+    split = {n: [f"parallel.pp_layers=[{','.join(map(str, SPLITS[layout, n]))}]"] if (layout, n) in SPLITS else []
+             for n in names}
+    runs = [run_overrides(tiny_corpus, out, n, reference["init_from"]) + LAYOUT_OF.get((layout, n), [f"+parallel={layout}"])
+            + split[n] + LAYOUT_ARGS.get(layout, [])
             + ([f"parallel.zero3_segment_size={segment[n]}"] if layout == "zero3" else []) for n in names]
     if layout == "zero2":  # gradient bytes at each run's backward peak; ZERO2_WIDE: storages small enough to shard
         runs = [r for n, run in zip(names, runs)
@@ -219,12 +250,12 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
 @pytest.fixture(scope="module")
 def launched(reference, tiny_corpus, tmp_path_factory):
     """launched(layout, nproc) -> the directory holding that layout's runs (launching them, with the other layouts
-    of SHARED_LAUNCH when it is one of them, on first use)."""
+    of its SHARED_LAUNCHES group when it is in one, on first use)."""
     done = {}
 
     def launch(layout: str, nproc: int):
         if layout not in done:
-            group = SHARED_LAUNCH if layout in SHARED_LAUNCH else (layout,)
+            group = next((g for g in SHARED_LAUNCHES if layout in g), (layout,))
             root = tmp_path_factory.mktemp("parity_" + "_".join(group))
             runs = [r for g in group for r in layout_runs(g, root / g, reference, tiny_corpus)[2]]
             try:
@@ -243,6 +274,8 @@ def launched(reference, tiny_corpus, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout,nproc", LAYOUTS, ids=[name for name, _ in LAYOUTS])
 def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, launched):
+    if any(layout in group for group in DRAWN):
+        drawn_or_skip(layout, DRAWN)
     runs_dir = launched(layout, nproc)
     names, segment, _ = layout_runs(layout, runs_dir, reference, tiny_corpus)
     if layout == "tp2":
@@ -288,7 +321,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
                 assert abs(g["moe_aux_loss"] - r["moe_aux_loss"]) <= TOL and abs(g["moe_z_loss"] - r["moe_z_loss"]) <= TOL
             assert (got[0]["moe_dropped_frac"] > 0) == n.startswith("moe_cap")
             d = dataclasses.replace(DEGREES[layout], ep=2 if n.endswith("_ep2") else 1)
-            check_expert_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], d, segment[n])
+            check_expert_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], d, segment[n],
+                                SPLITS.get((layout, n), ()))
             if d.stage == 1 or d.sharding == 1:  # the planner models experts too (not yet outside Paddle's ZeRO-2/3)
                 check_predicted(_memory(runs_dir / n), layout)
             continue
@@ -297,7 +331,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
             check_predicted(_memory(runs_dir / n), layout)
             continue
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
-                     segment_size=segment[n])
+                     segment_size=segment[n], split=SPLITS.get((layout, n), ()))
         check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
 
 
@@ -329,8 +363,10 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
     for n in MODELS:
         one = reference[n]["memory"]
         coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
+        chunks = d.pp * d.vpp if d.pp > 1 else 0  # a valid split: the holdings, not the split, must fail
         fake = dict(one, layout={"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
-                                 "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep},
+                                 "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep,
+                                 "pp_layers": [8 // chunks + (i < 8 % chunks) for i in range(chunks)]},
                     ranks=[dict(one["ranks"][0], rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2], sharding_rank=c[3])
                            for r, c in enumerate(coords)])
         check = lambda: check_memory(fake, one, layout, tied=TIED[n], segment_size=1024 if layout == "zero3" else 2**20)
@@ -351,7 +387,9 @@ def test_replicated_experts_fail_the_expert_check(reference):
     with pytest.raises(AssertionError):
         check_expert_memory(fake, one, Degrees(dp=2, ep=2))
     for axis, kwargs in (("pp_rank", dict(dp=1, ep=1, pp=2)), ("sharding_rank", dict(dp=1, ep=2, sharding=2))):
-        fake = dict(one, ranks=[dict(one["ranks"][0], rank=r, **{axis: r}) for r in range(2)])
+        split = [2, 2] if axis == "pp_rank" else []  # a valid split: the holdings, not the split, must fail
+        fake = dict(one, layout=dict(one["layout"], pp_layers=split),
+                    ranks=[dict(one["ranks"][0], rank=r, **{axis: r}) for r in range(2)])
         with pytest.raises(AssertionError):
             check_expert_memory(fake, one, Degrees(**kwargs))
 

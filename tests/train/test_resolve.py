@@ -32,11 +32,12 @@ def test_every_problem_in_one_message():
 
 
 def test_model_fit_problems_reported_even_when_the_world_size_is_wrong():
-    cfg = to_config(compose(["+parallel=pp2", "model.num_layers=3", f"data.tokenizer={SHIPPED_TOKENIZER}"]))
+    cfg = to_config(compose(["+parallel=pp2", "model.num_layers=3", "parallel.pp_layers=[1,1]",
+                             f"data.tokenizer={SHIPPED_TOKENIZER}"]))
     with pytest.raises(ConfigError) as e:
         resolve(cfg, world_size=4)
     assert "= 2 processes, but the job has 4" in str(e.value)
-    assert "model.num_layers=3 cannot be split evenly into parallel.pp=2" in str(e.value)
+    assert "parallel.pp_layers=[1, 1] holds 2 blocks, but model.num_layers=3" in str(e.value)
 
 
 def test_derived_values_and_frozen_result(tiny_corpus, tmp_path):
