@@ -24,6 +24,7 @@ the manifest components and the RNG states.
 """
 from __future__ import annotations
 
+import glob
 import os
 import time
 from dataclasses import dataclass
@@ -32,12 +33,13 @@ from typing import Optional
 import paddle
 
 from llmtrain.checkpoint.health import newest_healthy
-from llmtrain.checkpoint.listing import amend_manifest, list_checkpoints, read_manifest
+from llmtrain.checkpoint.listing import SUPERSEDED, amend_manifest, list_checkpoints, read_manifest, set_aside
 from llmtrain.checkpoint.restore import LayoutRestorer
 from llmtrain.checkpoint.resume import CheckpointChooser
 from llmtrain.checkpoint.save import CheckpointWriter
 from llmtrain.checkpoint.shards import HostBuffers
 from llmtrain.checkpoint.state import TrainingState
+from llmtrain.errors import ConfigError
 from llmtrain.parallel.job_comm import JobComm
 from llmtrain.utils.log import log0, log_all
 
@@ -136,13 +138,34 @@ class Checkpointer:
         if how != "auto" and not os.path.isdir(how):
             raise FileNotFoundError(f"checkpoint.resume={how}: no such checkpoint directory")
 
+        failed = []
+
         def skipped(path):
             if how != "auto":
-                raise RuntimeError(f"checkpoint.resume={path}: the checkpoint is incomplete or corrupt (see above)")
-            log0(f"skipping corrupt or incomplete checkpoint {path}")
+                raise ConfigError([f"checkpoint.resume={path}: the checkpoint is incomplete or corrupt (see above); "
+                                   "nothing was changed"])
+            failed.append(path)
+            log0(f"skipping corrupt or incomplete checkpoint {path} (kept; the run continues from an older one)")
 
         found = self.chooser.first_verified(self.chooser.resume_candidates(how), on_failure=skipped)
+        if found is None and failed:  # never a fresh start over damaged checkpoints: they would be replaced
+            raise ConfigError([f"{self.root}: every checkpoint failed verification ({', '.join(failed)}; see above), "
+                               "so there is nothing to continue and nothing was changed. Start a new run in another "
+                               "run.dir, or run.overwrite=true to move this one aside (nothing is deleted)"])
+        if found is not None and failed:  # older than planned: the later ones are set aside, as at a branch
+            self._set_later_aside(found[0], failed)
         return ResumeState() if found is None else self.load(found[1])
+
+    def _set_later_aside(self, step: int, failed: list) -> None:
+        """Rank 0 moves the checkpoints after `step` to `<run.dir>/superseded/<k>/`; every rank waits for it (the
+        listings read next must agree)."""
+        later = [p for s, p in list_checkpoints(self.root) if s > step]
+        if self.topo.rank == 0 and later:
+            where = set_aside(later, os.path.dirname(self.root),
+                              f"The run resumed from step {step}: these later checkpoints were set aside ("
+                              f"{', '.join(failed)} failed verification, see the log).")
+            log0(f"resuming from step {step}: the later checkpoints are now in {where}/checkpoints (nothing deleted)")
+        self.comm.broadcast_ints([len(later)] if self.topo.rank == 0 else None)
 
     def rewind_target(self, before: int) -> Optional[tuple[int, str]]:
         """(step, path) of the newest healthy checkpoint at or before step `before` that every rank verified, rank
@@ -177,10 +200,12 @@ class Checkpointer:
         return newest_healthy(list_checkpoints(self.root))
 
     def recorded(self, key: str) -> list:
-        """The value of `key` in every readable manifest under the checkpoint directory, newest first (absent keys
-        left out). Read at resume, when no save is in flight, so every rank reads the same files."""
+        """The value of `key` in every readable manifest of the run directory, its checkpoints newest first, then
+        those set aside under `superseded/` (absent keys left out). Read at resume, when no save is in flight, so
+        every rank reads the same files."""
         out = []
-        for _, path in list_checkpoints(self.root):
+        aside = glob.glob(os.path.join(os.path.dirname(self.root), SUPERSEDED, "*", "checkpoints", "step_*"))
+        for path in [p for _, p in list_checkpoints(self.root)] + sorted(aside):  # set-aside lines of steps too
             m = read_manifest(path)
             if m is not None and m.get(key) is not None:
                 out.append(m[key])
