@@ -1,4 +1,4 @@
-"""A run directory belongs to one run; `checkpoint.resume` checked before any work (issue 38 §1, §4, §5).
+"""A run directory belongs to one run; `checkpoint.resume` checked before any work; nothing of an old run is lost.
 
     python -m pytest -q tests/train/test_rundir.py
 
@@ -135,6 +135,91 @@ def test_overwrite_moves_the_old_run_aside_and_nothing_mixes(old_run, tiny_corpu
     assert os.listdir(run) == [] and _files(f"{run}.old-1") == before
     shutil.copytree(old_run, other)
     assert _resolve(tiny_corpus, other, "run.overwrite=true").run_dir.move_aside == f"{other}.old-1"
+
+
+def _log(fn):
+    """(fn(), the `llmtrain` log lines it wrote)."""
+    import logging
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("llmtrain").addHandler(handler)
+    try:
+        return fn(), said
+    finally:
+        logging.getLogger("llmtrain").removeHandler(handler)
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_and_a_damaged_manifest_is_rebuilt(old_run, tiny_corpus,
+                                                                                               tmp_path):
+    """Every checkpoint damaged: the same command is refused before any work (it used to start over and replace
+    them), naming the damage and the choices; a checkpoint whose files are intact but whose manifest is not is
+    kept, and `python -m llmtrain.checkpoint.rebuild` makes it loadable again."""
+    from llmtrain.checkpoint.rebuild import main as rebuild
+    from llmtrain.checkpoint.verify import verify_files
+    from llmtrain.train.rundir import claim_run_dir
+
+    run = _copy(old_run, tmp_path)
+    step0, step2 = run / "checkpoints" / "step_0", run / "checkpoints" / "step_2"
+    with open(step2 / "rank_00000.safetensors", "r+b") as f:
+        f.truncate(1000)
+    (step0 / "manifest.json").write_text('{"format": "llmtrain-chec')
+    before = _files(run)
+    text = _problems(tiny_corpus, run, "checkpoint.resume=auto", steps=4)
+    assert f"run.dir={run}: every checkpoint there is damaged, so checkpoint.resume=auto has nothing to continue and " \
+           "nothing was changed: step_2 (" in text and "1000 bytes, manifest says" in text, text
+    assert f"only the manifest is damaged; `python -m llmtrain.checkpoint.rebuild {step0}` rebuilds it" in text, text
+    assert f"checkpoint.resume=none run.dir={run}-2" in text and f"run.overwrite=true to move the old run aside to " \
+                                                                  f"{run}.old-1 (nothing is deleted)" in text, text
+    assert _files(run) == before
+    assert rebuild([str(step2), "--check"]) == 1  # its tensors are damaged: no manifest can help
+    assert rebuild([str(step0)]) == 0 and not verify_files(str(step0))
+    assert (step0 / "manifest.json.damaged-1").read_text() == '{"format": "llmtrain-chec'  # kept
+    got = _resolve(tiny_corpus, run, "checkpoint.resume=auto", steps=4)
+    assert got.run_dir.branch.later == [str(step2)]  # continues step 0; the damaged step 2 is set aside, not replaced
+    _, said = _log(lambda: claim_run_dir(got))
+    assert (run / "superseded" / "1" / "checkpoints" / "step_2").is_dir() and not step2.exists()
+    assert "1000 bytes" in (run / "superseded" / "1" / "why.txt").read_text()
+    assert any("step_2 (damaged)" in line and f"{run}/superseded/1/" in line for line in said), said
+
+
+def test_checkpoints_that_fail_their_checksums_when_loaded_stop_the_run_instead_of_a_fresh_start(old_run, tiny_corpus,
+                                                                                                  tmp_path):
+    """A flipped bit passes the size check made up front and fails the sha256 check when loaded: with every
+    checkpoint so damaged the run stops (status 2 from the entry script), writing no checkpoint."""
+    from llmtrain.pretrain import pretrain
+
+    run = _copy(old_run, tmp_path)
+    for step in (0, 2):
+        shard = run / "checkpoints" / f"step_{step}" / "rank_00000.safetensors"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"every checkpoint failed verification .*nothing was changed"):
+        pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=4)
+                         + ["train.peak_tflops=1", "checkpoint.resume=auto", "optim.on_resume=config"]))
+    assert sorted(os.listdir(run / "checkpoints")) == ["step_0", "step_2"]
+
+
+def test_resuming_an_older_checkpoint_sets_the_later_checkpoints_and_metrics_aside(old_run, tiny_corpus, tmp_path):
+    """A resume from step 0 of a run holding step 2 used to redo steps 1-2 over step_2 and cut metrics.jsonl back;
+    now step_2 and the records of steps 1-2 move to <run.dir>/superseded/1/, said in the log."""
+    import json
+
+    from llmtrain.train.rundir import claim_run_dir
+
+    run = _copy(old_run, tmp_path)
+    old_step2 = _files(run / "checkpoints" / "step_2")
+    got = _resolve(tiny_corpus, run, f"checkpoint.resume={run / 'checkpoints' / 'step_0'}")
+    _, said = _log(lambda: claim_run_dir(got))
+    aside = run / "superseded" / "1"
+    assert os.listdir(run / "checkpoints") == ["step_0"] and _files(aside / "checkpoints" / "step_2") == old_step2
+    steps = [json.loads(line)["step"] for line in open(aside / "metrics.jsonl")]
+    assert steps == [1, 2] and all(json.loads(line)["step"] <= 0 for line in open(run / "metrics.jsonl"))
+    assert (aside / "config.yaml").exists() and "resumed from step 0" in (aside / "why.txt").read_text()
+    assert f"resuming from step 0: the later checkpoints (step_2) and the metrics of steps 1-2 are now in {aside}/ " \
+           "(nothing deleted)" in said, said
 
 
 def test_export_and_generate_name_the_run_and_step_they_read(old_run, tmp_path, capsys):
