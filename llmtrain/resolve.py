@@ -6,7 +6,8 @@
 Every file the run reads is checked here too: the data prefixes and their tokenizer, the
 masked-LM side files and lexicon (`llmtrain.data.inputs`), and what `run.dir` holds against
 `checkpoint.resume` (`llmtrain.train.rundir`: a directory belongs to one run; a resume this config
-cannot continue is refused before any process group starts).
+cannot continue is refused before any process group starts); so is every file it writes (`run.dir` and
+its checkpoints writable, room for one checkpoint: `llmtrain.train.writable`).
 
 Derived here and nowhere else: the model's vocabulary (the tokenizer's padded size
 when `model.vocab_size` is null), the architecture of a checkpoint given by
@@ -106,6 +107,9 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     problems += data_input_problems(cfg.data, tokenizer, model.family)  # every file the data section names
     run_dir = review_run_dir(resolved, layout if not problems else None, tokenizer)  # one run per directory
     problems += run_dir.problems
+    from llmtrain.train.writable import output_problems
+
+    problems += output_problems(resolved, space=not problems)  # run.dir writable, room for one checkpoint
     if problems:
         raise ConfigError(problems)
     if run_dir.finished:

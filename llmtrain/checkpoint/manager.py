@@ -24,6 +24,7 @@ the manifest components and the RNG states.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import time
@@ -32,6 +33,7 @@ from typing import Optional
 
 import paddle
 
+from llmtrain.checkpoint.background import CheckpointWriteError
 from llmtrain.checkpoint.health import newest_healthy
 from llmtrain.checkpoint.listing import SUPERSEDED, amend_manifest, list_checkpoints, read_manifest, set_aside
 from llmtrain.checkpoint.restore import LayoutRestorer
@@ -39,7 +41,8 @@ from llmtrain.checkpoint.resume import CheckpointChooser
 from llmtrain.checkpoint.save import CheckpointWriter
 from llmtrain.checkpoint.shards import HostBuffers
 from llmtrain.checkpoint.state import TrainingState
-from llmtrain.errors import ConfigError
+from llmtrain.checkpoint.verify import verify_files
+from llmtrain.errors import CheckpointSaveError, ConfigError
 from llmtrain.parallel.job_comm import JobComm
 from llmtrain.utils.log import log0, log_all
 
@@ -106,7 +109,8 @@ class Checkpointer:
             self.writer.submit(snap)
             path = snap.final
         else:
-            path = self.files.write(snap)
+            with self._stop_on_failure(step):
+                path = self.files.write(snap)
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         log_all(f"checkpoint step {step}: training paused {stall:.3f} s (waiting for the previous write {t1 - t0:.3f} s, "
@@ -120,14 +124,32 @@ class Checkpointer:
             self.files.buffers.reserve(HostBuffers.shapes(self.state.tensors, self.topo, self.layout))
 
     def wait(self) -> None:
-        """Block until the background write (if any) is complete; raises if it failed."""
+        """Block until the background write (if any) is complete; raises CheckpointSaveError if it failed."""
         if self.writer is not None:
-            self.writer.wait()
+            with self._stop_on_failure(self.last_saved_step):
+                self.writer.wait()
 
     def close(self) -> None:
         """Wait for the last write and stop the background writer (end of run, SIGTERM)."""
         if self.writer is not None:
-            self.writer.close()
+            with self._stop_on_failure(self.last_saved_step):
+                self.writer.close()
+
+    @contextlib.contextmanager
+    def _stop_on_failure(self, step: int):
+        """A failed write (this rank's files, another rank's marker, a timeout) becomes a CheckpointSaveError naming
+        the cause and the newest complete checkpoint, which the atomic write left intact."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001  (any failure of the write stops the run the same way)
+            cause = e.__cause__ if isinstance(e, CheckpointWriteError) and e.__cause__ is not None else e
+            good = next(((s, p) for s, p in list_checkpoints(self.root) if not verify_files(p, names=[])), None)
+            raise CheckpointSaveError(
+                f"checkpoint step {step} could not be written ({type(cause).__name__}: {cause}); the run stopped "
+                f"there and nothing of that save was published. The newest complete checkpoint is "
+                + (f"{good[1]} (step {good[0]}), intact" if good else "none")
+                + f"; fix the cause (free space or permissions under {self.root}) and run the same command again to "
+                "continue" + (" from it" if good else "")) from e
 
     # ---- resume and reload ----
     def resume(self) -> ResumeState:

@@ -222,6 +222,81 @@ def test_resuming_an_older_checkpoint_sets_the_later_checkpoints_and_metrics_asi
            "(nothing deleted)" in said, said
 
 
+def _read_only(path):
+    """Make a directory unwritable for this process (chmod; root ignores it, so chattr +i as root too)."""
+    os.chmod(path, 0o555)
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    try:
+        open(os.path.join(path, ".probe"), "w").close()
+    except OSError:
+        return
+    os.remove(os.path.join(path, ".probe"))
+    pytest.skip(f"cannot make {path} read-only here (chmod ignored and no chattr)")
+
+
+def _writable_again(path):
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    os.chmod(path, 0o755)
+
+
+def test_an_unwritable_run_dir_or_checkpoints_dir_or_a_full_disk_is_refused_up_front(old_run, tiny_corpus, tmp_path):
+    """A read-only checkpoints/ used to train every step and lose the run at the final save; a run.dir that cannot
+    be created gave a traceback. Now both are refused before any work, as is a disk without room for one
+    checkpoint of the model."""
+    from llmtrain.train.writable import checkpoint_bytes, output_problems
+
+    (tmp_path / "a-file").write_text("")
+    text = _problems(tiny_corpus, tmp_path / "a-file" / "run")
+    assert f"run.dir={tmp_path / 'a-file' / 'run'}: cannot write in {tmp_path / 'a-file'} (where run.dir=" in text, text
+    run = _copy(old_run, tmp_path)
+    _read_only(run / "checkpoints")
+    try:
+        text = _problems(tiny_corpus, run, "checkpoint.resume=auto", steps=4)
+    finally:
+        _writable_again(run / "checkpoints")
+    assert f"run.dir={run}: cannot write in {run / 'checkpoints'}: PermissionError" in text, text
+    assert "choose a run.dir on a writable filesystem" in text
+    huge = to_config(compose(["model=deepseek-v3", f"run.dir={tmp_path / 'big'}"]))
+    assert checkpoint_bytes(huge) > shutil.disk_usage(tmp_path).free  # 671e9 parameters x 12 bytes
+    (problem,) = output_problems(huge)
+    assert problem.startswith(f"run.dir={tmp_path / 'big'}: ") and "GB free on the filesystem of" in problem, problem
+    assert "one checkpoint of this model needs about" in problem and "free space there or choose a run.dir" in problem
+
+
+def test_a_save_that_fails_mid_run_stops_the_run_with_the_last_good_checkpoint_intact(tiny_corpus, tmp_path,
+                                                                                      monkeypatch):
+    """The disk fills during the run (an OSError injected into step 4's write): the run stops with a
+    CheckpointSaveError (status 6 from the entry script) naming the cause and the intact step_2."""
+    import errno
+
+    from llmtrain.checkpoint.save import CheckpointWriter
+    from llmtrain.checkpoint.verify import verify_files
+    from llmtrain.errors import CheckpointSaveError
+    from llmtrain.pretrain import pretrain
+
+    real = CheckpointWriter.write_shard
+
+    def full_at_step_4(self, snap):
+        if snap.step == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, snap)
+
+    monkeypatch.setattr(CheckpointWriter, "write_shard", full_at_step_4)
+    run = tmp_path / "run"
+    with pytest.raises(CheckpointSaveError) as e:
+        pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=6)
+                         + ["checkpoint.interval=2", "train.peak_tflops=1"]))
+    assert str(e.value) == (
+        f"checkpoint step 4 could not be written (OSError: [Errno 28] No space left on device); the run stopped there "
+        f"and nothing of that save was published. The newest complete checkpoint is {run / 'checkpoints' / 'step_2'} "
+        f"(step 2), intact; fix the cause (free space or permissions under {run / 'checkpoints'}) and run the same "
+        "command again to continue from it")
+    assert sorted(os.listdir(run / "checkpoints"))[-2:] == ["step_0", "step_2"]
+    assert not verify_files(str(run / "checkpoints" / "step_2"))
+
+
 def test_export_and_generate_name_the_run_and_step_they_read(old_run, tmp_path, capsys):
     """...and `generate --model missing/` is one message with status 2, not an 18-line traceback."""
     import logging
