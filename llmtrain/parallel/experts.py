@@ -60,30 +60,6 @@ from llmtrain.models.dispatch import host_int
 from llmtrain.models.experts import Experts
 
 
-def expert_groups(hcg, ep: int, rank: int):
-    """(ep_rank, ep group, expert-data-parallel group or None) of this rank; every rank creates every group.
-
-    With sharding (stage 1, ep == sharding degree) the ep group is fleet's sharding group and the ranks holding the
-    same experts are fleet's dp group; otherwise both are carved out of the dp ranks."""
-    if hcg.get_sharding_parallel_world_size() > 1:
-        edp = hcg.get_data_parallel_group() if hcg.get_data_parallel_world_size() > 1 else None
-        return hcg.get_sharding_parallel_rank(), hcg.get_sharding_parallel_group(), edp
-    ep_rank, ep_group, edp_group = 0, None, None
-    for dp_ranks in hcg.topology().get_comm_list("data"):  # one list per (pp, sharding, sep, tp) coordinate
-        for start in range(0, len(dp_ranks), ep):
-            members = dp_ranks[start:start + ep]
-            group = dist.new_group(members)
-            if rank in members:
-                ep_rank, ep_group = members.index(rank), group
-        if len(dp_ranks) > ep:
-            for j in range(ep):
-                members = dp_ranks[j::ep]
-                group = dist.new_group(members)
-                if rank in members:
-                    edp_group = group
-    return ep_rank, ep_group, edp_group
-
-
 class _Exchange(PyLayer):
     """x [ep, ...] -> [ep, ...]: block j goes to rank j, block i of the result came from rank i (an all-to-all
     with equal blocks); backward: the same exchange of the gradient (the exchange is its own transpose)."""

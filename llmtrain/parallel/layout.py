@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from llmtrain.errors import ConfigError
+from llmtrain.parallel import groups
 from llmtrain.parallel.config import ParallelConfig
+from llmtrain.parallel.groups import AXES, StateSharding
 
 __all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout", "model_fit_problems",
            "check_model_fits"]
 
-AXES = ("dp", "pp", "sharding", "tp")
 CP_COMMS = ("ring", "allgather", "a2a")
 """`parallel.cp_comm` values (llmtrain/parallel/context.py)."""
 
@@ -36,7 +37,9 @@ class BatchSizes(Protocol):
 
 @dataclass(frozen=True)
 class Layout:
-    """Degrees and batch sizes after validation; identical on every rank."""
+    """Degrees, their nesting and batch sizes after validation; identical on every rank. The one statement of the
+    process groups: `group_ranks(kind)` lists every group of a kind (llmtrain/parallel/groups.py), which
+    `Topology` creates; `state_sharding(expert)` says which group shards what under ZeRO."""
 
     dp: int = 1
     tp: int = 1
@@ -48,7 +51,8 @@ class Layout:
     zero3_segment_size: int = 1048576
     zero2_buffer_size: int = 8388608
     ep: int = 1
-    """Expert-parallel degree, carved out of dp (llmtrain/parallel/experts.py)."""
+    """Expert-parallel degree: ep consecutive data-parallel ranks (dp x sharding) share out the routed experts
+    (llmtrain/parallel/experts.py)."""
     ep_dispatcher: str = "auto"
     order: tuple = AXES
     name: str = "single"
@@ -67,6 +71,9 @@ class Layout:
     """Context-parallel degree (llmtrain/parallel/context.py): ranks that share one sequence, 2 chunks each."""
     cp_comm: str = "ring"
     """The key/value exchange under cp > 1: ring, allgather or a2a."""
+    pp_layers: tuple = ()
+    """Transformer blocks per pipeline chunk, in model order: pp x virtual_pp entries, chunk i on stage i % pp (as
+    Paddle's interleaved PipelineLayer assigns chunks); () when pp == 1."""
 
     @property
     def world(self) -> int:
@@ -80,6 +87,26 @@ class Layout:
     @property
     def distributed(self) -> bool:
         return self.world > 1
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel degree: the data-parallel ranks holding the same routed experts, dp x sharding / ep."""
+        return self.data_parallel // self.ep
+
+    @property
+    def grid(self) -> tuple:
+        """The process grid's axes, outermost first (`order`, with cp just outside tp when not listed)."""
+        return groups.grid_order(self.order)
+
+    def group_ranks(self, kind: str) -> list[list[int]]:
+        """Every group of `kind` ("dp", "sharding", "pp", "cp", "tp", "data" = dp x sharding, "ep", "edp") as lists
+        of global ranks, in the order of their smallest rank (pure arithmetic, llmtrain/parallel/groups.py)."""
+        return groups.group_ranks(self, kind)
+
+    def state_sharding(self, expert: bool) -> StateSharding:
+        """The group and degree over which this layout's ZeRO stage shards dense parameters' (`expert=False`) or
+        routed experts' (`expert=True`) optimizer states, gradients and values (`groups.state_sharding`)."""
+        return groups.state_sharding(self, expert)
 
 
 def _resolve_batch(train: BatchSizes, data_parallel: int, layout_desc: str, problems: list[str]):
@@ -169,16 +196,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
     if p.ep_dispatcher not in ("auto", "allgather", "alltoall"):
         problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'auto', 'allgather' or 'alltoall'")
-    if p.ep > 1 and p.sharding > 1:
-        if p.sharding_stage != 1:
-            problems.append(f"parallel.ep={p.ep} with parallel.sharding_stage={p.sharding_stage}: expert parallelism "
-                            "composes with ZeRO-1 only (ZeRO-2/3's flat buffers would mix the ranks' different experts)")
-        if p.ep != p.sharding:
-            problems.append(f"parallel.ep={p.ep} with parallel.sharding={p.sharding}: with sharding, the ep group is the "
-                            "sharding group (its ranks hold different experts), so ep must equal sharding")
-    elif p.ep > 1 and p.dp % p.ep:
-        problems.append(f"parallel.ep={p.ep} does not divide parallel.dp={p.dp}: expert parallelism is carved out of "
-                        "the data-parallel ranks (each group of ep data ranks shares out the experts)")
+    problems += _expert_problems(p)
     batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
     if batch is not None and p.pp_schedule == "interleaved" and batch[2] % p.pp:
         problems.append(
@@ -201,6 +219,29 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
         sequence_parallel=p.sequence_parallel, mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
         pp_enable_timer=p.pp_enable_timer,
     ), []
+
+
+def _expert_problems(p: ParallelConfig) -> list[str]:
+    """Expert parallelism: ep divides the data-parallel ranks (dp x sharding) of each (pp, cp, tp) coordinate."""
+    if p.ep <= 1:
+        return []
+    data = p.data_parallel()
+    if data % p.ep:
+        fits = [k for k in range(2, data + 1) if data % k == 0]
+        hint = f"use parallel.ep in {fits}" if fits else "add data-parallel ranks (parallel.dp or parallel.sharding)"
+        return [f"parallel.ep={p.ep} does not divide the data-parallel ranks parallel.dp={p.dp} x parallel.sharding="
+                f"{p.sharding} = {data}: the routed experts are spread over ep of the data-parallel ranks of each "
+                f"(pp, cp, tp) coordinate; {hint}"]
+    problems = []
+    if p.sharding > 1 and p.sharding_stage != 1:
+        problems.append(f"parallel.ep={p.ep} with parallel.sharding_stage={p.sharding_stage}: expert parallelism "
+                        "composes with ZeRO-1 only for now (Paddle's ZeRO-2/3 wrappers would treat the ranks' "
+                        "different experts as one replicated parameter); use parallel.sharding_stage=1")
+    if p.sharding > 1 and p.ep != p.sharding:
+        problems.append(f"parallel.ep={p.ep} with parallel.sharding={p.sharding}: under sharding the experts' "
+                        "optimizer states are kept out of the sharded partition only when the ep group is the "
+                        f"sharding group, for now; use parallel.ep={p.sharding}")
+    return problems
 
 
 def _cp_problems(p: ParallelConfig) -> list[str]:

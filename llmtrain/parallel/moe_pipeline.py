@@ -102,5 +102,5 @@ def attach_pipeline_moe(pipe, model_cfg, layout, topo) -> list:
         return []
     layers = moe_layers(pipe)
     attach_balancing_losses(layers, 1.0 / layout.grad_accum)
-    return [PipelineMoEStats(layers, model_cfg, topo.hcg.get_pipe_parallel_group(), topo.pp_rank == 0,
+    return [PipelineMoEStats(layers, model_cfg, topo.group("pp"), topo.pp_rank == 0,
                              layout.grad_accum)]

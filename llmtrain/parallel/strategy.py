@@ -7,14 +7,14 @@ On CPU the stand-ins of `llmtrain.paddle_compat.cpu_backend` are installed first
 """
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import paddle
 import paddle.distributed as dist
 
+from llmtrain.parallel.groups import KINDS
 from llmtrain.parallel.layout import Layout
 
 FLEET_AXIS = {"dp": "dp", "pp": "pp", "sharding": "sharding", "tp": "mp", "cp": "sep"}
@@ -28,9 +28,7 @@ def build_strategy(layout: Layout, seed: int, on_cpu: Optional[bool] = None):
     from llmtrain.parallel.overlap import apply_overlap
 
     strategy = fleet.DistributedStrategy()
-    order = [FLEET_AXIS[a] for a in layout.order]
-    if "sep" not in order:  # fleet's grid always has a sep axis: context parallelism (cp), trivial when cp = 1
-        order.insert(order.index("mp"), "sep")
+    order = [FLEET_AXIS[a] for a in layout.grid]  # fleet's grid always has a sep axis: cp, trivial when cp = 1
     strategy.hybrid_configs = {
         "dp_degree": layout.dp,
         "mp_degree": layout.tp,
@@ -54,48 +52,66 @@ def build_strategy(layout: Layout, seed: int, on_cpu: Optional[bool] = None):
 
 @dataclass
 class Topology:
-    """Where this process sits in the layout."""
+    """Where this process sits in the layout, and its process groups: `group(kind)`, `rank_in(kind)`, `ranks(kind)`
+    for the kinds of `Layout.group_ranks` (dp, sharding, pp, cp, tp, data, ep, edp), created once by
+    `init_distributed`. A one-process topology (or a stand-in whose layout has one rank) is rank 0 of size 1 in
+    every kind."""
 
     rank: int = 0
     world: int = 1
-    data_rank: int = 0
-    """Index among data-parallel readers (dp x sharding); tp/pp peers share it."""
-    data_world: int = 1
-    dp_rank: int = 0
-    """Rank in the (pure) data-parallel group."""
-    tp_rank: int = 0
-    pp_rank: int = 0
-    sharding_rank: int = 0
+    layout: Layout = field(default_factory=Layout)
+    """The validated layout whose groups these are."""
+    groups: dict = field(default_factory=dict)
+    """kind -> this rank's process group of that kind (kinds of one member have none)."""
     hcg: Optional[Any] = None
-    """fleet's HybridCommunicateGroup (None on a single process)."""
-    ep_rank: int = 0
-    """Rank in this process's expert-parallel group (which block of experts it holds)."""
-    ep_group: Optional[Any] = None
-    """The ep consecutive dp ranks that share out the experts (None when ep == 1)."""
-    expert_dp_group: Optional[Any] = None
-    """The dp ranks holding the same experts as this one (None when dp == ep)."""
-    cp_rank: int = 0
-    """Rank in this process's context-parallel group: it holds chunks cp_rank and 2·cp-1-cp_rank of each sequence."""
-    cp_world: int = 1
-    """Context-parallel degree (ranks sharing one sequence)."""
-    cp_group: Optional[Any] = None
-    """The context-parallel group (fleet's `sep` group; None when cp == 1)."""
+    """fleet's HybridCommunicateGroup (None on a single process): what fleet's own layers and wrappers take."""
     on_cpu: bool = True
+    _members: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def ranks(self, kind: str) -> list[int]:
+        """The global ranks of this rank's group of `kind`, in group order."""
+        if kind not in self._members:
+            self._members[kind] = [self.rank] if self.layout.world == 1 else \
+                next(g for g in self.layout.group_ranks(kind) if self.rank in g)
+        return self._members[kind]
+
+    def rank_in(self, kind: str) -> int:
+        """This rank's index in its group of `kind`."""
+        return self.ranks(kind).index(self.rank)
+
+    def size(self, kind: str) -> int:
+        """Members of this rank's group of `kind` (the degree)."""
+        return len(self.ranks(kind))
+
+    def group(self, kind: str):
+        """This rank's process group of `kind`, or None when that group has one member."""
+        return self.groups.get(kind)
+
+    data_rank = property(lambda self: self.rank_in("data"), doc="Index among the data-parallel readers (dp x sharding).")
+    data_world = property(lambda self: self.size("data"), doc="Data-parallel readers: dp x sharding.")
+    dp_rank = property(lambda self: self.rank_in("dp"), doc="Rank in the (pure) data-parallel group.")
+    tp_rank = property(lambda self: self.rank_in("tp"))
+    pp_rank = property(lambda self: self.rank_in("pp"))
+    sharding_rank = property(lambda self: self.rank_in("sharding"))
+    cp_rank = property(lambda self: self.rank_in("cp"), doc="Rank in the context-parallel group: it holds chunks "
+                                                            "cp_rank and 2·cp-1-cp_rank of each sequence.")
+    cp_world = property(lambda self: self.size("cp"), doc="Context-parallel degree (ranks sharing one sequence).")
+    cp_group = property(lambda self: self.group("cp"), doc="The context-parallel group (fleet's `sep`), or None.")
+    ep_rank = property(lambda self: self.rank_in("ep"), doc="Which block of num_experts / ep experts this rank holds.")
+    ep_group = property(lambda self: self.group("ep"), doc="The ranks sharing out the experts, or None.")
+    expert_dp_group = property(lambda self: self.group("edp"), doc="The ranks holding the same experts, or None.")
 
     @property
     def is_last_stage(self) -> bool:
-        return self.hcg is None or self.pp_rank == self.hcg.get_pipe_parallel_world_size() - 1
+        return self.pp_rank == self.layout.pp - 1
 
     def data_group(self):
         """Groups over which data-parallel quantities (tokens, loss) are summed: dp then sharding."""
-        if self.hcg is None:
-            return []
-        groups = []
-        if self.hcg.get_data_parallel_world_size() > 1:
-            groups.append(self.hcg.get_data_parallel_group())
-        if self.hcg.get_sharding_parallel_world_size() > 1:
-            groups.append(self.hcg.get_sharding_parallel_group())
-        return groups
+        return [g for g in (self.group("dp"), self.group("sharding")) if g is not None]
+
+    def members(self) -> dict:
+        """{kind: the global ranks of this rank's group of that kind} for every kind (memory.json names them)."""
+        return {kind: self.ranks(kind) for kind in KINDS}
 
 
 def world_size_from_env() -> int:
@@ -104,68 +120,71 @@ def world_size_from_env() -> int:
 
 
 _ACTIVE: dict = {}
+"""The process's fleet topology: fleet.init runs once per process, so a later call reuses its groups."""
 
 
 def init_distributed(layout: Layout, seed: int) -> Topology:
-    """fleet.init(is_collective=True) with our strategy (skipped on a single process).
+    """fleet.init(is_collective=True) with our strategy (skipped on a single process), then every group of
+    `Layout.group_ranks` that fleet did not create, in one fixed order on every rank (`KINDS`).
 
-    A second call in the same process with the same degrees and batch layout
-    returns the same topology (several runs in one launch, as the parity tests do);
-    another layout is refused, since fleet's groups cannot be rebuilt."""
+    A second call in the same process with the same degrees and batch layout reuses fleet and the groups made
+    before, creating only those of a new expert-parallel degree (several runs in one launch, as the parity tests
+    do); another grid is refused, since fleet's groups cannot be rebuilt."""
     on_cpu = paddle.get_device() == "cpu"
     if on_cpu:  # freed tensors stay in the process (no page faults per new tensor), as on a GPU
         from llmtrain.paddle_compat.cpu_backend.host_allocator import keep_freed_memory
 
         keep_freed_memory()
     if not layout.distributed:
-        return Topology(on_cpu=on_cpu)
+        return Topology(layout=layout, on_cpu=on_cpu)
     key = (layout.dp, layout.tp, layout.pp, layout.sharding, layout.cp, tuple(layout.order), layout.grad_accum,
            layout.micro_batch)
     if _ACTIVE:
         if _ACTIVE["key"] != key:
             raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
-        return _with_expert_groups(_ACTIVE["topo"], layout.ep)
-    from paddle.distributed import fleet
+    else:
+        from paddle.distributed import fleet
 
-    strategy = build_strategy(layout, seed)
-    if on_cpu:
-        from llmtrain.paddle_compat import cpu_backend
+        strategy = build_strategy(layout, seed)
+        if on_cpu:
+            from llmtrain.paddle_compat import cpu_backend
 
-        cpu_backend.install()
-        cpu_backend.check_strategy(strategy)  # refuses fleet options the CPU stand-ins cannot serve
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
-    dp_rank, sh_rank = hcg.get_data_parallel_rank(), hcg.get_sharding_parallel_rank()
-    topo = Topology(
-        rank=dist.get_rank(),
-        world=dist.get_world_size(),
-        data_rank=dp_rank * layout.sharding + sh_rank,
-        data_world=layout.data_parallel,
-        dp_rank=dp_rank,
-        tp_rank=hcg.get_model_parallel_rank(),
-        pp_rank=hcg.get_stage_id(),
-        sharding_rank=sh_rank,
-        hcg=hcg,
-        cp_rank=hcg.get_sep_parallel_rank(),
-        cp_world=layout.cp,
-        cp_group=hcg.get_sep_parallel_group() if layout.cp > 1 else None,
-        on_cpu=on_cpu,
-    )
-    _ACTIVE.update(key=key, topo=topo)
-    return _with_expert_groups(topo, layout.ep)
+            cpu_backend.install()
+            cpu_backend.check_strategy(strategy)  # refuses fleet options the CPU stand-ins cannot serve
+        fleet.init(is_collective=True, strategy=strategy)
+        hcg = fleet.get_hybrid_communicate_group()
+        _ACTIVE.update(key=key, hcg=hcg, made=_fleet_groups(layout, hcg, dist.get_rank()))
+    rank = dist.get_rank()
+    made = _ACTIVE["made"]
+    mine = {}
+    for kind in KINDS:
+        for members in layout.group_ranks(kind):
+            if len(members) > 1 and tuple(members) not in made:
+                made[tuple(members)] = dist.new_group(members)  # every rank, every group, the same order
+            if rank in members and len(members) > 1:
+                mine[kind] = made[tuple(members)]
+    return Topology(rank=rank, world=dist.get_world_size(), layout=layout, groups=mine, hcg=_ACTIVE["hcg"],
+                    on_cpu=on_cpu)
 
 
-def _with_expert_groups(topo: Topology, ep: int) -> Topology:
-    """`topo` with this rank's expert-parallel groups for degree `ep` (created once per degree, on every rank:
-    runs in one launch may differ in ep, the groups are carved out of the same dp groups)."""
-    if ep <= 1:
-        return topo
-    if ep not in _EXPERT_GROUPS:
-        from llmtrain.parallel.experts import expert_groups
-
-        _EXPERT_GROUPS[ep] = expert_groups(topo.hcg, ep, topo.rank)
-    ep_rank, ep_group, edp_group = _EXPERT_GROUPS[ep]
-    return dataclasses.replace(topo, ep_rank=ep_rank, ep_group=ep_group, expert_dp_group=edp_group)
+FLEET_GROUPS = {"dp": "get_data_parallel_group", "pp": "get_pipe_parallel_group",
+                "sharding": "get_sharding_parallel_group", "cp": "get_sep_parallel_group",
+                "tp": "get_model_parallel_group"}
 
 
-_EXPERT_GROUPS: dict = {}
+def _fleet_groups(layout: Layout, hcg, rank: int) -> dict:
+    """{members: process group} of the groups fleet created for this rank, checked against `Layout.group_ranks`;
+    every rank records the same keys (members of groups it is not in map to None), so later `new_group` calls
+    skip the same groups everywhere."""
+    made = {}
+    for kind, getter in FLEET_GROUPS.items():
+        for members in layout.group_ranks(kind):
+            if len(members) > 1:
+                made[tuple(members)] = None
+                if rank in members:
+                    group = getattr(hcg, getter)()
+                    if list(group.ranks) != members:
+                        raise RuntimeError(f"fleet's {kind} group of rank {rank} is {list(group.ranks)}, the layout "
+                                           f"says {members} (order {list(layout.grid)})")
+                    made[tuple(members)] = group
+    return made

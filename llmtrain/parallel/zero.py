@@ -90,9 +90,7 @@ def _install_recorder(optimizer, group) -> RecordingShardedClip:
 def wrap_zero(core, optimizer, scaler, layout, topo):
     """ZeRO-2/3 wrappers over the sharding group; returns (model, optimizer, scaler, step hooks) with a recording
     clip."""
-    hcg = topo.hcg
-    group = hcg.get_sharding_parallel_group()
-    dp_group = hcg.get_data_parallel_group() if layout.dp > 1 else None
+    group, dp_group = topo.group("sharding"), topo.group("dp")
     extra = {}
     if layout.sharding_stage == 3:
         # Stage 3 gathers a sliced parameter only around its own layer's forward; a tied word

@@ -11,9 +11,10 @@ are gathered with `all_gather_object` (a few kB each, no file I/O before or insi
 collective), rank 0 writes `<run.dir>/memory.json` and logs one line:
 
     {"format": "llmtrain-memory-1", "step": <first step of the run>,
-     "layout": {dp, tp, pp, sharding, sharding_stage, virtual_pp, cp},
+     "layout": {dp, tp, pp, sharding, sharding_stage, virtual_pp, cp, ep},
      "model_numel": <parameters of the whole model, a tied table once>,
-     "ranks": [{"rank", "dp_rank", "tp_rank", "pp_rank", "sharding_rank", "cp_rank",
+     "ranks": [{"rank", "dp_rank", "tp_rank", "pp_rank", "sharding_rank", "cp_rank", "ep_rank",
+                "groups": {kind: [global ranks of this rank's group]} for dp, pp, sharding, cp, tp, data, ep, edp,
                 "params": {canonical name: {"shape", "numel", "bytes"[, "zero3"]}},
                 "param_numel", "param_bytes",
                 "optimizer_numel", "optimizer_bytes", "optimizer_params": {canonical name: numel},
@@ -153,7 +154,8 @@ def measure_rank(built, topo) -> dict:
     grad_bytes = _union_bytes(grad_spans)
     return {
         "rank": topo.rank, "dp_rank": topo.dp_rank, "tp_rank": topo.tp_rank, "pp_rank": topo.pp_rank,
-        "sharding_rank": topo.sharding_rank, "cp_rank": getattr(topo, "cp_rank", 0),
+        "sharding_rank": topo.sharding_rank, "cp_rank": topo.cp_rank, "ep_rank": topo.ep_rank,
+        "groups": topo.members(),
         "params": params,
         "param_numel": sum(p["numel"] for p in params.values()),
         "param_bytes": sum(p["bytes"] for p in params.values()),
@@ -198,7 +200,7 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
     report = {
         "format": FORMAT,
         "step": step,
-        "layout": {k: getattr(layout, k, 1) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp")},
+        "layout": {k: getattr(layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp", "ep")},
         "model_numel": int(model_numel),
         "ranks": entries,
         "predicted": predicted,

@@ -31,6 +31,7 @@ from llmtrain.models.experts import Experts
 from llmtrain.models.moe import route
 from llmtrain.models.roles import Roles
 from llmtrain.parallel import experts as ep_module
+from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.strategy import Topology
 
 EP, E, K, T, H = 2, 4, 2, 6, 16
@@ -74,6 +75,11 @@ class ThreadGroup:
         tensor.set_value(paddle.to_tensor(np.max(np.stack(self._share(tensor.numpy())), axis=0)))
 
 
+def _topo(rank, group):
+    """Rank `rank` of an ep-EP layout whose ep group is `group` (the thread group standing in for NCCL)."""
+    return Topology(rank=rank, world=EP, layout=Layout(dp=EP, ep=EP), groups={} if group is None else {"ep": group})
+
+
 def _cfg(tiny_llama, factor):
     return dataclasses.replace(tiny_llama, hidden_size=H, moe_num_experts=E, moe_top_k=K, moe_ffn_hidden_size=8,
                                moe_capacity_factor=factor)
@@ -112,7 +118,7 @@ def test_two_rank_alltoall_equals_one_process(tiny_llama, monkeypatch, factor):
     with reaches("alltoall-dispatch"), monkeypatch.context() as gpu:
         gpu.setattr(paddle, "get_device", lambda *a: "gpu:0")
         for r in range(EP):
-            roles = ep_module.ExpertParallelRoles(Roles(), Topology(ep_rank=r, ep_group=group), EP, "auto")
+            roles = ep_module.ExpertParallelRoles(Roles(), _topo(r, group), EP, "auto")
             layers.append(roles.experts(cfg))
     assert all(isinstance(layer.dispatcher.exchange, ep_module.AllToAllExchange) for layer in layers)
     for r, layer in enumerate(layers):
@@ -167,8 +173,8 @@ def test_two_rank_alltoall_equals_one_process(tiny_llama, monkeypatch, factor):
 def test_cpu_refuses_the_alltoall_dispatcher_and_auto_takes_allgather(tiny_llama):
     if ON_GPU:
         pytest.skip("on a GPU the all-to-all dispatcher is built over NCCL; this test checks the CPU build refuses it")
-    roles = ep_module.ExpertParallelRoles(Roles(), Topology(ep_rank=0, ep_group=None), EP, "alltoall")
+    roles = ep_module.ExpertParallelRoles(Roles(), _topo(0, None), EP, "alltoall")
     with pytest.raises(RuntimeError, match="ep_dispatcher=alltoall needs NCCL"):
         roles.experts(_cfg(tiny_llama, 0.0))
-    auto = ep_module.ExpertParallelRoles(Roles(), Topology(ep_rank=0, ep_group=None), EP, "auto")
+    auto = ep_module.ExpertParallelRoles(Roles(), _topo(0, None), EP, "auto")
     assert isinstance(auto.experts(_cfg(tiny_llama, 0.0)).dispatcher.exchange, ep_module.AllGatherExchange)

@@ -60,6 +60,7 @@ class Degrees:
     stage: int = 1
     vpp: int = 1
     cp: int = 1
+    ep: int = 1
 
     @property
     def world(self) -> int:
@@ -102,7 +103,7 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
     assert ref["model_numel"] == got["model_numel"] == sum(numel.values()), (ref["model_numel"], got["model_numel"])
     assert all(ref["ranks"][0]["optimizer_params"][n] == adam_state(k) for n, k in numel.items())
     assert got["layout"] == {"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
-                             "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp}, (layout, got["layout"])
+                             "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep}, (layout, got["layout"])
     ranks = got["ranks"]
     assert [e["rank"] for e in ranks] == list(range(d.world)), layout
     coords = sorted((e["dp_rank"], e["tp_rank"], e["pp_rank"], e["sharding_rank"], e.get("cp_rank", 0)) for e in ranks)
@@ -173,6 +174,31 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
             assert e["grad_bytes"] > 0, (layout, e["rank"])
         else:
             assert e["grad_bytes"] == e["param_bytes"], (layout, e["rank"], e["grad_bytes"], e["param_bytes"])
+
+
+AXIS_OF = {"dp": "dp_rank", "tp": "tp_rank", "pp": "pp_rank", "sharding": "sharding_rank", "cp": "cp_rank"}
+
+
+def check_groups(got: dict, sharding: int, ep: int) -> None:
+    """Every rank's memory.json "groups" from its coordinates: an axis kind holds the ranks equal in every other
+    coordinate, ordered by that axis; "data" the ranks of one (tp, pp, cp) coordinate ordered by the data index
+    dp_rank x sharding + sharding_rank; "ep" those of its data group with the same data index // ep, "edp" with
+    the same data index mod ep; every rank of a group names the same group."""
+    ranks = {e["rank"]: e for e in got["ranks"]}
+    coord = {r: {a: e.get(k, 0) for a, k in AXIS_OF.items()} for r, e in ranks.items()}
+    index = {r: c["dp"] * sharding + c["sharding"] for r, c in coord.items()}
+    for r, e in ranks.items():
+        want = {}
+        for axis in AXIS_OF:
+            same = [m for m in ranks if all(coord[m][a] == coord[r][a] for a in AXIS_OF if a != axis)]
+            want[axis] = sorted(same, key=lambda m: coord[m][axis])
+        data = sorted((m for m in ranks if all(coord[m][a] == coord[r][a] for a in ("tp", "pp", "cp"))),
+                      key=index.get)
+        want["data"] = data
+        want["ep"] = [m for m in data if index[m] // ep == index[r] // ep]
+        want["edp"] = [m for m in data if index[m] % ep == index[r] % ep]
+        assert e["groups"] == want, f"rank {r}: memory.json groups {e['groups']}, the layout says {want}"
+        assert e["ep_rank"] == want["ep"].index(r), (r, e["ep_rank"], want["ep"])
 
 
 def check_zero3_slice(layout: str, e: dict, name: str, p: dict, full_shape: list) -> None:

@@ -26,7 +26,7 @@ import pytest
 from context_checks import check_context
 from launch import metrics, run_many
 from llmtest import tiny_overrides
-from memory_checks import check_memory, check_predicted
+from memory_checks import check_groups, check_memory, check_predicted
 
 STEPS, TOL, SEQ, LAYERS, HEADS, MICRO = 4, 1e-5, 32, 4, 4, 2
 DOCS = ["data.document_mask=true", "data.reset_position_ids=true"]
@@ -145,6 +145,7 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
         stage = next((o.split("=")[1] for o in extra if o.startswith("parallel.sharding_stage=")), None)
         held_layout = f"zero{stage}cp2" if stage else layout
         check_memory(memory, ref_memory, held_layout, tied=model == "gpt", segment_size=1024 if stage == "3" else 2**20)
+        check_groups(memory, d.get("sharding", 1), 1)
         check_predicted(memory, held_layout)
         comm = next((o.split("=")[1] for o in extra if o.startswith("parallel.cp_comm=")), "ring")
         calls = LAYERS // d["pp"] * accum * MICRO * (2 if "train.recompute=true" in extra else 1)  # recompute: twice

@@ -37,10 +37,14 @@ def test_ep_is_carved_out_of_dp():
 
 
 @pytest.mark.parametrize("parallel,world,message", [
-    (ParallelConfig(dp=3, ep=2), 3, "parallel.ep=2 does not divide parallel.dp=3"),
-    (ParallelConfig(dp=1, pp=2, ep=2), 2, "parallel.ep=2 does not divide parallel.dp=1"),
-    (ParallelConfig(sharding=4, ep=2), 4, "parallel.ep=2 with parallel.sharding=4: with sharding, the ep group is the "
-                                          "sharding group"),
+    (ParallelConfig(dp=3, ep=2), 3, "parallel.ep=2 does not divide the data-parallel ranks parallel.dp=3 x "
+                                    "parallel.sharding=1 = 3: the routed experts are spread over ep of the data-parallel "
+                                    "ranks of each (pp, cp, tp) coordinate; use parallel.ep in [3]"),
+    (ParallelConfig(dp=1, pp=2, ep=2), 2, "parallel.dp=1 x parallel.sharding=1 = 1: the routed experts are spread over "
+                                          "ep of the data-parallel ranks of each (pp, cp, tp) coordinate; add "
+                                          "data-parallel ranks"),
+    (ParallelConfig(sharding=4, ep=2), 4, "parallel.ep=2 with parallel.sharding=4: under sharding the experts' "
+                                          "optimizer states"),
     (ParallelConfig(sharding=2, sharding_stage=2, ep=2), 2, "parallel.ep=2 with parallel.sharding_stage=2"),
     (ParallelConfig(dp=4, ep=4), 4, "model.moe_num_experts=6 is not divisible by parallel.ep=4"),
     (ParallelConfig(dp=2, ep=0), 2, "parallel.ep=0: must be >= 1"),

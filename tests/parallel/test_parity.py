@@ -48,7 +48,7 @@ from llmtest import tiny_overrides
 from launch import metrics, run_many
 from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
-from memory_checks import DEGREES, check_expert_memory, check_memory, check_predicted
+from memory_checks import DEGREES, check_expert_memory, check_groups, check_memory, check_predicted
 
 MODELS = ("gpt", "llama")
 LAYERS = ["model.num_layers=8"]
@@ -267,6 +267,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         print(f"dp2 gloo collectives (alpha s, bus bytes/s): {check_collectives(runs_dir / 'collectives')}")
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(runs_dir / n)
+        check_groups(_memory(runs_dir / n), DEGREES[layout].sharding, 2 if n.endswith("_ep2") else 1)
         lora = reference_name(n) == "llama_lora"
         if lora:  # evaluation: the same exact token-weighted loss and token count as one process
             ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in (ref, got))
@@ -327,7 +328,7 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
         one = reference[n]["memory"]
         coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
         fake = dict(one, layout={"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
-                                 "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp},
+                                 "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep},
                     ranks=[dict(one["ranks"][0], rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2], sharding_rank=c[3])
                            for r, c in enumerate(coords)])
         check = lambda: check_memory(fake, one, layout, tied=TIED[n], segment_size=1024 if layout == "zero3" else 2**20)
