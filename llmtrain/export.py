@@ -22,7 +22,9 @@ written by `llmtrain.interop.write_paddlenlp_checkpoint` as a GPT (learned posit
 or Llama (RoPE) model, atomically. The tokenizer is included when --tokenizer is
 given or the checkpoint's resolved config names one (`data.tokenizer`); its sha256
 must equal the one the checkpoint recorded, so a model never ships with a tokenizer
-it was not trained with. Weights are fp32; `--safetensors` writes `model.safetensors`
+it was not trained with. config.json's bos/eos/pad token ids, in every format, are that tokenizer's (the ones
+the checkpoint recorded when none is shipped), checked against the tokenizer files shipped beside them (which
+name its bos/eos/pad/unk pieces). Weights are fp32; `--safetensors` writes `model.safetensors`
 instead of the pickled `model_state.pdparams`.
 
 A LoRA checkpoint (adapters only, with a pointer to its base in the manifest) is written
@@ -41,6 +43,7 @@ from typing import Optional
 
 from llmtrain.checkpoint.reader import Manifest, find_checkpoint, merged_state, model_state, tokenizer_of
 from llmtrain.errors import CheckpointReadError
+from llmtrain.interop.tokenizer_files import recorded_token_ids
 from llmtrain.utils.cli import ArgumentParser
 
 
@@ -128,15 +131,17 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         state = merged_state(manifest, state)
     elif merge_lora:
         raise ExportError(f"--merge-lora: {ckpt_dir} is not a LoRA checkpoint (its manifest has no 'lora' entry)")
+    ids = recorded_token_ids(manifest.tokenizer)  # the run's tokenizer's, when no tokenizer directory is shipped
     if fmt in ("hf", "paddleformers"):
         from llmtrain.interop.hf_format import write_hf_checkpoint
 
         info = write_hf_checkpoint(cfg, state, output, tokenizer_dir=tok, overwrite=overwrite,
                                    family=_hf_family(cfg, fmt, cfg.init_from),
-                                   layout="paddleformers" if fmt == "paddleformers" else "huggingface")
+                                   layout="paddleformers" if fmt == "paddleformers" else "huggingface",
+                                   special_ids=ids)
     else:
         info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
-                                          overwrite=overwrite)
+                                          overwrite=overwrite, special_ids=ids)
     info["checkpoint"] = ckpt_dir
     info["format"] = fmt
     info["read"] = manifest.describe()

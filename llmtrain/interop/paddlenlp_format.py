@@ -29,7 +29,7 @@ from llmtrain.interop.keys import (SourceTensors, UnsupportedConfig, attention_v
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, read_tensors, write_pdparams,
                                            staged_dir, write_safetensors)
-from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokenizer_files
+from llmtrain.interop.tokenizer_files import find_tokenizer_model, special_id_problems, write_tokenizer_files
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
@@ -150,13 +150,17 @@ def paddlenlp_family(cfg: ModelConfig) -> str:
 
 
 def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
-                               tokenizer_dir: Optional[str] = None, overwrite: bool = False) -> dict:
+                               tokenizer_dir: Optional[str] = None, overwrite: bool = False,
+                               special_ids: Optional[dict] = None) -> dict:
     """Write `state` (canonical name -> full tensor) as a PaddleNLP checkpoint directory; returns what was written.
 
     safetensors: `model.safetensors` (else the pickled `model_state.pdparams`), fp32 either way.
     tokenizer_dir: our SentencePiece tokenizer directory (or `.model` file) to include, loadable
         by both our `load_tokenizer` and PaddleNLP's `AutoTokenizer` (see `tokenizer_files.py`).
     overwrite: replace an existing `out_dir` (the old one is removed only after the new one is in place).
+    special_ids: config.json's `<k>_token_id` when no tokenizer is shipped (a decoder's; the checkpoint's recorded
+        tokenizer, `tokenizer_files.recorded_token_ids`); a shipped tokenizer's own ids are written otherwise and
+        checked against its files.
     """
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
@@ -181,6 +185,12 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
         if tokenizer_dir is not None:
             config.update(ernie.write_tokenizer(tokenizer_dir, tmp, model_cfg) if family == "ernie"
                           else write_tokenizer_files(tokenizer_dir, tmp, model_cfg.vocab_size))
+        elif family != "ernie":  # ERNIE's pad id is the model's (its zeroed embedding row)
+            config.update(special_ids or {})
+        bad = special_id_problems(tmp, config) if family != "ernie" else []
+        if bad:
+            raise UnsupportedConfig(f"{out_dir}: the special-token ids disagree with the shipped tokenizer: "
+                                    + "; ".join(bad))
         weights = SAFE_SINGLE if safetensors else PICKLE_SINGLE
         (write_safetensors if safetensors else write_pdparams)(tensors, os.path.join(tmp, weights))
         with open(os.path.join(tmp, "config.json"), "w") as f:
