@@ -9,9 +9,11 @@
 
 --format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE,
 DeepSeek-V2/V3 or an ERNIE 4.5 `-PT` style directory: config.json + safetensors shards + index,
-`llmtrain.interop.hf_format`), `paddleformers` (ERNIE 4.5 as PaddleFormers 1.2.0's save_pretrained writes it,
-`llmtrain.interop.ernie45`), or `auto` (the default): the format the run started from (`model.init_from`: a
-PaddleFormers ERNIE 4.5 directory -> paddleformers, another Hugging Face-layout one -> hf), else `paddlenlp`.
+`llmtrain.interop.hf_format`; ERNIE 4.5 when `model.hf_family` says so, as its presets and imports do),
+`paddleformers` (ERNIE 4.5 as PaddleFormers 1.2.0's save_pretrained writes it, `llmtrain.interop.ernie45`), or
+`auto` (the default): the format the run started from (`model.init_from`: a PaddleFormers ERNIE 4.5 directory ->
+paddleformers, another Hugging Face-layout one -> hf), else `paddlenlp`. A format the model cannot be written in is
+refused before any tensor is read, naming the formats it can be (`llmtrain.interop.formats`).
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
 in which case the newest complete checkpoint is used (the command names the run and step it read) (`llmtrain.checkpoint.reader`, the
@@ -76,14 +78,28 @@ def source_family(init_from: Optional[str]) -> Optional[str]:
     return hf_family(read_config(init_from), init_from)
 
 
-def _hf_family(cfg, fmt: str, init_from: Optional[str]) -> Optional[str]:
-    """The HF model type an `hf` / `paddleformers` export writes: ERNIE 4.5 for `paddleformers` or an ERNIE source
-    (its dense blocks are a Llama's: only the source tells them apart), else None (`hf_config.hf_family_for`)."""
+def _model_for_export(cfg):
+    """`cfg` with `hf_family` filled in for checkpoints written before it was recorded: ERNIE 4.5 when the run
+    started from an ERNIE 4.5 directory that is still there (its dense blocks are a Llama's)."""
+    import dataclasses
+
     from llmtrain.interop import ernie45
 
-    if fmt == "paddleformers" or source_family(init_from) in ernie45.ARCHITECTURES:
-        return ernie45.family_of(cfg)
-    return None
+    if cfg.hf_family is None and source_family(cfg.init_from) in ernie45.ARCHITECTURES:
+        return dataclasses.replace(cfg, hf_family="ernie4_5")
+    return cfg
+
+
+def check_format(cfg, fmt: str, ckpt_dir: str) -> None:
+    """Refuse, before any tensor is read, a format the model cannot be written in, naming those it can."""
+    from llmtrain.interop.formats import describe_formats, written_as
+    from llmtrain.interop.keys import UnsupportedConfig
+
+    try:
+        written_as(cfg, fmt)
+    except UnsupportedConfig as e:
+        raise ExportError(f"{ckpt_dir}: --format {fmt}: {e}. This model can be exported as: "
+                          f"{describe_formats(cfg)}") from None
 
 
 def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetensors: bool = False,
@@ -99,9 +115,11 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
     from llmtrain.interop import write_paddlenlp_checkpoint
 
     manifest = Manifest.read(find_checkpoint(checkpoint))
-    ckpt_dir, cfg, lora = manifest.path, manifest.model, manifest.lora
+    ckpt_dir, cfg, lora = manifest.path, _model_for_export(manifest.model), manifest.lora
     if fmt == "auto":
         fmt = source_format(cfg.init_from)
+    if lora is None or fmt == "hf":  # the model itself is written (adapter files are checked by their writers)
+        check_format(cfg, fmt, ckpt_dir)
     state = model_state(manifest)
     tok = tokenizer_of(manifest, tokenizer)
     merged_note = []
@@ -133,10 +151,11 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         raise ExportError(f"--merge-lora: {ckpt_dir} is not a LoRA checkpoint (its manifest has no 'lora' entry)")
     ids = recorded_token_ids(manifest.tokenizer)  # the run's tokenizer's, when no tokenizer directory is shipped
     if fmt in ("hf", "paddleformers"):
+        from llmtrain.interop.formats import hf_target
         from llmtrain.interop.hf_format import write_hf_checkpoint
 
         info = write_hf_checkpoint(cfg, state, output, tokenizer_dir=tok, overwrite=overwrite,
-                                   family=_hf_family(cfg, fmt, cfg.init_from),
+                                   family=hf_target(cfg, fmt),
                                    layout="paddleformers" if fmt == "paddleformers" else "huggingface",
                                    special_ids=ids)
     else:

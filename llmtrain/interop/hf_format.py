@@ -28,6 +28,7 @@ safetensors first.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -36,7 +37,7 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, hf_family_for
+from llmtrain.interop.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, export_notes, hf_family_for
 from llmtrain.interop.keys import EXPERT_LINEARS, SourceTensors, UnsupportedConfig, check_canonical, model_shapes
 from llmtrain.interop.tokenizer_files import special_id_problems, special_token_ids, write_special_token_files
 from llmtrain.interop.tensor_files import (SAFE_INDEX, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
@@ -207,6 +208,7 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
     name = name or f"hf-{os.path.basename(os.path.normpath(ckpt_dir))}"
     ds = _deepseek(family)
     cfg, notes = (ds.config_from_hf if ds else config_from_hf)(c, family, name, os.path.join(ckpt_dir, "config.json"))
+    cfg = dataclasses.replace(cfg, hf_family=family)  # an export writes the family it came from
     files, kind = find_weight_files(ckpt_dir)
     if kind != "safetensors":
         raise CheckpointFileError(f"{ckpt_dir}: Hugging Face {family} weights are read from safetensors only "
@@ -231,6 +233,23 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
     return cfg, state, meta
 
 
+def hf_config(cfg: ModelConfig, family: Optional[str] = None, layout: str = "huggingface") -> tuple[str, dict]:
+    """(model type, config.json fields) `cfg` is written as: `family`, else ERNIE 4.5 when `cfg.hf_family` says so
+    (dense or MoE as its experts say; its switches are a Llama's or a Qwen3-MoE's), else the one the switches imply
+    (`hf_family_for`). Raises UnsupportedConfig naming what that class cannot express (no tensor is needed)."""
+    from llmtrain.interop import ernie45
+
+    if family is None and cfg.hf_family in ernie45.ARCHITECTURES:
+        family = ernie45.family_of(cfg)
+    family = family or hf_family_for(cfg)
+    ds = _deepseek(family)
+    if layout != "huggingface" and not hasattr(ds, "layout_of"):
+        raise UnsupportedConfig(f"layout {layout!r}: only ERNIE 4.5 is written in PaddleFormers' layout here (for "
+                                f"{family} PaddleFormers' save_pretrained writes the Hugging Face layout: --format hf)")
+    config = ds.config_to_hf(cfg, layout) if hasattr(ds, "layout_of") else (ds.config_to_hf if ds else config_to_hf)(cfg)
+    return family, config
+
+
 def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_bytes: int = 2 * 2**30,
                         tokenizer_dir: Optional[str] = None, overwrite: bool = False, family: Optional[str] = None,
                         layout: str = "huggingface", special_ids: Optional[dict] = None) -> dict:
@@ -249,12 +268,8 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    family = family or hf_family_for(cfg)
+    family, config = hf_config(cfg, family, layout)
     ds = _deepseek(family)
-    if layout != "huggingface" and not hasattr(ds, "layout_of"):
-        raise UnsupportedConfig(f"layout {layout!r}: only ERNIE 4.5 is written in PaddleFormers' layout here (for "
-                                f"{family} PaddleFormers' save_pretrained writes the Hugging Face layout: --format hf)")
-    config = ds.config_to_hf(cfg, layout) if hasattr(ds, "layout_of") else (ds.config_to_hf if ds else config_to_hf)(cfg)
     tok = None
     if tokenizer_dir is not None:
         from llmtrain.tokenizer import load_tokenizer
@@ -303,4 +318,4 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
             json.dump(config, f, indent=2, sort_keys=True)
     return dict(family=(ds.ARCHITECTURES if ds else ARCHITECTURES)[family], out_dir=out_dir,
                 files=sorted(os.listdir(out_dir)),
-                config=config, notes=[], shards=len(shards))
+                config=config, notes=export_notes(cfg, family), shards=len(shards))

@@ -149,6 +149,23 @@ def paddlenlp_family(cfg: ModelConfig) -> str:
     return "qwen" if (cfg.has_qkv_bias() or cfg.bias) and cfg.kv_heads() == cfg.num_heads else "llama"
 
 
+def paddlenlp_config(model_cfg: ModelConfig) -> tuple[str, dict, list[str]]:
+    """(PaddleNLP family, config.json fields, notes) of the directory `model_cfg` is written as; raises
+    UnsupportedConfig naming the fields PaddleNLP's class cannot express (no tensor is needed)."""
+    family = paddlenlp_family(model_cfg)
+    module, _ = FAMILIES[family]
+    if family != "qwen" and model_cfg.has_qkv_bias() != model_cfg.bias:
+        raise UnsupportedConfig(f"model {model_cfg.name!r}: model.qkv_bias={model_cfg.qkv_bias} with bias="
+                                f"{model_cfg.bias} cannot be written as a PaddleNLP {family} (only Qwen has q/k/v-only "
+                                "biases; a grouped-query Qwen2 goes out with --format hf)")
+    variant = attention_variant_mismatches(model_cfg, family)
+    if variant:
+        raise UnsupportedConfig(f"model {model_cfg.name!r} cannot be written as a PaddleNLP {family}: "
+                                + "; ".join(variant))
+    config, notes = module.config_to_paddlenlp(model_cfg)
+    return family, config, notes
+
+
 def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
                                tokenizer_dir: Optional[str] = None, overwrite: bool = False,
                                special_ids: Optional[dict] = None) -> dict:
@@ -165,17 +182,8 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
     out_dir = os.path.normpath(out_dir)
     if os.path.exists(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
-    family = paddlenlp_family(model_cfg)
+    family, config, notes = paddlenlp_config(model_cfg)  # raises before any work if not expressible
     module, _ = FAMILIES[family]
-    if family != "qwen" and model_cfg.has_qkv_bias() != model_cfg.bias:
-        raise UnsupportedConfig(f"model {model_cfg.name!r}: model.qkv_bias={model_cfg.qkv_bias} with bias="
-                                f"{model_cfg.bias} cannot be written as a PaddleNLP {family} (only Qwen has q/k/v-only "
-                                "biases; a grouped-query Qwen2 goes out with --format hf)")
-    variant = attention_variant_mismatches(model_cfg, family)
-    if variant:
-        raise UnsupportedConfig(f"model {model_cfg.name!r} cannot be written as a PaddleNLP {family}: "
-                                + "; ".join(variant))
-    config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
     state = {k: _as_fp32(v) for k, v in state.items()}
     check_canonical(state, model_shapes(model_cfg), "state to export")
     tensors = module.from_canonical(state, model_cfg)
