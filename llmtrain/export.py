@@ -12,7 +12,8 @@ DeepSeek-V2/V3 or an ERNIE 4.5 `-PT` style directory: config.json + safetensors 
 `llmtrain.interop.hf_format`; ERNIE 4.5 when `model.hf_family` says so, as its presets and imports do),
 `paddleformers` (ERNIE 4.5 as PaddleFormers 1.2.0's save_pretrained writes it, `llmtrain.interop.ernie45`), or
 `auto` (the default): the format the run started from (`model.init_from`: a PaddleFormers ERNIE 4.5 directory ->
-paddleformers, another Hugging Face-layout one -> hf), else `paddlenlp`. A format the model cannot be written in is
+paddleformers, another Hugging Face-layout one -> hf), else the first the model can be written in (`auto_format`:
+paddleformers for ERNIE 4.5 presets, paddlenlp before hf otherwise). A format the model cannot be written in is
 refused before any tensor is read, naming the formats it can be (`llmtrain.interop.formats`).
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
@@ -78,6 +79,21 @@ def source_family(init_from: Optional[str]) -> Optional[str]:
     return hf_family(read_config(init_from), init_from)
 
 
+def auto_format(cfg) -> str:
+    """`--format auto`: the format of the Hugging Face-layout directory the run started from, else the first format
+    the model can be written in: ERNIE 4.5 (`model.hf_family`) paddleformers, another `hf_family` hf, else paddlenlp
+    before hf (a Qwen3 preset run goes out as hf, a Llama one as paddlenlp)."""
+    from llmtrain.interop import ernie45
+    from llmtrain.interop.formats import export_formats
+
+    if source_family(cfg.init_from) is not None:
+        return source_format(cfg.init_from)
+    order = (["paddleformers", "hf"] if cfg.hf_family in ernie45.ARCHITECTURES else
+             ["hf", "paddlenlp"] if cfg.hf_family else ["paddlenlp", "hf"])
+    can = export_formats(cfg)
+    return next((f for f in order if can[f] is None), order[0])
+
+
 def _model_for_export(cfg):
     """`cfg` with `hf_family` filled in for checkpoints written before it was recorded: ERNIE 4.5 when the run
     started from an ERNIE 4.5 directory that is still there (its dense blocks are a Llama's)."""
@@ -117,7 +133,7 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
     manifest = Manifest.read(find_checkpoint(checkpoint))
     ckpt_dir, cfg, lora = manifest.path, _model_for_export(manifest.model), manifest.lora
     if fmt == "auto":
-        fmt = source_format(cfg.init_from)
+        fmt = auto_format(cfg)
     if lora is None or fmt == "hf":  # the model itself is written (adapter files are checked by their writers)
         check_format(cfg, fmt, ckpt_dir)
     state = model_state(manifest)
