@@ -53,6 +53,16 @@ def list_checkpoints(root: str) -> list[tuple[int, str]]:
     return sorted(found.items(), reverse=True)
 
 
+def init_label(path: str) -> str:
+    """The model name a run started from `model.init_from=path` carries (and its default run name): one of our
+    checkpoints -> `<its model>-step<N>` (`gpt-tiny-step200`), another directory -> its name (`Qwen3-0.6B`)."""
+    manifest = read_manifest(path)
+    model = (manifest or {}).get("model")
+    if isinstance(model, dict) and model.get("name") and "step" in manifest:
+        return f"{model['name']}-step{manifest['step']}"
+    return os.path.basename(os.path.normpath(path))
+
+
 def read_manifest(path: str) -> Optional[dict]:
     """A checkpoint's manifest.json, parsed; None when it is missing or unreadable."""
     try:

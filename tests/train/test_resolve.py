@@ -86,3 +86,42 @@ def test_every_data_input_error_up_front(tiny_corpus, tmp_path):
                                f"data.masking.lexicon={lexicon}", f"run.dir={tmp_path / 'run'}"]))
     with pytest.raises(ConfigError, match=rf"data.masking.lexicon={lexicon}: {lexicon} does not exist; build one with"):
         resolve(ernie, world_size=1)
+
+
+def test_init_from_takes_the_architecture_and_name_of_the_checkpoint(tiny_corpus, tmp_path):
+    """`model=qwen3-0.6b model.init_from=DIR` (a Qwen3-shaped DIR) was refused against the preset's 151936-row
+    vocabulary, and without `model=` the run was named after the default gpt-tiny. Now: the architecture, model name
+    and run name are DIR's, a named preset is checked to be of DIR's kind, and the vocabulary is compared with the
+    tokenizer's."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from hf_tiny import make_hf_checkpoint
+
+    from llmtrain.tokenizer import load_tokenizer
+
+    rows = load_tokenizer(tiny_corpus["tokenizer"]).vocab_size
+    src, small = tmp_path / "Qwen3-tiny", tmp_path / "Qwen3-small-vocab"
+    make_hf_checkpoint(src, "qwen3", vocab_size=rows)
+    make_hf_checkpoint(small, "qwen3", vocab_size=rows - 128)
+    data = [f"data.prefixes=[{tiny_corpus['prefix']}]", f"data.tokenizer={tiny_corpus['tokenizer']}",
+            "data.seq_len=32", "checkpoint.resume=none"]
+
+    def run(*extra, named=None):
+        cfg = to_config(compose([*extra, *data]))
+        return cfg.run.name, resolve(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(tmp_path / "r"))),
+                                     world_size=1, model_named=named)
+
+    for extra, named in ((["model=qwen3-0.6b"], True), ([], False), ([], None)):
+        name, got = run(*extra, f"model.init_from={src}", named=named)
+        assert name == "Qwen3-tiny-single" and got.cfg.model.name == "Qwen3-tiny", (extra, name)
+        assert (got.cfg.model.hidden_size, got.cfg.model.vocab_size, got.cfg.model.qk_norm) == (32, rows, True)
+    with pytest.raises(ConfigError) as e:
+        run("model=gpt-tiny", f"model.init_from={src}", named=True)
+    assert f"model=gpt-tiny is not the kind of model model.init_from={src} holds (position learned vs rope, norm " \
+           "layernorm vs rmsnorm, activation gelu_tanh vs swiglu, qk_norm False vs True): the architecture is the " \
+           "checkpoint's, so drop model=" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        run(f"model.init_from={small}")
+    assert f"model.init_from={small}: the checkpoint's vocabulary has {rows - 128} rows, but data.tokenizer=" \
+           f"{tiny_corpus['tokenizer']} has {rows} ids" in str(e.value), str(e.value)
