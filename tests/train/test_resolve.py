@@ -88,6 +88,32 @@ def test_every_data_input_error_up_front(tiny_corpus, tmp_path):
         resolve(ernie, world_size=1)
 
 
+def test_an_empty_dataset_is_refused_up_front(tiny_corpus, tmp_path):
+    """An empty MMIDIDX prefix passed the up-front check and failed with a traceback once data loaded, and so did
+    fine-tuning on an empty file; now both are problems of resolve, with the counts and the file."""
+    import numpy as np
+
+    from llmtrain.config import compose_config
+    from llmtrain.data.indexed import IndexedWriter
+
+    empty = str(tmp_path / "empty_text_document")
+    writer = IndexedWriter(empty, np.uint16)
+    writer.finalize()
+    cfg = to_config(compose([f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.prefixes=[{empty}]",
+                             "data.seq_len=32", f"run.dir={tmp_path / 'run'}"]))
+    with pytest.raises(ConfigError, match=rf"no training sample: a sample takes data.seq_len \+ 1 = 33 tokens, and the "
+                                          rf"train split \(data.split='98,2,0'\) of {empty} holds 0 of its 0 documents, "
+                                          r"0 tokens\. Preprocess a corpus with text in it"):
+        resolve(cfg, world_size=1)
+    records = tmp_path / "chat.jsonl"
+    records.write_text('{"prompt": "你好", "response": ""}\n', encoding="utf-8")
+    sft = to_config(compose_config([f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.files=[{records}]",
+                                    f"run.dir={tmp_path / 'ft'}"], config_name="finetune"))
+    with pytest.raises(ConfigError, match=rf"data.files=\['{records}'\]: no usable example \(a prompt and a response "
+                                          r"within data.seq_len=\d+\): bad records: 1\n +no_response +1 .*\n +at .*chat.jsonl:1"):
+        resolve(sft, world_size=1)
+
+
 def test_init_from_takes_the_architecture_and_name_of_the_checkpoint(tiny_corpus, tmp_path):
     """`model=qwen3-0.6b model.init_from=DIR` (a Qwen3-shaped DIR) was refused against the preset's 151936-row
     vocabulary, and without `model=` the run was named after the default gpt-tiny. Now: the architecture, model name
