@@ -213,7 +213,8 @@ def review_run_dir(cfg, layout, tokenizer) -> RunDirReview:
                                                           f"configuration; to start a new run from it instead: "
                                                           f"model.init_from={target} (weights only)")
         return review
-    ordered, _ = resume_order([p for _, p in held])
+    ordered, passed_over = resume_order([p for _, p in held])  # healthy ones first; the newer anomalous are named
+    review.notes += passed_over
     damage = {p: quick_problems(p) for p in ordered}
     newest = next((p for p in ordered if not damage[p]), None)
     damaged = {p: v for p, v in damage.items() if v}
