@@ -43,6 +43,7 @@ from llmtrain.checkpoint.shards import HostBuffers
 from llmtrain.checkpoint.state import TrainingState
 from llmtrain.checkpoint.verify import verify_files
 from llmtrain.errors import CheckpointSaveError, ConfigError
+from llmtrain.parallel.config import layout_tag
 from llmtrain.parallel.job_comm import JobComm
 from llmtrain.utils.log import log0, log_all
 
@@ -211,7 +212,8 @@ class Checkpointer:
         self.restorer.rng(path, manifest)
         log0(
             f"resumed from {path}: step {manifest['step']}, {manifest['tokens_total']} tokens, "
-            f"written under {manifest['layout']} (world {manifest['world']}), now {self.layout.name} (world {self.topo.world})"
+            f"written under {layout_tag(manifest['layout'])} (world {manifest['world']}), now {self.layout.name} "
+            f"(world {self.topo.world})"
         )
         self.last_saved_step = manifest["step"]
         return ResumeState(step=manifest["step"], tokens_total=manifest["tokens_total"], path=path)

@@ -87,6 +87,15 @@ def publish(tmp: str, final: str, nonce: int) -> None:
         log0(f"{final} saved again: the copy it replaced is now {where}/checkpoints/{os.path.basename(final)}")
 
 
+LAYOUT_FIELDS = ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp", "ep", "sequence_parallel")
+
+
+def layout_entry(layout) -> dict:
+    """The manifest's `layout`: every degree the layout's name is made of (`parallel.config.layout_tag` names a cp2
+    checkpoint `cp2`, not `single`)."""
+    return {k: getattr(layout, k) for k in LAYOUT_FIELDS}
+
+
 class CheckpointWriter:
     """Snapshots and writes this rank's part of each save (rank 0 also the manifest, the rename, the pruning)."""
 
@@ -185,7 +194,7 @@ class CheckpointWriter:
         for component in self.state.components:  # the schedule, the loss scaler, the data position, skip windows
             manifest.update(component.state_dict())
         return manifest | {
-            "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")},
+            "layout": layout_entry(self.layout),
             "world": self.topo.world,
             "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
             "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),

@@ -118,3 +118,23 @@ def test_a_crash_between_the_renames_leaves_a_loadable_aside_copy(tiny_gpt, tmp_
                                                   r"checkpoint is .*step_1 \(step 1\), intact"):
         rig.save()
     assert read_manifest(rig.checkpoint(1))["save_nonce"] == nonce and not verify_files(rig.checkpoint(1))
+
+
+@pytest.mark.parametrize("preset,tag", [("cp2", "cp2"), ("tp2cp2", "tp2cp2sp"), ("ep2", "dp2ep2"), ("dp2tp2", "dp2tp2")])
+def test_a_checkpoint_names_its_layout_with_every_degree(preset, tag):
+    """A cp2 run's checkpoints used to call their layout "single" (the manifest held no cp): what export, generate
+    and a resume say comes from the manifest's layout entry, named as the run directory is."""
+    from llmtrain.checkpoint.reader import describe_manifest
+    from llmtrain.checkpoint.save import layout_entry
+    from llmtrain.config import to_config
+    from llmtrain.parallel.config import layout_tag
+    from llmtrain.parallel.layout import layout_problems
+    from llmtest import compose
+
+    cfg = to_config(compose([f"+parallel={preset}", "model=moe-tiny"] if preset == "ep2" else [f"+parallel={preset}"]))
+    layout, problems = layout_problems(cfg.parallel, cfg.train, cfg.parallel.world())
+    assert not problems, problems
+    entry = layout_entry(layout)
+    assert layout_tag(entry) == layout_tag(cfg.parallel) == tag
+    assert describe_manifest({"step": 3, "layout": entry, "model": {"name": "m"}}).startswith(
+        f"step 3 of run ? (model m, layout {tag},")
