@@ -27,13 +27,16 @@ def finetune(dcfg) -> dict:
     from llmtrain.resolve import resolve
     from llmtrain.train.rundir import claim_run_dir
     from llmtrain.train.trainer import Trainer, build_data
+    from llmtrain.utils.log import run_log
 
-    # +parallel=auto -> the planner's layout; then every derived value and every problem, before any work; frozen
-    run = resolve(choose_layout(to_config(dcfg)), model_named=model_preset_named())
-    claim_run_dir(run)  # run.overwrite=true: rank 0 moves the old run aside (never deletes it) before any work
-    topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
-    data = build_data(SFTData, run, topo)  # prompt/response records, loss on responses only
-    return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop
+    with run_log() as log:  # rank 0's log lines, also in <run.dir>/train.log once it is claimed
+        # +parallel=auto -> the planner's layout; then every derived value and every problem, before any work; frozen
+        run = resolve(choose_layout(to_config(dcfg)), model_named=model_preset_named())
+        claim_run_dir(run)  # run.overwrite=true: rank 0 moves the old run aside (never deletes it) before any work
+        log.open(run.cfg.run.dir)
+        topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
+        data = build_data(SFTData, run, topo)  # prompt/response records, loss on responses only
+        return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="finetune")

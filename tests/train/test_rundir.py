@@ -58,6 +58,13 @@ def _files(root) -> dict:
     return out
 
 
+def test_the_run_directory_keeps_the_log(old_run):
+    """The log lines of rank 0 are in <run.dir>/train.log (the run directory had no log file)."""
+    text = (old_run / "train.log").read_text(encoding="utf-8")
+    assert text.startswith("== ") and "step 2/2 | loss " in text, text[:2000]
+    assert f"checkpoint saved: {old_run / 'checkpoints' / 'step_2'}" in text, text[-2000:]
+
+
 def test_a_new_run_into_a_directory_holding_another_run_exits_2_and_leaves_it_intact(old_run, tiny_corpus, tmp_path):
     """checkpoint.resume=none (the quickstart's old setting) used to keep the old checkpoints and truncate
     metrics.jsonl; now: status 2 before any work, the two ways out named, every old file as it was."""
