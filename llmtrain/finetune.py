@@ -29,7 +29,7 @@ def finetune(dcfg) -> dict:
     from llmtrain.train.trainer import Trainer, build_data
     from llmtrain.utils.log import run_log
 
-    with run_log() as log:  # rank 0's log lines, also in <run.dir>/train.log once it is claimed
+    with run_log() as log:  # rank 0's log lines, also in <run.dir>/llmtrain.log once it is claimed
         # +parallel=auto -> the planner's layout; then every derived value and every problem, before any work; frozen
         run = resolve(choose_layout(to_config(dcfg)), model_named=model_preset_named())
         claim_run_dir(run)  # run.overwrite=true: rank 0 moves the old run aside (never deletes it) before any work

@@ -1,5 +1,5 @@
 """Rank-0 logging: `log0("message")` prints once per job, not once per process; `run_log` also writes rank 0's lines
-to `<run.dir>/train.log`.
+to `<run.dir>/llmtrain.log`.
 
     from llmtrain.utils.log import log0
 """
@@ -36,10 +36,10 @@ def log_all(msg: str, *args) -> None:
 
 
 class RunLog(logging.Handler):
-    """Rank 0's log lines, also in `<run.dir>/train.log` (appended: a restart adds to it). Lines logged before the
+    """Rank 0's log lines, also in `<run.dir>/llmtrain.log` (appended: a restart adds to it). Lines logged before the
     run directory is known (resolve's notes) are kept and written when `open` names it."""
 
-    FILE = "train.log"
+    FILE = "llmtrain.log"
 
     def __init__(self):
         super().__init__(logging.INFO)
@@ -48,7 +48,7 @@ class RunLog(logging.Handler):
         self.stream = None
 
     def open(self, run_dir: str) -> None:
-        """Start writing `<run_dir>/train.log` (rank 0), the lines so far first."""
+        """Start writing `<run.dir>/llmtrain.log` (rank 0), the lines so far first."""
         if global_rank() != 0 or self.stream is not None:
             return
         os.makedirs(run_dir, exist_ok=True)
@@ -74,7 +74,7 @@ class RunLog(logging.Handler):
 
 @contextlib.contextmanager
 def run_log():
-    """`with run_log() as log: ...; log.open(run_dir)`: the recipe's log lines in the run directory's train.log; an
+    """`with run_log() as log: ...; log.open(run_dir)`: the recipe's log lines in the run directory's llmtrain.log; an
     error that ends the recipe is its last line."""
     handler = RunLog()
     _logger.addHandler(handler)

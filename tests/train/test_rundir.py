@@ -59,8 +59,8 @@ def _files(root) -> dict:
 
 
 def test_the_run_directory_keeps_the_log(old_run):
-    """The log lines of rank 0 are in <run.dir>/train.log (the run directory had no log file)."""
-    text = (old_run / "train.log").read_text(encoding="utf-8")
+    """The log lines of rank 0 are in <run.dir>/llmtrain.log (the run directory had no log file)."""
+    text = (old_run / "llmtrain.log").read_text(encoding="utf-8")
     assert text.startswith("== ") and "step 2/2 | loss " in text, text[:2000]
     assert f"checkpoint saved: {old_run / 'checkpoints' / 'step_2'}" in text, text[-2000:]
 
