@@ -74,6 +74,10 @@ def test_damaged_newest_is_skipped(three_checkpoints, tiny_corpus, tmp_path, dam
     assert last["step"] == 7
     kept = [p for p in (run / "superseded").glob("*/checkpoints/step_6")]  # the damaged one: set aside, kept
     assert len(kept) == 1 and verify_files(str(kept[0])), kept
+    import json
+
+    moved = run / "superseded" / ("metrics-of-redone-steps.jsonl" if damage == "flip" else "1/metrics.jsonl")
+    assert [json.loads(line)["step"] for line in open(moved)] == [5, 6]  # the records of the redone steps, kept
 
 
 def test_keep_last_prunes_after_a_complete_save(three_checkpoints, tiny_corpus, tmp_path):
