@@ -118,6 +118,12 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
         raise RunFinished(run_dir.finished)
     for note in run_dir.notes:
         log0(note)
+    from llmtrain.interop.formats import describe_formats
+
+    formats = describe_formats(model)  # said before training, not found after it
+    log0(f"model {model.name}: " + (f"`python -m llmtrain.export` can write it as {formats}" if formats != "none" else
+                                    "no export format holds it (`python -m llmtrain.export --format F` names the "
+                                    "fields each format refuses)"))
     resolved = dataclasses.replace(resolved, checkpoint=dataclasses.replace(resolved.checkpoint, resume=run_dir.resume))
     return ResolvedRun(
         cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=resolved.model.family,
