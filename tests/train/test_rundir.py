@@ -59,9 +59,11 @@ def _files(root) -> dict:
 
 
 def test_the_run_directory_keeps_the_log(old_run):
-    """The log lines of rank 0 are in <run.dir>/llmtrain.log (the run directory had no log file)."""
+    """The log lines of rank 0 are in <run.dir>/llmtrain.log (the run directory had no log file), from resolve's (the
+    export formats that hold the model, said before training) to the last step's."""
     text = (old_run / "llmtrain.log").read_text(encoding="utf-8")
     assert text.startswith("== ") and "step 2/2 | loss " in text, text[:2000]
+    assert "model gpt-tiny: `python -m llmtrain.export` can write it as paddlenlp (PaddleNLP gpt)" in text, text[:3000]
     assert f"checkpoint saved: {old_run / 'checkpoints' / 'step_2'}" in text, text[-2000:]
 
 
