@@ -20,6 +20,7 @@ the renames), and the replaced copy is kept.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
@@ -186,18 +187,23 @@ class CheckpointWriter:
         write_json(stem + ".files.part", files)
         os.replace(stem + ".files.part", stem + ".files")  # the listing appears whole, and last
 
-    def manifest(self, step: int, tokens_total: int) -> dict:
-        """Rank 0's manifest of a save, without its file listing."""
+    @functools.cached_property
+    def _config_entries(self) -> dict:
+        """The manifest's `model` and `config` (the resolved config is frozen: built once per run, not per save)."""
         from omegaconf import OmegaConf
 
+        return {"model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
+                "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg))}
+
+    def manifest(self, step: int, tokens_total: int) -> dict:
+        """Rank 0's manifest of a save, without its file listing."""
         manifest = {"format": FORMAT, "step": step, "tokens_total": int(tokens_total)}
         for component in self.state.components:  # the schedule, the loss scaler, the data position, skip windows
             manifest.update(component.state_dict())
         return manifest | {
             "layout": layout_entry(self.layout),
             "world": self.topo.world,
-            "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
+            **self._config_entries,
             "tokenizer": self.tokenizer.identity() if self.tokenizer is not None else None,
             "lora": _lora_entry(self.cfg),
             "files": {},
