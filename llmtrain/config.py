@@ -104,16 +104,22 @@ def register_configs() -> None:
     cs.store(group="parallel", name="base", node=ParallelConfig)
 
 
-def default_preset(group: str, config_name: str = "config"):
-    """The typed config of the preset the root config's defaults list picks for `group` (`gpt-tiny` for `model` in
-    conf/config.yaml), read from its file (no Hydra composition)."""
-    root = OmegaConf.load(os.path.join(CONF_DIR, f"{config_name}.yaml"))
-    entries = [d for d in root.defaults if not isinstance(d, str)]  # `- model: gpt-tiny` entries (not `- base`)
-    name = next(d[group] for d in entries if group in d)
+def preset_config(group: str, name: str):
+    """The typed config of conf/<group>/<name>.yaml (each preset's only default is its group's schema), read from its
+    file without a Hydra composition."""
     raw = OmegaConf.load(os.path.join(CONF_DIR, group, f"{name}.yaml"))
     raw.pop("defaults", None)
-    schema = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}[group]
+    schema = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
+              "parallel": ParallelConfig}[group]
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+
+
+def default_preset(group: str, config_name: str = "config"):
+    """The typed config of the preset the root config's defaults list picks for `group` (`gpt-tiny` for `model` in
+    conf/config.yaml)."""
+    root = OmegaConf.load(os.path.join(CONF_DIR, f"{config_name}.yaml"))
+    entries = [d for d in root.defaults if not isinstance(d, str)]  # `- model: gpt-tiny` entries (not `- base`)
+    return preset_config(group, next(d[group] for d in entries if group in d))
 
 
 def model_label(model) -> str:

@@ -126,15 +126,14 @@ def test_a_checkpoint_names_its_layout_with_every_degree(preset, tag):
     and a resume say comes from the manifest's layout entry, named as the run directory is."""
     from llmtrain.checkpoint.reader import describe_manifest
     from llmtrain.checkpoint.save import layout_entry
-    from llmtrain.config import to_config
+    from llmtrain.config import default_preset, preset_config
     from llmtrain.parallel.config import layout_tag
     from llmtrain.parallel.layout import layout_problems
-    from llmtest import compose
 
-    cfg = to_config(compose([f"+parallel={preset}", "model=moe-tiny"] if preset == "ep2" else [f"+parallel={preset}"]))
-    layout, problems = layout_problems(cfg.parallel, cfg.train, cfg.parallel.world())
+    parallel = preset_config("parallel", preset)
+    layout, problems = layout_problems(parallel, default_preset("train"), parallel.world())
     assert not problems, problems
     entry = layout_entry(layout)
-    assert layout_tag(entry) == layout_tag(cfg.parallel) == tag
+    assert layout_tag(entry) == layout_tag(parallel) == tag
     assert describe_manifest({"step": 3, "layout": entry, "model": {"name": "m"}}).startswith(
         f"step 3 of run ? (model m, layout {tag},")

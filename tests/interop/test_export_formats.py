@@ -7,7 +7,6 @@ is read, naming the formats it can be.
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import pytest
 
@@ -29,15 +28,10 @@ PROMISED = {  # docs/models.md, "Model families and checkpoint formats": preset 
 
 
 def preset(name):
-    """The model config of conf/model/<name>.yaml (its only default is the schema, `base`)."""
-    from omegaconf import OmegaConf
+    """The model config of conf/model/<name>.yaml, with a vocabulary when the preset leaves it to the tokenizer."""
+    from llmtrain.config import preset_config
 
-    from llmtrain.config import CONF_DIR
-    from llmtrain.models.config import ModelConfig
-
-    raw = OmegaConf.load(os.path.join(CONF_DIR, "model", f"{name}.yaml"))
-    assert list(raw.pop("defaults")) == ["base"], name
-    cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), raw))
+    cfg = preset_config("model", name)
     return dataclasses.replace(cfg, vocab_size=cfg.vocab_size or 16000)
 
 
