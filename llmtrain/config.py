@@ -30,9 +30,11 @@ from llmtrain.train.config import OptimConfig, TrainConfig
 
 @dataclass
 class RunConfig:
-    name: str = "${model.name}-${layout_tag:}"
+    name: str = "${model_label:}-${layout_tag:}"
     """Run label; the default is the model name and the layout's real degrees (`gpt-tiny-tp2pp2` for
-    `+parallel=tp2 parallel.pp=2`, `gpt-tiny-single` for one device; `llmtrain.parallel.config.layout_tag`)."""
+    `+parallel=tp2 parallel.pp=2`, `gpt-tiny-single` for one device; `llmtrain.parallel.config.layout_tag`); with
+    `model.init_from` the checkpoint's name instead of the preset's (`Qwen3-0.6B-tp2`, `gpt-tiny-step200-single`:
+    `llmtrain.checkpoint.listing.init_label`)."""
 
     dir: str = "outputs/${run.name}"
     """The run directory (metrics.jsonl, loss curve, checkpoints, VisualDL); it belongs to one run: a new run in a
@@ -86,10 +88,11 @@ class FinetuneConfig(Config):
 
 def register_configs() -> None:
     """Register the root schemas (`base_config`, `base_finetune_config`), group schemas (`<group>/base`) and the
-    `layout_tag` resolver of the default run name."""
+    `layout_tag` and `model_label` resolvers of the default run name."""
     from llmtrain.parallel.config import layout_tag
 
     OmegaConf.register_new_resolver("layout_tag", lambda *, _root_: layout_tag(_root_.get("parallel")), replace=True)
+    OmegaConf.register_new_resolver("model_label", lambda *, _root_: model_label(_root_.model), replace=True)
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
     cs.store(name="base_finetune_config", node=FinetuneConfig)
@@ -99,6 +102,42 @@ def register_configs() -> None:
     cs.store(group="optim", name="base", node=OptimConfig)
     cs.store(group="train", name="base", node=TrainConfig)
     cs.store(group="parallel", name="base", node=ParallelConfig)
+
+
+def preset_config(group: str, name: str):
+    """The typed config of conf/<group>/<name>.yaml (each preset's only default is its group's schema), read from its
+    file without a Hydra composition."""
+    raw = OmegaConf.load(os.path.join(CONF_DIR, group, f"{name}.yaml"))
+    raw.pop("defaults", None)
+    schema = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
+              "parallel": ParallelConfig}[group]
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), raw))
+
+
+def default_preset(group: str, config_name: str = "config"):
+    """The typed config of the preset the root config's defaults list picks for `group` (`gpt-tiny` for `model` in
+    conf/config.yaml)."""
+    root = OmegaConf.load(os.path.join(CONF_DIR, f"{config_name}.yaml"))
+    entries = [d for d in root.defaults if not isinstance(d, str)]  # `- model: gpt-tiny` entries (not `- base`)
+    return preset_config(group, next(d[group] for d in entries if group in d))
+
+
+def model_label(model) -> str:
+    """The model part of the default run name: the preset's `model.name`, or with `model.init_from` the checkpoint's
+    (`llmtrain.checkpoint.listing.init_label`: the architecture, and so the run, is the checkpoint's)."""
+    from llmtrain.checkpoint.listing import init_label
+
+    return init_label(model.init_from) if model.get("init_from") else model.name
+
+
+def model_preset_named() -> Optional[bool]:
+    """Whether the command line named a model preset (`model=NAME`), read from Hydra's overrides inside an entry
+    script; None when Hydra's runtime is not there (the compose API: `llmtrain.resolve` then decides)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return any(o.split("=", 1)[0].lstrip("+~") == "model" for o in HydraConfig.get().overrides.task)
 
 
 def to_config(cfg) -> Config:

@@ -31,3 +31,8 @@ class FrozenConfigError(AttributeError):
 
 class CheckpointReadError(ValueError):
     """A checkpoint that cannot be read as a model; the message names the directory (or file) and the reason."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a permission, another rank's failed part): the run stops with
+    status 6; the message names the step, the cause and the newest complete checkpoint, which is intact."""

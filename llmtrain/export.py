@@ -9,9 +9,12 @@
 
 --format: `paddlenlp` (GPT, Llama, Qwen, Mixtral, ERNIE), `hf` (Hugging Face Llama, Qwen2, Qwen3, Qwen3-MoE,
 DeepSeek-V2/V3 or an ERNIE 4.5 `-PT` style directory: config.json + safetensors shards + index,
-`llmtrain.interop.hf_format`), `paddleformers` (ERNIE 4.5 as PaddleFormers 1.2.0's save_pretrained writes it,
-`llmtrain.interop.ernie45`), or `auto` (the default): the format the run started from (`model.init_from`: a
-PaddleFormers ERNIE 4.5 directory -> paddleformers, another Hugging Face-layout one -> hf), else `paddlenlp`.
+`llmtrain.interop.hf_format`; ERNIE 4.5 when `model.hf_family` says so, as its presets and imports do),
+`paddleformers` (ERNIE 4.5 as PaddleFormers 1.2.0's save_pretrained writes it, `llmtrain.interop.ernie45`), or
+`auto` (the default): the format the run started from (`model.init_from`: a PaddleFormers ERNIE 4.5 directory ->
+paddleformers, another Hugging Face-layout one -> hf), else the first the model can be written in (`auto_format`:
+paddleformers for ERNIE 4.5 presets, paddlenlp before hf otherwise). A format the model cannot be written in is
+refused before any tensor is read, naming the formats it can be (`llmtrain.interop.formats`).
 
 --checkpoint takes a `step_<N>` directory, or a run directory (or its `checkpoints/`),
 in which case the newest complete checkpoint is used (the command names the run and step it read) (`llmtrain.checkpoint.reader`, the
@@ -22,7 +25,9 @@ written by `llmtrain.interop.write_paddlenlp_checkpoint` as a GPT (learned posit
 or Llama (RoPE) model, atomically. The tokenizer is included when --tokenizer is
 given or the checkpoint's resolved config names one (`data.tokenizer`); its sha256
 must equal the one the checkpoint recorded, so a model never ships with a tokenizer
-it was not trained with. Weights are fp32; `--safetensors` writes `model.safetensors`
+it was not trained with. config.json's bos/eos/pad token ids, in every format, are that tokenizer's (the ones
+the checkpoint recorded when none is shipped), checked against the tokenizer files shipped beside them (which
+name its bos/eos/pad/unk pieces). Weights are fp32; `--safetensors` writes `model.safetensors`
 instead of the pickled `model_state.pdparams`.
 
 A LoRA checkpoint (adapters only, with a pointer to its base in the manifest) is written
@@ -41,6 +46,7 @@ from typing import Optional
 
 from llmtrain.checkpoint.reader import Manifest, find_checkpoint, merged_state, model_state, tokenizer_of
 from llmtrain.errors import CheckpointReadError
+from llmtrain.interop.tokenizer_files import recorded_token_ids
 from llmtrain.utils.cli import ArgumentParser
 
 
@@ -73,14 +79,43 @@ def source_family(init_from: Optional[str]) -> Optional[str]:
     return hf_family(read_config(init_from), init_from)
 
 
-def _hf_family(cfg, fmt: str, init_from: Optional[str]) -> Optional[str]:
-    """The HF model type an `hf` / `paddleformers` export writes: ERNIE 4.5 for `paddleformers` or an ERNIE source
-    (its dense blocks are a Llama's: only the source tells them apart), else None (`hf_config.hf_family_for`)."""
+def auto_format(cfg) -> str:
+    """`--format auto`: the format of the Hugging Face-layout directory the run started from, else the first format
+    the model can be written in: ERNIE 4.5 (`model.hf_family`) paddleformers, another `hf_family` hf, else paddlenlp
+    before hf (a Qwen3 preset run goes out as hf, a Llama one as paddlenlp)."""
+    from llmtrain.interop import ernie45
+    from llmtrain.interop.formats import export_formats
+
+    if source_family(cfg.init_from) is not None:
+        return source_format(cfg.init_from)
+    order = (["paddleformers", "hf"] if cfg.hf_family in ernie45.ARCHITECTURES else
+             ["hf", "paddlenlp"] if cfg.hf_family else ["paddlenlp", "hf"])
+    can = export_formats(cfg)
+    return next((f for f in order if can[f] is None), order[0])
+
+
+def _model_for_export(cfg):
+    """`cfg` with `hf_family` filled in for checkpoints written before it was recorded: ERNIE 4.5 when the run
+    started from an ERNIE 4.5 directory that is still there (its dense blocks are a Llama's)."""
+    import dataclasses
+
     from llmtrain.interop import ernie45
 
-    if fmt == "paddleformers" or source_family(init_from) in ernie45.ARCHITECTURES:
-        return ernie45.family_of(cfg)
-    return None
+    if cfg.hf_family is None and source_family(cfg.init_from) in ernie45.ARCHITECTURES:
+        return dataclasses.replace(cfg, hf_family="ernie4_5")
+    return cfg
+
+
+def check_format(cfg, fmt: str, ckpt_dir: str) -> None:
+    """Refuse, before any tensor is read, a format the model cannot be written in, naming those it can."""
+    from llmtrain.interop.formats import describe_formats, written_as
+    from llmtrain.interop.keys import UnsupportedConfig
+
+    try:
+        written_as(cfg, fmt)
+    except UnsupportedConfig as e:
+        raise ExportError(f"{ckpt_dir}: --format {fmt}: {e}. This model can be exported as: "
+                          f"{describe_formats(cfg)}") from None
 
 
 def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetensors: bool = False,
@@ -96,9 +131,11 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
     from llmtrain.interop import write_paddlenlp_checkpoint
 
     manifest = Manifest.read(find_checkpoint(checkpoint))
-    ckpt_dir, cfg, lora = manifest.path, manifest.model, manifest.lora
+    ckpt_dir, cfg, lora = manifest.path, _model_for_export(manifest.model), manifest.lora
     if fmt == "auto":
-        fmt = source_format(cfg.init_from)
+        fmt = auto_format(cfg)
+    if lora is None or fmt == "hf":  # the model itself is written (adapter files are checked by their writers)
+        check_format(cfg, fmt, ckpt_dir)
     state = model_state(manifest)
     tok = tokenizer_of(manifest, tokenizer)
     merged_note = []
@@ -128,15 +165,18 @@ def export_checkpoint(checkpoint: str, output: str, fmt: str = "auto", safetenso
         state = merged_state(manifest, state)
     elif merge_lora:
         raise ExportError(f"--merge-lora: {ckpt_dir} is not a LoRA checkpoint (its manifest has no 'lora' entry)")
+    ids = recorded_token_ids(manifest.tokenizer)  # the run's tokenizer's, when no tokenizer directory is shipped
     if fmt in ("hf", "paddleformers"):
+        from llmtrain.interop.formats import hf_target
         from llmtrain.interop.hf_format import write_hf_checkpoint
 
         info = write_hf_checkpoint(cfg, state, output, tokenizer_dir=tok, overwrite=overwrite,
-                                   family=_hf_family(cfg, fmt, cfg.init_from),
-                                   layout="paddleformers" if fmt == "paddleformers" else "huggingface")
+                                   family=hf_target(cfg, fmt),
+                                   layout="paddleformers" if fmt == "paddleformers" else "huggingface",
+                                   special_ids=ids)
     else:
         info = write_paddlenlp_checkpoint(cfg, state, output, safetensors=safetensors, tokenizer_dir=tok,
-                                          overwrite=overwrite)
+                                          overwrite=overwrite, special_ids=ids)
     info["checkpoint"] = ckpt_dir
     info["format"] = fmt
     info["read"] = manifest.describe()

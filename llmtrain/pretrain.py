@@ -15,7 +15,7 @@ if __package__ in (None, ""):
 
 import hydra
 
-from llmtrain.config import refuse_unknown_keys, register_configs, to_config
+from llmtrain.config import model_preset_named, refuse_unknown_keys, register_configs, to_config
 from llmtrain.train.entry import run_entry
 
 register_configs()
@@ -30,13 +30,16 @@ def pretrain(dcfg) -> dict:
     from llmtrain.resolve import resolve
     from llmtrain.train.rundir import claim_run_dir
     from llmtrain.train.trainer import Trainer, build_data
+    from llmtrain.utils.log import run_log
 
-    run = resolve(choose_layout(to_config(dcfg)))  # +parallel=auto -> the planner's layout; then every derived value
-    # and every problem, before any work; frozen
-    claim_run_dir(run)  # run.overwrite=true: rank 0 moves the old run aside (never deletes it) before any work
-    topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
-    data = build_data(MLMData if run.objective == "encoder" else PretrainData, run, topo)  # tokenizer from resolve
-    return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop
+    with run_log() as log:  # rank 0's log lines, also in <run.dir>/llmtrain.log once it is claimed
+        # +parallel=auto -> the planner's layout; then every derived value and every problem, before any work; frozen
+        run = resolve(choose_layout(to_config(dcfg)), model_named=model_preset_named())
+        claim_run_dir(run)  # run.overwrite=true: rank 0 moves the old run aside (never deletes it) before any work
+        log.open(run.cfg.run.dir)
+        topo = init_distributed(run.layout, run.cfg.seed)  # process groups (CPU stand-ins on CPU)
+        data = build_data(MLMData if run.objective == "encoder" else PretrainData, run, topo)  # tokenizer from resolve
+        return Trainer(run, topo, data).fit()  # model + plan + optimizer + AMP + checkpoints -> the loop
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

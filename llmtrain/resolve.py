@@ -6,7 +6,8 @@
 Every file the run reads is checked here too: the data prefixes and their tokenizer, the
 masked-LM side files and lexicon (`llmtrain.data.inputs`), and what `run.dir` holds against
 `checkpoint.resume` (`llmtrain.train.rundir`: a directory belongs to one run; a resume this config
-cannot continue is refused before any process group starts).
+cannot continue is refused before any process group starts); so is every file it writes (`run.dir` and
+its checkpoints writable, room for one checkpoint: `llmtrain.train.writable`).
 
 Derived here and nowhere else: the model's vocabulary (the tokenizer's padded size
 when `model.vocab_size` is null), the architecture of a checkpoint given by
@@ -65,15 +66,17 @@ class ResolvedRun:
     an old run (`claim_run_dir`)."""
 
 
-def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
-    """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError."""
+def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optional[bool] = None) -> ResolvedRun:
+    """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError.
+    `model_named`: whether the command named a model preset (`llmtrain.config.model_preset_named`; None: inferred),
+    which `model.init_from` checks against the checkpoint."""
     from llmtrain.train.schedule import schedule_problems
 
     if world_size is None:
         world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
     problems: list[str] = []
     tokenizer = _load_tokenizer(cfg.data.tokenizer, problems)
-    model, initial_state = _resolve_model(cfg, tokenizer, problems)
+    model, initial_state = _resolve_model(cfg, tokenizer, problems, model_named)
     model = _zero3_projections(model, cfg.parallel, problems)
     resolved = dataclasses.replace(cfg, model=model)
     resolved, initial_adapters = _resolve_lora(resolved, problems)
@@ -109,15 +112,24 @@ def resolve(cfg: Config, world_size: Optional[int] = None) -> ResolvedRun:
     problems += data_input_problems(cfg.data, tokenizer, model.family)  # every file the data section names
     run_dir = review_run_dir(resolved, layout if not problems else None, tokenizer)  # one run per directory
     problems += run_dir.problems
+    from llmtrain.train.writable import output_problems
+
+    problems += output_problems(resolved, space=not problems)  # run.dir writable, room for one checkpoint
     if problems:
         raise ConfigError(problems)
     if run_dir.finished:
         raise RunFinished(run_dir.finished)
     for note in run_dir.notes:
         log0(note)
+    from llmtrain.interop.formats import describe_formats
+
+    formats = describe_formats(model)  # said before training, not found after it
+    log0(f"model {model.name}: " + (f"`python -m llmtrain.export` can write it as {formats}" if formats != "none" else
+                                    "no export format holds it (`python -m llmtrain.export --format F` names the "
+                                    "fields each format refuses)"))
     resolved = dataclasses.replace(resolved, checkpoint=dataclasses.replace(resolved.checkpoint, resume=run_dir.resume))
     return ResolvedRun(
-        cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=cfg.model.family,
+        cfg=freeze(resolved), layout=layout, tokenizer=tokenizer, objective=resolved.model.family,
         initial_state=initial_state, world_size=world_size,
         flops_per_token=_flops_per_token(resolved), initial_adapters=initial_adapters, run_dir=run_dir,
     )
@@ -199,16 +211,42 @@ def _load_tokenizer(path: str, problems: list[str]):
         return None
 
 
-def _resolve_model(cfg: Config, tokenizer, problems: list[str]) -> tuple[ModelConfig, Optional[Mapping]]:
-    """The model configuration the run trains, and the imported weights (or None)."""
+ARCHITECTURE = ("family", "position", "norm", "activation", "norm_position", "qk_norm")
+"""What makes a model preset a kind of model; a preset named beside `model.init_from` must agree on these (the
+sizes are the checkpoint's)."""
+
+
+def _kind(model: ModelConfig) -> dict:
+    return {**{k: getattr(model, k) for k in ARCHITECTURE}, "experts": model.moe_num_experts > 0,
+            "latent attention": model.is_mla()}
+
+
+def _preset_named(model: ModelConfig, named: Optional[bool], config_name: str) -> bool:
+    """Whether the command named the model preset: `named` when the entry script knows (Hydra's overrides), else
+    whether `model` differs from the root config's default preset (one named explicitly with nothing changed is
+    then taken as not named)."""
+    if named is not None:
+        return named
+    from llmtrain.config import default_preset
+
+    default = default_preset("model", config_name)
+    keep = {"name", "init_from", "attention", "init_std", "vocab_size", "hf_family", *FUSE_SWITCHES}
+    return any(getattr(model, f.name) != getattr(default, f.name) for f in dataclasses.fields(model) if f.name not in keep)
+
+
+def _resolve_model(cfg: Config, tokenizer, problems: list[str],
+                   model_named: Optional[bool] = None) -> tuple[ModelConfig, Optional[Mapping]]:
+    """The model configuration the run trains, and the imported weights (or None). With `model.init_from` the
+    architecture is the checkpoint's: a preset the command named must be of its kind (`ARCHITECTURE`), and the
+    checkpoint's vocabulary must hold the tokenizer's ids."""
     model = cfg.model
     have = tokenizer.vocab_size if tokenizer is not None else None
-    if model.vocab_size is None:
-        model = dataclasses.replace(model, vocab_size=have)
-    elif have is not None and model.vocab_size < have:
-        problems.append(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({have})")
     src = model.init_from
     if not src:
+        if model.vocab_size is None:
+            model = dataclasses.replace(model, vocab_size=have)
+        elif have is not None and model.vocab_size < have:
+            problems.append(f"model.vocab_size={model.vocab_size} is smaller than the tokenizer's vocabulary ({have})")
         return model, None
     try:
         imported, state = _read_initial_checkpoint(src, cfg.run.dir)
@@ -218,18 +256,26 @@ def _resolve_model(cfg: Config, tokenizer, problems: list[str]) -> tuple[ModelCo
     except (OSError, ValueError, KeyError) as e:
         problems.append(f"model.init_from={src}: {e}")
         return model, None
+    from llmtrain.checkpoint.listing import init_label
+
     switches = {k: getattr(model, k) for k in FUSE_SWITCHES}  # kernel choices are the run's, not the checkpoint's
-    imported = dataclasses.replace(imported, attention=model.attention, init_from=src, name=model.name or imported.name,
-                                   **switches)
-    if model.vocab_size is not None and imported.vocab_size < model.vocab_size:
-        problems.append(f"model.init_from={src}: checkpoint vocabulary {imported.vocab_size} < tokenizer's "
-                        f"{model.vocab_size}")
-    if imported.family != model.family:
-        example = "ernie-tiny" if imported.family == "encoder" else "gpt-tiny"
-        problems.append(f"model.init_from={src} is a {imported.family} checkpoint but the model preset is a "
-                        f"{model.family}: choose a {imported.family} preset (e.g. model={example}) so the objective "
-                        "matches")
-    log0(f"model.init_from={src}: {len(state)} tensors, architecture from the checkpoint's config")
+    imported = dataclasses.replace(imported, attention=model.attention, init_from=src, name=init_label(src),
+                                   hf_family=imported.hf_family or model.hf_family, **switches)
+    if have is not None and imported.vocab_size < have:
+        problems.append(f"model.init_from={src}: the checkpoint's vocabulary has {imported.vocab_size} rows, but "
+                        f"data.tokenizer={cfg.data.tokenizer} has {have} ids: use the tokenizer the checkpoint was "
+                        "trained with")
+    from llmtrain.config import FinetuneConfig
+
+    if _preset_named(model, model_named, "finetune" if isinstance(cfg, FinetuneConfig) else "config"):
+        theirs, ours = _kind(imported), _kind(model)
+        differ = [f"{k} {ours[k]} vs {theirs[k]}" for k in ours if ours[k] != theirs[k]]
+        if differ:
+            problems.append(f"model={model.name} is not the kind of model model.init_from={src} holds ("
+                            + ", ".join(differ) + "): the architecture is the checkpoint's, so drop model= (or name "
+                            "a preset of its kind)")
+    log0(f"model.init_from={src}: {len(state)} tensors, architecture from the checkpoint's config (run label "
+         f"{imported.name})")
     return imported, state
 
 

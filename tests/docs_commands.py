@@ -56,6 +56,8 @@ class Command:
     argv: list
     refused: bool = False
     notes: list = field(default_factory=list)
+    recipes: list = field(default_factory=list)
+    """(script, overrides, world size, run.dir, run.overwrite) of each recipe the command runs (set by `check`)."""
 
     def where(self) -> str:
         return f"{os.path.relpath(self.source, REPO)}:{self.line}: {shlex.join(self.argv)}"
@@ -285,8 +287,9 @@ def _check_recipe(cmd: Command, script: str, overrides: list, world: int) -> Non
     key = (script, tuple(overrides), world)
     if key not in _RESOLVED:
         _RESOLVED[key] = _resolve(script, overrides, world)
-    notes, error = _RESOLVED[key]
+    notes, error, run_dir, overwrite = _RESOLVED[key]
     cmd.notes += notes
+    cmd.recipes.append((script, tuple(overrides), world, run_dir, overwrite))
     if error is not None:
         if cmd.refused:
             cmd.notes.append("refused, as the document says")
@@ -303,13 +306,15 @@ def _resolve(script: str, overrides: list, world: int):
     probe = Command("", 0, [])
     unknown = command_line_problems(overrides, RECIPES[script])  # what the recipe refuses before Hydra composes
     if unknown:
-        return probe.notes, ConfigError(unknown)
+        return probe.notes, ConfigError(unknown), None, False
+    composed = None
     try:
-        cfg = _stand_ins(probe, _compose(overrides, RECIPES[script]))  # an unknown `+key` is refused here
+        composed = _compose(overrides, RECIPES[script])  # an unknown `+key` is refused here
+        cfg = _stand_ins(probe, composed)
         resolve(choose_layout(cfg, world_size=world, log=lambda _: None), world_size=world)
     except ConfigError as e:
-        return probe.notes, e
-    return probe.notes, None
+        return probe.notes, e, composed and composed.run.dir, bool(composed and composed.run.overwrite)
+    return probe.notes, None, composed.run.dir, composed.run.overwrite
 
 
 def _check_plan(cmd: Command, args: list) -> None:
@@ -395,6 +400,35 @@ def _check_bash_script(cmd: Command, args: list) -> None:
         check(Command(cmd.source, cmd.line, inner.argv[:k] + rest + inner.argv[k + 1:], cmd.refused, cmd.notes))
 
 
+def run_dir_problems(commands: list[Command]) -> list[str]:
+    """The pages' training commands run in order in one fresh directory: a command landing in a run directory an
+    earlier one made would continue that run (or be refused, or find nothing to train) instead of doing what its
+    page says. Allowed: the same recipe and overrides again (a rerun continues its run, as the README says), a
+    command with `run.overwrite=true` (it moves the old run aside and starts anew), and a continuation on the same
+    page that names the same `run.dir=` explicitly as the command it continues. `check` must have run on each."""
+    first: dict = {}  # run.dir -> (command, recipe)
+    problems = []
+    for cmd in commands:
+        if cmd.refused:
+            continue  # refused before any work: writes nothing
+        for recipe in cmd.recipes:
+            script, overrides, world, run_dir, overwrite = recipe
+            if run_dir is None:
+                continue
+            if run_dir not in first:
+                first[run_dir] = (cmd, recipe)
+                continue
+            earlier, their = first[run_dir]
+            explicit = any(o.startswith("run.dir=") for o in overrides) and \
+                any(o.startswith("run.dir=") for o in their[1])
+            if recipe[:3] == their[:3] or overwrite or (explicit and earlier.source == cmd.source):
+                continue
+            problems.append(f"{cmd.where()}: runs in {run_dir}, the run directory of "
+                            f"{os.path.relpath(earlier.source, REPO)}:{earlier.line}: it would continue that run "
+                            "(or be refused by it) instead of starting its own; give it its own run.dir=")
+    return problems
+
+
 def all_commands() -> list[Command]:
     out = []
     for path in doc_files():
@@ -420,4 +454,7 @@ if __name__ == "__main__":
         commands = all_commands()
         for c in commands:
             failed += not _report(c)
+    for problem in run_dir_problems(commands):
+        print(f"FAIL {problem}")
+        failed += 1
     sys.exit(1 if failed else 0)

@@ -193,3 +193,18 @@ def _env(**extra):
     e.pop("HYDRA_FULL_ERROR", None)
     e.update(extra)
     return e
+
+
+def test_chinese_and_spaced_paths_need_hydra_quotes_and_the_refusal_names_them(tmp_path):
+    """A Chinese path stopped Hydra with a bare LexerNoViableAltException; the check before Hydra now names the
+    quoted form, which composes (spaces inside it too) and which a run can write to."""
+    from llmtrain.config import command_line_problems
+    from llmtrain.train.writable import output_problems
+
+    run_dir = str(tmp_path / "人民日报 实验")
+    (problem,) = command_line_problems([f"run.dir={run_dir}"])
+    assert problem == (f"run.dir={run_dir}: Hydra takes a value with non-ASCII characters or commas only in quotes: "
+                       f"give \"run.dir='{run_dir}'\" (the double quotes for the shell; spaces inside quotes are fine)")
+    cfg = to_config(compose([f"run.dir='{run_dir}'", "run.name='中文运行'"]))
+    assert cfg.run.dir == run_dir and cfg.run.name == "中文运行"
+    assert output_problems(cfg, space=False) == []

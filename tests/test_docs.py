@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from docs_commands import REPO, Command, all_commands, check, commands_of_text, hydra_session
+from docs_commands import REPO, Command, all_commands, check, commands_of_text, hydra_session, run_dir_problems
 
 COMMANDS = all_commands()
 
@@ -120,6 +120,69 @@ def hydra():
 @pytest.mark.parametrize("cmd", COMMANDS, ids=[f"{os.path.relpath(c.source, REPO)}:{c.line}" for c in COMMANDS])
 def test_doc_command_is_real(cmd: Command, hydra):
     check(cmd)
+
+
+def test_the_pages_training_commands_in_order_keep_to_their_own_run_directories(hydra):
+    """Run in order in one fresh directory, no training command of a page lands in a run directory an earlier
+    command (of any page) made, unless it reruns that command, starts anew with run.overwrite=true, or continues it
+    by the same explicit run.dir on its page (long-context.md's second command used to find "nothing to train")."""
+    commands = all_commands()
+    for cmd in commands:
+        try:
+            check(cmd)
+        except AssertionError:
+            pass  # reported by test_doc_command_is_real
+    assert not run_dir_problems(commands), "\n".join(run_dir_problems(commands))
+
+
+TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
+        "model.max_position_embeddings=64", "data.seq_len=32", "data.num_workers=0", "train.progress_bar=false",
+        "train.visualdl=false"]
+"""Appended to every command of a page's sequence (the same to each, so the sequence means what it did): a model and
+sequence small enough to run a page's commands for real in seconds."""
+
+
+def test_changing_runs_recipes_do_what_the_page_says(tiny_corpus, tmp_path, monkeypatch, hydra):
+    """docs/changing-runs.md's four "Extending a finished run" commands, run for real in order in one fresh
+    directory (shrunk: `TINY`, the tiny corpus): the WSD continuation sets the first run's step_20 and its metrics
+    aside under work/runs/wsd/superseded/1/, the cosine extension is refused without optim.on_resume=config and runs
+    with it, and the first command run again says the run is finished."""
+    import json
+
+    from hydra import compose
+
+    from llmtrain.errors import ConfigError, RunFinished
+    from llmtrain.pretrain import pretrain
+
+    page = os.path.join(REPO, "docs", "changing-runs.md")
+    with open(page, encoding="utf-8") as f:
+        recipes = [c for c in commands_of_text(f.read(), page) if c.argv[:2] == ["python", "llmtrain/pretrain.py"]]
+    wsd20, wsd40, cos20, cos40 = (c.argv[2:] for c in recipes[:4])
+    assert "checkpoint.resume=work/runs/wsd/checkpoints/step_16" in wsd40 and "optim.on_resume=config" in cos40
+    data = [f"data.prefixes=[{tiny_corpus['prefix']}]", f"data.tokenizer={tiny_corpus['tokenizer']}"]
+    monkeypatch.chdir(tmp_path)
+
+    def run(argv):
+        return pretrain(compose(config_name="config", overrides=[*argv, *TINY, *data]))
+
+    run(wsd20)
+    with pytest.raises(RunFinished, match=r"nothing to train: run.dir=work/runs/wsd holds step 20 of run .* To train "
+                                          r"on, raise train.max_steps .*to start a new run instead: start the new run "
+                                          r"in its own directory \(run.dir=work/runs/wsd-2\)"):
+        run(wsd20)
+    run(wsd40)
+    wsd = tmp_path / "work" / "runs" / "wsd"
+    aside = wsd / "superseded" / "1"
+    assert sorted(os.listdir(wsd / "checkpoints")) == ["step_36", "step_40"]
+    assert os.listdir(aside / "checkpoints") == ["step_20"] and (aside / "config.yaml").exists()
+    assert [json.loads(x)["step"] for x in open(aside / "metrics.jsonl")] == [17, 18, 19, 20]
+    assert [json.loads(x)["step"] for x in open(wsd / "metrics.jsonl")] == list(range(1, 41))
+    run(cos20)
+    with pytest.raises(ConfigError, match=r"resume from step 20: train.max_steps=20 in the checkpoint, 40 now: the LR "
+                                          r"schedule changed and the LR of step 21"):
+        run([a for a in cos40 if a != "optim.on_resume=config"])
+    assert run(cos40)["step"] == 40
+    assert sorted(os.listdir(tmp_path / "work" / "runs" / "cos" / "checkpoints")) == ["step_20", "step_40"]
 
 
 @pytest.mark.parametrize("line", [

@@ -44,6 +44,7 @@ class BackgroundWriter:
         self._job = None  # the snapshot waiting to be written (at most one)
         self._busy = False
         self._error: Optional[str] = None
+        self._cause: Optional[BaseException] = None
         self._closed = False
         self.last_path: Optional[str] = None
         self._thread = threading.Thread(target=self._loop, name="llmtrain-checkpoint-writer", daemon=True)
@@ -59,22 +60,22 @@ class BackgroundWriter:
                 job, self._job = self._job, None
             try:
                 path = self._write(job)
-                error = None
+                error = cause = None
             except BaseException as e:  # reported loudly here and raised on the training thread
-                path = None
+                path, cause = None, e
                 error = f"checkpoint write of step {getattr(job, 'step', '?')} failed:\n{traceback.format_exc()}"
                 log_all(f"ERROR: {error}")
             with self._cond:
                 self._busy = False
                 if error is not None and self._error is None:
-                    self._error = error
+                    self._error, self._cause = error, cause
                 if path is not None:
                     self.last_path = path
                 self._cond.notify_all()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
-            raise CheckpointWriteError(self._error)
+            raise CheckpointWriteError(self._error) from self._cause
 
     def wait(self) -> None:
         """Block until no write is queued or running; raise if any write failed."""

@@ -9,9 +9,14 @@ Layout of `<run.dir>/checkpoints/`:
     step_<N>/                       a complete checkpoint (manifest.json written last, then the directory renamed)
     .tmp-step_<N>-<nonce>/          a save in progress or interrupted (never loaded; removed by the next save)
     .replaced-step_<N>-<nonce>/     the previous step_<N> while a save of the same step replaces it: the old
-                                    one is renamed aside, the new one renamed in, then the old one deleted, so
-                                    at every moment one of the two is complete on disk. If a crash falls between
-                                    the two renames, `list_checkpoints` offers the aside copy as step <N>.
+                                    one is renamed aside, the new one renamed in, then the old one moved to
+                                    `<run.dir>/superseded/<k>/checkpoints/`, so at every moment one of the two is
+                                    complete on disk. If a crash falls between the two renames,
+                                    `list_checkpoints` offers the aside copy as step <N>.
+
+`<run.dir>/superseded/<k>/` (k = 1, 2, ...): what a run set aside instead of deleting it: the checkpoints of a
+branch a resume from an older checkpoint left (`llmtrain.train.branch`), a replaced copy of a redone step, each
+with `why.txt`. Nothing there is ever read by training or deleted automatically.
 """
 from __future__ import annotations
 
@@ -22,6 +27,9 @@ import re
 from typing import Optional
 
 FORMAT = "llmtrain-checkpoint-1"
+STATE_FILE = "state.json"
+"""Rank 0's copy of the manifest without its file listing (`rebuild.py` restores a damaged manifest from it)."""
+SUPERSEDED = "superseded"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 REPLACED_DIR = re.compile(r"^\.replaced-step_(\d+)-\d+$")
 
@@ -43,6 +51,16 @@ def list_checkpoints(root: str) -> list[tuple[int, str]]:
     for step, path in aside.items():
         found.setdefault(step, path)
     return sorted(found.items(), reverse=True)
+
+
+def init_label(path: str) -> str:
+    """The model name a run started from `model.init_from=path` carries (and its default run name): one of our
+    checkpoints -> `<its model>-step<N>` (`gpt-tiny-step200`), another directory -> its name (`Qwen3-0.6B`)."""
+    manifest = read_manifest(path)
+    model = (manifest or {}).get("model")
+    if isinstance(model, dict) and model.get("name") and "step" in manifest:
+        return f"{model['name']}-step{manifest['step']}"
+    return os.path.basename(os.path.normpath(path))
 
 
 def read_manifest(path: str) -> Optional[dict]:
@@ -85,3 +103,26 @@ def amend_manifest(path: str, entries: dict) -> None:
     write_json(part, manifest | entries)
     os.replace(part, os.path.join(path, "manifest.json"))
     fsync_dir(path)
+
+
+def set_aside(paths: list[str], run_dir: str, why: str) -> str:
+    """Move checkpoint directories into a new `<run_dir>/superseded/<k>/checkpoints/` (a `.replaced-step_<N>-*`
+    copy under the name `step_<N>`) and write `why.txt` there; returns that `superseded/<k>` directory."""
+    base = os.path.join(run_dir, SUPERSEDED)
+    os.makedirs(base, exist_ok=True)
+    k = 1
+    while True:
+        aside = os.path.join(base, str(k))
+        try:
+            os.mkdir(aside)  # atomic: two callers never share a number
+            break
+        except FileExistsError:
+            k += 1
+    os.makedirs(os.path.join(aside, "checkpoints"))
+    with open(os.path.join(aside, "why.txt"), "w", encoding="utf-8") as f:
+        f.write(why.rstrip("\n") + "\n")
+    for path in paths:
+        name = os.path.basename(path.rstrip("/"))
+        m = REPLACED_DIR.match(name)
+        os.rename(path, os.path.join(aside, "checkpoints", f"step_{m.group(1)}" if m else name))
+    return aside

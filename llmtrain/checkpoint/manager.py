@@ -24,6 +24,8 @@ the manifest components and the RNG states.
 """
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import time
 from dataclasses import dataclass
@@ -31,13 +33,17 @@ from typing import Optional
 
 import paddle
 
+from llmtrain.checkpoint.background import CheckpointWriteError
 from llmtrain.checkpoint.health import newest_healthy
-from llmtrain.checkpoint.listing import amend_manifest, list_checkpoints, read_manifest
+from llmtrain.checkpoint.listing import SUPERSEDED, amend_manifest, list_checkpoints, read_manifest, set_aside
 from llmtrain.checkpoint.restore import LayoutRestorer
 from llmtrain.checkpoint.resume import CheckpointChooser
 from llmtrain.checkpoint.save import CheckpointWriter
 from llmtrain.checkpoint.shards import HostBuffers
 from llmtrain.checkpoint.state import TrainingState
+from llmtrain.checkpoint.verify import verify_files
+from llmtrain.errors import CheckpointSaveError, ConfigError
+from llmtrain.parallel.config import layout_tag
 from llmtrain.parallel.job_comm import JobComm
 from llmtrain.utils.log import log0, log_all
 
@@ -104,7 +110,8 @@ class Checkpointer:
             self.writer.submit(snap)
             path = snap.final
         else:
-            path = self.files.write(snap)
+            with self._stop_on_failure(step):
+                path = self.files.write(snap)
         stall = time.perf_counter() - t0
         self.stalls.append(stall)
         log_all(f"checkpoint step {step}: training paused {stall:.3f} s (waiting for the previous write {t1 - t0:.3f} s, "
@@ -118,14 +125,32 @@ class Checkpointer:
             self.files.buffers.reserve(HostBuffers.shapes(self.state.tensors, self.topo, self.layout))
 
     def wait(self) -> None:
-        """Block until the background write (if any) is complete; raises if it failed."""
+        """Block until the background write (if any) is complete; raises CheckpointSaveError if it failed."""
         if self.writer is not None:
-            self.writer.wait()
+            with self._stop_on_failure(self.last_saved_step):
+                self.writer.wait()
 
     def close(self) -> None:
         """Wait for the last write and stop the background writer (end of run, SIGTERM)."""
         if self.writer is not None:
-            self.writer.close()
+            with self._stop_on_failure(self.last_saved_step):
+                self.writer.close()
+
+    @contextlib.contextmanager
+    def _stop_on_failure(self, step: int):
+        """A failed write (this rank's files, another rank's marker, a timeout) becomes a CheckpointSaveError naming
+        the cause and the newest complete checkpoint, which the atomic write left intact."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001  (any failure of the write stops the run the same way)
+            cause = e.__cause__ if isinstance(e, CheckpointWriteError) and e.__cause__ is not None else e
+            good = next(((s, p) for s, p in list_checkpoints(self.root) if not verify_files(p, names=[])), None)
+            raise CheckpointSaveError(
+                f"checkpoint step {step} could not be written ({type(cause).__name__}: {cause}); the run stopped "
+                f"there and nothing of that save was published. The newest complete checkpoint is "
+                + (f"{good[1]} (step {good[0]}), intact" if good else "none")
+                + f"; fix the cause (free space or permissions under {self.root}) and run the same command again to "
+                "continue" + (" from it" if good else "")) from e
 
     # ---- resume and reload ----
     def resume(self) -> ResumeState:
@@ -136,13 +161,34 @@ class Checkpointer:
         if how != "auto" and not os.path.isdir(how):
             raise FileNotFoundError(f"checkpoint.resume={how}: no such checkpoint directory")
 
+        failed = []
+
         def skipped(path):
             if how != "auto":
-                raise RuntimeError(f"checkpoint.resume={path}: the checkpoint is incomplete or corrupt (see above)")
-            log0(f"skipping corrupt or incomplete checkpoint {path}")
+                raise ConfigError([f"checkpoint.resume={path}: the checkpoint is incomplete or corrupt (see above); "
+                                   "nothing was changed"])
+            failed.append(path)
+            log0(f"skipping corrupt or incomplete checkpoint {path} (kept; the run continues from an older one)")
 
         found = self.chooser.first_verified(self.chooser.resume_candidates(how), on_failure=skipped)
+        if found is None and failed:  # never a fresh start over damaged checkpoints: they would be replaced
+            raise ConfigError([f"{self.root}: every checkpoint failed verification ({', '.join(failed)}; see above), "
+                               "so there is nothing to continue and nothing was changed. Start a new run in another "
+                               "run.dir, or run.overwrite=true to move this one aside (nothing is deleted)"])
+        if found is not None and failed:  # older than planned: the later ones are set aside, as at a branch
+            self._set_later_aside(found[0], failed)
         return ResumeState() if found is None else self.load(found[1])
+
+    def _set_later_aside(self, step: int, failed: list) -> None:
+        """Rank 0 moves the checkpoints after `step` to `<run.dir>/superseded/<k>/`; every rank waits for it (the
+        listings read next must agree)."""
+        later = [p for s, p in list_checkpoints(self.root) if s > step]
+        if self.topo.rank == 0 and later:
+            where = set_aside(later, os.path.dirname(self.root),
+                              f"The run resumed from step {step}: these later checkpoints were set aside ("
+                              f"{', '.join(failed)} failed verification, see the log).")
+            log0(f"resuming from step {step}: the later checkpoints are now in {where}/checkpoints (nothing deleted)")
+        self.comm.broadcast_ints([len(later)] if self.topo.rank == 0 else None)
 
     def rewind_target(self, before: int) -> Optional[tuple[int, str]]:
         """(step, path) of the newest healthy checkpoint at or before step `before` that every rank verified, rank
@@ -166,7 +212,8 @@ class Checkpointer:
         self.restorer.rng(path, manifest)
         log0(
             f"resumed from {path}: step {manifest['step']}, {manifest['tokens_total']} tokens, "
-            f"written under {manifest['layout']} (world {manifest['world']}), now {self.layout.name} (world {self.topo.world})"
+            f"written under {layout_tag(manifest['layout'])} (world {manifest['world']}), now {self.layout.name} "
+            f"(world {self.topo.world})"
         )
         self.last_saved_step = manifest["step"]
         return ResumeState(step=manifest["step"], tokens_total=manifest["tokens_total"], path=path)
@@ -177,10 +224,12 @@ class Checkpointer:
         return newest_healthy(list_checkpoints(self.root))
 
     def recorded(self, key: str) -> list:
-        """The value of `key` in every readable manifest under the checkpoint directory, newest first (absent keys
-        left out). Read at resume, when no save is in flight, so every rank reads the same files."""
+        """The value of `key` in every readable manifest of the run directory, its checkpoints newest first, then
+        those set aside under `superseded/` (absent keys left out). Read at resume, when no save is in flight, so
+        every rank reads the same files."""
         out = []
-        for _, path in list_checkpoints(self.root):
+        aside = glob.glob(os.path.join(os.path.dirname(self.root), SUPERSEDED, "*", "checkpoints", "step_*"))
+        for path in [p for _, p in list_checkpoints(self.root)] + sorted(aside):  # set-aside lines of steps too
             m = read_manifest(path)
             if m is not None and m.get(key) is not None:
                 out.append(m[key])

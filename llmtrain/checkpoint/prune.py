@@ -14,14 +14,15 @@ import os
 import shutil
 
 from llmtrain.checkpoint.health import newest_healthy
-from llmtrain.checkpoint.listing import REPLACED_DIR, list_checkpoints
+from llmtrain.checkpoint.listing import REPLACED_DIR, list_checkpoints, set_aside
 from llmtrain.checkpoint.verify import verify_files
 from llmtrain.utils.log import log0
 
 
 def remove_superseded(root: str) -> None:
-    """Interrupted saves (`.tmp-step_*`: a newer save is complete now) and replaced copies (`.replaced-step_<N>-*`:
-    deleted when step_<N> exists, renamed back to step_<N> when a crash left it missing)."""
+    """Interrupted saves (`.tmp-step_*`: a newer save is complete now) are deleted; replaced copies
+    (`.replaced-step_<N>-*`) are renamed back to step_<N> when a crash left it missing, else moved to
+    `<run.dir>/superseded/<k>/` (`listing.set_aside`)."""
     for stale in glob.glob(os.path.join(root, ".tmp-step_*")):
         shutil.rmtree(stale, ignore_errors=True)
     for aside in glob.glob(os.path.join(root, ".replaced-step_*")):
@@ -30,7 +31,9 @@ def remove_superseded(root: str) -> None:
         if final is not None and not os.path.exists(final):
             os.rename(aside, final)
         else:
-            shutil.rmtree(aside, ignore_errors=True)
+            where = set_aside([aside], os.path.dirname(root), f"a replaced copy of {os.path.basename(final or aside)}"
+                              " found after an interrupted replacement")
+            log0(f"{aside}: a replaced copy of a redone step, moved to {where}")
 
 
 def prune(root: str, newest: int, keep_last: int) -> None:

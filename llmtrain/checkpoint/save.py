@@ -8,21 +8,23 @@
 A save's steps are methods, so tests inject failures by patching them from outside (tests/faults/sitecustomize.py
 patches `write_shard` and `after_complete`: a kill mid-save, before pruning, a failed write).
 
-The write: every rank writes its shard into `.tmp-step_<N>-<nonce>/` and, last, a `rank_<r>.files` listing
-(sizes, sha256); rank 0 waits for all listings, writes the manifest, fsyncs and publishes the directory
+The write: every rank writes its shard into `.tmp-step_<N>-<nonce>/` (rank 0 also `state.json`, the manifest
+without its file listing) and, last, a `rank_<r>.files` listing (sizes, sha256); rank 0 waits for all listings,
+writes the manifest (every file, the listings included), fsyncs and publishes the directory
 (`publish`), then prunes; the other ranks wait until step_<N>'s manifest carries this save's nonce. A rank whose
 part fails leaves `rank_<r>.failed` (`rendezvous.py`) so the others stop waiting at once; the directory stays
-`.tmp-*` and is never loaded. Publishing over an existing step_<N> (a run redoing a step after a resume or a
-rewind) renames the old one aside, renames the new one in, then deletes the old: at every moment one complete
-copy of the step is on disk (`listing.py` finds the aside copy if a crash falls between the renames).
+`.tmp-*` and is never loaded. Publishing over an existing step_<N> (a run redoing a step after a rewind)
+renames the old one aside, renames the new one in, then moves the old one to `<run.dir>/superseded/<k>/`: at
+every moment one complete copy of the step is on disk (`listing.py` finds the aside copy if a crash falls between
+the renames), and the replaced copy is kept.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import pickle
 import random
-import shutil
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,7 +32,7 @@ import numpy as np
 import paddle
 
 from llmtrain.checkpoint.health import nonfinite_arrays
-from llmtrain.checkpoint.listing import FORMAT, fsync_dir, fsync_file, write_json
+from llmtrain.checkpoint.listing import FORMAT, STATE_FILE, fsync_dir, fsync_file, set_aside, write_json
 from llmtrain.checkpoint.prune import after_complete
 from llmtrain.checkpoint.rendezvous import all_ok, manifest_nonce, mark_failed, save_nonce, wait_for
 from llmtrain.checkpoint.shards import collect_shard
@@ -65,8 +67,9 @@ def _lora_entry(cfg):
 
 
 def publish(tmp: str, final: str, nonce: int) -> None:
-    """Rename the complete `tmp` to `final`; an existing `final` is renamed aside first and deleted last (restored
-    if the second rename fails), so one complete copy of the step exists at every moment."""
+    """Rename the complete `tmp` to `final`; an existing `final` is renamed aside first (restored if the second
+    rename fails) and moved to `<run.dir>/superseded/<k>/` last, so one complete copy of the step exists at every
+    moment and the replaced one is never deleted."""
     root = os.path.dirname(final)
     aside = None
     if os.path.exists(final):  # an older save of the same step (a resumed or rewound run redoing it)
@@ -80,7 +83,19 @@ def publish(tmp: str, final: str, nonce: int) -> None:
         raise
     fsync_dir(root)
     if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+        where = set_aside([aside], os.path.dirname(root), f"{os.path.basename(final)} was saved again (a run "
+                          f"redoing the step after a rewind or a resume); this is the copy it replaced.")
+        log0(f"{final} saved again: the copy it replaced is now {where}/checkpoints/{os.path.basename(final)}")
+
+
+LAYOUT_FIELDS = ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "cp", "ep", "sequence_parallel")
+
+
+def layout_entry(layout) -> dict:
+    """The manifest's `layout`: every degree the layout's name is made of (`parallel.config.layout_tag` names a cp2
+    checkpoint `cp2`, not `single`)."""
+    return {k: getattr(layout, k) for k in LAYOUT_FIELDS} | {"pp_layers": list(layout.pp_layers)}  # the split it was
+    # saved under (tensors are whole)
 
 
 class CheckpointWriter:
@@ -134,10 +149,10 @@ class CheckpointWriter:
         wait_for(f"shards of {snap.tmp}", lambda: all(os.path.exists(p) for p in listings), snap.tmp,
                  self.cfg.checkpoint.timeout_minutes)
         all_files = {}
-        for listing in listings:
+        for listing in listings:  # kept in the checkpoint: they let `rebuild.py` restore a damaged manifest
             with open(listing) as f:
                 all_files.update(json.load(f))
-            os.remove(listing)
+            all_files[os.path.basename(listing)] = {"size": os.path.getsize(listing), "sha256": sha256_file(listing)}
         self.write_manifest(snap.tmp, dict(snap.manifest, files=all_files, save_nonce=snap.nonce))
         fsync_dir(snap.tmp)
         publish(snap.tmp, snap.final, snap.nonce)
@@ -162,27 +177,34 @@ class CheckpointWriter:
         write_json(stem + ".json", {"rank": self.topo.rank, "tensors": snap.meta})
         with open(stem + ".rng", "wb") as f:  # our own pickle, read back only from inside the run directory
             pickle.dump(snap.rng, f)
+        paths = [stem + ext for ext in (".safetensors", ".json", ".rng")]
+        if snap.manifest is not None:  # rank 0: the manifest but its file listing, a copy `rebuild.py` can use
+            write_json(os.path.join(snap.tmp, STATE_FILE), dict(snap.manifest, save_nonce=snap.nonce))
+            paths.append(os.path.join(snap.tmp, STATE_FILE))
         files = {}
-        for ext in (".safetensors", ".json", ".rng"):
-            path = stem + ext
+        for path in paths:
             fsync_file(path)
             files[os.path.basename(path)] = {"size": os.path.getsize(path), "sha256": sha256_file(path)}
         write_json(stem + ".files.part", files)
         os.replace(stem + ".files.part", stem + ".files")  # the listing appears whole, and last
 
-    def manifest(self, step: int, tokens_total: int) -> dict:
-        """Rank 0's manifest of a save, without its file listing."""
+    @functools.cached_property
+    def _config_entries(self) -> dict:
+        """The manifest's `model` and `config` (the resolved config is frozen: built once per run, not per save)."""
         from omegaconf import OmegaConf
 
+        return {"model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
+                "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg))}
+
+    def manifest(self, step: int, tokens_total: int) -> dict:
+        """Rank 0's manifest of a save, without its file listing."""
         manifest = {"format": FORMAT, "step": step, "tokens_total": int(tokens_total)}
         for component in self.state.components:  # the schedule, the loss scaler, the data position, skip windows
             manifest.update(component.state_dict())
         return manifest | {
-            "layout": {k: getattr(self.layout, k) for k in ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp")}
-            | {"pp_layers": list(self.layout.pp_layers)},  # the split it was saved under (tensors are whole)
+            "layout": layout_entry(self.layout),
             "world": self.topo.world,
-            "model": OmegaConf.to_container(OmegaConf.structured(self.cfg.model)),
-            "config": OmegaConf.to_yaml(OmegaConf.structured(self.cfg)),
+            **self._config_entries,
             "tokenizer": self.tokenizer.identity() if self.tokenizer is not None else None,
             "lora": _lora_entry(self.cfg),
             "files": {},

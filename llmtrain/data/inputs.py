@@ -7,10 +7,11 @@
 `llmtrain.resolve` calls `data_input_problems` on every rank before any process group starts;
 the loaders (`PretrainData`, `MLMData`, `SFTData`) run the same checks (`open_prefix`,
 `check_made_with`) when they are built without it. What is checked: each `data.prefixes` entry has
-its `.bin` and `.idx` (and the index is a readable MMIDIDX), `data.weights` has one weight per prefix,
+its `.bin` and `.idx` (and the index is a readable MMIDIDX), their train split holds at least one sample (an
+empty or all-bad corpus), `data.weights` has one weight per prefix,
 a prefix preprocessed by us with another tokenizer (its `.meta.json`) is refused, masked-LM data
 has the `.wbd` word-boundary side file its masking strategy needs and the lexicon file
-`data.masking.lexicon` exists; fine-tuning `data.files` / `data.valid_files` exist.
+`data.masking.lexicon` exists; fine-tuning `data.files` / `data.valid_files` exist and hold a usable example.
 """
 from __future__ import annotations
 
@@ -61,25 +62,58 @@ def data_input_problems(data, tokenizer, family: str) -> list[str]:
     """Every problem of the files `data` names (one line each, with the path); `tokenizer`: the loaded
     `data.tokenizer` (None when it failed to load: its own problem is reported by resolve)."""
     if hasattr(data, "files"):  # fine-tuning records (SFTDataConfig)
-        return [f"data.{key}: {path} does not exist" for key in ("files", "valid_files")
-                for path in (getattr(data, key) or []) if not os.path.isfile(path)]
+        missing = [f"data.{key}: {path} does not exist" for key in ("files", "valid_files")
+                   for path in (getattr(data, key) or []) if not os.path.isfile(path)]
+        if missing or tokenizer is None:
+            return missing
+        from llmtrain.data.sft import first_usable_problem
+
+        found = [first_usable_problem(key, list(getattr(data, key)), tokenizer, data)
+                 for key in ("files", "valid_files") if getattr(data, key)]
+        return [p for p in found if p is not None]
     prefixes = list(data.prefixes)
     problems = [] if prefixes else ["data.prefixes is empty: give at least one MMIDIDX prefix"]
     bad_weights = weights_problem(prefixes, data.weights)
     if bad_weights:
         problems.append(bad_weights)
-    opened = []
+    opened, datasets = [], []
     for p in prefixes:
         try:
             ds = open_prefix(p)
             if tokenizer is not None:
                 check_made_with(ds.prefix, tokenizer, data.tokenizer)
             opened.append(ds.prefix)
+            datasets.append((p, ds))
         except (OSError, ValueError) as e:
             problems.append(str(e))
+    if datasets and len(datasets) == len(prefixes):
+        problems += train_sample_problems(data, datasets)
     if family == "encoder":
         problems += _masking_input_problems(data.masking, opened)
     return problems
+
+
+def train_sample_problems(data, datasets) -> list[str]:
+    """The problem of prefixes whose train split (`data.split`) holds no sample of `data.seq_len` + 1 tokens (as the
+    loader packs them, `llmtrain.data.packing.PackedSplit`); an empty or all-bad corpus is found here, before any
+    work, not when the first batch is drawn."""
+    from llmtrain.data.packing import parse_split
+
+    counts = []
+    for p, ds in datasets:
+        try:
+            d0, d1 = parse_split(data.split, len(ds))["train"]
+        except ValueError as e:
+            return [str(e)]
+        tokens = int(ds.sizes[d0:d1].sum(dtype=int))
+        counts.append((p, len(ds), d1 - d0, tokens))
+    if any((tokens - 1) // data.seq_len > 0 for _, _, _, tokens in counts):
+        return []
+    return [f"no training sample: a sample takes data.seq_len + 1 = {data.seq_len + 1} tokens, and the train split "
+            f"(data.split={data.split!r}) of " + "; ".join(f"{p} holds {n_train} of its {n} documents, {tokens} tokens"
+                                                          for p, n, n_train, tokens in counts)
+            + ". Preprocess a corpus with text in it (an empty or all-bad one is reported by "
+              "`python -m llmtrain.data.preprocess`), lower data.seq_len, or change data.split"]
 
 
 def missing_word_boundaries(strategy: str, prefixes: list[str]):

@@ -19,7 +19,8 @@ each) and the main process writes the results in input order. At most
 ``2 * workers + 2`` chunks are in flight, so memory stays flat whatever the input
 size. ``--workers 0`` runs everything in the main process. A progress bar shows
 MB read, documents/s, MB/s and tokens/s; the final report lists documents,
-tokens, and bad records by kind with the file:line of the first few of each.
+tokens, and bad records by kind with the file:line of the first few of each. Inputs that hold no document at all
+(empty files, or every record bad) write nothing and exit with status 1, naming the files and the counts.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class Report:
             lines.append(f"skipped {len(self.skipped_files)} file(s) of unknown type: "
                          + ", ".join(self.skipped_files[:5]) + (" ..." if len(self.skipped_files) > 5 else ""))
         return "\n".join(lines)
+
+
+class EmptyCorpusError(ValueError):
+    """The inputs hold no document (empty, or every record bad): the message names the files and the counts."""
 
 
 def _results(chunks, workers: int, init_args: tuple):
@@ -163,6 +168,12 @@ def preprocess(inputs: list[str], tokenizer: str, output_prefix: str, workers: i
         writer.abort()
         raise
     bar.close()
+    if report.documents == 0:  # nothing a run could train on: no output files, an error with the counts
+        writer.abort()
+        raise EmptyCorpusError(
+            f"{', '.join(s.path for s in sources)}: no document to write ({report.raw_bytes} bytes read); nothing "
+            f"was written at {output_prefix}.{{bin,idx}}\n{report.bad.report()}"
+            + (f"\nskipped {len(skipped)} file(s) of unknown type: {', '.join(skipped[:5])}" if skipped else ""))
     writer.finalize()
     report.seconds = time.time() - t0
     report.main_cpu_seconds = time.process_time() - cpu0
@@ -241,7 +252,7 @@ def main(argv=None) -> int:
     except BadRecordError as e:
         print(f"error (--strict): {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError) as e:  # EmptyCorpusError too: the files and the counts
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(report.summary(), file=sys.stderr)

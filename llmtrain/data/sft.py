@@ -194,8 +194,30 @@ def pack_examples(examples, seq_len: int, pad_id: int) -> dict:
 
 def load_records(files, tok, cfg: SFTDataConfig, bad: BadRecords):
     """[(ids int64 [n], mask float32 [n]), ...] with n <= seq_len + 1, plus the truncation count."""
+    truncated = [0]
+    examples = list(iter_records(files, tok, cfg, bad, truncated))
+    if not examples:
+        raise ValueError(f"data.files {list(files)}: no usable example ({bad.report()})")
+    return examples, truncated[0]
+
+
+def first_usable_problem(key: str, files, tok, cfg: SFTDataConfig):
+    """The problem of record files (`data.<key>`) without one usable example (None: the first one was found), for
+    `llmtrain.data.inputs` before any work; the files are read up to their first usable record."""
+    bad = BadRecords(strict=cfg.strict)
+    try:
+        if next(iter_records(files, tok, cfg, bad, [0]), None) is not None:
+            return None
+    except ValueError as e:  # --strict: the first bad record, with its file:line
+        return f"data.{key}: {e}"
+    return (f"data.{key}={list(files)}: no usable example (a prompt and a response within data.seq_len="
+            f"{cfg.seq_len}): " + (bad.report() if bad.counts else "the files hold no record"))
+
+
+def iter_records(files, tok, cfg: SFTDataConfig, bad: BadRecords, truncated: list):
+    """Yield (ids int64 [n], mask float32 [n]) of each usable record, n <= seq_len + 1; bad records are counted in
+    `bad`, truncated ones in `truncated[0]`."""
     width = cfg.seq_len + 1
-    examples, truncated = [], 0
     for path in files:
         if not os.path.isfile(path):
             raise FileNotFoundError(f"data.files: {path} does not exist")
@@ -219,15 +241,12 @@ def load_records(files, tok, cfg: SFTDataConfig, bad: BadRecords):
                     continue
                 ids, mask = render(parsed, tok)
                 if len(ids) > width:
-                    truncated += 1
+                    truncated[0] += 1
                     ids, mask = ids[:width], mask[:width]
                 if sum(mask[1:]) == 0:
                     bad.add("no_response", path, line_no, f"response starts beyond seq_len={cfg.seq_len}")
                     continue
-                examples.append((np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.float32)))
-    if not examples:
-        raise ValueError(f"data.files {list(files)}: no usable example ({bad.report()})")
-    return examples, truncated
+                yield np.asarray(ids, dtype=np.int64), np.asarray(mask, dtype=np.float32)
 
 
 class SFTData:

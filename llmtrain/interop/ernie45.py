@@ -61,6 +61,8 @@ from llmtrain.models.config import ModelConfig
 
 ARCHITECTURES = {"ernie4_5": "Ernie4_5ForCausalLM", "ernie4_5_moe": "Ernie4_5_MoeForCausalLM"}
 FORMAT_VERSION = "1.2.0"
+TOKENIZER_CLASS = "Ernie4_5Tokenizer"
+"""The class an export's tokenizer_config.json names for our SentencePiece tokenizer (PaddleFormers' ERNIE 4.5)."""
 """The PaddleFormers version whose save_pretrained layout `--format paddleformers` writes (config.json's
 `paddleformers_version`)."""
 _COMMON = dict(hidden_act="silu", initializer_range=0.02, use_bias=False, rope_scaling=None, head_dim=None,
@@ -312,23 +314,3 @@ def from_canonical(state: dict, cfg: ModelConfig) -> dict[str, np.ndarray]:
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = np.ascontiguousarray(np.asarray(state["lm_head.proj.weight"], np.float32).T)
     return out
-
-
-def complete_tokenizer(out_dir: str, copied: list[str]) -> list[str]:
-    """ERNIE 4.5's tokenizer is SentencePiece (`tokenizer.model`, loaded by PaddleFormers' `Ernie4_5Tokenizer`):
-    when the run's tokenizer directory is one of ours (no tokenizer_config.json), write the tokenizer_config.json
-    that names that class, with ERNIE's special pieces as present in the model; returns the files written."""
-    import json
-    import os
-
-    if "tokenizer.model" not in copied or "tokenizer_config.json" in copied or "tokenizer.json" in copied:
-        return []
-    from llmtrain.tokenizer import Tokenizer
-
-    tok = Tokenizer(os.path.join(out_dir, "tokenizer.model"))
-    special = {f"{k}_token": tok.id_to_piece(i) for k, i in
-               (("bos", tok.bos_id), ("eos", tok.eos_id), ("unk", tok.unk_id), ("pad", tok.pad_id)) if i is not None}
-    with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump({"tokenizer_class": "Ernie4_5Tokenizer", "add_bos_token": False, "add_eos_token": False,
-                   **special}, f, indent=2, ensure_ascii=False)
-    return ["tokenizer_config.json"]

@@ -204,9 +204,6 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         moe_wants = (("moe_router", "softmax"), ("moe_num_shared_experts", 0), ("moe_capacity_factor", 0.0),
                      ("moe_routed_scale", 1.0), ("moe_z_loss_coef", 0.0))
         bad += [f"model.{k}={getattr(cfg, k)!r} (Qwen3-MoE has {v!r})" for k, v in moe_wants if getattr(cfg, k) != v]
-        if cfg.moe_aux_loss_coef and cfg.moe_aux_loss_scope != "model":
-            bad.append("model.moe_aux_loss_scope=layer with a non-zero moe_aux_loss_coef (Qwen3-MoE pools its aux "
-                       "loss over all layers)")
     if bad:
         raise UnsupportedConfig(f"model {cfg.name!r} cannot be written as a Hugging Face {arch}: " + "; ".join(bad))
     scaling, max_pos = rope_to_hf(cfg)
@@ -228,5 +225,15 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         out.update(num_experts=cfg.moe_num_experts, num_experts_per_tok=cfg.moe_top_k,
                    moe_intermediate_size=cfg.expert_ffn_size(), norm_topk_prob=cfg.moe_norm_topk,
                    decoder_sparse_step=1, mlp_only_layers=list(range(cfg.moe_first_dense_layers)),
-                   output_router_logits=bool(cfg.moe_aux_loss_coef), router_aux_loss_coef=cfg.moe_aux_loss_coef or 0.001)
+                   output_router_logits=bool(cfg.moe_aux_loss_coef) and cfg.moe_aux_loss_scope == "model",
+                   router_aux_loss_coef=cfg.moe_aux_loss_coef or 0.001)
     return out
+
+
+def export_notes(cfg: ModelConfig, family: str) -> list[str]:
+    """What an export of `cfg` as `family` writes differently from what the run trained (training-only settings)."""
+    if family == "qwen3_moe" and cfg.moe_aux_loss_coef and cfg.moe_aux_loss_scope == "layer":
+        return [f"the run averaged its balancing loss per layer (moe_aux_loss_scope=layer); Qwen3-MoE pools it over "
+                f"the layers, so config.json has output_router_logits=false, as the released configs do "
+                f"(router_aux_loss_coef={cfg.moe_aux_loss_coef} kept); the logits are exact"]
+    return []

@@ -28,6 +28,7 @@ safetensors first.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -36,8 +37,9 @@ from typing import Optional
 
 import numpy as np
 
-from llmtrain.interop.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, hf_family_for
+from llmtrain.interop.hf_config import ARCHITECTURES, config_from_hf, config_to_hf, export_notes, hf_family_for
 from llmtrain.interop.keys import EXPERT_LINEARS, SourceTensors, UnsupportedConfig, check_canonical, model_shapes
+from llmtrain.interop.tokenizer_files import special_id_problems, special_token_ids, write_special_token_files
 from llmtrain.interop.tensor_files import (SAFE_INDEX, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            StackedTransposed, find_weight_files, read_tensors, staged_dir)
 from llmtrain.models.config import ModelConfig
@@ -206,6 +208,7 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
     name = name or f"hf-{os.path.basename(os.path.normpath(ckpt_dir))}"
     ds = _deepseek(family)
     cfg, notes = (ds.config_from_hf if ds else config_from_hf)(c, family, name, os.path.join(ckpt_dir, "config.json"))
+    cfg = dataclasses.replace(cfg, hf_family=family)  # an export writes the family it came from
     files, kind = find_weight_files(ckpt_dir)
     if kind != "safetensors":
         raise CheckpointFileError(f"{ckpt_dir}: Hugging Face {family} weights are read from safetensors only "
@@ -230,27 +233,51 @@ def read_hf_checkpoint(ckpt_dir: str, c: dict, family: str, name: Optional[str] 
     return cfg, state, meta
 
 
-def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_bytes: int = 2 * 2**30,
-                        tokenizer_dir: Optional[str] = None, overwrite: bool = False, family: Optional[str] = None,
-                        layout: str = "huggingface") -> dict:
-    """Write `state` (canonical name -> full fp32 tensor) as an HF directory of `family` (default
-    `hf_family_for(cfg)`), atomically.
+def hf_config(cfg: ModelConfig, family: Optional[str] = None, layout: str = "huggingface") -> tuple[str, dict]:
+    """(model type, config.json fields) `cfg` is written as: `family`, else ERNIE 4.5 when `cfg.hf_family` says so
+    (dense or MoE as its experts say; its switches are a Llama's or a Qwen3-MoE's), else the one the switches imply
+    (`hf_family_for`). Raises UnsupportedConfig naming what that class cannot express (no tensor is needed)."""
+    from llmtrain.interop import ernie45
 
-    Shards of at most `max_shard_bytes` (a tensor larger than that gets a shard of its own) with
-    `model.safetensors.index.json`, or one `model.safetensors` when everything fits in one; layout `paddleformers`
-    (ERNIE 4.5 only) writes PaddleFormers' config fields and always shards + index, as its save_pretrained does.
-    tokenizer_dir: a directory whose HF tokenizer files (tokenizer.json, tokenizer_config.json, ...) are copied."""
-    from safetensors.numpy import save_file
-
-    out_dir = os.path.normpath(out_dir)
-    if os.path.exists(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+    if family is None and cfg.hf_family in ernie45.ARCHITECTURES:
+        family = ernie45.family_of(cfg)
     family = family or hf_family_for(cfg)
     ds = _deepseek(family)
     if layout != "huggingface" and not hasattr(ds, "layout_of"):
         raise UnsupportedConfig(f"layout {layout!r}: only ERNIE 4.5 is written in PaddleFormers' layout here (for "
                                 f"{family} PaddleFormers' save_pretrained writes the Hugging Face layout: --format hf)")
     config = ds.config_to_hf(cfg, layout) if hasattr(ds, "layout_of") else (ds.config_to_hf if ds else config_to_hf)(cfg)
+    return family, config
+
+
+def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_bytes: int = 2 * 2**30,
+                        tokenizer_dir: Optional[str] = None, overwrite: bool = False, family: Optional[str] = None,
+                        layout: str = "huggingface", special_ids: Optional[dict] = None) -> dict:
+    """Write `state` (canonical name -> full fp32 tensor) as an HF directory of `family` (default
+    `hf_family_for(cfg)`), atomically.
+
+    Shards of at most `max_shard_bytes` (a tensor larger than that gets a shard of its own) with
+    `model.safetensors.index.json`, or one `model.safetensors` when everything fits in one; layout `paddleformers`
+    (ERNIE 4.5 only) writes PaddleFormers' config fields and always shards + index, as its save_pretrained does.
+    tokenizer_dir: a directory whose HF tokenizer files (tokenizer.json, tokenizer_config.json, ...) are copied; one
+    of ours (SentencePiece, no tokenizer_config.json) gets the tokenizer_config.json naming the family's tokenizer
+    class. config.json's bos/eos/pad ids are that tokenizer's, else `special_ids` (the ids the checkpoint
+    recorded), never a family's defaults, and are checked against the shipped tokenizer files."""
+    from safetensors.numpy import save_file
+
+    out_dir = os.path.normpath(out_dir)
+    if os.path.exists(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+    family, config = hf_config(cfg, family, layout)
+    ds = _deepseek(family)
+    tok = None
+    if tokenizer_dir is not None:
+        from llmtrain.tokenizer import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_dir)
+    for key in [k for k in config if k.endswith("_token_id")]:  # a family's defaults are not this tokenizer's
+        del config[key]
+    config.update(special_token_ids(tok) if tok is not None else (special_ids or {}))
     state = {k: np.asarray(v, dtype=np.float32) for k, v in state.items()}
     check_canonical(state, model_shapes(cfg), "state to export")
     tensors = (ds.from_canonical if ds else from_canonical)(state, cfg)
@@ -281,10 +308,14 @@ def write_hf_checkpoint(cfg: ModelConfig, state: dict, out_dir: str, max_shard_b
                     copied.append(fname)
             if not copied:
                 raise CheckpointFileError(f"tokenizer {tokenizer_dir}: none of {', '.join(TOKENIZER_FILES)} to copy")
-            if hasattr(ds, "complete_tokenizer"):
-                copied += ds.complete_tokenizer(tmp, copied)
+            if "tokenizer.model" in copied and not {"tokenizer_config.json", "tokenizer.json"} & set(copied):
+                copied += write_special_token_files(tmp, tok, getattr(ds, "TOKENIZER_CLASS", "LlamaTokenizer"))
+            bad = special_id_problems(tmp, config)
+            if bad:
+                raise UnsupportedConfig(f"{out_dir}: the special-token ids disagree with the shipped tokenizer "
+                                        f"{tokenizer_dir}: " + "; ".join(bad))
         with open(os.path.join(tmp, "config.json"), "w") as f:
             json.dump(config, f, indent=2, sort_keys=True)
     return dict(family=(ds.ARCHITECTURES if ds else ARCHITECTURES)[family], out_dir=out_dir,
                 files=sorted(os.listdir(out_dir)),
-                config=config, notes=[], shards=len(shards))
+                config=config, notes=export_notes(cfg, family), shards=len(shards))

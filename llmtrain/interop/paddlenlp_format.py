@@ -29,7 +29,7 @@ from llmtrain.interop.keys import (SourceTensors, UnsupportedConfig, attention_v
 from llmtrain.interop.tensor_files import (PICKLE_SINGLE, SAFE_SINGLE, CheckpointFileError, dtype_of_config,
                                            find_weight_files, read_tensors, write_pdparams,
                                            staged_dir, write_safetensors)
-from llmtrain.interop.tokenizer_files import find_tokenizer_model, write_tokenizer_files
+from llmtrain.interop.tokenizer_files import find_tokenizer_model, special_id_problems, write_tokenizer_files
 from llmtrain.models.config import ModelConfig
 from llmtrain.utils.log import log0
 
@@ -149,18 +149,9 @@ def paddlenlp_family(cfg: ModelConfig) -> str:
     return "qwen" if (cfg.has_qkv_bias() or cfg.bias) and cfg.kv_heads() == cfg.num_heads else "llama"
 
 
-def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
-                               tokenizer_dir: Optional[str] = None, overwrite: bool = False) -> dict:
-    """Write `state` (canonical name -> full tensor) as a PaddleNLP checkpoint directory; returns what was written.
-
-    safetensors: `model.safetensors` (else the pickled `model_state.pdparams`), fp32 either way.
-    tokenizer_dir: our SentencePiece tokenizer directory (or `.model` file) to include, loadable
-        by both our `load_tokenizer` and PaddleNLP's `AutoTokenizer` (see `tokenizer_files.py`).
-    overwrite: replace an existing `out_dir` (the old one is removed only after the new one is in place).
-    """
-    out_dir = os.path.normpath(out_dir)
-    if os.path.exists(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+def paddlenlp_config(model_cfg: ModelConfig) -> tuple[str, dict, list[str]]:
+    """(PaddleNLP family, config.json fields, notes) of the directory `model_cfg` is written as; raises
+    UnsupportedConfig naming the fields PaddleNLP's class cannot express (no tensor is needed)."""
     family = paddlenlp_family(model_cfg)
     module, _ = FAMILIES[family]
     if family != "qwen" and model_cfg.has_qkv_bias() != model_cfg.bias:
@@ -171,7 +162,28 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
     if variant:
         raise UnsupportedConfig(f"model {model_cfg.name!r} cannot be written as a PaddleNLP {family}: "
                                 + "; ".join(variant))
-    config, notes = module.config_to_paddlenlp(model_cfg)  # raises before any work if not expressible
+    config, notes = module.config_to_paddlenlp(model_cfg)
+    return family, config, notes
+
+
+def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safetensors: bool = True,
+                               tokenizer_dir: Optional[str] = None, overwrite: bool = False,
+                               special_ids: Optional[dict] = None) -> dict:
+    """Write `state` (canonical name -> full tensor) as a PaddleNLP checkpoint directory; returns what was written.
+
+    safetensors: `model.safetensors` (else the pickled `model_state.pdparams`), fp32 either way.
+    tokenizer_dir: our SentencePiece tokenizer directory (or `.model` file) to include, loadable
+        by both our `load_tokenizer` and PaddleNLP's `AutoTokenizer` (see `tokenizer_files.py`).
+    overwrite: replace an existing `out_dir` (the old one is removed only after the new one is in place).
+    special_ids: config.json's `<k>_token_id` when no tokenizer is shipped (a decoder's; the checkpoint's recorded
+        tokenizer, `tokenizer_files.recorded_token_ids`); a shipped tokenizer's own ids are written otherwise and
+        checked against its files.
+    """
+    out_dir = os.path.normpath(out_dir)
+    if os.path.exists(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} exists; pass overwrite=True (--overwrite) to replace it")
+    family, config, notes = paddlenlp_config(model_cfg)  # raises before any work if not expressible
+    module, _ = FAMILIES[family]
     state = {k: _as_fp32(v) for k, v in state.items()}
     check_canonical(state, model_shapes(model_cfg), "state to export")
     tensors = module.from_canonical(state, model_cfg)
@@ -181,6 +193,12 @@ def write_paddlenlp_checkpoint(model_cfg: ModelConfig, state, out_dir: str, safe
         if tokenizer_dir is not None:
             config.update(ernie.write_tokenizer(tokenizer_dir, tmp, model_cfg) if family == "ernie"
                           else write_tokenizer_files(tokenizer_dir, tmp, model_cfg.vocab_size))
+        elif family != "ernie":  # ERNIE's pad id is the model's (its zeroed embedding row)
+            config.update(special_ids or {})
+        bad = special_id_problems(tmp, config) if family != "ernie" else []
+        if bad:
+            raise UnsupportedConfig(f"{out_dir}: the special-token ids disagree with the shipped tokenizer: "
+                                    + "; ".join(bad))
         weights = SAFE_SINGLE if safetensors else PICKLE_SINGLE
         (write_safetensors if safetensors else write_pdparams)(tensors, os.path.join(tmp, weights))
         with open(os.path.join(tmp, "config.json"), "w") as f:

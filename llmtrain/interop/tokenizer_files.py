@@ -10,7 +10,10 @@ that reads `sentencepiece.bpe.model`, and `AutoTokenizer` picks it from
 `tokenizer_class` in `tokenizer_config.json`; so we write both our files (our
 `load_tokenizer` keeps working on the output) and PaddleNLP's. `add_bos_token` is
 false because our pretraining never prepends `<s>` (documents are separated by
-`<eod>`), so PaddleNLP's `encode` gives the ids our `encode` gives. The same files are
+`<eod>`), so PaddleNLP's `encode` gives the ids our `encode` gives. config.json's bos/eos/pad ids are the
+shipped tokenizer's (or, when none is shipped, the ones the checkpoint recorded), the tokenizer files name its
+bos/eos/pad/unk pieces, and every export checks the two against each other (`special_id_problems`). The same
+files are
 written for GPT exports: PaddleNLP's GPT tokenizers are byte-level BPE (vocab.json +
 merges.txt) and cannot hold a SentencePiece model, so a GPT export also names
 `LlamaTokenizer`, which is only a SentencePiece wrapper.
@@ -27,7 +30,8 @@ PADDLENLP_SP_FILE = "sentencepiece.bpe.model"  # LlamaTokenizer.resource_files_n
 
 
 def write_tokenizer_files(tokenizer_path: str, out_dir: str, model_vocab_size: int) -> dict:
-    """Copy our tokenizer into `out_dir` with PaddleNLP's tokenizer files; returns the special ids for config.json."""
+    """Copy our tokenizer into `out_dir` with PaddleNLP's tokenizer files; returns the special ids for config.json
+    (`special_token_ids`)."""
     from llmtrain.tokenizer import META_FILE, MODEL_FILE, Tokenizer, load_tokenizer
 
     tok = load_tokenizer(tokenizer_path)
@@ -45,20 +49,69 @@ def write_tokenizer_files(tokenizer_path: str, out_dir: str, model_vocab_size: i
         if os.path.isfile(os.path.join(src_dir, extra)):
             shutil.copyfile(os.path.join(src_dir, extra), os.path.join(out_dir, extra))
 
-    def piece(i):
-        return None if i is None else tok.id_to_piece(i)
+    write_special_token_files(out_dir, tok, "LlamaTokenizer")
+    return special_token_ids(tok)
 
-    special = {"bos_token": piece(tok.bos_id), "eos_token": piece(tok.eos_id), "unk_token": piece(tok.unk_id),
-               "pad_token": piece(tok.pad_id)}
-    special = {k: v for k, v in special.items() if v is not None}
-    tokenizer_config = {"tokenizer_class": "LlamaTokenizer", "add_bos_token": False, "add_eos_token": False,
-                        **special}
+
+SPECIAL = ("bos", "eos", "pad", "unk")
+"""The special tokens an export names in the tokenizer files (`<k>_token`)."""
+CONFIG_IDS = ("bos", "eos", "pad")
+"""Those whose id config.json carries (`<k>_token_id`, the fields models and generation read; published configs
+carry no unk id: the tokenizer files name it)."""
+
+
+def special_token_ids(tok) -> dict:
+    """{`bos_token_id`, `eos_token_id`, `pad_token_id`} of a loaded tokenizer (those it has)."""
+    ids = {f"{k}_token_id": getattr(tok, f"{k}_id", None) for k in CONFIG_IDS}
+    return {k: int(v) for k, v in ids.items() if v is not None}
+
+
+def recorded_token_ids(identity: dict | None) -> dict:
+    """The same ids from a checkpoint's recorded tokenizer identity (its manifest's `tokenizer.special_ids`): the
+    tokenizer the run trained with, when no tokenizer directory is shipped."""
+    recorded = (identity or {}).get("special_ids") or {}
+    return {f"{k}_token_id": int(recorded[k]) for k in CONFIG_IDS if recorded.get(k) is not None}
+
+
+def write_special_token_files(out_dir: str, tok, tokenizer_class: str) -> list[str]:
+    """tokenizer_config.json (naming `tokenizer_class`, no bos/eos added by encode: our pretraining prepends none)
+    and special_tokens_map.json with the pieces of `tok`'s special ids; returns the files written."""
+    special = {f"{k}_token": tok.id_to_piece(getattr(tok, f"{k}_id")) for k in SPECIAL
+               if getattr(tok, f"{k}_id", None) is not None}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
-        json.dump(tokenizer_config, f, indent=2, ensure_ascii=False)
+        json.dump({"tokenizer_class": tokenizer_class, "add_bos_token": False, "add_eos_token": False, **special},
+                  f, indent=2, ensure_ascii=False)
     with open(os.path.join(out_dir, "special_tokens_map.json"), "w") as f:
         json.dump(special, f, indent=2, ensure_ascii=False)
-    ids = {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id}
-    return {k: v for k, v in ids.items() if v is not None}
+    return ["tokenizer_config.json", "special_tokens_map.json"]
+
+
+def special_id_problems(out_dir: str, config: dict) -> list[str]:
+    """Where config.json's `<k>_token_id` disagree with the tokenizer shipped in `out_dir`: the tokenizer's own ids
+    and the pieces its tokenizer_config.json / special_tokens_map.json name (empty: they agree, or no tokenizer)."""
+    from llmtrain.tokenizer import load_tokenizer
+
+    names = {}
+    for fname in ("special_tokens_map.json", "tokenizer_config.json"):
+        path = os.path.join(out_dir, fname)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as f:
+                names.update({k: v.get("content") if isinstance(v, dict) else v for k, v in json.load(f).items()})
+    try:
+        tok = load_tokenizer(out_dir)
+    except (OSError, ValueError):
+        return []  # no tokenizer shipped: the ids came from the checkpoint's record
+    problems = []
+    for k in SPECIAL:
+        have, want = getattr(tok, f"{k}_id", None), config.get(f"{k}_token_id")
+        if want is not None and have is not None and have != want:
+            problems.append(f"config.json {k}_token_id={want} but the shipped tokenizer's {k} id is {have}")
+        i, where = (want, f"config.json {k}_token_id={want}") if want is not None else (have, f"its {k} id {have}")
+        piece = names.get(f"{k}_token")
+        if i is not None and isinstance(piece, str) and tok.id_to_piece(i) != piece:
+            problems.append(f"{where} is {tok.id_to_piece(i)!r} in the shipped tokenizer, but its tokenizer files "
+                            f"name {piece!r} as {k}_token")
+    return problems
 
 
 def find_tokenizer_model(ckpt_dir: str) -> str | None:

@@ -210,6 +210,12 @@ class ModelConfig:
     init_from: Optional[str] = None
     """PaddleNLP checkpoint directory (config.json + weights) to start from instead of random init."""
 
+    hf_family: Optional[str] = None
+    """The Hugging Face model type a `--format hf` / `paddleformers` export writes (`ernie4_5` for ERNIE 4.5, dense
+    or MoE as the experts say; `llama`, `qwen2`, `qwen3`, `qwen3_moe`, `deepseek_v2`, `deepseek_v3`); null: the one
+    the switches imply (`llmtrain.interop.hf_config.hf_family_for`). Set by the presets and imports of a family
+    whose switches another one shares (a dense ERNIE 4.5 computes what a Llama does); computes nothing."""
+
     def fused(self, switch: str, gpu: Optional[bool] = None) -> bool:
         """Whether `switch` (`fuse_rms_norm`, `fuse_rope`, `fuse_swiglu`, `fuse_qkv`, `fuse_ffn`) is on here:
         `auto` means on for GPU and off on CPU; the path must also apply to this architecture. `gpu`: decide for

@@ -416,6 +416,11 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
     from llmtrain.plan.measure import _on_gpu, cpu_matmul_peak
 
     sizes = QUICK if quick else FULL
+    t0, steps = time.time(), 4 if quick else 6
+
+    def phase(k: int, what: str) -> None:  # minutes of measuring: say what runs now
+        print(f"calibrate [{k}/{steps}] {what} ({time.time() - t0:.0f} s so far)", file=sys.stderr, flush=True)
+
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     load = os.getloadavg()[0]
     on_gpu = _on_gpu()
@@ -428,17 +433,21 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
         import paddle
 
         gpus = paddle.device.cuda.device_count()
+    phase(1, "collectives between 2 processes")
     gloo = fit_gloo(measure_gloo(sizes["gloo_sizes"], sizes["repeats"])) if (not on_gpu or gpus > 1) else None
+    phase(2, "kernel tables: GEMMs, attention, memory-bound ops, host time per op, AdamW")
     raw = measure_tables(sizes)
     prov = {"summary": f"(Paddle {_paddle_version()} on this CPU, {when}, OMP_NUM_THREADS "
                        f"{os.environ.get('OMP_NUM_THREADS', '1')}, each op the median of three runs' mean call)",
             "measured_at": when, "load_average": load, "command": " ".join(["python -m llmtrain.plan"] + sys.argv[1:])}
+    phase(3, "the matmul peak and the fit of the tables")
     base = gpu_base(gloo) if on_gpu else cpu_base(cpu_matmul_peak(), gloo, load)
     profile = fit_profile(raw, base, prov, split_layouts=True)
     if not on_gpu:  # the training loop's own work (on a GPU it overlaps the queued kernels: not measured here)
         from llmtrain.plan.measure import trainer_loop_table
 
         if not quick:  # the real Trainer, one process per run (--quick: not measured, the constants stay 0)
+            phase(4, "the training loop's own work: the real Trainer on a tiny GPT, 9 runs")
             loop = dict(fit_loop(profile, trainer_loop_table()), table="measure.trainer_loop_table",
                         what="llmtrain/pretrain.py on a tiny GPT (h 32, seq 16, micro-batch 1; 1, 2 and 4 layers; 1, 2 "
                              "and 4 micro-batches per step) over random tokens, median step_time of steps 3-14")
@@ -446,7 +455,9 @@ def calibrate(out: str = "work/cpu-here.json", quick: bool = False) -> dict:
             from llmtrain.plan.measure import shared_host_table
 
             # kernels while 2 processes compute at once (a 2-process CPU layout) against one alone
+            phase(5, "kernels while 2 processes compute at once")
             profile["shared_host"] = dict(shared_host_table(), source=f"measure.shared_host_table ({when})")
+    phase(steps, f"writing {out}")
     profile["measured_at"] = when
     profile["gloo"] = gloo
     profile["raw"] = {k: raw[k] for k in ("host_measured", "optimizer")}

@@ -7,7 +7,8 @@ Inputs are anything :mod:`llmtrain.corpus.sources` reads (jsonl/txt/parquet, .gz
 folders, globs, HF datasets); bad records are counted and reported, never fatal
 (unless ``--strict``). Writes ``DIR/tokenizer.model``, ``DIR/tokenizer.vocab``
 (piece and score per line, for reading) and ``DIR/tokenizer_meta.json`` (how it was
-made: command, inputs with sizes and sha256, every trainer option, sizes, time).
+made: command, inputs with sizes and sha256, every trainer option, sizes, time). Inputs without a usable line
+(empty, or every record bad) stop it with status 1, naming the files and the bad records, writing nothing.
 
 Trainer settings: byte fallback (no ``<unk>`` ever: emoji and rare CJK become UTF-8
 byte pieces), digits split one per token, character coverage 0.9995 (the value
@@ -72,6 +73,13 @@ def split_long(line: str, max_bytes: int) -> list[str]:
 
 
 
+def _no_documents(inputs, sources, stats: dict, bad: BadRecords) -> str:
+    """The error of a corpus without a usable line: the files, what was read, the bad records by kind."""
+    files = ", ".join(s.path for s in sources) or ", ".join(inputs)
+    return (f"tokenizer training failed: no text to train on in {files} ({stats['documents']} documents, "
+            f"{stats['lines']} non-blank lines); nothing was written\n{bad.report()}")
+
+
 def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bpe",
           pre_segment: str | None = None, json_key: str = "text", text_mode: str = "line",
           character_coverage: float = 0.9995, max_sentences: int = 2_000_000,
@@ -80,8 +88,7 @@ def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bp
     """Train and write a tokenizer directory; return its metadata."""
     import sentencepiece as spm
 
-    out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(output)  # created once a model is trained: a failed training leaves no empty directory
     sources, skipped = expand_inputs(inputs)
     bad = BadRecords(strict=strict)
     stats = {"documents": 0, "lines": 0, "bytes": 0}
@@ -124,6 +131,8 @@ def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bp
                                        **options)
     except RuntimeError as e:
         msg = str(e)
+        if stats["documents"] == 0 or "sentences_.empty()" in msg:
+            raise SystemExit(_no_documents(inputs, sources, stats, bad)) from None
         if "too high" in msg:
             raise SystemExit(f"tokenizer training failed: {msg.split(']')[-1].strip()}\n"
                              f"The corpus is too small for --vocab-size {vocab_size} {model_type} pieces: "
@@ -136,7 +145,8 @@ def train(inputs: list[str], vocab_size: int, output: str, model_type: str = "bp
         raise
     seconds = time.time() - t0
     if stats["documents"] == 0:
-        raise SystemExit(f"no documents in {inputs}\n{bad.report()}")
+        raise SystemExit(_no_documents(inputs, sources, stats, bad))
+    out.mkdir(parents=True, exist_ok=True)
     (out / MODEL_FILE).write_bytes(model.getvalue())
     sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
     with open(out / "tokenizer.vocab", "w", encoding="utf-8") as f:

@@ -149,7 +149,7 @@ class AnomalyGuard:
         meter.write_event({"step": v.step, "event": "stopped", "anomaly": list(v.kinds),
                            "reason": self.policy_state.reason})
         meter.close()
-        raise Diverged(report.stop_message(v, self.policy_state.reason, ckpt.newest_healthy()))
+        raise Diverged(report.stop_message(v, self.policy_state.reason, ckpt.newest_healthy(), self.windows.windows))
 
     def rewind(self, v: Verdict, ckpt, data, meter) -> int:
         """Reload the target `policy` agreed on; returns its step (the loop continues there)."""

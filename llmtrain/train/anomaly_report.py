@@ -14,11 +14,11 @@ from typing import Optional
 
 from llmtrain.utils.log import log0, log_all
 
-STOP_ADVICE = ("After fixing the cause, checkpoint.resume=auto continues from it; a lower learning rate (for a run "
-               "that diverges again after rewinds) is a new LR schedule, so resume with it in force: "
-               "optim.lr=<lower> optim.on_resume=config checkpoint.resume=auto")
-"""The last sentence of the stop message: what the user does next (tests/train/test_contract.py follows it as
-written: the resume contract accepts it)."""
+STOP_ADVICE = ("If the learning rate caused it (a run that diverges again after its rewinds), a lower one is a new LR "
+               "schedule, and a resume under a changed learning rate skips no data (the rewinds' windows are trained "
+               "on): optim.lr=<lower> optim.on_resume=config checkpoint.resume=auto")
+"""The last sentence of the stop message: what the user does when the learning rate is the cause
+(tests/train/test_contract.py follows it as written: the resume contract accepts it)."""
 
 
 def _fmt(x) -> str:
@@ -90,11 +90,32 @@ def newest_description(newest: Optional[tuple[int, str]]) -> str:
     return f"{newest[1]} (step {newest[0]}{values})"
 
 
-def stop_message(v, reason: str, newest: Optional[tuple[int, str]]) -> str:
+def _samples(windows) -> str:
+    """`8..31, 40..47`: consumed-sample windows [from, to), adjacent ones joined."""
+    joined: list = []
+    for a, b in sorted(windows):
+        if joined and a <= joined[-1][1]:
+            joined[-1][1] = max(joined[-1][1], b)
+        else:
+            joined.append([a, b])
+    return ", ".join(f"{a}..{b - 1}" for a, b in joined)
+
+
+def stop_message(v, reason: str, newest: Optional[tuple[int, str]], windows=()) -> str:
     """The message of `Diverged`: the step, the anomaly, its values, why the policy stopped, the newest healthy
-    checkpoint, and what to do."""
+    checkpoint, and what to do when the data is the cause (what a resume skips: `windows`, the consumed-sample
+    windows the rewinds recorded) and when the learning rate is."""
+    data = ("If the data caused it, checkpoint.resume=auto continues from it"
+            + (f" and skips samples {_samples(windows)} (the windows the rewinds recorded)" if windows else "")
+            + ". ")
     return (f"training stopped at {describe(v)}: {reason}; newest healthy checkpoint: {newest_description(newest)}. "
-            f"{STOP_ADVICE}")
+            f"{data}{STOP_ADVICE}")
+
+
+def windows_waived_line(lr_then, lr_now, windows) -> None:
+    log0(f"resume: the learning rate in force changed ({lr_then:g} in the checkpoint, {lr_now:g} now), so the "
+         f"divergence is taken for the learning rate's: samples {_samples(windows)}, which the rewinds recorded to "
+         "skip, are trained on (the data was not the cause)")
 
 
 def corrupt_target_message(v, before: int) -> str:

@@ -23,25 +23,44 @@ from __future__ import annotations
 from typing import Optional
 
 from llmtrain.train.anomaly import AnomalyConfig, Verdict
-from llmtrain.train.anomaly_report import rewind_line, window_skipped_line
+from llmtrain.train.anomaly_report import rewind_line, window_skipped_line, windows_waived_line
 
 
 class SkipWindows:
-    """The data windows this run skips (a checkpoint manifest component: `skip_windows`)."""
+    """The data windows this run skips (a checkpoint manifest component: `skip_windows`), and those a resume under
+    a changed learning rate waived (`skip_windows_waived`: never skipped again by this run)."""
 
     def __init__(self):
         self.windows: list[tuple[int, int]] = []
         """Sorted [from, to) consumed-sample windows."""
+        self.waived: set[tuple[int, int]] = set()
 
     def state_dict(self) -> dict:
-        return {"skip_windows": [list(w) for w in self.windows]}
+        return {"skip_windows": [list(w) for w in self.windows],
+                "skip_windows_waived": [list(w) for w in sorted(self.waived)]}
 
     def load_state_dict(self, manifest: dict) -> None:
         """Merge the windows a checkpoint recorded (those this process already knows stay)."""
+        self.waive(manifest.get("skip_windows_waived") or [])
         self.merge(manifest.get("skip_windows") or [])
 
     def merge(self, windows) -> None:
-        self.windows = sorted({(int(a), int(b)) for a, b in [*self.windows, *windows]})
+        self.windows = sorted({(int(a), int(b)) for a, b in [*self.windows, *windows]} - self.waived)
+
+    def waive(self, windows) -> None:
+        self.waived |= {(int(a), int(b)) for a, b in windows}
+        self.windows = [w for w in self.windows if w not in self.waived]
+
+    def waive_after_lr_change(self, manifest: dict, lr_now: float, position: int) -> None:
+        """A resume whose learning rate in force differs from the checkpoint's takes the divergence for the learning
+        rate's, not the data's: the recorded windows are trained on, not skipped (said in the log)."""
+        lr_then = ((manifest.get("schedule_in_force") or {}).get("optim") or {}).get("lr")
+        if not self.windows or lr_then is None or float(lr_then) == float(lr_now):
+            return
+        ahead = [w for w in self.windows if w[1] > position]
+        self.waive(self.windows)
+        if ahead:
+            windows_waived_line(lr_then, lr_now, ahead)
 
     def before_next_step(self, data) -> None:
         """When the data position is inside a window, jump to its end (windows in order: adjacent ones chain)."""

@@ -109,6 +109,7 @@ RULES: list[tuple[str, str, str]] = [
     ("model.name", "honoured", "a label"),
     ("model.attention", "honoured", "kernel choice, same numbers"),
     ("model.init_from", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
+    ("model.hf_family", "honoured", "what an export writes, not what the model computes"),
     ("model.init_std", "honoured", "ignored at resume: the checkpoint's weights are loaded"),
     ("model.qkv_bias", "refuse", "the checkpoint's q/k/v projections have (or lack) bias tensors; the architecture "
                                  "changes"),

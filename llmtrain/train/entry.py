@@ -8,7 +8,9 @@ as the list of problems, and the process exits with status 2 without a Python
 traceback (set HYDRA_FULL_ERROR=1 to get the traceback); so does an unknown override, checked before Hydra
 composes (`llmtrain.config.refuse_unknown_keys`). A run already finished (`RunFinished`: its checkpoint is at
 train.max_steps) says so and exits 0 before any work. A run the divergence guard stopped
-(`llmtrain.train.anomaly.Diverged`) prints its message and exits with status 5. A finished CPU job
+(`llmtrain.train.anomaly.Diverged`) prints its message and exits with status 5; a checkpoint that could not be
+written (`CheckpointSaveError`: a full disk, a permission) stops the run with status 6, the newest complete
+checkpoint intact and named. A finished CPU job
 exits without the interpreter teardown that can crash in gloo after the work is
 done (`llmtrain.paddle_compat.process.exit_process`).
 """
@@ -17,10 +19,12 @@ from __future__ import annotations
 import os
 import sys
 
-from llmtrain.errors import ConfigError, RunFinished
+from llmtrain.errors import CheckpointSaveError, ConfigError, RunFinished
 from llmtrain.utils.log import global_rank
 
 EXIT_CONFIG_ERROR = 2
+EXIT_SAVE_FAILED = 6
+"""A checkpoint could not be written (`llmtrain.errors.CheckpointSaveError`): the run stopped at that save."""
 RANK0_FIRST_S = 3.0
 """On a ConfigError every rank fails at once; the other ranks wait this long before exiting so rank 0's status
 reaches Paddle's launcher first. The launcher stops the remaining ranks (SIGTERM) when one fails and reports the
@@ -54,6 +58,12 @@ def run_entry(recipe, dcfg) -> None:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         exit_config_error(e)
+    except CheckpointSaveError as e:  # a save failed: the message (every rank: its own cause), status 6
+        print(f"error: [rank {global_rank()}] {e}", file=sys.stderr, flush=True)
+        from llmtrain.paddle_compat.process import exit_process
+
+        exit_process(EXIT_SAVE_FAILED)
+        sys.exit(EXIT_SAVE_FAILED)
     except RunFinished as e:  # resolve found the run already at train.max_steps: nothing to do, said once
         if global_rank() == 0:
             print(str(e), file=sys.stderr, flush=True)

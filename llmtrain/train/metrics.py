@@ -271,14 +271,25 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+REDONE = os.path.join("superseded", "metrics-of-redone-steps.jsonl")
+"""Where a resume moves the records of the steps it redoes (under the run directory; appended, never deleted)."""
+
+
 def _truncate_after(path: str, step: int) -> None:
-    """On resume from `step`, drop records of later steps (they are about to be redone)."""
+    """On resume from `step`, move the records of later steps (they are about to be redone) to `REDONE`."""
     if not os.path.exists(path):
         return
     with open(path) as f:
-        # records of later steps go (they are redone); divergence-guard events (rewind, stopped) are history: kept
-        keep = [line for line in f if line.strip() and (json.loads(line).get("step", 0) <= step
-                                                        or "event" in json.loads(line))]
+        # records of later steps leave (they are redone); divergence-guard events (rewind, stopped) are history: kept
+        lines = [line for line in f if line.strip()]
+    kept = [json.loads(line).get("step", 0) <= step or "event" in json.loads(line) for line in lines]
+    if all(kept):
+        return
+    redone = os.path.join(os.path.dirname(path), REDONE)
+    os.makedirs(os.path.dirname(redone), exist_ok=True)
+    with open(redone, "a") as f:
+        f.writelines(line for line, k in zip(lines, kept) if not k)
+    keep = [line for line, k in zip(lines, kept) if k]
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.writelines(keep)

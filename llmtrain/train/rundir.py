@@ -13,6 +13,10 @@ What `llmtrain.resolve` checks, on every rank, before any process group starts:
 - `checkpoint.resume=auto` with checkpoints there: the newest one the resume would take is reviewed by the
   resume contract (`llmtrain.train.contract`); a config that cannot continue it (another model shape, seed,
   tokenizer, an LR jump) is refused up front with what to set to continue it and how to start a new run instead;
+  damaged checkpoints are named (with `python -m llmtrain.checkpoint.rebuild` when only the manifest is); when
+  every one is damaged the run is refused (a new run there would replace them) with the choices;
+- a resume from a checkpoint older than the directory's newest moves the later checkpoints and metrics to
+  `<run.dir>/superseded/<k>/` first (`llmtrain.train.branch`), said in the log;
 - `checkpoint.resume=PATH`: a `step_<N>` directory, or a run directory (or its `checkpoints/`), whose newest
   complete checkpoint is taken (as `python -m llmtrain.export` and `generate` do); missing, incomplete or corrupt
   is a problem; continuing another directory's checkpoint inside a run directory that holds a run is refused
@@ -32,7 +36,9 @@ from typing import Optional
 from llmtrain.checkpoint.health import resume_order
 from llmtrain.checkpoint.listing import STEP_DIR, list_checkpoints
 from llmtrain.checkpoint.reader import describe_manifest
+from llmtrain.checkpoint.rebuild import manifest_only_damage, rebuild_command
 from llmtrain.checkpoint.verify import verify_files
+from llmtrain.train.branch import Branch, plan_branch, set_branch_aside
 from llmtrain.utils.log import global_rank, log0
 
 
@@ -51,6 +57,9 @@ class RunDirReview:
     """The message of a run already at train.max_steps (nothing to train), else None."""
     notes: list = field(default_factory=list)
     """What rank 0 logs (the run and step a resume continues)."""
+    branch: Optional[Branch] = None
+    """A resume from a checkpoint older than the directory's newest: the later ones, moved aside by
+    `claim_run_dir` (`llmtrain.train.branch`)."""
 
 
 def quick_problems(ckpt_dir: str) -> list[str]:
@@ -109,12 +118,34 @@ def explicit_checkpoint(how: str) -> tuple[Optional[str], list[str], list[str]]:
                   + (" (incomplete: " + " | ".join(skipped) + ")" if skipped else "")], []
 
 
+def damage_note(path: str, problems: list[str]) -> str:
+    """`step_10 (what is wrong)`, with the command that rebuilds its manifest when only the manifest is damaged."""
+    if manifest_only_damage(path, problems):
+        return (f"{os.path.basename(path)} ({'; '.join(problems)}; its tensor files match their listings: only the "
+                f"manifest is damaged; `{rebuild_command(path)}` rebuilds it)")
+    return f"{os.path.basename(path)} ({'; '.join(problems)})"
+
+
+def all_damaged(run_dir: str, damaged: dict) -> str:
+    """The refusal of `checkpoint.resume=auto` when every checkpoint of `run_dir` is damaged."""
+    rebuildable = [p for p, v in damaged.items() if manifest_only_damage(p, v)]
+    return (f"run.dir={run_dir}: every checkpoint there is damaged, so checkpoint.resume=auto has nothing to continue "
+            f"and nothing was changed: " + "; ".join(damage_note(p, v) for p, v in damaged.items()) + ". Choices: "
+            + (f"rebuild the manifest (`{rebuild_command(rebuildable[0])}`) and run the same command again to "
+               "continue the run; " if rebuildable else "")
+            + f"start a new run in its own directory (checkpoint.resume=none run.dir={_free(run_dir, '-', 2)}); or "
+            f"run.overwrite=true to move the old run aside to {aside_path(run_dir)} (nothing is deleted) and start a "
+            "new run here")
+
+
 def _inside(path: str, run_dir: str) -> bool:
     return os.path.abspath(path).startswith(os.path.abspath(run_dir).rstrip(os.sep) + os.sep)
 
 
-def _continue(review: RunDirReview, ckpt: str, cfg, layout, tokenizer, header: str) -> None:
-    """Review resuming `ckpt` under `cfg`: its refusals become problems under `header`; a finished run is said."""
+def _continue(review: RunDirReview, ckpt: str, cfg, layout, tokenizer, header: str,
+              damaged: Optional[dict] = None) -> None:
+    """Review resuming `ckpt` under `cfg`: its refusals become problems under `header`; a finished run is said;
+    later checkpoints of the run directory (`damaged`: {path: problems} among them) make a `Branch`."""
     from llmtrain.train.contract import review_manifest
 
     manifest = _manifest(ckpt)
@@ -127,10 +158,13 @@ def _continue(review: RunDirReview, ckpt: str, cfg, layout, tokenizer, header: s
             return
     review.notes.append(f"continuing {what} from {ckpt}")
     if int(manifest["step"]) >= cfg.train.max_steps:
-        review.finished = (f"nothing to train: {ckpt} is {what}, already at train.max_steps={cfg.train.max_steps}. "
-                           f"To train on, raise train.max_steps (with optim.on_resume=config to stretch the LR "
-                           f"schedule, or optim.on_resume=checkpoint to keep it; docs/changing-runs.md); for a new "
-                           f"run: {ways_out(cfg.run.dir)}")
+        review.finished = (f"nothing to train: run.dir={cfg.run.dir} holds {what} ({ckpt}), already at "
+                           f"train.max_steps={cfg.train.max_steps}. To train on, raise train.max_steps (with "
+                           f"optim.on_resume=config to stretch the LR schedule, or optim.on_resume=checkpoint to keep "
+                           f"it; docs/changing-runs.md); to start a new run instead: {ways_out(cfg.run.dir)}")
+        return
+    if _inside(ckpt, cfg.run.dir):
+        review.branch = plan_branch(cfg.run.dir, ckpt, int(manifest["step"]), damaged)  # said when moved
 
 
 def review_run_dir(cfg, layout, tokenizer) -> RunDirReview:
@@ -179,23 +213,35 @@ def review_run_dir(cfg, layout, tokenizer) -> RunDirReview:
                                                           f"configuration; to start a new run from it instead: "
                                                           f"model.init_from={target} (weights only)")
         return review
-    ordered, _ = resume_order([p for _, p in held])
-    newest = next((p for p in ordered if not quick_problems(p)), None)
-    if newest is not None:
+    ordered, passed_over = resume_order([p for _, p in held])  # healthy ones first; the newer anomalous are named
+    review.notes += passed_over
+    damage = {p: quick_problems(p) for p in ordered}
+    newest = next((p for p in ordered if not damage[p]), None)
+    damaged = {p: v for p, v in damage.items() if v}
+    if newest is None and held:  # nothing to continue: a new run here would replace the damaged ones
+        review.problems.append(all_damaged(run_dir, damaged))
+    elif newest is not None:
+        if damaged:
+            review.notes += [f"checkpoint.resume=auto: skipping damaged {damage_note(p, v)}" for p, v in damaged.items()]
         _continue(review, newest, cfg, layout, tokenizer,
                   f"run.dir={run_dir} holds a run this configuration cannot continue (checkpoint.resume=auto would "
-                  f"resume it). To continue it, set what is named below; to start a new run, {ways_out(run_dir)}")
+                  f"resume it). To continue it, set what is named below; to start a new run, {ways_out(run_dir)}",
+                  damaged)
     return review
 
 
 def claim_run_dir(run) -> None:
-    """Rank 0, before any process group starts: run.overwrite=true moves what the run directory holds aside to
+    """Rank 0, before any process group starts: a resume from an older checkpoint moves the later ones aside
+    (`branch.set_branch_aside`); run.overwrite=true moves what the run directory holds aside to
     `run.move_aside` (renamed, never deleted). The other ranks start no work before rank 0 joins the process
-    groups, so nothing of the new run is written before the move."""
-    aside = run.run_dir.move_aside if run.run_dir is not None else None
-    if aside is None or global_rank() != 0:
+    groups, so nothing of the new run is written before the moves."""
+    if run.run_dir is None or global_rank() != 0:
         return
-    run_dir = run.cfg.run.dir
+    run_dir, aside = run.cfg.run.dir, run.run_dir.move_aside
+    if run.run_dir.branch is not None:  # a resume from an older checkpoint: the later ones set aside first
+        set_branch_aside(run_dir, run.run_dir.branch)
+    if aside is None:
+        return
     if os.path.isdir(run_dir) and os.listdir(run_dir) and not os.path.exists(aside):
         os.rename(run_dir, aside)
         os.makedirs(run_dir, exist_ok=True)

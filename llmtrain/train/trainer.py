@@ -28,6 +28,7 @@ from typing import Any, Optional
 import paddle
 from omegaconf import OmegaConf
 
+from llmtrain.checkpoint.listing import read_manifest
 from llmtrain.checkpoint.manager import Checkpointer
 from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
@@ -147,8 +148,13 @@ class Trainer:
         """Resume, train to `train.max_steps` (or a stop signal), save; returns the last metrics record."""
         cfg, layout, topo, built, data, ckpt = self.cfg, self.layout, self.topo, self.built, self.data, self.ckpt
         state = ckpt.resume()
+        for waived in ckpt.recorded("skip_windows_waived"):
+            self.windows.waive(waived)
         for windows in ckpt.recorded("skip_windows"):  # any checkpoint of the run directory, newer ones included
             self.windows.merge(windows)
+        if state.path is not None:  # a changed learning rate: the windows are trained on, not skipped
+            self.windows.waive_after_lr_change(read_manifest(state.path), built.scheduler.in_force()["optim"]["lr"],
+                                               data.consumed_samples)
         exporter = exporter_for_run(cfg, layout, topo.rank, state.tokens_total, state.step)  # /metrics when metrics_port
         self.runner = runner = StepRunner(built.model, built.loss_fn, built.optimizer, built.scheduler, built.clip, self.amp,
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,

@@ -100,8 +100,8 @@ def override_problems(overrides: Sequence[str], schema: type, groups: Mapping[st
 
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except Exception:  # a malformed override: Hydra reports it with its own position marker
-        return []
+    except Exception:  # a malformed override: named here when quoting fixes it, else Hydra reports it
+        return quoting_problems(overrides)
     keys = schema_keys(schema)
     problems = []
     for o in parsed:
@@ -122,6 +122,26 @@ def override_problems(overrides: Sequence[str], schema: type, groups: Mapping[st
             if o.is_add() or o.is_force_add() else ""
         fix = f"; did you mean {near}={value}?" if near and value else (f"; did you mean {near}?" if near else "")
         problems.append(f"{line}: {key} is not a config key{plus}{fix} (`{command} --cfg job` prints every key)")
+    return problems
+
+
+def quoting_problems(overrides: Sequence[str]) -> list[str]:
+    """Overrides Hydra's grammar refuses whose value it would take quoted: non-ASCII characters (a Chinese path or
+    run name), or a comma in a path. Each with the quoted form, as the shell needs it typed."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser, problems = OverridesParser.create(), []
+    for line in overrides:
+        key, sep, value = line.partition("=")
+        if not sep or value[:1] in ("'", '"', "["):
+            continue
+        try:
+            parser.parse_overrides([line])
+        except Exception:  # noqa: BLE001 - Hydra's grammar errors have no common public type
+            if not value.isascii() or "," in value:
+                problems.append(f"{line}: Hydra takes a value with non-ASCII characters or commas only in quotes: "
+                                f"give \"{key}='{value}'\" (the double quotes for the shell; spaces inside quotes "
+                                "are fine)")
     return problems
 
 

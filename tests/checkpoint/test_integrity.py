@@ -67,9 +67,17 @@ def test_damaged_newest_is_skipped(three_checkpoints, tiny_corpus, tmp_path, dam
     last = pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=7)
                                + ["checkpoint.resume=auto", "optim.on_resume=config"]))  # 6 -> 7: schedule re-horizoned
     err = "\n".join(llm_log)
-    assert "skipping corrupt or incomplete checkpoint" in err and "step_6" in err
+    found_up_front = damage != "flip"  # sizes and manifests are checked before any work; a flipped bit when loaded
+    assert ("skipping damaged step_6" if found_up_front else "skipping corrupt or incomplete checkpoint") in err, err
+    assert ("only the manifest is damaged; `python -m llmtrain.checkpoint.rebuild" in err) == (damage == "no_manifest")
     assert "resumed from" in err and "step_4" in err
     assert last["step"] == 7
+    kept = [p for p in (run / "superseded").glob("*/checkpoints/step_6")]  # the damaged one: set aside, kept
+    assert len(kept) == 1 and verify_files(str(kept[0])), kept
+    import json
+
+    moved = run / "superseded" / ("metrics-of-redone-steps.jsonl" if damage == "flip" else "1/metrics.jsonl")
+    assert [json.loads(line)["step"] for line in open(moved)] == [5, 6]  # the records of the redone steps, kept
 
 
 def test_keep_last_prunes_after_a_complete_save(three_checkpoints, tiny_corpus, tmp_path):

@@ -6,7 +6,7 @@ Two ranks of one save are played in one process (tests/train/fake_job.py: rank 1
 save's nonce). Rank 0 failing while it writes the manifest or renames the directory leaves `rank_00000.failed`,
 and rank 1, waiting for the manifest, raises at its next poll naming rank 0 and the error (not after
 checkpoint.timeout_minutes). Saving a step that exists already (a run redoing it) renames the old one aside,
-the new one in, then deletes the old: checked after every rename and delete that a complete copy of the step
+the new one in, then moves the old to `superseded/`: checked after every rename that a complete copy of the step
 is on disk; a crash between the renames leaves the aside copy, which is found, loaded and renamed back.
 """
 from __future__ import annotations
@@ -23,6 +23,7 @@ from llmtrain.checkpoint import save as save_module
 from llmtrain.checkpoint.listing import list_checkpoints, read_manifest
 from llmtrain.checkpoint.prune import remove_superseded
 from llmtrain.checkpoint.verify import verify_files
+from llmtrain.errors import CheckpointSaveError
 from llmtrain.utils.files import current_umask
 
 
@@ -80,6 +81,8 @@ def test_replacing_a_step_always_leaves_a_complete_copy(tiny_gpt, tmp_path, monk
     assert len(checks) >= 6 and all(checks), checks  # aside, in, delete (and the stale sweep): always a copy
     assert read_manifest(rig.checkpoint(1))["save_nonce"] != old
     assert [os.path.basename(p) for _, p in list_checkpoints(rig.ckpt.root)] == ["step_1"]
+    replaced = os.path.join(os.path.dirname(rig.ckpt.root), "superseded", "1", "checkpoints", "step_1")
+    assert read_manifest(replaced)["save_nonce"] == old and not verify_files(replaced)  # kept, not deleted
 
 
 def test_a_crash_between_the_renames_leaves_a_loadable_aside_copy(tiny_gpt, tmp_path, monkeypatch):
@@ -111,6 +114,26 @@ def test_a_crash_between_the_renames_leaves_a_loadable_aside_copy(tiny_gpt, tmp_
 
     publish = save_module.publish
     monkeypatch.setattr(save_module, "publish", second_rename_fails)
-    with pytest.raises(OSError, match="rename in failed"):
+    with pytest.raises(CheckpointSaveError, match=r"rename in failed\); the run stopped there .* The newest complete "
+                                                  r"checkpoint is .*step_1 \(step 1\), intact"):
         rig.save()
     assert read_manifest(rig.checkpoint(1))["save_nonce"] == nonce and not verify_files(rig.checkpoint(1))
+
+
+@pytest.mark.parametrize("preset,tag", [("cp2", "cp2"), ("tp2cp2", "tp2cp2sp"), ("ep2", "dp2ep2"), ("dp2tp2", "dp2tp2")])
+def test_a_checkpoint_names_its_layout_with_every_degree(preset, tag):
+    """A cp2 run's checkpoints used to call their layout "single" (the manifest held no cp): what export, generate
+    and a resume say comes from the manifest's layout entry, named as the run directory is."""
+    from llmtrain.checkpoint.reader import describe_manifest
+    from llmtrain.checkpoint.save import layout_entry
+    from llmtrain.config import default_preset, preset_config
+    from llmtrain.parallel.config import layout_tag
+    from llmtrain.parallel.layout import layout_problems
+
+    parallel = preset_config("parallel", preset)
+    layout, problems = layout_problems(parallel, default_preset("train"), parallel.world())
+    assert not problems, problems
+    entry = layout_entry(layout)
+    assert layout_tag(entry) == layout_tag(parallel) == tag
+    assert describe_manifest({"step": 3, "layout": entry, "model": {"name": "m"}}).startswith(
+        f"step 3 of run ? (model m, layout {tag},")

@@ -271,3 +271,21 @@ def test_gold_word_boundaries_equal_a_reference_with_a_literal_space_symbol(corp
     tokens, _, flags, _ = _reference_encoding([extra, corpus_file], tokenizer, words_key="words")
     assert open(out + ".bin", "rb").read() == tokens.tobytes()
     assert open(out + ".wbd", "rb").read() == flags.tobytes()
+
+
+@pytest.mark.parametrize("content", [b"", b'{"text": ""}\n{"txt": "x"}\n\xff\xfe\n'])
+def test_an_empty_or_all_bad_corpus_exits_1_with_the_counts_and_writes_nothing(content, tokenizer_dir, tmp_path,
+                                                                                capfd):
+    """It used to exit 0 with "0 documents" and an empty .bin/.idx a run would then fail on."""
+    src = tmp_path / "corpus.jsonl"
+    src.write_bytes(content)
+    out = str(tmp_path / "out")
+    assert main(["--input", str(src), "--tokenizer", str(tokenizer_dir), "--output-prefix", out, "--workers", "0",
+                 "--progress", "off"]) == 1
+    err = capfd.readouterr().err
+    assert f"error: {src}: no document to write ({len(content)} bytes read); nothing was written at {out}.{{bin,idx}}" \
+        in err, err
+    if content:
+        for kind in ("empty", "missing_field", "invalid_utf8"):
+            assert kind in err, (kind, err)
+    assert not [f for f in os.listdir(tmp_path) if f.startswith("out")]

@@ -90,10 +90,13 @@ def test_export_gives_reference_logits_and_the_published_layout(model_type, tmp_
     state = random_state(cfg, seed=4)
     if model_type == "deepseek_v2":  # DeepSeek-V2's gate has no bias
         state = {k: np.zeros_like(v) if k.endswith("expert_bias") else v for k, v in state.items()}
-    info = write_hf_checkpoint(cfg, state, str(tmp_path / "out"), max_shard_bytes=50_000)
+    src = json.loads((tmp_path / "src" / "config.json").read_text())
+    special = {k: src[k] for k in ("bos_token_id", "eos_token_id")}  # the ids of the run's tokenizer, as recorded
+    info = write_hf_checkpoint(cfg, state, str(tmp_path / "out"), max_shard_bytes=50_000, special_ids=special)
     assert info["family"] == {"deepseek_v3": "DeepseekV3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM"}[model_type]
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert set(written) == set(PUBLISHED_KEYS[model_type]) and written["model_type"] == model_type
+    assert {k: written[k] for k in special} == special
     index = json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())
     assert set(index["weight_map"]) == set(deepseek_shapes(written))  # DeepSeek's tensor names, no MTP
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 20))

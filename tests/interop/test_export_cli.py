@@ -101,3 +101,38 @@ def test_export_cli_refuses_corrupt_checkpoint_and_wrong_tokenizer(tmp_path, cap
 def test_export_cli_unknown_format_is_rejected(fmt, tmp_path):
     with pytest.raises(SystemExit):
         main(["--checkpoint", str(tmp_path), "--output", str(tmp_path / "o"), "--format", fmt])
+
+
+@pytest.mark.parametrize("fmt", ["paddlenlp", "hf", "paddleformers"])
+def test_exports_carry_the_special_ids_of_the_tokenizer_used(fmt, tmp_path, capsys):
+    """The shipped tokenizer (`<pad>`=0 `<unk>`=1 `<s>`=2 `</s>`=3) gave DeepSeek exports bos 0 / eos 1, ERNIE 4.5
+    pad 0 / bos 1 / eos 2 and the Hugging Face Llama exports none: every format now writes the tokenizer's ids,
+    names the same pieces in the tokenizer files it ships, and without a tokenizer takes the recorded ids."""
+    from llmtrain.interop.tokenizer_files import special_id_problems
+    from llmtrain.tokenizer import load_tokenizer
+
+    shipped = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "tokenizers", "pd1998-bpe16k")
+    tok = load_tokenizer(shipped)
+    cfg = dataclasses.replace(CFG, vocab_size=tok.vocab_size)
+    step = str(tmp_path / "step_6")
+    write_our_checkpoint(step, cfg, random_state(cfg, seed=4), tokenizer_sha=tok.sha256)
+    manifest = json.load(open(os.path.join(step, "manifest.json")))
+    manifest["tokenizer"] = tok.identity()  # what a training run records
+    json.dump(manifest, open(os.path.join(step, "manifest.json"), "w"))
+    want = {"bos_token_id": 2, "eos_token_id": 3, "pad_token_id": 0}
+    for name, extra in (("with", ["--tokenizer", shipped]), ("without", [])):
+        out = tmp_path / name
+        assert main(["--checkpoint", step, "--output", str(out), "--format", fmt, "--safetensors", *extra]) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert {k: config.get(k) for k in want} == want, (name, config)
+        if name == "with":
+            names = json.loads((out / "tokenizer_config.json").read_text())
+            assert {k: names[k] for k in ("bos_token", "eos_token", "pad_token", "unk_token")} == \
+                {"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"}
+            assert special_id_problems(str(out), config) == []
+            config["eos_token_id"] = 1  # what the DeepSeek export used to write: the check catches it
+            assert special_id_problems(str(out), config) == [
+                "config.json eos_token_id=1 but the shipped tokenizer's eos id is 3",
+                "config.json eos_token_id=1 is '<unk>' in the shipped tokenizer, but its tokenizer files name '</s>' "
+                "as eos_token"]
+    capsys.readouterr()

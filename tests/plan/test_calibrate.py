@@ -37,9 +37,12 @@ def test_gloo_fit_survives_a_slow_smallest_message():
 
 
 @pytest.mark.slow
-def test_calibration_writes_a_profile_the_planner_reads(tmp_path):
+def test_calibration_writes_a_profile_the_planner_reads(tmp_path, capfd):
     out = tmp_path / "cpu-here.json"
     calibrate(str(out), quick=True)
+    said = [line for line in capfd.readouterr().err.splitlines() if line.startswith("calibrate [")]
+    assert [line.split("]")[0] for line in said] == [f"calibrate [{k}/4" for k in (1, 2, 3, 4)], said  # progress
+    assert said[-1].startswith(f"calibrate [4/4] writing {out} (") and said[-1].endswith(" s so far)"), said
     p = json.loads(out.read_text())
     g = p["gloo"]
     for k in ("collective_bw", "collective_alpha", "collective_alpha_busy", "p2p_bw", "p2p_alpha"):

@@ -117,3 +117,18 @@ def test_encode_documents_equals_the_generic_list_path():
     assert tokens.tolist() == [i for t in HARD for i in tok.encode(t) + [tok.eod_id]]
     empty_tokens, empty_lengths = tok.encode_documents([])
     assert len(empty_tokens) == len(empty_lengths) == 0
+
+
+@pytest.mark.parametrize("content", [b"", bytes(range(256)) * 8 + b"\n\xff\xfe\n{not json\n"])
+def test_an_empty_or_all_bad_corpus_stops_training_with_the_counts_and_writes_nothing(content, tmp_path):
+    """It used to raise SentencePiece's raw `[!sentences_.empty()]` traceback and leave an empty directory."""
+    from llmtrain.tokenizer.train import main
+
+    src = tmp_path / "corpus.jsonl"
+    src.write_bytes(content)
+    with pytest.raises(SystemExit) as e:
+        main(["--input", str(src), "--vocab-size", "400", "--output", str(tmp_path / "tok")])
+    text = str(e.value.code)
+    assert text.startswith(f"tokenizer training failed: no text to train on in {src} (0 documents, 0 non-blank "
+                           "lines); nothing was written\nbad records:"), text
+    assert ("malformed_json" in text) == bool(content) and not (tmp_path / "tok").exists()

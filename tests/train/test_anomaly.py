@@ -4,17 +4,19 @@
 
 - The issue's run: gpt-tiny, one process, optim.lr=50, no warmup, checkpoint.interval=4, keep_last=2, 16 steps,
   default settings: the loss spikes at step 2; three rewinds to the step-0 checkpoint do not help (the LR is the
-  cause), so the run stops with status 5 naming the step, the anomaly, the values and step_0, which is kept.
+  cause), so the run stops with status 5 naming the step, the anomaly, the values, step_0, which is kept, and the
+  samples a resume would skip; its learning-rate advice, followed as written, trains on those samples.
 - A learning rate that diverges from step 5 (tests/train/faults.py's `lr_from`, installed by
   tests/train/run_with_faults.py): with policy=skip every later step is rejected, its update dropped, and after
   max_consecutive_skips the run stops; keep_last=1 still keeps step_4, the newest healthy checkpoint, beside the
   anomalous step_10. Resumed with checkpoint.resume=auto (policy=stop, the same LR fault) it starts from step_4,
-  saying that it passes over step_10, and stops at the first anomaly, step_4 kept.
+  saying that it passes over step_10 (set aside under superseded/1/), and stops at the first anomaly, step_4 kept.
 The guard under dp2, tp2, pp2 and zero2 (transient fault and rewind) is in tests/parallel/guard_checks.py.
 """
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -48,10 +50,28 @@ def test_issue_run_stops_with_a_message_and_keeps_step_0(tiny_corpus, tmp_path):
     (msg,) = [line for line in err.splitlines() if line.startswith("error: training stopped")]
     assert "at step 2: loss spike: loss " in msg and "grad_norm " in msg and "train.anomaly.max_rewinds=3" in msg, msg
     assert f"newest healthy checkpoint: {run_dir / 'checkpoints' / 'step_0'} (step 0)" in msg, msg
+    assert "If the data caused it, checkpoint.resume=auto continues from it and skips samples 8..31 (the windows the " \
+           "rewinds recorded)" in msg, msg
     assert _steps(run_dir) == [0] and _health(run_dir, 0)["status"] == "healthy"
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["to_step"] for r in records if r.get("event") == "rewind"] == [0, 0, 0]
     assert records[-1]["event"] == "stopped" and records[-1]["anomaly"] == ["loss_spike"]
+    # the learning rate's advice, followed as written: the data of the rewinds' windows is trained on, not skipped
+    from llmtrain.pretrain import pretrain
+
+    advice = [a.replace("<lower>", "1e-3") for a in msg.split(": ")[-1].split()]
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("llmtrain").addHandler(handler)
+    try:
+        pretrain(compose([a for a in args[1:] if not a.startswith(("optim.lr=", "train.max_steps="))]
+                         + advice + ["train.max_steps=3"]))
+    finally:
+        logging.getLogger("llmtrain").removeHandler(handler)
+    assert any("samples 8..31, which the rewinds recorded to skip, are trained on" in line for line in said), said
+    resumed = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][-3:]
+    assert [(r["step"], r["consumed_samples"]) for r in resumed] == [(1, 8), (2, 16), (3, 24)], resumed
 
 
 def _faulted(corpus, run_dir, policy, *extra):
@@ -81,7 +101,8 @@ def test_diverging_lr_skip_then_resume_auto_then_stop(tiny_corpus, tmp_path):
     assert f"resumed from {run_dir / 'checkpoints' / 'step_4'}: step 4" in proc.stderr
     (msg,) = [line for line in proc.stderr.splitlines() if line.startswith("error: training stopped")]
     assert "at step 6: loss spike" in msg and "train.anomaly.policy=stop" in msg and "step_4 (step 4" in msg, msg
-    assert _steps(run_dir) == [10, 4]
+    assert _steps(run_dir) == [4]  # the passed-over step_10 was set aside before the resume, not replaced
+    assert _health(run_dir / "superseded" / "1", 10)["status"] == "anomalous"
 
 
 def test_config_values_checked_and_resume_rule():

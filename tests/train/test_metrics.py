@@ -157,3 +157,28 @@ def test_the_cpu_peak_is_measured_once_per_machine_and_raised_only_upwards(tmp_p
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert peak.cached_cpu_peak(measure(3e9))[0] == 3e9  # another thread count: its own measurement
     assert json.loads((tmp_path / "cpu-matmul-peak.json").read_text()).__len__() == 2
+
+
+@pytest.mark.parametrize("name", ["прогон-single", "中文运行-single"])
+def test_the_loss_curve_title_never_draws_a_run_name_as_boxes(name, tmp_path):
+    """A Chinese run name showed as boxes in loss_curve.png's title (matplotlib's default font has no CJK glyphs):
+    now it is drawn with an installed font that has them or, with none installed, shown with `?` and a line naming
+    the font to install; matplotlib warns of no missing glyph either way."""
+    import warnings
+
+    from llmtrain.train.plot import _draws, drawable_title, plot_metrics
+
+    run = tmp_path / name
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 9.0 - s, "tokens_per_sec": 100.0}) + "\n"
+                                               for s in (1, 2)), encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        png = plot_metrics(str(run / "metrics.jsonl"))
+    assert not [w for w in caught if "missing from font" in str(w.message)], [str(w.message) for w in caught]
+    assert png == str(run / "loss_curve.png") and (run / "loss_curve.png").stat().st_size > 0
+    title, font = drawable_title(name)
+    if font is not None:  # a machine with a CJK font
+        assert title == name and _draws(font.get_file(), name) and "LastResort" not in font.get_file()
+    elif title != name:  # none installed (this repository's CI): the characters no font draws become `?`
+        assert title.startswith("????-single\n(run name in characters no installed font draws: install a CJK font")

@@ -87,3 +87,68 @@ def test_every_data_input_error_up_front(tiny_corpus, tmp_path):
                                f"data.masking.lexicon={lexicon}", f"run.dir={tmp_path / 'run'}"]))
     with pytest.raises(ConfigError, match=rf"data.masking.lexicon={lexicon}: {lexicon} does not exist; build one with"):
         resolve(ernie, world_size=1)
+
+
+def test_an_empty_dataset_is_refused_up_front(tiny_corpus, tmp_path):
+    """An empty MMIDIDX prefix passed the up-front check and failed with a traceback once data loaded, and so did
+    fine-tuning on an empty file; now both are problems of resolve, with the counts and the file."""
+    import numpy as np
+
+    from llmtrain.config import compose_config
+    from llmtrain.data.indexed import IndexedWriter
+
+    empty = str(tmp_path / "empty_text_document")
+    writer = IndexedWriter(empty, np.uint16)
+    writer.finalize()
+    cfg = to_config(compose([f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.prefixes=[{empty}]",
+                             "data.seq_len=32", f"run.dir={tmp_path / 'run'}"]))
+    with pytest.raises(ConfigError, match=rf"no training sample: a sample takes data.seq_len \+ 1 = 33 tokens, and the "
+                                          rf"train split \(data.split='98,2,0'\) of {empty} holds 0 of its 0 documents, "
+                                          r"0 tokens\. Preprocess a corpus with text in it"):
+        resolve(cfg, world_size=1)
+    records = tmp_path / "chat.jsonl"
+    records.write_text('{"prompt": "你好", "response": ""}\n', encoding="utf-8")
+    sft = to_config(compose_config([f"data.tokenizer={tiny_corpus['tokenizer']}", f"data.files=[{records}]",
+                                    f"run.dir={tmp_path / 'ft'}"], config_name="finetune"))
+    with pytest.raises(ConfigError, match=rf"data.files=\['{records}'\]: no usable example \(a prompt and a response "
+                                          r"within data.seq_len=\d+\): bad records: 1\n +no_response +1 .*\n +at .*chat.jsonl:1"):
+        resolve(sft, world_size=1)
+
+
+def test_init_from_takes_the_architecture_and_name_of_the_checkpoint(tiny_corpus, tmp_path):
+    """`model=qwen3-0.6b model.init_from=DIR` (a Qwen3-shaped DIR) was refused against the preset's 151936-row
+    vocabulary, and without `model=` the run was named after the default gpt-tiny. Now: the architecture, model name
+    and run name are DIR's, a named preset is checked to be of DIR's kind, and the vocabulary is compared with the
+    tokenizer's."""
+    import sys
+
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from hf_tiny import make_hf_checkpoint
+
+    from llmtrain.tokenizer import load_tokenizer
+
+    rows = load_tokenizer(tiny_corpus["tokenizer"]).vocab_size
+    src, small = tmp_path / "Qwen3-tiny", tmp_path / "Qwen3-small-vocab"
+    make_hf_checkpoint(src, "qwen3", vocab_size=rows)
+    make_hf_checkpoint(small, "qwen3", vocab_size=rows - 128)
+    data = [f"data.prefixes=[{tiny_corpus['prefix']}]", f"data.tokenizer={tiny_corpus['tokenizer']}",
+            "data.seq_len=32", "checkpoint.resume=none"]
+
+    def run(*extra, named=None):
+        cfg = to_config(compose([*extra, *data]))
+        return cfg.run.name, resolve(dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(tmp_path / "r"))),
+                                     world_size=1, model_named=named)
+
+    for extra, named in ((["model=qwen3-0.6b"], True), ([], False), ([], None)):
+        name, got = run(*extra, f"model.init_from={src}", named=named)
+        assert name == "Qwen3-tiny-single" and got.cfg.model.name == "Qwen3-tiny", (extra, name)
+        assert (got.cfg.model.hidden_size, got.cfg.model.vocab_size, got.cfg.model.qk_norm) == (32, rows, True)
+    with pytest.raises(ConfigError) as e:
+        run("model=gpt-tiny", f"model.init_from={src}", named=True)
+    assert f"model=gpt-tiny is not the kind of model model.init_from={src} holds (position learned vs rope, norm " \
+           "layernorm vs rmsnorm, activation gelu_tanh vs swiglu, qk_norm False vs True): the architecture is the " \
+           "checkpoint's, so drop model=" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        run(f"model.init_from={small}")
+    assert f"model.init_from={small}: the checkpoint's vocabulary has {rows - 128} rows, but data.tokenizer=" \
+           f"{tiny_corpus['tokenizer']} has {rows} ids" in str(e.value), str(e.value)

@@ -1,4 +1,4 @@
-"""A run directory belongs to one run; `checkpoint.resume` checked before any work (issue 38 §1, §4, §5).
+"""A run directory belongs to one run; `checkpoint.resume` checked before any work; nothing of an old run is lost.
 
     python -m pytest -q tests/train/test_rundir.py
 
@@ -56,6 +56,15 @@ def _files(root) -> dict:
             p = os.path.join(d, n)
             out[os.path.relpath(p, root)] = (os.path.getsize(p), hashlib.sha256(open(p, "rb").read()).hexdigest())
     return out
+
+
+def test_the_run_directory_keeps_the_log(old_run):
+    """The log lines of rank 0 are in <run.dir>/llmtrain.log (the run directory had no log file), from resolve's (the
+    export formats that hold the model, said before training) to the last step's."""
+    text = (old_run / "llmtrain.log").read_text(encoding="utf-8")
+    assert text.startswith("== ") and "step 2/2 | loss " in text, text[:2000]
+    assert "model gpt-tiny: `python -m llmtrain.export` can write it as paddlenlp (PaddleNLP gpt)" in text, text[:3000]
+    assert f"checkpoint saved: {old_run / 'checkpoints' / 'step_2'}" in text, text[-2000:]
 
 
 def test_a_new_run_into_a_directory_holding_another_run_exits_2_and_leaves_it_intact(old_run, tiny_corpus, tmp_path):
@@ -135,6 +144,166 @@ def test_overwrite_moves_the_old_run_aside_and_nothing_mixes(old_run, tiny_corpu
     assert os.listdir(run) == [] and _files(f"{run}.old-1") == before
     shutil.copytree(old_run, other)
     assert _resolve(tiny_corpus, other, "run.overwrite=true").run_dir.move_aside == f"{other}.old-1"
+
+
+def _log(fn):
+    """(fn(), the `llmtrain` log lines it wrote)."""
+    import logging
+
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("llmtrain").addHandler(handler)
+    try:
+        return fn(), said
+    finally:
+        logging.getLogger("llmtrain").removeHandler(handler)
+
+
+def test_a_run_whose_checkpoints_are_all_damaged_is_refused_and_a_damaged_manifest_is_rebuilt(old_run, tiny_corpus,
+                                                                                               tmp_path):
+    """Every checkpoint damaged: the same command is refused before any work (it used to start over and replace
+    them), naming the damage and the choices; a checkpoint whose files are intact but whose manifest is not is
+    kept, and `python -m llmtrain.checkpoint.rebuild` makes it loadable again."""
+    from llmtrain.checkpoint.rebuild import main as rebuild
+    from llmtrain.checkpoint.verify import verify_files
+    from llmtrain.train.rundir import claim_run_dir
+
+    run = _copy(old_run, tmp_path)
+    step0, step2 = run / "checkpoints" / "step_0", run / "checkpoints" / "step_2"
+    with open(step2 / "rank_00000.safetensors", "r+b") as f:
+        f.truncate(1000)
+    (step0 / "manifest.json").write_text('{"format": "llmtrain-chec')
+    before = _files(run)
+    text = _problems(tiny_corpus, run, "checkpoint.resume=auto", steps=4)
+    assert f"run.dir={run}: every checkpoint there is damaged, so checkpoint.resume=auto has nothing to continue and " \
+           "nothing was changed: step_2 (" in text and "1000 bytes, manifest says" in text, text
+    assert f"only the manifest is damaged; `python -m llmtrain.checkpoint.rebuild {step0}` rebuilds it" in text, text
+    assert f"checkpoint.resume=none run.dir={run}-2" in text and f"run.overwrite=true to move the old run aside to " \
+                                                                  f"{run}.old-1 (nothing is deleted)" in text, text
+    assert _files(run) == before
+    assert rebuild([str(step2), "--check"]) == 1  # its tensors are damaged: no manifest can help
+    assert rebuild([str(step0)]) == 0 and not verify_files(str(step0))
+    assert (step0 / "manifest.json.damaged-1").read_text() == '{"format": "llmtrain-chec'  # kept
+    got = _resolve(tiny_corpus, run, "checkpoint.resume=auto", steps=4)
+    assert got.run_dir.branch.later == [str(step2)]  # continues step 0; the damaged step 2 is set aside, not replaced
+    _, said = _log(lambda: claim_run_dir(got))
+    assert (run / "superseded" / "1" / "checkpoints" / "step_2").is_dir() and not step2.exists()
+    assert "1000 bytes" in (run / "superseded" / "1" / "why.txt").read_text()
+    assert any("step_2 (damaged)" in line and f"{run}/superseded/1/" in line for line in said), said
+
+
+def test_checkpoints_that_fail_their_checksums_when_loaded_stop_the_run_instead_of_a_fresh_start(old_run, tiny_corpus,
+                                                                                                  tmp_path):
+    """A flipped bit passes the size check made up front and fails the sha256 check when loaded: with every
+    checkpoint so damaged the run stops (status 2 from the entry script), writing no checkpoint."""
+    from llmtrain.pretrain import pretrain
+
+    run = _copy(old_run, tmp_path)
+    for step in (0, 2):
+        shard = run / "checkpoints" / f"step_{step}" / "rank_00000.safetensors"
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"every checkpoint failed verification .*nothing was changed"):
+        pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=4)
+                         + ["train.peak_tflops=1", "checkpoint.resume=auto", "optim.on_resume=config"]))
+    assert sorted(os.listdir(run / "checkpoints")) == ["step_0", "step_2"]
+
+
+def test_resuming_an_older_checkpoint_sets_the_later_checkpoints_and_metrics_aside(old_run, tiny_corpus, tmp_path):
+    """A resume from step 0 of a run holding step 2 used to redo steps 1-2 over step_2 and cut metrics.jsonl back;
+    now step_2 and the records of steps 1-2 move to <run.dir>/superseded/1/, said in the log."""
+    import json
+
+    from llmtrain.train.rundir import claim_run_dir
+
+    run = _copy(old_run, tmp_path)
+    old_step2 = _files(run / "checkpoints" / "step_2")
+    got = _resolve(tiny_corpus, run, f"checkpoint.resume={run / 'checkpoints' / 'step_0'}")
+    _, said = _log(lambda: claim_run_dir(got))
+    aside = run / "superseded" / "1"
+    assert os.listdir(run / "checkpoints") == ["step_0"] and _files(aside / "checkpoints" / "step_2") == old_step2
+    steps = [json.loads(line)["step"] for line in open(aside / "metrics.jsonl")]
+    assert steps == [1, 2] and all(json.loads(line)["step"] <= 0 for line in open(run / "metrics.jsonl"))
+    assert (aside / "config.yaml").exists() and "resumed from step 0" in (aside / "why.txt").read_text()
+    assert f"resuming from step 0: the later checkpoints (step_2) and the metrics of steps 1-2 are now in {aside}/ " \
+           "(nothing deleted)" in said, said
+
+
+def _read_only(path):
+    """Make a directory unwritable for this process (chmod; root ignores it, so chattr +i as root too)."""
+    os.chmod(path, 0o555)
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "+i", str(path)], capture_output=True)
+    try:
+        open(os.path.join(path, ".probe"), "w").close()
+    except OSError:
+        return
+    os.remove(os.path.join(path, ".probe"))
+    pytest.skip(f"cannot make {path} read-only here (chmod ignored and no chattr)")
+
+
+def _writable_again(path):
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+    os.chmod(path, 0o755)
+
+
+def test_an_unwritable_run_dir_or_checkpoints_dir_or_a_full_disk_is_refused_up_front(old_run, tiny_corpus, tmp_path):
+    """A read-only checkpoints/ used to train every step and lose the run at the final save; a run.dir that cannot
+    be created gave a traceback. Now both are refused before any work, as is a disk without room for one
+    checkpoint of the model."""
+    from llmtrain.train.writable import checkpoint_bytes, output_problems
+
+    (tmp_path / "a-file").write_text("")
+    text = _problems(tiny_corpus, tmp_path / "a-file" / "run")
+    assert f"run.dir={tmp_path / 'a-file' / 'run'}: cannot write in {tmp_path / 'a-file'} (where run.dir=" in text, text
+    run = _copy(old_run, tmp_path)
+    _read_only(run / "checkpoints")
+    try:
+        text = _problems(tiny_corpus, run, "checkpoint.resume=auto", steps=4)
+    finally:
+        _writable_again(run / "checkpoints")
+    assert f"run.dir={run}: cannot write in {run / 'checkpoints'}: PermissionError" in text, text
+    assert "choose a run.dir on a writable filesystem" in text
+    huge = to_config(compose(["model=deepseek-v3", f"run.dir={tmp_path / 'big'}"]))
+    assert checkpoint_bytes(huge) > shutil.disk_usage(tmp_path).free  # 671e9 parameters x 12 bytes
+    (problem,) = output_problems(huge)
+    assert problem.startswith(f"run.dir={tmp_path / 'big'}: ") and "GB free on the filesystem of" in problem, problem
+    assert "one checkpoint of this model needs about" in problem and "free space there or choose a run.dir" in problem
+
+
+def test_a_save_that_fails_mid_run_stops_the_run_with_the_last_good_checkpoint_intact(tiny_corpus, tmp_path,
+                                                                                      monkeypatch):
+    """The disk fills during the run (an OSError injected into step 4's write): the run stops with a
+    CheckpointSaveError (status 6 from the entry script) naming the cause and the intact step_2."""
+    import errno
+
+    from llmtrain.checkpoint.save import CheckpointWriter
+    from llmtrain.checkpoint.verify import verify_files
+    from llmtrain.errors import CheckpointSaveError
+    from llmtrain.pretrain import pretrain
+
+    real = CheckpointWriter.write_shard
+
+    def full_at_step_4(self, snap):
+        if snap.step == 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(self, snap)
+
+    monkeypatch.setattr(CheckpointWriter, "write_shard", full_at_step_4)
+    run = tmp_path / "run"
+    with pytest.raises(CheckpointSaveError) as e:
+        pretrain(compose(tiny_overrides(tiny_corpus, str(run), "gpt", steps=6)
+                         + ["checkpoint.interval=2", "train.peak_tflops=1"]))
+    assert str(e.value) == (
+        f"checkpoint step 4 could not be written (OSError: [Errno 28] No space left on device); the run stopped there "
+        f"and nothing of that save was published. The newest complete checkpoint is {run / 'checkpoints' / 'step_2'} "
+        f"(step 2), intact; fix the cause (free space or permissions under {run / 'checkpoints'}) and run the same "
+        "command again to continue from it")
+    assert sorted(os.listdir(run / "checkpoints"))[-2:] == ["step_0", "step_2"]
+    assert not verify_files(str(run / "checkpoints" / "step_2"))
 
 
 def test_export_and_generate_name_the_run_and_step_they_read(old_run, tmp_path, capsys):
