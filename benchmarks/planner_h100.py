@@ -56,12 +56,14 @@ def long_rows(data: Path = DATA, device: str = "h100", extra: list[str] | None =
 
 
 def moe_rows(data: Path = DATA, device: str = "h100", routing: str = "measured",
-             extra: list[str] | None = None) -> list[dict]:
+             extra: list[str] | None = None, dropless_only: bool = False) -> list[dict]:
     """`routing`: "measured" (dropless C from the row's host reads) or "expected" (the planner's own expected
     busiest-expert load: no plan.moe_imbalance)."""
     out = []
     for r in _read("moe_steps.json", data):
         dropless = r["moe"]["capacity_factor"] == 0
+        if dropless_only and not dropless:
+            continue
         imb = r.get("capacity_mean_factor") or 1.0
         ov = _device(h200_moe_overrides(r["arch"], r["moe"], r["micro_batch"], imb), device)
         if routing == "expected":
