@@ -29,7 +29,7 @@ from llmtrain.plan.fit import fit_attention, fit_profile, read_tables
 
 GB, GIB = 1e9, 2**30
 BASE = {
-    "name": "h100", "match": ["H100"], "peak_flops": 989e12, "memory_bytes": 80 * GIB, "framework_bytes": 2 * GIB,
+    "name": "h100", "match": ["H100 80GB HBM3", "H100 SXM"], "peak_flops": 989e12, "memory_bytes": 80 * GIB, "framework_bytes": 2 * GIB,
     "dtype_bytes": 2, "async_launch": True, "tables_include_host": False,
     "links": {"nvlink_bw": 450 * GB, "net_bw": 50 * GB, "nvlink_alpha": 5e-6, "net_alpha": 10e-6,
               "source": "datasheet, not measured (one GPU was measured): NVLink 900 GB/s total = 450 per direction; "
