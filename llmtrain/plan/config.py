@@ -18,7 +18,7 @@ class PlanConfig:
 
     device: str = "a100-80g"
     """Device profile, a data file llmtrain/plan/profiles/<device>.json: a100-40g, a100-80g, a800, h100, h800, h200,
-    h20, l40s, cpu-here (h200 measured on an H200, cpu-here on this machine; the others the H200's tables scaled by
+    h20, l40s, cpu-here (h200 measured on an H200, h100 on an H100, cpu-here on this machine; the others the H200's tables scaled by
     datasheet ratios; docs/planning.md)."""
 
     top: int = 10
