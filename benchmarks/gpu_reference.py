@@ -24,6 +24,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -241,6 +242,8 @@ def run_gemm(b: Bench, which: str, rows: dict, deadline: float):
         shapes = [(m, n, k, "nn", "grid") for m, n, k in itertools.product(sizes, sizes, sizes) if 2 * m * n * k <= cap]
         shapes += [(m, n, k, lay, "grid") for lay in ("nt", "tn") for m, n, k in itertools.product(sub, sub, sub)
                    if 2 * m * n * k <= cap]
+        if b.args.grid_coarse_first:  # a time budget then cuts a uniform subsample: the 4^i shapes first
+            shapes.sort(key=lambda r: sum(int(math.log2(x)) % 2 for x in r[:3]))
     for m, n, k, lay, src in shapes:
         if time.time() > deadline:
             b.add("gemm", {"note": f"{which}: time budget spent, {len(shapes)} shapes planned"})
@@ -969,6 +972,8 @@ def main(argv=None):
     ap.add_argument("--steps-n", type=int, default=10, help="timed steps per step row (median)")
     ap.add_argument("--no-profile", action="store_true", help="skip the profiled step (kernels_per_step)")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. gemm_grid=90,steps=150")
+    ap.add_argument("--grid-coarse-first", action="store_true", help="gemm_grid: the shapes whose sides are all "
+                    "powers of 4 first, so that a --budget cut leaves a coarser whole grid")
     ap.add_argument("--pass-id", type=int, default=1, help="steps_pass: the pass number (file steps_pass<N>.json)")
     ap.add_argument("--profile", action="store_true", help="steps_pass: also write step_profile.json (one "
                     "profiled step per row: kernels by name and by aten op and input shapes)")

@@ -67,6 +67,7 @@ GPU_PATHS = {
     "cp-nccl-collectives": ["gpu_paths", "cp_exchanges"],
     "cp-ring-flash": ["gpu_paths", "cp_exchanges"],
     "flash-attention": ["gpu_paths", "parity_bf16", "tput_auto"],
+    "flash-attn-v3": ["gpu_paths"],
     "flashmask": ["gpu_paths", "finetune_packed"],
     "flashmask-window": ["gpu_paths"],
     "fleet-nccl": ["gpu_paths", "parity_fp32", "parity_bf16"],

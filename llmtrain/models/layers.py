@@ -24,7 +24,7 @@ import paddle.nn.functional as F
 from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.roles import Roles
-from llmtrain.paddle_compat import kernels
+from llmtrain.paddle_compat import flash_attn, kernels
 
 
 class RMSNorm(nn.Layer):
@@ -267,6 +267,8 @@ def choose_attention(kind: str):
     -> [b, s, nh, dv] (`window`: a causal sliding window of that many keys; the Attention layer passes it only
     when its block has one). `auto` picks flash attention on GPU for fp16/bf16 activations and the math path
     elsewhere."""
+    if kind in ("auto", "flash") and kernels.on_gpu():
+        flash_attn.choose_flash_version()  # FlashAttention-3 on Hopper where Paddle has it
     if kind == "auto":
         return auto_attention if kernels.on_gpu() else math_attention
     if kind == "flash":

@@ -87,6 +87,9 @@ train.global_batch_size=, train.amp=, model.vocab_size=, ...) plus the plan sect
 
 {plan_fields}
 
+device profiles (plan.device; UNMEASURED ones are another profile's tables scaled by datasheet ratios):
+{profiles}
+
 --calibrate measures this machine with Paddle (kernel tables, the training loop's host time, gloo collectives)
 into a profile file: --out PATH (default work/cpu-here.json, which plan.profile reads for plan.device=cpu-here),
 --quick for small tables (seconds). The ranked table ends with the overrides that launch each row.
@@ -104,7 +107,10 @@ def usage() -> str:
     from llmtrain.plan.config import PlanConfig
     from llmtrain.utils.cli import field_help
 
-    return USAGE.format(plan_fields="\n".join(field_help(PlanConfig, "plan")))
+    from llmtrain.plan.profile import measured_note, names
+
+    profiles = "\n".join(f"  {n:9} {measured_note(n)}" for n in names())
+    return USAGE.format(plan_fields="\n".join(field_help(PlanConfig, "plan")), profiles=profiles)
 
 
 def cli(argv: list[str]) -> None:

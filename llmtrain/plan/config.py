@@ -18,7 +18,7 @@ class PlanConfig:
 
     device: str = "a100-80g"
     """Device profile, a data file llmtrain/plan/profiles/<device>.json: a100-40g, a100-80g, a800, h100, h800, h200,
-    h20, l40s, cpu-here (h200 measured on an H200, cpu-here on this machine; the others the H200's tables scaled by
+    h20, l40s, cpu-here (h200 measured on an H200, h100 on an H100, cpu-here on this machine; the others the H200's tables scaled by
     datasheet ratios; docs/planning.md)."""
 
     top: int = 10
@@ -34,7 +34,9 @@ class PlanConfig:
 
     moe_imbalance: Optional[float] = None
     """Dropless MoE (`model.moe_capacity_factor=0`): the stated load of the busiest expert over the mean load
-    (T·k/E), which sizes the dispatch buffer's rows per expert; null: 1.25. Capacity mode ignores it."""
+    (T·k/E), which sizes the dispatch buffer's rows per expert; null: the expected busiest expert of a balanced
+    router from E, k and the rank's tokens (llmtrain/plan/moe.py `expected_imbalance`, 1.04-1.14 for 4k-8k tokens,
+    a lower bound of real routing). Capacity mode ignores it."""
 
     format: str = "table"
     """`table` (ranked table, or one layout explained when +parallel= is given) or `json` (a list, best first)."""

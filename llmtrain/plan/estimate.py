@@ -170,7 +170,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         from llmtrain.plan.moe import moe_activation_bytes
 
         shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
-        plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=MOE_IMBALANCE if moe_imbalance is None else moe_imbalance)
+        plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
                                            gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
         per_layer = (per_layer * (cfg.num_layers - moe_layers) + moe_layer * moe_layers) / cfg.num_layers
@@ -282,19 +282,14 @@ def prod_(shape) -> int:
     return out
 
 
-MOE_IMBALANCE = 1.25
-"""The stated dropless imbalance when none is given (`plan.moe_imbalance`): the largest expert's load over the
-mean, which sets the dropless dispatch buffer's rows per expert (llmtrain/plan/moe.py)."""
-
-
 def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None) -> MoEPlan:
     """How a rank of `layout` runs its MoE layers: ep and its dispatcher from the layout, the ep group's link
-    (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance."""
+    (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance (None: expected)."""
     ep = getattr(layout, "ep", 1)
     stride = layout.tp * layout.sharding * layout.pp
     chosen = getattr(layout, "ep_dispatcher", "auto")  # auto: all-to-all on a GPU (llmtrain/parallel/experts.py)
     return MoEPlan(ep=ep, dispatcher=("alltoall" if chosen == "auto" else chosen) if dev.async_launch else "allgather",
-                   imbalance=MOE_IMBALANCE if imbalance is None else imbalance,
+                   imbalance=imbalance,
                    link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0))
 
 

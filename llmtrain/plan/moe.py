@@ -16,7 +16,7 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   sum) and the drop mask;
 - the experts (`llmtrain/models/experts.py`'s final op sequence, MOE-FORMULATION a593f33): the slot-major
   choices, one_hot [k T, E] with dropped rows zeroed, the queue places (cumsum over the choices, product, row
-  sum), C = ceil(factor T k / E) (capacity) or ceil(imbalance T k / E) (dropless: `MoEPlan.imbalance`, the
+  sum), C = ceil(factor T k / E) (capacity) or ceil(imbalance T k / E) (dropless: `MoEPlan.imbalance` or `expected_imbalance`, the
   largest expert's load over the mean, a stated factor; the host reads it, `int(counts.max())`: a `sync` kernel,
   where the host waits for the device); slot = idx C + pos; the inverse map `source` [E C] (a fill and a scatter
   of the k T token ids); the dispatch: x with a zero row appended [T + 1, h] (a copy), the buffer gathered
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, gemm, mem, view
 
@@ -61,16 +62,51 @@ class MoEPlan:
     """Expert-parallel degree: E / ep experts here, each serving ep x C rows."""
     dispatcher: str = "alltoall"
     """alltoall (NCCL) | allgather (gloo)."""
-    imbalance: float = 1.0
-    """Dropless: the largest expert's load over the mean load T k / E (1.0: perfectly balanced); sets C."""
+    imbalance: float | None = None
+    """Dropless: the largest expert's load over the mean load T k / E (1.0: perfectly balanced); sets C. None:
+    `expected_imbalance` of the rank's tokens (`plan.moe_imbalance` overrides it)."""
     link: tuple = (0.0, 0.0)
     """(bandwidth bytes/s, alpha s) of the ep group's links (estimate._link)."""
 
 
+@lru_cache(maxsize=None)
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normals], by integrating x d(Phi(x)^n) on a grid (0 for n = 1)."""
+    if n <= 1:
+        return 0.0
+    phi = lambda x: 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))  # noqa: E731
+    steps, lo, hi = 1600, -8.0, 8.0
+    dx = (hi - lo) / steps
+    total, prev = 0.0, phi(lo) ** n
+    for i in range(1, steps + 1):
+        cur = phi(lo + i * dx) ** n
+        total += (lo + (i - 0.5) * dx) * (cur - prev)
+        prev = cur
+    return total
+
+
+def expected_imbalance(experts: int, top_k: int, tokens: int) -> float:
+    """The busiest expert's expected load over the mean T k / E when each of `tokens` tokens picks `top_k` of
+    `experts` experts with equal chance (a balanced router): each expert's load ~ Binomial(T, k / E), the busiest
+    of E of them mu + sigma E[max of E normals]. A lower bound of real routing, whose choices correlate across
+    tokens: the H100 twin's random-initialised routers put 2.6-5.2x the mean on their busiest expert where this
+    gives 1.04-1.14 (benchmarks/README.md, "H100"); state the measured factor with `plan.moe_imbalance`."""
+    p = top_k / experts
+    mean = tokens * p
+    if mean <= 0:
+        return 1.0
+    return 1.0 + math.sqrt(tokens * p * (1.0 - p)) * expected_max_normal(experts) / mean
+
+
 def capacity(cfg, T: int, plan: MoEPlan) -> int:
-    """Rows per expert of this rank's dispatch buffer: ceil(factor T k / E), or dropless ceil(imbalance T k / E)."""
-    f = cfg.moe_capacity_factor if cfg.moe_capacity_factor > 0 else plan.imbalance
-    return int(math.ceil(f * T * cfg.moe_top_k / cfg.moe_num_experts))
+    """Rows per expert of this rank's dispatch buffer: ceil(factor T k / E), or dropless ceil(imbalance T k / E)
+    with the stated imbalance or, unstated, `expected_imbalance` of T."""
+    E, k = cfg.moe_num_experts, cfg.moe_top_k
+    if cfg.moe_capacity_factor > 0:
+        f = cfg.moe_capacity_factor
+    else:
+        f = plan.imbalance if plan.imbalance is not None else expected_imbalance(E, k, T)
+    return int(math.ceil(f * T * k / E))
 
 
 def exchange_seconds(nbytes: float, plan: MoEPlan) -> float:

@@ -418,3 +418,25 @@ def datasheet_peak(gpu_name: str) -> tuple[float, str] | None:
         return None
     n = max(hits)[1]
     return float(_raw(n)["peak_flops"]), n
+
+
+SCALING_ERROR = ("scaling the H200's tables by datasheet ratios gave an H100 profile {scaled}; the measured h100 "
+                 "profile: {measured} (benchmarks/README.md, \"H100\")")
+"""The measured error of datasheet scaling, printed beside every profile that is scaled rather than measured."""
+SCALING_FIGURES = {"scaled": "10.8% off on average and up to +29% on measured H100 steps (issue 47's reading)",
+                   "measured": "dense 12/12 within 10% (mean 3.0%), 16k-64k 5/5 (mean 2.1%), MoE 9/10 (worst -11.3%)"}
+
+
+def measured_note(name: str) -> str:
+    """One line on where profile `name`'s tables come from: "measured on ..." or "UNMEASURED: ..." with the
+    measured error of the datasheet scaling that made it."""
+    raw = _raw(name)
+    if "scaled_from" not in raw:
+        if name == "cpu-here":
+            return "measured on this machine (python -m llmtrain.plan --calibrate)"
+        return f"measured on one GPU {raw.get('provenance', {}).get('summary', '')}".strip()
+    base, f = raw["scaled_from"], raw["scale"]
+    how = (f"the {base} profile's measured tables with this device's links" if float(f["flops"]) == 1.0 and
+           float(f["bandwidth"]) == 1.0 else f"the {base} profile's measured tables scaled by datasheet ratios (flops "
+           f"x{float(f['flops']):.3g}, memory bandwidth x{float(f['bandwidth']):.3g})")
+    return f"UNMEASURED: {how}; " + SCALING_ERROR.format(**SCALING_FIGURES)

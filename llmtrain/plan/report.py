@@ -43,6 +43,16 @@ def _row_line(i: int, r: dict) -> str:
             + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}")
 
 
+def profile_line(device: str) -> str:
+    """Where the device profile's tables come from: measured, or UNMEASURED with the measured scaling error."""
+    from llmtrain.plan.profile import measured_note
+
+    try:
+        return f"device profile {device}: {measured_note(device)}"
+    except ValueError:  # a calibrated profile file that is not packaged
+        return f"device profile {device}: measured by --calibrate (plan.profile)"
+
+
 def ranked_table(rows: list[dict], cfg, top: int) -> list[str]:
     """The heading, the first `top` rows, then each row's launch overrides."""
     p = cfg.plan
@@ -50,7 +60,8 @@ def ranked_table(rows: list[dict], cfg, top: int) -> list[str]:
     shown = rows[:top]
     lines = [f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {cfg.train.global_batch_size}, {p.devices} x "
              f"{p.device} ({p.devices_per_node} per node), {precision(rows, cfg.train.amp)}: {len(rows)} valid (layout, "
-             f"micro-batch, recompute), {fit} fit; memory in GiB for the worst rank, times in ms per step", HEADER]
+             f"micro-batch, recompute), {fit} fit; memory in GiB for the worst rank, times in ms per step",
+             profile_line(p.device), HEADER]
     lines += [_row_line(i, r) for i, r in enumerate(shown, 1)]
     if any(not r["runnable"] for r in shown):
         lines.append(NOT_RUNNABLE)
@@ -70,6 +81,7 @@ def explained(r: dict, cfg, device_memory_bytes: float) -> list[str]:
     lines = [
         f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {global_batch}, {p.devices} x {p.device} "
         f"({p.devices_per_node} per node), {precision([r], cfg.train.amp)}",
+        profile_line(p.device),
         f"layout {r['name']}: dp {r['dp']}, tp {r['tp']}{pipeline}, sharding {r['sharding']}"
         + (f" (ZeRO stage {r['sharding_stage']})" if r["sharding"] > 1 else "")
         + f"; micro-batch {r['micro_batch']} x {r['grad_accum']} accumulated; recompute {r['recompute_granularity']}",
