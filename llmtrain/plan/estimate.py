@@ -55,7 +55,8 @@ import math
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks,
+                                  stage_params)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.timeline import StepSpec, step_compute
@@ -155,16 +156,21 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None) -> dict:
+    """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
+    stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
+    micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
+    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
+    include the experts' that are held from the backward until reduced to their edp owners
+    (`grad_transient_bytes`)."""
     mode = recompute_mode(recompute)
-    ranks = predict_stage_ranks(cfg, layout, amp, device)
-    worst = None
+    ranks = stage_worst(cfg, layout, amp, device)
     cp = getattr(layout, "cp", 1)
     s, b, t, p, v, m = seq_len // cp, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
     sp = getattr(layout, "sequence_parallel", False)
-    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
-                                       gpu=device == "gpu")
-    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    if moe_layers:  # an MoE block: the dense block with the shared expert's FFN, plus the dispatch's tensors
+    dense_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
+                                         gpu=device == "gpu")
+    moe_layer = dense_layer
+    if cfg.moe_num_experts > 0:  # an MoE block: the dense block with the shared expert's FFN, plus the dispatch's
         import dataclasses
 
         from llmtrain.plan.moe import moe_activation_bytes
@@ -173,29 +179,47 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=MOE_IMBALANCE if moe_imbalance is None else moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
                                            gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
-        per_layer = (per_layer * (cfg.num_layers - moe_layers) + moe_layer * moe_layers) / cfg.num_layers
-    layers_here = cfg.num_layers / p
-    if p == 1:
-        in_flight_layers = layers_here
-    elif v == 1:
-        in_flight_layers = min(p, m) * layers_here
-    else:
-        in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
-    if mode == "full":
-        act = in_flight_layers * recompute_kept_bytes(cfg, s, b, dtype_bytes) + per_layer
-    else:
-        act = in_flight_layers * per_layer
+    kept = recompute_kept_bytes(cfg, s, b, dtype_bytes)
     logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
-    for (pp_rank, _), r in ranks.items():
-        last = pp_rank == p - 1
-        other = framework_bytes + (logits if last else 0)
-        entry = {"params": r["param_bytes"], "grads": r["grad_bytes"], "optimizer": r["optimizer_bytes"],
-                 "activations": int(act), "other": int(other)}
+    worst = None
+    for st in range(p):
+        blocks = stage_blocks(layout.pp_layers, p, st) if p > 1 else range(cfg.num_layers)
+        full = [moe_layer if cfg.is_moe_layer(i) else dense_layer for i in blocks]
+        if p == 1:
+            flight = 1.0  # micro-batches of the stage's blocks in flight
+        elif v == 1:
+            flight = min(p - st, m)
+        else:
+            flight = min(2 * (p - st - 1) + (v - 1) * p + 1, m * v) / v
+        if mode == "full":  # each in-flight block keeps its input; one block's full set during its backward
+            act = flight * len(full) * kept + max(full, default=0)
+        else:
+            act = flight * sum(full)
+        r = ranks[st]
+        entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
+                 "optimizer": r["optimizer_bytes"], "activations": int(act),
+                 "other": int(framework_bytes + (logits if st == p - 1 else 0))}
         entry["total"] = sum(entry.values())
         if worst is None or entry["total"] > worst["total"]:
             worst = entry
     worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
     return {k: int(v) for k, v in worst.items()}
+
+
+_WORST: dict = {}
+
+
+def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
+    """Per pipeline stage, the holdings (`memory.predict_stage_ranks`) of its rank with the most bytes of parameters,
+    gradients (transient expert ones included) and optimizer states; cached per (model, degrees, split)."""
+    key = (id(cfg), amp, device, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    hit = _WORST.get(key)
+    if hit is None or hit[0] is not cfg:
+        ranks = predict_stage_ranks(cfg, layout, amp, device)
+        held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
+        per = [max((r for (q, _), r in ranks.items() if q == st), key=held) for st in range(layout.pp)]
+        hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
+    return hit[1]
 
 
 def _ring(bytes_: float, n: int, bw: float, alpha: float, factor: float = 2.0) -> float:
