@@ -11,6 +11,7 @@ under their canonical names), so a run may resume under another split or under n
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from functools import lru_cache
 from typing import Optional, Sequence
 
@@ -68,14 +69,16 @@ def balanced_split(costs: Sequence[float], chunks: int) -> tuple[int, ...]:
     return _balanced_split(tuple(costs), chunks)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8192)
 def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
     """Blocks per chunk minimising the costliest chunk, then the sum of squared chunk costs (a tie between equal
     bottlenecks goes to the evener split); every chunk holds at least one block.
 
     `costs`: [embedding, block 0, ..., block L-1, head with its loss] (`llmtrain.plan.stage_cost.layer_costs`); the
     embedding is counted in chunk 0, the head in the last chunk. Exact: two dynamic programmes over (chunks, blocks),
-    O(chunks x L^2)."""
+    each chunk's start searched only where the chunk costs at most the limit (the first programme's limit: the
+    bottleneck of the split by count, which the optimum cannot exceed; a chunk above it never wins a state on the
+    optimal path), about O(L^2) instead of O(chunks x L^2)."""
     embed, blocks, head = costs[0], list(costs[1:-1]), costs[-1]
     n = len(blocks)
     if chunks < 1 or n < chunks:
@@ -98,7 +101,10 @@ def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
         for k in range(1, chunks):
             for j in range(k + 1, n - chunks + k + 2):
                 top = (inf, -1)
-                for a in range(k, j):
+                lo = max(k, bisect_left(prefix, prefix[j] + chunk_cost(k, j, j) - limit) - 1)
+                while lo > k and chunk_cost(k, lo - 1, j) <= limit:  # the same candidates as the skip below
+                    lo -= 1
+                for a in range(lo, j):
                     prev = best[k - 1][a][0]
                     c = chunk_cost(k, a, j)
                     if prev == inf or c > limit:
@@ -109,7 +115,10 @@ def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
                 best[k][j] = top
         return best
 
-    worst = solve(lambda prev, c: c if prev is None else max(prev, c), float("inf"))[chunks - 1][n][0]
+    by_count, at = 0.0, 0  # the bottleneck of the split by count: the optimum is at most that
+    for k, size in enumerate(count_split(n, chunks)):
+        by_count, at = max(by_count, chunk_cost(k, at, at + size)), at + size
+    worst = solve(lambda prev, c: c if prev is None else max(prev, c), by_count * (1 + 1e-6))[chunks - 1][n][0]
     best = solve(lambda prev, c: c * c if prev is None else prev + c * c, worst * (1 + REL_TOL))
     ends, j = [], n
     for k in range(chunks - 1, -1, -1):
