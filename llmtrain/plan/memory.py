@@ -140,6 +140,25 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     sharding_rank (the dp rank then decides which experts' states a rank keeps). Entry i of a list of n serves data
     index d when d % n == i."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
+    ep = getattr(layout, "ep", 1)
+    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank)) if layout.pp > 1 else ()
+    key = (id(specs), blocks, pp_rank == 0, pp_rank == layout.pp - 1, amp, device, *(
+        repr(getattr(layout, k, None)) for k in ("dp", "tp", "sharding", "sharding_stage", "zero3_segment_size",
+                                                  "zero2_buffer_size", "ep")), layout.pp == 1)
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is specs:  # a stage of the same blocks and degrees in another split
+        return [dict(r) for r in hit[1]]
+    out = _stage_ranks_of(cfg, layout, pp_rank, amp, device, specs)
+    _STAGES[key] = (specs, out)  # the list kept alive with its id
+    return [dict(r) for r in out]
+
+
+_STAGES: dict = {}
+
+
+def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
+    """`_stage_ranks`, computed."""
+    tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
     held = stage_params(specs, layout, pp_rank, cfg.tie_embeddings)
     ep = getattr(layout, "ep", 1)
     data = getattr(layout, "dp", 1) * sh
@@ -280,13 +299,14 @@ def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lor
     key = (repr(cfg), repr(lora), amp, device, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
     hit = _PREDICTED.get(key)
     if hit is None:
-        specs = param_specs(cfg, lora)
+        specs = _SPEC_LISTS.setdefault(key[:2], param_specs(cfg, lora))  # one list per model: `_stage_ranks`' key
         hit = _PREDICTED[key] = {(pp, r): entry for pp in range(layout.pp)
                                  for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
     return {k: dict(v) for k, v in hit.items()}
 
 
 _PREDICTED: dict = {}
+_SPEC_LISTS: dict = {}
 _LAYOUT_KEYS = ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "pp_layers", "zero3_segment_size",
                 "zero2_buffer_size", "ep")
 """The layout fields the holdings depend on (`predict_stage_ranks`' cache key)."""

@@ -59,20 +59,26 @@ def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: 
     dense, moe_act, kept, logits = activation_parts(cfg, layout, seq_len, mode, dev.dtype_bytes, flash, device,
                                                     moe_imbalance)
     blocks, first, last = _held(cfg, layout, amp)
-    moe = moe_blocks(cfg)
-    acts = [moe_act if moe[i] else dense for i in range(cfg.num_layers)]
+    kinds = {(h, moe_act if is_moe else dense) for h, is_moe in zip(blocks, moe_blocks(cfg))}  # the distinct blocks
+    least_act = min(a for _, a in kinds)
     fixed, per = [], []
     for st in range(p):
         f = in_flight(p, v, m, st)
-        saved = [f * kept for _ in acts] if mode == "full" else [f * a for a in acts]
-        per.append(min(h + a for h, a in zip(blocks, saved)))
+        per.append(min(h + f * (kept if mode == "full" else a) for h, a in kinds))
         fixed.append(dev.framework_bytes + (first if st == 0 else 0.0) + (last + logits if st == p - 1 else 0.0)
-                     + (min(acts) if mode == "full" else 0.0))
-    lo, hi = max(fixed), max(fixed) + cfg.num_layers * max(per)
-    for _ in range(60):  # the least C with sum_s max(0, (C - F_s) / u_s) >= L
-        mid = (lo + hi) / 2
-        if sum(max(0.0, (mid - f) / u) for f, u in zip(fixed, per)) >= cfg.num_layers:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+                     + (least_act if mode == "full" else 0.0))
+    return water_level(fixed, per, cfg.num_layers)
+
+
+def water_level(fixed: list, per: list, total: float) -> float:
+    """The least C >= max(fixed) with sum_s max(0, (C - fixed[s]) / per[s]) >= total (exact: the sum is piecewise
+    linear in C, with a knot at each fixed[s])."""
+    order = sorted(range(len(fixed)), key=lambda s: fixed[s])
+    slope = base = 0.0  # sum over the stages below C of 1/per and fixed/per: the sum is slope x C - base
+    for i, s in enumerate(order):
+        slope += 1.0 / per[s]
+        base += fixed[s] / per[s]
+        c = (total + base) / slope
+        if i == len(order) - 1 or c <= fixed[order[i + 1]]:
+            return max(c, max(fixed))
+    return max(fixed)
