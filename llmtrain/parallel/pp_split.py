@@ -11,6 +11,7 @@ under their canonical names), so a run may resume under another split or under n
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from functools import lru_cache
 from typing import Optional, Sequence
 
@@ -68,14 +69,16 @@ def balanced_split(costs: Sequence[float], chunks: int) -> tuple[int, ...]:
     return _balanced_split(tuple(costs), chunks)
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=8192)
 def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
     """Blocks per chunk minimising the costliest chunk, then the sum of squared chunk costs (a tie between equal
     bottlenecks goes to the evener split); every chunk holds at least one block.
 
     `costs`: [embedding, block 0, ..., block L-1, head with its loss] (`llmtrain.plan.stage_cost.layer_costs`); the
     embedding is counted in chunk 0, the head in the last chunk. Exact: two dynamic programmes over (chunks, blocks),
-    O(chunks x L^2)."""
+    each chunk's start searched only where the chunk costs at most the limit (the first programme's limit: the
+    bottleneck of the split by count, which the optimum cannot exceed; a chunk above it never wins a state on the
+    optimal path), about O(L^2) instead of O(chunks x L^2)."""
     embed, blocks, head = costs[0], list(costs[1:-1]), costs[-1]
     n = len(blocks)
     if chunks < 1 or n < chunks:
@@ -87,30 +90,41 @@ def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
     def chunk_cost(k: int, a: int, j: int) -> float:  # chunk k holds blocks a .. j-1
         return prefix[j] - prefix[a] + (embed if k == 0 else 0.0) + (head if k == chunks - 1 else 0.0)
 
-    def solve(score, limit: float):
-        """best[k][j]: (score of chunks 0..k ending at block j, start of chunk k); `score(prev, cost)` combines."""
+    def solve(minimax: bool, limit: float):
+        """best[k][j]: (score of chunks 0..k ending at block j, start of chunk k); the score of a chunk sequence is
+        its costliest chunk (`minimax`) or the sum of its squared chunk costs."""
         inf = float("inf")
+        keep = 1 - REL_TOL
         best = [[(inf, -1)] * (n + 1) for _ in range(chunks)]
         for j in range(1, n - chunks + 2):
             c = chunk_cost(0, 0, j)
             if c <= limit:
-                best[0][j] = (score(None, c), 0)
+                best[0][j] = (c if minimax else c * c, 0)
         for k in range(1, chunks):
+            e_k, h_k = (embed if k == 0 else 0.0), (head if k == chunks - 1 else 0.0)  # chunk_cost's terms, in order
+            before, row = best[k - 1], best[k]
             for j in range(k + 1, n - chunks + k + 2):
-                top = (inf, -1)
-                for a in range(k, j):
-                    prev = best[k - 1][a][0]
-                    c = chunk_cost(k, a, j)
+                top, at = inf, -1
+                pj = prefix[j]
+                lo = max(k, bisect_left(prefix, pj + e_k + h_k - limit) - 1)
+                while lo > k and pj - prefix[lo - 1] + e_k + h_k <= limit:  # the same candidates as the skip below
+                    lo -= 1
+                for a in range(lo, j):
+                    prev = before[a][0]
+                    c = pj - prefix[a] + e_k + h_k
                     if prev == inf or c > limit:
                         continue
-                    s = score(prev, c)
-                    if s < top[0] * (1 - REL_TOL):
-                        top = (s, a)
-                best[k][j] = top
+                    sc = (prev if prev > c else c) if minimax else prev + c * c
+                    if sc < top * keep:
+                        top, at = sc, a
+                row[j] = (top, at)
         return best
 
-    worst = solve(lambda prev, c: c if prev is None else max(prev, c), float("inf"))[chunks - 1][n][0]
-    best = solve(lambda prev, c: c * c if prev is None else prev + c * c, worst * (1 + REL_TOL))
+    by_count, at = 0.0, 0  # the bottleneck of the split by count: the optimum is at most that
+    for k, size in enumerate(count_split(n, chunks)):
+        by_count, at = max(by_count, chunk_cost(k, at, at + size)), at + size
+    worst = solve(True, by_count * (1 + 1e-6))[chunks - 1][n][0]
+    best = solve(False, worst * (1 + REL_TOL))
     ends, j = [], n
     for k in range(chunks - 1, -1, -1):
         ends.append(j)

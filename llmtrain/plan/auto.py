@@ -67,6 +67,7 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     parallel = ParallelConfig(name=best["name"], dp=best["dp"], tp=best["tp"], pp=best["pp"], sharding=best["sharding"],
                               sharding_stage=best["sharding_stage"], pp_schedule=best["pp_schedule"],
                               virtual_pp=best["virtual_pp"], pp_layers=best["pp_layers"] or None,
+                              ep=best.get("ep", 1), ep_dispatcher=cfg.parallel.ep_dispatcher,
                               zero3_segment_size=cfg.parallel.zero3_segment_size,
                               order=list(cfg.parallel.order), **knobs)
     train = dataclasses.replace(cfg.train, micro_batch_size=best["micro_batch"], grad_accum=None,

@@ -51,11 +51,13 @@ local member), and a pipeline pair at one port's net_bw.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import _param_bytes, greedy_partition, local_shape, param_specs, predict_stage_ranks, stage_params
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, expert_state_owners, greedy_partition, local_shape, param_specs, predict_stage_ranks,
+                                  stage_params)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.timeline import StepSpec, step_compute
@@ -155,47 +157,94 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None) -> dict:
+    """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
+    stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
+    micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
+    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
+    include the experts' that are held from the backward until reduced to their edp owners
+    (`grad_transient_bytes`)."""
     mode = recompute_mode(recompute)
-    ranks = predict_stage_ranks(cfg, layout, amp, device)
+    ranks = stage_worst(cfg, layout, amp, device)
+    p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
+    dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
+                                                            moe_imbalance)
     worst = None
-    cp = getattr(layout, "cp", 1)
-    s, b, t, p, v, m = seq_len // cp, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    sp = getattr(layout, "sequence_parallel", False)
-    per_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
-                                       gpu=device == "gpu")
-    moe_layers = sum(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    if moe_layers:  # an MoE block: the dense block with the shared expert's FFN, plus the dispatch's tensors
-        import dataclasses
+    for st in range(p):
+        blocks = stage_blocks(layout.pp_layers, p, st) if p > 1 else range(cfg.num_layers)
+        moe = moe_blocks(cfg)
+        full = [moe_layer if moe[i] else dense_layer for i in blocks]
+        flight = in_flight(p, v, m, st)
+        if mode == "full":  # each in-flight block keeps its input; one block's full set during its backward
+            act = flight * len(full) * kept + max(full, default=0)
+        else:
+            act = flight * sum(full)
+        r = ranks[st]
+        entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
+                 "optimizer": r["optimizer_bytes"], "activations": int(act),
+                 "other": int(framework_bytes + (logits if st == p - 1 else 0))}
+        entry["total"] = sum(entry.values())
+        if worst is None or entry["total"] > worst["total"]:
+            worst = entry
+    worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
+    return {k: int(v) for k, v in worst.items()}
 
+
+_MOE_BLOCKS: dict = {}
+
+
+def moe_blocks(cfg) -> tuple:
+    """Per block, whether it is an MoE block (`ModelConfig.is_moe_layer`), remembered per model."""
+    hit = _MOE_BLOCKS.get(id(cfg))
+    if hit is None or hit[0] is not cfg:
+        hit = _MOE_BLOCKS[id(cfg)] = (cfg, tuple(cfg.is_moe_layer(i) for i in range(cfg.num_layers)))
+    return hit[1]
+
+
+def in_flight(p: int, v: int, m: int, stage: int) -> float:
+    """Micro-batches of pipeline stage `stage`'s blocks in flight (`memory_estimate`): 1F1B min(pp - stage, m),
+    interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of its blocks; 1 without pp."""
+    if p == 1:
+        return 1.0
+    if v == 1:
+        return float(min(p - stage, m))
+    return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
+
+
+def activation_parts(cfg, layout, seq_len: int, mode: str, dtype_bytes: int, flash: bool, device: str,
+                     moe_imbalance: float | None = None) -> tuple[float, float, float, float]:
+    """(bytes a dense block saves for backward, an MoE block's, a fully recomputed block's kept input, the last
+    stage's logits with their fp32 loss copy and gradient) for one micro-batch of `layout` on one rank."""
+    cp = getattr(layout, "cp", 1)
+    s, b, t = seq_len // cp, layout.micro_batch, layout.tp
+    sp = getattr(layout, "sequence_parallel", False)
+    dense_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
+                                         gpu=device == "gpu")
+    moe_layer = dense_layer
+    if cfg.moe_num_experts > 0:  # an MoE block: the dense block with the shared expert's FFN, plus the dispatch's
         from llmtrain.plan.moe import moe_activation_bytes
 
         shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
         plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
                                            gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
-        per_layer = (per_layer * (cfg.num_layers - moe_layers) + moe_layer * moe_layers) / cfg.num_layers
-    layers_here = cfg.num_layers / p
-    if p == 1:
-        in_flight_layers = layers_here
-    elif v == 1:
-        in_flight_layers = min(p, m) * layers_here
-    else:
-        in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
-    if mode == "full":
-        act = in_flight_layers * recompute_kept_bytes(cfg, s, b, dtype_bytes) + per_layer
-    else:
-        act = in_flight_layers * per_layer
-    logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
-    for (pp_rank, _), r in ranks.items():
-        last = pp_rank == p - 1
-        other = framework_bytes + (logits if last else 0)
-        entry = {"params": r["param_bytes"], "grads": r["grad_bytes"], "optimizer": r["optimizer_bytes"],
-                 "activations": int(act), "other": int(other)}
-        entry["total"] = sum(entry.values())
-        if worst is None or entry["total"] > worst["total"]:
-            worst = entry
-    worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
-    return {k: int(v) for k, v in worst.items()}
+    return dense_layer, moe_layer, recompute_kept_bytes(cfg, s, b, dtype_bytes), b * s * cfg.vocab_size / t * (
+        dtype_bytes + 8)
+
+
+_WORST: dict = {}
+
+
+def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
+    """Per pipeline stage, the holdings (`memory.predict_stage_ranks`) of its rank with the most bytes of parameters,
+    gradients (transient expert ones included) and optimizer states; cached per (model, degrees, split)."""
+    key = (id(cfg), amp, device, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    hit = _WORST.get(key)
+    if hit is None or hit[0] is not cfg:
+        ranks = predict_stage_ranks(cfg, layout, amp, device)
+        held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
+        per = [max((r for (q, _), r in ranks.items() if q == st), key=held) for st in range(layout.pp)]
+        hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
+    return hit[1]
 
 
 def _ring(bytes_: float, n: int, bw: float, alpha: float, factor: float = 2.0) -> float:
@@ -235,26 +284,70 @@ def loop_meetings_s(layout, dev, devices_per_node: int, stride: dict) -> float:
     return sum(2 * math.ceil(math.log2(n)) * _link(st * n, dev, devices_per_node, st)[1] for n, st in groups)
 
 
+def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
+    """Seconds a step spends synchronising this rank's routed experts (`nbytes` of them) over their expert-data-
+    parallel group (llmtrain/parallel/expert_states.py), after the last backward and outside any overlap: with
+    sharded states (sharding > 1) each tensor reduced to its owner and, after the update, broadcast back (B/bw each,
+    a reduce or broadcast per tensor carrying its buffer over each link of the group's ring); otherwise one ring
+    all-reduce. The group's link is read off its ranks (`group_spread`)."""
+    edp = layout.data_parallel // layout.ep
+    if edp <= 1:
+        return 0.0
+    local, nodes = group_spread(layout, "edp", devices_per_node)
+    bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    if layout.sharding > 1:
+        return 2 * (nbytes / bw + (edp - 1) * alpha)
+    return _ring(nbytes, edp, bw, alpha)
+
+
 def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     """([(elements, bytes/elem)] of the gradients pipeline stage `pp_rank`'s ranks accumulate, the share
     the busiest sharding rank updates: ZeRO-1/2 own whole tensors, partitioned as fleet does (memory.py's
     `greedy_partition`; the owner with the most elements, whom the others wait for at the parameters' broadcast),
-    ZeRO-3 each tensor's 1/sharding slice)."""
+    ZeRO-3 each tensor's 1/sharding slice. Under ep > 1 the rank's E/ep experts stay out of that partition: with
+    sharding and edp > 1 it updates the expert tensors it owns in its edp group (`memory.expert_state_owners`, the
+    busiest owner), otherwise all of them. Cached per (model, degrees, split, stage)."""
+    ep = getattr(layout, "ep", 1)
+    key = (id(cfg), amp, pp_rank, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    hit = _TENSORS.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    specs = _stage_specs(cfg, layout, pp_rank)
+    grads = [(int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
+    expert = [i for i, x in enumerate(specs) if ep > 1 and x.expert]
+    dense = [i for i in range(len(specs)) if not (ep > 1 and specs[i].expert)]
+    sh = layout.sharding
+    edp = layout.dp * sh // ep if ep > 1 else 1
+    if expert and sh > 1 and edp > 1:
+        owner = expert_state_owners([(specs[i].name, grads[i][0]) for i in expert], edp)
+        mine = max(range(edp), key=lambda k: sum(grads[i][0] for i in expert if owner[specs[i].name] == k))
+        experts_owned = [grads[i] for i in expert if owner[specs[i].name] == mine]
+    else:
+        experts_owned = [grads[i] for i in expert]
+    if sh <= 1:
+        out = grads, grads
+    elif layout.sharding_stage == 3:
+        sliced = [(-(-grads[i][0] // sh), grads[i][1]) for i in dense]
+        out = sliced + [grads[i] for i in expert], sliced + experts_owned
+    else:
+        d = [grads[i] for i in dense]
+        owners = greedy_partition([n for n, _ in d], sh, sort=layout.sharding_stage == 1)
+        busiest = max(owners, key=lambda owned: sum(d[i][0] for i in owned))
+        out = grads, [d[i] for i in sorted(busiest)] + experts_owned
+    _TENSORS[key] = (cfg, out)  # the model kept alive with its id
+    return out
+
+
+_TENSORS: dict = {}
+
+
+def _stage_specs(cfg, layout, pp_rank: int) -> list:
+    """The trained, unfrozen parameters of pipeline stage `pp_rank` (cached per model and split)."""
     key = (repr(cfg), layout.pp, tuple(layout.pp_layers), pp_rank)
     if key not in _STAGE_SPECS:
         _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), layout, pp_rank, cfg.tie_embeddings)
                              if x.trainable and not x.frozen]
-    specs = _STAGE_SPECS[key]
-    grads = [(int(prod_(local_shape(x, layout.tp))), _param_bytes(x, amp)) for x in specs]
-    sh = layout.sharding
-    if sh <= 1:
-        return grads, grads
-    if layout.sharding_stage == 3:
-        sliced = [(-(-n // sh), b) for n, b in grads]
-        return sliced, sliced
-    owners = greedy_partition([n for n, _ in grads], sh, sort=layout.sharding_stage == 1)
-    busiest = max(owners, key=lambda owned: sum(grads[i][0] for i in owned))
-    return grads, [grads[i] for i in sorted(busiest)]
+    return _STAGE_SPECS[key]
 
 
 def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
@@ -262,17 +355,21 @@ def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
     trainable tensor it holds, input tables and every expert included (Paddle syncs each trainable gradient, not
     the 6N of the FLOPs), tp-local; the experts E/ep of them (`local_shape`)."""
     ep = getattr(layout, "ep", 1)
+    key = (id(cfg), layout.pp, tuple(layout.pp_layers), layout.tp, ep)
+    hit = _SYNCED.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
     best = (0, 0)
     for rank in range(layout.pp):
-        key = (repr(cfg), layout.pp, tuple(layout.pp_layers), rank)
-        if key not in _STAGE_SPECS:
-            _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), layout, rank, cfg.tie_embeddings)
-                                 if x.trainable and not x.frozen]
-        specs = _STAGE_SPECS[key]
+        specs = _stage_specs(cfg, layout, rank)
         other = sum(prod_(local_shape(x, layout.tp)) for x in specs if not x.expert)
         expert = sum(prod_(local_shape(x, layout.tp, ep)) for x in specs if x.expert)
         best = max(best, (other, expert), key=sum)
+    _SYNCED[key] = (cfg, best)
     return best
+
+
+_SYNCED: dict = {}
 
 
 def prod_(shape) -> int:
@@ -283,14 +380,37 @@ def prod_(shape) -> int:
 
 
 def moe_plan(layout, dev, devices_per_node: int, imbalance: float | None = None) -> MoEPlan:
-    """How a rank of `layout` runs its MoE layers: ep and its dispatcher from the layout, the ep group's link
-    (ep is carved out of dp: members `tp·sharding·pp` ranks apart), the stated dropless imbalance (None: expected)."""
+    """How a rank of `layout` runs its MoE layers: ep and its dispatcher from the layout, the ep group's links read
+    off its ranks (`Layout.group_ranks("ep")`: consecutive data indices, so within the sharding group first, then
+    across dp), the stated dropless imbalance (None: expected)."""
     ep = getattr(layout, "ep", 1)
-    stride = layout.tp * layout.sharding * layout.pp
     chosen = getattr(layout, "ep_dispatcher", "auto")  # auto: all-to-all on a GPU (llmtrain/parallel/experts.py)
-    return MoEPlan(ep=ep, dispatcher=("alltoall" if chosen == "auto" else chosen) if dev.async_launch else "allgather",
-                   imbalance=imbalance,
-                   link=_link(stride * ep, dev, devices_per_node, stride) if ep > 1 else (0.0, 0.0))
+    plan = MoEPlan(ep=ep, dispatcher=("alltoall" if chosen == "auto" else chosen) if dev.async_launch else "allgather",
+                   imbalance=imbalance)
+    if ep <= 1:
+        return plan
+    local, nodes = group_spread(layout, "ep", devices_per_node)
+    ring = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    return dataclasses.replace(plan, link=ring, local=local, nvlink=(dev.nvlink_bw, dev.nvlink_alpha),
+                               net=(dev.net_bw, dev.net_alpha))
+
+
+_SPREAD: dict = {}
+
+
+def group_spread(layout, kind: str, devices_per_node: int) -> tuple[int, int]:
+    """(fewest members of one `kind` group on one node, nodes it spans) for the group holding rank 0, read off the
+    group algebra (`Layout.group_ranks`): how many of its members talk over NVLink and how many nodes its traffic
+    crosses."""
+    key = (kind, devices_per_node, *(repr(getattr(layout, k, None)) for k in ("dp", "tp", "pp", "sharding", "cp", "ep",
+                                                                              "order")))
+    if key not in _SPREAD:
+        ranks = layout.group_ranks(kind)[0]
+        per: dict = {}
+        for r in ranks:
+            per[r // devices_per_node] = per.get(r // devices_per_node, 0) + 1
+        _SPREAD[key] = (min(per.values()), len(per))
+    return _SPREAD[key]
 
 
 def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp: str, local_ranks: float = 1,
@@ -425,7 +545,8 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0
     other_elems, expert_elems = synced_gradient_elements(cfg, layout)
     ep = getattr(layout, "ep", 1)
-    local_param_bytes = (other_elems + expert_elems) * e
+    # under ep > 1 the experts are synchronised apart, over their edp group (`expert_sync_s`); otherwise with the rest
+    local_param_bytes = (other_elems + (expert_elems if ep <= 1 else 0)) * e
     micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     after_update = max(0.0, compute - m * micro)  # the optimizer's share of the step: the gap before its gathers
     grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
@@ -440,10 +561,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al_link)
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
-            if ep > 1:  # expert gradients sum over the expert-data-parallel group (dp / ep ranks), the rest over dp
-                grads += _ring(other_elems * e / share, n, bw, al) + _ring(expert_elems * e / share, n // ep, bw, al)
-            else:
-                grads += _ring(local_param_bytes / share, n, bw, al)
+            grads += _ring(local_param_bytes / share, n, bw, al)
         elif layout.sharding_stage == 3:
             zero3 += 3 * _ring(local_param_bytes, n, bw, al, factor=1.0)
         elif layout.sharding_stage == 2:
@@ -470,10 +588,11 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
                 grads += max(0, tensors - 1) * (n - 1) * (dev.reduce_call_s or burst)
                 params_after += max(0, tensors - 1) * (n - 1) * (dev.broadcast_call_s or burst)
     loop_comm = loop_meetings_s(layout, dev, devices_per_node, stride)
+    expert_sync = expert_sync_s(layout, expert_elems * e, dev, devices_per_node) if ep > 1 else 0.0
     # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
     # on a CPU (ops in the dispatching thread, gloo collectives in the training thread) nothing overlaps
     overlap = OVERLAP if dev.async_launch else 0.0
-    exposed = max(0.0, grads - overlap * micro * 2 / 3) + params_after
+    exposed = max(0.0, grads - overlap * micro * 2 / 3) + params_after + expert_sync
     exposed += m * max(0.0, zero3 - overlap * micro) + m * max(0.0, zero2 - overlap * micro * 2 / 3)
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step

@@ -30,8 +30,11 @@ Two parts:
      optimizer state covers that slice; smaller parameters stay whole with whole state;
    - Mixture-of-Experts: router, expert bias (no gradient, no optimizer state), stacked
      routed experts [E, ...] (E / ep per rank under expert parallelism, whole over tp) and
-     shared experts (tp-split like a dense FFN); under ZeRO-1 with ep (= sharding) the experts
-     stay out of the partition (`keep_local_in_zero1`): every rank keeps its own experts' state;
+     shared experts (tp-split like a dense FFN); under ep > 1 the experts stay out of the dense ZeRO
+     machinery at every stage (never sliced by ZeRO-3): with sharding and edp = dp x sharding / ep > 1
+     each expert tensor's optimizer state is kept by one rank of its expert-data-parallel group
+     (`expert_state_owners`, the rule of llmtrain/parallel/expert_states.py), its gradient freed on the others
+     once reduced (held until then: `grad_transient_bytes`); otherwise every rank keeps its experts' states;
    - AdamW state per parameter of n elements: two fp32 moments (2n) and two fp32 [1] beta
      powers; under AMP O2 (bf16/fp16 parameters, Paddle's `multi_precision`) an fp32 master
      copy (n) as well. Paddle's O2 `decorate` keeps `nn.LayerNorm` parameters fp32.
@@ -131,11 +134,77 @@ def _opt_elems(n: int, low_precision: bool, frozen: bool = False) -> int:
 
 
 def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
-    """Predicted holdings of the sharding ranks 0..sharding-1 of pipeline stage `pp_rank` (every dp/tp rank alike)."""
+    """Predicted holdings of the ranks of pipeline stage `pp_rank`: one entry per sharding rank 0..sharding-1 (every
+    dp/tp rank alike), or, when the routed experts' states are sharded over the expert-data-parallel group (ep > 1,
+    sharding > 1, edp > 1: `Layout.state_sharding(expert=True)`), one per data index dp_rank x sharding +
+    sharding_rank (the dp rank then decides which experts' states a rank keeps). Entry i of a list of n serves data
+    index d when d % n == i."""
+    tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
+    ep = getattr(layout, "ep", 1)
+    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank)) if layout.pp > 1 else ()
+    key = (id(specs), blocks, pp_rank == 0, pp_rank == layout.pp - 1, amp, device, *(
+        repr(getattr(layout, k, None)) for k in ("dp", "tp", "sharding", "sharding_stage", "zero3_segment_size",
+                                                  "zero2_buffer_size", "ep")), layout.pp == 1)
+    hit = _STAGES.get(key)
+    if hit is not None and hit[0] is specs:  # a stage of the same blocks and degrees in another split
+        return [dict(r) for r in hit[1]]
+    out = _stage_ranks_of(cfg, layout, pp_rank, amp, device, specs)
+    _STAGES[key] = (specs, out)  # the list kept alive with its id
+    return [dict(r) for r in out]
+
+
+_STAGES: dict = {}
+
+
+def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
+    """`_stage_ranks`, computed."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
     held = stage_params(specs, layout, pp_rank, cfg.tie_embeddings)
     ep = getattr(layout, "ep", 1)
+    data = getattr(layout, "dp", 1) * sh
     local = [(s, prod(local_shape(s, tp, ep)), _param_bytes(s, amp)) for s in held]
+    # under ep > 1 the routed experts stay out of the dense ZeRO machinery (llmtrain/parallel/expert_states.py)
+    experts = [x for x in local if ep > 1 and x[0].expert]
+    dense = [x for x in local if not (ep > 1 and x[0].expert)]
+    parts = _dense_ranks(cfg, layout, dense, stage, device)
+    edp = data // ep if ep > 1 else 1
+    if not experts:
+        return parts
+    e_numel = sum(n for _, n, _ in experts)
+    e_bytes = sum(n * b for _, n, b in experts)
+    if sh > 1 and edp > 1:  # each expert tensor's state (and, after the step, gradient) on one rank of its edp group
+        owner = expert_state_owners([(s.name, n) for s, n, _ in experts], edp)
+        per = [[x for x in experts if owner[x[0].name] == k] for k in range(edp)]
+    else:
+        per = [experts]
+    out = []
+    for d in range(data if len(per) > 1 else len(parts)):
+        base, mine = parts[d % len(parts)], per[(d // ep) % len(per)]
+        kept = sum(n * b for _, n, b in mine)
+        out.append({"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
+                    "optimizer_numel": base["optimizer_numel"] + sum(_opt_elems(n, b == 2) for _, n, b in mine),
+                    "optimizer_bytes": base["optimizer_bytes"] + 4 * sum(_opt_elems(n, b == 2) for _, n, b in mine),
+                    "grad_bytes": base["grad_bytes"] + (e_bytes if stage in (2, 3) and sh > 1 else kept),
+                    # the other experts' gradients, held from the backward until they are reduced to their owners
+                    "grad_transient_bytes": e_bytes - kept if not (stage in (2, 3) and sh > 1) else 0})
+    return out
+
+
+def expert_state_owners(named: list[tuple[str, int]], degree: int) -> dict:
+    """{name: index in its edp group of the rank keeping the expert tensor's optimizer state}: largest first (ties
+    by name), each to the least-loaded index (ties: the lowest), as `llmtrain.parallel.expert_states.state_owners`."""
+    load, owner = [0] * degree, {}
+    for name, n in sorted(named, key=lambda pair: (-pair[1], pair[0])):
+        k = load.index(min(load))
+        owner[name] = k
+        load[k] += n
+    return owner
+
+
+def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict]:
+    """Holdings of sharding ranks 0..sharding-1 from the parameters the dense ZeRO machinery handles (`local`:
+    [(spec, elements here, bytes per element)])."""
+    sh = layout.sharding
     if stage == 3:  # every sharding rank holds an equal slice of each sliced parameter
         p_numel = p_bytes = o_numel = g_bytes = 0
         for s, n, b in local:
@@ -147,7 +216,7 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
             g_bytes += n * b if s.trainable else 0
         # gradients: an estimate (Paddle's own ZeRO-3 buffers are measured, not predicted): the trained slices' share
         one = {"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
-               "optimizer_bytes": 4 * o_numel, "grad_bytes": g_bytes}
+               "optimizer_bytes": 4 * o_numel, "grad_bytes": g_bytes, "grad_transient_bytes": 0}
         return [dict(one) for _ in range(sh)]
     p_numel = sum(n for _, n, _ in local)
     p_bytes = sum(n * b for _, n, b in local)
@@ -155,23 +224,20 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     # a frozen parameter (the MoE expert bias) has no gradient, except under fleet's sharding optimizer, whose
     # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2)
     g_bytes = sum(n * b for s, n, b in trained if sh > 1 or not s.frozen)
-    if stage == 1 and sh > 1 and ep > 1:  # ZeRO-1 x ep: experts kept out of the partition, each rank its own
-        shared = [i for i, x in enumerate(trained) if not x[0].expert]
-        experts = [i for i, x in enumerate(trained) if x[0].expert]
-        owners = [[shared[j] for j in owned] + experts
-                  for owned in greedy_partition([trained[i][1] for i in shared], sh, sort=True)]
-    elif stage in (1, 2) and sh > 1:
+    if stage in (1, 2) and sh > 1:
         owners = greedy_partition([n for _, n, _ in trained], sh, sort=stage == 1)
     else:
         owners = [list(range(len(trained)))]
+    if stage == 2 and sh > 1:  # an estimate of the backward's peak (`zero2_grad_bytes`)
+        grads = zero2_grad_bytes_all([(n, b) for _, n, b in trained], owners,
+                                     getattr(layout, "zero2_buffer_size", ZERO2_BUFFER))
+    else:
+        grads = [g_bytes] * len(owners)
     out = []
     for rank, owned in enumerate(owners):
         o_numel = sum(_opt_elems(trained[i][1], trained[i][2] == 2, trained[i][0].frozen) for i in owned)
-        # gradients: exact without ZeRO-2; under ZeRO-2 an estimate of the backward's peak (`zero2_grad_bytes`)
-        grads = zero2_grad_bytes([(n, b) for _, n, b in trained], owners, rank,
-                                 getattr(layout, "zero2_buffer_size", ZERO2_BUFFER)) if stage == 2 and sh > 1 else g_bytes
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
-                    "optimizer_bytes": 4 * o_numel, "grad_bytes": grads})
+                    "optimizer_bytes": 4 * o_numel, "grad_bytes": grads[rank], "grad_transient_bytes": 0})
     return out
 
 
@@ -194,11 +260,17 @@ def zero2_grad_bytes(trained: list[tuple[int, int]], owners: list[list[int]], ra
     processes, where every tiny parameter fits a storage: 0.76-0.99 of the parameter bytes (gpt-tiny 606,208 of
     609,536, llama-tiny 724,992 of 952,448: the other rank's storage is cleared by then); for Llama-7B under tp2
     about the owned quarter."""
-    total = 0
+    return zero2_grad_bytes_all(trained, owners, buffer_size)[rank]
+
+
+def zero2_grad_bytes_all(trained: list[tuple[int, int]], owners: list[list[int]],
+                         buffer_size: int = ZERO2_BUFFER) -> list[int]:
+    """`zero2_grad_bytes` of every sharding rank, in one pass over the parameters."""
+    totals = [0] * len(owners)
     for width in {b for _, b in trained}:
         sizes = [sum(trained[i][0] for i in owned if trained[i][1] == width) for owned in owners]
         cap = min(max(sizes), buffer_size)
-        own, others = 0, [0]
+        storages, own, largest = 0, [0] * len(owners), [0] * len(owners)
         for r, owned in enumerate(owners):
             fill, has = 0, False
             for i in owned:
@@ -208,30 +280,47 @@ def zero2_grad_bytes(trained: list[tuple[int, int]], owners: list[list[int]], ra
                 has = True
                 if fill + n <= cap:
                     fill += n
-                elif r == rank:
-                    own += n * b
-                else:
-                    others.append(n * b)
-            total += cap * width if has else 0
-        total += own + max(others)
-    return total
+                else:  # its own gradient: kept by its owner, in flight on the others
+                    own[r] += n * b
+                    largest[r] = max(largest[r], n * b)
+            storages += cap * width if has else 0
+        top = sorted(range(len(owners)), key=lambda r: -largest[r])[:2]
+        for r in range(len(owners)):
+            other = max((largest[q] for q in top if q != r), default=0)
+            totals[r] += storages + own[r] + other
+    return totals
 
 
 def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lora=None) -> dict:
-    """{(pp_rank, sharding_rank): predicted holdings}: the distinct ranks (dp and tp ranks hold the same amounts).
-    `lora`: LoRA adapters (`param_specs`); under ZeRO-3 the frozen base is sliced by the same size rule, stateless."""
-    specs = param_specs(cfg, lora)
-    return {(pp, r): entry for pp in range(layout.pp)
-            for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
+    """{(pp_rank, i): predicted holdings}: the distinct ranks, i the sharding rank (dp and tp ranks hold the same
+    amounts), or the data index dp_rank x sharding + sharding_rank when the experts' states are sharded over edp
+    (`_stage_ranks`). `lora`: LoRA adapters (`param_specs`); under ZeRO-3 the frozen base is sliced by the same
+    size rule, stateless. Cached per (model, degrees, split, precision, device)."""
+    key = (repr(cfg), repr(lora), amp, device, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    hit = _PREDICTED.get(key)
+    if hit is None:
+        specs = _SPEC_LISTS.setdefault(key[:2], param_specs(cfg, lora))  # one list per model: `_stage_ranks`' key
+        hit = _PREDICTED[key] = {(pp, r): entry for pp in range(layout.pp)
+                                 for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
+    return {k: dict(v) for k, v in hit.items()}
+
+
+_PREDICTED: dict = {}
+_SPEC_LISTS: dict = {}
+_LAYOUT_KEYS = ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "pp_layers", "zero3_segment_size",
+                "zero2_buffer_size", "ep")
+"""The layout fields the holdings depend on (`predict_stage_ranks`' cache key)."""
 
 
 def predict_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lora=None) -> list[dict]:
     """Predicted `param_numel`, `param_bytes`, `optimizer_numel`, `optimizer_bytes`, `grad_bytes` of every
     (dp, tp, pp, sharding) coordinate, with the coordinates, in that nesting order.
 
-    `layout`: anything with dp, tp, pp, sharding, sharding_stage, virtual_pp, zero3_segment_size."""
+    `layout`: anything with dp, tp, pp, sharding, sharding_stage, virtual_pp, zero3_segment_size (and ep)."""
     distinct = predict_stage_ranks(cfg, layout, amp, device, lora)
-    return [{"dp_rank": d, "tp_rank": t, "pp_rank": p, "sharding_rank": r, **distinct[(p, r)]}
+    count = {p: sum(1 for q, _ in distinct if q == p) for p in range(layout.pp)}
+    return [{"dp_rank": d, "tp_rank": t, "pp_rank": p, "sharding_rank": r,
+             **distinct[(p, (d * layout.sharding + r) % count[p])]}
             for d in range(layout.dp) for t in range(layout.tp) for p in range(layout.pp) for r in range(layout.sharding)]
 
 

@@ -66,7 +66,16 @@ class MoEPlan:
     """Dropless: the largest expert's load over the mean load T k / E (1.0: perfectly balanced); sets C. None:
     `expected_imbalance` of the rank's tokens (`plan.moe_imbalance` overrides it)."""
     link: tuple = (0.0, 0.0)
-    """(bandwidth bytes/s, alpha s) of the ep group's links (estimate._link)."""
+    """(bandwidth bytes/s, alpha s) of the ep group's links (estimate._link): the whole exchange at this rate when
+    `local` is 0."""
+    local: int = 0
+    """Members of the ep group on this rank's node (0: not known, `link` prices everything). An all-to-all then sends
+    (local - 1)/ep of the buffer over `nvlink` and (ep - local)/ep through this GPU's own network port (`net`),
+    both at once: each GPU's off-node share leaves through its own port, whatever the group's size per node."""
+    nvlink: tuple = (0.0, 0.0)
+    """(bandwidth, alpha) inside a node, with `local`."""
+    net: tuple = (0.0, 0.0)
+    """(bandwidth, alpha) of one GPU's network port, with `local`."""
 
 
 @lru_cache(maxsize=None)
@@ -116,6 +125,11 @@ def exchange_seconds(nbytes: float, plan: MoEPlan) -> float:
         return 0.0
     if bw <= 0:
         raise ValueError("MoEPlan.link: the ep group's bandwidth is needed to price expert parallelism")
+    if plan.dispatcher == "alltoall" and 0 < plan.local < ep:  # spans nodes: NVLink and the network port at once
+        (nv_bw, nv_alpha), (net_bw, net_alpha) = plan.nvlink, plan.net
+        inside = (plan.local - 1) / ep * nbytes / nv_bw + (plan.local - 1) * nv_alpha
+        across = (ep - plan.local) / ep * nbytes / net_bw + (ep - plan.local) * net_alpha
+        return max(inside, across)
     share = (ep - 1) / ep if plan.dispatcher == "alltoall" else ep - 1
     return share * nbytes / bw + (ep - 1) * alpha
 

@@ -16,7 +16,7 @@ import functools
 import os
 
 DEGREES = {"dp": 1, "tp": 1, "pp": 1, "sharding": 1, "sharding_stage": 1, "pp_schedule": "1f1b", "virtual_pp": 1,
-           "cp": 1, "cp_comm": "ring"}
+           "cp": 1, "cp_comm": "ring", "ep": 1}
 """The fields of a planned layout, with ParallelConfig's defaults."""
 
 
@@ -39,7 +39,7 @@ def _presets() -> dict:
 
 def launch_overrides(row: dict, given_amp: str) -> list[str]:
     """The overrides that run `row` (a `llmtrain.plan.search.evaluate` row) as planned."""
-    degrees = {k: row[k] for k in DEGREES}
+    degrees = {k: row.get(k, DEGREES[k]) for k in DEGREES}
     key = tuple(sorted((degrees | {"name": None, "defaults": None}).items()))
     preset = _presets().get(key)
     if degrees == DEGREES:

@@ -78,6 +78,20 @@ GIB = 2**30
 
 def _idw(rows: list[tuple], point: tuple, k: int = 6) -> float:
     """Inverse-distance-weighted value of rows [(coords..., value)] at point (coords already transformed)."""
+    if len(rows) > 64:  # the same sums with numpy (a ranking interpolates thousands of shapes)
+        import numpy as np
+
+        arr = _IDW_ARRAYS.get(id(rows))
+        if arr is None or arr[0] is not rows:
+            arr = _IDW_ARRAYS[id(rows)] = (rows, np.array(rows, dtype=float))
+        table = arr[1]
+        d2 = ((table[:, :-1] - np.array(point, dtype=float)) ** 2).sum(axis=1)
+        i = int(d2.argmin())
+        if d2[i] < 1e-12:
+            return float(table[i, -1])
+        near = np.argsort(d2, kind="stable")[:k]
+        w = 1.0 / d2[near]
+        return float((w * table[near, -1]).sum() / w.sum())
     scored = []
     for r in rows:
         d2 = sum((a - b) ** 2 for a, b in zip(r[:-1], point))
@@ -88,6 +102,9 @@ def _idw(rows: list[tuple], point: tuple, k: int = 6) -> float:
     near = scored[:k]
     w = [1.0 / d2 for d2, _ in near]
     return sum(wi * v for wi, (_, v) in zip(w, near)) / sum(w)
+
+
+_IDW_ARRAYS: dict = {}
 
 
 class GemmTable:

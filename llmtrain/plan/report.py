@@ -38,9 +38,10 @@ def _row_line(i: int, r: dict) -> str:
     m = r["memory_bytes"]
     return (f"{i:>3} {r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']]:>5} "
             + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
-            + f" {'yes' if r['fits'] else 'NO':>4} {1e3 * r['step_time_s']:8.1f} "
-            + " ".join(f"{1e3 * r[k]:8.1f}" for k, _ in TIMES)
-            + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}")
+            + f" {'yes' if r['fits'] else 'NO':>4} " + (
+                f"{1e3 * r['step_time_s']:8.1f} " + " ".join(f"{1e3 * r[k]:8.1f}" for k, _ in TIMES)
+                + f" {r['tokens_per_sec_per_device']:9.0f} {100 * r['mfu']:5.1f}" if r["step_time_s"] is not None
+                else f"{'-':>8} " + " ".join(f"{'-':>8}" for _ in TIMES) + f" {'-':>9} {'-':>5}"))
 
 
 def profile_line(device: str) -> str:
@@ -60,7 +61,9 @@ def ranked_table(rows: list[dict], cfg, top: int) -> list[str]:
     shown = rows[:top]
     lines = [f"{cfg.model.name}, seq {cfg.data.seq_len}, global batch {cfg.train.global_batch_size}, {p.devices} x "
              f"{p.device} ({p.devices_per_node} per node), {precision(rows, cfg.train.amp)}: {len(rows)} valid (layout, "
-             f"micro-batch, recompute), {fit} fit; memory in GiB for the worst rank, times in ms per step",
+             f"micro-batch, recompute), {fit} fit; memory in GiB for the worst rank, times in ms per step (rows that do "
+             "not fit are not timed: -)" + (f"; {rows.pruned} more exceed the device's memory under every pipeline split "
+                                            "(a lower bound) and are not listed" if getattr(rows, "pruned", 0) else ""),
              profile_line(p.device), HEADER]
     lines += [_row_line(i, r) for i, r in enumerate(shown, 1)]
     if any(not r["runnable"] for r in shown):

@@ -15,6 +15,7 @@ from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.plan.devices import get_device
 from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, moe_plan, recompute_mode, time_estimate
 from llmtrain.plan.overrides import launch_overrides
+from llmtrain.plan.prune import split_free_bound
 from llmtrain.plan.stage_cost import with_pipeline_split
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -26,20 +27,28 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layout_name(dp, tp, pp, sharding, stage, v, cp=1, cp_comm="ring") -> str:
-    """`dp8tp2sharding4s1`, `pp4v2`, `dp2cp4ring`, ...: the degrees above 1 (s = sharding stage, v = virtual
-    stages, cp with its exchange)."""
+def layout_name(dp, tp, pp, sharding, stage, v, cp=1, cp_comm="ring", ep=1) -> str:
+    """`dp8tp2sharding4s1`, `pp4v2`, `dp2cp4ring`, `pp8sharding32s1ep32`, ...: the degrees above 1 (s = sharding
+    stage, v = virtual stages, cp with its exchange, ep the expert-parallel degree)."""
     name = "".join(f"{a}{d}" for a, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1)
     name += f"sharding{sharding}s{stage}" if sharding > 1 else ""
     name += f"v{v}" if v > 1 else ""
     name += f"cp{cp}{cp_comm}" if cp > 1 else ""
+    name += f"ep{ep}" if ep > 1 else ""
     return name or "single"
 
 
-def candidates(n: int, context: bool = False):
-    """ParallelConfig for every (dp, tp, pp, sharding, stage, schedule, v) with dp·tp·pp·sharding = n; with
-    `context` (a parallel config that has cp), instead every layout with cp > 1 (dp·tp·pp·sharding·cp = n), each
-    cp exchange (ring, allgather, a2a)."""
+def expert_degrees(data: int, experts: int) -> list[int]:
+    """The expert-parallel degrees a layout with `data` = dp x sharding ranks can take for a model of `experts`
+    routed experts: 1 and every divisor of both (none but 1 for a dense model)."""
+    return [e for e in _divisors(data) if experts > 0 and experts % e == 0] if experts > 0 else [1]
+
+
+def candidates(n: int, context: bool = False, experts: int = 0):
+    """ParallelConfig for every (dp, tp, pp, sharding, stage, schedule, v, ep) with dp·tp·pp·sharding = n (ep: every
+    degree `expert_degrees` allows for `experts` routed experts); with `context` (a parallel config that has cp),
+    instead every layout with cp > 1 (dp·tp·pp·sharding·cp = n), each cp exchange (ring, allgather, a2a), ep 1
+    (expert parallelism under cp is refused)."""
     cps = [c for c in _divisors(n) if c > 1] if context else [1]
     for cp in cps:
         for tp in _divisors(n // cp):
@@ -50,12 +59,13 @@ def candidates(n: int, context: bool = False):
                         for sched, v in [("1f1b", 1)] + ([("interleaved", k) for k in (2, 4)] if pp > 2 else []):
                             for comm in (("ring", "allgather", "a2a") if cp > 1 else ("ring",)):
                                 extra = {"cp": cp, "cp_comm": comm} if cp > 1 else {}
-                                yield ParallelConfig(name=layout_name(dp, tp, pp, sh, stage, v, cp, comm), dp=dp,
-                                                     tp=tp, pp=pp, sharding=sh, sharding_stage=stage,
-                                                     pp_schedule=sched, virtual_pp=v, **extra)
+                                for ep in (expert_degrees(dp * sh, experts) if cp == 1 else [1]):
+                                    yield ParallelConfig(name=layout_name(dp, tp, pp, sh, stage, v, cp, comm, ep),
+                                                         dp=dp, tp=tp, pp=pp, sharding=sh, sharding_stage=stage,
+                                                         pp_schedule=sched, virtual_pp=v, ep=ep, **extra)
 
 
-def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
+def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True) -> dict:
     """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu.
 
     `recompute`: `train.recompute` (bool) or "none" | "full" | "selective". The row's `recompute` is the bool
@@ -63,27 +73,47 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only).
     `amp` is the precision planned: `none` (fp32) on a CPU profile; on a GPU profile `train.amp`, and bf16 when
     that is `none` (the GPU profiles hold bf16 kernel tables: fp32 training on a GPU is not modelled; the table
-    says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`)."""
+    says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`).
+    `timed` False: memory only when the row does not fit (the ranking's memory-first pruning): its time fields
+    (`TIME_FIELDS`) are None."""
     mode = recompute_mode(recompute)
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if gpu else "cpu"
+    imbalance = getattr(cfg.plan, "moe_imbalance", None)
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
-                          dev.framework_bytes, moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
-    est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
-                        "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
+                          dev.framework_bytes, moe_imbalance=imbalance)
+    fits = mem["total"] <= dev.memory_bytes
+    if timed or fits:
+        est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
+                            "none" if amp == "none" else "bf16", moe_imbalance=imbalance)
+    else:
+        est = dict.fromkeys(TIME_FIELDS)
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
+    ep = getattr(layout, "ep", 1)
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
-                       cp, cp_comm)
+                       cp, cp_comm, ep)
     row = {"name": name, "dp": layout.dp, "cp": cp, "cp_comm": cp_comm, "tp": layout.tp, "pp": layout.pp,
            "virtual_pp": layout.virtual_pp, "pp_layers": list(layout.pp_layers),
            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
+           "ep": ep, "edp": layout.dp * layout.sharding // ep,
            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
            "recompute_granularity": mode, "runnable": mode != "selective",
-           "amp": amp, "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
+           "amp": amp, "fits": fits, "memory_bytes": mem, **est}
     row["overrides"] = launch_overrides(row, cfg.train.amp)
     return row
+
+
+TIME_FIELDS = ("compute_s", "host_s", "device_s", "ep_comm_s", "kernels_per_step", "dp_sharding_comm_s", "tp_comm_s",
+               "pp_p2p_s", "bubble_s", "loop_comm_s", "cp_comm_s", "step_time_s", "tokens_per_sec_per_device", "mfu")
+"""The fields of a row `time_estimate` fills (None in a row that does not fit: not timed)."""
+
+
+def _order(r: dict) -> tuple:
+    """Fitting rows by predicted tokens/s (fastest first), then less memory on the worst rank; the rest by memory."""
+    speed = r["tokens_per_sec_per_device"]
+    return (not r["fits"], -round(speed, 6) if speed is not None else 0.0, r["memory_bytes"]["total"])
 
 
 def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
@@ -93,18 +123,35 @@ def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
     True: always; False: never)."""
     rows = _rank(cfg, model_cfg, context=False)
     if HAS_CP and context is not False and (context or not any(r["fits"] for r in rows)):
-        rows = _rank(cfg, model_cfg, context=True) + rows
-        rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
+        both = _rank(cfg, model_cfg, context=True)
+        both.pruned += rows.pruned
+        both += rows
+        rows = both
+        rows.sort(key=_order)
     return rows
 
 
+class Ranking(list):
+    """The ranked rows, with `pruned`: the valid (layout, micro-batch, recompute) combinations not listed because no
+    split of their pipeline stages fits the device (`llmtrain.plan.prune.split_free_bound`)."""
+
+    pruned: int = 0
+
+
 def _rank(cfg, model_cfg, context: bool) -> list[dict]:
+    """Every valid row; memory first, and only the rows that fit are timed (`evaluate(timed=False)`)."""
     dev = get_device(cfg.plan.device, cfg.plan.profile)
-    rows = []
+    rows = Ranking()
+    amp = "none" if not dev.async_launch else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
+    device = "gpu" if dev.async_launch else "cpu"
     if context:  # what llmtrain's context parallelism refuses (the model, the sequence, the exchange)
         from llmtrain.parallel.context import context_problems
-    for pc in candidates(cfg.plan.devices, context):
-        if model_fit_problems(pc, model_cfg):
+    fit_memo: dict = {}
+    for pc in candidates(cfg.plan.devices, context, model_cfg.moe_num_experts):
+        key = (pc.tp, pc.pp, pc.virtual_pp, pc.ep, pc.dp * pc.sharding)  # all model_fit_problems reads
+        if key not in fit_memo:
+            fit_memo[key] = bool(model_fit_problems(pc, model_cfg))
+        if fit_memo[key]:
             continue
         if context and context_problems(pc, model_cfg, cfg.data.seq_len, bool(getattr(cfg.data, "document_mask", False)),
                                         dev.async_launch):
@@ -114,10 +161,15 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
             layout, problems = layout_problems(pc, train, cfg.plan.devices)
             if problems:
                 continue
+            moe = moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance)
             for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
+                if layout.pp > 1 and not layout.pp_layers and split_free_bound(
+                        model_cfg, layout, seq_len=cfg.data.seq_len, mode=recompute, amp=amp, device=device, dev=dev,
+                        moe_imbalance=cfg.plan.moe_imbalance) > dev.memory_bytes:
+                    rows.pruned += 1  # fits under no split of its blocks (llmtrain/plan/prune.py)
+                    continue
                 split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len, recompute=recompute,
-                                            moe=moe_plan(layout, dev, cfg.plan.devices_per_node,
-                                                         cfg.plan.moe_imbalance))
-                rows.append(evaluate(cfg, model_cfg, split, recompute, dev))
-    rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
+                                            moe=moe)
+                rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False))
+    rows.sort(key=_order)
     return rows

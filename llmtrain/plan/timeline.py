@@ -51,7 +51,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from llmtrain.plan.kernel_ops import mem
 from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels, optimizer_kernels
+from llmtrain.plan.maxplus import Summary
 from llmtrain.plan.profile import slowdown_at
 
 
@@ -78,10 +80,14 @@ def kernel_seconds(prof, k) -> float:
 class Stream:
     """One host thread dispatching kernels to one device (see the module docstring)."""
 
-    def __init__(self, prof, slowdown: dict | None = None):
+    def __init__(self, prof, slowdown: dict | None = None, fast: bool = True, slow_key=None):
         self.prof = prof
         self.slowdown = slowdown or {}  # {"gemm" | "attention" | "mem": factor}: other ranks computing on this host
         self._memo = prof.__dict__.setdefault("_kernel_memo", {})  # a kernel's device time, per profile
+        self.fast = fast  # each kernel list as one cached max-plus map (maxplus.py); False: kernel by kernel
+        # the lists' maps, per profile: {(id(list), backward, prefix, slowdown key): (list, Summary)}
+        self._maps = prof.__dict__.setdefault("_summary_memo", {})
+        self._slow_key = slow_key if slow_key is not None else repr(sorted(self.slowdown.items()))
         self.host = self.device = 0.0
         self.host_total = self.device_total = 0.0
         self.by_kind: dict[str, float] = {}
@@ -90,6 +96,51 @@ class Stream:
     def run(self, kernels, backward: bool, forward_prefix: int = 0):
         """Dispatch `kernels` in order; the first `forward_prefix` of a backward list are a forward run again
         (recompute) and cost the forward's host time."""
+        if self.fast:
+            self.apply(self.summary(kernels, backward, forward_prefix))
+            return
+        for h, d, key, counted in self._priced(kernels, backward, forward_prefix):
+            if key is None:  # a host read of a device value: the host waits for the queue to drain
+                self.host = max(self.host, self.device) + h
+                self.device = max(self.device, self.host)
+                self.host_total += h
+                continue
+            self.kernels += counted
+            self.host_total += h
+            self.device_total += d
+            self.by_kind[key] = self.by_kind.get(key, 0.0) + d
+            if self.prof.async_launch:
+                self.host += h
+                self.device = max(self.device, self.host) + d
+            else:
+                self.host += h + d
+                self.device = self.host
+
+    def summary(self, kernels, backward: bool, forward_prefix: int = 0) -> Summary:
+        """`kernels` dispatched in order as one max-plus map (llmtrain/plan/maxplus.py), cached per list."""
+        key = (id(kernels), backward, forward_prefix, self._slow_key)
+        hit = self._maps.get(key)
+        if hit is not None and hit[0] is kernels:
+            return hit[1]
+        out = Summary()
+        for h, d, kind, counted in self._priced(kernels, backward, forward_prefix):
+            out.kernel(h, d, kind, counted, self.prof.async_launch)
+        self._maps[key] = (kernels, out)  # the list kept alive: its id is not reused while cached
+        return out
+
+    def apply(self, s: Summary, times: int = 1):
+        """Advance the clocks and totals by the run `s`, `times` times in a row (exactly: its max-plus power)."""
+        if times != 1:
+            s = s.power(times)
+        self.host, self.device = s.apply(self.host, self.device)
+        self.host_total += s.host
+        self.device_total += s.device
+        self.kernels += s.kernels
+        for k, v in s.by_kind.items():
+            self.by_kind[k] = self.by_kind.get(k, 0.0) + v
+
+    def _priced(self, kernels, backward: bool, forward_prefix: int):
+        """(host s, device s, kind key or None for a host read, counted) of each kernel of the list."""
         p, host = self.prof, self.prof.host
         h_op = host["bwd_op_s"] if backward else host["fwd_op_s"]
         memo = self._memo
@@ -97,10 +148,8 @@ class Stream:
             h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
             if k.host == "launch":  # launched by the autograd engine itself (kernels.Kernel.host)
                 h = host.get("launch_op_s", h)
-            if k.kind == "sync":  # a host read of a device value: the host waits for the queue to drain
-                self.host = max(self.host, self.device) + h
-                self.device = max(self.device, self.host)
-                self.host_total += h
+            if k.kind == "sync":
+                yield h, 0.0, None, False
                 continue
             d = memo.get(k)
             if d is None:
@@ -112,16 +161,7 @@ class Stream:
                     d *= slowdown_at(self.slowdown[key], bt * (m * kk + kk * n + m * n))
                 else:
                     d *= slowdown_at(self.slowdown[key], k.numel)
-            self.kernels += k.kind != "view"
-            self.host_total += h
-            self.device_total += d
-            self.by_kind[key] = self.by_kind.get(key, 0.0) + d
-            if p.async_launch:
-                self.host += h
-                self.device = max(self.device, self.host) + d
-            else:
-                self.host += h + d
-                self.device = self.host
+            yield h, d, key, k.kind != "view"
 
     def run_segments(self, segments, backward: bool, body=None):
         """[(kernels, n[, forward_prefix])]: each list n times in a row; from the third repeat on, every repeat
@@ -194,17 +234,19 @@ class StepSpec:
     """Processes of the job computing at once on this rank's host (a profile's `shared_host` slowdown)."""
 
 
-def step_compute(prof, spec: StepSpec) -> dict:
-    """Compute seconds of one step on one rank (see StepSpec), with the breakdown."""
+def step_compute(prof, spec: StepSpec, fast: bool = True) -> dict:
+    """Compute seconds of one step on one rank (see StepSpec), with the breakdown. `fast`: every kernel list as one
+    cached max-plus map (llmtrain/plan/maxplus.py), the optimizer's per-tensor kernels in closed form; False:
+    kernel by kernel (the reference the fast path equals, tests/plan/test_fast_timeline.py)."""
     mbs = spec.micro
     unset = {k: v for k, v in (("e", prof.dtype_bytes), ("math_core", prof.math_attn is not None),
                                ("ce_core", "vocab_parallel_ce" in prof.mem_curves)) if getattr(mbs, k) is None}
     if unset:  # what the profile measured decides
         mbs = dataclasses.replace(mbs, **unset)
     micro_batches, grads, owned = spec.micro_batches, spec.grads, spec.owned
-    mb = micro_batch_kernels(mbs)
+    mb = cached_micro_batch(mbs) if fast else micro_batch_kernels(mbs)
     slow = prof.shared_host_slowdown(spec.local_ranks)
-    st = Stream(prof, slow)
+    st = Stream(prof, slow, fast=fast, slow_key=spec.local_ranks)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
     # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment
     st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.add_host(per_micro),
@@ -212,12 +254,70 @@ def step_compute(prof, spec: StepSpec) -> dict:
                                                                           st.run_segments(mb.backward_segments, True)))
     micro = st.elapsed / micro_batches
     st.add_host(per_step)
-    st.run(optimizer_kernels(grads, owned, micro_batches, clip=not prof.optimizer.get("includes_clip", False),
-                             accumulate_first=prof.async_launch), backward=True)
-    if prof.async_launch:  # queued behind the backward like any dispatch: nothing synchronises before it
-        st.run_optimizer(owned)
+    clip = not prof.optimizer.get("includes_clip", False)
+    if st.fast:  # the same kernels as one cached map (`optimizer_summary`)
+        st.apply(optimizer_summary(st, grads, owned, micro_batches, clip))
     else:
+        st.run(optimizer_kernels(grads, owned, micro_batches, clip=clip, accumulate_first=prof.async_launch),
+               backward=True)
+        if prof.async_launch:  # queued behind the backward like any dispatch: nothing synchronises before it
+            st.run_optimizer(owned)
+    if not prof.async_launch:
         st.add_serial(prof.optimizer_seconds(sum(n for n, _ in owned), len(owned)) * slow.get("optimizer", 1.0),
                       "optimizer")
     return {"compute_s": st.elapsed, "micro_batch_s": micro, "host_s": st.host_total, "device_s": st.device_total,
             "kernels_per_step": st.kernels, "by_kind_s": st.by_kind}
+
+
+_MICRO: dict = {}
+
+
+def cached_micro_batch(spec: MicroBatchSpec):
+    """`micro_batch_kernels(spec)`, built once per distinct spec (the same lists, so their maps are cached too)."""
+    key = (id(spec.cfg), *(repr(getattr(spec, f.name)) for f in dataclasses.fields(spec) if f.name != "cfg"))
+    hit = _MICRO.get(key)
+    if hit is None or hit[0] is not spec.cfg:
+        hit = _MICRO[key] = (spec.cfg, micro_batch_kernels(spec))  # the model kept alive with its id
+    return hit[1]
+
+
+def optimizer_summary(st: Stream, grads: list, owned: list, micro_batches: int, clip: bool) -> Summary:
+    """The step's kernels after the micro-batches as one map: `optimizer_kernels` (each gradient's accumulation
+    adds, a run of identical kernels in closed form; the clip's kernels) then, on an async-launch device, the
+    AdamW update per owned tensor as `Stream.run_optimizer` dispatches it. Cached per (gradients, owned tensors,
+    micro-batches)."""
+    prof = st.prof
+    gpu = prof.async_launch
+    key = ("optimizer", tuple(grads), tuple(owned), micro_batches, clip, st._slow_key)
+    hit = st._maps.get(key)
+    if hit is not None:
+        return hit[1]
+    reps = max(0, micro_batches - (0 if gpu else 1))
+    out = Summary()
+    a, b, c, e = out.a, out.b, out.c, out.e
+    host = device = 0.0
+    kernels = 0
+    if reps:
+        for n, _ in grads:  # k = reps identical adds: (H, D) -> (H + k h, max(D + k d, H + max(h + k d, k h + d)))
+            h, d, _, _ = next(st._priced([mem("add", n, "launch" if gpu else "")], True, 0))
+            if gpu:
+                A, C, E = reps * h, max(h + reps * d, reps * h + d), reps * d
+                a, b, c, e = a + A, b + A, max(a + C, c + E), max(b + C, e + E)
+            else:
+                x = reps * (h + d)
+                a, b = a + x, b + x
+                c, e = a, b
+            host += reps * h
+            device += reps * d
+            kernels += reps
+    out = Summary(a, b, c, e, host, device, kernels, {"mem": device} if device else {})
+    if clip:
+        out = out.then(st.summary(optimizer_kernels([], owned, micro_batches, clip=True), True))
+    if gpu:  # Stream.run_optimizer: per tensor h of host, per_elem_s x elements of device
+        o = prof.optimizer
+        adam = Summary()
+        for n, _ in owned:
+            adam.kernel(o["per_tensor_s"], o["per_elem_s"] * n, "optimizer", False, True)
+        out = out.then(adam)
+    st._maps[key] = (key, out)
+    return out

@@ -1,0 +1,84 @@
+"""Memory first: a lower bound of a pipeline layout's worst-rank memory over every split of its blocks, so that a
+ranking prices the default (cost-balanced) split only for layouts that might fit.
+
+    python -m llmtrain.plan model=deepseek-v3 plan.device=h800 plan.devices=256 train.global_batch_size=4096 data.seq_len=4096
+    bound = split_free_bound(model_cfg, layout, seq_len=4096, mode="full", amp="bf16", device="gpu", dev=profile)
+
+`llmtrain.plan.estimate.memory_estimate` prices a pipeline stage s holding b_s blocks (its chunks' blocks) as its
+worst rank's parameters, gradients and optimizer states plus flight_s micro-batches of its blocks' activations
+(`estimate.in_flight`), the embedding's holdings on stage 0, the head's and the logits on the last, the
+framework margin on every one. Each block adds at least u_s = the least, over the model's blocks, of (its
+parameters + gradients + optimizer states / the ranks sharing them + flight_s x its saved bytes, or under full
+recompute flight_s x its kept input): the worst rank of a stage holds at least the average of its ranks, and
+sharded states average to 1/sharding (dense) and 1/edp (experts sharded over the expert-data-parallel group). With
+F_s the stage's fixed part (ends, margin, one block's full set under full recompute), every split has
+max_s (F_s + u_s b_s) >= C, the least value with sum_s max(0, (C - F_s) / u_s) >= L (the blocks relaxed to real
+numbers summing to L): a layout whose bound exceeds the device's memory fits under no split and is not priced.
+"""
+from __future__ import annotations
+
+from llmtrain.plan.estimate import activation_parts, in_flight, moe_blocks
+from llmtrain.plan.memory import _opt_elems, _param_bytes, local_shape, param_specs
+
+_PARTS: dict = {}
+
+
+def _held(cfg, layout, amp: str) -> tuple[list, float, float]:
+    """([least per-rank bytes of block i's parameters, gradients and states], the embedding's, the head's)."""
+    ep = getattr(layout, "ep", 1)
+    sh = layout.sharding
+    edp = layout.dp * sh // ep if ep > 1 else 1
+    key = (id(cfg), amp, layout.tp, ep, sh, edp)
+    hit = _PARTS.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    blocks = [0.0] * cfg.num_layers
+    ends = {"first": 0.0, "last": 0.0}
+    for s in param_specs(cfg):
+        n = 1
+        for d in local_shape(s, layout.tp, ep):
+            n *= d
+        b = _param_bytes(s, amp)
+        trained = s.trainable and not s.frozen
+        share = (edp if sh > 1 else 1) if (ep > 1 and s.expert) else sh
+        bytes_ = n * b + (n * b if trained else 0) + 4 * _opt_elems(n, b == 2, not trained) / share
+        if s.chunk in ends:
+            ends[s.chunk] += bytes_
+        else:
+            blocks[s.chunk] += bytes_
+    out = (blocks, ends["first"], ends["last"])
+    _PARTS[key] = (cfg, out)
+    return out
+
+
+def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: str, dev,
+                     moe_imbalance: float | None = None) -> float:
+    """Bytes the worst rank of `layout` (pp > 1) holds at least, whatever its split (module docstring)."""
+    p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
+    flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
+    dense, moe_act, kept, logits = activation_parts(cfg, layout, seq_len, mode, dev.dtype_bytes, flash, device,
+                                                    moe_imbalance)
+    blocks, first, last = _held(cfg, layout, amp)
+    kinds = {(h, moe_act if is_moe else dense) for h, is_moe in zip(blocks, moe_blocks(cfg))}  # the distinct blocks
+    least_act = min(a for _, a in kinds)
+    fixed, per = [], []
+    for st in range(p):
+        f = in_flight(p, v, m, st)
+        per.append(min(h + f * (kept if mode == "full" else a) for h, a in kinds))
+        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0) + (last + logits if st == p - 1 else 0.0)
+                     + (least_act if mode == "full" else 0.0))
+    return water_level(fixed, per, cfg.num_layers)
+
+
+def water_level(fixed: list, per: list, total: float) -> float:
+    """The least C >= max(fixed) with sum_s max(0, (C - fixed[s]) / per[s]) >= total (exact: the sum is piecewise
+    linear in C, with a knot at each fixed[s])."""
+    order = sorted(range(len(fixed)), key=lambda s: fixed[s])
+    slope = base = 0.0  # sum over the stages below C of 1/per and fixed/per: the sum is slope x C - base
+    for i, s in enumerate(order):
+        slope += 1.0 / per[s]
+        base += fixed[s] / per[s]
+        c = (total + base) / slope
+        if i == len(order) - 1 or c <= fixed[order[i + 1]]:
+            return max(c, max(fixed))
+    return max(fixed)
