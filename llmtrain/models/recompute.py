@@ -102,6 +102,8 @@ def recompute_from(*, mode, modules: Sequence[str] = (), layers: str = "all",
     parts = frozenset(MODE_PARTS[name]) | frozenset(modules)
     if "block" in parts:  # the whole block re-runs: its modules are inside it
         parts = frozenset({"block"})
+    if "attn" in parts:  # the attention layer re-runs: its core is inside it
+        parts -= {"core_attn"}
     if not parts:
         return NONE
     return Recompute(parts, choose_blocks(layers, blocks))

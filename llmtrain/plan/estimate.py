@@ -65,12 +65,18 @@ RECOMPUTE = ("none", "full", "selective")
 
 
 def recompute_mode(recompute) -> str:
-    """`train.recompute` (bool: whole blocks) or a mode name -> "none" | "full" | "selective"."""
-    if recompute is True or recompute is False:
-        return "full" if recompute else "none"
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r}: expected one of {RECOMPUTE}")
-    return recompute
+    """`train.recompute` (bool: whole blocks), a mode name or a `Recompute` -> "none" | "full" | "selective" (the
+    kernel model's classes: whole blocks re-run, or parts of them: `llmtrain.plan.recompute`)."""
+    from llmtrain.plan.recompute import plan_recompute
+
+    if isinstance(recompute, str) and recompute in RECOMPUTE:
+        return recompute
+    rc = plan_recompute(recompute)
+    if not rc.on:
+        return "none"
+    if rc.parts == {"block"} and rc.blocks is None:
+        return "full"
+    return "selective" if "core_attn" in rc.parts else "none"  # other parts: `_parts_compute`
 
 
 def fused_paths(cfg, gpu: bool) -> dict:
@@ -155,7 +161,15 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None) -> dict:
-    mode = recompute_mode(recompute)
+    """`recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts and blocks,
+    priced by `llmtrain.plan.recompute`)."""
+    from llmtrain.plan.recompute import plan_recompute
+
+    rc = plan_recompute(recompute)
+    if rc.on and rc.parts != {"block"} or rc.blocks is not None:
+        return _parts_memory_estimate(cfg, layout, seq_len, rc, amp, device, dtype_bytes, flash, framework_bytes,
+                                      moe_imbalance)
+    mode = "full" if rc.on else "none"
     ranks = predict_stage_ranks(cfg, layout, amp, device)
     worst = None
     cp = getattr(layout, "cp", 1)
@@ -196,6 +210,54 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
             worst = entry
     worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
     return {k: int(v) for k, v in worst.items()}
+
+
+def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str, dtype_bytes: int, flash: bool,
+                           framework_bytes: float, moe_imbalance: float | None) -> dict:
+    """`memory_estimate` under recompute of parts of blocks or of some blocks (`llmtrain.plan.recompute`): each
+    block of the model priced by what it recomputes, the busiest stage's blocks held per micro-batch in flight."""
+    import dataclasses
+
+    from llmtrain.plan.recompute import kept_routing_bytes, part_savings
+
+    none = memory_estimate(cfg, layout, seq_len, False, amp, device, dtype_bytes, flash, framework_bytes,
+                           moe_imbalance)
+    cp = getattr(layout, "cp", 1)
+    s, b, t, p, v, m = seq_len // cp, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
+    sp = getattr(layout, "sequence_parallel", False)
+    gpu = device == "gpu"
+    plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=MOE_IMBALANCE if moe_imbalance is None else moe_imbalance)
+    dense = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
+    from llmtrain.plan.moe import moe_activation_bytes
+
+    shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
+
+    def block(i):  # bytes block i keeps for one micro-batch
+        moe = cfg.is_moe_layer(i)
+        full = (layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
+                + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)) if moe else dense
+        parts = rc.at(i)
+        if "block" in parts:
+            return recompute_kept_bytes(cfg, s, b, dtype_bytes) + (kept_routing_bytes(cfg, s, b) if moe else 0), full
+        return full - part_savings(cfg, parts, s=s, b=b, t=t, e=dtype_bytes, flash=flash, sp=sp, gpu=gpu,
+                                   moe_plan=plan, moe_layer=moe), full
+
+    held = [block(i) for i in range(cfg.num_layers)]
+    per_layer = sum(h for h, _ in held) / cfg.num_layers
+    transient = max(f for (h, f) in held if h < f) if any(h < f for h, f in held) else 0  # one block re-run
+    layers_here = cfg.num_layers / p
+    if p == 1:
+        in_flight_layers = layers_here
+    elif v == 1:
+        in_flight_layers = min(p, m) * layers_here
+    else:
+        in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
+    act = in_flight_layers * per_layer + (transient if any("block" in rc.at(i) for i in range(cfg.num_layers)) else 0)
+    out = dict(none)
+    out["activations"] = int(act)
+    out["total"] = int(none["total"] - none["activations"] + act)
+    out["allocated"] = int(out["total"] - int(framework_bytes))
+    return out
 
 
 def _ring(bytes_: float, n: int, bw: float, alpha: float, factor: float = 2.0) -> float:
@@ -350,6 +412,31 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     return dict(worst, other_stages_s=fill)
 
 
+def _parts_compute(cfg, layout, seq_len: int, recompute, dev, flash: bool, amp: str, local_ranks, moe, comp) -> dict:
+    """`comp` with the second forward of recomputed parts other than the attention core (priced in
+    `compute_estimate`) and of whole blocks recomputed in only some blocks: their FLOP share
+    (`plan.recompute.part_flops_share`) of full recompute's extra compute, over the share of blocks recomputing."""
+    from llmtrain.plan.recompute import part_flops_share, plan_recompute
+
+    rc = plan_recompute(recompute)
+    if not rc.on or (rc.parts == {"block"} and rc.blocks is None) or rc.parts == {"core_attn"} and rc.blocks is None:
+        return comp
+    parts = rc.parts - {"core_attn"}
+    share = part_flops_share(cfg, parts, seq_len) if parts else 0.0
+    frac = 1.0 if rc.blocks is None else len(rc.blocks) / cfg.num_layers
+    if rc.blocks is not None and "core_attn" in rc.parts:  # the core's extra was priced for every block
+        core = comp["compute_s"] - compute_estimate(cfg, layout, seq_len, "none", dev, flash, amp, local_ranks,
+                                                    moe)["compute_s"]
+        comp = dict(comp, compute_s=comp["compute_s"] - (1 - frac) * core)
+    if not share:
+        return comp
+    none = compute_estimate(cfg, layout, seq_len, "none", dev, flash, amp, local_ranks, moe)
+    full = compute_estimate(cfg, layout, seq_len, "full", dev, flash, amp, local_ranks, moe)
+    extra = share * frac * (full["compute_s"] - none["compute_s"])
+    fill = share * frac * (full["other_stages_s"] - none["other_stages_s"])
+    return dict(comp, compute_s=comp["compute_s"] + extra, other_stages_s=comp["other_stages_s"] + fill)
+
+
 def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, stride: dict) -> float:
     """Exposed seconds a step spends in context parallelism's key/value exchanges (`parallel.cp_comm`), on this
     rank's L/pp blocks, every micro-batch (again in the backward's second forward under full recompute):
@@ -403,6 +490,8 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
     comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
+    comp = _parts_compute(cfg, layout, seq_len, recompute, dev, flash, amp, min(layout.world, devices_per_node), moe,
+                          comp)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     cp = getattr(layout, "cp", 1)  # context parallelism sits just outside tp (Megatron's tp-cp nesting)
