@@ -126,3 +126,20 @@ def checkpointed(fn):
         return recompute(fn, *args, use_reentrant=False, **kwargs)
 
     return run
+
+
+def recompute_problems(train_cfg) -> list[str]:
+    """What is wrong with `train.recompute`, `train.recompute_modules` and `train.recompute_layers` (messages)."""
+    try:
+        recompute_from(mode=train_cfg.recompute, modules=list(train_cfg.recompute_modules),
+                       layers=train_cfg.recompute_layers, blocks=[1])
+    except ValueError as e:
+        return [str(e)]
+    return []
+
+
+def recompute_of(train_cfg, num_layers: int, chunks: Sequence[int] = ()) -> Recompute:
+    """The `Recompute` of a run's `train` section for a model of `num_layers` blocks cut in pipeline `chunks`
+    (`parallel.pp_layers`; () for one stage)."""
+    return recompute_from(mode=train_cfg.recompute, modules=list(train_cfg.recompute_modules),
+                          layers=train_cfg.recompute_layers, blocks=list(chunks) or [num_layers])

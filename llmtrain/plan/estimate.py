@@ -61,7 +61,8 @@ from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.timeline import StepSpec, step_compute
 
 OVERLAP = 0.8
-RECOMPUTE = ("none", "full", "selective")
+RECOMPUTE = ("none", "full", "full_attn", "core_attn")
+"""The recompute modes the planner ranks (`train.recompute`; `selective`, the older planner name, is core_attn)."""
 
 
 def recompute_mode(recompute) -> str:
@@ -69,7 +70,7 @@ def recompute_mode(recompute) -> str:
     kernel model's classes: whole blocks re-run, or parts of them: `llmtrain.plan.recompute`)."""
     from llmtrain.plan.recompute import plan_recompute
 
-    if isinstance(recompute, str) and recompute in RECOMPUTE:
+    if recompute in ("none", "full", "selective"):
         return recompute
     rc = plan_recompute(recompute)
     if not rc.on:

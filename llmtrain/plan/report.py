@@ -10,7 +10,7 @@ planned in is said in the heading (a GPU profile with `train.amp=none` is planne
 from __future__ import annotations
 
 GIB = 2**30
-RECOMPUTE_SHORT = {"none": "none", "full": "full", "selective": "sel*"}
+RECOMPUTE_SHORT = {"none": "none", "full": "full", "full_attn": "fattn", "core_attn": "core", "selective": "core"}
 NOT_RUNNABLE = "* selective recompute (attention core only): planned, not runnable in llmtrain yet"
 MEMORY = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
           ("activations", "activations"), ("other", "logits and framework margin"))

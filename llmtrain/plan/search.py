@@ -58,20 +58,23 @@ def candidates(n: int, context: bool = False):
 def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu.
 
-    `recompute`: `train.recompute` (bool) or "none" | "full" | "selective". The row's `recompute` is the bool
-    `train.recompute` takes (true only for full recompute), `recompute_granularity` the mode, and `runnable`
-    is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only).
+    `recompute`: `train.recompute` (bool or mode name: none, full, full_attn, core_attn; `selective` = core_attn) or
+    a `llmtrain.models.recompute.Recompute`, priced by `llmtrain.plan.recompute`. The row's `recompute` and
+    `recompute_granularity` are the mode's name (what `train.recompute` takes); every mode is `runnable`.
     `amp` is the precision planned: `none` (fp32) on a CPU profile; on a GPU profile `train.amp`, and bf16 when
     that is `none` (the GPU profiles hold bf16 kernel tables: fp32 training on a GPU is not modelled; the table
     says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`)."""
-    mode = recompute_mode(recompute)
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if gpu else "cpu"
-    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
+    from llmtrain.plan.recompute import mode_name, plan_recompute
+
+    label = mode_name(plan_recompute(recompute))
+    label = {"core_attn": "core_attn", "full": "full", "none": "none", "full_attn": "full_attn"}.get(label, label)
+    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes, moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
-    est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
+    est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node, flash,
                         "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
@@ -79,15 +82,15 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     row = {"name": name, "dp": layout.dp, "cp": cp, "cp_comm": cp_comm, "tp": layout.tp, "pp": layout.pp,
            "virtual_pp": layout.virtual_pp, "pp_layers": list(layout.pp_layers),
            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
-           "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
-           "recompute_granularity": mode, "runnable": mode != "selective",
+           "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": label,
+           "recompute_granularity": label, "runnable": True,
            "amp": amp, "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
     row["overrides"] = launch_overrides(row, cfg.train.amp)
     return row
 
 
 def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
-    """Every valid (layout, micro-batch, recompute none/full/selective) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
+    """Every valid (layout, micro-batch, recompute none/full/full_attn/core_attn) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
     then by less memory on the worst rank. When no layout without context parallelism fits (a sequence too long
     for one device's memory) and the parallel config has cp, the layouts with cp > 1 are ranked too (`context`
     True: always; False: never)."""
@@ -115,7 +118,8 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
             if problems:
                 continue
             for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
-                split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len, recompute=recompute,
+                split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len,
+                                            recompute=recompute_mode(recompute),
                                             moe=moe_plan(layout, dev, cfg.plan.devices_per_node,
                                                          cfg.plan.moe_imbalance))
                 rows.append(evaluate(cfg, model_cfg, split, recompute, dev))

@@ -179,7 +179,10 @@ def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
     if layout.pp > 1:
         return None
     one = dataclasses.replace(layout, grad_accum=1)
-    est = memory_estimate(cfg.model, one, cfg.data.seq_len, cfg.train.recompute, amp, "cpu" if on_cpu else "gpu",
+    from llmtrain.models.recompute import recompute_of
+
+    rc = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)
+    est = memory_estimate(cfg.model, one, cfg.data.seq_len, rc, amp, "cpu" if on_cpu else "gpu",
                           4 if amp == "none" else 2, not on_cpu, 0.0)
     return int(est["activations"] + est["other"])
 

@@ -45,6 +45,7 @@ from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.lora import init_adapters, split_adapters
+from llmtrain.models.recompute import recompute_of
 from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -103,7 +104,8 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
     cfg, layout = run.cfg, run.layout
     lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
-    local = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora,
+    recompute = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)  # what each block re-runs
+    local = build_local_model(cfg.model, layout, topo, recompute, lora=lora,
                               positions=any(getattr(cfg.data, k, False) for k in ("document_mask", "reset_position_ids")))
     core = local.core
     named = canonical_parameters(core)
