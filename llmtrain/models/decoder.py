@@ -84,7 +84,12 @@ class Block(nn.Layer):
             self.mlp = MoEFeedForward(cfg, roles, index)
         else:
             self.mlp = FeedForward(cfg, roles)
-        self.parts = as_recompute(recompute).at(index)  # what this block re-runs in its backward (models/recompute.py)
+        rc = as_recompute(recompute)
+        self.parts = rc.at(index)  # what this block re-runs in its backward (models/recompute.py)
+        self.offload = rc.offload and "block" in self.parts
+        if self.offload and cfg.moe_num_experts > 0:
+            raise ValueError("train.offload_activations with an MoE model: the offloaded block's first forward runs "
+                             "without autograd, which the routers' balancing losses need; not supported")
         self.recompute = "block" in self.parts
         if "core_attn" in self.parts:
             self.attn.recompute_core = True
@@ -120,6 +125,13 @@ class Block(nn.Layer):
     def forward(self, x, mask=None, positions=None, segments=None, cache=None):
         if cache is not None:  # generation (no gradient): the keys/values of earlier positions are kept
             return self._forward(x, mask, positions, segments, cache)
+        if self.offload and self.training:  # the kept input in host memory (GPU: pinned, prefetched)
+            from llmtrain.paddle_compat.offload import offloaded_checkpoint
+
+            if x.stop_gradient:  # a frozen embedding (LoRA): the block's parameters still need the backward
+                x = x.detach()
+                x.stop_gradient = False
+            return offloaded_checkpoint(self._forward, x, mask, positions, segments)
         if self.recompute and self.training:
             # use_reentrant=False (`checkpointed`): with Paddle's default reentrant form, a block whose inputs all
             # have stop_gradient=True returns an output with stop_gradient=True, so its parameters

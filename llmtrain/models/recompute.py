@@ -44,6 +44,8 @@ class Recompute:
     """The recomputed parts of a chosen block."""
     blocks: Optional[frozenset] = None
     """Indices of the blocks that recompute; None: every block."""
+    offload: bool = False
+    """A fully recomputed block's kept input waits in host memory (`llmtrain.paddle_compat.offload`)."""
 
     def at(self, index: int) -> frozenset:
         """The parts block `index` recomputes (empty: none)."""
@@ -90,7 +92,7 @@ def choose_blocks(layers: str, segments: Sequence[int]) -> Optional[frozenset]:
 
 
 def recompute_from(*, mode, modules: Sequence[str] = (), layers: str = "all",
-                   blocks: Sequence[int] = ()) -> Recompute:
+                   blocks: Sequence[int] = (), offload: bool = False) -> Recompute:
     """The `Recompute` of `train.recompute` (`mode`), `train.recompute_modules`, `train.recompute_layers` over a
     model whose blocks come in segments of `blocks` (pipeline chunks; one segment of all blocks on one stage)."""
     name = parse_mode(mode)
@@ -104,9 +106,12 @@ def recompute_from(*, mode, modules: Sequence[str] = (), layers: str = "all",
         parts = frozenset({"block"})
     if "attn" in parts:  # the attention layer re-runs: its core is inside it
         parts -= {"core_attn"}
+    if offload and parts != {"block"}:
+        raise ValueError(f"train.offload_activations=true offloads the input a fully recomputed block keeps: it needs "
+                         f"train.recompute=full (got {name!r} with modules {sorted(modules)})")
     if not parts:
         return NONE
-    return Recompute(parts, choose_blocks(layers, blocks))
+    return Recompute(parts, choose_blocks(layers, blocks), offload)
 
 
 def as_recompute(value) -> Recompute:
@@ -132,7 +137,7 @@ def recompute_problems(train_cfg) -> list[str]:
     """What is wrong with `train.recompute`, `train.recompute_modules` and `train.recompute_layers` (messages)."""
     try:
         recompute_from(mode=train_cfg.recompute, modules=list(train_cfg.recompute_modules),
-                       layers=train_cfg.recompute_layers, blocks=[1])
+                       layers=train_cfg.recompute_layers, blocks=[1], offload=train_cfg.offload_activations)
     except ValueError as e:
         return [str(e)]
     return []
@@ -142,4 +147,5 @@ def recompute_of(train_cfg, num_layers: int, chunks: Sequence[int] = ()) -> Reco
     """The `Recompute` of a run's `train` section for a model of `num_layers` blocks cut in pipeline `chunks`
     (`parallel.pp_layers`; () for one stage)."""
     return recompute_from(mode=train_cfg.recompute, modules=list(train_cfg.recompute_modules),
-                          layers=train_cfg.recompute_layers, blocks=list(chunks) or [num_layers])
+                          layers=train_cfg.recompute_layers, blocks=list(chunks) or [num_layers],
+                          offload=train_cfg.offload_activations)

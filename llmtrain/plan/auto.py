@@ -70,7 +70,8 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
                               zero3_segment_size=cfg.parallel.zero3_segment_size,
                               order=list(cfg.parallel.order), **knobs)
     train = dataclasses.replace(cfg.train, micro_batch_size=best["micro_batch"], grad_accum=None,
-                                recompute=best["recompute"])
+                                recompute=best["recompute"], offload_optimizer=best.get("offload_optimizer", False),
+                                offload_activations=best.get("offload_activations", False))
     return dataclasses.replace(cfg, parallel=parallel, train=train)
 
 

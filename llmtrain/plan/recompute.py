@@ -160,3 +160,56 @@ def offload_seconds(nbytes: float, dev) -> float:
     """Seconds to move `nbytes` one way over the host link (`host_bw`; 0 on a host-only device)."""
     bw = getattr(dev, "host_bw", None)
     return 0.0 if not bw else nbytes / bw
+
+
+def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, optimizer: bool,
+                 activations: bool) -> tuple[dict, dict]:
+    """(memory, time) of a row with the optimizer state and/or each fully recomputed block's kept input offloaded
+    to the host (a GPU profile's `host_bw`; on a host-only profile nothing changes):
+    - optimizer: off the device during forward and backward, back for the update (peak: the larger of the two
+      phases); 2 x its bytes over the link per step, not overlapped;
+    - activations (full recompute): the in-flight blocks' kept inputs leave the device; one block's is on its way
+      back while another's block re-runs (two kept inputs on the device); each crosses the link twice per
+      micro-batch, overlapped with the step's compute (exposed only beyond it)."""
+    from llmtrain.plan.estimate import recompute_kept_bytes
+
+    bw = getattr(dev, "host_bw", None)
+    if not bw or not (optimizer or activations):
+        return mem, times
+    mem, times = dict(mem), dict(times)
+    e = dev.dtype_bytes
+    cp = getattr(layout, "cp", 1)
+    s, b, p, m = seq_len // cp, layout.micro_batch, layout.pp, layout.grad_accum
+    extra = 0.0
+    if activations:
+        kept = recompute_kept_bytes(cfg, s, b, e)
+        v = layout.virtual_pp
+        if p == 1:
+            in_flight = cfg.num_layers
+        elif v == 1:
+            in_flight = min(p, m) * cfg.num_layers / p
+        else:
+            in_flight = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
+        on_host = max(0.0, (in_flight - 2) * kept)  # all kept inputs but the re-running block's and the prefetched
+        mem["activations"] -= int(on_host)
+        link = 2 * m * cfg.num_layers / p * kept / bw
+        extra += max(0.0, link - times["compute_s"])
+    if optimizer:
+        opt = mem["optimizer"]
+        mem["optimizer"] = 0
+        mem["optimizer_host"] = opt
+        step_peak = mem["params"] + mem["grads"] + opt + mem["other"]
+        mem["total"] = max(sum(mem[k] for k in ("params", "grads", "activations", "other")), step_peak)
+        extra += 2 * opt / bw
+    else:
+        mem["total"] = sum(mem[k] for k in ("params", "grads", "optimizer", "activations", "other"))
+    mem["allocated"] = int(mem["total"] - dev.framework_bytes)
+    mem = {k: int(v) for k, v in mem.items()}
+    times["offload_s"] = extra
+    step = times["step_time_s"] + extra
+    scale = times["step_time_s"] / step
+    times["step_time_s"] = step
+    times["tokens_per_sec_per_device"] *= scale
+    if "mfu" in times:
+        times["mfu"] *= scale
+    return mem, times

@@ -55,7 +55,7 @@ def candidates(n: int, context: bool = False):
                                                      pp_schedule=sched, virtual_pp=v, **extra)
 
 
-def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
+def evaluate(cfg, model_cfg, layout, recompute, dev, offload: tuple = (False, False)) -> dict:
     """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu.
 
     `recompute`: `train.recompute` (bool or mode name: none, full, full_attn, core_attn; `selective` = core_attn) or
@@ -63,7 +63,9 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
     `recompute_granularity` are the mode's name (what `train.recompute` takes); every mode is `runnable`.
     `amp` is the precision planned: `none` (fp32) on a CPU profile; on a GPU profile `train.amp`, and bf16 when
     that is `none` (the GPU profiles hold bf16 kernel tables: fp32 training on a GPU is not modelled; the table
-    says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`)."""
+    says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`).
+    `offload`: (optimizer state, activations) offloaded to the host (`train.offload_optimizer`,
+    `train.offload_activations`, priced by `llmtrain.plan.recompute.with_offload`)."""
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
@@ -76,6 +78,11 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
                           dev.framework_bytes, moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
     est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node, flash,
                         "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
+    if any(offload):
+        from llmtrain.plan.recompute import with_offload
+
+        mem, est = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, est, optimizer=offload[0],
+                                activations=offload[1])
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
                        cp, cp_comm)
@@ -84,6 +91,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": label,
            "recompute_granularity": label, "runnable": True,
+           "offload_optimizer": bool(offload[0]), "offload_activations": bool(offload[1]),
            "amp": amp, "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
     row["overrides"] = launch_overrides(row, cfg.train.amp)
     return row
@@ -123,5 +131,8 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
                                             moe=moe_plan(layout, dev, cfg.plan.devices_per_node,
                                                          cfg.plan.moe_imbalance))
                 rows.append(evaluate(cfg, model_cfg, split, recompute, dev))
+                if recompute == "full" and getattr(dev, "host_bw", None):  # + offload (a GPU's PCIe link)
+                    rows.append(evaluate(cfg, model_cfg, split, recompute, dev,
+                                         offload=(True, model_cfg.moe_num_experts == 0)))
     rows.sort(key=lambda r: (not r["fits"], -round(r["tokens_per_sec_per_device"], 6), r["memory_bytes"]["total"]))
     return rows

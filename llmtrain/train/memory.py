@@ -45,6 +45,9 @@ What counts (all local to the rank):
 - activation_bytes: what one micro-batch's forward left allocated until its backward (activations and logits;
   `StepRunner.activation_bytes`: the last micro-batch of the first step; null under pp), beside the planner's
   "predicted_activation_bytes" for the busiest rank. Under context parallelism about 1/cp of one process's.
+- offload (`train.offload_optimizer`): {"optimizer_host_bytes": optimizer state this rank moved to host memory after
+  the last step (all of "optimizer_bytes"), "optimizer_places": {place: bytes} where the state is now,
+  "round_trips"} (`llmtrain.paddle_compat.offload.OptimizerOffload.report`).
 - grads: distinct memory of allocated gradient tensors (parameter grads, ZeRO-3 slice
   grads, and Paddle's ZeRO gradient storages), overlapping views counted once.
 """
@@ -165,6 +168,7 @@ def measure_rank(built, topo) -> dict:
         "optimizer_numel": opt_numel, "optimizer_bytes": opt_bytes, "optimizer_params": opt_params,
         "grad_bytes": grad_bytes,
         **({"context": built.report()} if getattr(built, "report", None) is not None else {}),
+        **({"offload": built.offload.report()} if getattr(built, "offload", None) is not None else {}),
     }
 
 

@@ -85,6 +85,8 @@ class Built:
     """This rank's part of a micro-batch (`BuiltModel.inputs`), or None: the whole micro-batch."""
     report: Any = None
     """The plan's per-rank report for memory.json (`BuiltModel.report`), or None."""
+    offload: Any = None
+    """`llmtrain.paddle_compat.offload.OptimizerOffload` under `train.offload_optimizer`, or None."""
 
 
 def build_data(data_cls, run, topo):
@@ -126,8 +128,13 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
     local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
+    offload = None
+    if cfg.train.offload_optimizer:  # the state on the host between steps (paddle_compat/offload.py)
+        from llmtrain.paddle_compat.offload import OptimizerOffload
+
+        offload = OptimizerOffload(optimizer)
     return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
-                 local.hooks, local.inputs, local.report)
+                 local.hooks, local.inputs, local.report, offload)
 
 
 class Trainer:

@@ -79,7 +79,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
-         "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
+         "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
@@ -129,10 +129,14 @@ rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out o
 RECOMPUTE = {"llama_rcm": ("llama", ["train.recompute=core_attn", "train.recompute_modules=[mlp,norm]",
                                     "train.recompute_layers=every:2"]),
              "llama_rfa": ("llama", ["train.recompute=full_attn"]),
-             "moe_rcs": ("moe", ["train.recompute=core_attn", "train.recompute_modules=[moe]"])}
+             "moe_rcs": ("moe", ["train.recompute=core_attn", "train.recompute_modules=[moe]"]),
+             "llama_off": ("llama", ["train.recompute=full", "train.offload_activations=true",
+                                     "train.offload_optimizer=true"])}
 """Recompute modes (run: (the run without recompute, overrides)): the attention core of blocks 0, 2, 4, 6 with their
 MLPs and norms (under pp2: blocks 0, 2 of each stage's 4), the attention layers, and MoE's core + whole MoE
-feed-forward (routing kept from the first run) under tp2 x ep2. Each is compared with its own one-process run, which
+feed-forward (routing kept from the first run) under tp2 x ep2; `llama_off`: full recompute with each block's input
+offloaded and the optimizer state on the host between steps, under ZeRO-1 (sharding2: each rank offloads its share,
+memory.json's "offload" equals its optimizer bytes). Each is compared with its own one-process run, which
 equals the run without recompute (`test_recompute_modes_equal_no_recompute`); where the run without recompute shares
 the launch (pp 1) the bytes held for the backward drop by what the planner predicts."""
 
@@ -329,6 +333,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         base = reference_name(n)
+        if base == "llama_off":
+            check_offloaded(_memory(runs_dir / n))
         if base in RECOMPUTE and RECOMPUTE[base][0] + n[len(base):] in names and DEGREES[layout].pp == 1:
             print(f"{layout} {n}: bytes held for the backward per rank, drop vs plan: "
                   f"{check_recompute_drop(_memory(runs_dir / (RECOMPUTE[base][0] + n[len(base):])), _memory(runs_dir / n))}")
@@ -368,10 +374,21 @@ def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> l
     return out
 
 
+def check_offloaded(memory: dict) -> None:
+    """Every rank moved all its optimizer state to the host after the last step, and the planner agrees on its size."""
+    planned = {(p["dp_rank"], p["tp_rank"], p["pp_rank"], p["sharding_rank"]): p["optimizer_bytes"]
+               for p in memory["predicted"]["ranks"]}
+    for r in memory["ranks"]:
+        off = r["offload"]
+        assert off["optimizer_host_bytes"] == r["optimizer_bytes"] > 0 and off["round_trips"] >= 1, (r["rank"], off)
+        assert off["optimizer_host_bytes"] == planned[(r["dp_rank"], r["tp_rank"], r["pp_rank"], r["sharding_rank"])]
+
+
 @pytest.mark.slow
 def test_recompute_modes_equal_no_recompute(reference):
     """One process: each recompute mode's losses and grad norms equal the run without recompute (1e-5), and the bytes
     held for the backward drop by what the planner predicts (10%)."""
+    check_offloaded(reference["llama_off"]["memory"])
     for run, (base, _) in RECOMPUTE.items():
         worst = check_parity(run, "single", reference[base]["metrics"], reference[run]["metrics"], STEPS)
         print(f"{run}: max |loss or grad_norm - no recompute| = {worst:.2e}; bytes held for the backward, drop vs "
