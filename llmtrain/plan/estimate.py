@@ -210,6 +210,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         if worst is None or entry["total"] > worst["total"]:
             worst = entry
     worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
+    worst["recompute_transient"] = per_layer if mode == "full" else 0  # in `activations`: one block during its backward
     return {k: int(v) for k, v in worst.items()}
 
 
@@ -253,9 +254,11 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
         in_flight_layers = min(p, m) * layers_here
     else:
         in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
-    act = in_flight_layers * per_layer + (transient if any("block" in rc.at(i) for i in range(cfg.num_layers)) else 0)
+    transient = transient if any("block" in rc.at(i) for i in range(cfg.num_layers)) else 0
+    act = in_flight_layers * per_layer + transient
     out = dict(none)
     out["activations"] = int(act)
+    out["recompute_transient"] = int(transient)
     out["total"] = int(none["total"] - none["activations"] + act)
     out["allocated"] = int(out["total"] - int(framework_bytes))
     return out

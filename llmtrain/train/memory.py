@@ -173,8 +173,8 @@ def measure_rank(built, topo) -> dict:
 
 
 def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
-    """The planner's bytes held for the backward of one micro-batch on its busiest rank (activations, plus the
-    logits on the last stage: `llmtrain.plan.estimate.memory_estimate` with one micro-batch in flight), or None
+    """The planner's bytes held for the backward of one micro-batch on its busiest rank after its forward
+    (activations without a fully recomputed block's re-run inside the backward, plus the logits on the last stage: `llmtrain.plan.estimate.memory_estimate` with one micro-batch in flight), or None
     under pp (several micro-batches in flight, which the measurement does not cover)."""
     import dataclasses
 
@@ -188,7 +188,7 @@ def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
     rc = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)
     est = memory_estimate(cfg.model, one, cfg.data.seq_len, rc, amp, "cpu" if on_cpu else "gpu",
                           4 if amp == "none" else 2, not on_cpu, 0.0)
-    return int(est["activations"] + est["other"])
+    return int(est["activations"] - est.get("recompute_transient", 0) + est["other"])  # held after the forward
 
 
 def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, step: int,
