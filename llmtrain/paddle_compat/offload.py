@@ -2,15 +2,16 @@
 
     python llmtrain/pretrain.py model=llama-tiny train.offload_optimizer=true            # memory.json "offload"
     python llmtrain/pretrain.py model=llama-tiny train.recompute=full train.offload_activations=true
-    python -m pytest tests/paddle_compat/test_offload.py -q
+    python -m pytest tests/paddle_compat/test_host_offload.py -q
 
 Optimizer state (`OptimizerOffload`, as PaddleFormers' `offload_optim`: the update runs on the device, the state
 lives on the host between updates): every accumulator (Adam moments, beta powers) and fp32 master weight of the
 innermost Paddle optimizer (`optim.optimizer_state_tensors`; under ZeRO only this rank's share, so it composes with
 sharding) is copied to host memory after each optimizer step and back before the next, the tensor object kept
 (`Tensor._share_buffer_to`, as Paddle's own recompute offload does), so the optimizer never sees the move. The
-innermost optimizer's `step` is wrapped, which every wrapper (fleet's hybrid optimizer, ZeRO stages, the
-pipeline's `train_batch`, the GradScaler) calls.
+innermost optimizer's `_apply_optimize` (the update, after the clip) is wrapped: `step` calls it, and so does
+fleet's ZeRO-1 optimizer, which forwards it to its inner optimizer without calling the inner `step` (measured:
+wrapping `step` missed every sharding2 update).
 
 Activations (`offloaded_checkpoint`): a fully recomputed block keeps only its input; here that input is copied
 to host memory in the forward and the block re-runs from it in the backward (a PyLayer in the form of Paddle's
@@ -19,7 +20,7 @@ i-1's input starts its way back (`Tensor._copy_to(place, blocking=False)`), over
 backward.
 
 GPU-only (marked `GPU-ONLY(offload)`): pinned host memory (`Tensor.pin_memory`) and asynchronous copies to the
-GPU (`_copy_to(CUDAPlace, False)`). On CPU the same code runs with `CPUPlace` copies (host == device: the bytes
+GPU (`Tensor.cuda(blocking=False)`), rehearsed on CPU by tests/gpu_paths/test_offload.py. On CPU the same code runs with `CPUPlace` copies (host == device: the bytes
 move and are counted, no memory is freed), which the tests exercise; scripts/gpu_acceptance.sh runs the tests on a
 GPU, where the device bytes must fall.
 """
@@ -28,26 +29,27 @@ from __future__ import annotations
 from llmtrain.paddle_compat.version import require_tested_paddle
 
 
-def _device_place():
-    import paddle
-
-    if paddle.is_compiled_with_cuda() and paddle.get_device().startswith("gpu"):
-        return paddle.CUDAPlace(paddle.distributed.ParallelEnv().device_id)  # GPU-ONLY(offload)
-    return paddle.CPUPlace()
-
-
 def to_host(t, blocking: bool = True):
-    """A host copy of `t`: pinned memory on a GPU build (GPU-ONLY(offload)), a CPU copy otherwise."""
+    """A host copy of `t`: pinned (page-locked) memory on a GPU, so the copy back can be asynchronous; a CPU copy
+    otherwise."""
     import paddle
 
-    if paddle.is_compiled_with_cuda() and not t.place.is_cpu_place():
-        return t.pin_memory()  # GPU-ONLY(offload): page-locked, so the copy back can be asynchronous
+    from llmtrain.paddle_compat.kernels import on_gpu
+
+    if on_gpu():
+        return t.pin_memory(blocking=blocking)  # GPU-ONLY(offload)
     return t._copy_to(paddle.CPUPlace(), blocking)
 
 
 def to_device(t, blocking: bool = True):
-    """A device copy of host tensor `t` (asynchronous from pinned memory when not `blocking`)."""
-    return t._copy_to(_device_place(), blocking)
+    """A device copy of host tensor `t` (on a GPU asynchronous from pinned memory when not `blocking`)."""
+    import paddle
+
+    from llmtrain.paddle_compat.kernels import on_gpu
+
+    if on_gpu():
+        return t.cuda(blocking=blocking)  # GPU-ONLY(offload): this process's GPU
+    return t._copy_to(paddle.CPUPlace(), blocking)
 
 
 def move_into(t, copy) -> None:
@@ -68,16 +70,16 @@ class OptimizerOffload:
         self.host_bytes = 0
         self.moves = 0
         self.on_host = False
-        original = self.inner.step
+        original = self.inner._apply_optimize
 
-        def step(*args, **kwargs):
+        def apply_optimize(*args, **kwargs):  # the update itself, whoever calls it
             self.reload()
             try:
                 return original(*args, **kwargs)
             finally:
                 self.offload()
 
-        self.inner.step = step
+        self.inner._apply_optimize = apply_optimize
 
     def tensors(self):
         from llmtrain.paddle_compat.optim import is_allocated, optimizer_state_tensors
@@ -133,7 +135,7 @@ class _Prefetch:
             i = alive.index(ctx)
             prev = alive[i - 1] if i > 0 else None
             if prev is not None and prev.device_copy is None:
-                prev.device_copy = to_device(prev.host, blocking=False)  # GPU-ONLY(offload): async from pinned
+                prev.device_copy = to_device(prev.host, blocking=False)  # async from pinned memory on a GPU
             del self.pending[i:]
 
 

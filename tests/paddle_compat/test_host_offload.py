@@ -1,7 +1,7 @@
 """Offload: optimizer state on the host between steps and a recomputed block's input in host memory give the same
 training as without; the bytes moved are counted.
 
-    python -m pytest tests/paddle_compat/test_offload.py -q
+    python -m pytest tests/paddle_compat/test_host_offload.py -q
 
 On CPU host and device are one memory: the copies and the accounting run (the tensors really move to new storage),
 no device memory is freed; scripts/gpu_acceptance.sh runs this file on a GPU, where the state must sit in pinned
