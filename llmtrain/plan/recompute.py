@@ -68,17 +68,18 @@ def part_savings(cfg, parts, *, s: int, b: int, t: int, e: int, flash: bool, sp:
     """Bytes one block (of one micro-batch [b, s] on a tp rank) no longer keeps when `parts` are recomputed
     (`block` excluded: see `estimate.recompute_kept_bytes`). `moe_layer`: an MoE block, whose feed-forward runs
     under `moe_plan` (`plan.moe.MoEPlan`: expert parallelism, the dropless capacity's imbalance)."""
-    from llmtrain.plan.estimate import column_inputs, fused_paths
+    from llmtrain.models.config import FUSE_SWITCHES
 
     h, f = cfg.hidden_size, cfg.ffn_hidden_size
     d = cfg.attn_head_dim()
     q, kv, a = cfg.num_heads * d / t, cfg.kv_heads() * d / t, cfg.num_heads / t
     sb = s * b
-    on = fused_paths(cfg, gpu)
+    on = {k: cfg.fused(k, gpu) for k in FUSE_SWITCHES}  # as `estimate.fused_paths`
     shard = t if sp else 1
     one = t == 1 and not sp  # one device: one copy of each sub-block's input for its projections
+    # column-parallel inputs under tp, each its own copy (`estimate.column_inputs`): q, k, v (or one fused); gate, up
     qkv_cols = 1 if one else (1 if on["fuse_qkv"] else 3)
-    mlp_cols = 1 if one else column_inputs(cfg, gpu) - (1 if on["fuse_qkv"] else 3)
+    mlp_cols = 1 if one else (1 if on["fuse_ffn"] or cfg.activation != "swiglu" else 2)
     swiglu = cfg.activation == "swiglu"
     inner = ((3 if on["fuse_swiglu"] else 4) if swiglu else 2) * sb * f / t * e
     if flash:
@@ -163,26 +164,23 @@ def offload_seconds(nbytes: float, dev) -> float:
 
 
 def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, optimizer: bool,
-                 activations: bool) -> tuple[dict, dict]:
+                 activations: bool, kept: float = 0.0) -> tuple[dict, dict]:
     """(memory, time) of a row with the optimizer state and/or each fully recomputed block's kept input offloaded
     to the host (a GPU profile's `host_bw`; on a host-only profile nothing changes):
     - optimizer: off the device during forward and backward, back for the update (peak: the larger of the two
       phases); 2 x its bytes over the link per step, not overlapped;
     - activations (full recompute): the in-flight blocks' kept inputs leave the device; one block's is on its way
       back while another's block re-runs (two kept inputs on the device); each crosses the link twice per
-      micro-batch, overlapped with the step's compute (exposed only beyond it)."""
-    from llmtrain.plan.estimate import recompute_kept_bytes
+      micro-batch, overlapped with the step's compute (exposed only beyond it); `kept`: the bytes a fully
+      recomputed block keeps (`estimate.recompute_kept_bytes`)."""
 
     bw = getattr(dev, "host_bw", None)
     if not bw or not (optimizer or activations):
         return mem, times
     mem, times = dict(mem), dict(times)
-    e = dev.dtype_bytes
-    cp = getattr(layout, "cp", 1)
-    s, b, p, m = seq_len // cp, layout.micro_batch, layout.pp, layout.grad_accum
+    p, m = layout.pp, layout.grad_accum
     extra = 0.0
     if activations:
-        kept = recompute_kept_bytes(cfg, s, b, e)
         v = layout.virtual_pp
         if p == 1:
             in_flight = cfg.num_layers

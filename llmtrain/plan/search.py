@@ -79,10 +79,13 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, offload: tuple = (False, Fa
     est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node, flash,
                         "none" if amp == "none" else "bf16", moe_imbalance=getattr(cfg.plan, "moe_imbalance", None))
     if any(offload):
+        from llmtrain.plan.estimate import recompute_kept_bytes
         from llmtrain.plan.recompute import with_offload
 
+        kept = recompute_kept_bytes(model_cfg, cfg.data.seq_len // getattr(layout, "cp", 1), layout.micro_batch,
+                                    dev.dtype_bytes)
         mem, est = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, est, optimizer=offload[0],
-                                activations=offload[1])
+                                activations=offload[1], kept=kept)
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
                        cp, cp_comm)
