@@ -82,8 +82,11 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
     resolved, initial_adapters = _resolve_lora(resolved, problems)
     layout, layout_issues = layout_problems(cfg.parallel, cfg.train, world_size)
     fit = model_fit_problems(cfg.parallel, model)
-    problems = config_problems(resolved) + layout_issues + problems + fit
-    if layout is not None and layout.pp > 1 and not fit:
+    from llmtrain.models.recompute import recompute_problems
+
+    recompute_issues = recompute_problems(cfg.train)  # train.recompute / _modules / _layers
+    problems = config_problems(resolved) + layout_issues + problems + fit + recompute_issues
+    if layout is not None and layout.pp > 1 and not fit and not recompute_issues:
         layout = _pipeline_split(layout, resolved)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     problems += fusion_problems(model, on_gpu())
@@ -138,12 +141,13 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
 def _pipeline_split(layout: Layout, cfg: Config) -> Layout:
     """The layout with its blocks per pipeline chunk: `parallel.pp_layers`, or balanced by the planner's cost of each
     piece on this run's device (`llmtrain.plan.stage_cost`)."""
-    from llmtrain.plan.estimate import moe_plan
+    from llmtrain.models.recompute import recompute_of
+    from llmtrain.plan.estimate import moe_plan, recompute_mode
     from llmtrain.plan.stage_cost import split_profile, with_pipeline_split
 
     dev = split_profile(on_gpu(), cfg.plan.device)
     return with_pipeline_split(layout, cfg.model, dev, seq_len=cfg.data.seq_len,
-                               recompute="full" if cfg.train.recompute else "none",
+                               recompute=recompute_mode(recompute_of(cfg.train, cfg.model.num_layers)),
                                moe=moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance))
 
 

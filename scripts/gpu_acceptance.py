@@ -17,6 +17,9 @@ Steps, in order (each one's output in OUT/<step>.log; a failed step is reported 
   moe_router_dtype  tests/models/test_moe_precision.py on GPU under real AMP O2 bf16: the MoE router GEMM's output
                     fp32 (bf16 with model.moe_router_dtype=amp), its weight and the expert bias kept fp32 by decorate,
                     the fused combine summing bf16 expert outputs in fp32 (rounded once)
+  memory_levers     tests/models/test_recompute.py and tests/paddle_compat/test_host_offload.py on GPU: every recompute
+                    mode equal to none, the optimizer state in pinned host memory between steps, a recomputed block's
+                    input offloaded and prefetched (training unchanged)
   corpus            scripts/prepare_default_corpus.sh (the People's Daily corpus and tokenizer, CPU, idempotent)
   sft_data          question/answer pairs cut from that corpus (llmtrain.corpus.qa_pairs), for finetune_packed
   finetune_packed   packed fine-tuning on 2 GPUs with the GPU defaults (model.attention=auto -> flashmask with the
@@ -77,6 +80,7 @@ GPU_PATHS = {
     "memory-metrics": ["gpu_paths", "tput_auto"],
     "mla-value-pad": ["gpu_paths"],
     "moe-combine": ["gpu_paths", "ep_alltoall", "moe_router_dtype"],
+    "offload": ["gpu_paths", "memory_levers"],
     "overlap-knobs": ["gpu_paths", "tput_dp4tp2", "tput_dp2tp2pp2"],  # the step names of an 8-GPU run
     "peak-table": ["gpu_paths", "tput_auto"],
 }
@@ -151,6 +155,9 @@ def steps(out: Path, gpus: int, device: str, n_steps: int) -> list[dict]:
              env=nccl_fp32),
         dict(name="moe_router_dtype", argv=[py, "-m", "pytest", "tests/models/test_moe_precision.py", "-q", "-p",
                                             "no:cacheprovider"], env={}),
+        dict(name="memory_levers", argv=[py, "-m", "pytest", "tests/models/test_recompute.py",
+                                         "tests/paddle_compat/test_host_offload.py", "-q", "-p", "no:cacheprovider"],
+             env=nccl_fp32),
         dict(name="corpus", argv=["bash", "scripts/prepare_default_corpus.sh"], env={}),
         dict(name="sft_data", argv=[py, "-m", "llmtrain.corpus.qa_pairs", "--input", str(CORPUS / "pd1998.jsonl"),
                                     "--output", str(out / "sft"), "--valid", "50", "--max-lines", "2"], env={}),

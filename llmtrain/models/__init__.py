@@ -15,7 +15,7 @@ from llmtrain.models.config import ModelConfig
 from llmtrain.models.roles import Roles
 
 
-def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
+def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute=False):
     """The model of `cfg.family`, built with the layers `roles` hands out (plain ones when None)."""
     if cfg.family == "decoder":
         from llmtrain.models.decoder import DecoderLM
@@ -28,7 +28,7 @@ def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool
     raise ValueError(f"model.family={cfg.family!r}: expected 'decoder' or 'encoder'")
 
 
-def model_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False):
+def model_stages(cfg: ModelConfig, roles: Roles, recompute=False):
     """The model of `cfg.family` as an ordered list of `stages.Stage` entries (the pipeline plan cuts it)."""
     if cfg.family == "decoder":
         from llmtrain.models.decoder import decoder_stages

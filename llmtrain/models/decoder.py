@@ -23,6 +23,7 @@ from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.layers import Attention, FeedForward, build_norm
 from llmtrain.models.loss import LMLoss
+from llmtrain.models.recompute import as_recompute, checkpointed
 from llmtrain.models.roles import Roles
 from llmtrain.models.stages import Stage, stage
 
@@ -63,7 +64,9 @@ class Block(nn.Layer):
     """Transformer block. Pre-norm: x + attn(norm(x)), then + mlp(norm(x)); post-norm
     (BERT/ERNIE): norm(x + attn(x)), then norm(x + mlp(x)). Causal for the decoder family."""
 
-    def __init__(self, cfg: ModelConfig, roles: Roles, recompute: bool = False, prefix: str = "layers.0"):
+    def __init__(self, cfg: ModelConfig, roles: Roles, recompute=False, prefix: str = "layers.0"):
+        """`recompute`: a `llmtrain.models.recompute.Recompute` (what each block re-runs in the backward) or a bool
+        (true: the whole block)."""
         super().__init__()
         tags.set_prefix(self, prefix)
         index = int(prefix.rsplit(".", 1)[-1]) if prefix.startswith("layers.") else 0
@@ -81,41 +84,76 @@ class Block(nn.Layer):
             self.mlp = MoEFeedForward(cfg, roles, index)
         else:
             self.mlp = FeedForward(cfg, roles)
-        self.recompute = recompute
+        rc = as_recompute(recompute)
+        self.parts = rc.at(index)  # what this block re-runs in its backward (models/recompute.py)
+        self.offload = rc.offload and "block" in self.parts
+        if self.offload and cfg.moe_num_experts > 0:
+            raise ValueError("train.offload_activations with an MoE model: the offloaded block's first forward runs "
+                             "without autograd, which the routers' balancing losses need; not supported")
+        self.recompute = "block" in self.parts
+        if "core_attn" in self.parts:
+            self.attn.recompute_core = True
+        if "moe_act" in self.parts and hasattr(self.mlp, "experts"):
+            self.mlp.experts.recompute_act = True
+        if "shared_experts" in self.parts and getattr(self.mlp, "shared", None) is not None:
+            self.mlp.recompute_shared = True
         if cfg.norm_position not in ("pre", "post"):
             raise ValueError(f"model.norm_position={cfg.norm_position!r}: expected 'pre' or 'post'")
         self.pre_norm = cfg.norm_position == "pre"
 
+    def _part(self, name: str, fn):
+        """`fn`, recomputed in the backward when this block recomputes part `name` (training only)."""
+        if name in self.parts and self.training:
+            return checkpointed(self._replayable(fn) if name == "moe" else fn)
+        return fn
+
+    def _mlp(self):
+        """The feed-forward as this block runs it: a dense one recomputed under `mlp`, an MoE one under `moe`."""
+        return self._part("moe" if hasattr(self.mlp, "experts") else "mlp", self.mlp)
+
     def _forward(self, x, mask=None, positions=None, segments=None, cache=None):  # x [b, s, h]
+        attn_norm, mlp_norm = self._part("norm", self.attn_norm), self._part("norm", self.mlp_norm)
         if self.pre_norm:
-            x = x + self.attn(self.attn_norm(x), mask, positions, segments, cache)
-            return x + self.mlp(self.mlp_norm(x))
-        x = self.attn_norm(x + self.attn(x, mask, positions, segments, cache))
-        return self.mlp_norm(x + self.mlp(x))
+            x = x + self._part("attn", self._attention)(attn_norm(x), mask, positions, segments, cache)
+            return x + self._mlp()(mlp_norm(x))
+        x = attn_norm(x + self._part("attn", self._attention)(x, mask, positions, segments, cache))
+        return mlp_norm(x + self._mlp()(x))
+
+    def _attention(self, x, mask=None, positions=None, segments=None, cache=None):
+        return self.attn(x, mask, positions, segments, cache)
 
     def forward(self, x, mask=None, positions=None, segments=None, cache=None):
         if cache is not None:  # generation (no gradient): the keys/values of earlier positions are kept
             return self._forward(x, mask, positions, segments, cache)
-        if self.recompute and self.training:
-            from paddle.distributed.fleet.utils import recompute
+        if self.offload and self.training:  # the kept input in host memory (GPU: pinned, prefetched)
+            from llmtrain.paddle_compat.offload import offloaded_checkpoint
 
-            # use_reentrant=False: with Paddle's default reentrant form, a block whose inputs all
+            if x.stop_gradient:  # a frozen embedding (LoRA): the block's parameters still need the backward
+                x = x.detach()
+                x.stop_gradient = False
+            return offloaded_checkpoint(self._forward, x, mask, positions, segments)
+        if self.recompute and self.training:
+            # use_reentrant=False (`checkpointed`): with Paddle's default reentrant form, a block whose inputs all
             # have stop_gradient=True returns an output with stop_gradient=True, so its parameters
             # silently get no gradient (and the 1F1B pipeline schedule deadlocked).
-            return recompute(self._replayable(), x, mask, positions, segments, use_reentrant=False)
+            return checkpointed(self._replayable(self._forward))(x, mask, positions, segments)
         return self._forward(x, mask, positions, segments)
 
-    def _replayable(self):
-        """`_forward` for recompute: its first call is this forward; a later one is recompute re-running it in the
-        backward, when an MoE feed-forward runs the same ops but records nothing (its losses and loads once)."""
-        calls = []
+    def _replayable(self, fn):
+        """`fn` for recompute: its first call is this forward; a later one is recompute re-running it in the
+        backward, when an MoE feed-forward routes as it did the first time (the kept top-k choice) and records
+        nothing (its losses and loads once)."""
+        calls, kept = [], {}
 
         def run(*args):
-            if calls and hasattr(self.mlp, "replay"):
-                with self.mlp.replay():
-                    return self._forward(*args)
+            if not hasattr(self.mlp, "replay"):
+                return fn(*args)
+            if calls:
+                with self.mlp.replay(kept):
+                    return fn(*args)
             calls.append(1)
-            return self._forward(*args)
+            with self.mlp.keep_routing(kept):
+                return fn(*args)
 
         return run
 
@@ -144,7 +182,7 @@ class LMHead(nn.Layer):
         return self.proj(x)
 
 
-def decoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
+def decoder_stages(cfg: ModelConfig, roles: Roles, recompute=False) -> list[Stage]:
     """The decoder as an ordered list of stages, in the order `DecoderLM.forward` runs them."""
     tied = "embed" if cfg.tie_embeddings else None
     stages = [stage(cfg, roles, "embed", Embedding, tied)]
@@ -160,7 +198,7 @@ class DecoderLM(nn.Layer):
     forward(input_ids [b, s]) -> logits [b, s, V/tp]; `self.loss_fn(logits, (labels, mask))` -> (loss_sum, tokens).
     """
 
-    def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
+    def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute=False):
         super().__init__()
         roles = roles or Roles()
         self.cfg = cfg

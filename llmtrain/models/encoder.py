@@ -99,7 +99,7 @@ class MLMBias(nn.Layer):
         return logits + self.bias
 
 
-def encoder_stages(cfg: ModelConfig, roles: Roles, recompute: bool = False) -> list[Stage]:
+def encoder_stages(cfg: ModelConfig, roles: Roles, recompute=False) -> list[Stage]:
     """The encoder as an ordered stage list (see `stages.Stage`), in the order `EncoderMLM.forward` runs them."""
     tied = "embed" if cfg.tie_embeddings else None
     stages = [stage(cfg, roles, "embed", EncoderEmbedding, tied)]
@@ -120,7 +120,7 @@ class EncoderMLM(nn.Layer):
     Loss: `self.loss_fn(logits, (labels, loss_mask))`, loss_mask 1 at masked positions.
     """
 
-    def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute: bool = False):
+    def __init__(self, cfg: ModelConfig, roles: Optional[Roles] = None, recompute=False):
         super().__init__()
         roles = roles or Roles()
         self.cfg = cfg

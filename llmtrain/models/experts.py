@@ -55,6 +55,7 @@ import paddle.nn.functional as F
 from llmtrain.contracts import tags
 from llmtrain.models import dispatch as moe_dispatch
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.recompute import checkpointed
 from llmtrain.paddle_compat import kernels
 
 
@@ -87,6 +88,7 @@ class Experts(nn.Layer):
         self.approximate = cfg.activation == "gelu_tanh"
         self.fuse_swiglu = cfg.fused("fuse_swiglu")
         self.dispatcher = dispatcher or LocalDispatch()
+        self.recompute_act = False  # re-run the activation in the backward (`train.recompute_modules=[moe_act]`)
         if self.swiglu:
             self.w_gate = self.create_parameter([num_local, h, f])
         self.w_up = self.create_parameter([num_local, h, f])
@@ -114,7 +116,13 @@ class Experts(nn.Layer):
     def ffn(self, x):  # x [E_local, N, h] -> [E_local, N, h]
         if self.swiglu:
             gate, up = paddle.bmm(x, self.w_gate), paddle.bmm(x, self.w_up)  # [E_l, N, f] each
-            inner = kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up
+            act = self.act if not (self.recompute_act and self.training) else checkpointed(self.act)
+            inner = act(gate, up)  # [E_l, N, f]
         else:
-            inner = F.gelu(paddle.bmm(x, self.w_up), approximate=self.approximate)
+            up = paddle.bmm(x, self.w_up)  # [E_l, N, f]
+            gelu = lambda u: F.gelu(u, approximate=self.approximate)  # noqa: E731
+            inner = gelu(up) if not (self.recompute_act and self.training) else checkpointed(gelu)(up)
         return paddle.bmm(inner, self.w_down)
+
+    def act(self, gate, up):  # [E_l, N, f] each -> silu(gate) * up
+        return kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up

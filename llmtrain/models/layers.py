@@ -23,6 +23,7 @@ import paddle.nn.functional as F
 
 from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.recompute import checkpointed
 from llmtrain.models.roles import Roles
 from llmtrain.paddle_compat import flash_attn, kernels
 
@@ -302,6 +303,7 @@ class Attention(nn.Layer):
         self.attend = roles.attention_core(choose_attention(cfg.attention))  # a plan may wrap the core (exchanges)
         self.roles = roles
         self.fuse_qkv = cfg.fused("fuse_qkv")
+        self.recompute_core = False  # re-run the core in the backward (`train.recompute=core_attn`, models/recompute.py)
 
     def forward(self, x, mask=None, positions=None, segments=None, cache=None):
         # x [b, s, h]; mask [b, 1, 1, s] additive or None; positions, segments [b, s] (packed sequences) or None;
@@ -330,7 +332,8 @@ class Attention(nn.Layer):
                 return self.o_proj(math_attention(q, k, v, False, mask).reshape([0, 0, -1]))
             cache["k"], cache["v"] = k, v  # the prefix (prefill): causal as usual
         extra = {"window": self.window} if self.window else {}  # only windowed blocks pass the keyword
-        out = self.attend(q, k, v, self.causal, mask, segments, **extra)  # [b, s, nh/tp, d]
+        attend = checkpointed(self.attend) if self.recompute_core and self.training else self.attend
+        out = attend(q, k, v, self.causal, mask, segments, **extra)  # [b, s, nh/tp, d]
         return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d] -> [b, s, h]
 
 

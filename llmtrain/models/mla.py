@@ -34,6 +34,7 @@ import paddle.nn as nn
 
 from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.recompute import checkpointed
 from llmtrain.models.layers import Rotary, build_norm, choose_attention, math_attention
 from llmtrain.models.roles import Roles
 
@@ -131,6 +132,7 @@ class MLAttention(nn.Layer):
         if core is not math_attention:  # flash kernels take one head width for q, k, v
             core = padded_value_core(core, self.qk)  # GPU-ONLY(mla-value-pad)
         self.attend = roles.attention_core(core)  # a plan may wrap the core (context parallelism's exchange)
+        self.recompute_core = False  # re-run the core in the backward (`train.recompute=core_attn`)
         self.roles = roles
 
     def forward(self, x, mask=None, positions=None, segments=None, cache=None):
@@ -161,5 +163,6 @@ class MLAttention(nn.Layer):
                 cache["k"], cache["v"] = k, v
                 return self.o_proj(math_attention(q, k, v, False, mask).reshape([0, 0, -1]))
             cache["k"], cache["v"] = k, v  # the prefix (prefill): causal as usual
-        out = self.attend(q, k, v, self.causal, mask, segments)  # [b, s, nh/tp, d_v]
+        attend = checkpointed(self.attend) if self.recompute_core and self.training else self.attend
+        out = attend(q, k, v, self.causal, mask, segments)  # [b, s, nh/tp, d_v]
         return self.o_proj(out.reshape([0, 0, -1]))  # [b, s, nh/tp * d_v] -> [b, s, h]

@@ -57,6 +57,7 @@ from paddle.autograd import PyLayer
 
 from llmtrain.contracts.steps import StepHook
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.recompute import checkpointed
 from llmtrain.models.router import Router, Routing, group_limit, route
 from llmtrain.paddle_compat import amp
 
@@ -137,15 +138,27 @@ class MoEFeedForward(nn.Layer):
         self.step_choices = 0  # (token, expert) choices this step (a static count: no device read)
         self.grad_scale = None  # attached losses: d(objective)/d(micro-batch loss), see attach_balancing_losses
         self.replaying = False  # set while recompute re-runs the block in the backward (see `replay`)
+        self.kept = None  # the routing a recomputed forward keeps from its first run (`keep_routing`, `replay`)
+        self.recompute_shared = False  # re-run the shared experts in the backward (recompute module shared_experts)
 
     @contextlib.contextmanager
-    def replay(self):
-        """Recompute's second run of this layer's forward (in the backward): the same ops, nothing recorded."""
-        self.replaying = True
+    def replay(self, kept: dict | None = None):
+        """Recompute's second run of this layer's forward (in the backward): the same ops, nothing recorded, and
+        the top-k choice `kept["chosen"]` of the first run (`keep_routing`) taken instead of routing again."""
+        self.replaying, self.kept = True, kept
         try:
             yield
         finally:
-            self.replaying = False
+            self.replaying, self.kept = False, None
+
+    @contextlib.contextmanager
+    def keep_routing(self, kept: dict):
+        """The first run of a forward that recompute will re-run: its top-k choice goes into `kept["chosen"]`."""
+        self.kept = kept
+        try:
+            yield
+        finally:
+            self.kept = None
 
     @property
     def step_counts(self):
@@ -182,8 +195,11 @@ class MoEFeedForward(nn.Layer):
         with region:
             logits = self.router(flat)  # [T, E] fp32
             bias = self.expert_bias  # zero unless moved (moe_bias_update_rate) or read from a checkpoint (DeepSeek-V3)
+            chosen = self.kept.get("chosen") if self.replaying and self.kept is not None else None
             r = route(logits, self.top_k, self.cfg.moe_router, self.cfg.moe_norm_topk, bias,
-                      self.cfg.moe_capacity_factor, groups=group_limit(self.cfg))
+                      self.cfg.moe_capacity_factor, groups=group_limit(self.cfg), chosen=chosen)
+            if self.kept is not None and not self.replaying:
+                self.kept["chosen"] = r.chosen  # [T, k] int64, held until the recompute has run
             if self.cfg.moe_aux_counts == "unbiased":  # ERNIE 4.5: the aux loss counts the top-k without the bias
                 with paddle.no_grad():
                     free = paddle.topk(r.probs, self.top_k, axis=-1)[1]  # [T, k]
@@ -203,7 +219,8 @@ class MoEFeedForward(nn.Layer):
         if self.cfg.moe_routed_scale != 1.0:
             y = y * self.cfg.moe_routed_scale
         if self.shared is not None:
-            y = y + self.shared(flat)
+            shared = checkpointed(self.shared) if self.recompute_shared and self.training else self.shared
+            y = y + shared(flat)
         record = not self.replaying  # recompute re-runs the same ops in the backward: record them once
         aux = z = None
         if self.grad_scale is None:

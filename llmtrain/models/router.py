@@ -70,6 +70,8 @@ class Routing:
     """[E] fp32 choices per expert before dropping (no gradient)."""
     dropped: paddle.Tensor
     """[] fp32 number of dropped (token, expert) choices (no gradient)."""
+    chosen: Optional[paddle.Tensor] = None
+    """[T, k] int64 the top-k choice before the capacity drops it (what a recomputed forward routes by again)."""
     aux_counts: Optional[paddle.Tensor] = None
     """[E] fp32 what the aux loss counts when it is not `counts`: the top-k of `probs` without the expert bias
     (`model.moe_aux_counts=unbiased`, ERNIE 4.5; set by `MoEFeedForward`, no gradient)."""
@@ -134,8 +136,9 @@ def group_problems(model) -> list[str]:
 
 def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: bool = True,
           bias: Optional[paddle.Tensor] = None, capacity_factor: float = 0.0,
-          groups: Optional[GroupLimit] = None) -> Routing:
-    """Route T tokens from their router logits [T, E] (fp32); see the module docstring."""
+          groups: Optional[GroupLimit] = None, chosen: Optional[paddle.Tensor] = None) -> Routing:
+    """Route T tokens from their router logits [T, E] (fp32); see the module docstring. `chosen` [T, k]: the
+    top-k choice to take instead of choosing (a recomputed forward routing exactly as its first run did)."""
     num_tokens, num_experts = logits.shape
     if kind == "softmax":
         scores = F.softmax(logits, axis=-1)  # [T, E]
@@ -147,7 +150,11 @@ def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: b
         raise ValueError(f"model.moe_router={kind!r}: expected 'softmax' or 'sigmoid'")
     choose = scores if bias is None else scores + bias.detach()[None]
     choose = limit_to_groups(choose, groups)  # group-limited routing (DeepSeek): only the best groups' experts
-    _, index = paddle.topk(choose.detach(), top_k, axis=-1)  # [T, k]
+    if chosen is None:
+        _, index = paddle.topk(choose.detach(), top_k, axis=-1)  # [T, k]
+    else:
+        index = chosen
+    first = index
     weight = paddle.take_along_axis(scores, index, axis=-1)  # [T, k]
     if norm_topk:
         weight = weight / weight.sum(-1, keepdim=True)
@@ -164,5 +171,5 @@ def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: b
             index = paddle.where(keep, index, paddle.full_like(index, -1))
     if capacity_factor > 0:
         weight = weight * keep.astype(weight.dtype)
-    return Routing(index, weight, probs, logits, counts, dropped)
+    return Routing(index, weight, probs, logits, counts, dropped, chosen=first)
 

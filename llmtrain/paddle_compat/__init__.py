@@ -44,6 +44,8 @@ AUDIT = (
     ("PipelineParallel.accumulate_steps/forward_hooks/backward_hooks/_chunk_2_comm_buffers",
      "paddle_compat/fleet.py", "a per-step micro-batch count for 1F1B pipelines (batch ramp-up); the strategy's "
      "accumulate_steps is read once at construction"),
+    ("Optimizer._apply_optimize, Tensor._copy_to/_share_buffer_to/pin_memory", "paddle_compat/offload.py",
+     "optimizer state to host memory around each update; a recomputed block's input to host memory (offload)"),
     ("paddle.base.core.host_memory_stat_current_value", "paddle_compat/host_memory.py",
      "bytes held on the host after a forward: the planner's activation check under recompute"),
     ("launch.controllers.master.ETCDMaster.register_heartbeat/restart_peer/wait_peer_ready, beat_thread, "

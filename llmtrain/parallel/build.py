@@ -45,7 +45,7 @@ def make_roles(layout: Layout, topo: Topology, context=None) -> Roles:
     return roles
 
 
-def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute: bool = False, lora=None,
+def build_local_model(model_cfg, layout: Layout, topo: Topology, recompute=False, lora=None,
                       positions: bool = False) -> BuiltModel:
     """This rank's model — the whole model, or its pipeline stage(s) as a `PipelineLayer` — with its loss and the
     step hooks of the model and the plan (`llmtrain.contracts.steps.BuiltModel`).

@@ -175,7 +175,7 @@ class TokenSums(StepHook):
             self.loss.sum_tokens = False
 
 
-def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = False, wrap_loss=None,
+def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute=False, wrap_loss=None,
                    carry: bool = False):
     """(pipe, hooks): a `PipelineLayer` holding this rank's stage(s) of the model, and its `StepHook`s. `wrap_loss`:
     the plan's wrapper of the token loss (context parallelism sums it over cp); `carry`: the first stage's input is

@@ -40,9 +40,14 @@ def plan(cfg) -> list[dict]:
             raise ConfigError(problems)
         from llmtrain.plan.estimate import RECOMPUTE
 
-        if cfg.plan.recompute is not None and cfg.plan.recompute not in RECOMPUTE:
+        if cfg.plan.recompute is not None and cfg.plan.recompute not in RECOMPUTE + ("selective",):
             raise ConfigError([f"plan.recompute={cfg.plan.recompute!r}: expected one of {list(RECOMPUTE)} or null"])
-        recompute = cfg.plan.recompute if cfg.plan.recompute is not None else cfg.train.recompute
+        if cfg.plan.recompute is not None:
+            recompute = cfg.plan.recompute
+        else:
+            from llmtrain.models.recompute import recompute_of
+
+            recompute = recompute_of(cfg.train, model.num_layers, layout.pp_layers)
         dev = get_device(cfg.plan.device, cfg.plan.profile)
         from llmtrain.plan.estimate import moe_plan, recompute_mode
         from llmtrain.plan.stage_cost import with_pipeline_split

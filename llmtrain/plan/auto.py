@@ -10,8 +10,8 @@ measured per process), so no two ranks can rank differently (no collective exist
 recompute choices follow the operator-level cost model (llmtrain/plan/timeline.py): a micro-batch too small
 to keep the device busy is predicted slow, as it measures.
 The chosen degrees, micro-batch and recompute replace `parallel.*`, `train.micro_batch_size`
-(grad_accum derived from the global batch) and `train.recompute` (rows planned with selective recompute
-are skipped: the Trainer recomputes whole blocks only); the run then goes on
+(grad_accum derived from the global batch) and `train.recompute` (none, full, full_attn or core_attn, each priced
+by llmtrain/plan/recompute.py); the run then goes on
 exactly as if they had been given. The top three, the reason the first won and the overrides that pin the choice
 are logged, and so is a precision the plan assumed but the config does not train in (bf16 on a GPU profile when
 `train.amp=none`).
@@ -41,13 +41,13 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
     plan_cfg = dataclasses.replace(cfg.plan, devices=world, device="cpu-here" if on_cpu else cfg.plan.device)
     planned = dataclasses.replace(cfg, plan=plan_cfg)
     rows = rank_layouts(planned, planned_model(planned))
-    fitting = [r for r in rows if r["fits"] and r["runnable"]]  # selective recompute is planned, not trained
+    fitting = [r for r in rows if r["fits"] and r["runnable"]]
     if not fitting:
         raise ConfigError([f"parallel=auto: none of the {len(rows)} valid layouts of {world} x {plan_cfg.device} fits in memory "
-                           "with a recompute llmtrain runs (none or full)"])
+                           "with any recompute mode"])
     best = fitting[0]
     log(f"parallel=auto on {world} x {plan_cfg.device}: {len(fitting)} of {len(rows)} valid (layout, micro-batch, recompute) "
-        "fit and are runnable (selective recompute is planned only); top three:")
+        "fit; top three:")
     for r in fitting[:3]:
         log(f"  {r['name']} micro-batch {r['micro_batch']} recompute {r['recompute']}: {r['tokens_per_sec_per_device']:.0f} "
             f"tokens/s/device predicted, step {r['step_time_s']:.3f} s, worst rank {r['memory_bytes']['total'] / 2**30:.2f} GiB")
@@ -71,7 +71,8 @@ def choose_layout(cfg, world_size: int | None = None, log=None):
                               zero3_segment_size=cfg.parallel.zero3_segment_size,
                               order=list(cfg.parallel.order), **knobs)
     train = dataclasses.replace(cfg.train, micro_batch_size=best["micro_batch"], grad_accum=None,
-                                recompute=best["recompute"])
+                                recompute=best["recompute"], offload_optimizer=best.get("offload_optimizer", False),
+                                offload_activations=best.get("offload_activations", False))
     return dataclasses.replace(cfg, parallel=parallel, train=train)
 
 

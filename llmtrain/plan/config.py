@@ -25,8 +25,8 @@ class PlanConfig:
     """Rows of the ranked table."""
 
     recompute: Optional[str] = None
-    """Explaining one layout: none, full or selective (default: `train.recompute`). Selective (attention core
-    only, Korthikanti et al. 2022) is planned but not runnable in llmtrain yet; ranking lists all three."""
+    """Explaining one layout: none, full, full_attn or core_attn (`selective`: core_attn; default: `train.recompute`
+    with its modules and layers); ranking lists the four modes (llmtrain/plan/recompute.py prices them)."""
 
     profile: Optional[str] = "work/cpu-here.json"
     """A calibrated profile file (`python -m llmtrain.plan --calibrate` writes work/cpu-here.json), relative to the

@@ -63,16 +63,23 @@ from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.timeline import StepSpec, step_compute
 
 OVERLAP = 0.8
-RECOMPUTE = ("none", "full", "selective")
+RECOMPUTE = ("none", "full", "full_attn", "core_attn")
+"""The recompute modes the planner ranks (`train.recompute`; `selective`, the older planner name, is core_attn)."""
 
 
 def recompute_mode(recompute) -> str:
-    """`train.recompute` (bool: whole blocks) or a mode name -> "none" | "full" | "selective"."""
-    if recompute is True or recompute is False:
-        return "full" if recompute else "none"
-    if recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={recompute!r}: expected one of {RECOMPUTE}")
-    return recompute
+    """`train.recompute` (bool: whole blocks), a mode name or a `Recompute` -> "none" | "full" | "selective" (the
+    kernel model's classes: whole blocks re-run, or parts of them: `llmtrain.plan.recompute`)."""
+    from llmtrain.plan.recompute import plan_recompute
+
+    if recompute in ("none", "full", "selective"):
+        return recompute
+    rc = plan_recompute(recompute)
+    if not rc.on:
+        return "none"
+    if rc.parts == {"block"} and rc.blocks is None:
+        return "full"
+    return "selective" if "core_attn" in rc.parts else "none"  # other parts: `_parts_compute`
 
 
 def fused_paths(cfg, gpu: bool) -> dict:
@@ -162,8 +169,15 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
     min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
     include the experts' that are held from the backward until reduced to their edp owners
-    (`grad_transient_bytes`)."""
-    mode = recompute_mode(recompute)
+    (`grad_transient_bytes`). `recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts
+    and blocks, priced by `llmtrain.plan.recompute`)."""
+    from llmtrain.plan.recompute import plan_recompute
+
+    rc = plan_recompute(recompute)
+    if rc.on and rc.parts != {"block"} or rc.blocks is not None:
+        return _parts_memory_estimate(cfg, layout, seq_len, rc, amp, device, dtype_bytes, flash, framework_bytes,
+                                      moe_imbalance)
+    mode = "full" if rc.on else "none"
     ranks = stage_worst(cfg, layout, amp, device)
     p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
@@ -174,17 +188,23 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         moe = moe_blocks(cfg)
         full = [moe_layer if moe[i] else dense_layer for i in blocks]
         flight = in_flight(p, v, m, st)
-        if mode == "full":  # each in-flight block keeps its input; one block's full set during its backward
-            act = flight * len(full) * kept + max(full, default=0)
-        else:
-            act = flight * sum(full)
-        r = ranks[st]
-        entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
-                 "optimizer": r["optimizer_bytes"], "activations": int(act),
-                 "other": int(framework_bytes + (logits if st == p - 1 else 0))}
-        entry["total"] = sum(entry.values())
-        if worst is None or entry["total"] > worst["total"]:
-            worst = entry
+        transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
+        act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
+        worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == p - 1 else 0))
+    return _finish(worst, framework_bytes)
+
+
+def _worse(worst: dict | None, r: dict, act: float, transient: float, other: float) -> dict:
+    """The stage entry (params, grads, optimizer, activations, other, total) of holdings `r` if it holds more than
+    `worst`, else `worst`."""
+    entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
+             "optimizer": r["optimizer_bytes"], "activations": int(act), "other": int(other)}
+    entry["total"] = sum(entry.values())
+    entry["recompute_transient"] = int(transient)  # in `activations`: one block during its backward
+    return entry if worst is None or entry["total"] > worst["total"] else worst
+
+
+def _finish(worst: dict, framework_bytes: float) -> dict:
     worst["allocated"] = worst["total"] - int(framework_bytes)  # what the allocator counts (max_memory_allocated)
     return {k: int(v) for k, v in worst.items()}
 
@@ -245,6 +265,47 @@ def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
         per = [max((r for (q, _), r in ranks.items() if q == st), key=held) for st in range(layout.pp)]
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
     return hit[1]
+
+
+def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str, dtype_bytes: int, flash: bool,
+                           framework_bytes: float, moe_imbalance: float | None) -> dict:
+    """`memory_estimate` under recompute of parts of blocks or of some blocks (`llmtrain.plan.recompute`): each
+    block priced by what it recomputes, each pipeline stage with its own blocks and micro-batches in flight."""
+    from llmtrain.plan.moe import moe_activation_bytes
+    from llmtrain.plan.recompute import kept_routing_bytes, part_savings
+
+    cp = getattr(layout, "cp", 1)
+    s, b, t, p, v, m = seq_len // cp, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
+    sp = getattr(layout, "sequence_parallel", False)
+    gpu = device == "gpu"
+    plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
+    dense = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
+    shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
+    moe_full = (layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
+                + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)) if cfg.moe_num_experts > 0 else dense
+
+    def block(i):  # (bytes block i keeps for one micro-batch, bytes it keeps without recompute)
+        moe = cfg.is_moe_layer(i)
+        full = moe_full if moe else dense
+        parts = rc.at(i)
+        if "block" in parts:
+            return recompute_kept_bytes(cfg, s, b, dtype_bytes) + (kept_routing_bytes(cfg, s, b) if moe else 0), full
+        return full - part_savings(cfg, parts, s=s, b=b, t=t, e=dtype_bytes, flash=flash, sp=sp, gpu=gpu,
+                                   moe_plan=plan, moe_layer=moe), full
+
+    held = [block(i) for i in range(cfg.num_layers)]
+    any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+    ranks = stage_worst(cfg, layout, amp, device)
+    logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
+    worst = None
+    for st in range(p):
+        blocks = stage_blocks(layout.pp_layers, p, st) if p > 1 else range(cfg.num_layers)
+        transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
+        act = in_flight(p, v, m, st) * sum(held[i][0] for i in blocks) + transient  # + one block re-run
+        worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == p - 1 else 0))
+    return _finish(worst, framework_bytes)
+
+
 
 
 def _ring(bytes_: float, n: int, bw: float, alpha: float, factor: float = 2.0) -> float:
@@ -465,6 +526,31 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     return dict(worst, other_stages_s=fill)
 
 
+def _parts_compute(cfg, layout, seq_len: int, recompute, dev, flash: bool, amp: str, local_ranks, moe, comp) -> dict:
+    """`comp` with the second forward of recomputed parts other than the attention core (priced in
+    `compute_estimate`) and of whole blocks recomputed in only some blocks: their FLOP share
+    (`plan.recompute.part_flops_share`) of full recompute's extra compute, over the share of blocks recomputing."""
+    from llmtrain.plan.recompute import part_flops_share, plan_recompute
+
+    rc = plan_recompute(recompute)
+    if not rc.on or (rc.parts == {"block"} and rc.blocks is None) or rc.parts == {"core_attn"} and rc.blocks is None:
+        return comp
+    parts = rc.parts - {"core_attn"}
+    share = part_flops_share(cfg, parts, seq_len) if parts else 0.0
+    frac = 1.0 if rc.blocks is None else len(rc.blocks) / cfg.num_layers
+    if rc.blocks is not None and "core_attn" in rc.parts:  # the core's extra was priced for every block
+        core = comp["compute_s"] - compute_estimate(cfg, layout, seq_len, "none", dev, flash, amp, local_ranks,
+                                                    moe)["compute_s"]
+        comp = dict(comp, compute_s=comp["compute_s"] - (1 - frac) * core)
+    if not share:
+        return comp
+    none = compute_estimate(cfg, layout, seq_len, "none", dev, flash, amp, local_ranks, moe)
+    full = compute_estimate(cfg, layout, seq_len, "full", dev, flash, amp, local_ranks, moe)
+    extra = share * frac * (full["compute_s"] - none["compute_s"])
+    fill = share * frac * (full["other_stages_s"] - none["other_stages_s"])
+    return dict(comp, compute_s=comp["compute_s"] + extra, other_stages_s=comp["other_stages_s"] + fill)
+
+
 def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, stride: dict) -> float:
     """Exposed seconds a step spends in context parallelism's key/value exchanges (`parallel.cp_comm`), on this
     rank's L/pp blocks, every micro-batch (again in the backward's second forward under full recompute):
@@ -518,6 +604,8 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
     comp = compute_estimate(cfg, layout, seq_len, mode, dev, flash, amp, min(layout.world, devices_per_node), moe)
+    comp = _parts_compute(cfg, layout, seq_len, recompute, dev, flash, amp, min(layout.world, devices_per_node), moe,
+                          comp)
     compute = comp["compute_s"]
     # fleet's order dp, pp, sharding, tp (tp innermost): the stride of each axis in ranks
     cp = getattr(layout, "cp", 1)  # context parallelism sits just outside tp (Megatron's tp-cp nesting)

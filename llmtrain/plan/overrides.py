@@ -49,8 +49,9 @@ def launch_overrides(row: dict, given_amp: str) -> list[str]:
     else:
         out = ["+parallel=custom"] + [f"parallel.{k}={v}" for k, v in degrees.items() if v != DEGREES[k]]
     out.append(f"train.micro_batch_size={row['micro_batch']}")
-    if row["recompute"]:
-        out.append("train.recompute=true")
+    if row["recompute"] not in (False, "none"):
+        out.append(f"train.recompute={'full' if row['recompute'] is True else row['recompute']}")
+    out += [f"train.{k}=true" for k in ("offload_optimizer", "offload_activations") if row.get(k)]
     if row["amp"] != given_amp and row["amp"] != "none":
         out.append(f"train.amp={row['amp']}")
     return out

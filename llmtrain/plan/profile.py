@@ -211,6 +211,9 @@ class Profile:
     host: dict
     optimizer: dict
     p2p_bw: float | None = None
+    host_bw: float | None = None
+    """Bytes/s one way between the device and pinned host memory (PCIe x16, datasheet; `links.host_bw`): the price of
+    offload (llmtrain/plan/recompute.py); None on a CPU profile (host and device are one memory)."""
     p2p_alpha: float | None = None
     burst_alpha: float | None = None
     """Latency of a collective issued back to back with the previous one (ranks already in step: the quiet
@@ -388,7 +391,7 @@ def from_dict(raw: dict, where: str = "") -> Profile:
         name=raw["name"], peak_flops=float(raw["peak_flops"]), memory_bytes=float(raw["memory_bytes"]),
         nvlink_bw=float(links["nvlink_bw"]), net_bw=float(links["net_bw"]),
         nvlink_alpha=float(links["nvlink_alpha"]), net_alpha=float(links["net_alpha"]),
-        p2p_bw=links.get("p2p_bw"), p2p_alpha=links.get("p2p_alpha"), burst_alpha=links.get("burst_alpha"),
+        p2p_bw=links.get("p2p_bw"), host_bw=links.get("host_bw"), p2p_alpha=links.get("p2p_alpha"), burst_alpha=links.get("burst_alpha"),
         reduce_call_s=links.get("reduce_call_s"), broadcast_call_s=links.get("broadcast_call_s"),
         alpha_by_gap=sorted(tuple(map(float, r)) for r in links["alpha_by_gap"]) if links.get("alpha_by_gap") else None,
         framework_bytes=float(raw.get("framework_bytes", 2 * GIB)), dtype_bytes=int(raw.get("dtype_bytes", 2)),

@@ -10,7 +10,7 @@ planned in is said in the heading (a GPU profile with `train.amp=none` is planne
 from __future__ import annotations
 
 GIB = 2**30
-RECOMPUTE_SHORT = {"none": "none", "full": "full", "selective": "sel*"}
+RECOMPUTE_SHORT = {"none": "none", "full": "full", "full_attn": "fattn", "core_attn": "core", "selective": "core"}
 NOT_RUNNABLE = "* selective recompute (attention core only): planned, not runnable in llmtrain yet"
 MEMORY = (("params", "parameters"), ("grads", "gradients"), ("optimizer", "optimizer states"),
           ("activations", "activations"), ("other", "logits and framework margin"))
@@ -36,7 +36,7 @@ def precision(rows: list[dict], given_amp: str) -> str:
 
 def _row_line(i: int, r: dict) -> str:
     m = r["memory_bytes"]
-    return (f"{i:>3} {r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']]:>5} "
+    return (f"{i:>3} {r['name']:<22} {r['micro_batch']:>3} {RECOMPUTE_SHORT[r['recompute_granularity']] + ('+o' if r.get('offload_optimizer') else ''):>5} "
             + " ".join(f"{m[k] / GIB:7.1f}" for k in ("params", "grads", "optimizer", "activations", "other", "total"))
             + f" {'yes' if r['fits'] else 'NO':>4} " + (
                 f"{1e3 * r['step_time_s']:8.1f} " + " ".join(f"{1e3 * r[k]:8.1f}" for k, _ in TIMES)

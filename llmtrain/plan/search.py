@@ -65,31 +65,46 @@ def candidates(n: int, context: bool = False, experts: int = 0):
                                                          pp_schedule=sched, virtual_pp=v, ep=ep, **extra)
 
 
-def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True) -> dict:
+def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
+             offload: tuple = (False, False)) -> dict:
     """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu.
 
-    `recompute`: `train.recompute` (bool) or "none" | "full" | "selective". The row's `recompute` is the bool
-    `train.recompute` takes (true only for full recompute), `recompute_granularity` the mode, and `runnable`
-    is false for selective recompute (a planner option: llmtrain's Trainer recomputes whole blocks only).
+    `recompute`: `train.recompute` (bool or mode name: none, full, full_attn, core_attn; `selective` = core_attn) or
+    a `llmtrain.models.recompute.Recompute`, priced by `llmtrain.plan.recompute`. The row's `recompute` and
+    `recompute_granularity` are the mode's name (what `train.recompute` takes); every mode is `runnable`.
     `amp` is the precision planned: `none` (fp32) on a CPU profile; on a GPU profile `train.amp`, and bf16 when
     that is `none` (the GPU profiles hold bf16 kernel tables: fp32 training on a GPU is not modelled; the table
     says so). `overrides`: the command-line overrides that launch the row (`llmtrain.plan.overrides`).
     `timed` False: memory only when the row does not fit (the ranking's memory-first pruning): its time fields
-    (`TIME_FIELDS`) are None."""
-    mode = recompute_mode(recompute)
+    (`TIME_FIELDS`) are None. `offload`: (optimizer state, activations) offloaded to the host
+    (`train.offload_optimizer`, `train.offload_activations`, priced by `llmtrain.plan.recompute.with_offload`;
+    such a row is always timed: what it saves depends on its step)."""
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if gpu else "cpu"
+    from llmtrain.plan.recompute import mode_name, plan_recompute
+
+    label = mode_name(plan_recompute(recompute))
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
-    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, mode, amp, device, dev.dtype_bytes, flash,
+    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes, moe_imbalance=imbalance)
-    fits = mem["total"] <= dev.memory_bytes
-    if timed or fits:
-        est = time_estimate(model_cfg, layout, cfg.data.seq_len, mode, dev, cfg.plan.devices_per_node, flash,
+    if timed or any(offload) or mem["total"] <= dev.memory_bytes:
+        est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node, flash,
                             "none" if amp == "none" else "bf16", moe_imbalance=imbalance)
     else:
         est = dict.fromkeys(TIME_FIELDS)
+    if any(offload):
+        from llmtrain.plan.estimate import recompute_kept_bytes
+        from llmtrain.plan.recompute import with_offload
+
+        kept = recompute_kept_bytes(model_cfg, cfg.data.seq_len // getattr(layout, "cp", 1), layout.micro_batch,
+                                    dev.dtype_bytes)
+        mem, est = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, est, optimizer=offload[0],
+                                activations=offload[1], kept=kept)
+    fits = mem["total"] <= dev.memory_bytes
+    if not fits and not timed:
+        est = {**est, **dict.fromkeys(TIME_FIELDS)}
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
     ep = getattr(layout, "ep", 1)
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
@@ -98,8 +113,9 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True) -> dict
            "virtual_pp": layout.virtual_pp, "pp_layers": list(layout.pp_layers),
            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
            "ep": ep, "edp": layout.dp * layout.sharding // ep,
-           "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
-           "recompute_granularity": mode, "runnable": mode != "selective",
+           "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": label,
+           "recompute_granularity": label, "runnable": True,
+           "offload_optimizer": bool(offload[0]), "offload_activations": bool(offload[1]),
            "amp": amp, "fits": fits, "memory_bytes": mem, **est}
     row["overrides"] = launch_overrides(row, cfg.train.amp)
     return row
@@ -117,7 +133,7 @@ def _order(r: dict) -> tuple:
 
 
 def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
-    """Every valid (layout, micro-batch, recompute none/full/selective) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
+    """Every valid (layout, micro-batch, recompute none/full/full_attn/core_attn) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
     then by less memory on the worst rank. When no layout without context parallelism fits (a sequence too long
     for one device's memory) and the parallel config has cp, the layouts with cp > 1 are ranked too (`context`
     True: always; False: never)."""
@@ -163,13 +179,16 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
                 continue
             moe = moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance)
             for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
-                if layout.pp > 1 and not layout.pp_layers and split_free_bound(
+                if layout.pp > 1 and not layout.pp_layers and recompute in ("none", "full") and split_free_bound(
                         model_cfg, layout, seq_len=cfg.data.seq_len, mode=recompute, amp=amp, device=device, dev=dev,
                         moe_imbalance=cfg.plan.moe_imbalance) > dev.memory_bytes:
                     rows.pruned += 1  # fits under no split of its blocks (llmtrain/plan/prune.py)
                     continue
-                split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len, recompute=recompute,
-                                            moe=moe)
+                split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len,
+                                            recompute=recompute_mode(recompute), moe=moe)
                 rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False))
+                if recompute == "full" and getattr(dev, "host_bw", None):  # + offload (a GPU's PCIe link)
+                    rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False,
+                                         offload=(True, model_cfg.moe_num_experts == 0)))
     rows.sort(key=_order)
     return rows

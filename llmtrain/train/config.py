@@ -46,8 +46,26 @@ class TrainConfig:
     """Mixed precision: `none` (fp32), `bf16` or `fp16` (AMP O2: low-precision weights, fp32 master weights; fp16 adds a GradScaler).
     On CPU Paddle's AMP is a no-op: the O2 code path runs in fp32 and a warning says so."""
 
-    recompute: bool = False
-    """Activation recompute of every transformer block (non-reentrant form)."""
+    recompute: str = "none"
+    """Activation recompute (llmtrain/models/recompute.py): `none`, `full` (whole blocks), `full_attn` (the attention
+    sub-block), `core_attn` (softmax(q k^T) v only) or `selective` (only `recompute_modules`); `true` is `full` and
+    `false` is `none`."""
+
+    recompute_modules: List[str] = field(default_factory=list)
+    """Parts recomputed in addition to the mode's (Megatron-Core's names): core_attn, mlp, moe, moe_act,
+    shared_experts, norm."""
+
+    recompute_layers: str = "all"
+    """Which blocks recompute: `all`, `every:N` (every N-th block of each pipeline chunk, from its first) or `first:K`
+    (the first K blocks of each pipeline chunk)."""
+
+    offload_activations: bool = False
+    """Keep each fully recomputed block's input (`recompute=full`) in pinned host memory between its forward and its
+    backward, brought back one block ahead (llmtrain/paddle_compat/offload.py; GPU-only copies, rehearsed on CPU)."""
+
+    offload_optimizer: bool = False
+    """Keep the optimizer state (Adam moments, fp32 master weights) in host memory between steps, moved to the device
+    for the update and back after it, as PaddleFormers' `offload_optim` (llmtrain/paddle_compat/offload.py)."""
 
     peak_tflops: Optional[float] = None
     """Peak dense TFLOP/s of one device for MFU. None: 989 on H100/H200 (bf16), a measured matmul peak on CPU, else unknown (mfu null)."""

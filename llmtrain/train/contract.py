@@ -83,7 +83,8 @@ RULES: list[tuple[str, str, str]] = [
     ("optim.name", "refuse", "the optimizer state is AdamW's"),
     *_each("optim.beta1 optim.beta2 optim.eps optim.weight_decay optim.clip_grad",
            "warn", "optimizer hyperparameters change the update from this step on"),
-    *_each("""train.log_interval train.eval_interval train.eval_batches train.recompute train.peak_tflops
+    *_each("""train.log_interval train.eval_interval train.eval_batches train.recompute train.recompute_modules
+        train.recompute_layers train.offload_activations train.offload_optimizer train.peak_tflops
         train.hang_timeout_s train.peer_timeout_s train.progress_bar train.visualdl train.metrics_port train.metrics_job
         train.metrics_linger_s""", "honoured", "logging, evaluation and memory settings do not change the numbers"),
     *_each("""checkpoint.interval checkpoint.keep_last checkpoint.resume checkpoint.save_final checkpoint.async_save

@@ -45,6 +45,9 @@ What counts (all local to the rank):
 - activation_bytes: what one micro-batch's forward left allocated until its backward (activations and logits;
   `StepRunner.activation_bytes`: the last micro-batch of the first step; null under pp), beside the planner's
   "predicted_activation_bytes" for the busiest rank. Under context parallelism about 1/cp of one process's.
+- offload (`train.offload_optimizer`): {"optimizer_host_bytes": optimizer state this rank moved to host memory after
+  the last step (all of "optimizer_bytes"), "optimizer_places": {place: bytes} where the state is now,
+  "round_trips"} (`llmtrain.paddle_compat.offload.OptimizerOffload.report`).
 - grads: distinct memory of allocated gradient tensors (parameter grads, ZeRO-3 slice
   grads, and Paddle's ZeRO gradient storages), overlapping views counted once.
 """
@@ -165,12 +168,13 @@ def measure_rank(built, topo) -> dict:
         "optimizer_numel": opt_numel, "optimizer_bytes": opt_bytes, "optimizer_params": opt_params,
         "grad_bytes": grad_bytes,
         **({"context": built.report()} if getattr(built, "report", None) is not None else {}),
+        **({"offload": built.offload.report()} if getattr(built, "offload", None) is not None else {}),
     }
 
 
 def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
-    """The planner's bytes held for the backward of one micro-batch on its busiest rank (activations, plus the
-    logits on the last stage: `llmtrain.plan.estimate.memory_estimate` with one micro-batch in flight), or None
+    """The planner's bytes held for the backward of one micro-batch on its busiest rank after its forward
+    (activations without a fully recomputed block's re-run inside the backward, plus the logits on the last stage: `llmtrain.plan.estimate.memory_estimate` with one micro-batch in flight), or None
     under pp (several micro-batches in flight, which the measurement does not cover)."""
     import dataclasses
 
@@ -179,9 +183,12 @@ def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
     if layout.pp > 1:
         return None
     one = dataclasses.replace(layout, grad_accum=1)
-    est = memory_estimate(cfg.model, one, cfg.data.seq_len, cfg.train.recompute, amp, "cpu" if on_cpu else "gpu",
+    from llmtrain.models.recompute import recompute_of
+
+    rc = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)
+    est = memory_estimate(cfg.model, one, cfg.data.seq_len, rc, amp, "cpu" if on_cpu else "gpu",
                           4 if amp == "none" else 2, not on_cpu, 0.0)
-    return int(est["activations"] + est["other"])
+    return int(est["activations"] - est.get("recompute_transient", 0) + est["other"])  # held after the forward
 
 
 def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, step: int,

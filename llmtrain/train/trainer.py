@@ -45,6 +45,7 @@ from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.lora import init_adapters, split_adapters
+from llmtrain.models.recompute import recompute_of
 from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -84,6 +85,8 @@ class Built:
     """This rank's part of a micro-batch (`BuiltModel.inputs`), or None: the whole micro-batch."""
     report: Any = None
     """The plan's per-rank report for memory.json (`BuiltModel.report`), or None."""
+    offload: Any = None
+    """`llmtrain.paddle_compat.offload.OptimizerOffload` under `train.offload_optimizer`, or None."""
 
 
 def build_data(data_cls, run, topo):
@@ -103,7 +106,8 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     """This rank's model and optimizer under `run.layout` (also used by benchmarks that need no loop)."""
     cfg, layout = run.cfg, run.layout
     lora = cfg.finetune.lora if cfg.finetune.lora.rank > 0 else None
-    local = build_local_model(cfg.model, layout, topo, cfg.train.recompute, lora=lora,
+    recompute = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)  # what each block re-runs
+    local = build_local_model(cfg.model, layout, topo, recompute, lora=lora,
                               positions=any(getattr(cfg.data, k, False) for k in ("document_mask", "reset_position_ids")))
     core = local.core
     named = canonical_parameters(core)
@@ -124,8 +128,13 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
     local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
+    offload = None
+    if cfg.train.offload_optimizer:  # the state on the host between steps (paddle_compat/offload.py)
+        from llmtrain.paddle_compat.offload import OptimizerOffload
+
+        offload = OptimizerOffload(optimizer)
     return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
-                 local.hooks, local.inputs, local.report)
+                 local.hooks, local.inputs, local.report, offload)
 
 
 class Trainer:

@@ -75,10 +75,11 @@ LAYOUTS = [
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3),
 ]
-EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla"),
-         "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
-         "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
+EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
+         "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
+         "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
+         "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
@@ -125,6 +126,21 @@ rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out o
 `moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
 
 
+RECOMPUTE = {"llama_rcm": ("llama", ["train.recompute=core_attn", "train.recompute_modules=[mlp,norm]",
+                                    "train.recompute_layers=every:2"]),
+             "llama_rfa": ("llama", ["train.recompute=full_attn"]),
+             "moe_rcs": ("moe", ["train.recompute=core_attn", "train.recompute_modules=[moe]"]),
+             "llama_off": ("llama", ["train.recompute=full", "train.offload_activations=true",
+                                     "train.offload_optimizer=true"])}
+"""Recompute modes (run: (the run without recompute, overrides)): the attention core of blocks 0, 2, 4, 6 with their
+MLPs and norms (under pp2: blocks 0, 2 of each stage's 4), the attention layers, and MoE's core + whole MoE
+feed-forward (routing kept from the first run) under tp2 x ep2; `llama_off`: full recompute with each block's input
+offloaded and the optimizer state on the host between steps, under ZeRO-1 (sharding2: each rank offloads its share,
+memory.json's "offload" equals its optimizer bytes). Each is compared with its own one-process run, which
+equals the run without recompute (`test_recompute_modes_equal_no_recompute`); where the run without recompute shares
+the launch (pp 1) the bytes held for the backward drop by what the planner predicts."""
+
+
 QWEN3 = ["model.head_dim=16", "model.qk_norm=true", "model.sliding_window=8", "model.sliding_window_layers=[1,3,5,7]",
          "model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
          "model.rope_scaling.original_max_position_embeddings=16"]
@@ -159,8 +175,12 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "gpt", steps=STEPS) + LAYERS + SP
     if run.startswith("moe"):
         ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
-        rc = ["train.recompute=true"] if run.startswith("moe_rc") else []
-        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[reference_name(run)] + ep + rc
+        name = run[: -len("_ep2")] if run.endswith("_ep2") else run
+        rc = RECOMPUTE[name][1] if name in RECOMPUTE else ["train.recompute=true"] if name == "moe_rc" else []
+        base = RECOMPUTE[name][0] if name in RECOMPUTE else reference_name(run)
+        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[base] + ep + rc
+    if run in RECOMPUTE:
+        return tiny_overrides(corpus, str(out / run), RECOMPUTE[run][0], steps=STEPS) + LAYERS + RECOMPUTE[run][1]
     if run.startswith("qwen3"):
         extra = FUSED + SP if run == "qwen3_sp" else []
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + QWEN3 + extra
@@ -182,7 +202,7 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5"]
+    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
@@ -312,6 +332,12 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
             ref, got = ([r for r in recs if "loss" in r] for recs in (ref, got))
         worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+        base = reference_name(n)
+        if base == "llama_off":
+            check_offloaded(_memory(runs_dir / n))
+        if base in RECOMPUTE and RECOMPUTE[base][0] + n[len(base):] in names and DEGREES[layout].pp == 1:
+            print(f"{layout} {n}: bytes held for the backward per rank, drop vs plan: "
+                  f"{check_recompute_drop(_memory(runs_dir / (RECOMPUTE[base][0] + n[len(base):])), _memory(runs_dir / n))}")
         if n != "llama_init":
             assert got[-1]["loss"] < got[0]["loss"]
             assert got[0]["tokens"] == (8 * 32 if reference_name(n) in MODELS else ref[0]["tokens"])  # global batch x seq
@@ -333,6 +359,40 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n], split=SPLITS.get((layout, n), ()))
         check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
+
+
+def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:
+    """Every rank's measured drop of the bytes held for the backward (memory.json `activation_bytes`) from the run
+    without recompute to the recomputed run is within `bound` of the planner's (`predicted_activation_bytes`);
+    returns [(rank, measured drop, planned drop)]."""
+    planned = none["predicted_activation_bytes"] - recomputed["predicted_activation_bytes"]
+    out = []
+    for a, b in zip(none["ranks"], recomputed["ranks"]):
+        drop = a["activation_bytes"] - b["activation_bytes"]
+        assert drop > 0 and abs(planned / drop - 1) <= bound, (a["rank"], drop, planned)
+        out.append((a["rank"], drop, int(planned)))
+    return out
+
+
+def check_offloaded(memory: dict) -> None:
+    """Every rank moved all its optimizer state to the host after the last step, and the planner agrees on its size."""
+    planned = {(p["dp_rank"], p["tp_rank"], p["pp_rank"], p["sharding_rank"]): p["optimizer_bytes"]
+               for p in memory["predicted"]["ranks"]}
+    for r in memory["ranks"]:
+        off = r["offload"]
+        assert off["optimizer_host_bytes"] == r["optimizer_bytes"] > 0 and off["round_trips"] >= 1, (r["rank"], off)
+        assert off["optimizer_host_bytes"] == planned[(r["dp_rank"], r["tp_rank"], r["pp_rank"], r["sharding_rank"])]
+
+
+@pytest.mark.slow
+def test_recompute_modes_equal_no_recompute(reference):
+    """One process: each recompute mode's losses and grad norms equal the run without recompute (1e-5), and the bytes
+    held for the backward drop by what the planner predicts (10%)."""
+    check_offloaded(reference["llama_off"]["memory"])
+    for run, (base, _) in RECOMPUTE.items():
+        worst = check_parity(run, "single", reference[base]["metrics"], reference[run]["metrics"], STEPS)
+        print(f"{run}: max |loss or grad_norm - no recompute| = {worst:.2e}; bytes held for the backward, drop vs "
+              f"plan: {check_recompute_drop(reference[base]['memory'], reference[run]['memory'])}")
 
 
 @pytest.mark.slow

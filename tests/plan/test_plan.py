@@ -125,7 +125,7 @@ def test_auto_resolves_to_the_top_fitting_layout():
     assert choose_layout(to_config(compose(["+parallel=dp2"])), world_size=2).parallel.name == "dp2"  # untouched
 
 
-def test_selective_recompute_is_planned_between_none_and_full_and_not_runnable():
+def test_recompute_modes_are_planned_between_none_and_full():
     from llmtrain.plan.devices import get_device
     from llmtrain.plan.search import evaluate, rank_layouts
     from llmtrain.parallel.layout import layout_problems
@@ -135,40 +135,22 @@ def test_selective_recompute_is_planned_between_none_and_full_and_not_runnable()
                              "plan.device=a100-80g"]))
     layout, problems = layout_problems(cfg.parallel, cfg.train, 2)
     assert not problems
-    rows = {m: evaluate(cfg, cfg.model, layout, m, get_device("a100-80g")) for m in ("none", "selective", "full")}
+    modes = ("none", "core_attn", "full_attn", "full")
+    rows = {m: evaluate(cfg, cfg.model, layout, m, get_device("a100-80g")) for m in modes}
     act = {m: r["memory_bytes"]["activations"] for m, r in rows.items()}
     comp = {m: r["compute_s"] for m, r in rows.items()}
-    assert act["full"] < act["selective"] < act["none"]  # selective drops only the attention probabilities
-    assert comp["none"] < comp["selective"] < comp["full"]
+    assert act["full"] < act["full_attn"] < act["core_attn"] < act["none"]  # core_attn drops the probabilities
+    assert comp["none"] < comp["core_attn"] < comp["full_attn"] < comp["full"]
+    assert evaluate(cfg, cfg.model, layout, "selective", get_device("a100-80g"))["memory_bytes"] == rows["core_attn"][
+        "memory_bytes"]  # the planner's older name
     from llmtrain.plan.estimate import _ring
 
     dev = get_device("a100-80g")
     block = _ring(2 * 256 * cfg.model.hidden_size * 2, 2, dev.nvlink_bw, dev.nvlink_alpha)  # one [b, s, h] bf16
     again = layout.grad_accum * cfg.model.num_layers * 2 * block  # the two forward all-reduces per block, again
     assert rows["full"]["tp_comm_s"] - rows["none"]["tp_comm_s"] == pytest.approx(again)
-    assert [r["runnable"] for r in rows.values()] == [True, False, True]
-    assert [r["recompute"] for r in rows.values()] == [False, False, True]  # train.recompute's bool
+    assert all(r["runnable"] for r in rows.values())
+    assert [r["recompute"] for r in rows.values()] == list(modes)  # what train.recompute takes
+    assert "train.recompute=core_attn" in rows["core_attn"]["overrides"]
     ranked = rank_layouts(cfg, cfg.model)
-    assert {r["recompute_granularity"] for r in ranked} == {"none", "selective", "full"}
-
-
-def test_auto_never_trains_selective_recompute(monkeypatch):
-    """seq 16384 with math attention: only recompute fits 2 x cpu-here; when selective ranks first (on the
-    packaged profile it and full recompute are within 1% of each other, so the ranking is pinned here by
-    putting the selective rows first) auto still trains the fastest runnable layout, full recompute."""
-    from llmtrain.plan import search
-    from llmtrain.plan.auto import choose_layout
-
-    over = ["model=llama-tiny", "model.vocab_size=2560", "model.attention=math", "data.seq_len=16384",
-            "model.max_position_embeddings=16384", "train.global_batch_size=4"]
-    cfg = to_config(compose(over + ["plan.devices=2", "plan.device=cpu-here", "plan.profile=null"]))
-    rows = search.rank_layouts(cfg, cfg.model)
-    fitting = [r for r in rows if r["fits"]]
-    assert {r["recompute_granularity"] for r in fitting} == {"selective", "full"}  # nothing fits without recompute
-    assert not any(r["runnable"] for r in fitting if r["recompute_granularity"] == "selective")
-    real = search.rank_layouts
-    monkeypatch.setattr(search, "rank_layouts", lambda *a, **k: sorted(
-        real(*a, **k), key=lambda r: r["recompute_granularity"] != "selective"))
-    assert search.rank_layouts(cfg, cfg.model)[0]["recompute_granularity"] == "selective"
-    chosen = choose_layout(to_config(compose(over + ["+parallel=auto", "plan.profile=null"])), world_size=2, log=lambda _: None)
-    assert chosen.train.recompute is True  # full recompute, the fastest runnable layout that fits
+    assert {r["recompute_granularity"] for r in ranked} == set(modes)

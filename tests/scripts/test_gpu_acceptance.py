@@ -114,7 +114,7 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                         _check_run(run["overrides"], 2)
             subcommands += 1
     assert launches == plans == (6 if gpus >= 4 else 4)
-    assert pytests == 6 and finetunes == 1 and subcommands == 4
+    assert pytests == 7 and finetunes == 1 and subcommands == 4
 
 
 def test_too_few_gpus_refused(tmp_path):
