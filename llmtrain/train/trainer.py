@@ -45,6 +45,7 @@ from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.lora import init_adapters, split_adapters
+from llmtrain.train.main_grad import attach_main_grad, main_grad_on
 from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -120,6 +121,8 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
         init_adapters(named, frozen, run, slices)
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
+    if main_grad_on(cfg.train, layout):  # fp32 gradient buffers: what fleet's fused communication buffers need
+        core, optimizer = attach_main_grad(core, optimizer, amp)
     local.core = core
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)

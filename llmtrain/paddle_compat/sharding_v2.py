@@ -1,0 +1,62 @@
+"""fleet's stage-1 sharding V2 (`DygraphShardingOptimizerV2`, `sharding_configs.split_param`): which flat slice of
+each parameter's optimizer state this rank holds, and the fused buffers behind it.
+
+    python -m pytest -q tests/paddle_compat/test_fused_comm.py
+    spans = v2_slices(optimizer)     # {param name: (start, end, padded size)} this rank's slices; {} without V2
+    buffers = fused_buffers(optimizer)   # fleet's FusedCommBuffer objects (V2's, or the pipeline's under pp overlap)
+
+V2 lays the parameters of each bucket (`comm_buffer_size_MB`, 256 MiB by default) end to end in one flat buffer,
+each padded to a multiple of `alignment / dtype bytes x sharding degree` elements, and gives sharding rank r the
+r-th contiguous 1/n of the buffer. A parameter's part on this rank is `ShardingGradView._param_begin ..
+_param_end` (buffer offsets; `_index` is where the parameter starts, `_padded_size` its padded length), possibly
+empty. The inner optimizer sees one 1-D "slice parameter" per parameter, with the parameter's own name, so its
+accumulators and master weight are keyed `<param name>_moment1_0` ... with the slice's length (padding included
+when the slice reaches it). The parameters themselves stay whole on every rank (all-gathered after each update).
+Under the pipeline's `sharding_comm_overlap` the buffers are the pipeline's (`param.comm_buffer_ref`) until V2's
+first step collects them. Read in Paddle 3.3.1 (fleet/utils/tensor_fusion_helper.py,
+meta_optimizers/dygraph_optimizer/dygraph_sharding_optimizer.py).
+"""
+from __future__ import annotations
+
+from llmtrain.paddle_compat.optim import optimizer_chain
+from llmtrain.paddle_compat.version import require_tested_paddle
+
+
+def sharding_v2(optimizer):
+    """The DygraphShardingOptimizerV2 in `optimizer`'s wrapper chain, or None."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizerV2,
+    )
+
+    return next((o for o in optimizer_chain(optimizer) if isinstance(o, DygraphShardingOptimizerV2)), None)
+
+
+def fused_buffers(optimizer) -> list:
+    """fleet's FusedCommBuffer objects of the V2 optimizer in `optimizer` (V2's own list, or, before its first step
+    under the pipeline's sharding overlap, the pipeline's buffers its parameters point to); [] without V2."""
+    v2 = sharding_v2(optimizer)
+    if v2 is None:
+        return []
+    require_tested_paddle()
+    if v2._comm_buffer_list:
+        return list(v2._comm_buffer_list)
+    seen, out = set(), []
+    for p in v2._parameter_list:
+        ref = getattr(p, "comm_buffer_ref", None)
+        buf = ref() if ref is not None else None
+        if buf is not None and id(buf) not in seen:
+            seen.add(id(buf))
+            out.append(buf)
+    return out
+
+
+def v2_slices(optimizer) -> dict:
+    """{parameter name: (start, end, padded size)}: the elements [start, end) of the flattened parameter, padded to
+    `padded size`, whose optimizer state this rank holds under V2; parameters with no part here are absent."""
+    out = {}
+    for buf in fused_buffers(optimizer):
+        for name, view in buf._sharding_param_grad_view.items():
+            start, end = view._param_begin - view._index, view._param_end - view._index
+            if start < end:
+                out[name] = (int(start), int(end), int(view._padded_size))
+    return out
