@@ -60,3 +60,45 @@ def v2_slices(optimizer) -> dict:
             if start < end:
                 out[name] = (int(start), int(end), int(view._padded_size))
     return out
+
+
+def pipeline_buffers(model) -> list:
+    """The FusedCommBuffer objects fleet's PipelineParallel built for `dp_comm_overlap` / `sharding_comm_overlap`
+    (`_chunk_2_comm_buffers`: {chunk id: [buffer]}); [] for any other model."""
+    chunks = getattr(model, "_chunk_2_comm_buffers", None)
+    if not chunks:
+        return []
+    require_tested_paddle()
+    return [buf for bufs in chunks.values() for buf in bufs]
+
+
+def buffer_numel(buf) -> int:
+    """Elements in a FusedCommBuffer's flat gradient buffer (padding included): the bytes each collective moves
+    are this times the gradient's element size (fp32 under main-gradient training)."""
+    require_tested_paddle()
+    storage = getattr(buf, "grad_storage", None)
+    if storage is not None and storage._is_initialized():
+        return int(storage._numel())
+    return int(getattr(buf, "buffer_size", 0))
+
+
+def on_gradient_collective(buf, record) -> None:
+    """Call `record(buf, start, end)` (time.perf_counter() seconds) around every gradient collective `buf` issues:
+    fleet's `FusedCommBuffer._comm_grads` (reduce-scatter under V2, reduce under V1, all-reduce for dp), which
+    runs from a gradient hook inside the backward under the comm overlaps and from the optimizer step otherwise.
+    On GPU the call returns once the collective is queued on the communication stream (`end` is its issue, not
+    its completion); over gloo it returns when the collective is done."""
+    import time
+
+    require_tested_paddle()
+    inner = buf._comm_grads
+
+    def timed():
+        if not buf.need_reduce_scale_sync():
+            return inner()
+        start = time.perf_counter()
+        out = inner()
+        record(buf, start, time.perf_counter())
+        return out
+
+    buf._comm_grads = timed

@@ -139,6 +139,10 @@ class ParallelConfig:
     bucket, gradients reduce-scattered and updated parameters all-gathered (`sharding_configs.split_param`; not
     with tensor_fusion). Switches on train.main_grad; checkpoints store the state under canonical names."""
 
+    sharding_comm_buffer_mb: int = 256
+    """sharding_split_param: MiB of parameters per V2 bucket (fleet `sharding_configs.comm_buffer_size_MB`): one
+    reduce-scatter and one all-gather per bucket; smaller buckets start overlapping earlier in the backward."""
+
     def world(self) -> int:
         """Processes this layout needs: dp x tp x pp x sharding x cp."""
         return self.dp * self.tp * self.pp * self.sharding * self.cp

@@ -72,6 +72,7 @@ class Layout:
     sharding_comm_overlap: bool = False
     sharding_tensor_fusion: bool = False
     sharding_split_param: bool = False
+    sharding_comm_buffer_mb: int = 256
     """Communication-overlap knobs accepted by `overlap_problems` (see ParallelConfig); the refused ones never get here."""
     cp: int = 1
     """Context-parallel degree (llmtrain/parallel/context.py): ranks that share one sequence, 2 chunks each."""
@@ -227,6 +228,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
         pp_enable_timer=p.pp_enable_timer, dp_comm_overlap=p.dp_comm_overlap,
         pp_sharding_comm_overlap=p.pp_sharding_comm_overlap, sharding_comm_overlap=p.sharding_comm_overlap,
         sharding_tensor_fusion=p.sharding_tensor_fusion, sharding_split_param=p.sharding_split_param,
+        sharding_comm_buffer_mb=p.sharding_comm_buffer_mb,
     ), []
 
 

@@ -83,6 +83,9 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
     if "sharding_comm_overlap" in on and p.pp > 1:
         problems.append(f"parallel.sharding_comm_overlap=true with parallel.pp={p.pp}: fleet asserts 'You should not "
                         "use pipeline parallel and comm_overlap at the same time' (PaddleNLP ignores it under pp)")
+    if getattr(p, "sharding_comm_buffer_mb", 256) < 1:
+        problems.append(f"parallel.sharding_comm_buffer_mb={p.sharding_comm_buffer_mb}: must be >= 1 (MiB, an integer "
+                        "in fleet's strategy)")
     if "sharding_comm_overlap" in on and grad_accum is not None and grad_accum < 1:
         problems.append(f"parallel.sharding_comm_overlap=true with train.grad_accum={grad_accum}: needs >= 1")
     if "sharding_split_param" in on and "sharding_tensor_fusion" in on:
@@ -96,10 +99,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
                         "(generated_tensor_N, several parameters each), which llmtrain's checkpoint does not read; "
                         "parallel.sharding_split_param=true (DygraphShardingOptimizerV2) fuses gradients and "
                         "parameters into its buckets itself and overlaps with parallel.sharding_comm_overlap=true")
-    if "sharding_split_param" in on and p.tp > 1:
-        problems.append(f"parallel.sharding_split_param=true with parallel.tp={p.tp}: not built: the checkpoint "
-                        "stores V2's state as flat slices of whole parameters, and under tp each rank's slice is "
-                        "of its tp piece")
     fused = [k for k in FUSED if k in on]
     if fused and p.ep > 1:
         problems.append(f"parallel.{fused[0]}=true with parallel.ep={p.ep}: not built: the routed experts are kept out "
@@ -129,6 +128,7 @@ def apply_overlap(strategy, layout, on_cpu: bool) -> list[str]:
     skipped = [k for k in on if on_cpu and k in NOT_APPLIED_ON_CPU]
     for knob, (section, attr) in KNOBS.items():
         setattr(strategy.hybrid_configs[section], attr, knob in on and knob not in skipped)  # GPU-ONLY(overlap-knobs) for NOT_APPLIED_ON_CPU
+    strategy.hybrid_configs["sharding_configs"].comm_buffer_size_MB = int(getattr(layout, "sharding_comm_buffer_mb", 256))
     if "sharding_comm_overlap" in on:  # as PaddleNLP: the sharding optimizer's overlap needs the accumulation count
         strategy.hybrid_configs["sharding_configs"].accumulate_steps = layout.grad_accum
     return skipped

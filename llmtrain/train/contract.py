@@ -71,6 +71,7 @@ RULES: list[tuple[str, str, str]] = [
         parallel.ep_dispatcher parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
         parallel.pp_enable_timer parallel.dp_comm_overlap parallel.pp_sharding_comm_overlap
         parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param
+        parallel.sharding_comm_buffer_mb
         parallel.cp parallel.cp_comm""",
            "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
     *_each("train.global_batch_size train.micro_batch_size train.grad_accum",

@@ -24,7 +24,8 @@ the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = "dp, sharding stage 1 and pp (no tp sequence parallelism, ZeRO-2/3, ep, cp or LoRA)"
+MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 and pp, tp without sharding_split_param (no sequence parallelism, "
+                     "ZeRO-2/3, ep, cp or LoRA)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -53,6 +54,8 @@ def main_grad_problems(train_cfg, parallel, lora: bool) -> list[str]:
         where += ["parallel.sequence_parallel=true"] if parallel.sequence_parallel else []
         where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 else []
         where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 else []
+        # the checkpoint keeps V2's state as flat slices of whole parameters; under tp a slice is of a tp piece
+        where += [f"parallel.tp={parallel.tp}"] if parallel.tp > 1 and parallel.sharding_split_param else []
     where += ["finetune.lora.rank > 0"] if lora else []
     if where:
         return [f"train.main_grad (on{' for parallel.' + fused[0] if fused else ''}) with {', '.join(where)}: not "

@@ -37,6 +37,7 @@ from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
 from llmtrain.parallel.expert_states import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
+from llmtrain.parallel.overlap_timeline import timeline_hooks
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.anomaly_guard import AnomalyGuard
@@ -126,6 +127,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     local.core = core
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
+    local.hooks.extend(timeline_hooks(model, optimizer, cfg.run.dir, topo.rank))  # fused buckets: overlap/rank_N.jsonl
     local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
     return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
                  local.hooks, local.inputs, local.report)

@@ -91,7 +91,7 @@ def test_every_knob_maps_to_a_fleet_field():
       "stage-1 sharding optimizer"]),
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_tensor_fusion=true"),
      ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
-      "DygraphShardingOptimizerV2", "parallel.sharding_split_param=true with parallel.tp=2: not built"]),
+      "DygraphShardingOptimizerV2"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.sharding_tensor_fusion=true"),
      ["parallel.sharding_tensor_fusion=true without parallel.sharding_split_param=true: not built"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
@@ -144,6 +144,8 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert "parallel.sharding_stage=2" in main_grad_problems(
         TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False)[0]
     assert "train.batch_rampup" in main_grad_problems(TrainConfig(batch_rampup=[2, 2, 16]), v2, lora=False)[0]
+    assert "with parallel.tp=2: not built" in main_grad_problems(
+        TrainConfig(), ParallelConfig(tp=2, sharding=2, sharding_split_param=True), lora=False)[0]
     assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
 
 
