@@ -491,7 +491,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         nb = buckets(local_grad_bytes / (layout.sharding if axis == "dp" and layout.sharding_stage >= 2 else 1), sync,
                      len(rank_tensors(cfg, layout, amp, 0)[0]) if sync.bucket_bytes <= 0 else 1)
         comm_syncs[axis] = {"kind": sync.kind, "comm_s": comm, "buckets": nb, "bucket_bytes": sync.bucket_bytes,
-                            "overlapped": sync.overlapped, "option": sync.option,
+                            "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
                             "exposed_s": exposed(comm, backward, sync, nb)}
     exposed_s = sum(c["exposed_s"] for c in comm_syncs.values()) + params_after
     if zero2 or zero3:
@@ -500,7 +500,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         each = exposed(zero2, backward, sync, nb) if zero2 else exposed(zero3, micro, sync, nb)
         comm_syncs["sharding"] = {"kind": sync.kind, "comm_s": m * (zero2 or zero3), "buckets": nb,
                                   "bucket_bytes": sync.bucket_bytes, "overlapped": sync.overlapped, "option": "",
-                                  "exposed_s": m * each}
+                                  "window_s": backward if zero2 else micro, "exposed_s": m * each}
         exposed_s += m * each
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step

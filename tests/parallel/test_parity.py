@@ -71,13 +71,13 @@ INIT_STEPS = 3
 TIED = {"gpt": True, "llama": False, "llama5": False, "ernie": True, "qwen3": False}
 
 LAYOUTS = [
-    ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
+    ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
          "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
@@ -99,7 +99,10 @@ LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch
 """Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp
 micro-batches; 8 is not a multiple of 3: its remainder path runs too). Every sample has 32 target tokens, so the
 mean of 8 micro-batch means equals one process's mean of 4 micro-batches of 2: the same reference."""
-SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"]}
+"""Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
+fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows)."""
+SAME_AS = {"llama_dpov": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -153,6 +156,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
+    if run in OVERLAP_RUNS:
+        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + OVERLAP_RUNS[run]
     if run == "llama5":  # 5 blocks: an odd count, split unevenly under pp2 (SPLITS)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + ["model.num_layers=5"]
     if run == "gpt_sp":  # sequence parallelism, one all-gather per projection, biases, LayerNorm, tied head
@@ -213,7 +218,27 @@ with 4096-element gradient storages: the parameters that do not fit are reduced 
 backward peak is about its owned share (tests/parallel/zero2_peak.py), where the default storages hold every
 gradient on every rank."""
 
-SHARED_LAUNCHES = (("sharding2", "zero2", "zero3"), ("pp3", "pp3v2"))
+V2_WIDE = [*LAYERS, "model.ffn_hidden_size=256", "+parallel=sharding2v2"]
+"""A Llama of ~1.6 MiB of fp32 parameters: two V2 buckets of parallel.sharding_comm_buffer_mb=1 (the preset's)."""
+
+
+def check_timeline(run_dir, overlapped: bool) -> list:
+    """Every step of a V2 run recorded 2 buckets' collectives (<run.dir>/overlap/rank_N.jsonl, both ranks), each
+    issued before the optimizer update (from the backward) when `overlapped`, else after it; returns rank 0's
+    records."""
+    from llmtrain.parallel.overlap_timeline import read_timeline
+
+    for rank in (0, 1):
+        recs = read_timeline(str(run_dir), rank)
+        assert [r["step"] for r in recs] == [1, 2], recs
+        for r in recs:
+            assert [b["bucket"] for b in r["buckets"]] == [0, 1] or [b["bucket"] for b in r["buckets"]] == [1, 0], r
+            assert all(b["before_update"] is overlapped for b in r["buckets"]), r
+            assert all((b["issued_s"] < r["update_s"]) is overlapped for b in r["buckets"]), r
+    return read_timeline(str(run_dir), 0)
+
+
+SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"))
 """Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
 virtual stages are the PipelineLayer's, fleet's groups are the same): their runs go through one launch, started by
 whichever of them runs first; each is still checked by its own test."""
@@ -240,6 +265,9 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
+    if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
+        runs += [tiny_overrides(tiny_corpus, str(out / f"wide_{k}"), "llama", steps=2) + V2_WIDE
+                 + [f"parallel.sharding_comm_overlap={k == 'overlap'}"] for k in ("overlap", "after")]
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -295,6 +323,11 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from pp_activations import check as check_pp
 
         print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(runs_dir / 'pp_act')}")
+    if layout == "sharding2v2":  # the overlap seen: buckets issued inside the backward with the knob, after without
+        for k, overlapped in (("overlap", True), ("after", False)):
+            recs = check_timeline(runs_dir / f"wide_{k}", overlapped)
+            print(f"sharding2v2 {k}: step 2 update at {recs[-1]['update_s']:.3f} s, buckets issued at "
+                  f"{[b['issued_s'] for b in recs[-1]['buckets']]} s")
     if layout == "dp2":
         import runpy
 
@@ -353,6 +386,29 @@ def test_a_wrong_setting_exceeds_the_bound(reference, tiny_corpus, tmp_path):
     ref, got = reference["gpt"]["metrics"], metrics(tmp_path / "gpt")
     worst = max(abs(g[k] - r[k]) for r, g in zip(ref, got) for k in ("loss", "grad_norm"))
     assert TOL < worst < 1e-4, worst
+
+
+def test_a_whole_tensor_partition_fails_the_v2_check(reference):
+    """Optimizer state partitioned by whole tensors over the two sharding ranks (V1's way: a run that silently fell
+    back from split_param) fails `check_memory` for sharding2v2, and passes for sharding2."""
+    from memory_checks import adam_state
+
+    one = reference["llama"]["memory"]
+    params = one["ranks"][0]["params"]
+    names = sorted(params, key=lambda n: -params[n]["numel"])
+    owned = [names[0::2], names[1::2]]
+    for layout in ("sharding2", "sharding2v2"):
+        fake = dict(one, layout=dict(one["layout"], sharding=2, sharding_stage=1),
+                    ranks=[dict(one["ranks"][0], rank=r, sharding_rank=r,
+                                optimizer_params={n: adam_state(params[n]["numel"]) for n in owned[r]},
+                                optimizer_numel=sum(adam_state(params[n]["numel"]) for n in owned[r]))
+                           for r in range(2)])
+        check = lambda: check_memory(fake, one, layout, tied=False)  # noqa: E731
+        if layout == "sharding2":
+            check()
+        else:
+            with pytest.raises(AssertionError, match="state elements|slices per parameter"):
+                check()
 
 
 @pytest.mark.parametrize("layout", [name for name, _ in LAYOUTS])
