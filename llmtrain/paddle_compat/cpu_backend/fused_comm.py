@@ -10,8 +10,8 @@ What stops them on CPU, read in Paddle 3.3.1 (`fleet/utils/tensor_fusion_helper.
 
 1. `get_current_device_type()` asserts the device is one of `alignment` = {gpu, npu, xpu} (256-byte alignment of
    each parameter inside a buffer); on a CPU build the place's `get_device_type()` raises and the helper reports
-   "unknown". Stand-in: "cpu" on a CPU place (else Paddle's function), with `alignment["cpu"] = 256`, the GPU's
-   figure, so the buffers are laid out (padding included) as on a GPU.
+   "unknown". Stand-in: "cpu", with a "cpu" entry of 256 added to Paddle's `alignment` table (the GPU's figure),
+   so the buffers are laid out, padding included, as on a GPU.
 2. V2's `FusedCommBuffer._comm_grads` calls `paddle.distributed.reduce_scatter(out_slice, flat_buffer, ...)` with a
    tensor, not a list; gloo has no reduce-scatter. Stand-in for that tensor form: `all_reduce` (sum, or the op
    given) of a copy of the buffer, then this rank's contiguous `numel / n` elements copied into `out` -- the same
@@ -34,10 +34,8 @@ CPU_ALIGNMENT = 256
 
 
 def get_current_device_type() -> str:
-    """"cpu" on a CPU place; Paddle's answer elsewhere."""
-    if paddle.get_device() == "cpu":
-        return "cpu"
-    return original(tfh, "get_current_device_type")()  # GPU-ONLY(fused-comm): Paddle's own
+    """"cpu": installed only on CPU (`cpu_backend.install`), where every place is the host."""
+    return "cpu"
 
 
 class _Finished:
@@ -52,7 +50,7 @@ class _Finished:
 
 def reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_op=True):
     """Paddle's `dist.reduce_scatter`; its tensor form (a flat [n·k] input, this rank's [k] output) over gloo."""
-    if isinstance(tensor_list, (list, tuple)) or paddle.get_device() != "cpu":
+    if isinstance(tensor_list, (list, tuple)):  # the list form: Paddle's (gloo has none either; unchanged)
         return original(dist, "reduce_scatter")(tensor, tensor_list, op=op, group=group, sync_op=sync_op)
     full = tensor_list.clone()  # [n·k]
     dist.all_reduce(full, op=op, group=group)
@@ -64,6 +62,6 @@ def reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_o
 
 
 def install_patches() -> None:
-    replace(tfh, "alignment", {**tfh.alignment, "cpu": CPU_ALIGNMENT})
+    tfh.alignment.setdefault("cpu", CPU_ALIGNMENT)  # a key added to Paddle's table, read only for the "cpu" device
     replace(tfh, "get_current_device_type", get_current_device_type)
     replace(dist, "reduce_scatter", reduce_scatter)
