@@ -323,6 +323,14 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from pp_activations import check as check_pp
 
         print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(runs_dir / 'pp_act')}")
+    if layout == "dp2pp2":  # dp_comm_overlap: every stage's dp bucket issued from the pipeline's last backward
+        from llmtrain.parallel.overlap_timeline import read_timeline
+
+        for rank in range(4):
+            recs = read_timeline(str(runs_dir / "llama_dpov"), rank)
+            assert [r["step"] for r in recs] == list(range(1, STEPS + 1)), (rank, recs)
+            assert all(r["buckets"] and all(b["before_update"] for b in r["buckets"]) for r in recs), (rank, recs)
+        assert not (runs_dir / "llama" / "overlap").exists()  # no fused buckets without the knob: nothing recorded
     if layout == "sharding2v2":  # the overlap seen: buckets issued inside the backward with the knob, after without
         for k, overlapped in (("overlap", True), ("after", False)):
             recs = check_timeline(runs_dir / f"wide_{k}", overlapped)
