@@ -82,6 +82,11 @@ def evaluate(cfg, model_cfg, layout, recompute, dev) -> dict:
            "micro_batch": layout.micro_batch, "grad_accum": layout.grad_accum, "recompute": mode == "full",
            "recompute_granularity": mode, "runnable": mode != "selective",
            "amp": amp, "fits": mem["total"] <= dev.memory_bytes, "memory_bytes": mem, **est}
+    from llmtrain.parallel.overlap import enabled
+
+    row["knobs"] = {k: True for k in enabled(layout)}  # the communication options priced (plan/overlap.py)
+    if layout.sharding_split_param and layout.sharding_comm_buffer_mb != 256:
+        row["knobs"]["sharding_comm_buffer_mb"] = layout.sharding_comm_buffer_mb
     row["overrides"] = launch_overrides(row, cfg.train.amp)
     return row
 

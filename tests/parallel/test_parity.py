@@ -11,7 +11,11 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1. pp4v2 and the pp3 pair are drawn, one of them per suite run (`DRAWN`).
+under dp2pp2 with ep2 split 3 + 1. pp4v2, the pp3 pair and sharding2pp2 are drawn, one of them per suite run
+(`DRAWN`). Communication overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
+issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
+shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
+(`dp_comm_overlap`) and sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -73,7 +77,7 @@ TIED = {"gpt": True, "llama": False, "llama5": False, "ernie": True, "qwen3": Fa
 LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
-    ("pp3", 3), ("pp3v2", 3),
+    ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla"),
          "dp2tp2": ("gpt_sp", "moe_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora"),
@@ -82,7 +86,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2")]
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
@@ -93,7 +97,12 @@ SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2
 8 blocks on pp3): 5 blocks as 3 + 2, written as a user would (`LAYOUT_OF`); MoE with a first stage holding no MoE
 block (its balancing-loss share and statistics are nothing) and under ep2; 8 blocks in 6 interleaved chunks of 1-2.
 Per-rank holdings are checked against the split (`memory_checks.stage_layers`)."""
-LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"]}
+SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_split_param=true",
+                  "parallel.pp_sharding_comm_overlap=true", "parallel.name=sharding2pp2"]
+"""`sharding2pp2`: stage-1 V2 under pp2, the sharding reduce-scatter in the pipeline's buckets issued from its last
+backward (fp32 main gradients)."""
+LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"],
+             ("sharding2pp2", "gpt"): SHARDING_PP_V2, ("sharding2pp2", "llama"): SHARDING_PP_V2}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"]}
 """Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp

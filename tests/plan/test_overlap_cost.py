@@ -5,26 +5,54 @@ as llmtrain/plan/overlap.py says, with every input read from the row and the pac
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
 
+from types import SimpleNamespace
+
 from llmtrain.config import compose_config, to_config
+from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import resolve_layout
 from llmtrain.plan.estimate import synced_gradient_elements, time_estimate
 from llmtrain.plan.overlap import DATA_PARALLEL_BUCKET, MIB, PIPELINE_BUCKET, SHARDING_BUCKET
 from llmtrain.plan.profile import load_profile
+from llmtrain.train.config import TrainConfig
 
 BASE = ["model=tinyllama-1.1b", "model.vocab_size=32000", "data.seq_len=2048", "train.amp=bf16",
         "train.micro_batch_size=1"]
+PRESETS = {"dp4": {}, "dp2pp2": {"pp": 2}, "zero2": {"sharding_stage": 2}}
+"""The degrees (beyond the overrides given) of the presets these tests start from, as ParallelConfig fields."""
+
+
+@functools.lru_cache(maxsize=None)
+def _model():
+    return to_config(compose_config(BASE)).model  # one Hydra composition; the layouts are built directly
 
 
 def _row(overrides, devices, dev="h100"):
+    return _cached(tuple(overrides), devices, dev)
+
+
+@functools.lru_cache(maxsize=None)
+def _cached(overrides, devices, dev):
+    """(model config, layout, time_estimate row) of `+parallel=<preset> parallel.k=v ... train.global_batch_size=G`."""
     from llmtrain.plan.stage_cost import with_pipeline_split
 
-    cfg = to_config(compose_config(BASE + overrides))
+    fields, batch = {}, None
+    for o in overrides:
+        key, value = o.split("=")
+        if key == "+parallel":
+            fields.update(PRESETS[value])
+        elif key == "train.global_batch_size":
+            batch = int(value)
+        else:
+            fields[key.removeprefix("parallel.")] = value == "true" if value in ("true", "false") else int(value)
+    cfg = SimpleNamespace(model=_model())
     prof = load_profile(dev)
-    layout = with_pipeline_split(resolve_layout(cfg.parallel, cfg.train, devices), cfg.model, prof, seq_len=2048)
+    layout = resolve_layout(ParallelConfig(**fields), TrainConfig(global_batch_size=batch, micro_batch_size=1), devices)
+    layout = with_pipeline_split(layout, cfg.model, prof, seq_len=2048)
     row = time_estimate(cfg.model, layout, 2048, False, prof, 8)  # the split it fills in is this one
     return cfg, layout, row
 
