@@ -88,7 +88,7 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     from llmtrain.train.main_grad import main_grad_problems
 
-    problems += main_grad_problems(cfg.train, cfg.parallel, cfg.finetune.lora.rank > 0)
+    problems += main_grad_problems(cfg.train, cfg.parallel, cfg.finetune.lora.rank > 0, model.tie_embeddings)
     problems += fusion_problems(model, on_gpu())
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems

@@ -37,8 +37,9 @@ def main_grad_on(train_cfg, layout) -> bool:
     return layout is not None and needs_main_grad(layout)
 
 
-def main_grad_problems(train_cfg, parallel, lora: bool) -> list[str]:
-    """Refusals, with the fields: main_grad switched off under a knob that needs it, or on where it is not built."""
+def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> list[str]:
+    """Refusals, with the fields: main_grad switched off under a knob that needs it, or on where it is not built.
+    `tied`: the model ties its input and output embeddings (`model.tie_embeddings`)."""
     from llmtrain.parallel.overlap import FUSED
 
     fused = [k for k in FUSED if parallel is not None and getattr(parallel, k, False)]
@@ -57,6 +58,16 @@ def main_grad_problems(train_cfg, parallel, lora: bool) -> list[str]:
         # the checkpoint keeps V2's state as flat slices of whole parameters; under tp a slice is of a tp piece
         where += [f"parallel.tp={parallel.tp}"] if parallel.tp > 1 and parallel.sharding_split_param else []
     where += ["finetune.lora.rank > 0"] if lora else []
+    if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
+            parallel.pp_sharding_comm_overlap:
+        # fleet 3.3.1 reduce-scatters the pipeline's buckets (scale_grads) before it sums the tied table's gradient
+        # over the stages holding it (allreduce_shared_weight_gradients); the table's V2 slice on stage 0 and on the
+        # last stage cover different elements, so that sum adds a sharding-summed part to an unsummed one (measured:
+        # a tied GPT under sharding2 x pp2, grad_norm 1.5639 for one process's 1.5647, the loss 1.5e-5 off by step 3)
+        return [f"parallel.sharding_split_param=true with parallel.pp_sharding_comm_overlap=true and "
+                f"model.tie_embeddings=true under parallel.pp={parallel.pp}: fleet 3.3.1 sums the tied table's gradient "
+                "over the pipeline stages after its V2 slices were reduce-scattered, and the stages' slices differ; "
+                "untie the embeddings, or drop one of the two options"]
     if where:
         return [f"train.main_grad (on{' for parallel.' + fused[0] if fused else ''}) with {', '.join(where)}: not "
                 f"built; main-gradient training runs under {MAIN_GRAD_LAYOUTS}"]

@@ -147,6 +147,10 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert "with parallel.tp=2: not built" in main_grad_problems(
         TrainConfig(), ParallelConfig(tp=2, sharding=2, sharding_split_param=True), lora=False)[0]
     assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
+    pp_v2 = ParallelConfig(pp=2, sharding=2, sharding_split_param=True, pp_sharding_comm_overlap=True)
+    assert main_grad_problems(TrainConfig(), pp_v2, lora=False, tied=False) == []
+    assert "model.tie_embeddings=true under parallel.pp=2" in main_grad_problems(TrainConfig(), pp_v2, lora=False,
+                                                                                 tied=True)[0]
 
 
 def test_resolve_layout_raises_config_error():
