@@ -84,7 +84,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"), "tp2": ("ernie", "llama_
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
          "sharding2": ("moe_ep2", "llama_lora"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "sharding2pp2": ("llama",)}
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
 DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
@@ -100,9 +100,11 @@ Per-rank holdings are checked against the split (`memory_checks.stage_layers`)."
 SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_split_param=true",
                   "parallel.pp_sharding_comm_overlap=true", "parallel.name=sharding2pp2"]
 """`sharding2pp2`: stage-1 V2 under pp2, the sharding reduce-scatter in the pipeline's buckets issued from its last
-backward (fp32 main gradients); the Llama only (untied: with a tied table across stages this pair is refused,
-`llmtrain.train.main_grad.main_grad_problems`)."""
-LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2}
+backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
+the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
+must carry fleet's mark of the table's second copy, or the clip counts it twice."""
+LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
+             ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"]}
 """Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp
