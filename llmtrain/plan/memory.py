@@ -191,6 +191,10 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     # a frozen parameter (the MoE expert bias) has no gradient, except under fleet's sharding optimizer, whose
     # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2)
     g_bytes = sum(n * b for s, n, b in trained if sh > 1 or not s.frozen)
+    from llmtrain.parallel.overlap import needs_main_grad
+
+    if needs_main_grad(layout):  # fp32 main gradients in place of the parameters' dtype (llmtrain/train/main_grad.py)
+        g_bytes = sum(n * 4 for s, n, b in trained if sh > 1 or not s.frozen)
     if stage == 1 and sh > 1 and ep > 1:  # ZeRO-1 x ep: experts kept out of the partition, each rank its own
         shared = [i for i, x in enumerate(trained) if not x[0].expert]
         experts = [i for i, x in enumerate(trained) if x[0].expert]
