@@ -117,7 +117,10 @@ def megatron_rows() -> list[tuple[str, float, dict]]:
             "model.tie_embeddings=false", "model.attention=flash", "plan.device=h100", f"plan.devices={n}",
             "+parallel=tp2sharding2", f"parallel.tp={tp}", f"parallel.pp={pp}", "parallel.sharding=48",
             "parallel.sharding_stage=1", f"train.global_batch_size={gb}", "train.micro_batch_size=1",
-            "parallel.sequence_parallel=true"])
+            "parallel.sequence_parallel=true",
+            # Megatron's distributed optimizer with --overlap-grad-reduce: llmtrain's V2 with its overlap knob
+            "parallel.sharding_split_param=true",
+            "parallel.sharding_comm_overlap=true" if pp == 1 else "parallel.pp_sharding_comm_overlap=true"])
         out.append((label, row["tokens_per_sec_per_device"] * megatron_flops_per_token(layers, h, 4096, 131072) / 1e12,
                     row))
     return out

@@ -89,6 +89,9 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
     if layout is not None and layout.pp > 1 and not fit and not recompute_issues:
         layout = _pipeline_split(layout, resolved)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
+    from llmtrain.train.main_grad import main_grad_problems
+
+    problems += main_grad_problems(cfg.train, cfg.parallel, cfg.finetune.lora.rank > 0, model.tie_embeddings)
     problems += fusion_problems(model, on_gpu())
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems

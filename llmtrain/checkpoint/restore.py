@@ -7,7 +7,7 @@
 
 Checkpoints hold pieces of full tensors (`shards.py`), whatever layout wrote them; `ShardIndex` reassembles
 a full tensor and this module cuts it: a tp/ep piece (`parallel/slicing.py`), a ZeRO-3 flat slice into the
-parameter's flat storage, or the whole tensor for replicated ones.
+parameter's flat storage, a stage-1 V2 flat slice of the optimizer state, or the whole tensor for replicated ones.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from llmtrain.checkpoint.shards import ShardIndex, is_split_like_param
 from llmtrain.contracts import tags
 from llmtrain.models.init import load_full_state
 from llmtrain.paddle_compat.optim import fresh_optimizer_entries, optimizer_state_dict
+from llmtrain.paddle_compat.sharding_v2 import sharding_v2, v2_slices
 from llmtrain.paddle_compat.zero import stage3_slices, stage3_storage
 from llmtrain.parallel.expert_states import ExpertStates
 from llmtrain.parallel.slicing import TensorSlices, local_slice
@@ -75,11 +76,16 @@ class LayoutRestorer:
         """Accumulators and master weights keyed by this run's optimizer variable names, cut for this layout."""
         t = self.state.tensors
         sliced = stage3_slices(t.model)
+        v2 = v2_slices(t.optimizer) if sharding_v2(t.optimizer) is not None else None
         experts = ExpertStates(t.named_params, self.layout, self.topo) if self.layout.ep > 1 else None
         accumulators, masters = {}, {}
         for name, param in t.named_params:
             if experts is not None and tags.is_expert(param) and not experts.keeps_state(param):
                 continue  # another rank of its expert-data-parallel group keeps this expert tensor's state
+            if v2 is not None:  # stage-1 V2: this rank's flat slice of the state, or none
+                if param.name in v2:
+                    self._v2_state(index, name, param, v2, accumulators, masters)
+                continue
             var_name = stage3_storage(param).name if param.name in sliced else param.name
             for key in index.keys(f"optim/{name}/"):
                 acc = key.rsplit("/", 1)[1]
@@ -92,6 +98,16 @@ class LayoutRestorer:
         # a checkpoint from before the first update (step 0) holds no optimizer state: fresh values (divergence guard)
         state.update(fresh_optimizer_entries(t.optimizer, state))
         t.optimizer.set_state_dict(state)
+
+    def _v2_state(self, index: ShardIndex, name: str, param, v2: dict, accumulators: dict, masters: dict) -> None:
+        """Stage-1 V2: the full accumulators and master weight of `param`, cut to this rank's flat slice."""
+        for key in index.keys(f"optim/{name}/"):
+            acc = key.rsplit("/", 1)[1]
+            tensor = paddle.to_tensor(np.ascontiguousarray(self._cut(index.full(key), param, key, v2)))
+            if acc == "master":
+                masters[param.name] = tensor
+            else:
+                accumulators.setdefault(param.name, {})[acc] = tensor
 
     def rng(self, path: str, manifest: dict) -> None:
         """This rank's RNG states, when the checkpoint was written by as many ranks (else they start fresh)."""

@@ -10,7 +10,8 @@ with its global shape, the split axis and the offset of the slice along it.
 A tensor replicated over data-parallel, sharding or tensor-parallel ranks is
 written once (by one data rank, chosen to balance the bytes, so the ranks share
 the copying and writing); a tp-split tensor by each tp rank of one data rank;
-sharded (ZeRO-1) optimizer state by the rank that owns it. Loading assembles
+sharded (ZeRO-1) optimizer state by the rank that owns it; ZeRO-3's parameters and stage-1 V2's optimizer
+state (`sharding_split_param`) as flat slices of the flattened, padded tensor. Loading assembles
 the full tensor from its pieces and cuts this rank's slice for the new layout,
 so a checkpoint resumes under any dp/tp/pp/sharding mix.
 """
@@ -179,6 +180,20 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta, pool=N
         meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
 
 
+def _collect_v2_state(name, param, span, opt_state, masters, tensors, meta, pool=None) -> None:
+    """Stage-1 sharding V2: this rank's flat slice of each optimizer accumulator and of the master weight (the
+    parameter's value is whole on every rank and written as any replicated one)."""
+    start, _end, padded = span
+    for acc, var in opt_state.accumulators(param.name):
+        key = f"optim/{name}/{acc}"
+        tensors[key] = _np32(var, pool=pool)
+        meta[key] = (_flat_meta(name, param, start, padded) if is_split_like_param(key)
+                     else {"name": name, "global_shape": [int(x) for x in var.shape], "axis": None, "offset": 0})
+    if param.name in masters:
+        tensors[f"optim/{name}/master"] = _np32(masters[param.name], pool=pool)
+        meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
+
+
 def _balanced_owners(named_params, n: int) -> dict:
     """{name: writer in [0, n)}: largest tensors first, each to the least-loaded writer (the same on every rank)."""
     load, owner = [0] * n, {}
@@ -192,6 +207,7 @@ def _balanced_owners(named_params, n: int) -> dict:
 
 def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes (copied into `pool` if given)."""
+    from llmtrain.paddle_compat.sharding_v2 import sharding_v2, v2_slices
     from llmtrain.paddle_compat.zero import stage3_slices
 
     tensors, meta = {}, {}
@@ -206,6 +222,7 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     opt_state = optimizer_state(built.optimizer)
     masters = opt_state.masters
     sliced = stage3_slices(built.model)
+    v2 = v2_slices(built.optimizer) if sharding_v2(built.optimizer) is not None else None  # V2: flat state slices
     ep = layout.ep
     experts = ExpertStates(built.named_params, layout, topo) if ep > 1 else None
     for name, param in built.named_params:
@@ -230,6 +247,10 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
             continue  # optimizer state is identical across dp replicas; sharding owners write their part
         if sliced and topo.sharding_rank != 0:
             continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
+        if v2 is not None:
+            if param.name in v2:  # this sharding rank's part of the parameter's state (none: another rank's)
+                _collect_v2_state(name, param, v2[param.name], opt_state, masters, tensors, meta, pool)
+            continue
         for acc, var in opt_state.accumulators(param.name):
             key = f"optim/{name}/{acc}"
             arr = _np32(var, clone=views, pool=pool)

@@ -93,3 +93,13 @@ def pipeline_step_loss(pipe):
     losses = held[0]
     t = losses if isinstance(losses, paddle.Tensor) else paddle.stack([x.reshape([]) for x in losses])
     return t.astype("float32").sum().reshape([])
+
+
+def live_strategy():
+    """The strategy fleet was initialised with, as fleet's optimizers read it when they are built
+    (`fleet.fleet._user_defined_strategy`: DygraphShardingOptimizer(V2) and HybridParallelOptimizer read their
+    sharding options there at construction, so a later run of the same process sets its own there)."""
+    require_tested_paddle()
+    from paddle.distributed import fleet
+
+    return fleet.fleet._user_defined_strategy

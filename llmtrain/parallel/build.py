@@ -105,6 +105,10 @@ def parallelize(built: BuiltModel, optimizer, scaler, layout: Layout, topo: Topo
 
     model = fleet.distributed_model(core)
     optimizer = fleet.distributed_optimizer(optimizer)
+    if layout.sharding_split_param:  # stage-1 V2: its slice parameters keep the tied table's pipeline mark
+        from llmtrain.paddle_compat.sharding_v2 import carry_shared_marks
+
+        carry_shared_marks(optimizer)
     if scaler is not None:
         scaler = fleet.distributed_scaler(scaler)
     return model, optimizer, scaler

@@ -97,7 +97,8 @@ class ParallelConfig:
     divisible by tp; use it with model.fuse_qkv/fuse_ffn (one all-gather per block instead of one per projection)."""
 
     # Communication overlap (fleet.DistributedStrategy fields, as PaddleNLP sets them; checked by
-    # llmtrain/parallel/overlap.py before fleet sees them; none is applied on CPU, where the run logs them)
+    # llmtrain/parallel/overlap.py before fleet sees them; mp_async_allreduce, pp_overlap_p2p_comm and
+    # pp_enable_timer are logged and not applied on CPU; the fused-buffer ones run on CPU too)
     mp_async_allreduce: bool = False
     """tp > 1, GPU: ColumnParallelLinear's backward all-reduces d(input) asynchronously while it computes d(weight)
     (fleet `mp_configs.mp_async_allreduce`; export CUDA_DEVICE_MAX_CONNECTIONS=1 so the all-reduce is not queued
@@ -114,28 +115,33 @@ class ParallelConfig:
     `pp_configs.enable_timer`). Costs device synchronisations: for profiling runs, not production."""
 
     dp_comm_overlap: bool = False
-    """pp > 1 and dp > 1: fuse the data-parallel gradient all-reduce into buckets overlapped with the pipeline's
-    backward (fleet `pp_configs.dp_comm_overlap`). Refused for now: fleet 3.3.1 supports it only with main_grad
-    (master-gradient) training, which llmtrain does not use. Without pp, DataParallel already overlaps its bucketed
-    all-reduce with the backward on GPU."""
+    """pp > 1 and dp > 1: fuse the data-parallel gradient all-reduce into buckets issued during the pipeline's
+    last backward (fleet `pp_configs.dp_comm_overlap`). Switches on main-gradient training (train.main_grad).
+    Without pp, DataParallel already overlaps its bucketed all-reduce with the backward on GPU."""
 
     pp_sharding_comm_overlap: bool = False
-    """pp > 1 and sharding > 1: the same as dp_comm_overlap for the stage-1 sharding group (fleet
-    `pp_configs.sharding_comm_overlap`). Refused for now, for the same reason (main_grad)."""
+    """pp > 1 and sharding > 1 (stage 1): the same as dp_comm_overlap for the sharding group's gradient reduce
+    (fleet `pp_configs.sharding_comm_overlap`). Switches on train.main_grad; not with sharding_comm_overlap."""
 
     sharding_comm_overlap: bool = False
-    """sharding > 1, stage 1, pp = 1: reduce gradients to their owning rank during the backward (fleet
-    `sharding_configs.comm_overlap`, with accumulate_steps = train.grad_accum). Refused for now: fleet then keeps the
-    optimizer state on fused buffers, which llmtrain's layout-free checkpoints cannot name yet."""
+    """sharding > 1, stage 1, pp = 1, with sharding_split_param: each bucket's gradient reduce-scatter is issued from
+    the backward as soon as the bucket's gradients are complete (fleet `sharding_configs.comm_overlap`, with
+    accumulate_steps = train.grad_accum). Switches on train.main_grad."""
 
     sharding_tensor_fusion: bool = False
-    """sharding > 1, stage 1: fuse parameters and gradients into large buffers for fewer, larger collectives (fleet
-    `sharding_configs.tensor_fusion`; more memory). Refused for now, as sharding_comm_overlap."""
+    """sharding > 1, stage 1: fleet's V1 optimizer with parameters and gradients fused into large buffers. Refused
+    for now: V1 then keeps its optimizer state on fused parameters of its own naming, which the checkpoint does not
+    read; sharding_split_param (V2) fuses its buckets itself."""
 
     sharding_split_param: bool = False
-    """sharding > 1, stage 1: fleet's DygraphShardingOptimizerV2 (each rank owns a flat slice of every parameter,
-    reduce-scatter instead of reduce; `sharding_configs.split_param`; not with tensor_fusion). Refused for now, as
-    sharding_comm_overlap."""
+    """sharding > 1, stage 1, tp = 1: fleet's DygraphShardingOptimizerV2: parameters and gradients laid end to end in
+    buckets (sharding_configs.comm_buffer_size_MB, 256 MiB), each rank owning a contiguous 1/sharding of every
+    bucket, gradients reduce-scattered and updated parameters all-gathered (`sharding_configs.split_param`; not
+    with tensor_fusion). Switches on train.main_grad; checkpoints store the state under canonical names."""
+
+    sharding_comm_buffer_mb: int = 256
+    """sharding_split_param: MiB of parameters per V2 bucket (fleet `sharding_configs.comm_buffer_size_MB`): one
+    reduce-scatter and one all-gather per bucket; smaller buckets start overlapping earlier in the backward."""
 
     def world(self) -> int:
         """Processes this layout needs: dp x tp x pp x sharding x cp."""

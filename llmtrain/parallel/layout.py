@@ -67,6 +67,12 @@ class Layout:
     mp_async_allreduce: bool = False
     pp_overlap_p2p_comm: bool = False
     pp_enable_timer: bool = False
+    dp_comm_overlap: bool = False
+    pp_sharding_comm_overlap: bool = False
+    sharding_comm_overlap: bool = False
+    sharding_tensor_fusion: bool = False
+    sharding_split_param: bool = False
+    sharding_comm_buffer_mb: int = 256
     """Communication-overlap knobs accepted by `overlap_problems` (see ParallelConfig); the refused ones never get here."""
     cp: int = 1
     """Context-parallel degree (llmtrain/parallel/context.py): ranks that share one sequence, 2 chunks each."""
@@ -219,7 +225,10 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
         ep=p.ep, ep_dispatcher=p.ep_dispatcher, cp=p.cp, cp_comm=p.cp_comm,
         global_batch=g, micro_batch=m, grad_accum=a,
         sequence_parallel=p.sequence_parallel, mp_async_allreduce=p.mp_async_allreduce, pp_overlap_p2p_comm=p.pp_overlap_p2p_comm,
-        pp_enable_timer=p.pp_enable_timer,
+        pp_enable_timer=p.pp_enable_timer, dp_comm_overlap=p.dp_comm_overlap,
+        pp_sharding_comm_overlap=p.pp_sharding_comm_overlap, sharding_comm_overlap=p.sharding_comm_overlap,
+        sharding_tensor_fusion=p.sharding_tensor_fusion, sharding_split_param=p.sharding_split_param,
+        sharding_comm_buffer_mb=p.sharding_comm_buffer_mb,
     ), []
 
 

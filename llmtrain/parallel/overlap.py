@@ -10,8 +10,11 @@ attribute. `overlap_problems` refuses, with the numbers, every combination fleet
 asserts against (read in meta_parallel/pipeline_parallel.py, meta_optimizers/
 dygraph_optimizer/dygraph_sharding_optimizer.py and hybrid_parallel_optimizer.py,
 fleet/optimizer.py) and those llmtrain cannot serve yet (named in each message).
-`apply_overlap` sets the accepted knobs on GPU; on CPU none is applied (each depends
-on CUDA streams, NCCL or kernels the gloo stand-ins do not provide) and the run says so.
+`apply_overlap` sets the accepted knobs; on CPU the three that need CUDA kernels or streams
+(`NOT_APPLIED_ON_CPU`) are logged, not applied. The fused-buffer knobs (`FUSED`) switch on
+main-gradient training (`needs_main_grad`, `llmtrain.train.main_grad`) and fleet's fused
+communication buffers, whose stage-1 optimizer state the checkpoint reads and writes by
+canonical parameter name (`llmtrain.paddle_compat.sharding_v2`).
 """
 from __future__ import annotations
 
@@ -27,13 +30,17 @@ KNOBS = {
 }
 """Our `parallel.<field>` -> (`strategy.hybrid_configs[section]`, attribute)."""
 
-_NO_MAIN_GRAD = ("fleet 3.3.1 fuses these gradients into communication buffers only for main_grad training "
-                 "(PaddleNLP's amp_master_grad / MixPrecisionLayer; pipeline_parallel.py: 'support dp_comm_overlap "
-                 "without use_main_grad training' is a TODO, the in-place reshape_ of _split_tensors fails), "
-                 "which llmtrain does not use")
-_FUSED_STATE = ("the sharding optimizer then keeps its optimizer state on fused buffers (fleet's _tensor_fusion / "
-                "DygraphShardingOptimizerV2 slices), which llmtrain's checkpoints (state by canonical parameter name), "
-                "gradient-norm record and memory.json do not read yet")
+FUSED = ("dp_comm_overlap", "pp_sharding_comm_overlap", "sharding_comm_overlap", "sharding_tensor_fusion",
+         "sharding_split_param")
+"""Knobs after which fleet keeps gradients in fused communication buffers filled by gradient hooks: fleet 3.3.1
+serves them only with main-gradient training (`llmtrain.train.main_grad`): pipeline_parallel.py leaves 'support
+dp_comm_overlap without use_main_grad training' a TODO, and its FusedCommBuffer refuses a gradient whose address
+moved ('The address of the grad/main_grad ... has been changed'), which a plain `.grad` does on every
+accumulation (measured on CPU: DygraphShardingOptimizerV2 without main_grad trains the third step wrong)."""
+
+NOT_APPLIED_ON_CPU = ("mp_async_allreduce", "pp_overlap_p2p_comm", "pp_enable_timer")
+"""Knobs that act through CUDA-only kernels or around the CPU pipeline channels: logged, not applied on CPU. The
+fused-buffer knobs (`FUSED`) run on CPU over the stand-ins of `llmtrain.paddle_compat.cpu_backend.fused_comm`."""
 
 
 def enabled(p) -> list[str]:
@@ -60,7 +67,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
         if "pp_sharding_comm_overlap" in on:
             problems.append("parallel.dp_comm_overlap=true with parallel.pp_sharding_comm_overlap=true: fleet refuses "
                             "both at once ('Cannot use dp pp overlap and sharding pp overlap at the same time')")
-        problems.append(f"parallel.dp_comm_overlap=true: not supported here: {_NO_MAIN_GRAD}")
     if "pp_sharding_comm_overlap" in on:
         if p.pp == 1 or p.sharding == 1:
             problems.append(f"parallel.pp_sharding_comm_overlap=true with {deg}: fleet asserts sharding > 1 and pp > 1")
@@ -68,7 +74,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
             problems.append("parallel.pp_sharding_comm_overlap=true with parallel.sharding_comm_overlap or "
                             "sharding_tensor_fusion: fleet refuses both ('Can not enable pp's sharding_comm_overlap "
                             "and sharding's tensor_fusion at the same time')")
-        problems.append(f"parallel.pp_sharding_comm_overlap=true: not supported here: {_NO_MAIN_GRAD}")
     stage_1 = p.sharding > 1 and p.sharding_stage == 1
     for knob in ("sharding_comm_overlap", "sharding_tensor_fusion", "sharding_split_param"):
         if knob in on and not stage_1:
@@ -78,28 +83,52 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
     if "sharding_comm_overlap" in on and p.pp > 1:
         problems.append(f"parallel.sharding_comm_overlap=true with parallel.pp={p.pp}: fleet asserts 'You should not "
                         "use pipeline parallel and comm_overlap at the same time' (PaddleNLP ignores it under pp)")
+    if getattr(p, "sharding_comm_buffer_mb", 256) < 1:
+        problems.append(f"parallel.sharding_comm_buffer_mb={p.sharding_comm_buffer_mb}: must be >= 1 (MiB, an integer "
+                        "in fleet's strategy)")
     if "sharding_comm_overlap" in on and grad_accum is not None and grad_accum < 1:
         problems.append(f"parallel.sharding_comm_overlap=true with train.grad_accum={grad_accum}: needs >= 1")
     if "sharding_split_param" in on and "sharding_tensor_fusion" in on:
         problems.append("parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param "
-                        "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet')")
-    for knob in ("sharding_comm_overlap", "sharding_tensor_fusion", "sharding_split_param"):
-        if knob in on:
-            problems.append(f"parallel.{knob}=true: not supported here yet: {_FUSED_STATE}")
+                        "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
+                        "V2 fuses its gradients and parameters into buckets without it")
+    if on & {"sharding_tensor_fusion", "sharding_comm_overlap"} and "sharding_split_param" not in on:
+        knob = "sharding_tensor_fusion" if "sharding_tensor_fusion" in on else "sharding_comm_overlap"
+        problems.append(f"parallel.{knob}=true without parallel.sharding_split_param=true: not built: fleet's V1 "
+                        "sharding optimizer then keeps its optimizer state on fused parameters of its own naming "
+                        "(generated_tensor_N, several parameters each), which llmtrain's checkpoint does not read; "
+                        "parallel.sharding_split_param=true (DygraphShardingOptimizerV2) fuses gradients and "
+                        "parameters into its buckets itself and overlaps with parallel.sharding_comm_overlap=true")
+    fused = [k for k in FUSED if k in on]
+    if fused and p.ep > 1:
+        problems.append(f"parallel.{fused[0]}=true with parallel.ep={p.ep}: not built: the routed experts are kept out "
+                        "of the stage-1 partition by llmtrain (each rank's own experts), which fleet's fused "
+                        "communication buffers would sum over the data group")
+    if fused and p.cp > 1:
+        problems.append(f"parallel.{fused[0]}=true with parallel.cp={p.cp}: not built: the cp ranks' gradients are "
+                        "summed outside fleet's optimizer, before the fused buffers would reduce them")
     return problems
 
 
-def apply_overlap(strategy, layout, on_cpu: bool) -> list[str]:
-    """Set the layout's knobs on `strategy` (after `hybrid_configs` is assigned); returns those NOT applied.
+def needs_main_grad(layout) -> bool:
+    """True when a switched-on knob makes fleet keep gradients in fused buffers (`FUSED`): main-gradient training."""
+    return any(getattr(layout, k, False) for k in FUSED)
 
-    On CPU nothing is applied: mp_async_allreduce calls the c_identity CUDA kernel directly, overlap_p2p_comm
-    and the pipeline timers go around the CPU pipeline channels, and the sharding/dp overlaps need NCCL streams."""
+
+def apply_overlap(strategy, layout, on_cpu: bool) -> list[str]:
+    """Set every knob of `KNOBS` on `strategy` to the layout's value (after `hybrid_configs` is assigned); returns
+    the switched-on ones NOT applied.
+
+    On CPU the knobs of `NOT_APPLIED_ON_CPU` stay off: mp_async_allreduce calls the c_identity CUDA kernel directly,
+    overlap_p2p_comm and the pipeline timers go around the CPU pipeline channels. The fused-buffer knobs are applied
+    on CPU and GPU alike (the CPU's stand-ins: `llmtrain.paddle_compat.cpu_backend.fused_comm`). Knobs that are off
+    are written off, so a strategy reused by a later run of the same process (`init_distributed`) carries only that
+    run's knobs."""
     on = enabled(layout)
-    if on_cpu:
-        return on
-    for knob in on:
-        section, attr = KNOBS[knob]
-        setattr(strategy.hybrid_configs[section], attr, True)  # GPU-ONLY(overlap-knobs)
-        if knob == "sharding_comm_overlap":  # as PaddleNLP: the sharding optimizer's overlap needs the accumulation count
-            strategy.hybrid_configs["sharding_configs"].accumulate_steps = layout.grad_accum
-    return []
+    skipped = [k for k in on if on_cpu and k in NOT_APPLIED_ON_CPU]
+    for knob, (section, attr) in KNOBS.items():
+        setattr(strategy.hybrid_configs[section], attr, knob in on and knob not in skipped)  # GPU-ONLY(overlap-knobs) for NOT_APPLIED_ON_CPU
+    strategy.hybrid_configs["sharding_configs"].comm_buffer_size_MB = int(getattr(layout, "sharding_comm_buffer_mb", 256))
+    if "sharding_comm_overlap" in on:  # as PaddleNLP: the sharding optimizer's overlap needs the accumulation count
+        strategy.hybrid_configs["sharding_configs"].accumulate_steps = layout.grad_accum
+    return skipped

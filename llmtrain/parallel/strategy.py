@@ -142,6 +142,10 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
     if _ACTIVE:
         if _ACTIVE["key"] != key:
             raise RuntimeError(f"fleet is already initialised for {_ACTIVE['key']}; cannot switch this process to {key}")
+        from llmtrain.paddle_compat.fleet import live_strategy
+        from llmtrain.parallel.overlap import apply_overlap
+
+        apply_overlap(live_strategy(), layout, on_cpu)  # this run's knobs, read when its optimizer is built
     else:
         from paddle.distributed import fleet
 

@@ -35,13 +35,14 @@ sequence parallelism an all-gather + reduce-scatter pair per all-reduce (the sam
 (again under full recompute) and (cols + 2) backward;
 pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
 profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
-share) and, for sharding stage 1, a gradient reduce-scatter, overlapped with the backward of the last
-micro-batch only (gradient accumulation syncs once), exposed = max(0, comm - 0.8·that backward), plus the
-all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-2 reduces the gradients in
-every micro-batch's backward (Paddle's GroupShardedStage2 has no no_sync), each overlapped the same way;
-ZeRO-3, every micro-batch:
-parameter all-gathers for forward and backward and a gradient reduce-scatter (3 x (n-1)/n volume),
-exposed = max(0, comm - 0.8·the micro-batch's compute);
+share; fp32 under main-gradient training) and, for sharding stage 1, a gradient reduce-scatter, overlapped with
+the backward of the last micro-batch (gradient accumulation syncs once) only where the layout's options issue it
+from the backward (llmtrain/plan/overlap.py: DataParallel's buckets always, dp under pp with dp_comm_overlap, V2
+with sharding_comm_overlap / pp_sharding_comm_overlap), in buckets: exposed = max(comm/n, comm - backward·(n-1)/n),
+else all of it; plus the all-gather of updated parameters after the optimizer step (not overlapped); ZeRO-2
+reduces the gradients in every micro-batch's backward (Paddle's GroupShardedStage2 has no no_sync), one bucket per
+gradient storage; ZeRO-3, every micro-batch: parameter all-gathers for forward and backward and a gradient
+reduce-scatter (3 x (n-1)/n volume), one bucket per layer, behind the micro-batch's compute;
 bubble = one micro-batch of every stage but the slowest (the fill and drain of 1F1B), /v when interleaved
 (equal stages: (pp - 1)/(v·m) of the pipeline's compute; the last stage holding the LM head is the slowest);
 loop: the training loop's own small all-reduces a step (`loop_meetings_s`). A group spans the network if its ranks are more than
@@ -60,9 +61,9 @@ from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, expert_state_owner
                                   stage_params)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
+from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
 from llmtrain.plan.timeline import StepSpec, step_compute
 
-OVERLAP = 0.8
 RECOMPUTE = ("none", "full", "full_attn", "core_attn")
 """The recompute modes the planner ranks (`train.recompute`; `selective`, the older planner name, is core_attn)."""
 
@@ -635,9 +636,13 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     ep = getattr(layout, "ep", 1)
     # under ep > 1 the experts are synchronised apart, over their edp group (`expert_sync_s`); otherwise with the rest
     local_param_bytes = (other_elems + (expert_elems if ep <= 1 else 0)) * e
+    g_e = gradient_bytes_per_element(layout, e)  # fp32 under main-gradient training (the fused-buffer knobs)
+    local_grad_bytes = (other_elems + (expert_elems if ep <= 1 else 0)) * g_e
+    syncs = gradient_syncs(layout, dev.async_launch, g_e)
     micro = comp["micro_batch_s"]  # one micro-batch's forward + backward
     after_update = max(0.0, compute - m * micro)  # the optimizer's share of the step: the gap before its gathers
-    grads, params_after = 0.0, 0.0  # once per step: gradient sync; parameter all-gather after the update
+    grads = {}  # once per step, by axis: gradient sync (its overlap decided by the layout's options, plan/overlap.py)
+    params_after = 0.0  # once per step: parameter all-gather / broadcast after the update (never overlapped)
     zero3 = 0.0  # every micro-batch: ZeRO-3 all-gathers the parameters for forward and backward, reduce-scatters grads
     zero2 = 0.0  # every micro-batch: ZeRO-2 reduces the gradients
     for axis, n in (("dp", layout.dp * cp), ("sharding", layout.sharding)):  # gradients reduce over dp x cp
@@ -649,7 +654,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         al = dev.alpha_at(compute / (3 * m) if axis == "sharding" and layout.sharding_stage == 3 else compute, al_link)
         if axis == "dp":  # all-reduce of this replica's (sharded, under ZeRO-2/3) gradients
             share = layout.sharding if layout.sharding_stage >= 2 else 1
-            grads += _ring(local_param_bytes / share, n, bw, al)
+            grads["dp"] = _ring(local_grad_bytes / share, n, bw, al)
         elif layout.sharding_stage == 3:
             zero3 += 3 * _ring(local_param_bytes, n, bw, al, factor=1.0)
         elif layout.sharding_stage == 2:
@@ -662,35 +667,56 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
             zero2 += local_param_bytes / bw + 2 * (n - 1) * dev.alpha_at(micro, al_link)
             params_after += local_param_bytes / bw + (n - 1) * dev.alpha_at(after_update, al_link)
         else:  # stage 1: reduce-scatter of gradients, all-gather of the updated parameters
-            grads += _ring(local_param_bytes, n, bw, al, factor=1.0)
+            grads["sharding"] = _ring(local_grad_bytes, n, bw, al, factor=1.0)
             params_after += _ring(local_param_bytes, n, bw, al, factor=1.0)
-            if layout.sharding_stage == 1 and not dev.async_launch:
-                # fleet's stage-1 optimizer (no tensor fusion) reduces every gradient to its owner and broadcasts
+            if layout.sharding_stage == 1 and not dev.async_launch and not layout.sharding_split_param:
+                # fleet's stage-1 optimizer (V1, no tensor fusion) reduces every gradient to its owner and broadcasts
                 # every updated parameter, tensor by tensor: a call's latency per tensor each way, back to back
                 # (measured so by `--calibrate`: `reduce_call_s`, `broadcast_call_s`; else the quiet alpha,
                 # `burst_alpha`). CPU profiles only for now: the GPU points the planner is checked against run
                 # bucketed optimizers (Megatron's distributed optimizer), whose pinned predictions this term would
-                # move (-33% on Megatron 7.1B over 48 ranks)
+                # move (-33% on Megatron 7.1B over 48 ranks). V2 (split_param) moves buckets, not tensors
                 tensors = len(rank_tensors(cfg, layout, amp, 0)[0])
                 burst = dev.burst_alpha if dev.burst_alpha is not None else al
-                grads += max(0, tensors - 1) * (n - 1) * (dev.reduce_call_s or burst)
+                grads["sharding"] += max(0, tensors - 1) * (n - 1) * (dev.reduce_call_s or burst)
                 params_after += max(0, tensors - 1) * (n - 1) * (dev.broadcast_call_s or burst)
     loop_comm = loop_meetings_s(layout, dev, devices_per_node, stride)
-    expert_sync = expert_sync_s(layout, expert_elems * e, dev, devices_per_node) if ep > 1 else 0.0
-    # the step's gradient sync overlaps the last micro-batch's backward only (earlier ones accumulate without sync)
-    # on a CPU (ops in the dispatching thread, gloo collectives in the training thread) nothing overlaps
-    overlap = OVERLAP if dev.async_launch else 0.0
-    exposed = max(0.0, grads - overlap * micro * 2 / 3) + params_after + expert_sync
-    exposed += m * max(0.0, zero3 - overlap * micro) + m * max(0.0, zero2 - overlap * micro * 2 / 3)
+    # the step's gradient sync can hide behind the last micro-batch's backward only (earlier ones accumulate
+    # without sync), and only where the layout's options issue it from the backward (plan/overlap.py); ZeRO-2/3
+    # behind every micro-batch's; on a CPU (ops in the dispatching thread, gloo collectives in the training
+    # thread) nothing overlaps
+    backward = micro * 2 / 3
+    comm_syncs = {}
+    for axis, comm in grads.items():
+        sync = syncs[axis]
+        nb = buckets(local_grad_bytes / (layout.sharding if axis == "dp" and layout.sharding_stage >= 2 else 1), sync,
+                     len(rank_tensors(cfg, layout, amp, 0)[0]) if sync.bucket_bytes <= 0 else 1)
+        comm_syncs[axis] = {"kind": sync.kind, "comm_s": comm, "buckets": nb, "bucket_bytes": sync.bucket_bytes,
+                            "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
+                            "exposed_s": exposed(comm, backward, sync, nb)}
+    exposed_s = sum(c["exposed_s"] for c in comm_syncs.values()) + params_after
+    if ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
+        comm_syncs["edp"] = {"kind": "expert", "comm_s": expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node),
+                             "buckets": 1, "bucket_bytes": 0, "overlapped": False, "option": "", "window_s": 0.0}
+        comm_syncs["edp"]["exposed_s"] = comm_syncs["edp"]["comm_s"]
+        exposed_s += comm_syncs["edp"]["exposed_s"]
+    if zero2 or zero3:
+        sync = syncs["sharding"]
+        nb = buckets(local_param_bytes, sync, max(1, round(cfg.num_layers / p)))
+        each = exposed(zero2, backward, sync, nb) if zero2 else exposed(zero3, micro, sync, nb)
+        comm_syncs["sharding"] = {"kind": sync.kind, "comm_s": m * (zero2 or zero3), "buckets": nb,
+                                  "bucket_bytes": sync.bucket_bytes, "overlapped": sync.overlapped, "option": "",
+                                  "window_s": backward if zero2 else micro, "exposed_s": m * each}
+        exposed_s += m * each
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step
     bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / (v * m) if p > 1 else 0.0
     cp_comm = cp_comm_s(cfg, layout, seq_len, mode, dev, devices_per_node, stride) if cp > 1 else 0.0
-    step = compute + tp_comm + pp_comm + exposed + bubble + loop_comm + cp_comm
+    step = compute + tp_comm + pp_comm + exposed_s + bubble + loop_comm + cp_comm
     tokens = layout.global_batch * s
     world = layout.world
     return {"compute_s": compute, "host_s": comp["host_s"], "device_s": comp["device_s"],
             "ep_comm_s": comp["by_kind_s"].get("comm", 0.0),
-            "kernels_per_step": comp["kernels_per_step"], "dp_sharding_comm_s": exposed, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
+            "kernels_per_step": comp["kernels_per_step"], "dp_sharding_comm_s": exposed_s, "comm_syncs": comm_syncs, "tp_comm_s": tp_comm, "pp_p2p_s": pp_comm,
             "bubble_s": bubble, "loop_comm_s": loop_comm, "cp_comm_s": cp_comm, "step_time_s": step, "tokens_per_sec_per_device": tokens / step / world,
             "mfu": tokens * per_token / step / world / dev.peak_flops}

@@ -123,6 +123,42 @@ def greedy_partition(numels: list[int], n: int, sort: bool) -> list[list[int]]:
     return owned
 
 
+V2_ALIGN_BYTES = 256
+"""fleet's tensor_fusion_helper `alignment` (gpu/npu/xpu, and the CPU stand-in): each parameter's region in a V2
+bucket is padded to a multiple of this / element bytes x sharding degree elements."""
+
+
+def v2_slice_lengths(numels: list[tuple[int, int]], n: int, bucket_bytes: int) -> list[list[int]]:
+    """Stage-1 sharding V2 (`parallel.sharding_split_param`): for each of n ranks, the length of its slice of each
+    parameter [(elements, bytes/elem)] (0: none), as DygraphShardingOptimizerV2 lays them out in Paddle 3.3.1:
+    parameters in list order into buckets closed once they reach `bucket_bytes` (`assign_group_by_size`), each
+    padded to a multiple of 256 / bytes x n elements, rank r owning the r-th contiguous 1/n of every bucket."""
+    groups, cur, size = [], [], 0
+    for i, (numel, b) in enumerate(numels):
+        cur.append(i)
+        size += numel * b
+        if size >= bucket_bytes:
+            groups.append(cur)
+            cur, size = [], 0
+    if cur:
+        groups.append(cur)
+    out = [[0] * len(numels) for _ in range(n)]
+    for group in groups:
+        index, spans = 0, []
+        for i in group:
+            numel, b = numels[i]
+            unit = V2_ALIGN_BYTES // b * n
+            padded = -(-numel // unit) * unit
+            spans.append((i, index, padded))
+            index += padded
+        shard = index // n
+        for r in range(n):
+            lo, hi = r * shard, (r + 1) * shard
+            for i, start, padded in spans:
+                out[r][i] = max(0, min(start + padded, hi) - max(start, lo))
+    return out
+
+
 def _param_bytes(s: ParamSpec, amp: str) -> int:
     """Bytes per element of a parameter: fp32, or 2 under AMP O2 except LayerNorm's (kept fp32)."""
     return 4 if amp in ("none", None) or s.layernorm else 2
@@ -224,6 +260,20 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
     # a frozen parameter (the MoE expert bias) has no gradient, except under fleet's sharding optimizer, whose
     # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2)
     g_bytes = sum(n * b for s, n, b in trained if sh > 1 or not s.frozen)
+    from llmtrain.parallel.overlap import needs_main_grad
+
+    if needs_main_grad(layout):  # fp32 main gradients in place of the parameters' dtype (llmtrain/train/main_grad.py)
+        g_bytes = sum(n * 4 for s, n, b in trained if sh > 1 or not s.frozen)
+    if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: a slice of each
+        lengths = v2_slice_lengths([(n, b) for _, n, b in trained], sh, getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20)
+        g_main = sum(n * 4 for _, n, _ in trained)  # fp32 main gradients (main-gradient training)
+        out = []
+        for rank in range(sh):
+            o_numel = sum(_opt_elems(k, trained[i][2] == 2, trained[i][0].frozen)
+                          for i, k in enumerate(lengths[rank]) if k > 0)
+            out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
+                        "optimizer_bytes": 4 * o_numel, "grad_bytes": g_main, "grad_transient_bytes": 0})
+        return out
     if stage in (1, 2) and sh > 1:
         owners = greedy_partition([n for _, n, _ in trained], sh, sort=stage == 1)
     else:

@@ -48,6 +48,7 @@ def launch_overrides(row: dict, given_amp: str) -> list[str]:
         out = [f"+parallel={preset}"]
     else:
         out = ["+parallel=custom"] + [f"parallel.{k}={v}" for k, v in degrees.items() if v != DEGREES[k]]
+    out += [f"parallel.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in row.get("knobs", {}).items()]
     out.append(f"train.micro_batch_size={row['micro_batch']}")
     if row["recompute"] not in (False, "none"):
         out.append(f"train.recompute={'full' if row['recompute'] is True else row['recompute']}")

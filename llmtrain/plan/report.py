@@ -94,6 +94,13 @@ def explained(r: dict, cfg, device_memory_bytes: float) -> list[str]:
     lines += [f"  {label:<28} {m[k] / GIB:8.2f} GiB" for k, label in MEMORY]
     lines.append(f"step time {1e3 * r['step_time_s']:.1f} ms:")
     lines += [f"  {label:<38} {1e3 * r[k]:8.1f} ms" for k, label in TIMES]
+    for axis, c in (r.get("comm_syncs") or {}).items():  # llmtrain/plan/overlap.py: what each option does
+        size = f"{c['buckets']} buckets of {c['bucket_bytes'] / 2**20:.0f} MiB" if c["bucket_bytes"] else \
+            f"{c['buckets']} collectives"
+        how = ("issued from the backward" + (f" (parallel.{c['option']})" if c["option"] else "")) if c["overlapped"] \
+            else "after the backward" + (f" (parallel.{c['option']}=true would overlap it)" if c["option"] else "")
+        lines.append(f"  ({axis} {c['kind']}: {size}, {how}: {1e3 * c['comm_s']:.1f} ms of collectives, "
+                     f"{1e3 * c['exposed_s']:.1f} ms exposed)")
     lines.append(f"  (compute: host dispatch {1e3 * r['host_s']:.1f} ms, device {1e3 * r['device_s']:.1f} ms, "
                  f"{r['kernels_per_step']} kernels per step)")
     lines.append(f"throughput {r['tokens_per_sec_per_device']:,.0f} tokens/s per device, MFU {100 * r['mfu']:.1f}%")

@@ -117,6 +117,11 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
            "recompute_granularity": label, "runnable": True,
            "offload_optimizer": bool(offload[0]), "offload_activations": bool(offload[1]),
            "amp": amp, "fits": fits, "memory_bytes": mem, **est}
+    from llmtrain.parallel.overlap import enabled
+
+    row["knobs"] = {k: True for k in enabled(layout)}  # the communication options priced (plan/overlap.py)
+    if layout.sharding_split_param and layout.sharding_comm_buffer_mb != 256:
+        row["knobs"]["sharding_comm_buffer_mb"] = layout.sharding_comm_buffer_mb
     row["overrides"] = launch_overrides(row, cfg.train.amp)
     return row
 

@@ -46,6 +46,12 @@ class TrainConfig:
     """Mixed precision: `none` (fp32), `bf16` or `fp16` (AMP O2: low-precision weights, fp32 master weights; fp16 adds a GradScaler).
     On CPU Paddle's AMP is a no-op: the O2 code path runs in fp32 and a warning says so."""
 
+    main_grad: Optional[bool] = None
+    """fp32 gradient accumulation buffers beside the parameters (PaddleNLP's amp_master_grad;
+    llmtrain/train/main_grad.py). None: on exactly when a parallel option needs it (the fused-buffer ones:
+    parallel.sharding_split_param, sharding_tensor_fusion, sharding_comm_overlap, dp_comm_overlap,
+    pp_sharding_comm_overlap). In fp32 the same numbers; under bf16/fp16 micro-batch gradients are summed in fp32."""
+
     recompute: str = "none"
     """Activation recompute (llmtrain/models/recompute.py): `none`, `full` (whole blocks), `full_attn` (the attention
     sub-block), `core_attn` (softmax(q k^T) v only) or `selective` (only `recompute_modules`); `true` is `full` and

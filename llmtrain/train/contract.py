@@ -71,11 +71,13 @@ RULES: list[tuple[str, str, str]] = [
         parallel.ep_dispatcher parallel.order parallel.sequence_parallel parallel.mp_async_allreduce parallel.pp_overlap_p2p_comm
         parallel.pp_enable_timer parallel.dp_comm_overlap parallel.pp_sharding_comm_overlap
         parallel.sharding_comm_overlap parallel.sharding_tensor_fusion parallel.sharding_split_param
+        parallel.sharding_comm_buffer_mb
         parallel.cp parallel.cp_comm""",
            "honoured", "checkpoints are layout-free: tensors are stored whole and re-cut"),
     *_each("train.global_batch_size train.micro_batch_size train.grad_accum",
            "honoured", "the data continues from consumed_samples"),
     ("train.batch_rampup", "honoured", "each step's batch is read from consumed_samples"),
+    ("train.main_grad", "honoured", "gradients are not saved: fp32 main gradients or not, the state is the same"),
     ("train.amp", "honoured", "weights, moments and master weights are stored in fp32 and cast on load (from an fp32 "
                                "checkpoint the master weights start from the cast weights)"),
     *[(f, "schedule", "the LR schedule: see optim.on_resume") for f in SCHEDULE_FIELDS],

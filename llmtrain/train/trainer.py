@@ -37,6 +37,7 @@ from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
 from llmtrain.parallel.expert_states import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
+from llmtrain.parallel.overlap_timeline import timeline_hooks
 from llmtrain.parallel.slicing import TensorSlices
 from llmtrain.train.amp import AmpPlan
 from llmtrain.train.anomaly_guard import AnomalyGuard
@@ -46,6 +47,7 @@ from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
 from llmtrain.train.lora import init_adapters, split_adapters
 from llmtrain.models.recompute import recompute_of
+from llmtrain.train.main_grad import attach_main_grad, main_grad_on
 from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
 from llmtrain.train.metrics import Meter
 from llmtrain.train.optim import build_optimizer
@@ -124,9 +126,12 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
         init_adapters(named, frozen, run, slices)
     optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
+    if main_grad_on(cfg.train, layout):  # fp32 gradient buffers: what fleet's fused communication buffers need
+        core, optimizer = attach_main_grad(core, optimizer, amp)
     local.core = core
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
+    local.hooks.extend(timeline_hooks(model, optimizer, cfg.run.dir, topo.rank))  # fused buckets: overlap/rank_N.jsonl
     local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
     offload = None
     if cfg.train.offload_optimizer:  # the state on the host between steps (paddle_compat/offload.py)

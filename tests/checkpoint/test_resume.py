@@ -197,9 +197,10 @@ def _safe_metrics(run_dir):
 
 @pytest.mark.slow
 def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
-    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), zero2, zero3 and one process continue from it with the
-    uninterrupted records. The other direction in the same launches: tp2, pp2 and zero3 write step 9 as tp slices,
-    pipeline stages and ZeRO-3 slices, and one process continues each from there. Under pp2 the stages are uneven
+    """dp2 writes step 6; tp2, pp2, sharding2 (ZeRO-1), sharding2v2 (fleet's V2: each parameter's optimizer state
+    split by position, written as flat slices), zero2, zero3 and one process continue from it with the
+    uninterrupted records. The other direction in the same launches: tp2, pp2, zero3 and sharding2v2 write step 9
+    as tp slices, pipeline stages, ZeRO-3 slices and V2 state slices, and one process continues each from there. Under pp2 the stages are uneven
     (`PP2_SPLITS`: the GPT 3 + 1, the Llama 1 + 3), and in the same launch a second pp2 run continues the Llama's
     step 9 split the other way, 3 + 1 (one uneven split to another).
     Mixture-of-Experts: ep2 (dp2 ranks sharing out the experts) writes step 6 and one process, tp2 and ZeRO-3 with
@@ -220,10 +221,10 @@ def test_any_layout_resumes_any_other(tiny_corpus, uninterrupted, tmp_path):
     assert [r["step"] for r in recs] == list(range(7, 10))
     worst = check_against(uninterrupted["moe"], recs, "single -> ep2 moe", keys=("loss", "grad_norm"))
     print(f"single -> ep2 moe: max |loss or grad_norm - uninterrupted| = {worst:.2e}")
-    split = ("tp2", "pp2", "zero3")  # these also write step 9, which one process then continues
+    split = ("tp2", "pp2", "zero3", "sharding2v2")  # these also write step 9, which one process then continues
     resplit = tmp_path / "pp2" / "llama_resplit"
     # one launch per fleet topology: ZeRO-1/2/3 share sharding=2 (the stage is ours, not fleet's), so they share one
-    for launch in (("tp2",), ("pp2",), ("sharding2", "zero2", "zero3"), (None,)):
+    for launch in (("tp2",), ("pp2",), ("sharding2", "sharding2v2", "zero2", "zero3"), (None,)):
         runs, checked = [], []
         for layout in launch:
             out = tmp_path / (layout or "single")

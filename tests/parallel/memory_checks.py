@@ -63,6 +63,8 @@ class Degrees:
     vpp: int = 1
     cp: int = 1
     ep: int = 1
+    v2: bool = False
+    """Stage 1 through fleet's DygraphShardingOptimizerV2 (parallel.sharding_split_param): state split by position."""
     split: tuple = ()
     """Blocks per pipeline chunk the run must have been given (parallel.pp_layers); () = the default split, read
     from memory.json and checked to be a split of the model (`stage_layers`)."""
@@ -76,7 +78,8 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "dp2": Degrees(dp=2), "tp2": Degrees(tp=2), "pp2": Degrees(pp=2), "sharding2": Degrees(sharding=2),
     "zero2": Degrees(sharding=2, stage=2), "zero3": Degrees(sharding=2, stage=3), "dp4": Degrees(dp=4),
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
-    "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2),
+    "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2), "sharding2v2": Degrees(sharding=2, v2=True),
+    "sharding2pp2": Degrees(sharding=2, pp=2, v2=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
     "sharding2cp2": Degrees(sharding=2, cp=2), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
@@ -191,7 +194,9 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
         assert e["optimizer_numel"] == sum(state.values()), (layout, e["rank"])
         if d.sharding == 1 or d.stage == 3:
             assert state == held, f"{layout}: rank {e['rank']} optimizer state {_diff(state, held)}"
-    if d.sharding > 1 and d.stage in (1, 2):
+    if d.sharding > 1 and d.v2:
+        check_v2_optimizer(layout, ranks)
+    elif d.sharding > 1 and d.stage in (1, 2):
         check_sharded_optimizer(layout, ranks, lambda name: True)
 
     # 5. gradients
@@ -263,6 +268,36 @@ def check_sharded_optimizer(layout: str, ranks: list, trained) -> None:
             mine = sum(m["params"][n]["numel"] for n in m["optimizer_params"])
             assert 0 < mine <= group_elems / d.sharding + biggest and mine < group_elems, (
                 f"{layout}: rank {m['rank']} keeps optimizer state for {mine} of {group_elems} elements")
+
+
+V2_ALIGN_ELEMENTS = 64
+"""fleet's 256-byte alignment of a parameter in a V2 bucket, in fp32 elements (times the sharding degree)."""
+
+
+def check_v2_optimizer(layout: str, ranks: list) -> None:
+    """Stage-1 V2: each parameter's AdamW state (two moments of its slice length L, two [1] beta powers) is split
+    over the sharding ranks of its group, the slices' lengths summing to the parameter padded to a multiple of
+    64 x sharding elements (each element of the padded parameter on exactly one rank); every rank holds 1/sharding
+    of the group's padded elements; at least one parameter is held in parts by two ranks. A V1 partition (whole
+    tensors, unpadded) or a replicated state fails."""
+    d = DEGREES[layout]
+    groups = {}
+    for e in ranks:
+        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"], e.get("cp_rank", 0)), []).append(e)
+    for key, members in groups.items():
+        params = members[0]["params"]
+        unit = V2_ALIGN_ELEMENTS * d.sharding
+        padded = {n: -(-p["numel"] // unit) * unit for n, p in params.items()}
+        lengths = [{n: (k - 2) // 2 for n, k in m["optimizer_params"].items()} for m in members]
+        for m, mine in zip(members, lengths):
+            assert all(m["optimizer_params"][n] == 2 * k + 2 for n, k in mine.items()), (layout, m["rank"])
+            assert sum(mine.values()) == sum(padded.values()) // d.sharding, (
+                f"{layout}: rank {m['rank']} keeps {sum(mine.values())} state elements, 1/{d.sharding} of the padded "
+                f"{sum(padded.values())} expected")
+        total = {n: sum(mine.get(n, 0) for mine in lengths) for n in params}
+        assert total == padded, f"{layout}: {key} slices per parameter {_diff(total, padded)}"
+        split = [n for n in params if sum(n in mine for mine in lengths) > 1]
+        assert split, f"{layout}: {key} no parameter is split between sharding ranks"
 
 
 def _diff(got: dict, want: dict) -> str:

@@ -11,7 +11,7 @@ import pytest
 from llmtrain.config import ConfigError, compose_config, to_config
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import Layout, layout_problems, resolve_layout
-from llmtrain.parallel.overlap import KNOBS, apply_overlap
+from llmtrain.parallel.overlap import FUSED, KNOBS, NOT_APPLIED_ON_CPU, apply_overlap, needs_main_grad
 from llmtrain.parallel.strategy import build_strategy
 from llmtrain.train.config import TrainConfig
 
@@ -63,11 +63,17 @@ def test_every_knob_maps_to_a_fleet_field():
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1}
     layout = SimpleNamespace(grad_accum=3, **{k: True for k in KNOBS})
-    assert apply_overlap(strategy, layout, on_cpu=True) == list(KNOBS)
+    assert apply_overlap(strategy, layout, on_cpu=True) == list(NOT_APPLIED_ON_CPU)
+    for knob, (section, attr) in KNOBS.items():  # the fused-buffer knobs run on CPU over the stand-ins
+        assert getattr(strategy.hybrid_configs[section], attr) is (knob in FUSED), knob
     assert apply_overlap(strategy, layout, on_cpu=False) == []
     for knob, (section, attr) in KNOBS.items():
         assert getattr(strategy.hybrid_configs[section], attr) is True, knob
     assert strategy.hybrid_configs["sharding_configs"].accumulate_steps == 3
+    off = SimpleNamespace(grad_accum=3, **{k: False for k in KNOBS})  # a later run of the same process: all off
+    assert apply_overlap(strategy, off, on_cpu=False) == []
+    for knob, (section, attr) in KNOBS.items():
+        assert getattr(strategy.hybrid_configs[section], attr) is False, knob
 
 
 @pytest.mark.parametrize("overrides,expected", [
@@ -75,7 +81,7 @@ def test_every_knob_maps_to_a_fleet_field():
     (("+parallel=dp4", "parallel.pp_overlap_p2p_comm=true"), ["parallel.pp_overlap_p2p_comm=true with parallel.pp=1"]),
     (("+parallel=dp4", "parallel.dp_comm_overlap=true"),
      ["parallel.dp_comm_overlap=true with parallel.dp=4, parallel.tp=1, parallel.pp=1, parallel.sharding=1: fleet "
-      "asserts dp > 1 and pp > 1", "parallel.dp_comm_overlap=true: not supported here: fleet 3.3.1"]),
+      "asserts dp > 1 and pp > 1"]),
     (("+parallel=dp2pp2", "parallel.dp_comm_overlap=true", "parallel.pp_sharding_comm_overlap=true"),
      ["parallel.dp_comm_overlap=true with parallel.pp_sharding_comm_overlap=true: fleet refuses both",
       "parallel.pp_sharding_comm_overlap=true with parallel.dp=2, parallel.tp=1, parallel.pp=2, parallel.sharding=1: "
@@ -85,8 +91,11 @@ def test_every_knob_maps_to_a_fleet_field():
       "stage-1 sharding optimizer"]),
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_tensor_fusion=true"),
      ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
-      "DygraphShardingOptimizerV2", "parallel.sharding_split_param=true: not supported here yet",
-      "parallel.sharding_tensor_fusion=true: not supported here yet"]),
+      "DygraphShardingOptimizerV2"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.sharding_tensor_fusion=true"),
+     ["parallel.sharding_tensor_fusion=true without parallel.sharding_split_param=true: not built"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
+     ["parallel.sharding_split_param=true with parallel.ep=2: not built"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
      ["parallel.sharding_comm_overlap=true with parallel.pp=2: fleet asserts 'You should not use pipeline parallel "
       "and comm_overlap at the same time'"]),
@@ -96,6 +105,52 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
     assert layout is None
     for line in expected:
         assert any(p.startswith(line) for p in problems), (line, problems)
+
+
+@pytest.mark.parametrize("overrides,knobs", [
+    (("+parallel=dp2pp2", "parallel.dp_comm_overlap=true"), ["dp_comm_overlap"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.pp_sharding_comm_overlap=true"),
+     ["pp_sharding_comm_overlap"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.pp_sharding_comm_overlap=true",
+      "parallel.sharding_split_param=true"), ["pp_sharding_comm_overlap", "sharding_split_param"]),
+    (("+parallel=zero2", "parallel.dp=2", "parallel.sharding_stage=1", "parallel.sharding_split_param=true"),
+     ["sharding_split_param"]),
+    (("+parallel=zero2", "parallel.dp=2", "parallel.sharding_stage=1", "parallel.sharding_split_param=true",
+      "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap", "sharding_split_param"]),
+])
+def test_fused_buffer_knobs_are_accepted_and_need_main_grad(overrides, knobs):
+    layout, problems = _problems(*overrides)
+    assert problems == [] and all(getattr(layout, k) for k in knobs)
+    assert needs_main_grad(layout)
+    hc = build_strategy(layout, seed=1, on_cpu=True).hybrid_configs  # applied on CPU too (fused_comm stand-ins)
+    for k in knobs:
+        section, attr = KNOBS[k]
+        assert getattr(hc[section], attr) is True, k
+    assert not needs_main_grad(_problems("+parallel=dp2pp2")[0])
+
+
+def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
+    from llmtrain.train.main_grad import main_grad_on, main_grad_problems
+
+    v2 = ParallelConfig(sharding=2, sharding_split_param=True)
+    layout, _ = layout_problems(v2, TrainConfig(global_batch_size=8), 2)
+    assert main_grad_on(TrainConfig(), layout) and not main_grad_on(TrainConfig(main_grad=False), layout)
+    assert not main_grad_on(TrainConfig(), Layout(dp=2)) and main_grad_on(TrainConfig(main_grad=True), Layout(dp=2))
+    assert main_grad_problems(TrainConfig(), v2, lora=False) == []
+    assert main_grad_problems(TrainConfig(main_grad=False), v2, lora=False)[0].startswith(
+        "train.main_grad=false with parallel.sharding_split_param=true")
+    assert main_grad_problems(TrainConfig(), v2, lora=True)[0].startswith(
+        "train.main_grad (on for parallel.sharding_split_param) with finetune.lora.rank > 0: not built")
+    assert "parallel.sharding_stage=2" in main_grad_problems(
+        TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False)[0]
+    assert "train.batch_rampup" in main_grad_problems(TrainConfig(batch_rampup=[2, 2, 16]), v2, lora=False)[0]
+    assert "with parallel.tp=2: not built" in main_grad_problems(
+        TrainConfig(), ParallelConfig(tp=2, sharding=2, sharding_split_param=True), lora=False)[0]
+    assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
+    pp_v2 = ParallelConfig(pp=2, sharding=2, sharding_split_param=True, pp_sharding_comm_overlap=True)
+    assert main_grad_problems(TrainConfig(), pp_v2, lora=False, tied=False) == []
+    assert "model.tie_embeddings=true under parallel.pp=2" in main_grad_problems(TrainConfig(), pp_v2, lora=False,
+                                                                                 tied=True)[0]
 
 
 def test_resolve_layout_raises_config_error():

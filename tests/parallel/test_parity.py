@@ -11,7 +11,11 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1. pp4v2 and the pp3 pair are drawn, one of them per suite run (`DRAWN`).
+under dp2pp2 with ep2 split 3 + 1. pp4v2, the pp3 pair and sharding2pp2 are drawn, one of them per suite run
+(`DRAWN`). Communication overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
+issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
+shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
+(`dp_comm_overlap`) and sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -71,19 +75,19 @@ INIT_STEPS = 3
 TIED = {"gpt": True, "llama": False, "llama5": False, "ernie": True, "qwen3": False}
 
 LAYOUTS = [
-    ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("zero2", 2), ("zero3", 2),
+    ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
-    ("pp3", 3), ("pp3v2", 3),
+    ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2")]
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
@@ -94,13 +98,23 @@ SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2
 8 blocks on pp3): 5 blocks as 3 + 2, written as a user would (`LAYOUT_OF`); MoE with a first stage holding no MoE
 block (its balancing-loss share and statistics are nothing) and under ep2; 8 blocks in 6 interleaved chunks of 1-2.
 Per-rank holdings are checked against the split (`memory_checks.stage_layers`)."""
-LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"]}
+SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_split_param=true",
+                  "parallel.pp_sharding_comm_overlap=true", "parallel.name=sharding2pp2"]
+"""`sharding2pp2`: stage-1 V2 under pp2, the sharding reduce-scatter in the pipeline's buckets issued from its last
+backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
+the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
+must carry fleet's mark of the table's second copy, or the clip counts it twice."""
+LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
+             ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"]}
 """Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp
 micro-batches; 8 is not a multiple of 3: its remainder path runs too). Every sample has 32 target tokens, so the
 mean of 8 micro-batch means equals one process's mean of 4 micro-batches of 2: the same reference."""
-SAME_AS = {"llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"]}
+"""Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
+fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows)."""
+SAME_AS = {"llama_dpov": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -169,6 +183,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
+    if run in OVERLAP_RUNS:
+        return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + OVERLAP_RUNS[run]
     if run == "llama5":  # 5 blocks: an odd count, split unevenly under pp2 (SPLITS)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + ["model.num_layers=5"]
     if run == "gpt_sp":  # sequence parallelism, one all-gather per projection, biases, LayerNorm, tied head
@@ -233,7 +249,27 @@ with 4096-element gradient storages: the parameters that do not fit are reduced 
 backward peak is about its owned share (tests/parallel/zero2_peak.py), where the default storages hold every
 gradient on every rank."""
 
-SHARED_LAUNCHES = (("sharding2", "zero2", "zero3"), ("pp3", "pp3v2"))
+V2_WIDE = [*LAYERS, "model.ffn_hidden_size=256", "+parallel=sharding2v2"]
+"""A Llama of ~1.6 MiB of fp32 parameters: two V2 buckets of parallel.sharding_comm_buffer_mb=1 (the preset's)."""
+
+
+def check_timeline(run_dir, overlapped: bool) -> list:
+    """Every step of a V2 run recorded 2 buckets' collectives (<run.dir>/overlap/rank_N.jsonl, both ranks), each
+    issued before the optimizer update (from the backward) when `overlapped`, else after it; returns rank 0's
+    records."""
+    from llmtrain.parallel.overlap_timeline import read_timeline
+
+    for rank in (0, 1):
+        recs = read_timeline(str(run_dir), rank)
+        assert [r["step"] for r in recs] == [1, 2], recs
+        for r in recs:
+            assert [b["bucket"] for b in r["buckets"]] == [0, 1] or [b["bucket"] for b in r["buckets"]] == [1, 0], r
+            assert all(b["before_update"] is overlapped for b in r["buckets"]), r
+            assert all((b["issued_s"] < r["update_s"]) is overlapped for b in r["buckets"]), r
+    return read_timeline(str(run_dir), 0)
+
+
+SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"))
 """Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
 virtual stages are the PipelineLayer's, fleet's groups are the same): their runs go through one launch, started by
 whichever of them runs first; each is still checked by its own test."""
@@ -260,6 +296,9 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
+    if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
+        runs += [tiny_overrides(tiny_corpus, str(out / f"wide_{k}"), "llama", steps=2) + V2_WIDE
+                 + [f"parallel.sharding_comm_overlap={k == 'overlap'}"] for k in ("overlap", "after")]
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -315,6 +354,19 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from pp_activations import check as check_pp
 
         print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(runs_dir / 'pp_act')}")
+    if layout == "dp2pp2":  # dp_comm_overlap: every stage's dp bucket issued from the pipeline's last backward
+        from llmtrain.parallel.overlap_timeline import read_timeline
+
+        for rank in range(4):
+            recs = read_timeline(str(runs_dir / "llama_dpov"), rank)
+            assert [r["step"] for r in recs] == list(range(1, STEPS + 1)), (rank, recs)
+            assert all(r["buckets"] and all(b["before_update"] for b in r["buckets"]) for r in recs), (rank, recs)
+        assert not (runs_dir / "llama" / "overlap").exists()  # no fused buckets without the knob: nothing recorded
+    if layout == "sharding2v2":  # the overlap seen: buckets issued inside the backward with the knob, after without
+        for k, overlapped in (("overlap", True), ("after", False)):
+            recs = check_timeline(runs_dir / f"wide_{k}", overlapped)
+            print(f"sharding2v2 {k}: step 2 update at {recs[-1]['update_s']:.3f} s, buckets issued at "
+                  f"{[b['issued_s'] for b in recs[-1]['buckets']]} s")
     if layout == "dp2":
         import runpy
 
@@ -413,6 +465,29 @@ def test_a_wrong_setting_exceeds_the_bound(reference, tiny_corpus, tmp_path):
     ref, got = reference["gpt"]["metrics"], metrics(tmp_path / "gpt")
     worst = max(abs(g[k] - r[k]) for r, g in zip(ref, got) for k in ("loss", "grad_norm"))
     assert TOL < worst < 1e-4, worst
+
+
+def test_a_whole_tensor_partition_fails_the_v2_check(reference):
+    """Optimizer state partitioned by whole tensors over the two sharding ranks (V1's way: a run that silently fell
+    back from split_param) fails `check_memory` for sharding2v2, and passes for sharding2."""
+    from memory_checks import adam_state
+
+    one = reference["llama"]["memory"]
+    params = one["ranks"][0]["params"]
+    names = sorted(params, key=lambda n: -params[n]["numel"])
+    owned = [names[0::2], names[1::2]]
+    for layout in ("sharding2", "sharding2v2"):
+        fake = dict(one, layout=dict(one["layout"], sharding=2, sharding_stage=1),
+                    ranks=[dict(one["ranks"][0], rank=r, sharding_rank=r,
+                                optimizer_params={n: adam_state(params[n]["numel"]) for n in owned[r]},
+                                optimizer_numel=sum(adam_state(params[n]["numel"]) for n in owned[r]))
+                           for r in range(2)])
+        check = lambda: check_memory(fake, one, layout, tied=False)  # noqa: E731
+        if layout == "sharding2":
+            check()
+        else:
+            with pytest.raises(AssertionError, match="state elements|slices per parameter"):
+                check()
 
 
 @pytest.mark.parametrize("layout", [name for name, _ in LAYOUTS])

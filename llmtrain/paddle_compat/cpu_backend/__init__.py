@@ -28,6 +28,9 @@ replaces, once per process:
                    group_sharded_parallel                     ZeRO stages 2 and 3 on CPU
   context_parallel llmtrain.paddle_compat.collectives.reduce_scatter/all_to_all/ring_shift
                                                              from gloo all_gather / all_reduce
+  fused_comm       tensor_fusion_helper.get_current_device_type/alignment, dist.reduce_scatter (tensor form)
+                                                             fleet's fused buffers (sharding V2, tensor fusion,
+                                                             comm overlaps) on CPU
 
 Each module's docstring says which Paddle function it replaces, why, and what the GPU
 path does instead. `installed_patches()` lists the replaced attributes.
@@ -54,7 +57,7 @@ from __future__ import annotations
 
 import paddle
 
-from . import context_parallel, gloo_groups, mp_ops, pipeline_p2p, sequence_parallel, sharding, tensor_parallel
+from . import context_parallel, fused_comm, gloo_groups, mp_ops, pipeline_p2p, sequence_parallel, sharding, tensor_parallel
 from ..patching import installed as installed_patches
 from ..version import TESTED_PADDLE_VERSION, check_paddle_version
 
@@ -71,7 +74,7 @@ def install() -> bool:
     if _INSTALLED:
         return True
     check_paddle_version()
-    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding, sequence_parallel, context_parallel):
+    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding, sequence_parallel, context_parallel, fused_comm):
         module.install_patches()
     _INSTALLED = True
     return True

@@ -1,0 +1,123 @@
+"""fleet's stage-1 sharding V2 (`DygraphShardingOptimizerV2`, `sharding_configs.split_param`): which flat slice of
+each parameter's optimizer state this rank holds, and the fused buffers behind it.
+
+    python -m pytest -q tests/paddle_compat/test_fused_comm.py
+    spans = v2_slices(optimizer)     # {param name: (start, end, padded size)} this rank's slices; {} without V2
+    buffers = fused_buffers(optimizer)   # fleet's FusedCommBuffer objects (V2's, or the pipeline's under pp overlap)
+
+V2 lays the parameters of each bucket (`comm_buffer_size_MB`, 256 MiB by default) end to end in one flat buffer,
+each padded to a multiple of `alignment / dtype bytes x sharding degree` elements, and gives sharding rank r the
+r-th contiguous 1/n of the buffer. A parameter's part on this rank is `ShardingGradView._param_begin ..
+_param_end` (buffer offsets; `_index` is where the parameter starts, `_padded_size` its padded length), possibly
+empty. The inner optimizer sees one 1-D "slice parameter" per parameter, with the parameter's own name, so its
+accumulators and master weight are keyed `<param name>_moment1_0` ... with the slice's length (padding included
+when the slice reaches it). The parameters themselves stay whole on every rank (all-gathered after each update).
+Under the pipeline's `sharding_comm_overlap` the buffers are the pipeline's (`param.comm_buffer_ref`) until V2's
+first step collects them. Read in Paddle 3.3.1 (fleet/utils/tensor_fusion_helper.py,
+meta_optimizers/dygraph_optimizer/dygraph_sharding_optimizer.py).
+"""
+from __future__ import annotations
+
+from llmtrain.paddle_compat.optim import optimizer_chain
+from llmtrain.paddle_compat.version import require_tested_paddle
+
+
+def sharding_v2(optimizer):
+    """The DygraphShardingOptimizerV2 in `optimizer`'s wrapper chain, or None."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizerV2,
+    )
+
+    return next((o for o in optimizer_chain(optimizer) if isinstance(o, DygraphShardingOptimizerV2)), None)
+
+
+def fused_buffers(optimizer) -> list:
+    """fleet's FusedCommBuffer objects of the V2 optimizer in `optimizer` (V2's own list, or, before its first step
+    under the pipeline's sharding overlap, the pipeline's buffers its parameters point to); [] without V2."""
+    v2 = sharding_v2(optimizer)
+    if v2 is None:
+        return []
+    require_tested_paddle()
+    if v2._comm_buffer_list:
+        return list(v2._comm_buffer_list)
+    seen, out = set(), []
+    for p in v2._parameter_list:
+        ref = getattr(p, "comm_buffer_ref", None)
+        buf = ref() if ref is not None else None
+        if buf is not None and id(buf) not in seen:
+            seen.add(id(buf))
+            out.append(buf)
+    return out
+
+
+def v2_slices(optimizer) -> dict:
+    """{parameter name: (start, end, padded size)}: the elements [start, end) of the flattened parameter, padded to
+    `padded size`, whose optimizer state this rank holds under V2; parameters with no part here are absent."""
+    out = {}
+    for buf in fused_buffers(optimizer):
+        for name, view in buf._sharding_param_grad_view.items():
+            start, end = view._param_begin - view._index, view._param_end - view._index
+            if start < end:
+                out[name] = (int(start), int(end), int(view._padded_size))
+    return out
+
+
+def pipeline_buffers(model) -> list:
+    """The FusedCommBuffer objects fleet's PipelineParallel built for `dp_comm_overlap` / `sharding_comm_overlap`
+    (`_chunk_2_comm_buffers`: {chunk id: [buffer]}); [] for any other model."""
+    chunks = getattr(model, "_chunk_2_comm_buffers", None)
+    if not chunks:
+        return []
+    require_tested_paddle()
+    return [buf for bufs in chunks.values() for buf in bufs]
+
+
+def buffer_numel(buf) -> int:
+    """Elements in a FusedCommBuffer's flat gradient buffer (padding included): the bytes each collective moves
+    are this times the gradient's element size (fp32 under main-gradient training)."""
+    require_tested_paddle()
+    storage = getattr(buf, "grad_storage", None)
+    if storage is not None and storage._is_initialized():
+        return int(storage._numel())
+    return int(getattr(buf, "buffer_size", 0))
+
+
+def on_gradient_collective(buf, record) -> None:
+    """Call `record(buf, start, end)` (time.perf_counter() seconds) around every gradient collective `buf` issues:
+    fleet's `FusedCommBuffer._comm_grads` (reduce-scatter under V2, reduce under V1, all-reduce for dp), which
+    runs from a gradient hook inside the backward under the comm overlaps and from the optimizer step otherwise.
+    On GPU the call returns once the collective is queued on the communication stream (`end` is its issue, not
+    its completion); over gloo it returns when the collective is done."""
+    import time
+
+    require_tested_paddle()
+    inner = buf._comm_grads
+
+    def timed():
+        if not buf.need_reduce_scale_sync():
+            return inner()
+        start = time.perf_counter()
+        out = inner()
+        record(buf, start, time.perf_counter())
+        return out
+
+    buf._comm_grads = timed
+
+
+def carry_shared_marks(optimizer) -> int:
+    """Give each V2 slice parameter its parameter's `is_firstly_shared` mark; returns how many were marked.
+
+    V2's `_create_slice_param` copies is_distributed, optimize_attr, do_model_average, need_clip and no_sync, not
+    the mark by which fleet's HybridParallelClipGrad skips the later pipeline stage's copy of a tied table
+    (`llmtrain.paddle_compat.fleet.mark_secondary_shared_copies`): without it the clip's norm counts that table
+    twice (measured: a tied GPT under sharding2 x pp2, grad_norm 1.627 for one process's 1.565)."""
+    v2 = sharding_v2(optimizer)
+    if v2 is None:
+        return 0
+    require_tested_paddle()
+    marked = 0
+    for p in v2._parameter_list:
+        if hasattr(p, "is_firstly_shared") and p.name in v2._slice_params:
+            v2._slice_params[p.name].is_firstly_shared = p.is_firstly_shared
+            marked += 1
+    return marked

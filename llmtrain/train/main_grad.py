@@ -1,0 +1,83 @@
+"""Main-gradient training: an fp32 gradient accumulation buffer (`param.main_grad`) beside each bf16/fp16 parameter.
+
+    python llmtrain/pretrain.py +parallel=sharding2 parallel.sharding_split_param=true train.amp=bf16
+    on = main_grad_on(cfg.train, layout)                 # train.main_grad, or what the layout's knobs need
+    core, optimizer = attach_main_grad(core, optimizer, amp)   # after AMP's decorate, before fleet wraps them
+
+What PaddleNLP calls `amp_master_grad`, through fleet's public `fleet.utils.mix_precision_utils`:
+`MixPrecisionLayer` registers a gradient hook on every parameter that adds the low-precision gradient into an
+fp32 `main_grad` (created on first use) and leaves `param.grad` empty; `MixPrecisionOptimizer` steps on the
+`main_grad`s and zeroes them in place. fleet's fused communication buffers (`parallel.sharding_split_param`,
+`sharding_tensor_fusion`, `sharding_comm_overlap`, `dp_comm_overlap`, `pp_sharding_comm_overlap`) keep the
+`main_grad`s as views into one flat fp32 buffer per bucket and refuse to run without them
+(`llmtrain.parallel.overlap.FUSED`), so `train.main_grad` defaults on when one of those is switched on.
+
+Numerics against the default path (bf16 `param.grad` accumulated over micro-batches, then the O2 optimizer's
+fp32 master weights): the same update, except that the micro-batch gradients are summed in fp32 instead of bf16
+(one bf16 rounding per micro-batch instead of one per addition): exact with one micro-batch, closer to the fp32
+sum with several. In fp32 (CPU, `train.amp=none`) the two paths give the same numbers to the last bit
+(tests/train/test_main_grad.py). Parameters stay in their dtype: MixPrecisionLayer's dtype argument is only
+checked, the hooks cast nothing.
+
+The layer wrapper itself is not kept (PaddleNLP's pipeline recipe does the same): its constructor's hooks are
+the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer for fleet).
+"""
+from __future__ import annotations
+
+MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 and pp, tp without sharding_split_param (no sequence parallelism, "
+                     "ZeRO-2/3, ep, cp or LoRA)")
+
+
+def main_grad_on(train_cfg, layout) -> bool:
+    """`train.main_grad` when set; else on exactly when a switched-on knob of the layout needs it."""
+    from llmtrain.parallel.overlap import needs_main_grad
+
+    if train_cfg.main_grad is not None:
+        return bool(train_cfg.main_grad)
+    return layout is not None and needs_main_grad(layout)
+
+
+def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> list[str]:
+    """Refusals, with the fields: main_grad switched off under a knob that needs it, or on where it is not built.
+    `tied`: the model ties its input and output embeddings (`model.tie_embeddings`)."""
+    from llmtrain.parallel.overlap import FUSED
+
+    fused = [k for k in FUSED if parallel is not None and getattr(parallel, k, False)]
+    if train_cfg.main_grad is False and fused:
+        return [f"train.main_grad=false with parallel.{fused[0]}=true: fleet's fused communication buffers hold "
+                "fp32 main gradients (llmtrain.parallel.overlap.FUSED); leave train.main_grad unset or true"]
+    if not (train_cfg.main_grad or fused):
+        return []
+    where = ["train.batch_rampup"] if train_cfg.batch_rampup is not None and fused else []  # buffers fix the count
+    if parallel is not None:
+        where += [f"parallel.sharding_stage={parallel.sharding_stage}"] if parallel.sharding > 1 and \
+            parallel.sharding_stage > 1 else []
+        where += ["parallel.sequence_parallel=true"] if parallel.sequence_parallel else []
+        where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 else []
+        where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 else []
+        # the checkpoint keeps V2's state as flat slices of whole parameters; under tp a slice is of a tp piece
+        where += [f"parallel.tp={parallel.tp}"] if parallel.tp > 1 and parallel.sharding_split_param else []
+    where += ["finetune.lora.rank > 0"] if lora else []
+    if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
+            parallel.pp_sharding_comm_overlap:
+        # fleet 3.3.1 reduce-scatters the pipeline's buckets (scale_grads) before it sums the tied table's gradient
+        # over the stages holding it (allreduce_shared_weight_gradients); the table's V2 slice on stage 0 and on the
+        # last stage cover different elements, so that sum adds a sharding-summed part to an unsummed one (measured:
+        # a tied GPT under sharding2 x pp2, grad_norm 1.5639 for one process's 1.5647, the loss 1.5e-5 off by step 3)
+        return [f"parallel.sharding_split_param=true with parallel.pp_sharding_comm_overlap=true and "
+                f"model.tie_embeddings=true under parallel.pp={parallel.pp}: fleet 3.3.1 sums the tied table's gradient "
+                "over the pipeline stages after its V2 slices were reduce-scattered, and the stages' slices differ; "
+                "untie the embeddings, or drop one of the two options"]
+    if where:
+        return [f"train.main_grad (on{' for parallel.' + fused[0] if fused else ''}) with {', '.join(where)}: not "
+                f"built; main-gradient training runs under {MAIN_GRAD_LAYOUTS}"]
+    return []
+
+
+def attach_main_grad(core, optimizer, amp):
+    """fp32 `main_grad` hooks on every parameter of `core` and an optimizer that steps on them; returns
+    (core, optimizer). `amp` (an `AmpPlan`) names the dtype fleet's wrapper checks (bf16 when training in fp32)."""
+    from paddle.distributed.fleet.utils.mix_precision_utils import MixPrecisionLayer, MixPrecisionOptimizer
+
+    MixPrecisionLayer(core, dtype=amp.dtype if amp.enabled else "bfloat16")  # its hooks are the effect
+    return core, MixPrecisionOptimizer(optimizer)
