@@ -53,7 +53,11 @@ def _held(cfg, layout, amp: str) -> tuple[list, float, float]:
 
 def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: str, dev,
                      moe_imbalance: float | None = None) -> float:
-    """Bytes the worst rank of `layout` (pp > 1) holds at least, whatever its split (module docstring)."""
+    """Bytes the worst rank of `layout` (pp > 1) holds at least, whatever its split (module docstring). `mode`:
+    none, full, or `parts` (any recompute of parts of blocks: each block keeps at least its input, as under full,
+    and no block's full set is counted)."""
+    parts = mode == "parts"
+    mode = "full" if parts else mode
     p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
     flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
     dense, moe_act, kept, logits = activation_parts(cfg, layout, seq_len, mode, dev.dtype_bytes, flash, device,
@@ -66,7 +70,7 @@ def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: 
         f = in_flight(p, v, m, st)
         per.append(min(h + f * (kept if mode == "full" else a) for h, a in kinds))
         fixed.append(dev.framework_bytes + (first if st == 0 else 0.0) + (last + logits if st == p - 1 else 0.0)
-                     + (least_act if mode == "full" else 0.0))
+                     + (least_act if mode == "full" and not parts else 0.0))
     return water_level(fixed, per, cfg.num_layers)
 
 

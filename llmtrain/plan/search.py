@@ -13,7 +13,8 @@ import dataclasses
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.plan.devices import get_device
-from llmtrain.plan.estimate import RECOMPUTE, memory_estimate, moe_plan, recompute_mode, time_estimate
+from llmtrain.plan.estimate import (RECOMPUTE, memory_estimate, moe_plan, recompute_kept_bytes, recompute_mode,
+                                    time_estimate)
 from llmtrain.plan.overrides import launch_overrides
 from llmtrain.plan.prune import split_free_bound
 from llmtrain.plan.stage_cost import with_pipeline_split
@@ -78,7 +79,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     `timed` False: memory only when the row does not fit (the ranking's memory-first pruning): its time fields
     (`TIME_FIELDS`) are None. `offload`: (optimizer state, activations) offloaded to the host
     (`train.offload_optimizer`, `train.offload_activations`, priced by `llmtrain.plan.recompute.with_offload`;
-    such a row is always timed: what it saves depends on its step)."""
+    timed only when it fits with what it moves off the device)."""
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
@@ -89,13 +90,21 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes, moe_imbalance=imbalance)
-    if timed or any(offload) or mem["total"] <= dev.memory_bytes:
+    if any(offload) and not timed:  # its memory first (what offload saves in bytes does not depend on times)
+        from llmtrain.plan.recompute import with_offload
+
+        unit = dict.fromkeys(("compute_s", "step_time_s", "tokens_per_sec_per_device", "mfu"), 1.0)
+        offloaded, _ = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, unit, optimizer=offload[0],
+                                    activations=offload[1], kept=recompute_kept_bytes(
+                                        model_cfg, cfg.data.seq_len // getattr(layout, "cp", 1), layout.micro_batch,
+                                        dev.dtype_bytes))
+        timed = offloaded["total"] <= dev.memory_bytes
+    if timed or mem["total"] <= dev.memory_bytes:
         est = time_estimate(model_cfg, layout, cfg.data.seq_len, recompute, dev, cfg.plan.devices_per_node, flash,
                             "none" if amp == "none" else "bf16", moe_imbalance=imbalance)
     else:
         est = dict.fromkeys(TIME_FIELDS)
-    if any(offload):
-        from llmtrain.plan.estimate import recompute_kept_bytes
+    if any(offload) and est["step_time_s"] is not None:
         from llmtrain.plan.recompute import with_offload
 
         kept = recompute_kept_bytes(model_cfg, cfg.data.seq_len // getattr(layout, "cp", 1), layout.micro_batch,
@@ -184,15 +193,18 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
                 continue
             moe = moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance)
             for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
-                if layout.pp > 1 and not layout.pp_layers and recompute in ("none", "full") and split_free_bound(
-                        model_cfg, layout, seq_len=cfg.data.seq_len, mode=recompute, amp=amp, device=device, dev=dev,
+                bound_mode = recompute if recompute in ("none", "full") else "parts"
+                if layout.pp > 1 and not layout.pp_layers and split_free_bound(
+                        model_cfg, layout, seq_len=cfg.data.seq_len, mode=bound_mode, amp=amp, device=device, dev=dev,
                         moe_imbalance=cfg.plan.moe_imbalance) > dev.memory_bytes:
                     rows.pruned += 1  # fits under no split of its blocks (llmtrain/plan/prune.py)
                     continue
                 split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len,
                                             recompute=recompute_mode(recompute), moe=moe)
                 rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False))
-                if recompute == "full" and getattr(dev, "host_bw", None):  # + offload (a GPU's PCIe link)
+                # + offload (a GPU's PCIe link), where the row does not fit without it (where it does, the same
+                # layout without offload is as small a step or smaller: the offloaded row would only be slower)
+                if recompute == "full" and getattr(dev, "host_bw", None) and not rows[-1]["fits"]:
                     rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False,
                                          offload=(True, model_cfg.moe_num_experts == 0)))
     rows.sort(key=_order)

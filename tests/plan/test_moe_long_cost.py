@@ -199,11 +199,11 @@ def test_auto_takes_cp_only_when_nothing_else_fits(monkeypatch):
     cfg = to_config(compose(over + ["data.seq_len=393216"]))
     rows = rank_layouts(cfg, planned_model(cfg))
     fits = [r for r in rows if r["fits"]]
-    assert fits and {(r["cp"], r["cp_comm"], r["recompute"]) for r in fits} == {(2, "ring", True), (2, "allgather", True)}
+    assert fits and {(r["cp"], r["cp_comm"], r["recompute"]) for r in fits} == {(2, "ring", "full"), (2, "allgather", "full")}
     assert not [r for r in rows if r["cp_comm"] == "a2a" and r["cp"] > 1]
     short = to_config(compose(over + ["data.seq_len=4096"]))
     assert {r["cp"] for r in rank_layouts(short, planned_model(short))} == {1}
     monkeypatch.setattr(paddle, "get_device", lambda: "gpu:0")  # choose_layout plans plan.device on a GPU
     auto = to_config(compose(over + ["data.seq_len=393216", "+parallel=auto"]))
     chosen = choose_layout(auto, world_size=2, log=lambda _: None)
-    assert (chosen.parallel.cp, chosen.parallel.cp_comm, chosen.train.recompute) == (2, fits[0]["cp_comm"], True)
+    assert (chosen.parallel.cp, chosen.parallel.cp_comm, chosen.train.recompute) == (2, fits[0]["cp_comm"], "full")

@@ -100,7 +100,7 @@ def test_cli_json_ranks_valid_layouts(tmp_path):
     for r in rows:
         assert r["dp"] * r["tp"] * r["pp"] * r["sharding"] == 8 and r["fits"] is True
         m = r["memory_bytes"]
-        assert set(m) == {"params", "grads", "optimizer", "activations", "other", "total", "allocated"}
+        assert set(m) == {"params", "grads", "optimizer", "activations", "other", "total", "allocated", "recompute_transient"}
         assert m["total"] == sum(m[k] for k in ("params", "grads", "optimizer", "activations", "other"))
         assert m["total"] - m["allocated"] == 2 * 2**30  # the a100-80g margin is outside the allocator's count
         for k in ("virtual_pp", "sharding_stage", "micro_batch", "recompute", "step_time_s",
