@@ -44,6 +44,7 @@ parameter all-gathers for forward and backward and a gradient reduce-scatter (3 
 exposed = max(0, comm - 0.8·the micro-batch's compute);
 bubble = one micro-batch of every stage but the slowest (the fill and drain of 1F1B), /v when interleaved
 (equal stages: (pp - 1)/(v·m) of the pipeline's compute; the last stage holding the LM head is the slowest);
+DualPipeV: 1F1B's (v = 1) times `llmtrain.plan.dualpipe_bubble.dualpipe_bubble_factor` (DeepSeek's formula);
 loop: the training loop's own small all-reduces a step (`loop_meetings_s`). A group spans the network if its ranks are more than
 devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost); then its ring crosses between
 nodes at (members per node) x net_bw, capped by NVLink (`_link`: one network port per GPU, one NCCL channel per
@@ -179,6 +180,8 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         in_flight_layers = layers_here
     elif v == 1:
         in_flight_layers = min(p, m) * layers_here
+    elif getattr(layout, "pp_schedule", "1f1b") == "dualpipev":  # DualPipe's table: 2·pp + 1 chunks of L/(2·pp)
+        in_flight_layers = min(2 * p + 1, m * v) * cfg.num_layers / (p * v)
     else:
         in_flight_layers = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
     if mode == "full":
@@ -306,12 +309,13 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     s, b, t, p, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.grad_accum
     gpu = dev.async_launch
     cp = getattr(layout, "cp", 1)
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
 
     def stage_compute(stage, ranks):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
-        blocks = stage_blocks(layout.pp_layers, p, stage) if p > 1 else list(range(cfg.num_layers))
+        blocks = stage_blocks(layout.pp_layers, p, stage, v_shape) if p > 1 else list(range(cfg.num_layers))
         micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none",
-                               len(blocks), stage == 0, stage == p - 1,
+                               len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
                                bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
                                first_layer=blocks[0], cp=cp, moe=moe)
@@ -483,6 +487,10 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step
     bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / (v * m) if p > 1 else 0.0
+    if p > 1 and getattr(layout, "pp_schedule", "1f1b") == "dualpipev":  # its V and deferred weight gradients
+        from llmtrain.plan.dualpipe_bubble import dualpipe_bubble_factor
+
+        bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / m * dualpipe_bubble_factor(cfg, s)
     cp_comm = cp_comm_s(cfg, layout, seq_len, mode, dev, devices_per_node, stride) if cp > 1 else 0.0
     step = compute + tp_comm + pp_comm + exposed + bubble + loop_comm + cp_comm
     tokens = layout.global_batch * s
