@@ -77,11 +77,11 @@ def dualpipev_model(layer):
     require_tested_paddle()
     from paddle.distributed import fleet
 
-    strategy = fleet.fleet._user_defined_strategy
-    if not strategy.hybrid_configs["pp_configs"].use_dualpipev:
-        raise ValueError("dualpipev_model: the fleet strategy has pp_configs.use_dualpipev=False "
-                         "(llmtrain.parallel.strategy sets it for parallel.pp_schedule=dualpipev)")
-    return _dualpipev_class()(layer, fleet.fleet._hcg, strategy=strategy)
+    if not getattr(layer, "_use_dualpipev", False):
+        raise ValueError("dualpipev_model: the PipelineLayer was not built with use_dualpipev=True "
+                         "(llmtrain.parallel.pipeline does so for parallel.pp_schedule=dualpipev)")
+    # the strategy's pp_configs.use_dualpipev only steers fleet.distributed_model's choice, bypassed here
+    return _dualpipev_class()(layer, fleet.fleet._hcg, strategy=fleet.fleet._user_defined_strategy)
 
 
 def is_dualpipev(model) -> bool:

@@ -208,13 +208,14 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         raise ValueError(f"layout.pp_layers={list(layout.pp_layers)} is not a split of model.num_layers="
                          f"{model_cfg.num_layers} blocks into parallel.pp={layout.pp} x parallel.virtual_pp="
                          f"{layout.virtual_pp} chunks (resolve the layout with llmtrain.resolve)")
-    if layout.v_shape and carry:
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV's V (llmtrain/parallel/dualpipe.py)
+    if v_shape and carry:
         raise ValueError("parallel.pp_schedule=dualpipev: stages carrying position/document ids are not built "
                          "(llmtrain.parallel.dualpipe.dualpipe_model_problems)")
     descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry, layout.pp_layers,
-                        local_shared=layout.v_shape)
+                        local_shared=v_shape)
     extra = {}
-    if layout.v_shape:  # DualPipeV: 2 x pp chunks cut by the same markers, stage s runs chunks s and 2 pp - 1 - s
+    if v_shape:  # DualPipeV: 2 x pp chunks cut by the same markers, stage s runs chunks s and 2 pp - 1 - s
         extra["use_dualpipev"] = True
     elif layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
@@ -228,7 +229,7 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         **extra,
     )
     log0(f"pipeline split {list(layout.pp_layers)} (blocks per chunk, {layout.pp_schedule}): "
-         f"{describe_split(layout.pp_layers, layout.pp, layout.v_shape)}")
+         f"{describe_split(layout.pp_layers, layout.pp, v_shape)}")
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
     hooks = [TokenSums(loss)]
     hooks += attach_pipeline_moe(pipe, model_cfg, layout, topo)  # MoE: every stage's balancing losses, statistics
