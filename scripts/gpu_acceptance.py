@@ -53,7 +53,7 @@ PARITY_TOL = {"fp32": 5e-5, "bf16": 5e-2}
 """Bounds on |loss or grad_norm - one process| per step over NCCL. fp32: CPU/gloo agrees within 1e-6 (bound 1e-5);
 cuBLAS picks shape-dependent kernels, so a tp-split matmul sums in another order: 5e-5, not yet measured on a GPU.
 bf16: 8 mantissa bits (one ulp of a loss near 8 is 0.03), reductions in other orders: 5e-2, not yet measured."""
-FOUR_PROC = ("dp4", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "pp4v2")
+FOUR_PROC = ("dp4", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "pp4v2", "pp4dpv")
 THROUGHPUT = ["model=tinyllama-1.1b", "train.amp=bf16", "data.seq_len=2048", "train.global_batch_size=64",
               "train.micro_batch_size=1", "train.progress_bar=false", "train.visualdl=false",
               "checkpoint.save_final=false", "checkpoint.interval=0", "checkpoint.resume=none"]

@@ -208,7 +208,8 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         raise ValueError(f"layout.pp_layers={list(layout.pp_layers)} is not a split of model.num_layers="
                          f"{model_cfg.num_layers} blocks into parallel.pp={layout.pp} x parallel.virtual_pp="
                          f"{layout.virtual_pp} chunks (resolve the layout with llmtrain.resolve)")
-    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV's V (llmtrain/parallel/dualpipe.py)
+    schedule = getattr(layout, "pp_schedule", "1f1b")
+    v_shape = schedule == "dualpipev"  # DualPipeV's V (llmtrain/parallel/dualpipe.py)
     if v_shape and carry:
         raise ValueError("parallel.pp_schedule=dualpipev: stages carrying position/document ids are not built "
                          "(llmtrain.parallel.dualpipe.dualpipe_model_problems)")
@@ -228,7 +229,7 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute: bool = Fal
         seg_method=f"layer:^{CHUNK_END}",
         **extra,
     )
-    log0(f"pipeline split {list(layout.pp_layers)} (blocks per chunk, {layout.pp_schedule}): "
+    log0(f"pipeline split {list(layout.pp_layers)} (blocks per chunk, {schedule}): "
          f"{describe_split(layout.pp_layers, layout.pp, v_shape)}")
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
     hooks = [TokenSums(loss)]

@@ -1,0 +1,135 @@
+"""Wall time of the pipeline schedules on the same work: 1F1B vs interleaved vs DualPipeV, pp2 and pp4 CPU processes,
+beside the planner's predicted step and bubble.
+
+    python benchmarks/pp_schedules.py [--rounds 2] [--steps 6] [--hidden 256] [--layers 8]
+
+One tiny People's Daily corpus is built (as the tests build theirs); then, `--rounds` times and interleaved (this
+host's speed drifts by tens of percent over minutes, so schedules are compared within a round), every layout trains
+the same Llama (`--layers` blocks of `--hidden`, sequence 128, global batch 16 of micro-batches of 1, so 16
+micro-batches a step: >= 2 x pp for DualPipeV and the interleaved 1F1B) through `llmtrain/pretrain.py` under
+`paddle.distributed.launch`, plus one process. A layout's step time is the median of `step_time` in its
+metrics.jsonl after the first 2 steps. Layouts: pp2 1f1b, pp2 dualpipev, pp4 1f1b, pp4 interleaved (2 virtual
+stages), pp4 dualpipev; interleaved at pp2 is not run (Paddle 3.3.1 asserts pp > 2 for it).
+
+Printed as markdown: per layout the median step (s) of each round, its ratio to 1F1B at the same pp in the same
+round, the excess over the ideal (one process's step / min(pp, cores): what a bubble-free pipeline with free
+send/recv would take on this host), and the planner's step and bubble (`llmtrain.plan.estimate.time_estimate` on
+the packaged `cpu-here` profile, this run's model and batch; DualPipeV priced by
+`llmtrain.plan.dualpipe_bubble`). On a 2-core host 4 processes share 2 cores: a stage idle in the bubble lends
+its core to another, so pp4 wall times show less of the bubble than a machine with a core per stage would.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+LAYOUTS = [  # (name, processes, overrides)
+    ("pp2 1f1b", 2, ["+parallel=pp2"]),
+    ("pp2 dualpipev", 2, ["+parallel=pp2dpv"]),
+    ("pp4 1f1b", 4, ["+parallel=pp4"]),
+    ("pp4 interleaved v2", 4, ["+parallel=pp4v2"]),
+    ("pp4 dualpipev", 4, ["+parallel=pp4dpv"]),
+]
+BATCH = ["train.global_batch_size=16", "train.micro_batch_size=1", "data.seq_len=128"]
+
+
+def build_corpus(root: str) -> dict:
+    """80 People's Daily articles, a 2500-piece BPE tokenizer, MMIDIDX files (tests/conftest.py's tiny corpus)."""
+    from llmtrain.corpus.parse import ParseOptions
+    from llmtrain.corpus.peoples_daily import records
+    from llmtrain.data.preprocess import preprocess
+    from llmtrain.tokenizer.train import main as train_tokenizer
+
+    jsonl = os.path.join(root, "pd.jsonl")
+    with open(jsonl, "w", encoding="utf-8") as f:
+        for r in records(limit=80):
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tok = os.path.join(root, "tokenizer")
+    assert train_tokenizer(["--input", jsonl, "--vocab-size", "2500", "--output", tok,
+                            "--character-coverage", "0.995"]) == 0
+    prefix = os.path.join(root, "pd_text_document")
+    preprocess([jsonl], tok, prefix, workers=0, opt=ParseOptions(words_key="words"), word_boundaries="gold",
+               progress=False)
+    return {"tokenizer": tok, "prefix": prefix}
+
+
+def model_overrides(corpus: dict, hidden: int, layers: int, steps: int) -> list[str]:
+    return ["model=llama-tiny", f"model.hidden_size={hidden}", f"model.num_layers={layers}", "model.num_heads=4",
+            "model.num_kv_heads=4", f"model.ffn_hidden_size={4 * hidden}", f"data.prefixes=[{corpus['prefix']}]",
+            f"data.tokenizer={corpus['tokenizer']}", "data.num_workers=0", f"train.max_steps={steps}",
+            "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false",
+            "checkpoint.resume=none", "train.eval_interval=0", *BATCH]
+
+
+def run(nproc: int, overrides: list[str], run_dir: str) -> float:
+    """Median step_time (s) after the first 2 steps of one training run of `nproc` processes."""
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    args = overrides + [f"run.dir={run_dir}"]
+    if nproc == 1:
+        cmd = [sys.executable, os.path.join(REPO, "llmtrain", "pretrain.py"), *args]
+    else:
+        cmd = [sys.executable, "-m", "paddle.distributed.launch", "--log_dir", os.path.join(run_dir, "log"),
+               "--nproc_per_node", str(nproc), os.path.join(REPO, "llmtrain", "pretrain.py"), *args]
+    proc = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        times = [r["step_time"] for r in map(json.loads, f) if "step_time" in r and r["step"] > 2]
+    return statistics.median(times)
+
+
+def planned(overrides: list[str], nproc: int) -> dict:
+    """The planner's step and bubble (s) for the layout on the packaged cpu-here profile, all ranks on one host."""
+    from llmtrain.config import compose_config, to_config
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import time_estimate
+    from llmtrain.plan.profile import load_profile
+
+    cfg = to_config(compose_config(overrides))
+    layout = resolve_layout(cfg.parallel, cfg.train, nproc)
+    est = time_estimate(cfg.model, layout, cfg.data.seq_len, False, load_profile("cpu-here"), nproc, amp="none")
+    return {"step_s": est["step_time_s"], "bubble_s": est["bubble_s"]}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=8)
+    args = ap.parse_args(argv)
+    cores = os.cpu_count() or 1
+    with tempfile.TemporaryDirectory(prefix="pp_schedules_") as tmp:
+        corpus = build_corpus(tmp)
+        base = model_overrides(corpus, args.hidden, args.layers, args.steps)
+        rows = {name: [] for name, _, _ in LAYOUTS}
+        single = []
+        for r in range(args.rounds):
+            single.append(run(1, base, os.path.join(tmp, f"single_{r}")))
+            for name, nproc, extra in LAYOUTS:
+                rows[name].append(run(nproc, base + extra, os.path.join(tmp, f"{name.replace(' ', '_')}_{r}")))
+                print(f"round {r}: {name}: {rows[name][-1]:.3f} s/step", file=sys.stderr, flush=True)
+        plan = {name: planned(base + extra, nproc) for name, nproc, extra in LAYOUTS}
+    print(f"\n{args.layers} blocks of hidden {args.hidden}, seq 128, 16 micro-batches of 1 a step, {cores} cores; "
+          f"one process: {', '.join(f'{s:.3f}' for s in single)} s/step (rounds)\n")
+    print("| layout | step s (rounds) | / 1F1B same pp | excess over ideal s | planner step s | planner bubble s |")
+    print("|---|---|---|---|---|---|")
+    for name, nproc, _ in LAYOUTS:
+        ref = rows[f"pp{nproc} 1f1b"]
+        ratio = statistics.mean(a / b for a, b in zip(rows[name], ref))
+        excess = statistics.mean(t - s / min(nproc, cores) for t, s in zip(rows[name], single))
+        print(f"| {name} | {' / '.join(f'{t:.3f}' for t in rows[name])} | {ratio:.3f} | {excess:.3f} | "
+              f"{plan[name]['step_s']:.3f} | {plan[name]['bubble_s']:.3f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
