@@ -1,11 +1,11 @@
 """Wall time of the pipeline schedules on the same work: 1F1B vs interleaved vs DualPipeV, pp2 and pp4 CPU processes,
 beside the planner's predicted step and bubble.
 
-    python benchmarks/pp_schedules.py [--rounds 2] [--steps 6] [--hidden 256] [--layers 8]
+    python benchmarks/pp_schedules.py [--rounds 2] [--steps 6] [--hidden 128] [--layers 8] [--seq 64]
 
 One tiny People's Daily corpus is built (as the tests build theirs); then, `--rounds` times and interleaved (this
 host's speed drifts by tens of percent over minutes, so schedules are compared within a round), every layout trains
-the same Llama (`--layers` blocks of `--hidden`, sequence 128, global batch 16 of micro-batches of 1, so 16
+the same Llama (`--layers` blocks of `--hidden`, sequences of `--seq`, global batch 16 of micro-batches of 1, so 16
 micro-batches a step: >= 2 x pp for DualPipeV and the interleaved 1F1B) through `llmtrain/pretrain.py` under
 `paddle.distributed.launch`, plus one process. A layout's step time is the median of `step_time` in its
 metrics.jsonl after the first 2 steps. Layouts: pp2 1f1b, pp2 dualpipev, pp4 1f1b, pp4 interleaved (2 virtual
@@ -38,7 +38,7 @@ LAYOUTS = [  # (name, processes, overrides)
     ("pp4 interleaved v2", 4, ["+parallel=pp4v2"]),
     ("pp4 dualpipev", 4, ["+parallel=pp4dpv"]),
 ]
-BATCH = ["train.global_batch_size=16", "train.micro_batch_size=1", "data.seq_len=128"]
+BATCH = ["train.global_batch_size=16", "train.micro_batch_size=1"]
 
 
 def build_corpus(root: str) -> dict:
@@ -61,12 +61,12 @@ def build_corpus(root: str) -> dict:
     return {"tokenizer": tok, "prefix": prefix}
 
 
-def model_overrides(corpus: dict, hidden: int, layers: int, steps: int) -> list[str]:
+def model_overrides(corpus: dict, *, hidden: int, layers: int, seq: int, steps: int) -> list[str]:
     return ["model=llama-tiny", f"model.hidden_size={hidden}", f"model.num_layers={layers}", "model.num_heads=4",
             "model.num_kv_heads=4", f"model.ffn_hidden_size={4 * hidden}", f"data.prefixes=[{corpus['prefix']}]",
             f"data.tokenizer={corpus['tokenizer']}", "data.num_workers=0", f"train.max_steps={steps}",
             "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false",
-            "checkpoint.resume=none", "train.eval_interval=0", *BATCH]
+            "checkpoint.resume=none", "train.eval_interval=0", f"data.seq_len={seq}", *BATCH]
 
 
 def run(nproc: int, overrides: list[str], run_dir: str) -> float:
@@ -103,13 +103,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args(argv)
     cores = os.cpu_count() or 1
     with tempfile.TemporaryDirectory(prefix="pp_schedules_") as tmp:
         corpus = build_corpus(tmp)
-        base = model_overrides(corpus, args.hidden, args.layers, args.steps)
+        base = model_overrides(corpus, hidden=args.hidden, layers=args.layers, seq=args.seq, steps=args.steps)
         rows = {name: [] for name, _, _ in LAYOUTS}
         single = []
         for r in range(args.rounds):
@@ -118,7 +119,7 @@ def main(argv=None) -> int:
                 rows[name].append(run(nproc, base + extra, os.path.join(tmp, f"{name.replace(' ', '_')}_{r}")))
                 print(f"round {r}: {name}: {rows[name][-1]:.3f} s/step", file=sys.stderr, flush=True)
         plan = {name: planned(base + extra, nproc) for name, nproc, extra in LAYOUTS}
-    print(f"\n{args.layers} blocks of hidden {args.hidden}, seq 128, 16 micro-batches of 1 a step, {cores} cores; "
+    print(f"\n{args.layers} blocks of hidden {args.hidden}, seq {args.seq}, 16 micro-batches of 1 a step, {cores} cores; "
           f"one process: {', '.join(f'{s:.3f}' for s in single)} s/step (rounds)\n")
     print("| layout | step s (rounds) | / 1F1B same pp | excess over ideal s | planner step s | planner bubble s |")
     print("|---|---|---|---|---|---|")
