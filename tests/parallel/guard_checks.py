@@ -12,9 +12,8 @@ layout, `guard_faults` (a 4-layer GPT, 4 steps, checkpoint.interval=2, default s
 Every record then equals the one-process `guard_skipped` run, which has no fault and never sees samples 16..23
 (the data jumps over them): the re-run left no trace, the rewind undid the spike.
 
-Only pp2 and pp2dpv run it: there the loss lives on one stage alone (1F1B's last, DualPipeV's first, which
-fleet's DualPipeV forgets before the optimizer step: llmtrain.paddle_compat.dualpipe keeps it) and fleet's schedule
-steps the optimizer (the guard's check runs inside `train_batch`), the structure the guard meets nowhere else. Its logic (verdicts
+Only pp2 runs it: there the loss lives on the last stage alone and fleet's schedule steps the optimizer (the
+guard's check runs inside `train_batch`), the one structure the guard meets nowhere else. Its logic (verdicts
 from the job-wide numbers, re-run, skip, rewind with skip_batches / rewind_back_steps, rank 0's target, the
 fallback, fp16 overflows, refused non-finite saves) is tested in one process by tests/train/test_guard_fast.py;
 the norm each layout reduces by tests/parallel/test_parity.py; dp2 with fp16 by tests/gpu_paths/test_amp_fp16.py.
@@ -29,7 +28,7 @@ from launch import metrics
 from llmtest import tiny_overrides
 
 FAULTS = "tests/train/faults.py"
-LAYOUTS = ("pp2", "pp2dpv")
+LAYOUTS = ("pp2",)
 TOL = 1e-5
 STEPS = 4
 SPIKE_STEP = 3
