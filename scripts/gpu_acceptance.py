@@ -56,7 +56,7 @@ PARITY_TOL = {"fp32": 5e-5, "bf16": 5e-2}
 """Bounds on |loss or grad_norm - one process| per step over NCCL. fp32: CPU/gloo agrees within 1e-6 (bound 1e-5);
 cuBLAS picks shape-dependent kernels, so a tp-split matmul sums in another order: 5e-5, not yet measured on a GPU.
 bf16: 8 mantissa bits (one ulp of a loss near 8 is 0.03), reductions in other orders: 5e-2, not yet measured."""
-FOUR_PROC = ("dp4", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "pp4v2", "sharding2pp2")
+FOUR_PROC = ("dp4", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "pp4v2", "sharding2pp2", "pp4dpv")
 PROCESSES = {"pp3": 3, "pp3v2": 3, **{name: 4 for name in FOUR_PROC}}
 """Parity layouts of more than two processes -> how many they need (the rest need 2)."""
 THROUGHPUT = ["model=tinyllama-1.1b", "train.amp=bf16", "data.seq_len=2048", "train.global_batch_size=64",

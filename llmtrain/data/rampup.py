@@ -74,6 +74,10 @@ def rampup_config_problems(rampup, data_cfg, layout) -> list[str]:
         return ["train.batch_rampup is for pretraining; fine-tuning runs a constant global batch"]
     if layout is None:
         return []
+    if getattr(layout, "pp_schedule", "1f1b") == "dualpipev":
+        return [f"train.batch_rampup={list(rampup)} with parallel.pp_schedule=dualpipev: absent. DualPipeV asserts "
+                f">= 2 x pp = {2 * layout.pp} micro-batches in every step, which the small steps of a ramp may not "
+                "have, and a per-step count is untested there; parallel.pp_schedule=1f1b ramps"]
     return rampup_problems(list(rampup), layout.global_batch, layout.micro_batch, layout.data_parallel,
                            layout.virtual_pp)
 

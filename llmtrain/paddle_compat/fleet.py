@@ -87,6 +87,10 @@ def pipeline_step_loss(pipe):
     require_tested_paddle()
     import paddle
 
+    from llmtrain.paddle_compat.dualpipe import is_dualpipev
+
+    if is_dualpipev(pipe):  # DualPipeV: the loss is on stage 0, the V's last chunk (llmtrain.paddle_compat.dualpipe)
+        return None if pipe.step_loss is None else pipe.step_loss.astype("float32")
     held = getattr(pipe, "total_loss", None)
     if not held or not pipe.is_pipeline_last_stage(ignore_virtual=True):
         return None

@@ -28,6 +28,10 @@ def make_roles(layout: Layout, topo: Topology, context=None) -> Roles:
     group (`llmtrain.parallel.experts`); under cp > 1 (`context`, a `ContextPlan`) every attention core is wrapped
     in the cp exchange."""
     roles = Roles()
+    if layout.v_shape:  # DualPipeV (pp alone): linears whose weight gradient the schedule may defer
+        from llmtrain.parallel.dualpipe import SplitWeightGradRoles
+
+        roles = SplitWeightGradRoles()
     if layout.tp > 1 and layout.sequence_parallel:
         from llmtrain.parallel.sequence import SequenceParallelRoles
 
@@ -103,7 +107,12 @@ def parallelize(built: BuiltModel, optimizer, scaler, layout: Layout, topo: Topo
         return model, optimizer, scaler
     from paddle.distributed import fleet
 
-    model = fleet.distributed_model(core)
+    if layout.v_shape:  # fleet's DualPipeVParallel, keeping the step loss and with an evaluation pass
+        from llmtrain.paddle_compat.dualpipe import dualpipev_model
+
+        model = dualpipev_model(core)
+    else:
+        model = fleet.distributed_model(core)
     optimizer = fleet.distributed_optimizer(optimizer)
     if layout.sharding_split_param:  # stage-1 V2: its slice parameters keep the tied table's pipeline mark
         from llmtrain.paddle_compat.sharding_v2 import carry_shared_marks

@@ -42,10 +42,13 @@ class ParallelConfig:
     peak only for parameters outside the storages (`llmtrain.plan.memory.zero2_grad_bytes`)."""
 
     pp_schedule: str = "1f1b"
-    """Pipeline schedule: `1f1b`, or `interleaved` (virtual stages; needs pp > 2 and virtual_pp > 1)."""
+    """Pipeline schedule: `1f1b`, `interleaved` (virtual stages; needs pp > 2 and virtual_pp > 1) or `dualpipev`
+    (fleet's DualPipeV: 2 chunks per stage laid out as a V, weight gradients deferred to fill bubbles; pp >= 2,
+    grad_accum >= 2 x pp, pp alone for now; llmtrain/parallel/dualpipe.py, docs/layouts.md#dualpipev)."""
 
     virtual_pp: int = 1
-    """Model chunks per pipeline rank for the interleaved schedule (1 = plain 1F1B)."""
+    """Model chunks per pipeline rank for the interleaved schedule (1 = plain 1F1B). DualPipeV always runs 2 (its V;
+    leave 1 or write 2)."""
 
     pp_layers: Optional[list] = None
     """Transformer blocks per pipeline chunk, in model order: `[3,2]` puts blocks 0-2 on stage 0 and 3-4 on stage 1.
@@ -156,7 +159,7 @@ def layout_tag(parallel) -> str:
     """The layout's real degrees as a name: `dp2`, `tp2pp2`, `dp2tp2pp2`, `sharding2` (ZeRO-1), `sharding2s3`
     (stage 2/3), `pp4v2` (virtual stages), `pp2L3-2` (an explicit split, parallel.pp_layers=[3,2]), `dp2ep2`, `tp2sp`
     (sequence parallel), `dp2cp2` / `tp2cp2sp` (context parallel; the exchange `cp_comm` is not in the name: a run
-    may resume under another), `single` for one device, `auto` for the planner's choice. `parallel`: a
+    may resume under another), `pp2dpv` (DualPipeV), `single` for one device, `auto` for the planner's choice. `parallel`: a
     ParallelConfig, its DictConfig node, or None. The default run name (`run.name`) ends in it, so `+parallel=tp2
     parallel.pp=2` never writes into a tp2 run's directory, nor a run split [3,2] into one split [2,3]."""
     if parallel is None:
@@ -172,7 +175,9 @@ def layout_tag(parallel) -> str:
     sharding, stage = get("sharding", 1), get("sharding_stage", 1)
     if sharding > 1:
         tag += f"sharding{sharding}" + (f"s{stage}" if stage != 1 else "")
-    if get("virtual_pp", 1) > 1:
+    if get("pp_schedule", "1f1b") == "dualpipev" and get("pp", 1) > 1:
+        tag += "dpv"  # DualPipeV: its two chunks per stage are implied
+    elif get("virtual_pp", 1) > 1:
         tag += f"v{get('virtual_pp', 1)}"
     if get("pp_layers", None) and get("pp", 1) > 1:
         from llmtrain.parallel.pp_split import split_tag

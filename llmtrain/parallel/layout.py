@@ -23,6 +23,8 @@ from llmtrain.parallel.pp_split import split_fit_problems, split_problems
 __all__ = ["AXES", "ConfigError", "Layout", "layout_problems", "resolve_layout", "model_fit_problems",
            "check_model_fits"]
 
+PP_SCHEDULES = ("1f1b", "interleaved", "dualpipev")
+"""`parallel.pp_schedule` values: fleet's 1F1B, interleaved virtual stages, DualPipeV (llmtrain/parallel/dualpipe.py)."""
 CP_COMMS = ("ring", "allgather", "a2a")
 """`parallel.cp_comm` values (llmtrain/parallel/context.py)."""
 
@@ -49,6 +51,7 @@ class Layout:
     sharding_stage: int = 1
     pp_schedule: str = "1f1b"
     virtual_pp: int = 1
+    """Model chunks per pipeline stage: parallel.virtual_pp, or 2 under DualPipeV (its V holds two per stage)."""
     zero3_segment_size: int = 1048576
     zero2_buffer_size: int = 8388608
     ep: int = 1
@@ -82,6 +85,11 @@ class Layout:
     """Transformer blocks per pipeline chunk, in model order: pp x virtual_pp entries, chunk i on stage i % pp (as
     Paddle's interleaved PipelineLayer assigns chunks); () when pp == 1. `parallel.pp_layers`, or the cost-balanced
     default filled in by `llmtrain.plan.stage_cost.with_pipeline_split` (`llmtrain.parallel.pp_split`)."""
+
+    @property
+    def v_shape(self) -> bool:
+        """DualPipeV's chunk placement: stage s runs chunks s and 2·pp - 1 - s (`llmtrain.parallel.pp_split`)."""
+        return self.pp_schedule == "dualpipev"
 
     @property
     def world(self) -> int:
@@ -193,22 +201,31 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
     if p.sequence_parallel and p.tp < 2:
         problems.append(f"parallel.sequence_parallel=true with parallel.tp={p.tp}: sequence parallelism splits the "
                         "sequence across the tensor-parallel ranks; needs tp > 1")
-    if p.pp_schedule not in ("1f1b", "interleaved"):
-        problems.append(f"parallel.pp_schedule={p.pp_schedule!r}: expected '1f1b' or 'interleaved'")
-    if p.pp_schedule == "interleaved":
+    if p.pp_schedule not in PP_SCHEDULES:
+        problems.append(f"parallel.pp_schedule={p.pp_schedule!r}: expected one of {list(PP_SCHEDULES)}")
+    if p.pp_schedule == "dualpipev":
+        from llmtrain.parallel.dualpipe import dualpipe_problems
+
+        problems += dualpipe_problems(p)
+    elif p.pp_schedule == "interleaved":
         if p.pp <= 2:
             problems.append(f"parallel.pp_schedule=interleaved with parallel.pp={p.pp}: Paddle's interleaved schedule needs pp > 2")
         if p.virtual_pp < 2:
             problems.append(f"parallel.pp_schedule=interleaved with parallel.virtual_pp={p.virtual_pp}: needs virtual_pp >= 2")
     elif p.virtual_pp != 1:
         problems.append(f"parallel.virtual_pp={p.virtual_pp} with parallel.pp_schedule={p.pp_schedule}: virtual stages need pp_schedule=interleaved")
-    problems += split_problems(p.pp, p.virtual_pp, p.pp_layers)
+    chunks_per_stage = 2 if p.pp_schedule == "dualpipev" else p.virtual_pp  # DualPipeV: two chunks per stage, the V
+    problems += split_problems(p.pp, chunks_per_stage, p.pp_layers)
     if p.ep_dispatcher not in ("auto", "allgather", "alltoall"):
         problems.append(f"parallel.ep_dispatcher={p.ep_dispatcher!r}: expected 'auto', 'allgather' or 'alltoall'")
     problems += _expert_problems(p)
     batch = _resolve_batch(train, p.data_parallel(), f"(dp={p.dp} x sharding={p.sharding})", problems)
     if batch is not None and p.pp_schedule == "interleaved":
         problems += _interleaved_accum_problems(batch[2], p.pp)
+    if batch is not None and p.pp_schedule == "dualpipev" and batch[2] < 2 * p.pp:
+        problems.append(f"train.grad_accum={batch[2]} with parallel.pp={p.pp} (dualpipev): fleet's DualPipeV asserts "
+                        f"accumulate_steps >= 2 x pp = {2 * p.pp} micro-batches; use train.grad_accum >= {2 * p.pp} "
+                        "(or a smaller micro_batch_size)")
     if p.zero2_buffer_size < 1:
         problems.append(f"parallel.zero2_buffer_size={p.zero2_buffer_size}: must be >= 1 (elements)")
     from llmtrain.parallel.overlap import overlap_problems
@@ -219,7 +236,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
     g, m, a = batch
     return Layout(
         dp=p.dp, tp=p.tp, pp=p.pp, sharding=p.sharding, sharding_stage=p.sharding_stage if p.sharding > 1 else 1,
-        pp_schedule=p.pp_schedule, virtual_pp=p.virtual_pp, pp_layers=tuple(p.pp_layers or ()), order=tuple(p.order),
+        pp_schedule=p.pp_schedule, virtual_pp=chunks_per_stage, pp_layers=tuple(p.pp_layers or ()), order=tuple(p.order),
         name=p.name,
         zero3_segment_size=p.zero3_segment_size, zero2_buffer_size=p.zero2_buffer_size,
         ep=p.ep, ep_dispatcher=p.ep_dispatcher, cp=p.cp, cp_comm=p.cp_comm,
@@ -289,6 +306,8 @@ def model_fit_problems(degrees, model) -> list[str]:
     one device), so the check runs even when the layout itself has problems."""
     problems: list[str] = []
     tp, pp, vpp = (degrees.tp, degrees.pp, degrees.virtual_pp) if degrees is not None else (1, 1, 1)
+    if getattr(degrees, "pp_schedule", "1f1b") == "dualpipev":
+        vpp = 2  # DualPipeV's two chunks per stage (a ParallelConfig still says virtual_pp=1)
     ep = getattr(degrees, "ep", 1) if degrees is not None else 1
     e = getattr(model, "moe_num_experts", 0)
     if ep > 1 and e <= 0:

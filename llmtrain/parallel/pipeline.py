@@ -15,7 +15,8 @@ which holds only the word table. So the last pipeline stage does not carry a
 second copy of the position or token-type tables, and every parameter keeps
 one canonical name. The blocks are cut into chunks of `layout.pp_layers` blocks
 (`llmtrain.parallel.pp_split`: given or balanced by cost; chunk i on stage i % pp),
-the embedding joins the first chunk and the final norm + head the last. The
+the embedding joins the first chunk and the final norm + head the last (under DualPipeV, chunk i on stage i down
+the V and 2 pp - 1 - i back up: llmtrain/parallel/dualpipe.py). The
 pipeline's micro-batches are the gradient-accumulation micro-batches
 (`pipeline_configs.accumulate_steps` = train grad_accum).
 
@@ -119,10 +120,27 @@ def mark_chunk_ends(stages: list[Stage], pp_layers) -> list[Stage]:
     return [st._replace(layer_cls=_chunk_end(st.layer_cls)) if st.prefix in ends else st for st in stages]
 
 
-def stage_descs(stages: list[Stage], roles, carry: bool = False, pp_layers=()) -> list:
+def stage_descs(stages: list[Stage], roles, carry: bool = False, pp_layers=(), local_shared: bool = False) -> list:
     """fleet's `LayerDesc` / `SharedLayerDesc` for the model's ordered stage list (`carry`: stages pass positions and
-    document ids along, `_carrying`; `pp_layers`: the last block of each chunk marked, `mark_chunk_ends`)."""
+    document ids along, `_carrying`; `pp_layers`: the last block of each chunk marked, `mark_chunk_ends`;
+    `local_shared`: both uses of a tied table sit on one stage (DualPipeV's V), so fleet's `LocalSharedLayerDesc`
+    hands the embedding's own table to a `LocalTiedHead`)."""
     from paddle.distributed.fleet.meta_parallel import LayerDesc, SharedLayerDesc
+
+    if local_shared:
+        from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import LocalSharedLayerDesc
+
+        from llmtrain.parallel.dualpipe import LocalTiedHead
+
+        def shared(key, layer_cls, later: bool, **kwargs):
+            return LocalSharedLayerDesc(key, LocalTiedHead if later else layer_cls,
+                                        shared_weight_attr="shared_weight", **kwargs)
+    else:
+        def shared(key, layer_cls, later: bool, **kwargs):
+            if not later:
+                return SharedLayerDesc(key, layer_cls, shared_weight_attr="shared_weight", **kwargs)
+            return SharedLayerDesc(key, TiedHead, forward_func=partial(_tied_logits, roles),
+                                   shared_weight_attr="shared_weight", **kwargs)
 
     if carry:
         stages = [st._replace(layer_cls=_carrying(st.layer_cls)) for st in stages]
@@ -132,17 +150,19 @@ def stage_descs(stages: list[Stage], roles, carry: bool = False, pp_layers=()) -
     for st in stages:
         if st.shared_key is None:
             descs.append(LayerDesc(st.layer_cls, **st.kwargs))
-        elif st.shared_key not in seen:
-            seen.add(st.shared_key)
-            descs.append(SharedLayerDesc(st.shared_key, st.layer_cls, shared_weight_attr="shared_weight", **st.kwargs))
         else:
-            descs.append(
-                SharedLayerDesc(
-                    st.shared_key, TiedHead, forward_func=partial(_tied_logits, roles),
-                    shared_weight_attr="shared_weight", **st.kwargs,
-                )
-            )
+            descs.append(shared(st.shared_key, st.layer_cls, st.shared_key in seen, **st.kwargs))
+            seen.add(st.shared_key)
+    if local_shared:  # DualPipeV hands every chunk but the first its input as a one-tensor list
+        descs = [d for desc in descs for d in (_single, desc)]
     return descs
+
+
+def _single(x):
+    """A chunk's input as the tensor the next stage layer takes: DualPipeV passes received activations (and those
+    handed from chunk to chunk at the V's turn) as a list of one tensor. A plain function in fleet's layer list: no
+    parameters, not counted by `seg_method`."""
+    return x[0] if isinstance(x, (list, tuple)) and len(x) == 1 else x
 
 
 class PipelineLoss(nn.Layer):
@@ -156,6 +176,8 @@ class PipelineLoss(nn.Layer):
         self.sum_tokens = False
 
     def forward(self, logits, labels):
+        if isinstance(logits, (list, tuple)):  # fleet's DualPipeV hands the last chunk's outputs as a list
+            (logits,) = logits
         terms = self.lm_loss(logits, labels)  # (loss_sum, tokens)
         return terms[0] if self.sum_tokens else mean_loss(terms)
 
@@ -186,9 +208,17 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute=False, wrap
         raise ValueError(f"layout.pp_layers={list(layout.pp_layers)} is not a split of model.num_layers="
                          f"{model_cfg.num_layers} blocks into parallel.pp={layout.pp} x parallel.virtual_pp="
                          f"{layout.virtual_pp} chunks (resolve the layout with llmtrain.resolve)")
-    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry, layout.pp_layers)
+    schedule = getattr(layout, "pp_schedule", "1f1b")
+    v_shape = schedule == "dualpipev"  # DualPipeV's V (llmtrain/parallel/dualpipe.py)
+    if v_shape and carry:
+        raise ValueError("parallel.pp_schedule=dualpipev: stages carrying position/document ids are not built "
+                         "(llmtrain.parallel.dualpipe.dualpipe_model_problems)")
+    descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry, layout.pp_layers,
+                        local_shared=v_shape)
     extra = {}
-    if layout.virtual_pp > 1:
+    if v_shape:  # DualPipeV: 2 x pp chunks cut by the same markers, stage s runs chunks s and 2 pp - 1 - s
+        extra["use_dualpipev"] = True
+    elif layout.virtual_pp > 1:
         extra["num_virtual_pipeline_stages"] = layout.virtual_pp
     loss = PipelineLoss((wrap_loss or (lambda f: f))(LMLoss(roles)))
     pipe = PipelineLayer(
@@ -199,7 +229,8 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute=False, wrap
         seg_method=f"layer:^{CHUNK_END}",
         **extra,
     )
-    log0(f"pipeline split {list(layout.pp_layers)} (blocks per chunk): {describe_split(layout.pp_layers, layout.pp)}")
+    log0(f"pipeline split {list(layout.pp_layers)} (blocks per chunk, {schedule}): "
+         f"{describe_split(layout.pp_layers, layout.pp, v_shape)}")
     mark_secondary_shared_copies(pipe)  # a tied table counted once in the gradient norm
     hooks = [TokenSums(loss)]
     hooks += attach_pipeline_moe(pipe, model_cfg, layout, topo)  # MoE: every stage's balancing losses, statistics

@@ -5,7 +5,9 @@
     blocks = stage_blocks(layout.pp_layers, layout.pp, stage)   # the block indices pipeline stage `stage` holds
 
 A split is a tuple of block counts, one per chunk in model order (`Layout.pp_layers`, length pp x virtual_pp).
-Chunk i runs on stage i % pp, as fleet's interleaved `PipelineLayer` assigns chunks; the embedding joins chunk 0,
+Chunk i runs on stage i % pp, as fleet's interleaved `PipelineLayer` assigns chunks, or under DualPipeV (2 chunks
+per stage, `v_shape=True`) on stage i for i < pp and 2·pp - 1 - i after (the V: stage 0 holds the first and the
+last chunk, stage pp - 1 the two middle ones, `chunk_stage`); the embedding joins chunk 0,
 the final norm, the head and the loss the last chunk. Checkpoints do not depend on it (tensors are stored whole
 under their canonical names), so a run may resume under another split or under no pipeline at all.
 """
@@ -142,22 +144,35 @@ def chunk_starts(pp_layers: Sequence[int]) -> list[int]:
     return starts
 
 
-def stage_blocks(pp_layers: Sequence[int], pp: int, stage: int) -> list[int]:
-    """The blocks pipeline stage `stage` holds: those of chunks stage, stage + pp, ... (all of them when pp = 1)."""
+def chunk_stage(i: int, pp: int, chunks: int, v_shape: bool = False) -> int:
+    """The pipeline stage that runs chunk `i` of `chunks`: i % pp (interleaved), or under DualPipeV (`v_shape`,
+    chunks = 2·pp) i down the V and 2·pp - 1 - i back up it."""
+    if v_shape:
+        return i if i < pp else chunks - 1 - i
+    return i % pp
+
+
+def stage_chunks(pp: int, chunks: int, stage: int, v_shape: bool = False) -> list[int]:
+    """The chunk indices stage `stage` runs, in model order."""
+    return [i for i in range(chunks) if chunk_stage(i, pp, chunks, v_shape) == stage]
+
+
+def stage_blocks(pp_layers: Sequence[int], pp: int, stage: int, v_shape: bool = False) -> list[int]:
+    """The blocks pipeline stage `stage` holds: those of its chunks (`stage_chunks`; all blocks when pp = 1)."""
     if pp <= 1:
         return list(range(sum(pp_layers)))
     starts = chunk_starts(pp_layers)
-    return [b for i in range(stage, len(pp_layers), pp) for b in range(starts[i], starts[i] + pp_layers[i])]
+    return [b for i in stage_chunks(pp, len(pp_layers), stage, v_shape) for b in range(starts[i], starts[i] + pp_layers[i])]
 
 
-def describe_split(pp_layers: Sequence[int], pp: int) -> str:
+def describe_split(pp_layers: Sequence[int], pp: int, v_shape: bool = False) -> str:
     """`stage 0: embedding + blocks 0-2 | stage 1: blocks 3-4 + head` (the run log's line; chunks of one stage
-    joined by `,`)."""
+    joined by `,`; `v_shape`: DualPipeV's placement)."""
     starts, last = chunk_starts(pp_layers), len(pp_layers) - 1
     parts = []
     for stage in range(pp):
         chunks = []
-        for i in range(stage, len(pp_layers), pp):
+        for i in stage_chunks(pp, len(pp_layers), stage, v_shape):
             a, b = starts[i], starts[i] + pp_layers[i] - 1
             text = f"block {a}" if a == b else f"blocks {a}-{b}"
             chunks.append(("embedding + " if i == 0 else "") + text + (" + head" if i == last else ""))

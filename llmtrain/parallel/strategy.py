@@ -42,6 +42,8 @@ def build_strategy(layout: Layout, seed: int, on_cpu: Optional[bool] = None):
         "micro_batch_size": layout.micro_batch,
     }
     strategy.tensor_parallel_configs = {"tensor_init_seed": seed}
+    if layout.v_shape:  # fleet.distributed_model's choice of DualPipeVParallel (llmtrain/parallel/dualpipe.py)
+        strategy.hybrid_configs["pp_configs"].use_dualpipev = True
     skipped = apply_overlap(strategy, layout, paddle.get_device() == "cpu" if on_cpu is None else on_cpu)
     if skipped:
         from llmtrain.utils.log import log0

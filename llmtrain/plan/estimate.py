@@ -45,6 +45,7 @@ gradient storage; ZeRO-3, every micro-batch: parameter all-gathers for forward a
 reduce-scatter (3 x (n-1)/n volume), one bucket per layer, behind the micro-batch's compute;
 bubble = one micro-batch of every stage but the slowest (the fill and drain of 1F1B), /v when interleaved
 (equal stages: (pp - 1)/(v·m) of the pipeline's compute; the last stage holding the LM head is the slowest);
+DualPipeV: 1F1B's (v = 1) times `llmtrain.plan.dualpipe_bubble.dualpipe_bubble_factor` (DeepSeek's formula);
 loop: the training loop's own small all-reduces a step (`loop_meetings_s`). A group spans the network if its ranks are more than
 devices_per_node apart in fleet's order (dp, pp, sharding, tp: tp innermost); then its ring crosses between
 nodes at (members per node) x net_bw, capped by NVLink (`_link`: one network port per GPU, one NCCL channel per
@@ -180,18 +181,20 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                                       moe_imbalance)
     mode = "full" if rc.on else "none"
     ranks = stage_worst(cfg, layout, amp, device)
+    dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
     p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
     for st in range(p):
-        blocks = stage_blocks(layout.pp_layers, p, st) if p > 1 else range(cfg.num_layers)
+        blocks = stage_blocks(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         moe = moe_blocks(cfg)
         full = [moe_layer if moe[i] else dense_layer for i in blocks]
-        flight = in_flight(p, v, m, st)
+        flight = in_flight(p, v, m, st, dualpipev)
         transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
         act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
-        worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == p - 1 else 0))
+        worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
 
@@ -221,11 +224,14 @@ def moe_blocks(cfg) -> tuple:
     return hit[1]
 
 
-def in_flight(p: int, v: int, m: int, stage: int) -> float:
+def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> float:
     """Micro-batches of pipeline stage `stage`'s blocks in flight (`memory_estimate`): 1F1B min(pp - stage, m),
-    interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of its blocks; 1 without pp."""
+    interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of its blocks, DualPipeV
+    (`dualpipev`, v = 2) min(2 pp + 1, m v) chunk-micro-batches on every stage (DualPipe's table); 1 without pp."""
     if p == 1:
         return 1.0
+    if dualpipev:
+        return min(2 * p + 1, m * v) / v
     if v == 1:
         return float(min(p - stage, m))
     return min(2 * (p - stage - 1) + (v - 1) * p + 1, m * v) / v
@@ -297,13 +303,15 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     held = [block(i) for i in range(cfg.num_layers)]
     any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
     ranks = stage_worst(cfg, layout, amp, device)
+    dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
     logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
     worst = None
     for st in range(p):
-        blocks = stage_blocks(layout.pp_layers, p, st) if p > 1 else range(cfg.num_layers)
+        blocks = stage_blocks(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
-        act = in_flight(p, v, m, st) * sum(held[i][0] for i in blocks) + transient  # + one block re-run
-        worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == p - 1 else 0))
+        act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
+        worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
 
@@ -483,12 +491,13 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     s, b, t, p, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.grad_accum
     gpu = dev.async_launch
     cp = getattr(layout, "cp", 1)
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
 
     def stage_compute(stage, ranks):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
-        blocks = stage_blocks(layout.pp_layers, p, stage) if p > 1 else list(range(cfg.num_layers))
+        blocks = stage_blocks(layout.pp_layers, p, stage, v_shape) if p > 1 else list(range(cfg.num_layers))
         micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none",
-                               len(blocks), stage == 0, stage == p - 1,
+                               len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
                                bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
                                first_layer=blocks[0], cp=cp, moe=moe)
@@ -711,6 +720,10 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     # 1F1B: the slowest stage's m micro-batches plus the fill and drain through the other p - 1 stages, one
     # micro-batch each (1/v of it when interleaved); equal stages give the textbook (p - 1)/(v·m) of the step
     bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / (v * m) if p > 1 else 0.0
+    if p > 1 and getattr(layout, "pp_schedule", "1f1b") == "dualpipev":  # its V and deferred weight gradients
+        from llmtrain.plan.dualpipe_bubble import dualpipe_bubble_factor
+
+        bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / m * dualpipe_bubble_factor(cfg, s)
     cp_comm = cp_comm_s(cfg, layout, seq_len, mode, dev, devices_per_node, stride) if cp > 1 else 0.0
     step = compute + tp_comm + pp_comm + exposed_s + bubble + loop_comm + cp_comm
     tokens = layout.global_batch * s

@@ -16,7 +16,8 @@ Two parts:
      `ColumnParallelLinear`/`RowParallelLinear`/`VocabParallelEmbedding`); pp gives stage s
      the chunks s, s + pp, ... of `layout.pp_layers` blocks each (llmtrain/parallel/pp_split.py),
      the embedding to the first chunk, the final norm and head to the
-     last, and a second copy of a tied word table to the last stage;
+     last, and a second copy of a tied word table to the last stage (DualPipeV: stage s the chunks s and
+     2·pp - 1 - s, so the head sits on stage 0 beside the embedding and a tied table is held once);
    - ZeRO-1 (fleet `DygraphShardingOptimizer._partition_parameters`): the stage's parameters
      sorted by element count, largest first (stable), each given to the sharding rank with
      the fewest elements so far; that rank alone keeps its optimizer state (ZeRO paper,
@@ -79,13 +80,15 @@ def stage_params(specs: list[ParamSpec], layout, pp_rank: int, tied: bool) -> li
     if not layout.pp_layers:
         raise ValueError(f"layout.pp_layers is empty under parallel.pp={layout.pp}: fill the split first "
                          "(llmtrain.plan.stage_cost.with_pipeline_split)")
-    mine = set(stage_blocks(layout.pp_layers, layout.pp, pp_rank))
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # the V: head and loss on stage 0, one table
+    mine = set(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape))
+    head_stage = 0 if v_shape else layout.pp - 1
     out = []
     for s in specs:
         if s.chunk == "first":
-            keep = pp_rank == 0 or (tied and s.name == TIED and pp_rank == layout.pp - 1)
+            keep = pp_rank == 0 or (tied and s.name == TIED and pp_rank == head_stage)
         elif s.chunk == "last":
-            keep = pp_rank == layout.pp - 1
+            keep = pp_rank == head_stage
         else:
             keep = s.chunk in mine
         if keep:

@@ -16,7 +16,8 @@ Rules (AdamW: two moments of the parameter's shape plus two [1] beta powers per 
 - pp: the ranks of one stage hold the same names; stages are disjoint except the tied word
   table (first and last stage); their union is the whole model; the layers form pp x v chunks
   of the run's split (memory.json layout.pp_layers: every block once, at least one per chunk,
-  the test's split when it gave one) and stage s holds chunks s, s + pp, ... (interleaved);
+  the test's split when it gave one) and stage s holds chunks s, s + pp, ... (interleaved), or under DualPipeV
+  chunks s and 2·pp - 1 - s (the V: embedding, head and a tied table once, all on stage 0);
   each rank's "blocks" lists exactly those;
 - ZeRO-3 (`sharding_stage=3`): a parameter of more than `segment_size` elements (except a
   tied table, which stays whole) is held as a flat slice [start, end) of the flattened
@@ -68,6 +69,9 @@ class Degrees:
     split: tuple = ()
     """Blocks per pipeline chunk the run must have been given (parallel.pp_layers); () = the default split, read
     from memory.json and checked to be a split of the model (`stage_layers`)."""
+    v: bool = False
+    """DualPipeV's V (vpp = 2): stage s holds chunks s and 2·pp - 1 - s, so the head sits with the embedding on stage
+    0 and a tied table is held once."""
 
     @property
     def world(self) -> int:
@@ -81,6 +85,7 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2), "sharding2v2": Degrees(sharding=2, v2=True),
     "sharding2pp2": Degrees(sharding=2, pp=2, v2=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
+    "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
     "sharding2cp2": Degrees(sharding=2, cp=2), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
     "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
@@ -101,10 +106,11 @@ def _layer(name: str):
     return int(m.group(1)) if m else None
 
 
-def stage_layers(got: dict, n_layers: int, pp: int, vpp: int = 1, split: tuple = ()) -> dict:
+def stage_layers(got: dict, n_layers: int, pp: int, vpp: int = 1, split: tuple = (), v: bool = False) -> dict:
     """{pipeline stage: the blocks it must hold}. The run's split (memory.json layout.pp_layers) must be blocks per
     chunk of all `n_layers` (pp x vpp chunks of at least one block; equal to `split` when the test gave one); chunk
-    i holds the next pp_layers[i] blocks and runs on stage i % pp (fleet's interleaved assignment)."""
+    i holds the next pp_layers[i] blocks and runs on stage i % pp (fleet's interleaved assignment), or with `v`
+    (DualPipeV, vpp = 2) on stage i for i < pp and 2·pp - 1 - i after."""
     recorded = tuple(got["layout"]["pp_layers"])
     if pp == 1:
         assert recorded == (), recorded
@@ -114,7 +120,7 @@ def stage_layers(got: dict, n_layers: int, pp: int, vpp: int = 1, split: tuple =
     assert not split or recorded == tuple(split), f"the run was split {list(recorded)}, the test gave {list(split)}"
     out, at = {s: set() for s in range(pp)}, 0
     for i, n in enumerate(recorded):
-        out[i % pp] |= set(range(at, at + n))
+        out[(i if i < pp else 2 * pp - 1 - i) if v else i % pp] |= set(range(at, at + n))
         at += n
     return out
 
@@ -163,9 +169,12 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
     assert set().union(*stage_names.values()) == set(full), (layout, set(full) - set().union(*stage_names.values()))
     for a, b in itertools.combinations(range(d.pp), 2):
         shared = stage_names[a] & stage_names[b]
-        allowed = {TIED} if tied and (a, b) == (0, d.pp - 1) else set()
+        allowed = {TIED} if tied and (a, b) == (0, d.pp - 1) and not d.v else set()  # the V: one table, stage 0
         assert shared == allowed, f"{layout}: pipeline stages {a} and {b} both hold {sorted(shared)[:5]}"
-    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, d.vpp, split or d.split)
+    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, d.vpp, split or d.split, d.v)
+    if d.v:  # the V: embedding, final norm and head all on stage 0
+        ends = {n for n in full if _layer(n) is None}
+        assert ends <= stage_names[0], (layout, sorted(ends - stage_names[0]))
     for s, names in stage_names.items():
         assert {_layer(n) for n in names} - {None} == blocks[s], (
             f"{layout}: pipeline stage {s} holds layers {sorted({_layer(n) for n in names} - {None})}, expected "
@@ -179,7 +188,7 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
         for name, p in e["params"].items():
             sliced = "zero3" in p
             copies = d.dp * d.cp * (1 if sliced else d.sharding) * (1 if split_axis(name) is not None else d.tp)
-            copies *= 2 if tied and d.pp > 1 and name == TIED else 1
+            copies *= 2 if tied and d.pp > 1 and not d.v and name == TIED else 1
             total += Fraction(p["numel"], copies)
             if sliced and e["sharding_rank"] == 0 and e["dp_rank"] == 0:
                 padding += p["zero3"]["padded"] - numel[name]

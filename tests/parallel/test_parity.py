@@ -11,8 +11,10 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1. pp4v2, the pp3 pair and sharding2pp2 are drawn, one of them per suite run
-(`DRAWN`). Communication overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
+under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, Llama, and
+the LoRA Llama with its held-out evaluation down and up the V; `pp4dpv`): stage s holds chunks s and 2 pp - 1 - s.
+pp4v2, the pp3 pair, sharding2pp2 and pp4dpv are drawn, one of them per suite run (`DRAWN`). Communication
+overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
 (`dp_comm_overlap`) and sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`).
@@ -77,21 +79,22 @@ TIED = {"gpt": True, "llama": False, "llama5": False, "ernie": True, "qwen3": Fa
 LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
-    ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4),
+    ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
-         "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2")}
+         "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
+         "pp2dpv": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",)]
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
-8 micro-batches) with uneven chunks."""
+8 micro-batches) with uneven chunks, or DualPipeV at 4 stages (8 micro-batches of 1, one block per chunk)."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
           ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
 """Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
@@ -107,9 +110,10 @@ must carry fleet's mark of the table's second copy, or the clip counts it twice.
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
-LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"]}
+LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
+               "pp4dpv": ["train.micro_batch_size=1"]}
 """Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp
-micro-batches; 8 is not a multiple of 3: its remainder path runs too). Every sample has 32 target tokens, so the
+micro-batches; 8 is not a multiple of 3: its remainder path runs too), pp4dpv too (DualPipeV needs >= 2 x pp). Every sample has 32 target tokens, so the
 mean of 8 micro-batch means equals one process's mean of 4 micro-batches of 2: the same reference."""
 OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"]}
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
@@ -269,9 +273,10 @@ def check_timeline(run_dir, overlapped: bool) -> list:
     return read_timeline(str(run_dir), 0)
 
 
-SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"))
+SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"))
 """Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
-virtual stages are the PipelineLayer's, fleet's groups are the same): their runs go through one launch, started by
+virtual stages are the PipelineLayer's, fleet's groups are the same; pp2dpv: DualPipeV is the PipelineLayer's V and
+llmtrain's own wrapper, after pp2's 1F1B runs): their runs go through one launch, started by
 whichever of them runs first; each is still checked by its own test."""
 
 

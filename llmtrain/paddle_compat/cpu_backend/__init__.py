@@ -20,6 +20,7 @@ replaces, once per process:
                    ParallelEnv.device_id                      unset on CPU builds
   pipeline_p2p     p2p_communication.initialize_p2p_groups, _batched_p2p_ops, _p2p_ops,
                    SendRecvMeta.send_meta/recv_meta           ordered per-direction channels
+  dualpipe_p2p     DualPipeVParallel._commit_and_wait_comm    DualPipeV's batched p2p on those channels
   sequence_parallel  fleet sequence_parallel_utils.all_gather/reduce_scatter  gloo all_gather; all_reduce
                                                              then this rank's rows (gloo has no reduce-scatter)
   sharding         GroupShardedOptimizerStage2/GroupShardedStage2/GroupShardedStage3
@@ -41,9 +42,7 @@ Not a patch, and applied to one-process CPU runs too (by `init_distributed`), no
 
 Notes for the trainer on CPU:
   * call `check_strategy(strategy)` before `fleet.init`: `mp_configs.mp_async_allreduce`
-    must stay False (its fused linear calls the raw c_identity kernel) and
-    `pp_configs.use_dualpipev` too (its batch_isend_irecv is not routed through the
-    CPU channels);
+    must stay False (its fused linear calls the raw c_identity kernel);
   * pipeline partial send/recv across tp ranks is always disabled on CPU (pipeline_p2p),
     whatever `pipeline_configs.enable_partial_send_recv` says; results are identical;
   * `group_sharded_parallel` must be looked up after install() (module attribute, or an
@@ -57,7 +56,8 @@ from __future__ import annotations
 
 import paddle
 
-from . import context_parallel, fused_comm, gloo_groups, mp_ops, pipeline_p2p, sequence_parallel, sharding, tensor_parallel
+from . import (context_parallel, dualpipe_p2p, fused_comm, gloo_groups, mp_ops, pipeline_p2p, sequence_parallel,
+               sharding, tensor_parallel)
 from ..patching import installed as installed_patches
 from ..version import TESTED_PADDLE_VERSION, check_paddle_version
 
@@ -74,7 +74,8 @@ def install() -> bool:
     if _INSTALLED:
         return True
     check_paddle_version()
-    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, sharding, sequence_parallel, context_parallel, fused_comm):
+    for module in (gloo_groups, mp_ops, tensor_parallel, pipeline_p2p, dualpipe_p2p, sharding, sequence_parallel,
+                   context_parallel, fused_comm):
         module.install_patches()
     _INSTALLED = True
     return True
@@ -92,14 +93,6 @@ def check_strategy(strategy) -> None:
             "hybrid_configs.mp_configs.mp_async_allreduce=True is GPU-only: its fused "
             "column-parallel linear calls the c_identity kernel directly, which has no "
             "CPU implementation. Leave it False on CPU."
-        )
-    if strategy.hybrid_configs["pp_configs"].use_dualpipev:
-        raise ValueError(
-            "hybrid_configs.pp_configs.use_dualpipev=True is not supported on CPU: the "
-            "DualPipeV schedule sends through paddle.distributed.batch_isend_irecv on the "
-            "whole pipe group, which gloo runs synchronously with one shared tag stream "
-            "(see llmtrain/paddle_compat/cpu_backend/pipeline_p2p.py). Use 1F1B or the "
-            "interleaved schedule."
         )
 
 
