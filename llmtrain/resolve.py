@@ -87,6 +87,9 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
         layout = _pipeline_split(layout, resolved)
     problems += schedule_problems(cfg.optim, cfg.train.max_steps)
     problems += fusion_problems(model, on_gpu())
+    from llmtrain.fp8.apply import fp8_problems
+
+    problems += fp8_problems(cfg.train.fp8, cfg.train.amp, on_gpu())
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems
 

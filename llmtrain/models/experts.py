@@ -87,6 +87,7 @@ class Experts(nn.Layer):
         self.approximate = cfg.activation == "gelu_tanh"
         self.fuse_swiglu = cfg.fused("fuse_swiglu")
         self.dispatcher = dispatcher or LocalDispatch()
+        self.bmm = paddle.bmm  # the experts' GEMM x [E_l, N, a] @ w [E_l, a, b]; an FP8 recipe replaces it
         if self.swiglu:
             self.w_gate = self.create_parameter([num_local, h, f])
         self.w_up = self.create_parameter([num_local, h, f])
@@ -113,8 +114,8 @@ class Experts(nn.Layer):
 
     def ffn(self, x):  # x [E_local, N, h] -> [E_local, N, h]
         if self.swiglu:
-            gate, up = paddle.bmm(x, self.w_gate), paddle.bmm(x, self.w_up)  # [E_l, N, f] each
+            gate, up = self.bmm(x, self.w_gate), self.bmm(x, self.w_up)  # [E_l, N, f] each
             inner = kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up
         else:
-            inner = F.gelu(paddle.bmm(x, self.w_up), approximate=self.approximate)
-        return paddle.bmm(inner, self.w_down)
+            inner = F.gelu(self.bmm(x, self.w_up), approximate=self.approximate)
+        return self.bmm(inner, self.w_down)

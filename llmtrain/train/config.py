@@ -46,6 +46,14 @@ class TrainConfig:
     """Mixed precision: `none` (fp32), `bf16` or `fp16` (AMP O2: low-precision weights, fp32 master weights; fp16 adds a GradScaler).
     On CPU Paddle's AMP is a no-op: the O2 code path runs in fp32 and a warning says so."""
 
+    fp8: str = "none"
+    """FP8 compute of the transformer's linears and routed experts (llmtrain/fp8, docs/fp8.md): `none`, `blockwise`
+    (DeepSeek-V3's recipe: 1x128 activation tiles, 128x128 weight blocks, power-of-two scales, e4m3) or `tensorwise`
+    (one current-amax scale per tensor, e4m3 forward, e5m2 gradients). Embeddings, LM head, router and norms stay
+    as they are; master weights, optimizer states and checkpoints are unchanged (switchable at resume). On CPU the
+    recipe is emulated (Paddle's casts to FP8, dequantised, fp32 GEMM); on a GPU `blockwise` runs Paddle's FP8
+    kernels and `tensorwise` is refused (no Paddle 3.3.1 kernel with a backward)."""
+
     recompute: bool = False
     """Activation recompute of every transformer block (non-reentrant form)."""
 
