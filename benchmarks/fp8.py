@@ -7,7 +7,9 @@
 
 For each model (llama-tiny, moe-tiny) and each `train.fp8` (none, blockwise, tensorwise) one
 `python llmtrain/pretrain.py` run on CPU with the same seed, data order and initialisation (only `train.fp8`
-differs), reading each step's training loss from its metrics.jsonl. Reported per model and recipe: the mean gap
+differs), reading each step's training loss from its metrics.jsonl. The divergence guard's spike tests are off
+(a batch of 4 x 64 tokens is noisy enough to trip them, and a rejected step would end a run without checkpoints);
+its non-finite and FP8 checks stay on. Reported per model and recipe: the mean gap
 (FP8 loss - fp32 loss) and the mean |gap| over the last `--window` steps, the largest |gap| over the whole run,
 and the final losses. The runs go one after the other (never two at once on the shared cores); only losses are
 compared, so the machine's speed does not enter the numbers.
@@ -32,7 +34,7 @@ def run_losses(model: str, fp8: str, *, steps: int, seq: int, batch: int, workdi
     cmd = [sys.executable, os.path.join(REPO, "llmtrain", "pretrain.py"), f"model={model}", f"train.fp8={fp8}",
            f"train.max_steps={steps}", f"train.global_batch_size={batch}", f"data.seq_len={seq}",
            "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", f"run.dir={run_dir}",
-           "optim.warmup_steps=20"]
+           "optim.warmup_steps=20", "train.anomaly.grad_norm_spike=0", "train.anomaly.loss_spike=1000"]
     env = dict(os.environ, PYTHONPATH=REPO)
     subprocess.run(cmd, check=True, cwd=REPO, env=env, stdout=subprocess.DEVNULL)
     losses = {}
