@@ -43,7 +43,9 @@ def plan(cfg) -> list[dict]:
         if cfg.plan.recompute is not None and cfg.plan.recompute not in RECOMPUTE:
             raise ConfigError([f"plan.recompute={cfg.plan.recompute!r}: expected one of {list(RECOMPUTE)} or null"])
         recompute = cfg.plan.recompute if cfg.plan.recompute is not None else cfg.train.recompute
-        dev = get_device(cfg.plan.device, cfg.plan.profile)
+        from llmtrain.plan.fp8 import with_fp8
+
+        dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8)  # train.fp8: FP8 GEMMs priced
         from llmtrain.plan.estimate import moe_plan, recompute_mode
         from llmtrain.plan.stage_cost import with_pipeline_split
 

@@ -130,3 +130,47 @@ def main(argv=None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+LINEARS = {"q", "k", "v", "qkv", "o", "q_a", "q_b", "kv_a", "kv_b", "gate", "up", "gate_up", "down"}
+"""The planner's GEMM names (`llmtrain/plan/kernels.py`, `kernel_ops.py`) of the linears `train.fp8` computes in FP8;
+the routed experts' are `expert.*`. The LM head and the router stay in the training dtype (`llmtrain/fp8/apply.py`)."""
+
+
+def is_fp8_gemm(op: str) -> bool:
+    """Whether the planner's GEMM kernel `op` ("q.fwd", "down.wgrad", "expert.up.dgrad", ...) runs in FP8."""
+    return op.startswith("expert.") or op.split(".")[0] in LINEARS
+
+
+@dataclass
+class FP8Pricing:
+    """How the planner prices an FP8 GEMM of `recipe` (`train.fp8`) on a device whose bf16 GEMM table it has: the
+    device's own bf16 time x the measured FP8 / bf16 ratio at that shape (`model`), plus the quantisation of both
+    operands (A [m, k] by 1x128 tiles - the tokens for dW -, B by 128x128 blocks for the forward and dx GEMMs or by
+    1x128 tiles for dW; one scale per tensor under tensorwise)."""
+
+    recipe: str
+    model: FP8Model
+
+    def gemm_seconds(self, bf16_seconds: float, op: str, m: int, n: int, k: int, batch: int = 1) -> float:
+        wgrad = op.endswith(".wgrad")
+        if self.recipe == "tensorwise":
+            fp8, a_tile, b_tile = "tensorwise", "tensor", "tensor"
+        else:
+            fp8 = "blockwise_1x128_1x128" if wgrad else "blockwise_1x128_128x128"
+            a_tile, b_tile = "1x128", "1x128" if wgrad else "128x128"
+        ratio = self.model.gemm_ms(fp8, m, n, k) / self.model.gemm_ms("bf16", m, n, k)
+        impl = "compiled" if f"{a_tile}/compiled" in self.model.quant else "eager"
+        quant_ms = self.model.quant_ms(a_tile, m, k, impl) + self.model.quant_ms(b_tile, k, n, impl)
+        return bf16_seconds * ratio + batch * quant_ms * 1e-3
+
+
+def with_fp8(dev, fp8: str, measured_on: str = "h100"):
+    """The device profile `dev` pricing the transformer's GEMMs in FP8 (`train.fp8`); `dev` itself for `none`."""
+    import dataclasses
+
+    if fp8 == "none":
+        return dev
+    if fp8 not in ("blockwise", "tensorwise"):
+        raise ValueError(f"train.fp8={fp8!r}: expected none, blockwise or tensorwise")
+    return dataclasses.replace(dev, fp8=FP8Pricing(fp8, load_fp8_model(measured_on)))

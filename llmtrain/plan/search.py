@@ -99,7 +99,9 @@ def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
 
 
 def _rank(cfg, model_cfg, context: bool) -> list[dict]:
-    dev = get_device(cfg.plan.device, cfg.plan.profile)
+    from llmtrain.plan.fp8 import with_fp8
+
+    dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8)  # train.fp8: FP8 GEMMs priced
     rows = []
     if context:  # what llmtrain's context parallelism refuses (the model, the sequence, the exchange)
         from llmtrain.parallel.context import context_problems
