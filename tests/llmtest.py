@@ -76,3 +76,20 @@ def planner_benchmark():
         sys.modules["planner_benchmark"] = module
         spec.loader.exec_module(module)
     return sys.modules["planner_benchmark"]
+
+
+def tp_topology():
+    """The Topology of a launch whose every rank is one tp group (the in-process entries of the tp2 parity launch):
+    rank and tp group taken from fleet's initialised HybridCommunicateGroup, what the tp roles take."""
+    import paddle.distributed as dist
+    from paddle.distributed import fleet
+
+    from llmtrain.parallel.layout import Layout
+    from llmtrain.parallel.strategy import Topology
+
+    hcg = fleet.get_hybrid_communicate_group()
+    degree = hcg.get_model_parallel_world_size()
+    if dist.get_world_size() != degree:
+        raise RuntimeError(f"tp_topology needs a launch of tp ranks only: world {dist.get_world_size()}, tp {degree}")
+    return Topology(rank=dist.get_rank(), world=degree, layout=Layout(tp=degree),
+                    groups={"tp": hcg.get_model_parallel_group()}, hcg=hcg, on_cpu=True)

@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: llmtest
+
 B, S, H = 2, 16, 32
 
 
@@ -59,12 +61,14 @@ def measure(out_dir: str) -> None:
     from llmtrain.parallel.slicing import TensorSlices
     from llmtrain.parallel.tensor import TensorParallelRoles
 
+    from llmtest import tp_topology
+
     hcg = fleet.get_hybrid_communicate_group()
     rank, degree = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
     slices = TensorSlices(rank, degree)
     x0 = paddle.to_tensor(np.random.default_rng(0).standard_normal([B, S, H]).astype("float32"))  # same on all ranks
     results = {}
-    for name, roles, cut in (("tp", TensorParallelRoles(hcg), slices), ("one", Roles(), WHOLE)):
+    for name, roles, cut in (("tp", TensorParallelRoles(tp_topology()), slices), ("one", Roles(), WHOLE)):
         block, named = _block(roles, cut)
         x = x0.clone()
         x.stop_gradient = False

@@ -21,6 +21,8 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: llmtest
+
 B, S = 2, 64
 
 
@@ -43,11 +45,13 @@ def measure(out_dir: str) -> None:
     from llmtrain.parallel.tensor import TensorParallelRoles
     from llmtrain.plan.activations import saved_bytes
 
+    from llmtest import tp_topology
+
     hcg = fleet.get_hybrid_communicate_group()
     out = {"degree": hcg.get_model_parallel_world_size(), "batch": B, "seq": S}
     for name, roles_cls, fused in (("tp", TensorParallelRoles, True), ("tp_unfused", TensorParallelRoles, False),
                                    ("tp_sp", SequenceParallelRoles, True), ("tp_sp_unfused", SequenceParallelRoles, False)):
-        roles = roles_cls(hcg)
+        roles = roles_cls(tp_topology())
         paddle.seed(5)
         block = Block(_cfg(fused), roles)
         # [b, s, h], or this rank's [s/tp, b, h]; a fresh tensor, as a block's input is past the first block
@@ -55,19 +59,20 @@ def measure(out_dir: str) -> None:
         x.stop_gradient = False
         out[name] = {"input_shape": list(x.shape), "block": saved_bytes(block, x),
                      "norms": saved_bytes(block.attn_norm, x) + saved_bytes(block.mlp_norm, x)}
-    out["fused_vs_unfused_tp"] = _fused_equals_unfused(hcg)
+    out["fused_vs_unfused_tp"] = _fused_equals_unfused()
     path = Path(out_dir) / f"rank{dist.get_rank()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
 
 
-def _fused_equals_unfused(hcg) -> float:
+def _fused_equals_unfused() -> float:
     """One tp block with fused q/k/v and gate/up (TensorParallelRoles.column_linears: one all-reduce of d(x))
     against the unfused block on the same weights: largest difference of output, d(input) and every gradient,
     relative to that tensor's largest magnitude."""
     import numpy as np
     import paddle
 
+    from llmtest import tp_topology
     from llmtrain.models.decoder import Block
     from llmtrain.parallel.tensor import TensorParallelRoles
 
@@ -76,7 +81,7 @@ def _fused_equals_unfused(hcg) -> float:
     results = []
     ref = None
     for fused in (False, True):
-        block = Block(_cfg(fused), TensorParallelRoles(hcg))
+        block = Block(_cfg(fused), TensorParallelRoles(tp_topology()))
         if ref is None:
             ref = block
         else:

@@ -145,9 +145,11 @@ def test_resolve_fills_the_default_split_from_the_planners_costs(tiny_corpus, tm
 
 
 def test_the_default_split_weighs_dense_moe_blocks_and_the_head():
-    """DeepSeek-V3 (3 dense blocks, then 58 MoE) on 8 stages priced on h800: the first stage takes more blocks (its
-    dense ones are cheaper), and the split is at least as good as one by count alone in its costliest stage and better
-    in the spread of the others; the costs are the planner's."""
+    """DeepSeek-V3 (3 dense blocks, then 58 MoE) on 8 stages priced on h800: the first stage takes as many blocks as
+    the fullest stage (its dense ones are cheaper, though not enough cheaper to take one more), the last fewer (the
+    head is counted), and the split is no worse than one by count alone in its costliest stage or in the spread
+    (for these costs the two coincide: three dense blocks save less than one MoE block; that the balanced split is
+    the best bottleneck is tested above); the costs are the planner's."""
     cfg = to_config(compose(["model=deepseek-v3", "data.seq_len=4096", "+parallel=custom", "parallel.pp=8",
                              "plan.devices=8", "train.global_batch_size=64", "train.micro_batch_size=1"]))
     dev = split_profile(True, "h800")
@@ -156,9 +158,9 @@ def test_the_default_split_weighs_dense_moe_blocks_and_the_head():
     costs = layer_costs(cfg.model, dev, micro_batch=1, seq_len=4096)
     assert costs[1] == costs[2] == costs[3] < costs[4] == costs[61] and costs[0] < costs[-1]
     split = with_pipeline_split(layout, cfg.model, dev, seq_len=4096).pp_layers
-    assert sum(split) == 61 and len(split) == 8 and min(split) >= 1 and split[0] > max(split[1:])
+    assert sum(split) == 61 and len(split) == 8 and min(split) >= 1 and split[0] >= max(split[1:]) > split[-1]
     mine, by_count = _chunk_costs(costs, split), _chunk_costs(costs, count_split(61, 8))
-    assert max(mine) <= max(by_count) and sum(c * c for c in mine) < sum(c * c for c in by_count)
+    assert max(mine) <= max(by_count) and sum(c * c for c in mine) <= sum(c * c for c in by_count)
     given = with_pipeline_split(layout.__class__(**{**layout.__dict__, "pp_layers": (9, 8, 8, 8, 7, 7, 7, 7)}),
                                 cfg.model, dev, seq_len=4096)
     assert given.pp_layers == (9, 8, 8, 8, 7, 7, 7, 7)  # an explicit split is kept as given
