@@ -93,6 +93,9 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
 
     problems += main_grad_problems(cfg.train, cfg.parallel, cfg.finetune.lora.rank > 0, model.tie_embeddings)
     problems += fusion_problems(model, on_gpu())
+    from llmtrain.fp8.apply import fp8_problems
+
+    problems += fp8_problems(cfg.train.fp8, cfg.train.amp, on_gpu())
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems
 

@@ -89,6 +89,7 @@ class Experts(nn.Layer):
         self.fuse_swiglu = cfg.fused("fuse_swiglu")
         self.dispatcher = dispatcher or LocalDispatch()
         self.recompute_act = False  # re-run the activation in the backward (`train.recompute_modules=[moe_act]`)
+        self.bmm = paddle.bmm  # the experts' GEMM x [E_l, N, a] @ w [E_l, a, b]; an FP8 recipe replaces it
         if self.swiglu:
             self.w_gate = self.create_parameter([num_local, h, f])
         self.w_up = self.create_parameter([num_local, h, f])
@@ -115,14 +116,14 @@ class Experts(nn.Layer):
 
     def ffn(self, x):  # x [E_local, N, h] -> [E_local, N, h]
         if self.swiglu:
-            gate, up = paddle.bmm(x, self.w_gate), paddle.bmm(x, self.w_up)  # [E_l, N, f] each
+            gate, up = self.bmm(x, self.w_gate), self.bmm(x, self.w_up)  # [E_l, N, f] each
             act = self.act if not (self.recompute_act and self.training) else checkpointed(self.act)
             inner = act(gate, up)  # [E_l, N, f]
         else:
-            up = paddle.bmm(x, self.w_up)  # [E_l, N, f]
+            up = self.bmm(x, self.w_up)  # [E_l, N, f]
             gelu = lambda u: F.gelu(u, approximate=self.approximate)  # noqa: E731
             inner = gelu(up) if not (self.recompute_act and self.training) else checkpointed(gelu)(up)
-        return paddle.bmm(inner, self.w_down)
+        return self.bmm(inner, self.w_down)
 
     def act(self, gate, up):  # [E_l, N, f] each -> silu(gate) * up
         return kernels.swiglu(gate, up) if self.fuse_swiglu else F.silu(gate) * up

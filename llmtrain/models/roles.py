@@ -35,12 +35,24 @@ def tag_linear(layer: nn.Layer, kind: str, in_features: int, out_features: int) 
     return layer
 
 
+class RoleLinear(nn.Linear):
+    """`nn.Linear` whose GEMM is its `linear(x, weight, bias)` attribute (`F.linear`), as in fleet's parallel
+    linears: a compute recipe (`llmtrain.fp8`) replaces that attribute, the parameters stay the same."""
+
+    def __init__(self, in_features: int, out_features: int, bias_attr=None):
+        super().__init__(in_features, out_features, bias_attr=bias_attr)
+        self.linear = F.linear
+
+    def forward(self, x):  # x [.., in] -> [.., out]
+        return self.linear(x, self.weight, self.bias, name=self.name)
+
+
 class Roles:
     """Single-device factory: plain Paddle layers, every parameter whole."""
 
     def column_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         """x [.., in] -> y [.., out]; a plan may split `out` (y stays split, not gathered)."""
-        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "column",
+        return tag_linear(RoleLinear(in_features, out_features, bias_attr=None if bias else False), "column",
                           in_features, out_features)
 
     def column_linears(self, x: paddle.Tensor, layers: list) -> list:
@@ -59,7 +71,7 @@ class Roles:
 
     def row_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
         """x [.., in] -> y [.., out]; a plan may split `in` (x arrives split, y is summed over the split)."""
-        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "row",
+        return tag_linear(RoleLinear(in_features, out_features, bias_attr=None if bias else False), "row",
                           in_features, out_features)
 
     def replicated_linear(self, in_features: int, out_features: int, bias: bool) -> nn.Layer:
@@ -67,7 +79,7 @@ class Roles:
         down-projections to the compressed q and kv, which a norm reads whole). Under tensor parallelism every rank
         computes the same y and gets the same weight gradient, provided whatever reads y hands its gradient back
         whole: a column linear (its input gradient is summed over the ranks) or `head_shared`."""
-        return tag_linear(nn.Linear(in_features, out_features, bias_attr=None if bias else False), "replicated",
+        return tag_linear(RoleLinear(in_features, out_features, bias_attr=None if bias else False), "replicated",
                           in_features, out_features)
 
     def lora_shapes(self, kind: str, in_features: int, out_features: int, rank: int):

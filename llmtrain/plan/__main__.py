@@ -48,7 +48,9 @@ def plan(cfg) -> list[dict]:
             from llmtrain.models.recompute import recompute_of
 
             recompute = recompute_of(cfg.train, model.num_layers, layout.pp_layers)
-        dev = get_device(cfg.plan.device, cfg.plan.profile)
+        from llmtrain.plan.fp8 import with_fp8
+
+        dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8)  # train.fp8: FP8 GEMMs priced
         from llmtrain.plan.estimate import moe_plan, recompute_mode
         from llmtrain.plan.stage_cost import with_pipeline_split
 

@@ -70,6 +70,7 @@ import statistics
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 GB = 1e9
@@ -215,6 +216,8 @@ class Profile:
     """Bytes/s one way between the device and pinned host memory (PCIe x16, datasheet; `links.host_bw`): the price of
     offload (llmtrain/plan/recompute.py); None on a CPU profile (host and device are one memory)."""
     p2p_alpha: float | None = None
+    fp8: Any = None
+    """`train.fp8`: how the transformer's GEMMs are priced in FP8 (`llmtrain.plan.fp8.FP8Pricing`), None: not."""
     burst_alpha: float | None = None
     """Latency of a collective issued back to back with the previous one (ranks already in step: the quiet
     alpha, where `nvlink_alpha`/`net_alpha` of a CPU profile are those of collectives between computing ranks);

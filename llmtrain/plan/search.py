@@ -170,7 +170,9 @@ class Ranking(list):
 
 def _rank(cfg, model_cfg, context: bool) -> list[dict]:
     """Every valid row; memory first, and only the rows that fit are timed (`evaluate(timed=False)`)."""
-    dev = get_device(cfg.plan.device, cfg.plan.profile)
+    from llmtrain.plan.fp8 import with_fp8
+
+    dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8)  # train.fp8: FP8 GEMMs priced
     rows = Ranking()
     amp = "none" if not dev.async_launch else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if dev.async_launch else "cpu"

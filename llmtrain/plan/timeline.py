@@ -52,6 +52,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from llmtrain.plan.kernel_ops import mem
+from llmtrain.plan.fp8 import is_fp8_gemm
 from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels, optimizer_kernels
 from llmtrain.plan.maxplus import Summary
 from llmtrain.plan.profile import slowdown_at
@@ -61,7 +62,11 @@ def kernel_seconds(prof, k) -> float:
     """Device seconds of one kernel on `prof`."""
     if k.kind == "gemm":
         m, n, kk, batch = k.shape
-        return prof.gemm_seconds(m, n, kk, batch, k.layout)
+        seconds = prof.gemm_seconds(m, n, kk, batch, k.layout)
+        fp8 = getattr(prof, "fp8", None)
+        if fp8 is not None and is_fp8_gemm(k.op):  # train.fp8: the measured FP8 / bf16 ratio, plus quantisation
+            return fp8.gemm_seconds(seconds, k.op, m, n, kk, batch)
+        return seconds
     if k.kind in ("attn_fwd", "attn_bwd"):
         bh, s, d, causal = k.shape[:4]
         if k.op == "math":

@@ -33,7 +33,8 @@ EXIT_DIVERGED = 5
 """Process exit status of a run the guard stopped (2: configuration error, 3/4: the watchdog)."""
 
 POLICIES = ("stop", "skip", "rewind")
-KINDS = ("nonfinite_loss", "nonfinite_grad_norm", "loss_spike", "grad_norm_spike", "loss_scale_overflow")
+KINDS = ("nonfinite_loss", "nonfinite_grad_norm", "nonfinite_fp8_amax", "loss_spike", "grad_norm_spike",
+         "loss_scale_overflow")
 
 
 @dataclass
@@ -129,6 +130,10 @@ class Verdict:
     """fp16: the loss scaler found inf/NaN gradients on some rank (it skips the update and lowers the scale)."""
     loss_scale: Optional[float] = None
     """fp16: the loss scale after the step (after the scaler lowered it, on an overflow)."""
+    fp8_tiles: int = 0
+    """`train.fp8`: FP8 tiles over the job whose amax was inf or NaN in this step (caught before the cast)."""
+    fp8_tensors: list = field(default_factory=list)
+    """`train.fp8`: this rank's tensors (`<layer>:x|W|dY`) with such a tile."""
 
     @property
     def nonfinite(self) -> bool:

@@ -38,10 +38,12 @@ class Detector:
     """The verdict of each step and the history of accepted steps (the same on every rank)."""
 
     def __init__(self, cfg: AnomalyConfig, topo, comm, local_loss: Callable[[], Optional[paddle.Tensor]],
-                 scaler=None):
+                 scaler=None, fp8=None):
         """`local_loss()`: this rank's step loss (fp32 scalar tensor) or None where it holds none (a pipeline's
-        earlier stages). `scaler`: fp16's loss scaler (its overflow flag is read inside the clip) or None."""
+        earlier stages). `scaler`: fp16's loss scaler (its overflow flag is read inside the clip) or None. `fp8`:
+        the model's `FP8Health` under `train.fp8` (a seventh number in the all-reduce: its non-finite tiles), or None."""
         self.cfg, self.topo, self.comm, self.local_loss, self.scaler = cfg, topo, comm, local_loss, scaler
+        self.fp8 = fp8
         self.history: deque = deque(maxlen=cfg.window)  # (step, loss, grad_norm) of accepted steps
 
     def judge(self, norm, step: int) -> Verdict:
@@ -54,10 +56,15 @@ class Detector:
         parts = [mine, paddle.full([], 1.0 if loss is not None else 0.0, "float32"),
                  norm.astype("float32").reshape([]) if norm is not None and rank == 0 else zero, bad, bad * (rank + 1),
                  flag.astype("float32").reshape([]) if flag is not None else zero]
-        vec = paddle.stack(parts).astype("float64")  # [6], built on the device: one read to the host below
-        vec = self.comm.all_reduce_sum(vec).numpy().tolist()  # the whole job: every rank gets the same six numbers
+        if self.fp8 is not None:
+            parts.append(self.fp8.count().reshape([]))  # FP8 tiles with an inf/NaN amax on this rank this step
+        vec = paddle.stack(parts).astype("float64")  # [6] (+1 under FP8), built on the device: one read below
+        vec = self.comm.all_reduce_sum(vec).numpy().tolist()  # the whole job: every rank gets the same numbers
         v = Verdict(step, loss=vec[0] / vec[1] if vec[1] else None, grad_norm=vec[2] if norm is not None else None,
                     overflow=vec[5] > 0)
+        if self.fp8 is not None and vec[6] > 0:  # before the loss or the norm: a saturated NaN looks finite
+            v.fp8_tiles, v.fp8_tensors = int(vec[6]), self.fp8.offenders()
+            v.kinds.append("nonfinite_fp8_amax")
         if vec[3] == 1:
             v.bad_ranks = [int(vec[4]) - 1]
         elif vec[3] > 1:

@@ -38,15 +38,16 @@ class AnomalyGuard:
     """One run's divergence guard: detector, policy state, rewind (the same decisions on every rank)."""
 
     def __init__(self, cfg: AnomalyConfig, topo, runner, clip, optimizer, windows: Optional[SkipWindows] = None,
-                 comm=None):
+                 comm=None, fp8=None):
         """Wraps `clip` (the recording clip on `optimizer`) in a `GatedClip`. `windows`: the skipped data windows,
         a component of the checkpoints (`Trainer` passes the one in its training state). `comm`: the job's
-        collectives (default `JobComm(topo.world)`; tests pass a scripted stand-in)."""
+        collectives (default `JobComm(topo.world)`; tests pass a scripted stand-in). `fp8`: the model's `FP8Health`
+        under `train.fp8` (non-finite amaxes reject the step), or None."""
         from llmtrain.paddle_compat.optim import get_grad_clip, optimizer_chain, set_grad_clip
 
         self.cfg, self.topo, self.runner = cfg, topo, runner
         self.scaler = runner.scaler
-        self.detector = Detector(cfg, topo, comm or JobComm(topo.world), self._local_loss, self.scaler)
+        self.detector = Detector(cfg, topo, comm or JobComm(topo.world), self._local_loss, self.scaler, fp8)
         self.policy_state = Policy(cfg)
         self.windows = windows if windows is not None else SkipWindows()
         self.rewinder = Rewinder(cfg, self.windows)

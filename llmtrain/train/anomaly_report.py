@@ -33,6 +33,11 @@ def describe(v) -> str:
             parts.append(f"loss spike: loss {v.loss:.6g} > median {v.median_loss:.6g} of the last healthy steps")
         elif k == "grad_norm_spike":
             parts.append(f"grad-norm spike: grad_norm {v.grad_norm:.6g} > median {v.median_grad_norm:.6g}")
+        elif k == "nonfinite_fp8_amax":
+            where = f" in {', '.join(v.fp8_tensors[:4])}{' ...' if len(v.fp8_tensors) > 4 else ''}" \
+                if v.fp8_tensors else ""
+            parts.append(f"FP8: non-finite amax (inf or NaN) in {v.fp8_tiles} tile(s){where}, caught before the cast "
+                         "to FP8 would have saturated it to +-448 (train.fp8)")
         elif k == "loss_scale_overflow":
             parts.append(f"persistent fp16 loss-scale overflow (loss scale now {_fmt(v.loss_scale)})")
         else:

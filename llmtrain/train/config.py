@@ -52,6 +52,14 @@ class TrainConfig:
     parallel.sharding_split_param, sharding_tensor_fusion, sharding_comm_overlap, dp_comm_overlap,
     pp_sharding_comm_overlap). In fp32 the same numbers; under bf16/fp16 micro-batch gradients are summed in fp32."""
 
+    fp8: str = "none"
+    """FP8 compute of the transformer's linears and routed experts (llmtrain/fp8, docs/fp8.md): `none`, `blockwise`
+    (DeepSeek-V3's recipe: 1x128 activation tiles, 128x128 weight blocks, power-of-two scales, e4m3) or `tensorwise`
+    (one current-amax scale per tensor, e4m3 forward, e5m2 gradients). Embeddings, LM head, router and norms stay
+    as they are; master weights, optimizer states and checkpoints are unchanged (switchable at resume). On CPU the
+    recipe is emulated (Paddle's casts to FP8, dequantised, fp32 GEMM); on a GPU `blockwise` runs Paddle's FP8
+    kernels and `tensorwise` is refused (no Paddle 3.3.1 kernel with a backward)."""
+
     recompute: str = "none"
     """Activation recompute (llmtrain/models/recompute.py): `none`, `full` (whole blocks), `full_attn` (the attention
     sub-block), `core_attn` (softmax(q k^T) v only) or `selective` (only `recompute_modules`); `true` is `full` and

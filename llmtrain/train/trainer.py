@@ -32,9 +32,11 @@ from llmtrain.checkpoint.listing import read_manifest
 from llmtrain.checkpoint.manager import Checkpointer
 from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
+from llmtrain.fp8.apply import apply_fp8, fp8_layer_count
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
+from llmtrain.paddle_compat.kernels import on_gpu
 from llmtrain.parallel.expert_states import attach_expert_parallel
 from llmtrain.parallel.build import build_local_model, parallelize
 from llmtrain.parallel.overlap_timeline import timeline_hooks
@@ -90,6 +92,9 @@ class Built:
     offload: Any = None
     """`llmtrain.paddle_compat.offload.OptimizerOffload` under `train.offload_optimizer`, or None."""
 
+    fp8: Any = None
+    """`train.fp8`: the model's `FP8Health` (the divergence guard reads it), or None."""
+
 
 def build_data(data_cls, run, topo):
     """This data rank's batches of the layout-independent global order (`PretrainData`, `MLMData`, `SFTData`)."""
@@ -112,6 +117,11 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     local = build_local_model(cfg.model, layout, topo, recompute, lora=lora,
                               positions=any(getattr(cfg.data, k, False) for k in ("document_mask", "reset_position_ids")))
     core = local.core
+    fp8 = apply_fp8(core, cfg.train.fp8)  # FP8Health or None; the transformer's GEMMs in FP8 (llmtrain/fp8)
+    if fp8 is not None:
+        local.hooks.append(fp8)
+        log0(f"train.fp8={cfg.train.fp8}: {fp8_layer_count(core)} layers compute their GEMMs in FP8 "
+             f"({'on the GPU FP8 kernels' if on_gpu() else 'emulated on CPU: Paddle casts to FP8, dequantised, fp32 GEMM'})")
     named = canonical_parameters(core)
     if len(named) != len(core.parameters()):
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
@@ -139,7 +149,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
 
         offload = OptimizerOffload(optimizer)
     return Built(model, core, local.loss_fn, optimizer, scheduler, clip, scaler, named, local.pipeline, frozen,
-                 local.hooks, local.inputs, local.report, offload)
+                 local.hooks, local.inputs, local.report, offload, fp8)
 
 
 class Trainer:
@@ -174,7 +184,8 @@ class Trainer:
                             built.pipeline, built.scaler, accumulate_steps=layout.grad_accum,
                             hooks=built.hooks, inputs=built.inputs)
         # divergence guard: gates the clip (a verdict before every update), re-run, policies (anomaly.py)
-        self.guard = AnomalyGuard(cfg.train.anomaly, topo, runner, built.clip, built.optimizer, self.windows)
+        self.guard = AnomalyGuard(cfg.train.anomaly, topo, runner, built.clip, built.optimizer, self.windows,
+                                 fp8=built.fp8)
         peak, peak_source = peak_flops(cfg.train.peak_tflops)
         log0(
             f"layout {layout.name}: dp={layout.dp} tp={layout.tp} pp={layout.pp} sharding={layout.sharding} "

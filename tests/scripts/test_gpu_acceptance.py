@@ -102,11 +102,12 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                 assert "LLMTRAIN_PARITY_TOL" in env
             pytests += 1
         elif words[1].endswith("scripts/gpu_acceptance.py"):
-            assert words[2] in ("env", "fp16-overflow", "ep-alltoall", "cp-exchanges"), words
+            assert words[2] in ("env", "fp16-overflow", "ep-alltoall", "cp-exchanges", "fp8-vs-bf16"), words
             if words[2] != "env" and gpus == 2:  # the same 2-GPU runs whatever --gpus: composed once
                 runs = {"fp16-overflow": gpu_acceptance.fp16_overflow_runs,
                         "ep-alltoall": gpu_acceptance.ep_alltoall_runs,
-                        "cp-exchanges": gpu_acceptance.cp_exchanges_runs}[words[2]](Path(words[3]))
+                        "cp-exchanges": gpu_acceptance.cp_exchanges_runs,
+                        "fp8-vs-bf16": gpu_acceptance.fp8_vs_bf16_runs}[words[2]](Path(words[3]))
                 for run in runs:
                     if "call" in run:
                         assert (REPO / run["call"].split(":")[0]).is_file(), run
@@ -114,7 +115,7 @@ def test_dry_run_commands_are_well_formed(gpus, tmp_path):
                         _check_run(run["overrides"], 2)
             subcommands += 1
     assert launches == plans == (6 if gpus >= 4 else 4)
-    assert pytests == 7 and finetunes == 1 and subcommands == 4
+    assert pytests == 7 and finetunes == 1 and subcommands == 5
 
 
 def test_too_few_gpus_refused(tmp_path):

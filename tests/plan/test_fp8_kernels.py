@@ -1,0 +1,47 @@
+"""The planner's FP8 GEMM times against H100 measurements at shapes it was not fitted on (within 10%).
+
+    python -m pytest tests/plan/test_fp8_kernels.py -q
+
+benchmarks/data/h100/fp8_gemm.json (torch._scaled_mm, e4m3 x e4m3 -> bf16, 16 LLM shapes per recipe) is split by
+`llmtrain.plan.fp8.split_shapes` into every other shape: the fit sees one half, the bound is checked on the other.
+The shipped coefficients (llmtrain/plan/profiles/fp8/h100.json) must be what that fit gives today.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from llmtest import REPO
+from llmtrain.plan.fp8 import fit, held_out_error, load_fp8_model, split_shapes
+
+DATA = os.path.join(REPO, "benchmarks", "data", "h100")
+FP8_RECIPES = ("tensorwise", "rowwise", "blockwise_1x128_128x128", "blockwise_1x128_1x128")
+
+
+def _tables():
+    with open(os.path.join(DATA, "fp8_gemm.json")) as f, open(os.path.join(DATA, "fp8_quant.json")) as g:
+        return json.load(f), json.load(g)
+
+
+def test_fp8_gemm_times_within_10_percent_on_held_out_shapes():
+    gemm, quant = _tables()
+    model = fit(gemm, quant, "h100")
+    fitted, held = split_shapes([r for r in gemm["rows"] if not r.get("invalid")])
+    assert len(held) >= 7 and not fitted & held
+    errors = held_out_error(model, gemm)
+    for recipe in FP8_RECIPES:
+        assert errors[recipe] <= 0.10, (recipe, errors[recipe])
+
+
+def test_the_shipped_fit_is_todays_fit_and_fp8_is_faster_than_bf16():
+    gemm, quant = _tables()
+    shipped, fresh = load_fp8_model("h100"), fit(gemm, quant, "h100")
+    for recipe, coef in fresh.gemm.items():
+        assert shipped.gemm[recipe] == pytest.approx(coef, rel=1e-9), recipe
+    for m, n, k in [(4096, 4096, 4096), (16384, 12288, 4096), (8192, 8192, 8192)]:
+        bf16 = shipped.gemm_ms("bf16", m, n, k)
+        for recipe, low, high in [("tensorwise", 1.6, 2.0), ("blockwise_1x128_128x128", 1.4, 1.8)]:
+            assert low < bf16 / shipped.gemm_ms(recipe, m, n, k) < high, (recipe, m, n, k)
+    assert 0 < shipped.quant_ms("1x128", 4096, 4096) < shipped.quant_ms("1x128", 16384, 4096)
