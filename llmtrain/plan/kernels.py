@@ -167,7 +167,8 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
             p.op([mem("copy", s * s), mem("copy", s * s), mem("add", ss)], [])
         p.op([mem("softmax", ss)], [mem("softmax_bwd", ss)])
         p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
-        p.op([gemm(s, d, s, bh, "pv")], [gemm(s, s, d, bh, "pv.dgrad_p"), gemm(d, s, s, bh, "pv.dgrad_v")])
+        dv = o_in // nh  # the value head width (MLA's v_head_dim: the math core does not pad v to d)
+        p.op([gemm(s, dv, s, bh, "pv")], [gemm(s, s, dv, bh, "pv.dgrad_p"), gemm(dv, s, s, bh, "pv.dgrad_v")])
         p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
     if not math_core or flash:
         p.op([view("reshape")], [view("reshape")])
@@ -203,6 +204,10 @@ def embedding_kernels(cfg, b, s, t, e) -> tuple[list[Kernel], list[Kernel]]:
     if cfg.position == "learned":
         p.op([mem("embedding", s * h)], [mem("embedding_bwd", cfg.max_position_embeddings * h)])
         p.op([mem("add", T * h)], [mem("reduce", T * h)])
+    if cfg.family == "encoder":  # ERNIE 3.0: + token-type embedding, then the embedding's norm (encoder.py)
+        if cfg.type_vocab_size:
+            p.op([mem("embedding", T * h), mem("add", T * h)], [mem("embedding_bwd", cfg.type_vocab_size * h)])
+        _norm(p, cfg, T, h, e, False)
     return p.fwd, p.backward()
 
 
@@ -213,8 +218,15 @@ def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False, ce_core: bool = False) 
     masked mean."""
     h, T, V = cfg.hidden_size, b * s, cfg.vocab_size // t
     p = _Pass()
-    _norm(p, cfg, T // t if sp and t > 1 else T, h, e, cfg.fused("fuse_rms_norm", gpu))
+    if cfg.family == "encoder":  # the MLM head: norm(gelu(dense(x))) (encoder.MLMTransform), the tied head + bias
+        _linear(p, T, h, h, True, "mlm_transform")
+        p.op([mem("gelu", T * h)], [mem("gelu_bwd", T * h)])
+        _norm(p, cfg, T, h, e, False)
+    else:
+        _norm(p, cfg, T // t if sp and t > 1 else T, h, e, cfg.fused("fuse_rms_norm", gpu))
     _linear(p, T, h, V, False, "lm_head", tied=cfg.tie_embeddings)
+    if cfg.family == "encoder":  # encoder.MLMBias: [T, V/tp] + [V/tp]
+        p.op([mem("add", T * V)], [mem("reduce", T * V)])
     cast = [view("cast")] if e != 4 else []
     if t > 1 and not gpu:  # llmtrain's CPU stand-in for fleet's fused c_softmax_with_cross_entropy
         _vocab_parallel_ce(p, T, V, ce_core)

@@ -1,0 +1,154 @@
+"""The planner's GEMMs are the GEMMs the model executes: `python -m pytest tests/plan/test_op_sequence.py`.
+
+The planner's kernel list (`llmtrain.plan.kernels.micro_batch_kernels`) is written by hand beside the model; this
+traces one micro-batch's forward and backward of the real model on CPU with Paddle's profiler (every operator
+the dygraph engine runs, C++-launched gradient nodes included) and checks, per family and mode, that
+
+- the forward runs exactly as many GEMMs (matmul, bmm, linear) as the planner lists, of the same shapes
+  (m, n, k, batch), recorded at the Python entry points the model calls and required to account for every GEMM
+  the profiler saw (so none is hidden from the shape record);
+- the backward runs exactly as many: two per GEMM gradient node (dX and dW) plus the GEMMs run as plain ops in
+  the backward (a recomputed block's forward, a PyLayer's own backward, as FP8's).
+
+What it does not hold: the memory-bound and view kernels (the CPU runs stand-ins for several GPU kernels, so
+their classes differ by design), tp/cp/ep layouts (multi-process), and recompute of parts of blocks (priced
+apart, `llmtrain.plan.recompute`). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
+compared by count, batch and width, not rows (capacity MoE: rows too).
+"""
+from __future__ import annotations
+
+import collections
+import math
+
+import paddle
+import paddle.nn.functional as F
+import paddle.profiler as profiler
+import pytest
+
+from llmtrain.config import compose_config, to_config
+from llmtrain.contracts.steps import mean_loss
+from llmtrain.models import build_model
+from llmtrain.models.init import init_parameters
+from llmtrain.models.stages import canonical_parameters
+from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+
+FORWARD_GEMMS = {"matmul", "bmm", "linear"}
+GRAD_NODES = {"Global_MatmulGradNode", "Global_BmmGradNode", "Global_LinearGradNode"}
+CASES = {
+    "gpt": ["model=gpt-tiny"],
+    "llama": ["model=llama-tiny"],
+    "llama-full-recompute": ["model=llama-tiny", "train.recompute=full"],
+    "qwen3-qk-norm": ["model=llama-tiny", "model.qk_norm=true"],
+    "llama-fused": ["model=llama-tiny", "model.fuse_qkv=true", "model.fuse_ffn=true"],
+    "ernie-encoder": ["model=ernie-tiny"],
+    "moe-capacity": ["model=moe-tiny", "model.moe_capacity_factor=1.25"],
+    "moe-dropless": ["model=moe-tiny"],
+    "moe-full-recompute": ["model=moe-tiny", "model.moe_capacity_factor=1.25", "train.recompute=full"],
+    "deepseek-mla": ["model=deepseek-tiny"],
+    "llama-fp8": ["model=llama-tiny", "train.fp8=blockwise"],
+}
+
+
+def _shape(x, y, transpose_x=False, transpose_y=False) -> tuple:
+    """(m, n, k, batch) of x @ y as the planner writes a GEMM: a 2-D right operand folds x's leading dims into m."""
+    xs, ys = list(x.shape), list(y.shape)
+    if transpose_x:
+        xs[-2], xs[-1] = xs[-1], xs[-2]
+    if transpose_y:
+        ys[-2], ys[-1] = ys[-1], ys[-2]
+    if len(ys) == 2:
+        return math.prod(xs[:-1]), ys[-1], xs[-1], 1
+    return xs[-2], ys[-1], xs[-1], math.prod(xs[:-2])
+
+
+class _Record:
+    """Patches paddle.matmul, paddle.bmm and F.linear (before the model is built: layers keep references) to
+    record each GEMM's shape while `on`."""
+
+    def __init__(self, monkeypatch):
+        self.on, self.shapes = False, []
+        matmul, bmm, linear = paddle.matmul, paddle.bmm, F.linear
+
+        def rec_matmul(x, y, transpose_x=False, transpose_y=False, name=None):
+            if self.on:
+                self.shapes.append(_shape(x, y, transpose_x, transpose_y))
+            return matmul(x, y, transpose_x, transpose_y, name)
+
+        def rec_bmm(x, y, name=None):
+            if self.on:
+                self.shapes.append(_shape(x, y))
+            return bmm(x, y, name)
+
+        def rec_linear(x, weight, bias=None, name=None):
+            if self.on:
+                self.shapes.append(_shape(x, weight))
+            return linear(x, weight, bias, name)
+
+        monkeypatch.setattr(paddle, "matmul", rec_matmul)
+        monkeypatch.setattr(paddle, "bmm", rec_bmm)
+        monkeypatch.setattr(F, "linear", rec_linear)
+
+
+def _operators(fn):
+    """(fn's result, names of the operators the dygraph engine ran inside it)."""
+    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU])
+    prof.start()
+    try:
+        out = fn()
+    finally:
+        prof.stop()
+    names = []
+
+    def walk(node):  # every operator, at any depth (a recomputed forward runs inside a gradient node)
+        if node.type == profiler.TracerEventType.Operator:
+            names.append(node.name.replace(" dygraph", ""))
+        for child in node.children_node:
+            walk(child)
+
+    for root in prof.profiler_result.get_data().values():
+        walk(root)
+    return out, names
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # the profiler writes its trace into the working directory
+    cfg = to_config(compose_config(["model.vocab_size=256", *CASES[case]]))
+    record = _Record(monkeypatch)
+    paddle.seed(0)
+    from llmtrain.models.recompute import recompute_of
+
+    model = build_model(cfg.model, recompute=recompute_of(cfg.train, cfg.model.num_layers, []))
+    init_parameters(canonical_parameters(model), cfg.model, 7)
+    if cfg.train.fp8 != "none":
+        from llmtrain.fp8.apply import apply_fp8
+
+        apply_fp8(model, cfg.train.fp8)
+    model.train()
+    b, s = 2, 16
+    ids = paddle.randint(0, cfg.model.vocab_size, [b, s])
+    labels = paddle.randint(0, cfg.model.vocab_size, [b, s])
+    record.on = True
+    loss, fwd_ops = _operators(lambda: mean_loss(model.loss_fn(model(ids), (labels, paddle.ones([b, s], "float32")))))
+    executed_fwd = list(record.shapes)
+    record.shapes.clear()
+    _, bwd_ops = _operators(loss.backward)
+    record.on = False
+
+    mode = "full" if cfg.train.recompute == "full" else "none"
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False, recompute=mode))
+    planned_fwd = [k.shape for k in planned.forward if k.kind == "gemm"]
+    planned_bwd = [k for k in planned.backward if k.kind == "gemm"]
+
+    ops = collections.Counter(fwd_ops)
+    assert sum(ops[n] for n in FORWARD_GEMMS) == len(executed_fwd), (ops, len(executed_fwd))  # none unrecorded
+    if cfg.model.moe_num_experts and cfg.model.moe_capacity_factor <= 0:  # dropless: the expert bmm's rows are the
+        # step's busiest expert's load (the planner's an expectation): compare the rest
+        strip = lambda shapes: sorted((n, k, bt) if bt > 1 else (m, n, k, bt) for m, n, k, bt in shapes)  # noqa: E731
+        assert strip(executed_fwd) == strip(planned_fwd)
+    else:
+        assert sorted(executed_fwd) == sorted(planned_fwd)
+    bops = collections.Counter(bwd_ops)
+    executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
+    assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
