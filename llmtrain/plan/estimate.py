@@ -291,16 +291,20 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     moe_full = (layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
                 + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)) if cfg.moe_num_experts > 0 else dense
 
-    def block(i):  # (bytes block i keeps for one micro-batch, bytes it keeps without recompute)
-        moe = cfg.is_moe_layer(i)
+    def block(moe: bool, parts) -> tuple:  # (bytes a block keeps for one micro-batch, bytes without recompute)
         full = moe_full if moe else dense
-        parts = rc.at(i)
         if "block" in parts:
             return recompute_kept_bytes(cfg, s, b, dtype_bytes) + (kept_routing_bytes(cfg, s, b) if moe else 0), full
         return full - part_savings(cfg, parts, s=s, b=b, t=t, e=dtype_bytes, flash=flash, sp=sp, gpu=gpu,
                                    moe_plan=plan, moe_layer=moe), full
 
-    held = [block(i) for i in range(cfg.num_layers)]
+    kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
+    held = []
+    for i, moe in enumerate(moe_blocks(cfg)):
+        key = (moe, frozenset(rc.at(i)))
+        if key not in kinds:
+            kinds[key] = block(moe, key[1])
+        held.append(kinds[key])
     any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"

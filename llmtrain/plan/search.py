@@ -194,20 +194,35 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
             if problems:
                 continue
             moe = moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance)
-            for recompute in RECOMPUTE:  # the default pipeline split is priced as the run would resolve it
-                bound_mode = recompute if recompute in ("none", "full") else "parts"
-                if layout.pp > 1 and not layout.pp_layers and split_free_bound(
-                        model_cfg, layout, seq_len=cfg.data.seq_len, mode=bound_mode, amp=amp, device=device, dev=dev,
-                        moe_imbalance=cfg.plan.moe_imbalance) > dev.memory_bytes:
-                    rows.pruned += 1  # fits under no split of its blocks (llmtrain/plan/prune.py)
+            # memory floors shared by the modes: each block keeps at least its input under any recompute (what
+            # full keeps), so where that floor does not fit, no mode does (counted in `pruned`, not listed)
+            if layout.pp > 1 and not layout.pp_layers and split_free_bound(
+                    model_cfg, layout, seq_len=cfg.data.seq_len, mode="parts", amp=amp, device=device, dev=dev,
+                    moe_imbalance=cfg.plan.moe_imbalance) > dev.memory_bytes:
+                rows.pruned += len(RECOMPUTE)  # fits under no split of its blocks (llmtrain/plan/prune.py)
+                continue
+            floor_fits = True
+            for recompute in ("full", *(r for r in RECOMPUTE if r != "full")):
+                if not floor_fits:
+                    rows.pruned += 1
                     continue
+                if layout.pp > 1 and not layout.pp_layers and recompute in ("none", "full") and split_free_bound(
+                        model_cfg, layout, seq_len=cfg.data.seq_len, mode=recompute, amp=amp, device=device, dev=dev,
+                        moe_imbalance=cfg.plan.moe_imbalance) > dev.memory_bytes:
+                    rows.pruned += 1
+                    continue
+                # the default pipeline split is priced as the run would resolve it
                 split = with_pipeline_split(layout, model_cfg, dev, seq_len=cfg.data.seq_len,
                                             recompute=recompute_mode(recompute), moe=moe)
-                rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False))
+                plain = evaluate(cfg, model_cfg, split, recompute, dev, timed=False)
+                rows.append(plain)
                 # + offload (a GPU's PCIe link), where the row does not fit without it (where it does, the same
                 # layout without offload is as small a step or smaller: the offloaded row would only be slower)
-                if recompute == "full" and getattr(dev, "host_bw", None) and not rows[-1]["fits"]:
+                if recompute == "full" and getattr(dev, "host_bw", None) and not plain["fits"]:
                     rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False,
                                          offload=(True, model_cfg.moe_num_experts == 0)))
+                if recompute == "full" and layout.pp == 1:  # one stage: the same blocks under every mode
+                    held = plain["memory_bytes"]
+                    floor_fits = held["total"] - held.get("recompute_transient", 0) <= dev.memory_bytes
     rows.sort(key=_order)
     return rows
