@@ -180,10 +180,11 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     index d when d % n == i."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
     ep = getattr(layout, "ep", 1)
-    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank)) if layout.pp > 1 else ()
-    key = (id(specs), blocks, pp_rank == 0, pp_rank == layout.pp - 1, amp, device, *(
-        repr(getattr(layout, k, None)) for k in ("dp", "tp", "sharding", "sharding_stage", "zero3_segment_size",
-                                                  "zero2_buffer_size", "ep")), layout.pp == 1)
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
+    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
+    key = (id(specs), blocks, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device, *(
+        repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
+                                                                           "pp_schedule")), layout.pp == 1)
     hit = _STAGES.get(key)
     if hit is not None and hit[0] is specs:  # a stage of the same blocks and degrees in another split
         return [dict(r) for r in hit[1]]
@@ -360,8 +361,9 @@ def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lor
 
 _PREDICTED: dict = {}
 _SPEC_LISTS: dict = {}
-_LAYOUT_KEYS = ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "pp_layers", "zero3_segment_size",
-                "zero2_buffer_size", "ep")
+_LAYOUT_KEYS = ("dp", "tp", "pp", "sharding", "sharding_stage", "virtual_pp", "pp_layers", "pp_schedule",
+                "zero3_segment_size", "zero2_buffer_size", "ep", "sharding_split_param", "sharding_comm_buffer_mb",
+                "sharding_tensor_fusion", "sharding_comm_overlap", "dp_comm_overlap", "pp_sharding_comm_overlap")
 """The layout fields the holdings depend on (`predict_stage_ranks`' cache key)."""
 
 

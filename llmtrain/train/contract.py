@@ -77,6 +77,8 @@ RULES: list[tuple[str, str, str]] = [
     *_each("train.global_batch_size train.micro_batch_size train.grad_accum",
            "honoured", "the data continues from consumed_samples"),
     ("train.batch_rampup", "honoured", "each step's batch is read from consumed_samples"),
+    ("train.fp8", "warn", "the transformer's GEMMs change precision from this step on; weights, optimizer states and "
+                          "the checkpoint are the same with or without FP8"),
     ("train.main_grad", "honoured", "gradients are not saved: fp32 main gradients or not, the state is the same"),
     ("train.amp", "honoured", "weights, moments and master weights are stored in fp32 and cast on load (from an fp32 "
                                "checkpoint the master weights start from the cast weights)"),

@@ -18,7 +18,7 @@ PROMISED = {  # docs/models.md, "Model families and checkpoint formats": preset 
     "llama-tiny": {"paddlenlp", "hf"}, "llama-7b": {"paddlenlp", "hf"}, "tinyllama-1.1b": {"paddlenlp", "hf"},
     "qwen-1.8b": {"paddlenlp"}, "qwen-7b": {"paddlenlp"},
     "qwen2-0.5b": {"hf"}, "qwen2-1.5b": {"hf"}, "qwen2-7b": {"hf"},
-    "qwen3-0.6b": {"hf"}, "qwen3-8b": {"hf"}, "qwen3-32b": {"hf"}, "qwen3-30b-a3b": {"hf"},
+    "qwen3-0.6b": {"hf"}, "qwen3-8b": {"hf"}, "qwen3-32b": {"hf"}, "qwen3-30b-a3b": {"hf"}, "qwen3-235b-a22b": {"hf"},
     "mixtral-8x7b": {"paddlenlp"}, "deepseek-v2-lite": {"hf"}, "deepseek-v3": {"hf"}, "deepseek-tiny": {"hf"},
     "ernie-4.5-0.3b": {"hf", "paddleformers"}, "ernie-4.5-21b-a3b": {"hf", "paddleformers"},
     "ernie-4.5-300b-a47b": {"hf", "paddleformers"},
