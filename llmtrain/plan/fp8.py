@@ -10,16 +10,25 @@ forward and dx GEMMs of `train.fp8=blockwise` -, `blockwise_1x128_1x128` - its d
     ms = c + a · 2mnk + b · mn + d · (mk + nk)         (launch, tensor-core work, the output's epilogue, operand reads)
 
 fitted by non-negative least squares on relative error over every other measured shape (sorted by (m, n, k)); the
-others are held out (`held_out_error`). Quantisation (bf16 -> e4m3 + fp32 scales) per tile kind (`tensor`,
-`1x128`, `128x128`) and implementation: ms = c + a · rows · cols, fitted the same way. Rows a table marks `invalid`
-(a wrong product) are left out. The coefficients ship in `profiles/fp8/<device>.json` with the table they came from.
+others are held out (`held_out_error`). Rows a table marks `invalid` (a wrong product) are left out.
+
+Quantisation (bf16 -> e4m3 + fp32 scales), per tile variant and implementation (`<tile>/<impl>`): ms = c + a · rows
+· cols, fitted the same way over every measured shape. Tile variants: `tensor`, `1x128`, `128x128` (an output like
+the input) and, as Paddle's `fp8_quant_blockwise` offers them, `1x128T` (the transposed copy only, 1x128 tiles of
+xᵀ: 128 tokens of one column - what the dW GEMM reads), `128x128T` (the transposed copy of the 128x128 blocks: Wᵀ
+for the forward) and `1x128+T` (both outputs in one pass). Implementations: `eager` and `compiled` (PyTorch op by op
+and torch.compile-fused) and `triton` (benchmarks/fp8_quant_triton.py: one fused pass, bit-exact to Paddle's CUDA
+kernel's rule - the instrument for that kernel, which the measuring machine cannot run). The pricing takes, per tile
+variant, the FASTEST measured implementation (`FP8Model.priced`: the lowest fitted time at 16384 x 4096 elements,
+written into the profile as `quant_priced`); on the H100 that is the fused Triton pass for every blockwise variant.
+The coefficients ship in `profiles/fp8/<device>.json` with the table they came from.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,15 +68,46 @@ class FP8Model:
     quant: dict
     """"<tile>/<impl>" -> [c, a] of the quantisation form."""
     source: str = ""
+    quant_priced: dict = field(default_factory=dict)
+    """tile variant -> the implementation the pricing uses (the fastest measured, `fastest_impls`)."""
 
     def gemm_ms(self, recipe: str, m: int, n: int, k: int) -> float:
         return float(np.dot(_gemm_features(m, n, k), self.gemm[recipe]))
 
-    def quant_ms(self, tile: str, rows: int, cols: int, impl: str = "eager") -> float:
+    def quant_ms(self, tile: str, rows: int, cols: int, impl: str | None = None) -> float:
+        """Milliseconds of quantising a bf16 [rows, cols] by `tile` with `impl` (None: the priced implementation;
+        a transposed variant with no rows of its own falls back to its plain tile: `1x128T` -> `1x128`)."""
+        if impl is None:
+            tile = self.variant(tile)
+            impl = self.quant_priced.get(tile) or fastest_impls(self.quant)[tile]
         return float(np.dot(_quant_features(rows, cols), self.quant[f"{tile}/{impl}"]))
 
+    def variant(self, tile: str) -> str:
+        """`tile` if some implementation of it was measured, else its plain tile (`1x128T` -> `1x128`)."""
+        if any(k.split("/")[0] == tile for k in self.quant):
+            return tile
+        return {"1x128T": "1x128", "128x128T": "128x128", "1x128+T": "1x128"}.get(tile, tile)
+
     def to_json(self) -> dict:
-        return {"device": self.device, "source": self.source, "gemm": self.gemm, "quant": self.quant}
+        return {"device": self.device, "source": self.source, "gemm": self.gemm, "quant": self.quant,
+                "quant_priced": {**self.quant_priced, "rule": PRICED_RULE}}
+
+
+PRICED_AT = 16384 * 4096
+"""Elements at which the implementations of a tile variant are compared (a mid point of the measured grid)."""
+PRICED_RULE = ("per tile variant, the implementation with the lowest fitted time at 16384 x 4096 elements among "
+               "those measured (eager, compiled, triton)")
+
+
+def fastest_impls(quant: dict) -> dict:
+    """tile variant -> the implementation with the lowest fitted time at `PRICED_AT` elements."""
+    best: dict = {}
+    for key, coef in quant.items():
+        tile, impl = key.split("/")
+        ms = float(np.dot(_quant_features(PRICED_AT, 1), coef))
+        if tile not in best or ms < best[tile][1]:
+            best[tile] = (impl, ms)
+    return {tile: impl for tile, (impl, _) in sorted(best.items())}
 
 
 def fit(gemm_table: dict, quant_table: dict, device: str, source: str = "") -> FP8Model:
@@ -85,7 +125,7 @@ def fit(gemm_table: dict, quant_table: dict, device: str, source: str = "") -> F
         own = [r for r in qrows if f"{r['tile']}/{r.get('impl', 'eager')}" == key]
         a = np.array([_quant_features(r["rows"], r["cols"]) for r in own])
         quant[key] = [float(x) for x in _nnls_relative(a, np.array([r["ms"] for r in own]))]
-    return FP8Model(device, gemm, quant, source)
+    return FP8Model(device, gemm, quant, source, fastest_impls(quant))
 
 
 def held_out_error(model: FP8Model, gemm_table: dict) -> dict:
@@ -104,7 +144,8 @@ def load_fp8_model(device: str) -> FP8Model:
     """The shipped fit of `device` (profiles/fp8/<device>.json); FileNotFoundError when none was measured."""
     with open(os.path.join(PROFILES, f"{device}.json"), encoding="utf-8") as f:
         raw = json.load(f)
-    return FP8Model(raw["device"], raw["gemm"], raw["quant"], raw.get("source", ""))
+    priced = {k: v for k, v in raw.get("quant_priced", {}).items() if k != "rule"}
+    return FP8Model(raw["device"], raw["gemm"], raw["quant"], raw.get("source", ""), priced)
 
 
 def main(argv=None) -> None:
@@ -122,6 +163,10 @@ def main(argv=None) -> None:
                        f"({gemm_table.get('device', '?')})")
     for recipe, err in sorted(held_out_error(model, gemm_table).items()):
         print(f"{recipe}: held-out max |error| {err:.3f}")
+    for tile, impl in model.quant_priced.items():
+        ms = model.quant_ms(tile, PRICED_AT, 1)
+        print(f"quantisation {tile}: priced as {impl} ({ms:.3f} ms at {PRICED_AT:,} elements, "
+              f"{(4 if tile.endswith('+T') else 3) * PRICED_AT / ms / 1e6:.0f} GB/s, 2 B read + 1 B per output)")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(model.to_json(), f, indent=1)
@@ -145,23 +190,31 @@ def is_fp8_gemm(op: str) -> bool:
 @dataclass
 class FP8Pricing:
     """How the planner prices an FP8 GEMM of `recipe` (`train.fp8`) on a device whose bf16 GEMM table it has: the
-    device's own bf16 time x the measured FP8 / bf16 ratio at that shape (`model`), plus the quantisation of both
-    operands (A [m, k] by 1x128 tiles - the tokens for dW -, B by 128x128 blocks for the forward and dx GEMMs or by
-    1x128 tiles for dW; one scale per tensor under tensorwise)."""
+    device's own bf16 time x the measured FP8 / bf16 ratio at that shape (`model`), plus the quantisations that
+    llmtrain's GPU path (llmtrain/paddle_compat/fp8_kernels.py) runs for that GEMM, each one
+    `fp8_quant_blockwise` call priced by the fastest measured implementation of its variant (`FP8Model.quant_ms`):
+
+        forward  y = x W    (m T, n N, k K): x by 1x128 [T, K]; Wᵀ by 128x128, transposed copy only [K, N]
+        dgrad    dx = dy Wᵀ (m T, n K, k N): dy by 1x128 [T, N]; W by 128x128 [K, N]
+        wgrad    dW = xᵀ dy (m K, n N, k T): xᵀ by 1x128T [T, K] and dyᵀ by 1x128T [T, N] (transposed copies only)
+
+    (the forward's 1x128T of x is priced with the wgrad, where its operand is used; x's and dy's two passes each are
+    llmtrain's calls - one `1x128+T` pass would read them once). Tensorwise: one scale per tensor (`tensor`),
+    both operands of every GEMM."""
 
     recipe: str
     model: FP8Model
 
     def gemm_seconds(self, bf16_seconds: float, op: str, m: int, n: int, k: int, batch: int = 1) -> float:
-        wgrad = op.endswith(".wgrad")
+        wgrad, fwd = op.endswith(".wgrad"), not op.endswith((".dgrad", ".wgrad"))  # "q.fwd", "expert.up"
         if self.recipe == "tensorwise":
             fp8, a_tile, b_tile = "tensorwise", "tensor", "tensor"
+        elif wgrad:
+            fp8, a_tile, b_tile = "blockwise_1x128_1x128", "1x128T", "1x128T"
         else:
-            fp8 = "blockwise_1x128_1x128" if wgrad else "blockwise_1x128_128x128"
-            a_tile, b_tile = "1x128", "1x128" if wgrad else "128x128"
+            fp8, a_tile, b_tile = "blockwise_1x128_128x128", "1x128", "128x128T" if fwd else "128x128"
         ratio = self.model.gemm_ms(fp8, m, n, k) / self.model.gemm_ms("bf16", m, n, k)
-        impl = "compiled" if f"{a_tile}/compiled" in self.model.quant else "eager"
-        quant_ms = self.model.quant_ms(a_tile, m, k, impl) + self.model.quant_ms(b_tile, k, n, impl)
+        quant_ms = self.model.quant_ms(a_tile, m, k) + self.model.quant_ms(b_tile, k, n)
         return bf16_seconds * ratio + batch * quant_ms * 1e-3
 
 
