@@ -2,7 +2,7 @@
 # The second H100 device call (2026-12-06, benchmarks/data/h100/README.md): OUT=DIR bash benchmarks/fp8_h100_run.sh
 # Fused FP8 quantisation in Triton (check + timing), the PyTorch eager / torch.compile quantisation rows again in the
 # same call (side by side), and the full moe_ops table the first call's budget cut. Each section under a hard
-# timeout, its files copied into $OUT as soon as it ends.
+# timeout, its files copied into $OUT as soon as it ends. MOE=0 skips moe_ops (on a card whose MoE tables exist).
 set -u
 D=$(cd "$(dirname "$0")" && pwd)  # benchmarks/ (on the device the scripts travel as .gpu/gpu2/)
 W=/tmp/w; rm -rf $W; mkdir -p $W/t $W/q $W/m
@@ -22,6 +22,6 @@ P=${PY:-python3}
 cat $LOG
 sec triton t 200 $P $D/fp8_quant_triton.py --out $W/t --budget 110
 sec quant_torch q 110 $P $D/gpu_h100.py --out $W/q --only fp8_quant --budget fp8_quant=95
-sec moe_ops m 150 $P $D/gpu_tables.py --out $W/m --only moe_ops --budget moe_ops=135
+[ "${MOE:-1}" = 1 ] && sec moe_ops m 150 $P $D/gpu_tables.py --out $W/m --only moe_ops --budget moe_ops=135
 echo "=== all done t=$(( $(date +%s) - T0 ))s" | tee -a $LOG
 ls -la $OUT
