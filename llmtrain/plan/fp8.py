@@ -120,7 +120,8 @@ def fit(gemm_table: dict, quant_table: dict, device: str, source: str = "") -> F
         a = np.array([_gemm_features(r["m"], r["n"], r["k"]) for r in own])
         gemm[recipe] = [float(x) for x in _nnls_relative(a, np.array([r["ms"] for r in own]))]
     quant = {}
-    qrows = [r for r in quant_table["rows"] if "tile" in r and "ms" in r]  # (a table may end with a note row)
+    qrows = [r for r in quant_table["rows"]  # (a table may end with a note row; `ceiling` rows are copies, not quant)
+             if "tile" in r and "ms" in r and not r.get("ceiling")]
     for key in sorted({f"{r['tile']}/{r.get('impl', 'eager')}" for r in qrows}):
         own = [r for r in qrows if f"{r['tile']}/{r.get('impl', 'eager')}" == key]
         a = np.array([_quant_features(r["rows"], r["cols"]) for r in own])
