@@ -20,8 +20,8 @@ P=${PY:-python3}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total,temperature.gpu,power.draw --format=csv;
   $P -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name(0), torch.cuda.get_device_capability())"; } >> $LOG 2>&1
 cat $LOG
-sec triton t 200 $P $D/fp8_quant_triton.py --out $W/t --budget 110
-sec quant_torch q 110 $P $D/gpu_h100.py --out $W/q --only fp8_quant --budget fp8_quant=95
+sec triton t 200 $P $D/fp8_quant_triton.py --out $W/t --budget ${TB:-110}
+sec quant_torch q 110 $P $D/gpu_h100.py --out $W/q --only fp8_quant --budget fp8_quant=${QB:-95}
 [ "${MOE:-1}" = 1 ] && sec moe_ops m 150 $P $D/gpu_tables.py --out $W/m --only moe_ops --budget moe_ops=135
 echo "=== all done t=$(( $(date +%s) - T0 ))s" | tee -a $LOG
 ls -la $OUT
