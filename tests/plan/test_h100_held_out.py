@@ -23,9 +23,10 @@ from llmtrain.config import register_configs
 
 register_configs()
 GROUPS = [("dense",), ("long",), ("moe",)]
-CAPACITY_MISS = {"qwen-moe-4L-mb1-slots-cap1.25"}
-"""Capacity rows outside ±10% (-11.3% when the profile was fitted): the MoE row classes the H100 budget cut
-(moe_ops.json) are the H200's scaled by the measured `mul` ratio; pinned here so that a fix shows."""
+CAPACITY_MISS = {"qwen-moe-4L-mb1-slots-cap1.25", "deepseek-v2-lite-4L-mb1-slots-cap1.25", "mixtral-2L-mb1-slots-cap1.25"}
+"""Capacity rows outside ±10% (-14.0%, -11.5%, -11.1%): with every MoE row class measured on the H100
+(moe_ops.json complete since the second call) the micro-batch-1 capacity rows are priced 11-14% too fast (with
+the H200's curves scaled by the `mul` ratio, only the first missed, at -11.3%); pinned here so that a fix shows."""
 
 
 def test_dense_rows_within_ten_percent():
