@@ -89,7 +89,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     label = mode_name(plan_recompute(recompute))
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
-                          dev.framework_bytes, moe_imbalance=imbalance)
+                          dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None)
     if any(offload) and not timed:  # its memory first (what offload saves in bytes does not depend on times)
         from llmtrain.plan.recompute import with_offload
 
