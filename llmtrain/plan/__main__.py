@@ -57,7 +57,7 @@ def plan(cfg) -> list[dict]:
         layout = with_pipeline_split(layout, model, dev, seq_len=cfg.data.seq_len, recompute=recompute_mode(recompute),
                                      moe=moe_plan(layout, dev, cfg.plan.devices_per_node, cfg.plan.moe_imbalance))
         return [evaluate(cfg, model, layout, recompute, dev)]
-    return rank_layouts(cfg, model)
+    return rank_layouts(cfg, model, progress=True)
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")

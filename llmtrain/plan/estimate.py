@@ -165,21 +165,24 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
 
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
-                    dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None) -> dict:
+                    dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None,
+                    fp8: bool = False) -> dict:
     """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
     stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
     micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
     min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
     include the experts' that are held from the backward until reduced to their edp owners
     (`grad_transient_bytes`). `recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts
-    and blocks, priced by `llmtrain.plan.recompute`)."""
+    and blocks, priced by `llmtrain.plan.recompute`). `fp8` (`train.fp8` on): each block's FP8 weight copies, kept
+    for its backward per micro-batch in flight (`fp8_weight_bytes`; under recompute only the re-running block's)."""
     from llmtrain.plan.recompute import plan_recompute
 
     rc = plan_recompute(recompute)
     if rc.on and rc.parts != {"block"} or rc.blocks is not None:
         return _parts_memory_estimate(cfg, layout, seq_len, rc, amp, device, dtype_bytes, flash, framework_bytes,
-                                      moe_imbalance)
+                                      moe_imbalance, fp8)
     mode = "full" if rc.on else "none"
+    w8 = fp8_weight_bytes(cfg, layout) if fp8 else None
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
@@ -194,8 +197,32 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         flight = in_flight(p, v, m, st, dualpipev)
         transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
         act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
+        if w8 is not None:  # the FP8 weight copies its linears keep for their backward
+            act += max((w8[i] for i in blocks), default=0) if mode == "full" else flight * sum(w8[i] for i in blocks)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
+
+
+_FP8_W: dict = {}
+
+
+def fp8_weight_bytes(cfg, layout) -> list:
+    """Per block, the bytes of the FP8 copies of its linears' weights on one rank (tp/ep-local shapes): one byte per
+    element plus an fp32 scale per 128 x 128 block, as the blockwise recipe keeps for the backward (llmtrain/fp8;
+    tensorwise's one scale is nothing). The router, norms and biases stay as they are."""
+    key = (id(cfg), layout.tp, getattr(layout, "ep", 1))
+    hit = _FP8_W.get(key)
+    if hit is None or hit[0] is not cfg:
+        out = [0.0] * cfg.num_layers
+        for spec in param_specs(cfg, None):
+            if not isinstance(spec.chunk, int) or ".router." in spec.name:
+                continue
+            if not (spec.expert or (spec.name.endswith(".weight") and len(spec.shape) == 2)):
+                continue
+            n = prod_(local_shape(spec, layout.tp, getattr(layout, "ep", 1)))
+            out[spec.chunk] += n * (1 + 4 / (128 * 128))
+        hit = _FP8_W[key] = (cfg, out)
+    return hit[1]
 
 
 def _worse(worst: dict | None, r: dict, act: float, transient: float, other: float) -> dict:
@@ -275,7 +302,7 @@ def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
 
 
 def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str, dtype_bytes: int, flash: bool,
-                           framework_bytes: float, moe_imbalance: float | None) -> dict:
+                           framework_bytes: float, moe_imbalance: float | None, fp8: bool = False) -> dict:
     """`memory_estimate` under recompute of parts of blocks or of some blocks (`llmtrain.plan.recompute`): each
     block priced by what it recomputes, each pipeline stage with its own blocks and micro-batches in flight."""
     from llmtrain.plan.moe import moe_activation_bytes
@@ -315,6 +342,10 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
         blocks = stage_blocks(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
         act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
+        if fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
+            w8 = fp8_weight_bytes(cfg, layout)
+            act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i)) + max(
+                (w8[i] for i in blocks if "block" in rc.at(i)), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 

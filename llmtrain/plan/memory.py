@@ -182,7 +182,10 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     ep = getattr(layout, "ep", 1)
     v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
     blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
-    key = (id(specs), blocks, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device, *(
+    # a stage's holdings depend on the sequence of its blocks' kinds (dense or MoE: equal parameter shapes within a
+    # kind), not on which blocks they are: splits that give stages the same kinds share one computation
+    kinds = tuple(cfg.is_moe_layer(i) for i in blocks)
+    key = (id(specs), kinds, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device, *(
         repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
                                                                            "pp_schedule")), layout.pp == 1)
     hit = _STAGES.get(key)

@@ -89,7 +89,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     label = mode_name(plan_recompute(recompute))
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
-                          dev.framework_bytes, moe_imbalance=imbalance)
+                          dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None)
     if any(offload) and not timed:  # its memory first (what offload saves in bytes does not depend on times)
         from llmtrain.plan.recompute import with_offload
 
@@ -146,14 +146,14 @@ def _order(r: dict) -> tuple:
     return (not r["fits"], -round(speed, 6) if speed is not None else 0.0, r["memory_bytes"]["total"])
 
 
-def rank_layouts(cfg, model_cfg, context: bool | None = None) -> list[dict]:
+def rank_layouts(cfg, model_cfg, context: bool | None = None, progress: bool = False) -> list[dict]:
     """Every valid (layout, micro-batch, recompute none/full/full_attn/core_attn) for cfg.plan.devices: fitting ones first, then by predicted tokens/s,
     then by less memory on the worst rank. When no layout without context parallelism fits (a sequence too long
     for one device's memory) and the parallel config has cp, the layouts with cp > 1 are ranked too (`context`
-    True: always; False: never)."""
-    rows = _rank(cfg, model_cfg, context=False)
+    True: always; False: never). `progress`: a progress bar on stderr while it ranks (a terminal only)."""
+    rows = _rank(cfg, model_cfg, context=False, progress=progress)
     if HAS_CP and context is not False and (context or not any(r["fits"] for r in rows)):
-        both = _rank(cfg, model_cfg, context=True)
+        both = _rank(cfg, model_cfg, context=True, progress=progress)
         both.pruned += rows.pruned
         both += rows
         rows = both
@@ -168,7 +168,7 @@ class Ranking(list):
     pruned: int = 0
 
 
-def _rank(cfg, model_cfg, context: bool) -> list[dict]:
+def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
     """Every valid row; memory first, and only the rows that fit are timed (`evaluate(timed=False)`)."""
     from llmtrain.plan.fp8 import with_fp8
 
@@ -179,7 +179,14 @@ def _rank(cfg, model_cfg, context: bool) -> list[dict]:
     if context:  # what llmtrain's context parallelism refuses (the model, the sequence, the exchange)
         from llmtrain.parallel.context import context_problems
     fit_memo: dict = {}
-    for pc in candidates(cfg.plan.devices, context, model_cfg.moe_num_experts):
+    import sys
+
+    from tqdm import tqdm
+
+    pcs = tqdm(list(candidates(cfg.plan.devices, context, model_cfg.moe_num_experts)), file=sys.stderr, leave=False,
+               desc=f"ranking {model_cfg.name} on {cfg.plan.devices} x {cfg.plan.device}" + (" (cp)" if context else ""),
+               unit=" parallel configs", disable=None if progress else True)  # None: off unless stderr is a terminal
+    for pc in pcs:
         key = (pc.tp, pc.pp, pc.virtual_pp, pc.ep, pc.dp * pc.sharding)  # all model_fit_problems reads
         if key not in fit_memo:
             fit_memo[key] = bool(model_fit_problems(pc, model_cfg))

@@ -187,7 +187,7 @@ def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
 
     rc = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)
     est = memory_estimate(cfg.model, one, cfg.data.seq_len, rc, amp, "cpu" if on_cpu else "gpu",
-                          4 if amp == "none" else 2, not on_cpu, 0.0)
+                          4 if amp == "none" else 2, not on_cpu, 0.0, fp8=cfg.train.fp8 != "none")
     return int(est["activations"] - est.get("recompute_transient", 0) + est["other"])  # held after the forward
 
 

@@ -43,6 +43,8 @@ and zero3 with ep2 (experts kept out of Paddle's
 group-sharded wrappers), each checked per rank by `check_expert_memory`. Qwen3's attention (`QWEN3`: head_dim != hidden / heads, QK-norm,
 YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
 measured, grad_norm 1.4e-5 off at step 4).
+FP8 (`FP8`, emulated blockwise): the Llama and the MoE model with ep2 under dp2, and the Llama under one drawn
+layout of pp2, sharding2 and zero3, each against its FP8-emulated one-process run.
 The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the pp2 launch also
 run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes (rewound over), faults
 installed from tests/train/faults.py by `call` entries in the same processes (the guard's logic is tested in one
@@ -57,7 +59,7 @@ import os
 
 import pytest
 
-from llmtest import drawn_or_skip, tiny_overrides
+from llmtest import draw, drawn_or_skip, tiny_overrides
 from launch import metrics, run_many
 from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
@@ -159,6 +161,17 @@ equals the run without recompute (`test_recompute_modes_equal_no_recompute`); wh
 the launch (pp 1) the bytes held for the backward drop by what the planner predicts."""
 
 
+FP8 = {"llama_fp8": ("llama", ["train.fp8=blockwise"]), "moe_fp8": ("moe", ["train.fp8=blockwise"])}
+"""FP8-emulated runs (run: (the run without FP8, overrides)), each compared with its own FP8-emulated one-process run
+to TOL: the blockwise recipe quantises activations in 1x128 tiles along each token's row and weights in 128x128
+blocks, so splitting tokens (dp, ep, cp), stages (pp) or optimizer state (ZeRO) moves no tile or block boundary and
+the quantised values are those of one process. Under tp a rank's weight slice is its own block set (the GPU run's
+scales), so one process is not the reference there: not checked here."""
+FP8_DRAWN = [("pp2",), ("sharding2",), ("zero3",)]
+"""Where `llama_fp8` also runs, one of them per suite run (`llmtest.draw`); dp2 runs `llama_fp8` and `moe_fp8_ep2`
+every time."""
+
+
 QWEN3 = ["model.head_dim=16", "model.qk_norm=true", "model.sliding_window=8", "model.sliding_window_layers=[1,3,5,7]",
          "model.rope_scaling.type=yarn", "model.rope_scaling.factor=4",
          "model.rope_scaling.original_max_position_embeddings=16"]
@@ -196,11 +209,13 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
     if run.startswith("moe"):
         ep = ["parallel.ep=2"] if run.endswith("_ep2") else []
         name = run[: -len("_ep2")] if run.endswith("_ep2") else run
-        rc = RECOMPUTE[name][1] if name in RECOMPUTE else ["train.recompute=true"] if name == "moe_rc" else []
-        base = RECOMPUTE[name][0] if name in RECOMPUTE else reference_name(run)
+        extra = RECOMPUTE if name in RECOMPUTE else FP8
+        rc = extra[name][1] if name in extra else ["train.recompute=true"] if name == "moe_rc" else []
+        base = extra[name][0] if name in extra else reference_name(run)
         return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[base] + ep + rc
-    if run in RECOMPUTE:
-        return tiny_overrides(corpus, str(out / run), RECOMPUTE[run][0], steps=STEPS) + LAYERS + RECOMPUTE[run][1]
+    if run in RECOMPUTE or run in FP8:
+        base, extra = (RECOMPUTE if run in RECOMPUTE else FP8)[run]
+        return tiny_overrides(corpus, str(out / run), base, steps=STEPS) + LAYERS + extra
     if run.startswith("qwen3"):
         extra = FUSED + SP if run == "qwen3_sp" else []
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + QWEN3 + extra
@@ -222,7 +237,7 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE]
+    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
@@ -280,9 +295,16 @@ llmtrain's own wrapper, after pp2's 1F1B runs): their runs go through one launch
 whichever of them runs first; each is still checked by its own test."""
 
 
+def fp8_runs(layout: str) -> tuple:
+    """The FP8-emulated runs of a layout's launch (`FP8`, `FP8_DRAWN`)."""
+    if layout == "dp2":
+        return ("llama_fp8", "moe_fp8_ep2")
+    return ("llama_fp8",) if layout in draw(FP8_DRAWN)[1] else ()
+
+
 def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], dict, list]:
     """(run names, ZeRO-3 segment per run, run_many entries) of one layout's runs, writing under `out`."""
-    names = [*RUNS.get(layout, MODELS), *EXTRA.get(layout, ())]
+    names = [*RUNS.get(layout, MODELS), *EXTRA.get(layout, ()), *fp8_runs(layout)]
     segment = {n: SEGMENTS.get(n, 1024) if layout == "zero3" else 2**20 for n in names}  # slice even tiny parameters
     split = {n: [f"parallel.pp_layers=[{','.join(map(str, SPLITS[layout, n]))}]"] if (layout, n) in SPLITS else []
              for n in names}

@@ -58,3 +58,25 @@ def test_each_quantisation_is_priced_by_its_fastest_measured_implementation():
                   and (r["rows"], r["cols"]) in mine]
         # measured, not only fitted: at every shape both were timed, the priced one was not slower (2% timing noise)
         assert all(mine[(r["rows"], r["cols"])] <= 1.02 * r["ms"] for r in others), (tile, impl)
+
+
+def test_fp8_weight_copies_are_counted_per_micro_batch_in_flight():
+    """train.fp8 adds, per rank, one byte (plus a 128x128 block's scale) per element of each linear's tp-local weight
+    per micro-batch in flight; under full recompute only the re-running block's. Llama-7B: 32 blocks of 4096 x
+    (3 x 4096 + 4096) attention and 3 x 4096 x 11008 MLP weights."""
+    from llmtrain.config import to_config
+    from llmtrain.plan.estimate import fp8_weight_bytes, memory_estimate
+    from llmtrain.parallel.layout import layout_problems
+    from llmtest import compose
+
+    cfg = to_config(compose(["model=llama-7b", "+parallel=tp2", "train.global_batch_size=4", "data.seq_len=512"]))
+    layout, problems = layout_problems(cfg.parallel, cfg.train, 2)
+    assert not problems
+    per_block = 4096 * 4 * 4096 / 2 + 3 * 4096 * 11008 / 2  # q, k, v, o and gate, up, down, halved by tp2
+    assert fp8_weight_bytes(cfg.model, layout) == [pytest.approx(per_block * (1 + 4 / 128**2))] * 32
+
+    def activations(recompute, fp8):
+        return memory_estimate(cfg.model, layout, 512, recompute, "bf16", "gpu", 2, True, 0.0, fp8=fp8)["activations"]
+
+    assert activations("none", True) - activations("none", False) == pytest.approx(32 * per_block * (1 + 4 / 128**2), abs=2)
+    assert activations("full", True) - activations("full", False) == pytest.approx(per_block * (1 + 4 / 128**2), abs=2)

@@ -154,3 +154,23 @@ def test_recompute_modes_are_planned_between_none_and_full():
     assert "train.recompute=core_attn" in rows["core_attn"]["overrides"]
     ranked = rank_layouts(cfg, cfg.model)
     assert {r["recompute_granularity"] for r in ranked} == set(modes)
+
+
+def test_ranking_shows_progress_on_a_terminal_only(monkeypatch):
+    """A ranking that takes tens of seconds says how far it is on a terminal (stderr), and writes nothing to a log."""
+    import io
+    import sys
+
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.search import rank_layouts
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    cfg = to_config(compose(["model=llama-7b", "plan.device=h100", "plan.devices=8",
+                             "train.global_batch_size=16", "data.seq_len=2048", "train.amp=bf16"]))
+    for stream, shown in ((Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        rank_layouts(cfg, planned_model(cfg), progress=True)
+        assert ("ranking llama-7b on 8 x h100" in stream.getvalue()) is shown, stream.getvalue()[-300:]
