@@ -16,7 +16,6 @@ import dataclasses
 import json
 from pathlib import Path
 
-
 from llmtest import compose
 from llmtrain.config import to_config
 
