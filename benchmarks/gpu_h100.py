@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_model  # noqa: E402
 from gpu_model import Decoder, MasterAdamW, llama, make_batch, train_step  # noqa: E402
 from gpu_reference import STEP_ROWS, Bench, randn  # noqa: E402
+from gpu_tables import _free as free, _timed_steps as timed  # noqa: E402
 
 TABLES = ("attention_fa3", "fp8_gemm", "fp8_quant", "recompute_steps", "steps_dense", "steps_long", "steps_moe")
 GIB = 2 ** 30
@@ -339,28 +340,6 @@ run_recompute.__doc__ = ("llama-7b-twin (gpu_model.llama(L, 4096, 32, 32, 11008,
 
 
 # ---------------------------------------------------------------- held-out steps
-def free(b: Bench):
-    import gc
-
-    gc.collect()
-    if b.cuda:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def timed(b: Bench, model, opt, batch, warmup: int, n: int) -> list[float]:
-    for _ in range(warmup):
-        train_step(model, opt, batch)
-    out = []
-    for _ in range(n):
-        b.sync()
-        t0 = time.perf_counter()
-        train_step(model, opt, batch)
-        b.sync()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def dense_rows(smoke: bool) -> dict:
     from gpu_reference import SMOKE_ROWS
 

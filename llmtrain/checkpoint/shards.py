@@ -170,27 +170,26 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta, pool=N
     store = stage3_storage(param)
     tensors[f"model/{name}"] = _np32(store, pool=pool)
     meta[f"model/{name}"] = _flat_meta(name, param, start, padded)
-    for acc, var in opt_state.accumulators(store.name):
-        key = f"optim/{name}/{acc}"
-        tensors[key] = _np32(var, pool=pool)
-        meta[key] = (_flat_meta(name, param, start, padded) if is_split_like_param(key)
-                     else {"name": name, "global_shape": [int(x) for x in var.shape], "axis": None, "offset": 0})
-    if store.name in masters:
-        tensors[f"optim/{name}/master"] = _np32(masters[store.name], pool=pool)
-        meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
+    _collect_flat_state(name, param, store.name, span, opt_state, masters, tensors, meta, pool)
 
 
 def _collect_v2_state(name, param, span, opt_state, masters, tensors, meta, pool=None) -> None:
     """Stage-1 sharding V2: this rank's flat slice of each optimizer accumulator and of the master weight (the
     parameter's value is whole on every rank and written as any replicated one)."""
+    _collect_flat_state(name, param, param.name, span, opt_state, masters, tensors, meta, pool)
+
+
+def _collect_flat_state(name, param, state_name, span, opt_state, masters, tensors, meta, pool) -> None:
+    """This rank's flat slice [start, start + its length) of each optimizer accumulator and of the master weight
+    kept under `state_name` (split-like accumulators; the others, such as Adam's beta powers, whole)."""
     start, _end, padded = span
-    for acc, var in opt_state.accumulators(param.name):
+    for acc, var in opt_state.accumulators(state_name):
         key = f"optim/{name}/{acc}"
         tensors[key] = _np32(var, pool=pool)
         meta[key] = (_flat_meta(name, param, start, padded) if is_split_like_param(key)
                      else {"name": name, "global_shape": [int(x) for x in var.shape], "axis": None, "offset": 0})
-    if param.name in masters:
-        tensors[f"optim/{name}/master"] = _np32(masters[param.name], pool=pool)
+    if state_name in masters:
+        tensors[f"optim/{name}/master"] = _np32(masters[state_name], pool=pool)
         meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
 
 
