@@ -34,6 +34,7 @@ BASE = {
     "name": "h200", "match": ["H200"], "peak_flops": 989e12, "memory_bytes": 141 * GB, "framework_bytes": 2 * GIB,
     "dtype_bytes": 2, "async_launch": True, "tables_include_host": False,
     "links": {"nvlink_bw": 450 * GB, "net_bw": 50 * GB, "nvlink_alpha": 5e-6, "net_alpha": 10e-6,
+              "host_bw": 64 * GB,  # PCIe Gen5 x16 per direction (datasheet): the price of offload
               "source": "datasheet, not measured (one GPU was measured): NVLink 900 GB/s total = 450 per direction; "
                         "NDR 400 Gb/s per GPU = 50 GB/s; alpha: NCCL's per-message latency, a few us in a node, "
                         "~10 us across IB (assumed)"},

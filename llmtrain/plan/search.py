@@ -12,11 +12,13 @@ import dataclasses
 
 from llmtrain.parallel.config import ParallelConfig
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
+from llmtrain.parallel.overlap import enabled
 from llmtrain.plan.devices import get_device
 from llmtrain.plan.estimate import (RECOMPUTE, memory_estimate, moe_plan, recompute_kept_bytes, recompute_mode,
                                     time_estimate)
 from llmtrain.plan.overrides import launch_overrides
 from llmtrain.plan.prune import split_free_bound
+from llmtrain.plan.recompute import mode_name, plan_recompute, with_offload
 from llmtrain.plan.stage_cost import with_pipeline_split
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
@@ -84,15 +86,11 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if gpu else "cpu"
-    from llmtrain.plan.recompute import mode_name, plan_recompute
-
     label = mode_name(plan_recompute(recompute))
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
                           dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None)
     if any(offload) and not timed:  # its memory first (what offload saves in bytes does not depend on times)
-        from llmtrain.plan.recompute import with_offload
-
         unit = dict.fromkeys(("compute_s", "step_time_s", "tokens_per_sec_per_device", "mfu"), 1.0)
         offloaded, _ = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, unit, optimizer=offload[0],
                                     activations=offload[1], kept=recompute_kept_bytes(
@@ -105,8 +103,6 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     else:
         est = dict.fromkeys(TIME_FIELDS)
     if any(offload) and est["step_time_s"] is not None:
-        from llmtrain.plan.recompute import with_offload
-
         kept = recompute_kept_bytes(model_cfg, cfg.data.seq_len // getattr(layout, "cp", 1), layout.micro_batch,
                                     dev.dtype_bytes)
         mem, est = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, est, optimizer=offload[0],
@@ -126,8 +122,6 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
            "recompute_granularity": label, "runnable": True,
            "offload_optimizer": bool(offload[0]), "offload_activations": bool(offload[1]),
            "amp": amp, "fits": fits, "memory_bytes": mem, **est}
-    from llmtrain.parallel.overlap import enabled
-
     row["knobs"] = {k: True for k in enabled(layout)}  # the communication options priced (plan/overlap.py)
     if layout.sharding_split_param and layout.sharding_comm_buffer_mb != 256:
         row["knobs"]["sharding_comm_buffer_mb"] = layout.sharding_comm_buffer_mb

@@ -242,6 +242,8 @@ def test_gpu_profiles_are_data_with_provenance():
         assert p.async_launch and p.gemm.rows and p.attn_rows
     scaled = load_profile("a100-80g").raw
     assert "datasheet" in scaled["scale"]["why"] and scaled["scaled_from"] == "h200"
+    for name in ("a100-40g", "a100-80g", "a800", "h100", "h20", "h200", "h800", "l40s"):  # offload is priced on each
+        assert load_profile(name).host_bw, name
 
 
 def test_calibration_measures_and_fits_this_cpu(tmp_path):
