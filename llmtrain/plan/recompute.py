@@ -181,10 +181,13 @@ def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, opti
     p, m = layout.pp, layout.grad_accum
     extra = 0.0
     if activations:
-        from llmtrain.plan.estimate import in_flight as flight  # micro-batches of the first stage's blocks in flight
-
-        dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
-        in_flight = flight(p, layout.virtual_pp, m, 0, dualpipev) * cfg.num_layers / p
+        v = layout.virtual_pp
+        if p == 1:
+            in_flight = cfg.num_layers
+        elif v == 1:
+            in_flight = min(p, m) * cfg.num_layers / p
+        else:
+            in_flight = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
         on_host = max(0.0, (in_flight - 2) * kept)  # all kept inputs but the re-running block's and the prefetched
         mem["activations"] -= int(on_host)
         link = 2 * m * cfg.num_layers / p * kept / bw
