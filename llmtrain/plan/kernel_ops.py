@@ -7,6 +7,7 @@ a pass's forward and backward lists, and the linear and feed-forward layers that
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -53,15 +54,35 @@ def attention_flops(bh: int, s: int, d: int, causal: bool) -> float:
 
 
 class _Pass:
-    """Forward kernels in order and the backward kernels each op adds (replayed in reverse)."""
+    """Forward kernels in order and the backward kernels each op adds (replayed in reverse); each forward kernel
+    carries the names of the block parts it is inside (`part`: the recompute parts of `llmtrain.models.recompute`),
+    so that a recompute of some parts re-runs exactly their kernels (`replayed`)."""
 
     def __init__(self):
         self.fwd: list[Kernel] = []
         self.bwd: list[list[Kernel]] = []
+        self.tags: list[tuple] = []  # per forward kernel: the parts it is inside
+        self._within: tuple = ()
 
     def op(self, fwd: list[Kernel], bwd: list[Kernel] = ()):
         self.fwd += fwd
         self.bwd.append(list(bwd))
+        self.tags += [self._within] * len(fwd)
+
+    @contextmanager
+    def part(self, name: str):
+        """The ops added inside are part `name` of the block (nested parts keep the outer names)."""
+        outer = self._within
+        self._within = outer + (name,)
+        try:
+            yield
+        finally:
+            self._within = outer
+
+    def replayed(self, parts) -> list[Kernel]:
+        """The forward kernels a recompute of `parts` runs again in the backward, in forward order."""
+        parts = set(parts)
+        return [k for k, within in zip(self.fwd, self.tags) if parts.intersection(within)]
 
     def backward(self) -> list[Kernel]:
         return [k for group in reversed(self.bwd) for k in group]

@@ -206,7 +206,9 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
         p.op([gemm(rows, f, h, El, name)], [gemm(rows, h, f, El, f"{name}.dgrad", "nt"),
                                            gemm(h, f, rows, El, f"{name}.wgrad", "tn")])
     p.op([], [mem("add", El * rows * h)])  # the buffer's two gradients summed
-    p.op([mem("moe_swiglu_view", El * rows * f), view("mul")], [mem("moe_swiglu_view_bwd", El * rows * f)] + [view("mul")] * 2)
+    with p.part("moe_act"):  # silu(g) * u (`train.recompute_modules=[moe_act]` re-runs it)
+        p.op([mem("moe_swiglu_view", El * rows * f), view("mul")],
+             [mem("moe_swiglu_view_bwd", El * rows * f)] + [view("mul")] * 2)
     p.op([gemm(rows, h, f, El, "expert.down")],
          [gemm(rows, f, h, El, "expert.down.dgrad", "nt"), gemm(f, h, rows, El, "expert.down.wgrad", "tn")])
     p.op([view("view")], [view("view")])
@@ -221,7 +223,8 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     if cfg.moe_routed_scale != 1.0:
         p.op([mem("mul", T * h)], [mem("mul", T * h)])
     if cfg.moe_num_shared_experts > 0:
-        _mlp(p, cfg, T, T, cfg.moe_num_shared_experts * f, fused, False, cfg.bias)
+        with p.part("shared_experts"):
+            _mlp(p, cfg, T, T, cfg.moe_num_shared_experts * f, fused, False, cfg.bias)
         p.op([mem("add", T * h)])
     # balancing terms (counts / T, the probabilities' mean, z = logsumexp^2 mean) and the statistics' adds
     p.op(_tiny(E) + [mem("add", TE), mem("moe_logsumexp", TE)] + _tiny(T) + _tiny(1),

@@ -8,11 +8,13 @@ the dygraph engine runs, C++-launched gradient nodes included) and checks, per f
   (m, n, k, batch), recorded at the Python entry points the model calls and required to account for every GEMM
   the profiler saw (so none is hidden from the shape record);
 - the backward runs exactly as many: two per GEMM gradient node (dX and dW) plus the GEMMs run as plain ops in
-  the backward (a recomputed block's forward, a PyLayer's own backward, as FP8's).
+  the backward (a recomputed block's forward, a PyLayer's own backward, as FP8's);
+- under recompute (whole blocks, the attention layer, its core, the MLP, the MoE feed-forward, its shared experts,
+  in all or some blocks) the GEMMs the recomputed functions run again in the backward are the planner's replayed
+  forward kernels (`_Pass.replayed`, whose FLOPs also price partial recompute: `plan.recompute.part_flops_share`).
 
 What it does not hold: the memory-bound and view kernels (the CPU runs stand-ins for several GPU kernels, so
-their classes differ by design), tp/cp/ep layouts (multi-process), and recompute of parts of blocks (priced
-apart, `llmtrain.plan.recompute`). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
+their classes differ by design), tp/cp/ep layouts (multi-process). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
 compared by count, batch and width, not rows (capacity MoE: rows too).
 """
 from __future__ import annotations
@@ -23,6 +25,7 @@ import math
 import paddle
 import paddle.nn.functional as F
 import paddle.profiler as profiler
+from paddle.distributed.fleet import utils as fleet_utils
 import pytest
 
 from llmtrain.config import compose_config, to_config
@@ -46,6 +49,14 @@ CASES = {
     "moe-full-recompute": ["model=moe-tiny", "model.moe_capacity_factor=1.25", "train.recompute=full"],
     "deepseek-mla": ["model=deepseek-tiny"],
     "llama-fp8": ["model=llama-tiny", "train.fp8=blockwise"],
+    "llama-core-attn": ["model=llama-tiny", "train.recompute=core_attn"],
+    "qwen3-full-attn": ["model=llama-tiny", "model.qk_norm=true", "train.recompute=full_attn"],
+    "llama-mlp-norm-first": ["model=llama-tiny", "train.recompute=selective", "train.recompute_modules=[mlp,norm]",
+                             "train.recompute_layers=first:1"],
+    "moe-recompute-moe": ["model=moe-tiny", "model.moe_capacity_factor=1.25", "train.recompute=selective",
+                          "train.recompute_modules=[moe]"],
+    "moe-act-shared": ["model=moe-tiny", "train.recompute=selective", "train.recompute_modules=[moe_act,shared_experts]"],
+    "mla-core-attn": ["model=deepseek-tiny", "train.recompute=core_attn"],
 }
 
 
@@ -63,30 +74,46 @@ def _shape(x, y, transpose_x=False, transpose_y=False) -> tuple:
 
 class _Record:
     """Patches paddle.matmul, paddle.bmm and F.linear (before the model is built: layers keep references) to
-    record each GEMM's shape while `on`."""
+    record each GEMM's shape while `on`, and fleet's recompute (imported by `llmtrain.models.recompute.checkpointed`
+    at each call) to mark the GEMMs run inside a recomputed function (`again`: its second run, in the backward)."""
 
     def __init__(self, monkeypatch):
-        self.on, self.shapes = False, []
+        self.on, self.shapes, self.inside, self.again = False, [], 0, []
         matmul, bmm, linear = paddle.matmul, paddle.bmm, F.linear
+        recompute = fleet_utils.recompute
+
+        def add(shape):
+            if self.on:
+                self.shapes.append(shape)
+                if self.inside:
+                    self.again.append(shape)
 
         def rec_matmul(x, y, transpose_x=False, transpose_y=False, name=None):
-            if self.on:
-                self.shapes.append(_shape(x, y, transpose_x, transpose_y))
+            add(_shape(x, y, transpose_x, transpose_y))
             return matmul(x, y, transpose_x, transpose_y, name)
 
         def rec_bmm(x, y, name=None):
-            if self.on:
-                self.shapes.append(_shape(x, y))
+            add(_shape(x, y))
             return bmm(x, y, name)
 
         def rec_linear(x, weight, bias=None, name=None):
-            if self.on:
-                self.shapes.append(_shape(x, weight))
+            add(_shape(x, weight))
             return linear(x, weight, bias, name)
+
+        def rec_recompute(fn, *args, **kwargs):
+            def marked(*a, **k):
+                self.inside += 1
+                try:
+                    return fn(*a, **k)
+                finally:
+                    self.inside -= 1
+
+            return recompute(marked, *args, **kwargs)
 
         monkeypatch.setattr(paddle, "matmul", rec_matmul)
         monkeypatch.setattr(paddle, "bmm", rec_bmm)
         monkeypatch.setattr(F, "linear", rec_linear)
+        monkeypatch.setattr(fleet_utils, "recompute", rec_recompute)
 
 
 def _operators(fn):
@@ -118,7 +145,8 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     paddle.seed(0)
     from llmtrain.models.recompute import recompute_of
 
-    model = build_model(cfg.model, recompute=recompute_of(cfg.train, cfg.model.num_layers, []))
+    rc = recompute_of(cfg.train, cfg.model.num_layers, [])
+    model = build_model(cfg.model, recompute=rc)
     init_parameters(canonical_parameters(model), cfg.model, 7)
     if cfg.train.fp8 != "none":
         from llmtrain.fp8.apply import apply_fp8
@@ -132,12 +160,15 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     loss, fwd_ops = _operators(lambda: mean_loss(model.loss_fn(model(ids), (labels, paddle.ones([b, s], "float32")))))
     executed_fwd = list(record.shapes)
     record.shapes.clear()
+    record.again.clear()
     _, bwd_ops = _operators(loss.backward)
     record.on = False
+    executed_again = list(record.again)  # the recomputed functions' GEMMs, run again in the backward
 
-    mode = "full" if cfg.train.recompute == "full" else "none"
     planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
-                                                 ce_core=False, recompute=mode))
+                                                 ce_core=False, recompute=rc))
+    planned_again = [k.shape for ks, n, *prefix in planned.backward_segments for _ in range(n)
+                     for k in ks[:prefix[0] if prefix else 0] if k.kind == "gemm"]
     planned_fwd = [k.shape for k in planned.forward if k.kind == "gemm"]
     planned_bwd = [k for k in planned.backward if k.kind == "gemm"]
 
@@ -147,8 +178,11 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
         # step's busiest expert's load (the planner's an expectation): compare the rest
         strip = lambda shapes: sorted((n, k, bt) if bt > 1 else (m, n, k, bt) for m, n, k, bt in shapes)  # noqa: E731
         assert strip(executed_fwd) == strip(planned_fwd)
+        assert strip(executed_again) == strip(planned_again)
     else:
         assert sorted(executed_fwd) == sorted(planned_fwd)
+        assert sorted(executed_again) == sorted(planned_again)
+    assert bool(executed_again) == rc.on, "a recompute mode that re-runs no GEMM, or GEMMs re-run without one"
     bops = collections.Counter(bwd_ops)
     executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
     assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
