@@ -110,6 +110,23 @@ def _mla_projections(p: _Pass, cfg, T, t, e, fused: dict) -> tuple[int, int, int
     return nh, qk, nh * dv
 
 
+def _ring_math_core(p: _Pass, bh: int, s: int, d: int, dv: int, cp: int):
+    """The context-parallel ring's attention core on CPU (`parallel.cp_comm=ring`, `context_exchange._Ring`, math
+    blocks of `context_attention.py`) on the first cp rank, s = its 2c positions: step 0 its own keys (both query
+    chunks over both key chunks, 2c x 2c), each of the cp - 1 later steps a later rank's keys (its late query chunk
+    over both of their chunks, c x 2c; other ranks hold an earlier rank's, 2c x c: the same work). A block's forward:
+    scores q·kᵀ, the masked softmax with its log-sum-exp, p·v, the merge into the running output; its backward (the
+    ring's own, a PyLayer): the scores again, dv = pᵀ·do, dp = do·vᵀ, dq = ds·k, dk = dsᵀ·q."""
+    c = s // 2
+    for rows, keys in [(s, s)] + [(c, s)] * (cp - 1):
+        n = bh * rows * keys
+        p.op([gemm(rows, keys, d, bh, "ring.qk"), mem("softmax", n), gemm(rows, dv, keys, bh, "ring.pv"),
+              mem("add", bh * rows * dv)],
+             [gemm(rows, keys, d, bh, "ring.qk_again"), mem("softmax_bwd", n), gemm(keys, dv, rows, bh, "ring.dv"),
+              gemm(rows, keys, dv, bh, "ring.dp"), gemm(rows, d, keys, bh, "ring.dq"),
+              gemm(keys, d, rows, bh, "ring.dk")])
+
+
 def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False, moe=None,
            cp: int = 1):
     """One block on one tp rank (`moe`: a callable adding the MoE feed-forward's kernels, moe.py); `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
@@ -176,6 +193,8 @@ def _attention(p: _Pass, cfg, b, s, t, e, flash, sp: bool, math_core: bool, fuse
             shape = (b * nh, s, d, causal, nh)
             fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
             p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
+        elif cp > 1:  # the cp ring's math blocks (llmtrain/parallel/context_exchange.py), s = this rank's 2c positions
+            _ring_math_core(p, b * nh, s, d, o_in // nh, cp)
         else:  # layers.math_attention
             if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
                 p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
@@ -338,7 +357,8 @@ class MicroBatchSpec:
     """Index of this rank's first block (which blocks are MoE: `ModelConfig.is_moe_layer`)."""
     cp: int = 1
     """Context-parallel degree: this rank's blocks see s / cp positions; its attention does 1/cp of the causal
-    work (balanced chunks) at the rate of a length-s/cp call."""
+    work (balanced chunks) at the rate of a length-s/cp call (flash: one kernel of cp x that work; the math path
+    without a measured core: the ring's blocks, `_ring_math_core`)."""
     moe: object = None
     """llmtrain.plan.moe.MoEPlan (expert parallelism, dropless imbalance); None: its defaults."""
 

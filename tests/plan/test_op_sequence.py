@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import collections
 import math
+import os
+import sys
 
 import paddle
 import paddle.nn.functional as F
@@ -34,6 +36,8 @@ from llmtrain.models import build_model
 from llmtrain.models.init import init_parameters
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_paths"))  # cp_threads
 
 FORWARD_GEMMS = {"matmul", "bmm", "linear"}
 GRAD_NODES = {"Global_MatmulGradNode", "Global_BmmGradNode", "Global_LinearGradNode"}
@@ -77,13 +81,13 @@ class _Record:
     record each GEMM's shape while `on`, and fleet's recompute (imported by `llmtrain.models.recompute.checkpointed`
     at each call) to mark the GEMMs run inside a recomputed function (`again`: its second run, in the backward)."""
 
-    def __init__(self, monkeypatch):
+    def __init__(self, monkeypatch, mine=lambda: True):
         self.on, self.shapes, self.inside, self.again = False, [], 0, []
         matmul, bmm, linear = paddle.matmul, paddle.bmm, F.linear
         recompute = fleet_utils.recompute
 
         def add(shape):
-            if self.on:
+            if self.on and mine():  # `mine`: the calling thread is the one traced (a cp rank of threads)
                 self.shapes.append(shape)
                 if self.inside:
                     self.again.append(shape)
@@ -186,3 +190,52 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     bops = collections.Counter(bwd_ops)
     executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
     assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
+
+
+def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
+    """Context parallelism (ring, cp2) on one rank: the model's cp code path run whole by a cp group of two threads
+    (tests/gpu_paths/cp_threads.py; the exchange's collectives through shared memory), the first rank's GEMMs
+    recorded: its projections, MLP and head on its s/cp positions and the ring's blocks (forward, and the ring's own
+    backward, whose GEMMs are called from Python) are the planner's list for cp=2 (`kernels._ring_math_core`)."""
+    import types
+
+    from cp_threads import ThreadGroup
+
+    from llmtrain.models.roles import Roles
+    from llmtrain.parallel.context import ContextPlan
+    from llmtrain.parallel.context_chunks import ChunkLayout
+
+    cp, b, s = 2, 2, 16
+    cfg = to_config(compose_config(["model.vocab_size=256", "model=llama-tiny"]))
+    group = ThreadGroup(cp)
+    group.install(monkeypatch)
+    record = _Record(monkeypatch, mine=lambda: group.rank == 0)
+    traced = {}
+
+    def rank(r):
+        paddle.seed(0)
+        plan = ContextPlan(types.SimpleNamespace(cp_rank=r, cp_world=cp, cp_group=group), "ring")
+        model = build_model(cfg.model, roles=plan.roles(Roles()))
+        init_parameters(canonical_parameters(model), cfg.model, 7)
+        model.train()
+        ids = paddle.randint(0, cfg.model.vocab_size, [b, s // cp])  # this rank's chunks (ids, labels: any)
+        positions = paddle.to_tensor(ChunkLayout(s, cp).index(r)).unsqueeze(0).expand([b, s // cp])
+        labels = paddle.randint(0, cfg.model.vocab_size, [b, s // cp])
+        loss = mean_loss(model.loss_fn(model(ids, positions), (labels, paddle.ones([b, s // cp], "float32"))))
+        if r == 0:
+            traced["forward"] = list(record.shapes)
+            record.shapes.clear()
+        group.barrier.wait()
+        loss.backward()
+        if r == 0:
+            traced["backward"] = list(record.shapes)
+
+    record.on = True
+    group.run(rank)
+    record.on = False
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False, cp=cp))
+    assert sorted(traced["forward"]) == sorted(k.shape for k in planned.forward if k.kind == "gemm")
+    ring_backward = [k.shape for k in planned.backward if k.kind == "gemm" and k.op.startswith("ring.")]
+    assert sorted(traced["backward"]) == sorted(ring_backward)  # (the linears' gradients: C++ nodes, not recorded)
+    assert len(ring_backward) == cfg.model.num_layers * cp * 5
