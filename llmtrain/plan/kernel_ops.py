@@ -33,6 +33,9 @@ class Kernel:
     """"" (the pass's per-op host time) or "launch": a kernel the autograd engine launches from C++ without a node
     of its own (summing a tensor's gradients, adding into a parameter's gradient buffer): the bare launch cost
     (the profile's `host.launch_op_s`)."""
+    of: str = ""
+    """The model op a generic kernel stands for, where its class does not say it (the unfused RMSNorm's rsqrt step:
+    "rmsnorm"); not used in pricing (checked against a trace: tests/plan/test_op_sequence.py)."""
 
 
 def gemm(m, n, k, batch=1, op="gemm", layout="nn") -> Kernel:
@@ -80,9 +83,11 @@ class _Pass:
             self._within = outer
 
     def replayed(self, parts) -> list[Kernel]:
-        """The forward kernels a recompute of `parts` runs again in the backward, in forward order."""
+        """The forward kernels a recompute of `parts` runs again in the backward, in forward order (not those inside
+        part `once`: the MoE router's top-k, which a recomputed forward takes from its first run)."""
         parts = set(parts)
-        return [k for k, within in zip(self.fwd, self.tags) if parts.intersection(within)]
+        return [k for k, within in zip(self.fwd, self.tags)
+                if ("block" in parts or parts.intersection(within)) and "once" not in within]
 
     def backward(self) -> list[Kernel]:
         return [k for group in reversed(self.bwd) for k in group]

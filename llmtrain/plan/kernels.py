@@ -59,7 +59,7 @@ def _rms_unfused(p: _Pass, T, h, e):
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
     p.op([mem("reduce", n)], [mem("copy", n)])
-    p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
+    p.op([mem("add", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")], [mem("mul", T), mem("mul", T)])
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
@@ -220,8 +220,6 @@ def replayed_flops_share(cfg, parts, s: int) -> float:
     """FLOPs of the forward kernels a recompute of `parts` re-runs over the block's forward FLOPs, for one sequence
     [1, s] on one device with flash attention (an MoE model's MoE block; `block`: 1)."""
     parts = set(parts)
-    if "block" in parts:
-        return 1.0
     p = _Pass()
     moe = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, MoEPlan(), 2)) if cfg.moe_num_experts > 0 else None
     _block(p, cfg, 1, s, 1, 2, True, True, moe=moe)
@@ -382,7 +380,7 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
             _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
             built[moe] = p
         p = built[moe]
-        return p.fwd, p.backward(), (list(p.fwd) if "block" in parts else p.replayed(parts))
+        return p.fwd, p.backward(), p.replayed(parts)
 
     counts = {}  # (MoE block, recomputed parts) -> blocks of that kind on this rank, dense ones first
     for i in sorted(range(spec.first_layer, spec.first_layer + n), key=cfg.is_moe_layer):

@@ -179,8 +179,17 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
         _linear(p, T, h, E, False, "router")
         p.op([mem("cast", TE)], [mem("cast", TE)])
     # route(): softmax, top-k, the chosen scores, renormalisation; counts and capacity under no_grad
-    p.op([mem("moe_softmax", TE)], [mem("moe_softmax_bwd", TE)])
-    p.op([mem(f"moe_topk{k}", TE)])
+    p.op([mem("moe_softmax", TE)], [mem("moe_softmax_bwd", TE)])  # (a sigmoid router's scores: the same row)
+    if cfg.moe_n_group > 1:  # group-limited routing (router.limit_to_groups), no gradient: each group's score (its
+        # top-2 summed, or its max), the best groups' top-k over [T, G] (a tiny top-k: the top-2 row), their
+        # one_hot [T, keep, G] summed, the mask expanded over [T, E], and the selection's where and -inf fill
+        G, keep = cfg.moe_n_group, cfg.moe_topk_group
+        score = [mem("moe_topk2", TE), mem("reduce", T * G * 2)] if cfg.moe_group_score == "top2" else [mem("reduce", TE)]
+        p.op([view("reshape")] + score + [mem("moe_topk2", T * G), mem("moe_one_hot", T * keep * G),
+                                          mem("reduce", T * keep * G)] + _tiny(T * G) + [view("expand"), view("reshape"),
+                                                                                         mem("add", TE), mem("add", TE)])
+    with p.part("once"):  # a recomputed forward routes with the first run's choice (`MoEFeedForward.replay`)
+        p.op([mem(f"moe_topk{k}", TE)])
     p.op(_tiny(T * k), [mem("moe_fill", TE)] + _tiny(T * k))  # take_along_axis; backward zeros + scatter-add
     if cfg.moe_norm_topk:
         p.op(_tiny(T * k, 2), _tiny(T * k, 3))

@@ -63,6 +63,67 @@ CASES = {
     "mla-core-attn": ["model=deepseek-tiny", "train.recompute=core_attn"],
 }
 
+# The memory-bound and host-side operators the CPU runs, by the planner class they are compared as. The CPU runs
+# stand-ins for GPU kernels: the unfused RMSNorm (one rsqrt per norm; the fused `rms_norm` on a GPU), the unfused
+# RoPE (one rotate-half chunk, split_with_num, per rotated tensor; `fused_rotary_position_embedding` on a GPU), the
+# unfused SwiGLU (silu; `swiglu` on a GPU), the math attention core's softmax (flash attention's own on a GPU).
+CLASS_OF = {
+    "matmul": "gemm", "bmm": "gemm", "linear": "gemm",
+    "rsqrt": "norm", "rms_norm": "norm", "layer_norm": "norm",
+    "split_with_num": "rope", "fused_rotary_position_embedding": "rope",
+    "silu": "activation", "gelu": "activation", "swiglu": "activation",
+    "softmax": "softmax", "sigmoid": "softmax",  # a sigmoid router's scores: priced as the router softmax's row
+    "embedding": "embedding",
+    "cross_entropy_with_softmax": "cross_entropy",
+    "topk": "topk", "one_hot": "one_hot", "cumsum": "cumsum", "logsumexp": "logsumexp",
+    "gather": "gather_rows", "scatter": "scatter", "index_add": "index_add",
+}
+PLANNED_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "rope": "rope", "swiglu": "activation", "gelu": "activation",
+                 "moe_swiglu_view": "activation", "softmax": "softmax", "moe_softmax": "softmax",
+                 "embedding": "embedding", "cross_entropy": "cross_entropy", "moe_one_hot": "one_hot",
+                 "moe_cumsum_emajor": "cumsum", "moe_cumsum": "cumsum", "moe_logsumexp": "logsumexp",
+                 "moe_gather_rows": "gather_rows", "moe_scatter_i64": "scatter", "moe_index_add_inv": "index_add",
+                 "moe_index_add_rows": "index_add"}
+"""The planner's kernel classes (`Kernel.op`; `moe_topk*` too) as the classes above; `gemm` by kind."""
+NOT_COMPARED = {
+    **dict.fromkeys(["add", "multiply", "scale", "divide", "div_scale", "pow", "elementwise_pow", "mean", "sum", "cast",
+                     "clip", "not_equal", "greater_equal", "greater_than", "less_equal", "less_than", "bitwise_and",
+                     "bitwise_not", "where", "full_like", "concat", "transpose", "repeat_interleave", "triu", "tile",
+                     "take_along_axis", "stack"],
+                    "elementwise and copies: priced by the planner's add / mul / reduce / cast / copy rows, counted as "
+                    "the GPU twin runs them (the CPU decomposes norms, RoPE and the masks into more ops)"),
+    **dict.fromkeys(["reshape", "squeeze", "unsqueeze", "expand", "slice", "split"],
+                    "views (shape bookkeeping): host time only, `view` kernels"),
+    **dict.fromkeys(["cos", "sin", "arange"], "RoPE's cos/sin tables ([s, d/2], made in each layer's forward) and the "
+                                              "aranges of positions and masks: not priced (s·d elements)"),
+    "full": "fills: the causal mask's and index buffers' initial values (priced inside moe_fill and the mask's row)",
+    "max": "reductions: FP8's per-tile amax (priced inside its GEMMs) and dropless MoE's counts.max() for C (the "
+           "planner's `sync` host read), not told apart by name",
+    **dict.fromkeys(["abs", "isfinite", "minimum", "view_dtype"],
+                    "FP8 blockwise quantisation's CPU stand-in (fp8_quant_blockwise on a GPU): priced inside each FP8 "
+                    "GEMM (`llmtrain.plan.fp8`: its operands' quantisations)"),
+}
+
+
+def _classes(ops) -> collections.Counter:
+    """Traced operator names -> counts per compared class; an operator neither classed nor listed fails."""
+    unknown = sorted({n for n in ops if n not in CLASS_OF and n not in NOT_COMPARED})
+    assert not unknown, f"operators neither classed (CLASS_OF) nor listed as not compared (NOT_COMPARED): {unknown}"
+    return collections.Counter(CLASS_OF[n] for n in ops if n in CLASS_OF)
+
+
+def _planned_classes(kernels) -> collections.Counter:
+    """The planner's kernels -> counts per compared class (`Kernel.of` first: the unfused RMSNorm's rsqrt step)."""
+    out = collections.Counter()
+    for k in kernels:
+        if k.kind == "gemm":
+            out["gemm"] += 1
+        elif k.op.startswith("moe_topk"):
+            out["topk"] += 1
+        elif (k.of or k.op) in PLANNED_CLASS:
+            out[PLANNED_CLASS[k.of or k.op]] += 1
+    return out
+
 
 def _shape(x, y, transpose_x=False, transpose_y=False) -> tuple:
     """(m, n, k, batch) of x @ y as the planner writes a GEMM: a 2-D right operand folds x's leading dims into m."""
@@ -187,6 +248,11 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
         assert sorted(executed_fwd) == sorted(planned_fwd)
         assert sorted(executed_again) == sorted(planned_again)
     assert bool(executed_again) == rc.on, "a recompute mode that re-runs no GEMM, or GEMMs re-run without one"
+    assert _classes(fwd_ops) == _planned_classes(planned.forward)
+    if rc.on:  # the plain operators in the backward are the recomputed forwards (and the engine's fills)
+        planned_again_k = [k for ks, n, *prefix in planned.backward_segments for _ in range(n)
+                           for k in ks[:prefix[0] if prefix else 0]]
+        assert _classes([n for n in bwd_ops if "GradNode" not in n]) == _planned_classes(planned_again_k)
     bops = collections.Counter(bwd_ops)
     executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
     assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
