@@ -25,9 +25,7 @@ import os
 import sys
 
 import paddle
-import paddle.nn.functional as F
 import paddle.profiler as profiler
-from paddle.distributed.fleet import utils as fleet_utils
 import pytest
 
 from llmtrain.config import compose_config, to_config
@@ -37,7 +35,9 @@ from llmtrain.models.init import init_parameters
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "gpu_paths"))  # cp_threads
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, "..", "gpu_paths")]  # gemm_record; cp_threads
+from gemm_record import _Record  # noqa: E402
 
 FORWARD_GEMMS = {"matmul", "bmm", "linear"}
 GRAD_NODES = {"Global_MatmulGradNode", "Global_BmmGradNode", "Global_LinearGradNode"}
@@ -123,62 +123,6 @@ def _planned_classes(kernels) -> collections.Counter:
         elif (k.of or k.op) in PLANNED_CLASS:
             out[PLANNED_CLASS[k.of or k.op]] += 1
     return out
-
-
-def _shape(x, y, transpose_x=False, transpose_y=False) -> tuple:
-    """(m, n, k, batch) of x @ y as the planner writes a GEMM: a 2-D right operand folds x's leading dims into m."""
-    xs, ys = list(x.shape), list(y.shape)
-    if transpose_x:
-        xs[-2], xs[-1] = xs[-1], xs[-2]
-    if transpose_y:
-        ys[-2], ys[-1] = ys[-1], ys[-2]
-    if len(ys) == 2:
-        return math.prod(xs[:-1]), ys[-1], xs[-1], 1
-    return xs[-2], ys[-1], xs[-1], math.prod(xs[:-2])
-
-
-class _Record:
-    """Patches paddle.matmul, paddle.bmm and F.linear (before the model is built: layers keep references) to
-    record each GEMM's shape while `on`, and fleet's recompute (imported by `llmtrain.models.recompute.checkpointed`
-    at each call) to mark the GEMMs run inside a recomputed function (`again`: its second run, in the backward)."""
-
-    def __init__(self, monkeypatch, mine=lambda: True):
-        self.on, self.shapes, self.inside, self.again = False, [], 0, []
-        matmul, bmm, linear = paddle.matmul, paddle.bmm, F.linear
-        recompute = fleet_utils.recompute
-
-        def add(shape):
-            if self.on and mine():  # `mine`: the calling thread is the one traced (a cp rank of threads)
-                self.shapes.append(shape)
-                if self.inside:
-                    self.again.append(shape)
-
-        def rec_matmul(x, y, transpose_x=False, transpose_y=False, name=None):
-            add(_shape(x, y, transpose_x, transpose_y))
-            return matmul(x, y, transpose_x, transpose_y, name)
-
-        def rec_bmm(x, y, name=None):
-            add(_shape(x, y))
-            return bmm(x, y, name)
-
-        def rec_linear(x, weight, bias=None, name=None):
-            add(_shape(x, weight))
-            return linear(x, weight, bias, name)
-
-        def rec_recompute(fn, *args, **kwargs):
-            def marked(*a, **k):
-                self.inside += 1
-                try:
-                    return fn(*a, **k)
-                finally:
-                    self.inside -= 1
-
-            return recompute(marked, *args, **kwargs)
-
-        monkeypatch.setattr(paddle, "matmul", rec_matmul)
-        monkeypatch.setattr(paddle, "bmm", rec_bmm)
-        monkeypatch.setattr(F, "linear", rec_linear)
-        monkeypatch.setattr(fleet_utils, "recompute", rec_recompute)
 
 
 def _operators(fn):
