@@ -13,8 +13,17 @@ the dygraph engine runs, C++-launched gradient nodes included) and checks, per f
   in all or some blocks) the GEMMs the recomputed functions run again in the backward are the planner's replayed
   forward kernels (`_Pass.replayed`, whose FLOPs also price partial recompute: `plan.recompute.part_flops_share`).
 
-What it does not hold: the memory-bound and view kernels (the CPU runs stand-ins for several GPU kernels, so
-their classes differ by design), tp/cp/ep layouts (multi-process). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
+- the memory-bound and host-side operators of the forward (and of the recomputed forwards) by class: norms, RoPE,
+  activations, softmax, embedding, cross entropy, the MoE router's and dispatch's top-k, one_hot, cumsum, logsumexp,
+  gathers and scatters, counted per class as the planner lists them (`CLASS_OF` maps the CPU's operator names,
+  stand-ins for GPU kernels included, to the planner's classes; `NOT_COMPARED` lists every other operator with why;
+  an operator in neither fails);
+- the optimizer step (global-norm clip, AdamW) by class, over the tensors the planner's `rank_tensors` lists;
+- context parallelism (ring, cp2): one rank's GEMMs, the ring's blocks included (a cp group of two threads).
+
+What it does not hold: the backward's memory-bound kernels by class (the profiler shows Paddle's gradient nodes,
+one fused launch each on CPU, where the planner counts the GPU twin's kernels), elementwise ops by class (see
+`NOT_COMPARED`), tp/ep layouts (multi-process), flash attention's cp ring (GPU-only). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
 compared by count, batch and width, not rows (capacity MoE: rows too).
 """
 from __future__ import annotations
@@ -249,3 +258,45 @@ def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
     ring_backward = [k.shape for k in planned.backward if k.kind == "gemm" and k.op.startswith("ring.")]
     assert sorted(traced["backward"]) == sorted(ring_backward)  # (the linears' gradients: C++ nodes, not recorded)
     assert len(ring_backward) == cfg.model.num_layers * cp * 5
+
+
+OPTIMIZER_CLASS = {"squared_l2_norm": "reduce", "add_n": "add", "multiply_": "mul", "adamw_": "adamw"}
+"""The optimizer step's operators as the planner's classes (`optimizer_kernels`: a squared norm per tensor, their
+sum, a scale per tensor; AdamW, one kernel per tensor, is the profile's fitted `optimizer_seconds`)."""
+OPTIMIZER_NOT_COMPARED = {
+    **dict.fromkeys(["sqrt", "maximum", "scale", "divide", "full", "reshape"],
+                    "the clip's scalar arithmetic (sqrt, max(norm, c) + 1e-6, c / that): the planner's one scalar add"),
+    "full_": "the optimizer's state made at its first step (moments, beta powers): once per run, not priced",
+}
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "moe-tiny"])
+def test_the_optimizer_step_runs_the_planned_kernels(model, monkeypatch, tmp_path):
+    """The global-norm clip and AdamW over the model's parameters: one squared norm, one scale and one AdamW kernel
+    per tensor the planner's `rank_tensors` lists for one device (the tied table once, each expert stack one tensor),
+    one sum of the squares; every other operator of the step listed above with why it is not compared."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import rank_tensors
+    from llmtrain.plan.kernels import optimizer_kernels
+    from llmtrain.train.optim import build_optimizer
+
+    monkeypatch.chdir(tmp_path)
+    c = to_config(compose_config(["model.vocab_size=256", f"model={model}"]))
+    paddle.seed(0)
+    net = build_model(c.model)
+    init_parameters(canonical_parameters(net), c.model, 7)
+    net.train()
+    optimizer, _ = build_optimizer(canonical_parameters(net), c.optim, 10)
+    ids = paddle.randint(0, c.model.vocab_size, [2, 16])
+    mean_loss(net.loss_fn(net(ids), (ids, paddle.ones([2, 16], "float32")))).backward()
+    _, ops = _operators(optimizer.step)
+    unknown = sorted({n for n in ops if n not in OPTIMIZER_CLASS and n not in OPTIMIZER_NOT_COMPARED})
+    assert not unknown, f"optimizer operators neither classed nor listed as not compared: {unknown}"
+    traced = collections.Counter(OPTIMIZER_CLASS[n] for n in ops if n in OPTIMIZER_CLASS)
+    grads, owned = rank_tensors(c.model, resolve_layout(c.parallel, c.train, 1), "none", 0)
+    trained = [int(p.numel()) for p in net.parameters() if not p.stop_gradient]  # (an MoE expert_bias is moved apart)
+    assert sorted(n for n, _ in owned) == sorted(trained)  # the same tensors
+    planned = collections.Counter(k.op for k in optimizer_kernels(grads, owned, 1))
+    planned["add"] -= 1  # the planner's scalar add (sqrt and the scale's arithmetic), not compared
+    planned["adamw"] = len(owned)
+    assert traced == planned
