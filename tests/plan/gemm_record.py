@@ -27,8 +27,9 @@ def _shape(x, y, transpose_x=False, transpose_y=False) -> tuple:
 
 class _Record:
     """Patches paddle.matmul, paddle.bmm, F.linear and the math attention core (before the model is built: layers
-    keep references) to record each GEMM's shape while `on` (`in_core`: called inside the core), and fleet's recompute (imported by `llmtrain.models.recompute.checkpointed`
-    at each call) to mark the GEMMs run inside a recomputed function (`again`: its second run, in the backward)."""
+    keep references) to record each GEMM's shape while `on` (`in_core`: called inside the core), and fleet's
+    recompute (imported by `llmtrain.models.recompute.checkpointed` at each call) to mark the GEMMs run inside a
+    recomputed function (`again`: its second run, in the backward)."""
 
     def __init__(self, monkeypatch, mine=lambda: True):
         self.on, self.shapes, self.inside, self.again, self.core = False, [], 0, [], 0
