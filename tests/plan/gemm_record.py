@@ -70,7 +70,7 @@ class _Record:
         monkeypatch.setattr(paddle, "bmm", rec_bmm)
         monkeypatch.setattr(F, "linear", rec_linear)
         monkeypatch.setattr(fleet_utils, "recompute", rec_recompute)
-        from llmtrain.models import layers
+        from llmtrain.models import layers, mla
 
         math_attention = layers.math_attention
 
@@ -82,3 +82,4 @@ class _Record:
                 self.core -= 1
 
         monkeypatch.setattr(layers, "math_attention", rec_core)
+        monkeypatch.setattr(mla, "math_attention", rec_core)  # (MLA tells the math core apart by identity)
