@@ -70,6 +70,7 @@ CASES = {
                           "train.recompute_modules=[moe]"],
     "moe-act-shared": ["model=moe-tiny", "train.recompute=selective", "train.recompute_modules=[moe_act,shared_experts]"],
     "mla-core-attn": ["model=deepseek-tiny", "train.recompute=core_attn"],
+    "moe-gelu-experts": ["model=moe-tiny", "model.activation=gelu", "model.moe_capacity_factor=1.25"],
 }
 
 # The memory-bound and host-side operators the CPU runs, by the planner class they are compared as. The CPU runs
