@@ -109,3 +109,5 @@ def test_the_twin_runs_the_models_gemms(case, monkeypatch):
     planned = micro_batch_kernels(MicroBatchSpec(m, b, s, t=1, e=4, gpu=True, flash=True, recompute=rc))
     planned_bwd = [k.shape for k in planned.backward if k.kind == "gemm"]
     assert _pairless(doc["backward"], widths) == _pairless(planned_bwd, widths)
+    # the twin's attention calls in the backward (its gradient, and the forward again under recompute): the planner's
+    assert doc["attention"][1] == sum(k.kind in ("attn_fwd", "attn_bwd") for k in planned.backward), doc["attention"]
