@@ -38,8 +38,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, _Pass, _seq_edge, attention_flops, gemm, mem, view  # noqa: F401 (re-exported)
 from llmtrain.models.recompute import Recompute, as_recompute
+from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, _Pass, _seq_edge, attention_flops, gemm, mem, view  # noqa: F401 (re-exported)
 from llmtrain.plan.moe import MoEPlan, moe_ffn
 
 
@@ -110,7 +110,7 @@ def _mla_projections(p: _Pass, cfg, T, t, e, fused: dict) -> tuple[int, int, int
     return nh, qk, nh * dv
 
 
-def _ring_math_core(p: _Pass, bh: int, s: int, d: int, dv: int, cp: int):
+def _ring_math_core(p: _Pass, *, bh: int, s: int, d: int, dv: int, cp: int):
     """The context-parallel ring's attention core on CPU (`parallel.cp_comm=ring`, `context_exchange._Ring`, math
     blocks of `context_attention.py`) on the first cp rank, s = its 2c positions: step 0 its own keys (both query
     chunks over both key chunks, 2c x 2c), each of the cp - 1 later steps a later rank's keys (its late query chunk
@@ -140,7 +140,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
     with p.part("norm"):
         _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     with p.part("attn"):  # the attention layer (`train.recompute=full_attn`): its input is the norm's output
-        _attention(p, cfg, b, s, t, e, flash, sp, math_core, fused, cp)
+        _attention(p, cfg, b=b, s=s, t=t, e=e, flash=flash, sp=sp, math_core=math_core, fused=fused, cp=cp)
     _residual(p, Ts, h, gpu)
     with p.part("norm"):
         _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
@@ -153,7 +153,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
     _residual(p, Ts, h, gpu)
 
 
-def _attention(p: _Pass, cfg, b, s, t, e, flash, sp: bool, math_core: bool, fused: dict, cp: int):
+def _attention(p: _Pass, cfg, *, b, s, t, e, flash, sp: bool, math_core: bool, fused: dict, cp: int):
     """The attention layer on one tp rank: projections, QK-norm, RoPE, the core (part `core_attn`), o_proj."""
     h, d = cfg.hidden_size, cfg.attn_head_dim()
     T = b * s
@@ -194,7 +194,7 @@ def _attention(p: _Pass, cfg, b, s, t, e, flash, sp: bool, math_core: bool, fuse
             fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
             p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
         elif cp > 1:  # the cp ring's math blocks (llmtrain/parallel/context_exchange.py), s = this rank's 2c positions
-            _ring_math_core(p, b * nh, s, d, o_in // nh, cp)
+            _ring_math_core(p, bh=b * nh, s=s, d=d, dv=o_in // nh, cp=cp)
         else:  # layers.math_attention
             if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
                 p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
