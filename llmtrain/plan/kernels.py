@@ -187,14 +187,15 @@ def _attention(p: _Pass, cfg, *, b, s, t, e, flash, sp: bool, math_core: bool, f
             shape = (b * nh, s, d, causal, nkv)
             fl = attention_flops(b * nh, s, d, causal) * cp  # cp: 1/cp of the whole sequence's causal work
             p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
+        elif cp > 1:  # the cp ring's math blocks (parallel/context_exchange.py; s = this rank's 2c positions): not
+            # layers.math_attention, so a profile's measured math core does not price them
+            _ring_math_core(p, bh=b * nh, s=s, d=d, dv=o_in // nh, cp=cp)
         elif math_core:  # the profile's measured composite: layers.math_attention from the reshapes of q, k, v to o's input
             if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
                 p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
             shape = (b * nh, s, d, causal, nh)
             fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
             p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
-        elif cp > 1:  # the cp ring's math blocks (llmtrain/parallel/context_exchange.py), s = this rank's 2c positions
-            _ring_math_core(p, bh=b * nh, s=s, d=d, dv=o_in // nh, cp=cp)
         else:  # layers.math_attention
             if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
                 p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
@@ -355,8 +356,8 @@ class MicroBatchSpec:
     """Index of this rank's first block (which blocks are MoE: `ModelConfig.is_moe_layer`)."""
     cp: int = 1
     """Context-parallel degree: this rank's blocks see s / cp positions; its attention does 1/cp of the causal
-    work (balanced chunks) at the rate of a length-s/cp call (flash: one kernel of cp x that work; the math path
-    without a measured core: the ring's blocks, `_ring_math_core`)."""
+    work (balanced chunks) at the rate of a length-s/cp call (flash: one kernel of cp x that work; the math path:
+    the ring's blocks, `_ring_math_core`, priced per GEMM even where the profile measured `layers.math_attention`)."""
     moe: object = None
     """llmtrain.plan.moe.MoEPlan (expert parallelism, dropless imbalance); None: its defaults."""
 
