@@ -7,7 +7,8 @@
 
 Checkpoints hold pieces of full tensors (`shards.py`), whatever layout wrote them; `ShardIndex` reassembles
 a full tensor and this module cuts it: a tp/ep piece (`parallel/slicing.py`), a ZeRO-3 flat slice into the
-parameter's flat storage, a stage-1 V2 flat slice of the optimizer state, or the whole tensor for replicated ones.
+parameter's flat storage, a stage-1 V2 flat slice of the optimizer state (of
+its tp piece under tp), or the whole tensor for replicated ones.
 """
 from __future__ import annotations
 
@@ -100,10 +101,14 @@ class LayoutRestorer:
         t.optimizer.set_state_dict(state)
 
     def _v2_state(self, index: ShardIndex, name: str, param, v2: dict, accumulators: dict, masters: dict) -> None:
-        """Stage-1 V2: the full accumulators and master weight of `param`, cut to this rank's flat slice."""
+        """Stage-1 V2: the full accumulators and master weight of `param`, cut to this rank's tp piece (tp > 1),
+        then to this rank's flat slice of it."""
         for key in index.keys(f"optim/{name}/"):
             acc = key.rsplit("/", 1)[1]
-            tensor = paddle.to_tensor(np.ascontiguousarray(self._cut(index.full(key), param, key, v2)))
+            full = index.full(key)
+            if is_split_like_param(key):
+                full = local_slice(full, param, self.topo.tp_rank, self.layout.tp)
+            tensor = paddle.to_tensor(np.ascontiguousarray(self._cut(full, param, key, v2)))
             if acc == "master":
                 masters[param.name] = tensor
             else:

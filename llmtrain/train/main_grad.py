@@ -52,11 +52,8 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
     if parallel is not None:
         where += [f"parallel.sharding_stage={parallel.sharding_stage}"] if parallel.sharding > 1 and \
             parallel.sharding_stage > 1 else []
-        where += ["parallel.sequence_parallel=true"] if parallel.sequence_parallel else []
         where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 else []
         where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 else []
-        # the checkpoint keeps V2's state as flat slices of whole parameters; under tp a slice is of a tp piece
-        where += [f"parallel.tp={parallel.tp}"] if parallel.tp > 1 and parallel.sharding_split_param else []
     where += ["finetune.lora.rank > 0"] if lora else []
     if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
             parallel.pp_sharding_comm_overlap:
