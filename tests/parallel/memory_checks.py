@@ -83,7 +83,7 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "zero2": Degrees(sharding=2, stage=2), "zero3": Degrees(sharding=2, stage=3), "dp4": Degrees(dp=4),
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2), "sharding2v2": Degrees(sharding=2, v2=True),
-    "sharding2pp2": Degrees(sharding=2, pp=2, v2=True),
+    "sharding2pp2": Degrees(sharding=2, pp=2, v2=True), "tp2sharding2v2": Degrees(tp=2, sharding=2, v2=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
