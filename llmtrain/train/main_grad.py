@@ -19,13 +19,17 @@ sum with several. In fp32 (CPU, `train.amp=none`) the two paths give the same nu
 (tests/train/test_main_grad.py). Parameters stay in their dtype: MixPrecisionLayer's dtype argument is only
 checked, the hooks cast nothing.
 
+Under sequence parallelism fleet's hooks (`register_sequence_parallel_allreduce_hooks`, registered before these)
+all-reduce each norm weight's gradient over tp after the last micro-batch: they run after the gradient is
+accumulated and reduce `param.main_grad` when it exists, before V2's bucket hooks (registered later, by
+fleet.distributed_optimizer) reduce-scatter the bucket (tests/parallel/test_parity.py: tp2sharding2v2's llama_v2sp).
+
 The layer wrapper itself is not kept (PaddleNLP's pipeline recipe does the same): its constructor's hooks are
 the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer for fleet).
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 and pp, tp without sharding_split_param (no sequence parallelism, "
-                     "ZeRO-2/3, ep, cp or LoRA)")
+MAIN_GRAD_LAYOUTS = "dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism (no ZeRO-2/3, ep, cp or LoRA)"
 
 
 def main_grad_on(train_cfg, layout) -> bool:
