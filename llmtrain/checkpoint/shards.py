@@ -12,7 +12,8 @@ written once (by one data rank, chosen to balance the bytes, so the ranks share
 the copying and writing); a tp-split tensor by each tp rank of one data rank;
 sharded (ZeRO-1) optimizer state by the rank that owns it; ZeRO-3's parameters and stage-1 V2's optimizer
 state (`sharding_split_param`) as flat slices of the flattened, padded tensor (under tp, V2's of the flattened,
-padded tp piece, whose place in the full tensor the metadata's `flat.piece` gives). Loading assembles
+padded tp piece, whose place in the full tensor the metadata's `flat.piece` gives); V1's fused optimizer state
+(`sharding_tensor_fusion`) cut into each parameter's whole tensor, as without fusion. Loading assembles
 the full tensor from its pieces and cuts this rank's slice for the new layout,
 so a checkpoint resumes under any dp/tp/pp/sharding mix.
 """
@@ -211,6 +212,21 @@ def _collect_flat_state(name, param, state_name, span, opt_state, masters, tenso
         meta[f"optim/{name}/master"] = flat()
 
 
+def _collect_fused_state(name, param, where, opt_state, masters, tensors, meta, topo, layout, flat_of) -> None:
+    """V1 with tensor fusion: `param`'s part (`where` = (fused name, offset, numel)) of each accumulator and of the
+    master weight of its fused parameter, written under the parameter's canonical keys as a non-fused run writes
+    them; `flat_of(tensor)` is the fused tensor as one host array (copied once per save)."""
+    fused, off, numel = where
+    shape = [int(x) for x in param.shape]
+    states = list(opt_state.accumulators(fused)) + ([("master", masters[fused])] if fused in masters else [])
+    for acc, var in states:
+        key = f"optim/{name}/{acc}"
+        split = is_split_like_param(key)
+        arr = flat_of(var)[off: off + numel].reshape(shape).copy() if split else _np32(var)
+        tensors[key] = arr
+        meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, split=split)
+
+
 def _balanced_owners(named_params, n: int) -> dict:
     """{name: writer in [0, n)}: largest tensors first, each to the least-loaded writer (the same on every rank)."""
     load, owner = [0] * n, {}
@@ -224,6 +240,7 @@ def _balanced_owners(named_params, n: int) -> dict:
 
 def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes (copied into `pool` if given)."""
+    from llmtrain.paddle_compat.sharding_fused import fused_spans
     from llmtrain.paddle_compat.sharding_v2 import sharding_v2, v2_slices
     from llmtrain.paddle_compat.zero import stage3_slices
 
@@ -240,6 +257,9 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     masters = opt_state.masters
     sliced = stage3_slices(built.model)
     v2 = v2_slices(built.optimizer) if sharding_v2(built.optimizer) is not None else None  # V2: flat state slices
+    fused_at = {p: (f, off, n) for f, (_, members) in fused_spans(built.optimizer).items() for p, off, n in members}
+    flat = {}  # V1 tensor fusion: each fused tensor's host copy, made once
+    flat_of = lambda var: flat.setdefault(var.name, _np32(var).ravel())  # noqa: E731
     ep = layout.ep
     experts = ExpertStates(built.named_params, layout, topo) if ep > 1 else None
     for name, param in built.named_params:
@@ -268,6 +288,11 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
             if param.name in v2:  # this sharding rank's part of the parameter's state (none: another rank's)
                 _collect_v2_state(name, param, v2[param.name], opt_state, masters, tensors, meta, pool,
                                   _tp_piece(name, param, topo, layout.tp))
+            continue
+        if fused_at:
+            if param.name in fused_at:  # V1 tensor fusion: this rank's parameters' parts of its fused state
+                _collect_fused_state(name, param, fused_at[param.name], opt_state, masters, tensors, meta, topo,
+                                     layout, flat_of)
             continue
         for acc, var in opt_state.accumulators(param.name):
             key = f"optim/{name}/{acc}"

@@ -92,13 +92,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
         problems.append("parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param "
                         "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
                         "V2 fuses its gradients and parameters into buckets without it")
-    if on & {"sharding_tensor_fusion", "sharding_comm_overlap"} and "sharding_split_param" not in on:
-        knob = "sharding_tensor_fusion" if "sharding_tensor_fusion" in on else "sharding_comm_overlap"
-        problems.append(f"parallel.{knob}=true without parallel.sharding_split_param=true: not built: fleet's V1 "
-                        "sharding optimizer then keeps its optimizer state on fused parameters of its own naming "
-                        "(generated_tensor_N, several parameters each), which llmtrain's checkpoint does not read; "
-                        "parallel.sharding_split_param=true (DygraphShardingOptimizerV2) fuses gradients and "
-                        "parameters into its buckets itself and overlaps with parallel.sharding_comm_overlap=true")
     fused = [k for k in FUSED if k in on]
     if fused and p.ep > 1:
         problems.append(f"parallel.{fused[0]}=true with parallel.ep={p.ep}: not built: the routed experts are kept out "

@@ -1,0 +1,65 @@
+"""fleet's stage-1 sharding V1 with tensor fusion (`sharding_configs.tensor_fusion`): which parameters each fused
+parameter (`generated_tensor_N`) of this rank holds, and where.
+
+    python -m pytest -q tests/parallel/test_parity.py -k sharding2
+    spans = fused_spans(optimizer)   # {fused var name: (its numel, [(param var name, offset, numel)])}; {} without
+
+V1 partitions whole parameters over the sharding ranks (sorted greedy, `_partition_parameters`), then, with
+tensor_fusion, lays each rank's parameters end to end in fused parameters (`fused_parameters`: grouped by fp32,
+tp-distributed, clipped and weight-decayed, in buckets of `comm_buffer_size_MB`; each parameter padded to the
+device's 256-byte alignment), the parameters becoming views into them (`ParamStorage.add_rank_params`). The inner
+optimizer steps on this rank's fused parameters (`_rank2fused[sharding rank]`), so its accumulators and master
+weights are 1-D and keyed by the fused parameter's name. A parameter's place in its fused parameter is read from
+the storage itself (its data address minus the fused parameter's, in elements), not recomputed. Read in Paddle
+3.3.1 (meta_optimizers/dygraph_optimizer/dygraph_sharding_optimizer.py `_tensor_fusion`,
+fleet/utils/tensor_fusion_helper.py `flatten_dense_tensors`).
+"""
+from __future__ import annotations
+
+from llmtrain.paddle_compat.optim import optimizer_chain
+from llmtrain.paddle_compat.version import require_tested_paddle
+
+
+def sharding_v1_fused(optimizer):
+    """fleet's V1 `DygraphShardingOptimizer` with tensor fusion in `optimizer`'s wrapper chain, or None."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.dygraph_sharding_optimizer import (
+        DygraphShardingOptimizer,
+    )
+
+    return next((o for o in optimizer_chain(optimizer)
+                 if type(o) is DygraphShardingOptimizer and o.tensor_fusion), None)
+
+
+def fused_spans(optimizer) -> dict:
+    """{fused parameter name: (its numel, [(parameter name, offset, numel)])} of this rank's fused parameters:
+    parameter `name` is elements [offset, offset + numel) of the flat fused parameter (and of each of its
+    accumulators and its master weight). {} without V1 tensor fusion."""
+    shard = sharding_v1_fused(optimizer)
+    if shard is None:
+        return {}
+    require_tested_paddle()
+    rank = shard._sharding_rank
+    params = shard._rank2params[rank]
+    out = {}
+    for fused in shard._rank2fused[rank]:
+        base, size, elem = fused.data_ptr(), int(fused._numel()), fused.element_size()
+        members = out.setdefault(fused.name, (size, []))[1]
+        for p in params:
+            off = p.data_ptr() - base
+            if 0 <= off < size * elem:
+                if off % elem:
+                    raise RuntimeError(f"{p.name} starts {off} bytes into {fused.name}: not on an element boundary")
+                members.append((p.name, off // elem, int(p._numel())))
+    placed = sum(len(v[1]) for v in out.values())
+    if placed != len(params):
+        raise RuntimeError(f"tensor fusion: {placed} of this rank's {len(params)} parameters found in its fused "
+                           "parameters (a parameter no longer a view into its fused buffer)")
+    return out
+
+
+def set_fused_state(optimizer, state: dict) -> None:
+    """Load `state` (keyed by this rank's fused parameter names) into the optimizer V1 wraps: V1's own
+    `set_state_dict` keeps only the keys naming one of this rank's parameters (`_rank2params`), which drops
+    every fused parameter's."""
+    require_tested_paddle()
+    sharding_v1_fused(optimizer)._inner_opt.set_state_dict(state)
