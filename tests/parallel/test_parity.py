@@ -111,12 +111,17 @@ SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "p
 backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
 the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
-V2_TP = {"llama_v2to1": ("tp2sharding2", "llama", 2, ["checkpoint.interval=3"]), "llama_v1to2": ("tp2sharding2v2", "llama_v2to1", 3, [])}
+TF = ["+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"]
+V2_TP = {"llama_v2to1": (["+parallel=tp2sharding2"], "llama", 2, ["checkpoint.interval=3"]),
+         "llama_v1to2": (["+parallel=tp2sharding2v2"], "llama_v2to1", 3, []),
+         "llama_v2totf": (TF, "llama", 2, ["checkpoint.interval=3"]),
+         "llama_tftov2": (["+parallel=tp2sharding2v2"], "llama_v2totf", 3, [])}
 """`tp2sharding2v2` (PaddleNLP's tp x sharding-V2 recipe: V2 slices of each tp piece, their reduce-scatter issued from
 the backward; `llama_v2sp` with sequence parallelism and fused projections, whose norm gradients fleet's hooks
 all-reduce over tp in the fp32 main gradients): its Llama writes step 2, which tp2sharding2 without V2 continues
-(`llama_v2to1`, writing step 3), which V2 continues (`llama_v1to2`): {run: (layout, run resumed, its step, extra)}.
-Each resumed step equals one process's."""
+(`llama_v2to1`, writing step 3), which V2 continues (`llama_v1to2`); and V1 with tensor fusion and comm overlap (`TF`:
+optimizer state on fused parameters) continues the same step 2 (`llama_v2totf`, writing step 3), which V2 continues
+(`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
              ("tp2sharding2v2", "llama"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"]}
@@ -341,7 +346,7 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs += [tiny_overrides(tiny_corpus, str(out / f"wide_{k}"), "llama", steps=2) + V2_WIDE
                  + [f"parallel.sharding_comm_overlap={k == 'overlap'}"] for k in ("overlap", "after")]
     if layout == "tp2sharding2v2":  # V2 under tp -> tp without V2 -> V2 again, each resumed from the run before
-        runs += [tiny_overrides(tiny_corpus, str(out / n), "llama", steps=STEPS) + LAYERS + [f"+parallel={lay}"] + extra
+        runs += [tiny_overrides(tiny_corpus, str(out / n), "llama", steps=STEPS) + LAYERS + lay + extra
                  + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
                  for n, (lay, src, step, extra) in V2_TP.items()]
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
@@ -462,7 +467,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
 @pytest.mark.slow
 def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launched):
     """tp2 x sharding2 V2 writes each tp piece's optimizer state as flat V2 slices (the metadata places every piece);
-    tp2 x sharding2 without V2 continues its step 2 and V2 that run's step 3, each step equal to one process's."""
+    tp2 x sharding2 without V2, and with V1's tensor fusion, continue its step 2 and V2 their step 3, each step equal
+    to one process's; under tensor fusion each rank holds state on fused parameters of its own parameters only."""
     drawn_or_skip("tp2sharding2v2", DRAWN)
     runs_dir = launched("tp2sharding2v2", 4)
     with open(runs_dir / "llama" / "checkpoints" / "step_2" / "rank_00000.json") as f:
@@ -479,7 +485,8 @@ def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launch
                 assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
             assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
         worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
-        print(f"{src} step {step} -> {lay} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+        print(f"{src} step {step} -> {' '.join(lay)} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+    check_memory(_memory(runs_dir / "llama_v2totf"), reference["llama"]["memory"], "tp2sharding2tf", tied=False)
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:
