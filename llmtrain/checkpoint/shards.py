@@ -390,11 +390,14 @@ class ShardIndex:
         for parts in by_piece.values():
             info = parts[0][2]["flat"]
             flat = np.zeros(info["padded"], dtype=np.float32)
-            covered = 0
+            seen = np.zeros(info["padded"], dtype=bool)
             for path, k, piece in parts:
                 part = self._read(path, k).ravel()
-                flat[piece["offset"]: piece["offset"] + part.size] = part
-                covered += part.size
+                span = slice(piece["offset"], piece["offset"] + part.size)
+                if seen[span].any():  # two writers of the same elements: pieces of different tensors
+                    raise ValueError(f"{self.dir}: flat slices of {key} cover elements {span.start}.. twice")
+                flat[span], seen[span] = part, True
+            covered = int(seen[: info["numel"]].sum())
             if covered < info["numel"]:
                 raise ValueError(f"{self.dir}: flat slices of {key} cover {covered} of {info['numel']} elements")
             where = info.get("piece")

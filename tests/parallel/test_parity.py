@@ -18,7 +18,7 @@ overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
 (`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`) and the drawn tp2sharding2v2 (V2 under
-tp2, with and without sequence parallelism, resumed across V2 and non-V2, `V2_TP`).
+tp2 with sequence parallelism, resumed across V2 and V1 with tensor fusion, `V2_TP`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -91,7 +91,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama", "llama_v2sp")}
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
 DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
@@ -111,20 +111,9 @@ SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "p
 backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
 the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
-TF = ["+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"]
-V2_TP = {"llama_v2to1": (["+parallel=tp2sharding2"], "llama", 2, ["checkpoint.interval=3"]),
-         "llama_v1to2": (["+parallel=tp2sharding2v2"], "llama_v2to1", 3, []),
-         "llama_v2totf": (TF, "llama", 2, ["checkpoint.interval=3"]),
-         "llama_tftov2": (["+parallel=tp2sharding2v2"], "llama_v2totf", 3, [])}
-"""`tp2sharding2v2` (PaddleNLP's tp x sharding-V2 recipe: V2 slices of each tp piece, their reduce-scatter issued from
-the backward; `llama_v2sp` with sequence parallelism and fused projections, whose norm gradients fleet's hooks
-all-reduce over tp in the fp32 main gradients): its Llama writes step 2, which tp2sharding2 without V2 continues
-(`llama_v2to1`, writing step 3), which V2 continues (`llama_v1to2`); and V1 with tensor fusion and comm overlap (`TF`:
-optimizer state on fused parameters) continues the same step 2 (`llama_v2totf`, writing step 3), which V2 continues
-(`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
-             ("tp2sharding2v2", "llama"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"]}
+             ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
@@ -146,6 +135,16 @@ LORA_FSP = ["model.fuse_qkv=true", "model.fuse_swiglu=true"] + SP
 """`llama_lora_fsp`: q/k/v adapters as one block of the fused projection and gate/up adapters on their own
 sequence-parallel linears (fuse_ffn off), o/down adapters reduce-scattered: every LoRA path of tp + sp in one run
 (the fused gate/up block is the q/k/v code; one process compares both fusions in tests/models/test_fused.py)."""
+TF = ["+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"]
+V2_TP = {"llama_v2totf": (TF + FUSED + SP, "llama_v2sp", 2, ["checkpoint.interval=3"]),
+         "llama_tftov2": (["+parallel=tp2sharding2v2"] + FUSED + SP, "llama_v2totf", 3, [])}
+"""`tp2sharding2v2` (PaddleNLP's tp x sharding-V2 recipe: V2 slices of each tp piece, their reduce-scatter issued from
+the backward), run as `llama_v2sp`: with sequence parallelism and fused projections, whose norm gradients fleet's
+hooks all-reduce over tp in the fp32 main gradients. It writes step 2, which V1 with tensor fusion and comm overlap
+(`TF`: optimizer state on fused parameters, not V2) continues (`llama_v2totf`, writing step 3), which V2 continues
+(`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
+
+
 SEGMENTS = {"llama_lora": 200}
 """parallel.zero3_segment_size per run under zero3 (default 1024): 200 slices every frozen base matrix (q/k/v/o
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
@@ -466,12 +465,12 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
 
 @pytest.mark.slow
 def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launched):
-    """tp2 x sharding2 V2 writes each tp piece's optimizer state as flat V2 slices (the metadata places every piece);
-    tp2 x sharding2 without V2, and with V1's tensor fusion, continue its step 2 and V2 their step 3, each step equal
+    """tp2 x sharding2 V2 (with sequence parallelism) writes each tp piece's optimizer state as flat V2 slices (the
+    metadata places every piece); V1 with tensor fusion continues its step 2 and V2 that run's step 3, each step equal
     to one process's; under tensor fusion each rank holds state on fused parameters of its own parameters only."""
     drawn_or_skip("tp2sharding2v2", DRAWN)
     runs_dir = launched("tp2sharding2v2", 4)
-    with open(runs_dir / "llama" / "checkpoints" / "step_2" / "rank_00000.json") as f:
+    with open(runs_dir / "llama_v2sp" / "checkpoints" / "step_2" / "rank_00000.json") as f:
         pieces = [m["flat"]["piece"] for k, m in json.load(f)["tensors"].items()
                   if "flat" in m and k.startswith("optim/") and "piece" in m["flat"]]
     assert pieces, "no V2 state slice of a tp piece in the V2 run's checkpoint"
