@@ -486,6 +486,7 @@ def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launch
         worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
         print(f"{src} step {step} -> {' '.join(lay)} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
     check_memory(_memory(runs_dir / "llama_v2totf"), reference["llama"]["memory"], "tp2sharding2tf", tied=False)
+    check_predicted(_memory(runs_dir / "llama_v2totf"), "tp2sharding2tf")  # the planner's fused padding, to the element
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:
