@@ -109,10 +109,13 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
     if fused and p.ep > 1:
         problems.append(f"parallel.{fused[0]}=true with parallel.ep={p.ep}: not built: the routed experts are kept out "
                         "of the stage-1 partition by llmtrain (each rank's own experts), which fleet's fused "
-                        "communication buffers would sum over the data group")
+                        "communication buffers would sum over the data group (fleet 3.3.1's V2 can give them buffers "
+                        "of their own through a parameter 'color'; llmtrain does not set it); ep runs with "
+                        f"parallel.sharding={p.sharding} stage 1 without the fused-buffer knobs")
     if fused and p.cp > 1:
         problems.append(f"parallel.{fused[0]}=true with parallel.cp={p.cp}: not built: the cp ranks' gradients are "
-                        "summed outside fleet's optimizer, before the fused buffers would reduce them")
+                        "summed outside fleet's optimizer, after the fused buffers' hooks would have reduced them; cp "
+                        "runs with dp, tp, pp and sharding stages 1-3 without the fused-buffer knobs")
     return problems
 
 
