@@ -93,13 +93,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
         problems.append("parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param "
                         "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
                         "V2 fuses its gradients and parameters into buckets without it")
-    if "sharding_comm_overlap" in on and not on & {"sharding_split_param", "sharding_tensor_fusion"}:
-        problems.append("parallel.sharding_comm_overlap=true without parallel.sharding_split_param=true or "
-                        "parallel.sharding_tensor_fusion=true: not built: fleet 3.3.1's V1 sharding optimizer then "
-                        "fuses the gradients into reduce buckets but updates the unfused parameters "
-                        "(DygraphShardingOptimizer.step takes _origin_parameter_list), and it trains wrong (measured "
-                        "on CPU, sharding2 Llama: grad_norm 5e-5 off one process by step 4); add "
-                        "parallel.sharding_tensor_fusion=true (V1, fused) or parallel.sharding_split_param=true (V2)")
     if "sharding_tensor_fusion" in on and p.pp > 1:
         problems.append(f"parallel.sharding_tensor_fusion=true with parallel.pp={p.pp}: not built: V1's fused parameters "
                         "do not carry fleet's mark of a tied table's second pipeline copy, which the clip reads, and "

@@ -92,9 +92,8 @@ def test_every_knob_maps_to_a_fleet_field():
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_tensor_fusion=true"),
      ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
       "DygraphShardingOptimizerV2"]),
-    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.sharding_comm_overlap=true"),
-     ["parallel.sharding_comm_overlap=true without parallel.sharding_split_param=true or "
-      "parallel.sharding_tensor_fusion=true: not built"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.pp=2"),
+     ["parallel.sharding_tensor_fusion=true with parallel.pp=2: not built"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
      ["parallel.sharding_split_param=true with parallel.ep=2: not built"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
@@ -121,6 +120,7 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_comm_overlap=true",
       "parallel.sequence_parallel=true"), ["sharding_comm_overlap", "sharding_split_param"]),
     (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true"), ["sharding_tensor_fusion"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap"]),
     (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"),
      ["sharding_tensor_fusion", "sharding_comm_overlap"]),
 ])

@@ -143,6 +143,9 @@ the backward), run as `llama_v2sp`: with sequence parallelism and fused projecti
 hooks all-reduce over tp in the fp32 main gradients. It writes step 2, which V1 with tensor fusion and comm overlap
 (`TF`: optimizer state on fused parameters, not V2) continues (`llama_v2totf`, writing step 3), which V2 continues
 (`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
+V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
+"""`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
+parameters updated; its weight decay restored, `llmtrain.paddle_compat.sharding_fused.restore_v1_overlap_decay`)."""
 
 
 SEGMENTS = {"llama_lora": 200}
@@ -348,6 +351,7 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs += [tiny_overrides(tiny_corpus, str(out / n), "llama", steps=STEPS) + LAYERS + lay + extra
                  + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
                  for n, (lay, src, step, extra) in V2_TP.items()]
+        runs.append(tiny_overrides(tiny_corpus, str(out / "llama_v1ov"), "llama", steps=STEPS) + LAYERS + V1_OVERLAP + ADDED)
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -467,7 +471,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
 def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launched):
     """tp2 x sharding2 V2 (with sequence parallelism) writes each tp piece's optimizer state as flat V2 slices (the
     metadata places every piece); V1 with tensor fusion continues its step 2 and V2 that run's step 3, each step equal
-    to one process's; under tensor fusion each rank holds state on fused parameters of its own parameters only."""
+    to one process's; under tensor fusion each rank holds state on fused parameters of its own parameters only. V1's
+    comm overlap without fused parameters (`llama_v1ov`) trains as one process."""
     drawn_or_skip("tp2sharding2v2", DRAWN)
     runs_dir = launched("tp2sharding2v2", 4)
     with open(runs_dir / "llama_v2sp" / "checkpoints" / "step_2" / "rank_00000.json") as f:
@@ -487,6 +492,11 @@ def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launch
         print(f"{src} step {step} -> {' '.join(lay)} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
     check_memory(_memory(runs_dir / "llama_v2totf"), reference["llama"]["memory"], "tp2sharding2tf", tied=False)
     check_predicted(_memory(runs_dir / "llama_v2totf"), "tp2sharding2tf")  # the planner's fused padding, to the element
+    worst = check_parity("llama_v1ov", "tp2sharding2", ref, [r for r in metrics(runs_dir / "llama_v1ov") if "loss" in r],
+                         STEPS)  # V1 comm overlap: weight decay kept (fleet's rule alone decays nothing: 5e-5 off)
+    print(f"tp2sharding2 + sharding_comm_overlap llama_v1ov: max |loss or grad_norm - one process| = {worst:.2e}")
+    check_memory(_memory(runs_dir / "llama_v1ov"), reference["llama"]["memory"], "tp2sharding2", tied=False)
+    check_predicted(_memory(runs_dir / "llama_v1ov"), "tp2sharding2")
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:

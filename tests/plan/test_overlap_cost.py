@@ -135,6 +135,8 @@ def test_sharding_tensor_fusion_and_its_overlap():
     assert s3["exposed_s"] == pytest.approx(_bucketed(s3["comm_s"], s3["window_s"], s3["buckets"]))
     assert s3["exposed_s"] < s2["exposed_s"]
     _moves_only_by_the_sync(tf, ov)
+    _, _, ov1 = _row(base + ["parallel.sharding_comm_overlap=true"], 8)  # V1 overlap without fused parameters: the same buckets
+    assert ov1["comm_syncs"]["sharding"] == s3
 
 
 def test_pp_sharding_comm_overlap():
