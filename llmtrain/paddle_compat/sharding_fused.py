@@ -1,7 +1,7 @@
 """fleet's stage-1 sharding V1 with tensor fusion (`sharding_configs.tensor_fusion`): which parameters each fused
 parameter (`generated_tensor_N`) of this rank holds, and where.
 
-    python -m pytest -q tests/parallel/test_parity.py -k sharding2
+    LLMTRAIN_SAMPLE_SEED=all python -m pytest -q tests/parallel/test_parity.py -k v2_under_tp
     spans = fused_spans(optimizer)   # {fused var name: (its numel, [(param var name, offset, numel)])}; {} without
 
 V1 partitions whole parameters over the sharding ranks (sorted greedy, `_partition_parameters`), then, with
