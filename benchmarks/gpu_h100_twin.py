@@ -1,6 +1,6 @@
 """The twin as llmtrain runs it, re-measured on the H100: fused weights rebuilt in the backward, experts as two bmm.
 
-    python benchmarks/gpu_h100_twin.py --out DIR --only recompute,saved,moe,moe_concat,dense   # CUDA GPU + PyTorch
+    python benchmarks/gpu_h100_twin.py --out DIR --only recompute,saved,moe,moe_concat,dense,dispatch   # CUDA GPU
     python benchmarks/gpu_h100_twin.py --out /tmp/smoke --smoke --cpu                          # tiny shapes, logic
 
 Two differences between the twin of the first H100 call (benchmarks/data/h100/steps, 2026-12-06) and llmtrain:
@@ -27,6 +27,8 @@ beside the new in the same call. Tables (one JSON file each in DIR, gpu_referenc
   (gpu_reference.profile_step_detail: kernels by name, categories, aten ops with shapes).
 - `moe_concat_steps`: the capacity rows again with `gate_up="concat"` (the first call's twin), same card.
 - `steps`: the held-out dense rows (gpu_h100.dense_rows) with the rebuilt fused weights.
+- `dispatch`: the MoE capacity rows and llama-7b-8L-mb1: aten ops dispatched by one forward and one backward, and
+  the host time of each against its wall time (`run_dispatch`).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ from gpu_model import MasterAdamW, llama, make_batch, train_step  # noqa: E402
 from gpu_reference import Bench, profile_step_detail  # noqa: E402
 from gpu_tables import _free as free, _timed_steps as timed  # noqa: E402
 
-TABLES = ("recompute", "saved", "moe", "moe_concat", "dense")
+TABLES = ("recompute", "saved", "moe", "moe_concat", "dense", "dispatch")
 GIB = 2 ** 30
 MODES = ("none", "full", "full_attn", "core_attn", "mlp")
 
@@ -118,12 +120,12 @@ def saved_inventory(loss, params) -> tuple[dict, int]:
     """({op name: bytes}, total bytes) of the storages the autograd graph of `loss` keeps, parameters excluded."""
     skip = {p.untyped_storage().data_ptr() for p in params}
     seen, by_op = set(), {}
-    stack, visited = [loss.grad_fn], set()
+    stack, visited = [loss.grad_fn], {}  # id -> node: the node kept alive, so no id is reused by another
     while stack:
         fn = stack.pop()
         if fn is None or id(fn) in visited:
             continue
-        visited.add(id(fn))
+        visited[id(fn)] = fn
         found = []
         for name in dir(fn):
             if name.startswith("_saved_") or name == "saved_tensors":
@@ -257,6 +259,83 @@ def run_moe(b: Bench, deadline: float, table: str, gate_up: str, capacity_only: 
             b.add("moe_profile", {"name": "dense-llama-7b-8L-mb1", "error": f"{type(e).__name__}: {e}"[:400]})
 
 
+def run_dispatch(b: Bench, deadline: float):
+    """Per row: the aten ops one forward and one backward dispatch (a TorchDispatchMode counting them; the
+    backward's run on autograd's thread under the same mode), and the host time of each (until the call returns)
+    against its wall time (until the device is done)."""
+    import gpu_moe
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from gpu_model import Decoder
+    from gpu_moe import MoEDecoder
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: dict = {}
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = str(func.overloadpacket.__name__)
+            self.ops[name] = self.ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    moe = gpu_h100.moe_rows(b.args.smoke)
+    rows = [(n, moe[n]) for n in moe if "-mb1-slots-cap" in n or "-mb2-slots-cap" in n]
+    rows.append(("dense-llama-7b-8L-mb1", None))
+    for name, spec in rows:
+        row = {"name": name}
+        if time.time() > deadline:
+            row["error"] = "time budget spent before this row"
+            b.add("dispatch", row)
+            continue
+        model = opt = None
+        try:
+            free(b)
+            if spec is None:
+                a, mb = (_arch(b, 2, 128), 1) if b.args.smoke else (llama(8, 4096, 32, 32, 11008, 4096), 1)
+                model = Decoder(a, b.dev, b.dtype, generator=b.gen)
+            else:
+                a, m, mb, _n = spec
+                b.gen.manual_seed(zlib.crc32(name.rsplit("-", 2)[0].encode()))
+                gpu_moe.CAPACITIES.clear()
+                model = MoEDecoder(a, m, b.dev, b.dtype, generator=b.gen)
+            opt = MasterAdamW(model.parameters())
+            batch = make_batch(a, mb, b.dev, b.gen)
+            timed(b, model, opt, batch, 2, 0)
+            host_f, wall_f, host_b, wall_b = [], [], [], []
+            for _ in range(3):
+                b.sync()
+                t0 = time.perf_counter()
+                loss = model(*batch)
+                t1 = time.perf_counter()
+                b.sync()
+                t2 = time.perf_counter()
+                loss.backward()
+                t3 = time.perf_counter()
+                b.sync()
+                t4 = time.perf_counter()
+                opt.step()
+                host_f.append(t1 - t0), wall_f.append(t2 - t0), host_b.append(t3 - t2), wall_b.append(t4 - t2)
+            row.update(host_fwd_s=statistics.median(host_f), wall_fwd_s=statistics.median(wall_f),
+                       host_bwd_s=statistics.median(host_b), wall_bwd_s=statistics.median(wall_b))
+            with Count() as c:
+                loss = model(*batch)
+            row["fwd_ops"] = dict(sorted(c.ops.items(), key=lambda kv: -kv[1]))
+            with Count() as c:
+                loss.backward()
+            row["bwd_ops"] = dict(sorted(c.ops.items(), key=lambda kv: -kv[1]))
+            row["fwd_ops_total"], row["bwd_ops_total"] = sum(row["fwd_ops"].values()), sum(row["bwd_ops"].values())
+            opt.step()
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        del model, opt
+        b.add("dispatch", row, {"notes": run_dispatch.__doc__})
+        print(f"[dispatch] {name}: " + (row.get("error") or f"fwd host {row['host_fwd_s'] * 1e3:.1f} / wall "
+              f"{row['wall_fwd_s'] * 1e3:.1f} ms, bwd host {row['host_bwd_s'] * 1e3:.1f} / wall "
+              f"{row['wall_bwd_s'] * 1e3:.1f} ms; aten ops fwd {row['fwd_ops_total']} bwd {row['bwd_ops_total']}"),
+              flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -292,6 +371,8 @@ def main(argv=None):
             run_moe(b, end, "moe_concat_steps", "concat", True, False)
         elif t == "dense":
             gpu_h100.run_steps_dense(b, end)
+        elif t == "dispatch":
+            run_dispatch(b, end)
         print(f"[{t}] {time.time() - t0:.1f} s", flush=True)
 
 
