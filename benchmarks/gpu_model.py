@@ -11,10 +11,10 @@ defaults (`model.fuse_* = auto` -> on):
   the layouts nn / nt / tn;
 - q, k, v as ONE matmul with the three weights concatenated at every forward (`fuse_qkv`), likewise gate and up
   (`fuse_ffn`); biases (GPT) concatenated the same way and added after the matmul. `Decoder.fused_weights`
-  "rebuilt" (the default since 2026-12-07) runs it as llmtrain/models/fused_linear.py's ConcatLinear does
+  "rebuilt" (the default since benchmarks/data/h100/twin2) runs it as llmtrain/models/fused_linear.py's ConcatLinear does
   (`ConcatLinear` below: the concatenation a transient of the forward, built again in the backward; x and the
   weights saved); "kept" is autograd over torch.cat, which keeps the concatenated copy [h, 3h] and [h, 2f] per
-  block until its backward (what every row before 2026-12-07 ran: 0.27 GiB per llama-7b block);
+  block until its backward (what every row before benchmarks/data/h100/twin2 ran: 0.26 GiB per llama-7b block);
 - RMSNorm through `F.rms_norm` (Paddle: `fused_rms_norm`), LayerNorm through `F.layer_norm`;
 - RoPE rotate-half, unfused (Paddle fuses q and k in one kernel; PyTorch has no such eager kernel: more kernels);
 - SwiGLU as silu(gate) * up (Paddle: one `swiglu` kernel; here two; `Decoder.swiglu` "unfused", the default) or
@@ -127,7 +127,7 @@ class SwiGLU(torch.autograd.Function):
 
 class Decoder(torch.nn.Module):
     """llmtrain's DecoderLM for one `Arch`, every parameter created in `dtype` on `device`. `fused_weights`:
-    "rebuilt" (llmtrain's ConcatLinear) or "kept" (autograd over torch.cat, the rows before 2026-12-07);
+    "rebuilt" (llmtrain's ConcatLinear) or "kept" (autograd over torch.cat, the rows before benchmarks/data/h100/twin2);
     `swiglu`: "unfused" (silu(g) * u) or "saves_input" (`SwiGLU`, Paddle's saved tensors)."""
 
     def __init__(self, a: Arch, device, dtype=torch.bfloat16, recompute: bool = False, generator=None,

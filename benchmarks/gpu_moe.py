@@ -15,7 +15,7 @@ experts run three ways (`MoE.impl`):
   token of each buffer row, T if empty); buffer = gather(concat(x, zeros([1, h])), source) -> [E, C, h] (its
   backward one index_add of the buffer's gradient into [T + 1, h]); gate and up as two bmm [E, C, h] x [E, h, f]
   on the stacked parameters (llmtrain/models/experts.py step 6, `MoE.gate_up` "two_bmm", the default since
-  2026-12-07; "concat": one bmm with [E, h, 2f] concatenated at every forward and kept for the backward, what
+  benchmarks/data/h100/twin2; "concat": one bmm with [E, h, 2f] concatenated at every forward and kept for the backward, what
   every row before then ran), silu(g) * u, bmm [E, f, h]; combine in token-major order: the rows
   at row = slot (dropped: row 0, weight 0) laid out [T, k], gathered [T, k, h], times the weights [T, k, 1],
   summed over k. Variants for the record (`MoE.dispatch` "index_add": the plan before that change, x[tok]
@@ -129,7 +129,7 @@ def experts_slots(moe: MoE, x, index, weight, counts, w_gate, w_up, w_down):
         source = torch.full((E * C + 1,), T, device=x.device, dtype=torch.int64).scatter_(0, slot, tok)[: E * C]
         padded = torch.cat([x, x.new_zeros(1, h)])  # [T + 1, h]
         xe = padded.index_select(0, source).view(E, C, h)  # [E, C, h] expert-major; backward: index_add into [T+1, h]
-    if moe.gate_up == "concat":  # the rows before 2026-12-07: a [E, h, 2f] copy per forward, kept for the backward
+    if moe.gate_up == "concat":  # the rows before benchmarks/data/h100/twin2: a [E, h, 2f] copy per forward, kept for the backward
         g, u = torch.bmm(xe, torch.cat([w_gate, w_up], dim=-1)).chunk(2, dim=-1)  # [E, C, f] each
     else:  # llmtrain's step 6: two bmm on the stacked parameters themselves
         g, u = torch.bmm(xe, w_gate), torch.bmm(xe, w_up)  # [E, C, f] each

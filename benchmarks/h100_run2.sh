@@ -1,5 +1,5 @@
 #!/bin/bash
-# The second twin call (2026-12-07, benchmarks/data/h100/twin2/README.md): OUT=DIR bash benchmarks/h100_run2.sh
+# The third H100 call (2026-12-06 23:11 UTC, benchmarks/data/h100/twin2/README.md): OUT=DIR bash benchmarks/h100_run2.sh
 # benchmarks/gpu_h100_twin.py's tables, every section a separate process under a hard timeout, its JSON files
 # copied into $OUT as soon as it ends; a tiny-shape smoke run first (same code path on the GPU).
 set -u
