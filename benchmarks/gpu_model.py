@@ -10,10 +10,17 @@ defaults (`model.fuse_* = auto` -> on):
 - weights stored [in, out] as Paddle's `nn.Linear` holds them, so forward / input-grad / weight-grad GEMMs have
   the layouts nn / nt / tn;
 - q, k, v as ONE matmul with the three weights concatenated at every forward (`fuse_qkv`), likewise gate and up
-  (`fuse_ffn`); biases (GPT) concatenated the same way and added after the matmul;
+  (`fuse_ffn`); biases (GPT) concatenated the same way and added after the matmul. `Decoder.fused_weights`
+  "rebuilt" (the default since benchmarks/data/h100/twin2) runs it as llmtrain/models/fused_linear.py's ConcatLinear does
+  (`ConcatLinear` below: the concatenation a transient of the forward, built again in the backward; x and the
+  weights saved); "kept" is autograd over torch.cat, which keeps the concatenated copy [h, 3h] and [h, 2f] per
+  block until its backward (what every row before benchmarks/data/h100/twin2 ran: 0.26 GiB per llama-7b block);
 - RMSNorm through `F.rms_norm` (Paddle: `fused_rms_norm`), LayerNorm through `F.layer_norm`;
 - RoPE rotate-half, unfused (Paddle fuses q and k in one kernel; PyTorch has no such eager kernel: more kernels);
-- SwiGLU as silu(gate) * up (Paddle: one `swiglu` kernel; here two);
+- SwiGLU as silu(gate) * up (Paddle: one `swiglu` kernel; here two; `Decoder.swiglu` "unfused", the default) or
+  "saves_input": `SwiGLU` below, which saves what Paddle's fused kernel saves (swiglu_grad takes the input and
+  out_grad: the [.., 2f] input only, not silu(gate)); its backward is eager PyTorch ops (a memory instrument, not
+  Paddle's kernel time);
 - attention: flash attention through SDPA on [b, heads, s, d] views (GQA through `enable_gqa`, no repeat of k/v);
 - loss: logits cast to fp32, per-token cross entropy, times the loss mask, sum / max(sum(mask), 1);
 - recompute: `torch.utils.checkpoint` per block, non-reentrant, without early stop (the whole block re-runs).
@@ -82,12 +89,54 @@ def gpt(layers, hidden, heads, ffn, seq, vocab=50304) -> Arch:
     return Arch("gpt", layers, hidden, heads, heads, ffn, vocab, seq, "layernorm", "gelu_tanh", "learned", True, True)
 
 
-class Decoder(torch.nn.Module):
-    """llmtrain's DecoderLM for one `Arch`, every parameter created in `dtype` on `device`."""
+class ConcatLinear(torch.autograd.Function):
+    """x [.., in] @ [W_1 .. W_n] ([in, out_i] each) -> [.., sum out_i], as llmtrain/models/fused_linear.py runs it:
+    the concatenated weight is a transient of the forward and is built again in the backward; saved: x and the
+    weights themselves (no copy)."""
 
-    def __init__(self, a: Arch, device, dtype=torch.bfloat16, recompute: bool = False, generator=None):
+    @staticmethod
+    def forward(ctx, x, *weights):
+        ctx.save_for_backward(x, *weights)
+        return x @ torch.cat(weights, dim=1)  # the [in, sum out_i] copy is freed after the GEMM
+
+    @staticmethod
+    def backward(ctx, dy):  # dy [.., sum out_i]
+        x, *weights = ctx.saved_tensors
+        dx = dy @ torch.cat(weights, dim=1).t()  # [.., in]; the concatenation again, transient
+        dw = x.reshape(-1, x.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])  # [in, sum out_i]
+        return (dx, *dw.split([w.shape[1] for w in weights], dim=1))
+
+
+class SwiGLU(torch.autograd.Function):
+    """silu(g) * u of gu = [g | u] [.., 2f] -> [.., f], saving only gu, as Paddle's fused `swiglu` (its backward
+    swiglu_grad takes the input and out_grad; PyTorch's silu(g) * u also keeps silu(g) [.., f])."""
+
+    @staticmethod
+    def forward(ctx, gu):
+        ctx.save_for_backward(gu)
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dout):
+        (gu,) = ctx.saved_tensors
+        g, u = (t.float() for t in gu.chunk(2, dim=-1))
+        sg, d = torch.sigmoid(g), dout.float()
+        return torch.cat([d * u * sg * (1 + g * (1 - sg)), d * g * sg], dim=-1).to(gu.dtype)
+
+
+class Decoder(torch.nn.Module):
+    """llmtrain's DecoderLM for one `Arch`, every parameter created in `dtype` on `device`. `fused_weights`:
+    "rebuilt" (llmtrain's ConcatLinear) or "kept" (autograd over torch.cat, the rows before benchmarks/data/h100/twin2);
+    `swiglu`: "unfused" (silu(g) * u) or "saves_input" (`SwiGLU`, Paddle's saved tensors)."""
+
+    def __init__(self, a: Arch, device, dtype=torch.bfloat16, recompute: bool = False, generator=None,
+                 fused_weights: str = "rebuilt", swiglu: str = "unfused"):
         super().__init__()
+        if fused_weights not in ("rebuilt", "kept") or swiglu not in ("unfused", "saves_input"):
+            raise ValueError(f"fused_weights={fused_weights!r} (rebuilt|kept), swiglu={swiglu!r} (unfused|saves_input)")
         self.a, self.recompute = a, recompute
+        self.fused_weights, self.swiglu = fused_weights, swiglu
         kw = dict(device=device, dtype=dtype)
 
         def mat(i, o, std=0.02):  # [in, out], as Paddle's Linear weight
@@ -136,8 +185,7 @@ class Decoder(torch.nn.Module):
     def attention(self, blk, x):  # x [b, s, h] -> [b, s, h]
         a = self.a
         d = a.head_dim
-        w = torch.cat([blk.wq, blk.wk, blk.wv], dim=1)  # [h, (nh + 2 nkv) d]: fuse_qkv, a copy per forward
-        qkv = x @ w
+        qkv = self.fused(x, [blk.wq, blk.wk, blk.wv])  # [b, s, (nh + 2 nkv) d]: fuse_qkv
         if a.bias:
             qkv = qkv + torch.cat([blk.bq, blk.bk, blk.bv])
         q, k, v = qkv.split([a.heads * d, a.kv_heads * d, a.kv_heads * d], dim=-1)
@@ -155,12 +203,21 @@ class Decoder(torch.nn.Module):
     def mlp(self, blk, x):  # x [b, s, h] -> [b, s, h]
         a = self.a
         if a.activation == "swiglu":
-            gate, up = (x @ torch.cat([blk.wgate, blk.wup], dim=1)).chunk(2, dim=-1)  # fuse_ffn: [b, s, f] each
-            inner = F.silu(gate) * up
+            gu = self.fused(x, [blk.wgate, blk.wup])  # fuse_ffn: [b, s, 2f]
+            if self.swiglu == "saves_input":
+                inner = SwiGLU.apply(gu)  # [b, s, f]
+            else:
+                gate, up = gu.chunk(2, dim=-1)  # [b, s, f] each
+                inner = F.silu(gate) * up
         else:
             inner = F.gelu(x @ blk.wup + blk.bup, approximate="tanh")  # [b, s, f]
         y = inner @ blk.wdown
         return y + blk.bdown if a.bias else y
+
+    def fused(self, x, weights):  # x [b, s, in], weights [in, out_i] -> [b, s, sum out_i]
+        if self.fused_weights == "rebuilt":
+            return ConcatLinear.apply(x, *weights)
+        return x @ torch.cat(weights, dim=1)  # autograd keeps the concatenated copy until the backward
 
     def block(self, blk, x):
         b1, b2 = getattr(blk, "norm1_b", None), getattr(blk, "norm2_b", None)

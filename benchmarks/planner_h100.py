@@ -2,6 +2,7 @@
 
     python benchmarks/planner_h100.py                 # the tables of benchmarks/README.md's "H100" section
     python benchmarks/planner_h100.py --scaled /tmp/h100_scaled.json   # also a scaled profile's error (same rows)
+    python benchmarks/planner_h100.py --twin2         # also the third call's rows (data/h100/twin2) and the MoE split
 
 Rows: dense <= 8k (steps.json), 16k-64k (long_steps.json), MoE capacity 1.25 and dropless (moe_steps.json), all
 with cuDNN attention (the FA3-class kernel the h100 profile prices). The overrides are benchmarks/planner.py's
@@ -22,6 +23,8 @@ from benchmarks.planner import _row, h200_moe_overrides, h200_overrides  # noqa:
 from llmtrain.config import register_configs  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "h100" / "steps"
+TWIN2 = DATA.parent / "twin2"
+"""The third call's rows: the twin as llmtrain runs it (fused weights rebuilt in the backward, experts as two bmm)."""
 HOST_BOUND = 0.85
 """A row whose profiled GPU busy time is below this share of its step is host-bound: its time is the VM host's
 Python (20-39% between processes on the H200's VM), which a ±10% check cannot hold."""
@@ -75,6 +78,31 @@ def moe_rows(data: Path = DATA, device: str = "h100", routing: str = "measured",
     return out
 
 
+def moe_split_rows(data: Path = TWIN2, device: str = "h100") -> list[dict]:
+    """The capacity rows' forward+backward and optimizer step, measured apart (twin2's `fwd_bwd_s`, `opt_s`), against
+    the planner's one micro-batch (`micro_batch_s`) and the rest of its step (gradient adds and AdamW)."""
+    import dataclasses
+
+    from benchmarks.planner import compose_config
+    from llmtrain.config import to_config
+    from llmtrain.parallel.layout import Layout
+    from llmtrain.plan.devices import get_device
+    from llmtrain.plan.estimate import compute_estimate
+    from llmtrain.plan.moe import MoEPlan
+
+    out = []
+    for r in _read("moe_steps.json", data):
+        if r["moe"]["capacity_factor"] == 0 or "fwd_bwd_s" not in r:
+            continue
+        cfg = to_config(compose_config(_device(h200_moe_overrides(r["arch"], r["moe"], r["micro_batch"], 1.0),
+                                               device))).model
+        layout = dataclasses.replace(Layout(), micro_batch=r["micro_batch"], grad_accum=1)
+        c = compute_estimate(cfg, layout, r["arch"]["seq"], "none", get_device(device), True, "bf16", 1, MoEPlan())
+        out.append({"name": r["name"], "fwd_bwd_s": r["fwd_bwd_s"], "opt_s": r["opt_s"],
+                    "micro_s": c["micro_batch_s"], "after_s": c["compute_s"] - c["micro_batch_s"]})
+    return out
+
+
 def _table(title: str, rows: list[dict]) -> None:
     print(f"\n| {title} | measured s | predicted s | error |")
     print("|---|---|---|---|")
@@ -92,6 +120,14 @@ def main(argv: list[str]) -> None:
     _table("H100 long row", long_rows())
     _table("H100 MoE row, dropless at the measured C", moe_rows())
     _table("H100 MoE row, dropless at the expected busiest expert", moe_rows(routing="expected"))
+    if "--twin2" in argv:
+        _table("third call: dense row", dense_rows(TWIN2))
+        _table("third call: MoE row, dropless at the measured C", moe_rows(TWIN2))
+        print("\n| third call: capacity row | fwd+bwd ms measured / planned | optimizer ms measured / planned (after the micro-batch) |")
+        print("|---|---|---|")
+        for r in moe_split_rows():
+            print(f"| {r['name']} | {r['fwd_bwd_s'] * 1e3:.1f} / {r['micro_s'] * 1e3:.1f} | "
+                  f"{r['opt_s'] * 1e3:.1f} / {r['after_s'] * 1e3:.1f} |")
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ GROUPS = [("dense",), ("long",), ("moe",)]
 CAPACITY_MISS = {"qwen-moe-4L-mb1-slots-cap1.25", "deepseek-v2-lite-4L-mb1-slots-cap1.25", "mixtral-2L-mb1-slots-cap1.25"}
 """Capacity rows outside ±10% (-14.0%, -11.5%, -11.1%): with every MoE row class measured on the H100
 (moe_ops.json complete since the second call) the micro-batch-1 capacity rows are priced 11-14% too fast (with
-the H200's curves scaled by the `mul` ratio, only the first missed, at -11.3%); pinned here so that a fix shows."""
+the H200's curves scaled by the `mul` ratio, only the first missed, at -11.3%); pinned here so that a fix shows.
+Where the time goes (benchmarks/data/h100/twin2, benchmarks/README.md): the forward+backward is host-bound at mb1
+(the twin launches about twice the kernels the planner lists) and the optimizer is priced 10-12% fast."""
 
 
 def test_dense_rows_within_ten_percent():

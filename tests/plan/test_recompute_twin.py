@@ -1,52 +1,101 @@
-"""The planner's recompute prices against the H100 twin steps (benchmarks/data/h100/steps/recompute_steps.json).
+"""The planner's recompute prices against the H100 twin steps (benchmarks/data/h100/steps/recompute_steps.json, the
+first call; benchmarks/data/h100/twin2/recompute_steps.json, the second, whose twin keeps what llmtrain keeps).
 
     python -m pytest tests/plan/test_recompute_twin.py -q -s
 
-Rows: a llama-7b-shaped twin (h 4096, 32 heads, f 11008, 4 or 8 blocks, seq 4096, micro-batch 1-2, bf16, flash
-attention) under none / full / full_attn / core_attn / mlp, step time and peak memory measured on one H100. Checked:
-each mode's step time over the same shape's `none` within 10% of the planner's ratio (`time_estimate` on the h100
-profile, `Recompute` of the mode). Not checked, because they miss (benchmarks/README.md gives the figures): the
-absolute step times (the planner is 11-18% slow) and the activation bytes (the twin's peak minus its static bytes
-include what its PyTorch ops keep, not Paddle's; the planner is 12% over to 40% under). Skipped, saying so, where
-the data file is absent.
+Rows: a llama-7b-shaped twin (h 4096, 32 heads, f 11008, 4 or 8 blocks, seq 4096, micro-batch 1-2, bf16, cuDNN
+attention) under none / full / full_attn / core_attn / mlp, step time and memory measured on one H100. The planner
+is asked for the kernels the twin runs (RoPE and SwiGLU unfused, fused RMSNorm and projections: the held-out
+rows' overrides, benchmarks/planner.py `h200_overrides`), on the h100 profile. Checked:
+- each mode's step time over the same shape's `none` within 10% of the planner's ratio, and the absolute step
+  times within 10% (the first call's rows);
+- the activation bytes (second call, fused weights rebuilt in the backward as llmtrain's ConcatLinear does): the
+  planner's activations + logits against the twin's peak minus its static bytes, within 5% for none / core_attn
+  and 15% for full_attn / mlp; `full` is over-priced (the planner adds one block's recompute set to the logits'
+  peak, which the step does not hold at once): pinned as a known miss;
+- the first call's twin kept the concatenated qkv and gate|up weights for the backward: its rows hold exactly
+  those copies more than the second call's (same card, same call).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from pathlib import Path
 
 from llmtest import compose
 from llmtrain.config import to_config
 
-DATA = Path(__file__).resolve().parents[2] / "benchmarks/data/h100/steps/recompute_steps.json"
+DATA = Path(__file__).resolve().parents[2] / "benchmarks/data/h100"
+FIRST, SECOND = DATA / "steps/recompute_steps.json", DATA / "twin2/recompute_steps.json"
 MODES = {"none": ("none", ()), "full": ("full", ()), "full_attn": ("full_attn", ()), "core_attn": ("core_attn", ()),
          "mlp": ("selective", ("mlp",))}
+TWIN_KERNELS = ["model.fuse_rope=false", "model.fuse_rms_norm=true", "model.fuse_qkv=true", "model.fuse_ffn=true",
+                "model.attention=flash"]
+GIB = 2 ** 30
 
 
-def test_recompute_time_overheads_within_10_percent_of_the_twin():
+@functools.lru_cache(maxsize=None)
+def _cfg(layers: int, seq: int):
+    return to_config(compose(["model=llama-7b", f"model.num_layers={layers}", f"data.seq_len={seq}",
+                              "model.fuse_swiglu=false"] + TWIN_KERNELS)).model
+
+
+def _planned(r: dict, what: str) -> float:
+    """Step seconds (`what` "time") or activations + logits bytes ("memory") of one row on the h100 profile with
+    the twin's kernels."""
     from llmtrain.models.recompute import recompute_from
     from llmtrain.parallel.layout import Layout
     from llmtrain.plan.devices import get_device
-    from llmtrain.plan.estimate import time_estimate
+    from llmtrain.plan.estimate import memory_estimate, time_estimate
 
-    dev = get_device("h100")
-    rows = [r for r in json.loads(DATA.read_text())["rows"] if r["model"] == "llama-7b-twin"]
+    cfg = _cfg(r["layers"], r["seq"])
+    layout = dataclasses.replace(Layout(), micro_batch=r["mb"], grad_accum=1)
+    mode, modules = MODES[r["mode"]]
+    rc = recompute_from(mode=mode, modules=modules)
+    if what == "time":
+        return time_estimate(cfg, layout, r["seq"], rc, get_device("h100"), 8, True, "bf16")["step_time_s"]
+    m = memory_estimate(cfg, layout, r["seq"], rc, "bf16", "gpu", 2, True, 0)
+    return m["activations"] + m["other"]
+
+
+def test_recompute_step_times_and_overheads_within_10_percent_of_the_twin():
+    rows = [r for r in json.loads(FIRST.read_text())["rows"] if r["model"] == "llama-7b-twin"]
     assert {r["mode"] for r in rows} == set(MODES)
-    planned, base = {}, {}
+    planned = {id(r): _planned(r, "time") for r in rows}
+    base = {(r["layers"], r["seq"], r["mb"]): r for r in rows if r["mode"] == "none"}
+    worst_ratio = worst_abs = 0.0
     for r in rows:
-        cfg = to_config(compose(["model=llama-7b", f"model.num_layers={r['layers']}", f"data.seq_len={r['seq']}"])).model
-        layout = dataclasses.replace(Layout(), micro_batch=r["mb"], grad_accum=1)
-        mode, modules = MODES[r["mode"]]
-        planned[id(r)] = time_estimate(cfg, layout, r["seq"], recompute_from(mode=mode, modules=modules), dev, 8, True,
-                                       "bf16")["step_time_s"]
-        if r["mode"] == "none":
-            base[(r["layers"], r["seq"], r["mb"])] = r, planned[id(r)]
-    worst = 0.0
-    for r in rows:
-        ref, ref_plan = base[(r["layers"], r["seq"], r["mb"])]
-        measured, plan = r["step_ms"] / ref["step_ms"], planned[id(r)] / ref_plan
-        worst = max(worst, abs(plan / measured - 1))
-        print(f"L{r['layers']} mb{r['mb']} {r['mode']}: step / none measured {measured:.3f}, planned {plan:.3f}")
+        ref = base[(r["layers"], r["seq"], r["mb"])]
+        measured, plan = r["step_ms"] / ref["step_ms"], planned[id(r)] / planned[id(ref)]
+        absolute = planned[id(r)] * 1e3 / r["step_ms"] - 1
+        worst_ratio, worst_abs = max(worst_ratio, abs(plan / measured - 1)), max(worst_abs, abs(absolute))
+        print(f"L{r['layers']} mb{r['mb']} {r['mode']}: step / none measured {measured:.3f}, planned {plan:.3f}; "
+              f"step {r['step_ms']:.1f} ms, planned {planned[id(r)] * 1e3:.1f} ({absolute:+.1%})")
         assert abs(plan / measured - 1) <= 0.10, (r["layers"], r["mb"], r["mode"], measured, plan)
-    print(f"largest difference {worst:.1%}")
+        assert abs(absolute) <= 0.10, (r["layers"], r["mb"], r["mode"], r["step_ms"], planned[id(r)])
+    print(f"largest difference: overhead {worst_ratio:.1%}, absolute step {worst_abs:.1%}")
+
+
+BOUND = {"none": 0.05, "core_attn": 0.05, "full_attn": 0.15, "mlp": 0.15}
+
+
+def test_activation_bytes_against_the_twin_that_keeps_what_llmtrain_keeps():
+    rows = [r for r in json.loads(SECOND.read_text())["rows"] if r.get("act_gib")]
+    main = [r for r in rows if (r["fused_weights"], r["swiglu"]) == ("rebuilt", "unfused")]
+    assert len(main) == 15
+    for r in main:
+        err = _planned(r, "memory") / GIB / r["act_gib"] - 1
+        print(f"L{r['layers']} mb{r['mb']} {r['mode']}: peak - static {r['act_gib']:.2f} GiB, planned {err:+.1%}")
+        if r["mode"] == "full":  # known miss: the recompute transient and the logits' peak counted at once
+            assert 0.15 < err < 0.35, (r["layers"], r["mb"], err)
+        else:
+            assert abs(err) <= BOUND[r["mode"]], (r["layers"], r["mb"], r["mode"], err)
+    # the first call's twin (autograd over torch.cat) kept [h, 3h] and [h, 2f] per block until its backward
+    kept = {r["mode"]: r for r in rows if r["fused_weights"] == "kept"}
+    new = {r["mode"]: r for r in main if (r["layers"], r["mb"]) == (4, 1)}
+    h, f, layers = 4096, 11008, 4
+    copies = layers * h * (3 * h + 2 * f) * 2 / GIB
+    for mode in ("none", "core_attn"):
+        assert abs((kept[mode]["held_gib"] - new[mode]["held_gib"]) / copies - 1) < 0.02, mode
+    assert kept["full"]["held_gib"] == new["full"]["held_gib"]  # full recompute keeps no copy past its block
