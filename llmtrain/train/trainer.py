@@ -117,7 +117,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     local = build_local_model(cfg.model, layout, topo, recompute, lora=lora,
                               positions=any(getattr(cfg.data, k, False) for k in ("document_mask", "reset_position_ids")))
     core = local.core
-    fp8 = apply_fp8(core, cfg.train.fp8)  # FP8Health or None; the transformer's GEMMs in FP8 (llmtrain/fp8)
+    fp8 = apply_fp8(core, cfg.train.fp8, cfg.train.fp8_emulate)  # FP8Health or None; the transformer's GEMMs in FP8 (llmtrain/fp8)
     if fp8 is not None:
         local.hooks.append(fp8)
         log0(f"train.fp8={cfg.train.fp8}: {fp8_layer_count(core)} layers compute their GEMMs in FP8 "
