@@ -15,6 +15,11 @@ SAMPLE_SEED = "LLMTRAIN_SAMPLE_SEED"
 draw, `all` runs every composition."""
 
 
+FP8_RECIPES_DRAWN = [("blockwise",), ("tensorwise",)]
+"""The FP8 recipe the tp2 + sp and cp2 FP8 parity runs use in a suite run (`draw`): one of them, the same in
+tests/parallel/test_parity.py and tests/parallel/test_context_parity.py."""
+
+
 def draw(groups: list[tuple], k: int = 1):
     """(seed, the members of the `k` groups drawn): the seed is $LLMTRAIN_SAMPLE_SEED, else today's date as YYYYMMDD
     (UTC; the same on every xdist worker of a run, another draw tomorrow); `all` (seed None) chooses every group."""

@@ -44,7 +44,8 @@ group-sharded wrappers), each checked per rank by `check_expert_memory`. Qwen3's
 YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
 measured, grad_norm 1.4e-5 off at step 4).
 FP8 (`FP8`, emulated blockwise): the Llama and the MoE model with ep2 under dp2, and the Llama under one drawn
-layout of pp2, sharding2 and zero3, each against its FP8-emulated one-process run.
+layout of pp2, sharding2 and zero3, each against its FP8-emulated one-process run; under tp2 + sp (`FP8_TP`, the
+recipe drawn) against one process quantising as the tp ranks do (`train.fp8_emulate`).
 The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the pp2 launch also
 run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes (rewound over), faults
 installed from tests/train/faults.py by `call` entries in the same processes (the guard's logic is tested in one
@@ -59,7 +60,7 @@ import os
 
 import pytest
 
-from llmtest import draw, drawn_or_skip, tiny_overrides
+from llmtest import FP8_RECIPES_DRAWN, draw, drawn_or_skip, tiny_overrides
 from launch import metrics, run_many
 from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
@@ -164,9 +165,27 @@ the launch (pp 1) the bytes held for the backward drop by what the planner predi
 FP8 = {"llama_fp8": ("llama", ["train.fp8=blockwise"]), "moe_fp8": ("moe", ["train.fp8=blockwise"])}
 """FP8-emulated runs (run: (the run without FP8, overrides)), each compared with its own FP8-emulated one-process run
 to TOL: the blockwise recipe quantises activations in 1x128 tiles along each token's row and weights in 128x128
-blocks, so splitting tokens (dp, ep, cp), stages (pp) or optimizer state (ZeRO) moves no tile or block boundary and
-the quantised values are those of one process. Under tp a rank's weight slice is its own block set (the GPU run's
-scales), so one process is not the reference there: not checked here."""
+blocks, so splitting the micro-batches (dp, ep), stages (pp) or optimizer state (ZeRO) moves no tile or block
+boundary and the quantised values are those of one process. Under tp a rank's slices are their own tiles (the GPU
+run's scales): `FP8_TP`; under cp a rank's tokens are (tests/parallel/test_context_parity.py)."""
+FP8_AS_TP2SP = ["train.fp8_emulate.tp=2", "train.fp8_emulate.sequence_parallel=true"]
+FP8_EMULATED = {"llama_fp8_tp2sp": ("llama", ["train.fp8=blockwise", *FP8_AS_TP2SP]),
+                "llama_fp8tw": ("llama", ["train.fp8=tensorwise"]),
+                "llama_fp8tw_tp2sp": ("llama", ["train.fp8=tensorwise", *FP8_AS_TP2SP])}
+"""One-process FP8 references of the tp2 + sp runs (`FP8_TP`): quantised as the two tp ranks hold the operands (a
+column linear's W and dY cut along the outputs, a row linear's W and x along the inputs, tokens in sequence
+parallelism's [s, b] order: llmtrain/fp8/emulate.py), and the plain tensorwise run."""
+FP8_TP = {"llama_fp8_sp": ("llama", ["train.fp8=blockwise", *SP], "llama_fp8_tp2sp", "llama_fp8"),
+          "llama_fp8tw_sp": ("llama", ["train.fp8=tensorwise", *SP], "llama_fp8tw_tp2sp", "llama_fp8tw")}
+"""FP8 under tp2 + sp (run: (model, overrides, its emulated reference, the plain one-process run)), the recipe drawn
+(`llmtest.FP8_RECIPES_DRAWN`), unfused (the fused projections are not emulated). Each rank quantises its own
+slices, so the run equals its emulated reference to TOL. The plain one process differs where tile boundaries
+moved: blockwise's power-of-two scales leave every value that is normal on the e4m3 grid under both scales
+unchanged and move the others by at most one subnormal step 2^-9 of the larger decode scale (<= 8.7e-6 of a tile's
+amax; tests/fp8/test_emulate.py), so the plain run must stay within TOL of the emulated one (measured: equal);
+tensorwise's per-rank amax requantises every value on another grid (up to 2^-3 |x|), and the plain run must
+differ by more than TOL (measured: 1.3e-4 in loss, 9.7e-4 in grad_norm): one process is not its reference."""
+SAME_AS.update({run: ref for run, (_, _, ref, _) in FP8_TP.items()})
 FP8_DRAWN = [("pp2",), ("sharding2",), ("zero3",)]
 """Where `llama_fp8` also runs, one of them per suite run (`llmtest.draw`); dp2 runs `llama_fp8` and `moe_fp8_ep2`
 every time."""
@@ -213,8 +232,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         rc = extra[name][1] if name in extra else ["train.recompute=true"] if name == "moe_rc" else []
         base = extra[name][0] if name in extra else reference_name(run)
         return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[base] + ep + rc
-    if run in RECOMPUTE or run in FP8:
-        base, extra = (RECOMPUTE if run in RECOMPUTE else FP8)[run]
+    if run in RECOMPUTE or run in FP8 or run in FP8_EMULATED or run in FP8_TP:
+        base, extra = {**RECOMPUTE, **FP8, **FP8_EMULATED, **{r: v[:2] for r, v in FP8_TP.items()}}[run]
         return tiny_overrides(corpus, str(out / run), base, steps=STEPS) + LAYERS + extra
     if run.startswith("qwen3"):
         extra = FUSED + SP if run == "qwen3_sp" else []
@@ -237,7 +256,8 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8]
+    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8,
+             *(n for run in fp8_tp_runs() for n in FP8_TP[run][2:] if n not in FP8)]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
     runs += guard_runs(tiny_corpus, out)  # divergence guard: faults injected from tests/train/faults.py
@@ -295,10 +315,18 @@ llmtrain's own wrapper, after pp2's 1F1B runs): their runs go through one launch
 whichever of them runs first; each is still checked by its own test."""
 
 
+def fp8_tp_runs() -> tuple:
+    """This suite run's FP8 run under tp2 + sp (`FP8_TP`, the recipe drawn from `FP8_RECIPES_DRAWN`)."""
+    recipe = draw(FP8_RECIPES_DRAWN)[1]
+    return tuple(run for run, (_, extra, _, _) in FP8_TP.items() if extra[0].split("=")[1] in recipe)
+
+
 def fp8_runs(layout: str) -> tuple:
-    """The FP8-emulated runs of a layout's launch (`FP8`, `FP8_DRAWN`)."""
+    """The FP8-emulated runs of a layout's launch (`FP8`, `FP8_DRAWN`, `FP8_TP`)."""
     if layout == "dp2":
         return ("llama_fp8", "moe_fp8_ep2")
+    if layout == "tp2":
+        return fp8_tp_runs()
     return ("llama_fp8",) if layout in draw(FP8_DRAWN)[1] else ()
 
 
@@ -399,6 +427,16 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
 
         check_collectives = runpy.run_path(os.path.join(os.path.dirname(__file__), "..", "plan", "collectives_check.py"))["check"]
         print(f"dp2 gloo collectives (alpha s, bus bytes/s): {check_collectives(runs_dir / 'collectives')}")
+    for n in (n for n in names if n in FP8_TP):  # the emulated reference against the plain one process
+        _, extra, emulated, plain = FP8_TP[n]
+        ref, emu = reference[plain]["metrics"], reference[emulated]["metrics"]
+        gap = max(abs(r[k] - e[k]) for r, e in zip(ref, emu) for k in ("loss", "grad_norm"))
+        print(f"tp2 {n} (recipe drawn, seed {draw(FP8_RECIPES_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs both): "
+              f"max |loss or grad_norm| of its emulated reference - the plain one process = {gap:.2e}")
+        if extra[0] == "train.fp8=blockwise":
+            assert gap <= TOL, (n, gap)  # only subnormal values moved (FP8_TP)
+        else:
+            assert gap > TOL, (n, gap)  # a per-rank amax: the plain one process is not the reference
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(runs_dir / n)
         check_groups(_memory(runs_dir / n), DEGREES[layout].sharding, 2 if n.endswith("_ep2") else 1)
