@@ -34,10 +34,11 @@ class _EmulatedGemm(PyLayer):
     (x, W, dY) slices a tp rank would hold, each quantised on its own (`llmtrain.fp8.emulate.tp_slices`)."""
 
     @staticmethod
-    def forward(ctx, x, w, recipe: Recipe, health: FP8Health, name: str, splits=(None, None, None)):
+    def forward(ctx, x, w, recipe: Recipe, health: FP8Health, name: str, splits=(None, None, None), cache=None):
         fwd, pow2 = recipe.forward_format, recipe.pow2
         qx = quantize(x, recipe.activation, fwd, pow2, splits[0])  # [.., M, K]
-        qw = quantize(w, recipe.weight, fwd, pow2, splits[1])  # [.., K, N]
+        make_w = lambda: quantize(w, recipe.weight, fwd, pow2, splits[1])  # noqa: E731  [.., K, N]
+        qw = make_w() if cache is None else cache.get(name, w, "W", make_w)  # once a step (cache)
         qxt = qx if recipe.wgrad == recipe.activation else quantize(x, recipe.wgrad, fwd, pow2, splits[0])
         if health is not None:
             health.record(qx.amax, f"{name}:x")
@@ -76,12 +77,13 @@ class _EmulatedGemm(PyLayer):
 class FP8Gemm:
     """The FP8 GEMMs of one layer (a linear's `linear(x, weight, bias)` or the experts' `bmm(x, w)`).
 
+    `cache` (`llmtrain.fp8.cache.WeightCache`): the weight quantised once per optimizer step, not per micro-batch.
     `splits` and `tokens` make one process quantise as the ranks of a tp / sp / cp run (`llmtrain.fp8.emulate`,
     CPU emulation only): the (x, W, dY) slices of a tp rank, and the order and grouping of the tokens."""
 
     def __init__(self, recipe: Recipe, health: FP8Health | None, name: str, *, splits=(None, None, None),
-                 tokens=None, weight_shape=None):
-        self.recipe, self.health, self.name = recipe, health, name
+                 tokens=None, weight_shape=None, cache=None):
+        self.recipe, self.health, self.name, self.cache = recipe, health, name, cache
         self.splits, self.tokens = tuple(splits), tokens
         self.weight_shape = weight_shape  # [K, N] the splits were planned for (a fused weight must not be cut)
 
@@ -94,8 +96,8 @@ class FP8Gemm:
                                    "quantises its own slice and tokens)")
             from llmtrain.paddle_compat import fp8_kernels
 
-            return fp8_kernels.blockwise_gemm(x, w, self.health, self.name)
-        return _EmulatedGemm.apply(x, w, self.recipe, self.health, self.name, self.splits)
+            return fp8_kernels.blockwise_gemm(x, w, self.health, self.name, self.cache)
+        return _EmulatedGemm.apply(x, w, self.recipe, self.health, self.name, self.splits, self.cache)
 
     def __call__(self, x, weight, bias=None, name=None):
         """x [.., K] @ weight [K, N] (+ bias [N]) -> [.., N] in x's dtype (the signature of `F.linear`)."""

@@ -59,7 +59,8 @@ drawn (`llmtest.FP8_RECIPES_DRAWN`). What cp moves: the forward's 1x128 tiles ru
 weight's blocks are whole, but the weight gradient's operands x and dY are tiled 128 tokens at a time (blockwise's
 128x1 tiles; tensorwise: the whole tensor) and a cp rank tiles only its own tokens (chunks r and 2cp-1-r), so one
 process is not the reference: `train.fp8_emulate.cp=2` quantises each cp rank's tokens on their own
-(llmtrain/fp8/emulate.py) and the cp2 run must equal it to TOL. Against the plain one process: blockwise's
+(llmtrain/fp8/emulate.py) and the cp2 run must equal it to TOL (tensorwise: step 1 to TOL, later steps to
+`FP8_TENSORWISE_LATER`, whose reason tests/parallel/test_parity.py gives). Against the plain one process: blockwise's
 power-of-two scales move only values subnormal under one of the two scales, by at most one subnormal step of the
 larger decode scale (tests/fp8/test_emulate.py), so the plain run must stay within TOL of the emulated one;
 tensorwise's per-rank amax requantises every weight-gradient operand, and the plain run must differ by more than
@@ -71,6 +72,11 @@ LAUNCHES = {  # layout: (processes, runs)
     "pp2cp2": (4, ["llama_allgather", "gpt_allgather"]),
     "sharding2cp2": (4, ["llama", "llama_zero2", "llama_zero3"]),
 }
+
+
+FP8_TENSORWISE_LATER = 1e-3
+"""The bound after step 1 for a tensorwise run (tests/parallel/test_parity.py `FP8_TENSORWISE_LATER`: fp32 sum-order
+differences flip FP8 roundings once an amax moves; measured under cp2: 2.9e-4 in grad_norm after 3 updates)."""
 
 
 def fp8_runs() -> list[str]:
@@ -145,15 +151,17 @@ def _run_seconds(root, names, start) -> str:
     return ", ".join(out)
 
 
-def check_steps(name, ref, got, steps) -> float:
+def check_steps(name, ref, got, steps, later_tol=None) -> float:
+    """Per-step loss and grad_norm within TOL of one process (after step 1 `later_tol` when given); tokens equal."""
     ref, got = ([r for r in recs if "loss" in r] for recs in (ref, got))  # training records (not evaluations)
     assert [r["step"] for r in got] == steps, (name, [r["step"] for r in got])
     worst = 0.0
     for g in got:
         r = ref[g["step"] - 1]
+        tol = TOL if later_tol is None or g["step"] == 1 else later_tol
         for key in ("loss", "grad_norm"):
             worst = max(worst, abs(g[key] - r[key]))
-            assert abs(g[key] - r[key]) <= TOL, (name, g["step"], key, g[key], r[key])
+            assert abs(g[key] - r[key]) <= tol, (name, g["step"], key, g[key], r[key], tol)
         for key in ("tokens", "tokens_total", "consumed_samples"):
             assert g[key] == r[key], (name, g["step"], key, g[key], r[key])  # never x cp
     return worst
@@ -168,7 +176,8 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
     for name in LAUNCHES[layout][1] + (fp8_runs() if layout == "cp2" else []):
         model, extra, ref_name = RUNS[name]
         ref, ref_memory = reference[ref_name]
-        worst = check_steps(f"{layout} {name}", ref, metrics(root / name), list(range(1, STEPS + 1)))
+        later = FP8_TENSORWISE_LATER if "train.fp8=tensorwise" in extra else None
+        worst = check_steps(f"{layout} {name}", ref, metrics(root / name), list(range(1, STEPS + 1)), later)
         memory = json.loads((root / name / "memory.json").read_text())
         stage = next((o.split("=")[1] for o in extra if o.startswith("parallel.sharding_stage=")), None)
         held_layout = f"zero{stage}cp2" if stage else layout
@@ -188,10 +197,11 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
     for name in fp8_runs() if layout == "cp2" else []:  # the emulated reference against the plain one process
         emulated, extra, plain = FP8_REFERENCES[name]
         ref, emu = ([r for r in reference[n][0] if "loss" in r] for n in (plain, emulated))
-        gap = max(abs(r[k] - e[k]) for r, e in zip(ref, emu) for k in ("loss", "grad_norm"))
+        gaps = [max(abs(r[k] - e[k]) for k in ("loss", "grad_norm")) for r, e in zip(ref, emu)]  # per step
         print(f"cp2 {name} (recipe drawn, seed {draw(FP8_RECIPES_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs both): "
-              f"max |loss or grad_norm| of its emulated reference - the plain one process = {gap:.2e}")
-        assert gap <= TOL if extra[0] == "train.fp8=blockwise" else gap > TOL, (name, gap)  # FP8_REFERENCES
+              f"|loss or grad_norm| of its emulated reference - the plain one process, per step: {gaps}")
+        # FP8_REFERENCES: blockwise within TOL; tensorwise off by more than TOL at step 1 (before any update)
+        assert max(gaps) <= TOL if extra[0] == "train.fp8=blockwise" else gaps[0] > TOL, (name, gaps)
     if layout == "cp2":  # held-out evaluation: the same token-weighted loss and token count as one process
         ref_eval, got_eval = ([r for r in recs if "eval_loss" in r] for recs in
                               (reference["llama"][0], metrics(root / "llama")))

@@ -179,12 +179,20 @@ FP8_TP = {"llama_fp8_sp": ("llama", ["train.fp8=blockwise", *SP], "llama_fp8_tp2
           "llama_fp8tw_sp": ("llama", ["train.fp8=tensorwise", *SP], "llama_fp8tw_tp2sp", "llama_fp8tw")}
 """FP8 under tp2 + sp (run: (model, overrides, its emulated reference, the plain one-process run)), the recipe drawn
 (`llmtest.FP8_RECIPES_DRAWN`), unfused (the fused projections are not emulated). Each rank quantises its own
-slices, so the run equals its emulated reference to TOL. The plain one process differs where tile boundaries
+slices, so the run equals its emulated reference to TOL (tensorwise: step 1 to TOL, later steps to
+`FP8_TENSORWISE_LATER`). The plain one process differs where tile boundaries
 moved: blockwise's power-of-two scales leave every value that is normal on the e4m3 grid under both scales
 unchanged and move the others by at most one subnormal step 2^-9 of the larger decode scale (<= 8.7e-6 of a tile's
 amax; tests/fp8/test_emulate.py), so the plain run must stay within TOL of the emulated one (measured: equal);
 tensorwise's per-rank amax requantises every value on another grid (up to 2^-3 |x|), and the plain run must
 differ by more than TOL (measured: 1.3e-4 in loss, 9.7e-4 in grad_norm): one process is not its reference."""
+FP8_TENSORWISE_LATER = 1e-3
+"""Bound after step 1 for a tensorwise run against its emulated reference (step 1, one forward and backward before
+any update, is held to TOL). Tensorwise's scale fmax / amax moves with every fp32 ulp of an amax and rescales the
+whole tensor (blockwise's power of two does not move), so the fp32 sum-order differences every layout has (~1e-7)
+flip the rounding of a few elements by a whole FP8 step (25% for an e5m2 gradient), and the updates carry the
+flips on: measured after 3 updates, 3.4e-4 in grad_norm under tp2 + sp and 2.9e-4 under cp2 (step 2: 2.6e-6 and
+6e-8); 1e-3 is 3x the measured. The plain one process is already 1.8e-4 off at step 1 (cp2; tp2 + sp: 6.5e-5)."""
 SAME_AS.update({run: ref for run, (_, _, ref, _) in FP8_TP.items()})
 FP8_DRAWN = [("pp2",), ("sharding2",), ("zero3",)]
 """Where `llama_fp8` also runs, one of them per suite run (`llmtest.draw`); dp2 runs `llama_fp8` and `moe_fp8_ep2`
@@ -268,15 +276,17 @@ def reference(tiny_corpus, tmp_path_factory):
     return ref | {"init_from": init_from}
 
 
-def check_parity(name, layout, ref, got, steps) -> float:
-    """Per-step equality with one process; returns the largest loss/grad-norm difference seen."""
+def check_parity(name, layout, ref, got, steps, later_tol=None) -> float:
+    """Per-step equality with one process (TOL; after step 1 `later_tol` when given); returns the largest
+    loss/grad-norm difference seen."""
     assert [r["step"] for r in got] == [r["step"] for r in ref] == list(range(1, steps + 1)), (name, layout)
     worst = 0.0
     for r, g in zip(ref, got):
+        tol = TOL if later_tol is None or r["step"] == 1 else later_tol
         for key in ("loss", "grad_norm"):
             diff = abs(g[key] - r[key])
             worst = max(worst, diff)
-            assert diff <= TOL, (name, layout, r["step"], key, g[key], r[key])
+            assert diff <= tol, (name, layout, r["step"], key, g[key], r[key], tol)
         assert g["tokens"] == r["tokens"]  # never x tp or x pp
         assert g["tokens_total"] == r["tokens_total"] and g["consumed_samples"] == r["consumed_samples"]
     return worst
@@ -430,13 +440,13 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
     for n in (n for n in names if n in FP8_TP):  # the emulated reference against the plain one process
         _, extra, emulated, plain = FP8_TP[n]
         ref, emu = reference[plain]["metrics"], reference[emulated]["metrics"]
-        gap = max(abs(r[k] - e[k]) for r, e in zip(ref, emu) for k in ("loss", "grad_norm"))
+        gaps = [max(abs(r[k] - e[k]) for k in ("loss", "grad_norm")) for r, e in zip(ref, emu)]  # per step
         print(f"tp2 {n} (recipe drawn, seed {draw(FP8_RECIPES_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs both): "
-              f"max |loss or grad_norm| of its emulated reference - the plain one process = {gap:.2e}")
+              f"|loss or grad_norm| of its emulated reference - the plain one process, per step: {gaps}")
         if extra[0] == "train.fp8=blockwise":
-            assert gap <= TOL, (n, gap)  # only subnormal values moved (FP8_TP)
+            assert max(gaps) <= TOL, (n, gaps)  # only subnormal values moved (FP8_TP)
         else:
-            assert gap > TOL, (n, gap)  # a per-rank amax: the plain one process is not the reference
+            assert gaps[0] > TOL, (n, gaps)  # a per-rank amax: the plain one process is not the reference
     for n in names:
         ref, got = reference[reference_name(n)]["metrics"], metrics(runs_dir / n)
         check_groups(_memory(runs_dir / n), DEGREES[layout].sharding, 2 if n.endswith("_ep2") else 1)
@@ -447,7 +457,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
             for r, g in zip(ref_eval, got_eval):
                 assert abs(r["eval_loss"] - g["eval_loss"]) <= TOL and r["eval_tokens"] == g["eval_tokens"], (r, g)
             ref, got = ([r for r in recs if "loss" in r] for recs in (ref, got))
-        worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS)
+        later = FP8_TENSORWISE_LATER if n in FP8_TP and "train.fp8=tensorwise" in FP8_TP[n][1] else None
+        worst = check_parity(n, layout, ref, got, INIT_STEPS if n == "llama_init" else STEPS, later)
         print(f"{layout} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
         base = reference_name(n)
         if base == "llama_off":
