@@ -25,6 +25,11 @@ import paddle
 from llmtrain.contracts.steps import StepHook
 
 
+def identity(weight) -> tuple:
+    """(id, is a parameter) of `weight`: what `WeightCache.get` keys a copy on."""
+    return id(weight), bool(getattr(weight, "persistable", False))
+
+
 class WeightCache(StepHook):
     """{(layer name, what): quantised weight} for the current step (module docstring)."""
 
@@ -33,13 +38,15 @@ class WeightCache(StepHook):
         self.made = 0
         """Quantisations made since construction (a test reads it: once per layer and step)."""
 
-    def get(self, name: str, weight, what: str, make: Callable[[], Any]) -> Any:
+    def get(self, name: str, weight, what: str, make: Callable[[], Any], ident=None) -> Any:
         """The copy `what` of `weight` (a parameter) of layer `name`, or `make()` (under no_grad) kept until the step
         ends. A weight that is no parameter (a fused projection's concatenation, made anew at every call) is not
-        cached: `make()` each time."""
-        if not getattr(weight, "persistable", False):
+        cached: `make()` each time. `ident`: `identity(parameter)` when `weight` is a slice of that parameter (one
+        expert of the stacked experts)."""
+        held_id, persistable = ident if ident is not None else identity(weight)
+        if not persistable:
             return make()
-        key = (name, id(weight), what)  # the experts' gate and up share a layer name: the parameter tells them apart
+        key = (name, held_id, what)  # the experts' gate and up share a layer name: the parameter tells them apart
         hit = self._held.get(key)
         if hit is None:
             with paddle.no_grad():

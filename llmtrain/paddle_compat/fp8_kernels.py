@@ -91,15 +91,15 @@ class _BlockwiseGemm(PyLayer):
     """x [M, K], w [K, N] -> [M, N] in x's dtype through the FP8 kernels (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, w, health, name: str, cache=None):
+    def forward(ctx, x, w, health, name: str, cache=None, ident=None):
         xq, xs = _quant(x, "1x128", transpose=False)  # [M, K], [K/128, M]
-        wq, ws = _weight(w, cache, name, transpose=True)  # Wᵀ [N, K], [N/128, K/128]
+        wq, ws = _weight(w, cache, name, True, ident)  # Wᵀ [N, K], [N/128, K/128]
         xtq, xts = _quant(_pad_rows(x), "1x128", transpose=True)  # xᵀ [K, M'], its scales
         if health is not None:
             health.record(xs, f"{name}:x")
             health.record(ws, f"{name}:W")
         ctx.save_for_backward(xtq, xts, w)
-        ctx.health, ctx.name, ctx.x_dtype, ctx.cache = health, name, x.dtype, cache
+        ctx.health, ctx.name, ctx.x_dtype, ctx.cache, ctx.ident = health, name, x.dtype, cache, ident
         ctx.needs = (not x.stop_gradient, not w.stop_gradient)
         return _gemm(xq, xs, wq, ws, x.dtype, b_blocks=True)  # [M, N]
 
@@ -109,7 +109,7 @@ class _BlockwiseGemm(PyLayer):
         dx = dw = None
         if ctx.needs[0]:
             dyq, dys = _quant(dy, "1x128", transpose=False)  # [M, N]
-            wq, ws = _weight(w, ctx.cache, ctx.name, transpose=False)  # W [K, N]
+            wq, ws = _weight(w, ctx.cache, ctx.name, False, ctx.ident)  # W [K, N]
             if ctx.health is not None:
                 ctx.health.record(dys, f"{ctx.name}:dY")
             dx = _gemm(dyq, dys, wq, ws, ctx.x_dtype, b_blocks=True)  # [M, K]
@@ -119,12 +119,13 @@ class _BlockwiseGemm(PyLayer):
         return dx, dw
 
 
-def _weight(w, cache, name: str, transpose: bool):
+def _weight(w, cache, name: str, transpose: bool, ident=None):
     """Q128x128(Wᵀ) [N, K] (`transpose`) or Q128x128(W) [K, N] with their scales: from `cache`
-    (`llmtrain.fp8.cache.WeightCache`, once per optimizer step) when given, else quantised now."""
+    (`llmtrain.fp8.cache.WeightCache`, once per optimizer step) when given, else quantised now; `ident`: the
+    parameter `w` is an expert's slice of."""
     if cache is None:
         return _quant(w, "128x128", transpose=transpose)
-    return cache.get(name, w, "Wt" if transpose else "W", lambda: _quant(w, "128x128", transpose=transpose))
+    return cache.get(name, w, "Wt" if transpose else "W", lambda: _quant(w, "128x128", transpose=transpose), ident)
 
 
 def blockwise_gemm(x, w, health, name: str, cache=None):
@@ -132,5 +133,7 @@ def blockwise_gemm(x, w, health, name: str, cache=None):
     `cache`: the weight's two FP8 copies made once per optimizer step."""
     if w.ndim == 2:
         return _BlockwiseGemm.apply(x, w, health, name, cache)
-    return paddle.stack([_BlockwiseGemm.apply(x[e], w[e], health, f"{name}[{e}]", cache)
+    ident = (id(w), bool(getattr(w, "persistable", False)))  # (`WeightCache` identity): each expert's slice w[e]
+    # is cached as a part of the stacked parameter
+    return paddle.stack([_BlockwiseGemm.apply(x[e], w[e], health, f"{name}[{e}]", cache, ident)
                          for e in range(int(w.shape[0]))])
