@@ -15,9 +15,10 @@ SAMPLE_SEED = "LLMTRAIN_SAMPLE_SEED"
 draw, `all` runs every composition."""
 
 
-FP8_RECIPES_DRAWN = [("blockwise",), ("tensorwise",)]
-"""The FP8 recipe the tp2 + sp and cp2 FP8 parity runs use in a suite run (`draw`): one of them, the same in
-tests/parallel/test_parity.py and tests/parallel/test_context_parity.py."""
+FP8_LAYOUTS_DRAWN = [("tp2sp-blockwise",), ("tp2sp-tensorwise",), ("cp2-blockwise",), ("cp2-tensorwise",)]
+"""The FP8 parity runs against an emulated one-process reference (`train.fp8_emulate`), one per suite run (`draw`):
+tp2 + sp in tests/parallel/test_parity.py, cp2 in tests/parallel/test_context_parity.py, each recipe (a run and
+its references cost 30-60 s on 2 cores)."""
 
 
 def draw(groups: list[tuple], k: int = 1):

@@ -26,7 +26,7 @@ import pytest
 
 from context_checks import check_context
 from launch import metrics, run_many
-from llmtest import FP8_RECIPES_DRAWN, draw, tiny_overrides
+from llmtest import FP8_LAYOUTS_DRAWN, draw, tiny_overrides
 from memory_checks import check_groups, check_memory, check_predicted
 
 STEPS, TOL, SEQ, HEADS, MICRO = 4, 1e-5, 32, 4, 2
@@ -54,8 +54,8 @@ RUNS = {  # name: (model, extra overrides, one-process reference run)
 FP8_REFERENCES = {"llama_fp8": ("llama_fp8_cp2", ["train.fp8=blockwise", "train.fp8_emulate.cp=2"], "llama_fp8_plain"),
                   "llama_fp8tw": ("llama_fp8tw_cp2", ["train.fp8=tensorwise", "train.fp8_emulate.cp=2"],
                                   "llama_fp8tw_plain")}
-"""FP8 under cp2 (run: (its emulated reference, that reference's overrides, the plain one-process run)), the recipe
-drawn (`llmtest.FP8_RECIPES_DRAWN`). What cp moves: the forward's 1x128 tiles run along each token's row and the
+"""FP8 under cp2 (run: (its emulated reference, that reference's overrides, the plain one-process run)), drawn
+(`llmtest.FP8_LAYOUTS_DRAWN`: one of these and the tp2 + sp runs per suite run). What cp moves: the forward's 1x128 tiles run along each token's row and the
 weight's blocks are whole, but the weight gradient's operands x and dY are tiled 128 tokens at a time (blockwise's
 128x1 tiles; tensorwise: the whole tensor) and a cp rank tiles only its own tokens (chunks r and 2cp-1-r), so one
 process is not the reference: `train.fp8_emulate.cp=2` quantises each cp rank's tokens on their own
@@ -80,9 +80,9 @@ differences flip FP8 roundings once an amax moves; measured under cp2: 2.9e-4 in
 
 
 def fp8_runs() -> list[str]:
-    """This suite run's FP8 run under cp2 (`FP8_REFERENCES`, the recipe drawn)."""
-    recipe = draw(FP8_RECIPES_DRAWN)[1]
-    return [run for run in FP8_REFERENCES if RUNS[run][1][0].split("=")[1] in recipe]
+    """This suite run's FP8 runs under cp2 (`FP8_REFERENCES`): the one drawn from `llmtest.FP8_LAYOUTS_DRAWN`, if any."""
+    chosen = draw(FP8_LAYOUTS_DRAWN)[1]
+    return [run for run in FP8_REFERENCES if f"cp2-{RUNS[run][1][0].split('=')[1]}" in chosen]
 DEGREES = {"cp2": dict(dp=1, tp=1, pp=1), "dp2cp2": dict(dp=2, tp=1, pp=1), "tp2cp2": dict(dp=1, tp=2, pp=1),
            "pp2cp2": dict(dp=1, tp=1, pp=2), "sharding2cp2": dict(dp=1, tp=1, pp=1, sharding=2)}
 
@@ -198,7 +198,7 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
         emulated, extra, plain = FP8_REFERENCES[name]
         ref, emu = ([r for r in reference[n][0] if "loss" in r] for n in (plain, emulated))
         gaps = [max(abs(r[k] - e[k]) for k in ("loss", "grad_norm")) for r, e in zip(ref, emu)]  # per step
-        print(f"cp2 {name} (recipe drawn, seed {draw(FP8_RECIPES_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs both): "
+        print(f"cp2 {name} (drawn, seed {draw(FP8_LAYOUTS_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs all): "
               f"|loss or grad_norm| of its emulated reference - the plain one process, per step: {gaps}")
         # FP8_REFERENCES: blockwise within TOL; tensorwise off by more than TOL at step 1 (before any update)
         assert max(gaps) <= TOL if extra[0] == "train.fp8=blockwise" else gaps[0] > TOL, (name, gaps)

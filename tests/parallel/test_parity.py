@@ -44,8 +44,8 @@ group-sharded wrappers), each checked per rank by `check_expert_memory`. Qwen3's
 YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
 measured, grad_norm 1.4e-5 off at step 4).
 FP8 (`FP8`, emulated blockwise): the Llama and the MoE model with ep2 under dp2, and the Llama under one drawn
-layout of pp2, sharding2 and zero3, each against its FP8-emulated one-process run; under tp2 + sp (`FP8_TP`, the
-recipe drawn) against one process quantising as the tp ranks do (`train.fp8_emulate`).
+layout of pp2, sharding2 and zero3, each against its FP8-emulated one-process run; under tp2 + sp (`FP8_TP`, drawn
+with the cp2 ones) against one process quantising as the tp ranks do (`train.fp8_emulate`).
 The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the pp2 launch also
 run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes (rewound over), faults
 installed from tests/train/faults.py by `call` entries in the same processes (the guard's logic is tested in one
@@ -60,7 +60,7 @@ import os
 
 import pytest
 
-from llmtest import FP8_RECIPES_DRAWN, draw, drawn_or_skip, tiny_overrides
+from llmtest import FP8_LAYOUTS_DRAWN, draw, drawn_or_skip, tiny_overrides
 from launch import metrics, run_many
 from guard_checks import LAYOUTS as GUARD_LAYOUTS, check_guard, guard_runs
 from lora_checks import check_lora_memory
@@ -177,8 +177,8 @@ column linear's W and dY cut along the outputs, a row linear's W and x along the
 parallelism's [s, b] order: llmtrain/fp8/emulate.py), and the plain tensorwise run."""
 FP8_TP = {"llama_fp8_sp": ("llama", ["train.fp8=blockwise", *SP], "llama_fp8_tp2sp", "llama_fp8"),
           "llama_fp8tw_sp": ("llama", ["train.fp8=tensorwise", *SP], "llama_fp8tw_tp2sp", "llama_fp8tw")}
-"""FP8 under tp2 + sp (run: (model, overrides, its emulated reference, the plain one-process run)), the recipe drawn
-(`llmtest.FP8_RECIPES_DRAWN`), unfused (the fused projections are not emulated). Each rank quantises its own
+"""FP8 under tp2 + sp (run: (model, overrides, its emulated reference, the plain one-process run)), drawn
+(`llmtest.FP8_LAYOUTS_DRAWN`: one of these and the cp2 runs per suite run), unfused (the fused projections are not emulated). Each rank quantises its own
 slices, so the run equals its emulated reference to TOL (tensorwise: step 1 to TOL, later steps to
 `FP8_TENSORWISE_LATER`). The plain one process differs where tile boundaries
 moved: blockwise's power-of-two scales leave every value that is normal on the e4m3 grid under both scales
@@ -326,9 +326,9 @@ whichever of them runs first; each is still checked by its own test."""
 
 
 def fp8_tp_runs() -> tuple:
-    """This suite run's FP8 run under tp2 + sp (`FP8_TP`, the recipe drawn from `FP8_RECIPES_DRAWN`)."""
-    recipe = draw(FP8_RECIPES_DRAWN)[1]
-    return tuple(run for run, (_, extra, _, _) in FP8_TP.items() if extra[0].split("=")[1] in recipe)
+    """This suite run's FP8 runs under tp2 + sp (`FP8_TP`): the one drawn from `llmtest.FP8_LAYOUTS_DRAWN`, if any."""
+    chosen = draw(FP8_LAYOUTS_DRAWN)[1]
+    return tuple(run for run, (_, extra, _, _) in FP8_TP.items() if f"tp2sp-{extra[0].split('=')[1]}" in chosen)
 
 
 def fp8_runs(layout: str) -> tuple:
@@ -441,7 +441,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         _, extra, emulated, plain = FP8_TP[n]
         ref, emu = reference[plain]["metrics"], reference[emulated]["metrics"]
         gaps = [max(abs(r[k] - e[k]) for k in ("loss", "grad_norm")) for r, e in zip(ref, emu)]  # per step
-        print(f"tp2 {n} (recipe drawn, seed {draw(FP8_RECIPES_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs both): "
+        print(f"tp2 {n} (drawn, seed {draw(FP8_LAYOUTS_DRAWN)[0]}; LLMTRAIN_SAMPLE_SEED=all runs all): "
               f"|loss or grad_norm| of its emulated reference - the plain one process, per step: {gaps}")
         if extra[0] == "train.fp8=blockwise":
             assert max(gaps) <= TOL, (n, gaps)  # only subnormal values moved (FP8_TP)
