@@ -3,15 +3,14 @@
     python -m pytest tests/fp8/test_cache.py -q
 
 A tiny MoE model (attention, dense MLP, shared and routed experts: every kind of FP8 GEMM) trains 3 optimizer steps
-of 3 micro-batches with and without `WeightCache`, driven through the step-hook calls the step loop makes; the
-losses, gradients and weights must be equal bit for bit, and the cache must quantise each weight once per step.
-A weight changed between steps (a checkpoint load) and an evaluation after an update must see the new values.
+of 2 micro-batches with and without `WeightCache`, driven through the step-hook calls the step loop makes, every
+weight changed before the third step (a checkpoint load) and an evaluation after the last update; the losses,
+weights and evaluation must be equal bit for bit, and the cache must quantise each weight once per step.
 """
 from __future__ import annotations
 
 import numpy as np
 import paddle
-import pytest
 
 from llmtest import compose
 from llmtrain.config import to_config
@@ -30,8 +29,8 @@ def _model(cache):
     return model
 
 
-def _train(cache, steps=3, micro=3, load_at=None):
-    """Losses, final weights and the quantisations made of a 3-step run (3 micro-batches each, AdamW)."""
+def _train(cache, steps=3, micro=2, load_at=2):
+    """Losses, final weights and an evaluation's logits of a 3-step run (2 micro-batches each, AdamW)."""
     model = _model(cache)
     opt = paddle.optimizer.AdamW(1e-2, parameters=model.parameters())
     rng = np.random.default_rng(0)
@@ -65,11 +64,10 @@ def _train(cache, steps=3, micro=3, load_at=None):
     return losses, {k: v.numpy() for k, v in model.state_dict().items()}, logits.numpy()
 
 
-@pytest.mark.parametrize("load_at", [None, 2], ids=["plain", "load-between-steps"])
-def test_the_cache_changes_no_number_and_quantises_once_per_step(load_at):
-    ref_losses, ref_weights, ref_eval = _train(None, load_at=load_at)
+def test_the_cache_changes_no_number_and_quantises_once_per_step():
+    ref_losses, ref_weights, ref_eval = _train(None)
     cache = WeightCache()
-    losses, weights, evaluation = _train(cache, load_at=load_at)
+    losses, weights, evaluation = _train(cache)
     assert losses == ref_losses
     assert all((weights[k] == v).all() for k, v in ref_weights.items())
     np.testing.assert_array_equal(evaluation, ref_eval)
