@@ -147,3 +147,21 @@ def test_token_view_equals_the_ranks_gemms(recipe, cp, sp):
         want_dw += dwr
     for got, ref, what in zip((y, dx, dw), (want_y, want_dx, want_dw), ("y", "dx", "dW")):
         _close(got, ref, f"{recipe} cp{cp} sp={sp} {what}")
+
+
+def test_what_the_emulation_refuses():
+    from llmtrain.fp8.emulate import FP8Emulate, emulate_problems
+
+    ok = dict(fp8="blockwise", tp=1, cp=1, seq_len=32, has_experts=False, fused=False)
+    assert emulate_problems(FP8Emulate(tp=2, sequence_parallel=True, cp=2), **ok) == []
+    assert emulate_problems(FP8Emulate(), **dict(ok, fp8="none", tp=4, has_experts=True, fused=True)) == []
+    cases = [(FP8Emulate(tp=2), dict(fp8="none"), "train.fp8=none"),
+             (FP8Emulate(tp=2), dict(tp=2), "under parallel.tp=2"),
+             (FP8Emulate(cp=2), dict(cp=2), "under parallel.cp=2"),
+             (FP8Emulate(sequence_parallel=True), {}, "needs train.fp8_emulate.tp > 1"),
+             (FP8Emulate(cp=3), dict(seq_len=32), "not a multiple of 2 x cp = 6"),
+             (FP8Emulate(tp=2), dict(has_experts=True), "routed experts"),
+             (FP8Emulate(tp=2), dict(fused=True), "fused projections")]
+    for emulate, change, words in cases:
+        problems = emulate_problems(emulate, **dict(ok, **change))
+        assert len(problems) == 1 and words in problems[0], (emulate, change, problems)
