@@ -66,6 +66,27 @@ class ResolvedRun:
     an old run (`claim_run_dir`)."""
 
 
+def _fp8_emulate_problems(cfg: Config, model, layout) -> list[str]:
+    """`train.fp8_emulate` (llmtrain/fp8/emulate.py): a CPU run without the layout it emulates, widths divisible."""
+    from types import SimpleNamespace
+
+    from llmtrain.fp8.emulate import emulate_problems
+
+    emulate = cfg.train.fp8_emulate
+    if (emulate.tp, emulate.cp, emulate.sequence_parallel) == (1, 1, False):
+        return []
+    problems = emulate_problems(
+        emulate, fp8=cfg.train.fp8, tp=layout.tp if layout is not None else 1,
+        cp=layout.cp if layout is not None else 1, seq_len=cfg.data.seq_len, has_experts=model.moe_num_experts > 0,
+        fused=model.fused("fuse_qkv") or model.fused("fuse_ffn"))
+    if on_gpu():
+        problems.append("train.fp8_emulate: a CPU emulation (on a GPU each rank quantises its own slice)")
+    if emulate.tp > 1:
+        widths = model_fit_problems(SimpleNamespace(tp=emulate.tp, pp=1, virtual_pp=1, pp_layers=None), model)
+        problems += [f"train.fp8_emulate.tp={emulate.tp}: {p}" for p in widths]
+    return problems
+
+
 def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optional[bool] = None) -> ResolvedRun:
     """Check and complete `cfg` for a job of `world_size` processes (default: the launcher's); raises ConfigError.
     `model_named`: whether the command named a model preset (`llmtrain.config.model_preset_named`; None: inferred),
@@ -96,6 +117,7 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
     from llmtrain.fp8.apply import fp8_problems
 
     problems += fp8_problems(cfg.train.fp8, cfg.train.amp, on_gpu())
+    problems += _fp8_emulate_problems(cfg, model, layout)
     if cfg.parallel is not None and cfg.parallel.sequence_parallel:
         from llmtrain.parallel.sequence import sequence_parallel_problems
 

@@ -15,6 +15,12 @@ SAMPLE_SEED = "LLMTRAIN_SAMPLE_SEED"
 draw, `all` runs every composition."""
 
 
+FP8_LAYOUTS_DRAWN = [("tp2sp-blockwise",), ("tp2sp-tensorwise",), ("cp2-blockwise",), ("cp2-tensorwise",)]
+"""The FP8 parity runs against an emulated one-process reference (`train.fp8_emulate`), one per suite run (`draw`):
+tp2 + sp in tests/parallel/test_parity.py, cp2 in tests/parallel/test_context_parity.py, each recipe (a run and
+its references cost 30-60 s on 2 cores)."""
+
+
 def draw(groups: list[tuple], k: int = 1):
     """(seed, the members of the `k` groups drawn): the seed is $LLMTRAIN_SAMPLE_SEED, else today's date as YYYYMMDD
     (UTC; the same on every xdist worker of a run, another draw tomorrow); `all` (seed None) chooses every group."""

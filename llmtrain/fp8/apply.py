@@ -22,6 +22,8 @@ from typing import Optional
 import paddle.nn as nn
 
 from llmtrain.contracts import tags
+from llmtrain.fp8.cache import WeightCache
+from llmtrain.fp8.emulate import FP8Emulate, token_view, tp_slices
 from llmtrain.fp8.health import FP8Health
 from llmtrain.fp8.linear import FP8Gemm
 from llmtrain.fp8.recipe import RECIPES
@@ -63,9 +65,12 @@ def fp8_layers(model: nn.Layer) -> list:
     return out
 
 
-def apply_fp8(model: nn.Layer, recipe_name: str) -> Optional[FP8Health]:
+def apply_fp8(model: nn.Layer, recipe_name: str, emulate: Optional[FP8Emulate] = None,
+              cache: Optional[WeightCache] = None) -> Optional[FP8Health]:
     """Compute `model`'s transformer GEMMs with the FP8 recipe `recipe_name` (in place); returns the FP8Health every
-    quantisation of the model records into, or None for `none`."""
+    quantisation of the model records into, or None for `none`. `emulate` (`train.fp8_emulate`): quantise as the
+    ranks of that tp / sp / cp layout would (`llmtrain.fp8.emulate`). `cache` (`train.fp8_weight_cache`): every
+    layer's FP8 weight made once per optimizer step (`llmtrain.fp8.cache`; the caller runs it as a step hook)."""
     if recipe_name == "none":
         return None
     if recipe_name not in RECIPES:
@@ -74,8 +79,19 @@ def apply_fp8(model: nn.Layer, recipe_name: str) -> Optional[FP8Health]:
     layers = fp8_layers(model)
     if not layers:
         raise ValueError(f"train.fp8={recipe_name}: the model has no linear layer to compute in FP8")
+    tp = emulate.tp if emulate is not None else 1
+    tokens = token_view(emulate)
     for name, layer, kind in layers:
-        gemm = FP8Gemm(recipe, health, name)
+        if kind == "linear" and (tp > 1 or tokens is not None):
+            shape = tags.linear_of(layer)
+            view = tokens if tokens is None or shape.kind != "replicated" else token_view(
+                FP8Emulate(cp=tokens.cp)) if tokens.cp > 1 else None  # sp orders only the tp linears' tokens
+            gemm = FP8Gemm(recipe, health, name, splits=tp_slices(shape.kind, tp), tokens=view,
+                           weight_shape=[shape.in_features, shape.out_features], cache=cache)
+        elif kind == "experts" and (tp > 1 or tokens is not None):
+            raise ValueError(f"{name}: train.fp8_emulate does not model routed experts")
+        else:
+            gemm = FP8Gemm(recipe, health, name, cache=cache)
         if kind == "linear":
             layer.linear = gemm
         else:

@@ -21,6 +21,11 @@ saturating cast (round to nearest even); the decode scale is 1 / m (exact for a 
 value is fp32(q) * (1 / m). A tile that does not fill its shape (a width that is no multiple of 128) is the part
 that exists, as zero padding would give (zeros do not change amax).
 
+Under tensor parallelism a GPU rank quantises its own slice, so tiles never cross a slice boundary: `quantize(...,
+split=(axis, parts))` cuts the tensor into `parts` equal slices along `axis` (-1: columns, -2: rows) and quantises
+each slice on its own, as the `parts` ranks of a tp run would (`llmtrain.fp8.emulate`: one process as the reference
+of a tp run).
+
 A non-finite amax (inf or NaN in the tile) is recorded by `FP8Health` (`llmtrain.fp8.health`) before the cast
 would turn it into 448 (e4m3) or 57344 (e5m2).
 """
@@ -32,6 +37,8 @@ from typing import Optional, Tuple
 import paddle
 
 Tile = Tuple[Optional[int], Optional[int]]
+Split = Optional[Tuple[int, int]]
+"""(axis, parts): the tensor's slices along axis -1 or -2 quantised each on its own; None: the whole tensor."""
 
 FORMATS = {"e4m3": ("float8_e4m3fn", 448.0), "e5m2": ("float8_e5m2", 57344.0)}
 """FP8 format -> (Paddle dtype, largest finite value fmax)."""
@@ -74,10 +81,11 @@ RECIPES = {
 
 @dataclass
 class Quantized:
-    """An FP8 tensor [.., R, C] with one fp32 decode scale per tile [.., ceil(R/tr), ceil(C/tc)]."""
+    """An FP8 tensor [.., R, C] with one fp32 decode scale per tile [.., ceil(R/tr), ceil(C/tc)] (split: the slices
+    stacked on a new axis before the last two, [.., P, R/P, C] or [.., P, R, C/P], each with its own tiles)."""
 
     data: paddle.Tensor
-    """The FP8 values (`float8_e4m3fn` / `float8_e5m2`), shape of the input."""
+    """The FP8 values (`float8_e4m3fn` / `float8_e5m2`), shape of the input (split: of the stacked slices)."""
 
     decode: paddle.Tensor
     """1 / m per tile, fp32 [.., row tiles, col tiles]."""
@@ -88,9 +96,35 @@ class Quantized:
     amax: paddle.Tensor
     """max |x| per tile, fp32 (the health check reads it)."""
 
+    split: Split = None
+    """(axis, parts) the slices were cut along, or None (`quantize`)."""
+
     def dequantize(self) -> paddle.Tensor:
-        """fp32 [.., R, C]: fp32(q) x the tile's decode scale."""
-        return per_tile_product(self.data.astype("float32"), self.decode, self.tile)
+        """fp32 [.., R, C]: fp32(q) x the tile's decode scale (slices put back in place)."""
+        return join_slices(per_tile_product(self.data.astype("float32"), self.decode, self.tile), self.split)
+
+
+def cut_slices(x: paddle.Tensor, split: Split) -> paddle.Tensor:
+    """x [.., R, C] -> its `parts` slices along `axis` stacked: [.., P, R/P, C] (axis -2) or [.., P, R, C/P] (-1)."""
+    if split is None or split[1] == 1:
+        return x
+    axis, parts = split
+    lead, (rows, cols) = list(x.shape[:-2]), (int(x.shape[-2]), int(x.shape[-1]))
+    if axis == -2:
+        return x.reshape(lead + [parts, rows // parts, cols])
+    n = len(lead)
+    return x.reshape(lead + [rows, parts, cols // parts]).transpose([*range(n), n + 1, n, n + 2])
+
+
+def join_slices(x: paddle.Tensor, split: Split) -> paddle.Tensor:
+    """The inverse of `cut_slices`: [.., P, r, c] -> [.., R, C]."""
+    if split is None or split[1] == 1:
+        return x
+    axis, n = split[0], x.ndim - 3
+    lead, (parts, rows, cols) = list(x.shape[:-3]), (int(x.shape[-3]), int(x.shape[-2]), int(x.shape[-1]))
+    if axis == -2:
+        return x.reshape(lead + [parts * rows, cols])
+    return x.transpose([*range(n), n + 1, n, n + 2]).reshape(lead + [rows, parts * cols])
 
 
 def resolve_tile(tile: Tile, shape) -> Tuple[int, int]:
@@ -138,17 +172,21 @@ def encode_multiplier(amax: paddle.Tensor, fmax: float, pow2: bool) -> paddle.Te
     return paddle.where(amax > 0, ratio, paddle.ones_like(ratio))
 
 
-def quantize(x: paddle.Tensor, tile: Tile, fmt: str, pow2: bool) -> Quantized:
-    """x [.., R, C] (any float dtype; computed in fp32) -> `Quantized` on the FP8 grid of `fmt` ("e4m3"/"e5m2")."""
+def quantize(x: paddle.Tensor, tile: Tile, fmt: str, pow2: bool, split: Split = None) -> Quantized:
+    """x [.., R, C] (any float dtype; computed in fp32) -> `Quantized` on the FP8 grid of `fmt` ("e4m3"/"e5m2");
+    `split` (axis, parts): each of `parts` slices along `axis` quantised on its own (a tp rank's slice)."""
     dtype, fmax = FORMATS[fmt]
-    x = x.astype("float32")
+    if split is not None and int(x.shape[split[0]]) % split[1]:
+        raise ValueError(f"cannot cut an axis of {int(x.shape[split[0]])} into {split[1]} equal slices")
+    x = cut_slices(x.astype("float32"), split)  # [.., R, C], or [.., P, r, c]
     t = resolve_tile(tile, x.shape)
     amax = tile_amax(x, t)
     m = encode_multiplier(amax, fmax, pow2)
     data = per_tile_product(x, m, t).astype(dtype)  # Paddle's saturating cast, round to nearest even
-    return Quantized(data=data, decode=paddle.full([], 1.0, "float32") / m, tile=t, amax=amax)
+    return Quantized(data=data, decode=paddle.full([], 1.0, "float32") / m, tile=t, amax=amax,
+                     split=None if split is None or split[1] == 1 else split)
 
 
-def fake_quantize(x: paddle.Tensor, tile: Tile, fmt: str, pow2: bool) -> paddle.Tensor:
+def fake_quantize(x: paddle.Tensor, tile: Tile, fmt: str, pow2: bool, split: Split = None) -> paddle.Tensor:
     """x [.., R, C] -> fp32 [.., R, C]: quantised and dequantised (what an FP8 GEMM sees of x)."""
-    return quantize(x, tile, fmt, pow2).dequantize()
+    return quantize(x, tile, fmt, pow2, split).dequantize()

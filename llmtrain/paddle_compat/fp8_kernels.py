@@ -20,7 +20,8 @@ How the recipe's three GEMMs call them (the layout PaddleFormers' `fp8_utils` us
 
 The tokens M are padded with zero rows to a multiple of 128 for the transposed quantisations (zeros add nothing to
 dW). The forward keeps Q1x128(xᵀ) (FP8, one byte per element) and the weight; the weight is quantised again in the
-backward. Non-finite decode scales (an inf or NaN in a tile) are counted by `FP8Health`. The stacked experts
+backward, or, with a `WeightCache` (`train.fp8_weight_cache`, the default), both weight copies are made at a
+step's first micro-batch and reused by the others. Non-finite decode scales (an inf or NaN in a tile) are counted by `FP8Health`. The stacked experts
 [E, N, K] run one GEMM per expert (Paddle 3.3.1 has no grouped FP8 GEMM with these scales).
 """
 from __future__ import annotations
@@ -90,15 +91,15 @@ class _BlockwiseGemm(PyLayer):
     """x [M, K], w [K, N] -> [M, N] in x's dtype through the FP8 kernels (module docstring)."""
 
     @staticmethod
-    def forward(ctx, x, w, health, name: str):
+    def forward(ctx, x, w, health, name: str, cache=None, ident=None):
         xq, xs = _quant(x, "1x128", transpose=False)  # [M, K], [K/128, M]
-        wq, ws = _quant(w, "128x128", transpose=True)  # Wᵀ [N, K], [N/128, K/128]
+        wq, ws = _weight(w, cache, name, True, ident)  # Wᵀ [N, K], [N/128, K/128]
         xtq, xts = _quant(_pad_rows(x), "1x128", transpose=True)  # xᵀ [K, M'], its scales
         if health is not None:
             health.record(xs, f"{name}:x")
             health.record(ws, f"{name}:W")
         ctx.save_for_backward(xtq, xts, w)
-        ctx.health, ctx.name, ctx.x_dtype = health, name, x.dtype
+        ctx.health, ctx.name, ctx.x_dtype, ctx.cache, ctx.ident = health, name, x.dtype, cache, ident
         ctx.needs = (not x.stop_gradient, not w.stop_gradient)
         return _gemm(xq, xs, wq, ws, x.dtype, b_blocks=True)  # [M, N]
 
@@ -108,7 +109,7 @@ class _BlockwiseGemm(PyLayer):
         dx = dw = None
         if ctx.needs[0]:
             dyq, dys = _quant(dy, "1x128", transpose=False)  # [M, N]
-            wq, ws = _quant(w, "128x128", transpose=False)  # W [K, N]
+            wq, ws = _weight(w, ctx.cache, ctx.name, False, ctx.ident)  # W [K, N]
             if ctx.health is not None:
                 ctx.health.record(dys, f"{ctx.name}:dY")
             dx = _gemm(dyq, dys, wq, ws, ctx.x_dtype, b_blocks=True)  # [M, K]
@@ -118,8 +119,21 @@ class _BlockwiseGemm(PyLayer):
         return dx, dw
 
 
-def blockwise_gemm(x, w, health, name: str):
-    """x [M, K] @ w [K, N] -> [M, N], or per expert x [E, N, K] @ w [E, K, F] -> [E, N, F], on the FP8 kernels."""
+def _weight(w, cache, name: str, transpose: bool, ident=None):
+    """Q128x128(Wᵀ) [N, K] (`transpose`) or Q128x128(W) [K, N] with their scales: from `cache`
+    (`llmtrain.fp8.cache.WeightCache`, once per optimizer step) when given, else quantised now; `ident`: the
+    parameter `w` is an expert's slice of."""
+    if cache is None:
+        return _quant(w, "128x128", transpose=transpose)
+    return cache.get(name, w, "Wt" if transpose else "W", lambda: _quant(w, "128x128", transpose=transpose), ident)
+
+
+def blockwise_gemm(x, w, health, name: str, cache=None):
+    """x [M, K] @ w [K, N] -> [M, N], or per expert x [E, N, K] @ w [E, K, F] -> [E, N, F], on the FP8 kernels;
+    `cache`: the weight's two FP8 copies made once per optimizer step."""
     if w.ndim == 2:
-        return _BlockwiseGemm.apply(x, w, health, name)
-    return paddle.stack([_BlockwiseGemm.apply(x[e], w[e], health, f"{name}[{e}]") for e in range(int(w.shape[0]))])
+        return _BlockwiseGemm.apply(x, w, health, name, cache)
+    ident = (id(w), bool(getattr(w, "persistable", False)))  # (`WeightCache` identity): each expert's slice w[e]
+    # is cached as a part of the stacked parameter
+    return paddle.stack([_BlockwiseGemm.apply(x[e], w[e], health, f"{name}[{e}]", cache, ident)
+                         for e in range(int(w.shape[0]))])

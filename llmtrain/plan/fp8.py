@@ -201,30 +201,58 @@ class FP8Pricing:
 
     (the forward's 1x128T of x is priced with the wgrad, where its operand is used; x's and dy's two passes each are
     llmtrain's calls - one `1x128+T` pass would read them once). Tensorwise: one scale per tensor (`tensor`),
-    both operands of every GEMM."""
+    both operands of every GEMM.
+
+    `weight_cache` (`train.fp8_weight_cache`, llmtrain/fp8/cache.py): the weights' copies (Wᵀ of the forward, W of
+    the dgrad; tensorwise's one W) are made once per optimizer step, not per micro-batch: `gemm_seconds` leaves
+    them out and `weight_seconds` prices them once for the step (`llmtrain.plan.timeline.step_compute`)."""
 
     recipe: str
     model: FP8Model
+    weight_cache: bool = True
 
-    def gemm_seconds(self, bf16_seconds: float, op: str, m: int, n: int, k: int, batch: int = 1) -> float:
+    def _tiles(self, op: str) -> tuple[str, str, str]:
+        """(FP8 GEMM recipe, a's tile, b's tile) of the planner's GEMM `op`."""
         wgrad, fwd = op.endswith(".wgrad"), not op.endswith((".dgrad", ".wgrad"))  # "q.fwd", "expert.up"
         if self.recipe == "tensorwise":
-            fp8, a_tile, b_tile = "tensorwise", "tensor", "tensor"
-        elif wgrad:
-            fp8, a_tile, b_tile = "blockwise_1x128_1x128", "1x128T", "1x128T"
-        else:
-            fp8, a_tile, b_tile = "blockwise_1x128_128x128", "1x128", "128x128T" if fwd else "128x128"
+            return "tensorwise", "tensor", "tensor"
+        if wgrad:
+            return "blockwise_1x128_1x128", "1x128T", "1x128T"
+        return "blockwise_1x128_128x128", "1x128", "128x128T" if fwd else "128x128"
+
+    def gemm_seconds(self, bf16_seconds: float, op: str, m: int, n: int, k: int, batch: int = 1) -> float:
+        fp8, a_tile, b_tile = self._tiles(op)
         ratio = self.model.gemm_ms(fp8, m, n, k) / self.model.gemm_ms("bf16", m, n, k)
-        quant_ms = self.model.quant_ms(a_tile, m, k) + self.model.quant_ms(b_tile, k, n)
+        cached = self.weight_cache and not op.endswith(".wgrad")  # b is the weight: made once per step
+        quant_ms = self.model.quant_ms(a_tile, m, k) + (0.0 if cached else self.model.quant_ms(b_tile, k, n))
         return bf16_seconds * ratio + batch * quant_ms * 1e-3
 
+    def weight_seconds(self, forward: list, backward: list) -> float:
+        """Seconds of one step's weight quantisations under `weight_cache` (0 without it): every FP8 forward GEMM
+        of a micro-batch's `forward` kernels makes its Wᵀ copy, every dgrad of its `backward` its W copy
+        (tensorwise: one copy, the forward's). Recompute's second forward reuses the copies."""
+        if not self.weight_cache:
+            return 0.0
+        total = 0.0
+        for ks, want in ((forward, "fwd"), (backward, "dgrad")):
+            for k in ks:
+                if k.kind != "gemm" or not is_fp8_gemm(k.op):
+                    continue
+                kind = "dgrad" if k.op.endswith(".dgrad") else "wgrad" if k.op.endswith(".wgrad") else "fwd"
+                if kind != want or (self.recipe == "tensorwise" and kind == "dgrad"):
+                    continue
+                m, n, kk, batch = k.shape
+                total += batch * self.model.quant_ms(self._tiles(k.op)[2], kk, n) * 1e-3
+        return total
 
-def with_fp8(dev, fp8: str, measured_on: str = "h100"):
-    """The device profile `dev` pricing the transformer's GEMMs in FP8 (`train.fp8`); `dev` itself for `none`."""
+
+def with_fp8(dev, fp8: str, measured_on: str = "h100", weight_cache: bool = True):
+    """The device profile `dev` pricing the transformer's GEMMs in FP8 (`train.fp8`); `dev` itself for `none`.
+    `weight_cache`: `train.fp8_weight_cache` (weights quantised once per step)."""
     import dataclasses
 
     if fp8 == "none":
         return dev
     if fp8 not in ("blockwise", "tensorwise"):
         raise ValueError(f"train.fp8={fp8!r}: expected none, blockwise or tensorwise")
-    return dataclasses.replace(dev, fp8=FP8Pricing(fp8, load_fp8_model(measured_on)))
+    return dataclasses.replace(dev, fp8=FP8Pricing(fp8, load_fp8_model(measured_on), weight_cache))

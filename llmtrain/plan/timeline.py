@@ -198,6 +198,15 @@ class Stream:
         if not self.prof.async_launch:
             self.device = self.host
 
+    def add_device(self, seconds: float, key: str):
+        """Device work queued now (kernels whose dispatch is priced elsewhere): the device clock advances; on a CPU,
+        where ops run in the dispatching thread, the host clock with it."""
+        self.device = max(self.device, self.host) + seconds
+        self.device_total += seconds
+        self.by_kind[key] = self.by_kind.get(key, 0.0) + seconds
+        if not self.prof.async_launch:
+            self.host = self.device
+
     def add_serial(self, seconds: float, key: str):
         """Work after a synchronisation (the optimizer step): both clocks meet, then advance."""
         t = max(self.host, self.device) + seconds
@@ -253,6 +262,9 @@ def step_compute(prof, spec: StepSpec, fast: bool = True) -> dict:
     slow = prof.shared_host_slowdown(spec.local_ranks)
     st = Stream(prof, slow, fast=fast, slow_key=spec.local_ranks)
     per_micro, per_step = prof.host.get("micro_batch_s", 0.0), prof.host.get("step_s", 0.0)
+    fp8 = getattr(prof, "fp8", None)
+    if fp8 is not None and fp8.weight_cache:  # train.fp8_weight_cache: each weight's FP8 copies once per step, in
+        st.add_device(fp8.weight_seconds(mb.forward, mb.backward), "fp8_weights")  # the stream at its start
     # identical micro-batches: [loop + forward + backward] x m, repeated as run_segments repeats any segment
     st.run_segments([(None, micro_batches)], backward=False, body=lambda: (st.add_host(per_micro),
                                                                           st.run_segments(mb.forward_segments, False),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from llmtrain.fp8.emulate import FP8Emulate
 from llmtrain.train.anomaly import AnomalyConfig
 
 
@@ -59,6 +60,16 @@ class TrainConfig:
     as they are; master weights, optimizer states and checkpoints are unchanged (switchable at resume). On CPU the
     recipe is emulated (Paddle's casts to FP8, dequantised, fp32 GEMM); on a GPU `blockwise` runs Paddle's FP8
     kernels and `tensorwise` is refused (no Paddle 3.3.1 kernel with a backward)."""
+
+    fp8_weight_cache: bool = True
+    """With train.fp8, quantise each linear's weight once per optimizer step and reuse it in every micro-batch
+    (Transformer Engine's is_first_microbatch; llmtrain/fp8/cache.py): the same numbers, the copies held from the
+    step's first forward to its end. false: quantised again in every micro-batch."""
+
+    fp8_emulate: FP8Emulate = field(default_factory=FP8Emulate)
+    """With train.fp8 on CPU, quantise as the ranks of a tp / sequence-parallel / cp layout would (`tp`,
+    `sequence_parallel`, `cp`; llmtrain/fp8/emulate.py): one process as the FP8 reference of that layout. Default:
+    none (the process quantises what it holds)."""
 
     recompute: str = "none"
     """Activation recompute (llmtrain/models/recompute.py): `none`, `full` (whole blocks), `full_attn` (the attention

@@ -33,6 +33,7 @@ from llmtrain.checkpoint.manager import Checkpointer
 from llmtrain.checkpoint.state import training_state
 from llmtrain.data.rampup import BatchRampup
 from llmtrain.fp8.apply import apply_fp8, fp8_layer_count
+from llmtrain.fp8.cache import WeightCache
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.models.init import init_parameters, load_full_state
 from llmtrain.models.size import parameter_count
@@ -117,9 +118,10 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     local = build_local_model(cfg.model, layout, topo, recompute, lora=lora,
                               positions=any(getattr(cfg.data, k, False) for k in ("document_mask", "reset_position_ids")))
     core = local.core
-    fp8 = apply_fp8(core, cfg.train.fp8)  # FP8Health or None; the transformer's GEMMs in FP8 (llmtrain/fp8)
+    cache = WeightCache() if cfg.train.fp8 != "none" and cfg.train.fp8_weight_cache else None  # once a step
+    fp8 = apply_fp8(core, cfg.train.fp8, cfg.train.fp8_emulate, cache)  # FP8Health or None; GEMMs in FP8 (llmtrain/fp8)
     if fp8 is not None:
-        local.hooks.append(fp8)
+        local.hooks += [fp8] + ([cache] if cache is not None else [])
         log0(f"train.fp8={cfg.train.fp8}: {fp8_layer_count(core)} layers compute their GEMMs in FP8 "
              f"({'on the GPU FP8 kernels' if on_gpu() else 'emulated on CPU: Paddle casts to FP8, dequantised, fp32 GEMM'})")
     named = canonical_parameters(core)

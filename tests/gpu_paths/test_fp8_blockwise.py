@@ -135,3 +135,36 @@ def test_gpu_refusals_name_what_is_missing(monkeypatch):
     assert "CUDA >= 12.8" in problems and "sm_80" in problems
     monkeypatch.setattr(paddle, "__version__", "3.4.0")
     assert "read in paddle 3.3.1" in " ".join(fp8_kernels.gpu_problems())
+
+
+def test_the_weight_cache_quantises_each_weight_copy_once_per_step(monkeypatch):
+    """With a `WeightCache` (train.fp8_weight_cache) two micro-batches quantise W and Wᵀ once each (128x128 calls:
+    2, not 4) and give the numbers of the uncached path."""
+    from llmtrain.fp8.cache import WeightCache
+
+    rng = np.random.default_rng(22)
+    xs = [(rng.standard_normal([32, 128])).astype(np.float32) for _ in range(2)]
+    w0 = (rng.standard_normal([128, 160]) * 0.05).astype(np.float32)
+
+    def micro_batches(cache):
+        w = paddle.create_parameter([128, 160], "float32")
+        w.set_value(paddle.to_tensor(w0))
+        gemm = FP8Gemm(RECIPES["blockwise"], FP8Health(), "t", cache=cache)
+        ys = []
+        for x in xs:
+            y = gemm(paddle.to_tensor(x, stop_gradient=False), w)  # dx too: the backward reads W
+            (y * y).sum().backward()
+            ys.append(y.numpy())
+        return ys, w.grad.numpy()
+
+    quant, _ = _install(monkeypatch)
+    with reaches("fp8-blockwise"):
+        want = micro_batches(None)
+        before = len(quant.calls) if quant is not None else 0
+        got = micro_batches(WeightCache())
+    if quant is not None:
+        assert len([c for c in quant.calls[:before] if c["quant_method"] == "128x128"]) == 4
+        blocks = [c for c in quant.calls[before:] if c["quant_method"] == "128x128"]
+        assert len(blocks) == 2 and {c["input_transpose"] for c in blocks} == {True, False}, blocks
+    for a, b in zip([*got[0], got[1]], [*want[0], want[1]]):
+        np.testing.assert_array_equal(a, b)

@@ -80,3 +80,34 @@ def test_fp8_weight_copies_are_counted_per_micro_batch_in_flight():
 
     assert activations("none", True) - activations("none", False) == pytest.approx(32 * per_block * (1 + 4 / 128**2), abs=2)
     assert activations("full", True) - activations("full", False) == pytest.approx(per_block * (1 + 4 / 128**2), abs=2)
+
+
+@pytest.mark.parametrize("recipe", ["blockwise", "tensorwise"])
+def test_cached_weights_are_priced_once_per_step(recipe):
+    """train.fp8_weight_cache: a micro-batch's FP8 GEMMs no longer price the weight's quantisation, the step prices
+    it once (blockwise: Wᵀ for every forward, W for every dgrad; tensorwise: one W per linear): over 8 micro-batches
+    the device works 8 x saved - once less; a host-bound step (a small model) is no faster, a device-bound one is."""
+    from llmtrain.config import to_config
+    from llmtrain.plan.fp8 import with_fp8
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+    from llmtrain.plan.profile import load_profile
+    from llmtrain.plan.timeline import StepSpec, kernel_seconds, step_compute
+    from llmtest import compose
+
+    dev = load_profile("h100")
+    cached, every = with_fp8(dev, recipe), with_fp8(dev, recipe, weight_cache=False)
+    for model, b, bound in (("model=moe-tiny", 1, "host"), ("model=llama-7b", 2, "device")):
+        cfg = to_config(compose([model, "model.vocab_size=32000", "model.hidden_size=1024", "model.num_layers=4",
+                                 "model.moe_ffn_hidden_size=512", "model.ffn_hidden_size=2816"]
+                                if bound == "host" else [model, "model.num_layers=2"])).model
+        spec = MicroBatchSpec(cfg, b=b, s=4096 if bound == "device" else 2048, e=2)
+        mb = micro_batch_kernels(spec)
+        saved = sum(kernel_seconds(every, k) - kernel_seconds(cached, k) for k in mb.forward + mb.backward)
+        once = cached.fp8.weight_seconds(mb.forward, mb.backward)
+        assert once > 0 and every.fp8.weight_seconds(mb.forward, mb.backward) == 0
+        assert once == pytest.approx(saved if recipe == "blockwise" else saved / 2, rel=1e-9)
+        got = {n: step_compute(d, StepSpec(spec, micro_batches=8)) for n, d in (("cached", cached), ("every", every))}
+        assert got["cached"]["by_kind_s"]["fp8_weights"] == pytest.approx(once, rel=1e-9)
+        assert got["every"]["device_s"] - got["cached"]["device_s"] == pytest.approx(8 * saved - once, rel=1e-6)
+        gain = got["every"]["compute_s"] - got["cached"]["compute_s"]
+        assert gain >= 0 and (gain > 0.5 * (8 * saved - once) if bound == "device" else True), (model, gain, once)
