@@ -220,13 +220,14 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
         per = [[x for x in experts if owner[x[0].name] == k] for k in range(edp)]
     else:
         per = [experts]
+    # per edp index: (bytes of the experts whose states it keeps, their optimizer elements)
+    sums = [(sum(n * b for _, n, b in mine), sum(_opt_elems(n, b == 2) for _, n, b in mine)) for mine in per]
     out = []
     for d in range(data if len(per) > 1 else len(parts)):
-        base, mine = parts[d % len(parts)], per[(d // ep) % len(per)]
-        kept = sum(n * b for _, n, b in mine)
+        base, (kept, opt) = parts[d % len(parts)], sums[(d // ep) % len(per)]
         out.append({"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
-                    "optimizer_numel": base["optimizer_numel"] + sum(_opt_elems(n, b == 2) for _, n, b in mine),
-                    "optimizer_bytes": base["optimizer_bytes"] + 4 * sum(_opt_elems(n, b == 2) for _, n, b in mine),
+                    "optimizer_numel": base["optimizer_numel"] + opt,
+                    "optimizer_bytes": base["optimizer_bytes"] + 4 * opt,
                     "grad_bytes": base["grad_bytes"] + (e_bytes if stage in (2, 3) and sh > 1 else kept),
                     # the other experts' gradients, held from the backward until they are reduced to their owners
                     "grad_transient_bytes": e_bytes - kept if not (stage in (2, 3) and sh > 1) else 0})
