@@ -59,7 +59,7 @@ from functools import lru_cache
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, expert_state_owners, greedy_partition, local_shape, param_specs, predict_stage_ranks,
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
                                   stage_params)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
@@ -333,9 +333,9 @@ def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     key = (id(cfg), amp, device, *layout_key(layout))
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
-        ranks = predict_stage_ranks(cfg, layout, amp, device)
         held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
-        per = [max((r for (q, _), r in ranks.items() if q == st), key=held) for st in range(layout.pp)]
+        # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
+        per = [max(stage_holdings(cfg, layout, st, amp, device), key=held) for st in range(layout.pp)]
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
     return hit[1]
 
