@@ -454,7 +454,7 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     sharding and edp > 1 it updates the expert tensors it owns in its edp group (`memory.expert_state_owners`, the
     busiest owner), otherwise all of them. Cached per (model, degrees, split, stage)."""
     ep = getattr(layout, "ep", 1)
-    key = (id(cfg), amp, pp_rank, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    key = (id(cfg), amp, pp_rank, *layout_key(layout))
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
@@ -466,7 +466,10 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     edp = layout.dp * sh // ep if ep > 1 else 1
     if expert and sh > 1 and edp > 1:
         owner = expert_state_owners([(specs[i].name, grads[i][0]) for i in expert], edp)
-        mine = max(range(edp), key=lambda k: sum(grads[i][0] for i in expert if owner[specs[i].name] == k))
+        load = [0] * edp  # elements of the expert tensors each edp index keeps
+        for i in expert:
+            load[owner[specs[i].name]] += grads[i][0]
+        mine = max(range(edp), key=load.__getitem__)
         experts_owned = [grads[i] for i in expert if owner[specs[i].name] == mine]
     else:
         experts_owned = [grads[i] for i in expert]
@@ -489,11 +492,13 @@ _TENSORS: dict = {}
 
 def _stage_specs(cfg, layout, pp_rank: int) -> list:
     """The trained, unfrozen parameters of pipeline stage `pp_rank` (cached per model and split)."""
-    key = (repr(cfg), layout.pp, tuple(layout.pp_layers), pp_rank)
-    if key not in _STAGE_SPECS:
-        _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), layout, pp_rank, cfg.tie_embeddings)
-                             if x.trainable and not x.frozen]
-    return _STAGE_SPECS[key]
+    key = (id(cfg), layout.pp, tuple(layout.pp_layers), getattr(layout, "pp_schedule", "1f1b") == "dualpipev",
+           pp_rank)
+    hit = _STAGE_SPECS.get(key)
+    if hit is None or hit[0] is not cfg:
+        hit = _STAGE_SPECS[key] = (cfg, [x for x in stage_params(param_specs(cfg), layout, pp_rank, cfg.tie_embeddings)
+                                         if x.trainable and not x.frozen])  # the model kept alive with its id
+    return hit[1]
 
 
 def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
@@ -501,7 +506,8 @@ def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
     trainable tensor it holds, input tables and every expert included (Paddle syncs each trainable gradient, not
     the 6N of the FLOPs), tp-local; the experts E/ep of them (`local_shape`)."""
     ep = getattr(layout, "ep", 1)
-    key = (id(cfg), layout.pp, tuple(layout.pp_layers), layout.tp, ep)
+    key = (id(cfg), layout.pp, tuple(layout.pp_layers), getattr(layout, "pp_schedule", "1f1b") == "dualpipev",
+           layout.tp, ep)
     hit = _SYNCED.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
@@ -674,6 +680,17 @@ def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, 
     return m * cfg.num_layers / layout.pp * layer
 
 
+def _flops_parameters(cfg) -> int:
+    """`llmtrain.models.size.flops_parameters`, remembered per model."""
+    hit = _FLOPS_N.get(id(cfg))
+    if hit is None or hit[0] is not cfg:
+        hit = _FLOPS_N[id(cfg)] = (cfg, flops_parameters(cfg))  # the model kept alive with its id
+    return hit[1]
+
+
+_FLOPS_N: dict = {}
+
+
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
                   amp: str = "bf16", moe_imbalance: float | None = None) -> dict:
     """Step time of `layout` on `dev` and its parts; a pipeline layout without its split gets the default one, as a
@@ -685,7 +702,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     layout = with_pipeline_split(layout, cfg, dev, seq_len=seq_len, recompute=mode, moe=moe)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    n_flops = flops_parameters(cfg)
+    n_flops = _flops_parameters(cfg)
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)
