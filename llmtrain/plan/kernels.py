@@ -33,9 +33,14 @@ for every micro-batch: the gradients are zeroed, not freed, between steps),
 the global-norm clip (one squared-norm kernel per tensor, a sum, one scale per tensor) and multi-precision
 AdamW (one kernel per tensor reading the gradient, the fp32 master, both moments and writing them and
 the low-precision copy).
+
+A block's kernel lists are built once per distinct block (model, shape, degrees, MoE plan) and shared by every
+micro-batch that holds it (`micro_batch_kernels`): the same list objects, so the timeline's maps of them
+(llmtrain/plan/timeline.py, cached per list) are computed once per ranking. Read them; never change them.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, _Pass, _seq_edge, attention_flops, gemm, mem, view  # noqa: F401 (re-exported)
@@ -324,11 +329,16 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
     n = int(round(L))
     plan = spec.moe or MoEPlan()
 
-    def blocks(moe: bool):
-        p = _Pass()
-        hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
-        _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
-        return p.fwd, p.backward()
+    def blocks(moe: bool):  # one block's (forward, backward), the same lists for the same block (module docstring)
+        key = (id(cfg), b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, spec.cp, moe,
+               tuple(getattr(plan, f.name) for f in dataclasses.fields(plan)) if moe else None)
+        hit = _BLOCKS.get(key)
+        if hit is None or hit[0] is not cfg:
+            p = _Pass()
+            hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
+            _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
+            hit = _BLOCKS[key] = (cfg, (p.fwd, p.backward()))  # the model kept alive with its id
+        return hit[1]
 
     dense = sum(not cfg.is_moe_layer(i) for i in range(spec.first_layer, spec.first_layer + n))
     kinds = [(blocks(False), dense)] if dense else []
@@ -349,10 +359,24 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
         fwd.append((hf, 1))
         bwd.append((hb, 1))
     for (bf, bb), k in reversed(kinds):
-        bwd.append((bf + bb, k, len(bf)) if spec.recompute == "full" else (bb, k))
+        bwd.append((_joined(bf, bb), k, len(bf)) if spec.recompute == "full" else (bb, k))
     if spec.first:
         bwd.append((eb, 1))
     return MicroBatch(fwd, bwd)
+
+
+_BLOCKS: dict = {}
+
+
+def _joined(forward: list, backward: list) -> list:
+    """forward + backward (a block's backward under full recompute), one list per pair of lists."""
+    hit = _JOINED.get((id(forward), id(backward)))
+    if hit is None or hit[0] is not forward or hit[1] is not backward:
+        hit = _JOINED[(id(forward), id(backward))] = (forward, backward, forward + backward)  # the lists kept alive
+    return hit[2]
+
+
+_JOINED: dict = {}
 
 
 def optimizer_kernels(grads: list[tuple[int, int]], owned: list[tuple[int, int]], micro_batches: int,
