@@ -59,7 +59,7 @@ from functools import lru_cache
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
                                   stage_params)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
@@ -459,7 +459,8 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     if hit is not None and hit[0] is cfg:
         return hit[1]
     specs = _stage_specs(cfg, layout, pp_rank)
-    grads = [(int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
+    sized = _sized(cfg, layout.tp, ep, amp)
+    grads = [sized.get(id(x)) or (int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
     expert = [i for i, x in enumerate(specs) if ep > 1 and x.expert]
     dense = [i for i in range(len(specs)) if not (ep > 1 and specs[i].expert)]
     sh = layout.sharding
@@ -488,6 +489,20 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
 
 
 _TENSORS: dict = {}
+
+
+def _sized(cfg, tp: int, ep: int, amp: str) -> dict:
+    """{id(spec): (elements on a rank of tp/ep, bytes per element)} for the model's parameter list
+    (`memory._local_entries`)."""
+    specs = _spec_list(cfg, None)
+    key = (id(specs), tp, ep, amp)
+    hit = _SIZED.get(key)
+    if hit is None or hit[0] is not specs:
+        hit = _SIZED[key] = (specs, {id(x): (int(n), b) for x, n, b in _local_entries(specs, tp, ep, amp)[0]})
+    return hit[1]
+
+
+_SIZED: dict = {}
 
 
 def _stage_specs(cfg, layout, pp_rank: int) -> list:

@@ -350,9 +350,10 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
                                      getattr(layout, "zero2_buffer_size", ZERO2_BUFFER))
     else:
         grads = [g_bytes] * len(owners)
+    opt = [_opt_elems(n, b == 2, x.frozen) for x, n, b in trained]  # each tensor's optimizer elements
     out = []
     for rank, owned in enumerate(owners):
-        o_numel = sum(_opt_elems(trained[i][1], trained[i][2] == 2, trained[i][0].frozen) for i in owned)
+        o_numel = sum(map(opt.__getitem__, owned))
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
                     "optimizer_bytes": 4 * o_numel, "grad_bytes": grads[rank], "grad_transient_bytes": 0})
     return out

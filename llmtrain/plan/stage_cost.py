@@ -59,16 +59,30 @@ def layer_costs(model_cfg, dev: Profile, *, micro_batch: int, seq_len: int, tp: 
         mb = micro_batch_kernels(dataclasses.replace(base, **piece))
         return sum(priced(k) for k in mb.forward + mb.backward)
 
+    # the pieces that do not run the MoE feed-forward (embedding, head, a dense block) do not read `moe`: priced
+    # once for every MoE plan
+    plain = (id(model_cfg), id(dev), micro_batch, seq_len, tp, sequence_parallel, cp, recompute)
+
+    def piece(kind, **where) -> float:
+        k = (*plain, kind, moe_key if kind == "moe" else None)
+        hit = _PIECES.get(k)
+        if hit is None or hit[0] is not dev or hit[1] is not model_cfg:
+            hit = _PIECES[k] = (dev, model_cfg, seconds(**where))
+        return hit[2]
+
     kinds: dict = {}  # a dense and an MoE block are each priced once
     blocks = []
     for i in range(model_cfg.num_layers):
         kind = model_cfg.is_moe_layer(i)
         if kind not in kinds:
-            kinds[kind] = seconds(layers=1, first_layer=i)
+            kinds[kind] = piece("moe" if kind else ("dense", i), layers=1, first_layer=i)
         blocks.append(kinds[kind])
-    costs = [seconds(first=True), *blocks, seconds(last=True)]
+    costs = [piece("embedding", first=True), *blocks, piece("head", last=True)]
     _COSTS[key] = (dev, model_cfg, tuple(costs))  # the profile and the model kept alive with their ids
     return costs
+
+
+_PIECES: dict = {}
 
 
 def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recompute: str = "none", moe=None):
