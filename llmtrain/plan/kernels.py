@@ -346,16 +346,20 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
         kinds.append((blocks(True), n - dense))
     fwd, bwd = [], []
     if spec.first:
-        ef, eb = embedding_kernels(cfg, b, s, t, e)
+        ef, eb = _shared(("embedding", id(cfg), b, s, t, e), cfg, lambda: embedding_kernels(cfg, b, s, t, e))
         fwd.append((ef, 1))
     fwd += [(bf, k) for (bf, _), k in kinds]
     if spec.last:
-        hf, hb = head_kernels(cfg, b, s, t, e, gpu, spec.sp, spec.ce_core)
-        if cfg.moe_num_experts > 0:  # the balancing losses over the model's MoE layers, added to the loss
-            from llmtrain.plan.moe import balancing_loss_kernels
+        def head():
+            hf, hb = head_kernels(cfg, b, s, t, e, gpu, spec.sp, spec.ce_core)
+            if cfg.moe_num_experts > 0:  # the balancing losses over the model's MoE layers, added to the loss
+                from llmtrain.plan.moe import balancing_loss_kernels
 
-            lf, lb = balancing_loss_kernels(cfg)
-            hf, hb = hf + lf, lb + hb
+                lf, lb = balancing_loss_kernels(cfg)
+                hf, hb = hf + lf, lb + hb
+            return hf, hb
+
+        hf, hb = _shared(("head", id(cfg), b, s, t, e, gpu, spec.sp, spec.ce_core), cfg, head)
         fwd.append((hf, 1))
         bwd.append((hb, 1))
     for (bf, bb), k in reversed(kinds):
@@ -366,6 +370,14 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
 
 
 _BLOCKS: dict = {}
+
+
+def _shared(key: tuple, cfg, build):
+    """`build()`'s (forward, backward) lists of a piece of the model, one pair per key (module docstring)."""
+    hit = _BLOCKS.get(key)
+    if hit is None or hit[0] is not cfg:
+        hit = _BLOCKS[key] = (cfg, build())  # the model kept alive with its id
+    return hit[1]
 
 
 def _joined(forward: list, backward: list) -> list:
