@@ -1,7 +1,7 @@
 """fleet's stage-1 sharding V2 (`DygraphShardingOptimizerV2`, `sharding_configs.split_param`): which flat slice of
 each parameter's optimizer state this rank holds, and the fused buffers behind it.
 
-    python -m pytest -q tests/paddle_compat/test_fused_comm.py
+    python -m pytest -q tests/parallel/test_parity.py -k "sharding2v2 or tp2sharding2"
     spans = v2_slices(optimizer)     # {param name: (start, end, padded size)} this rank's slices; {} without V2
     buffers = fused_buffers(optimizer)   # fleet's FusedCommBuffer objects (V2's, or the pipeline's under pp overlap)
 

@@ -4,7 +4,7 @@ Use: installed by `llmtrain.paddle_compat.cpu_backend.install()`. Afterwards, on
 `DygraphShardingOptimizerV2` (`sharding_configs.split_param`), V1's `tensor_fusion` / `comm_overlap` and the
 pipeline's `dp_comm_overlap` / `sharding_comm_overlap` build their `FusedCommBuffer`s and run unchanged:
 
-    python -m pytest -q tests/paddle_compat/test_fused_comm.py
+    python -m pytest -q tests/parallel/test_parity.py -k "sharding2v2 or tp2sharding2"
 
 What stops them on CPU, read in Paddle 3.3.1 (`fleet/utils/tensor_fusion_helper.py`):
 
