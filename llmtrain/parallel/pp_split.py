@@ -85,52 +85,71 @@ def _balanced_split(costs: tuple, chunks: int) -> tuple[int, ...]:
     n = len(blocks)
     if chunks < 1 or n < chunks:
         raise ValueError(f"{n} blocks cannot fill {chunks} chunks of at least one block each")
+    if min(costs) < 0:
+        raise ValueError(f"negative cost {min(costs)} in {list(costs)}: costs are seconds, >= 0")
     prefix = [0.0]
     for c in blocks:
         prefix.append(prefix[-1] + c)
 
+    last = chunks - 1
+
     def chunk_cost(k: int, a: int, j: int) -> float:  # chunk k holds blocks a .. j-1
         return prefix[j] - prefix[a] + (embed if k == 0 else 0.0) + (head if k == chunks - 1 else 0.0)
 
-    def solve(minimax: bool, limit: float):
-        """best[k][j]: (score of chunks 0..k ending at block j, start of chunk k); the score of a chunk sequence is
-        its costliest chunk (`minimax`) or the sum of its squared chunk costs."""
+    def solve(minimax: bool, limit: float) -> list:
+        """args[k][j]: the start of chunk k in the best split of blocks 0..j-1 into chunks 0..k (-1: none) whose
+        chunks each cost at most `limit`; the score of a chunk sequence is its costliest chunk (`minimax`) or the
+        sum of its squared chunk costs; [scores of chunks 0..last ending at n] returned last. A chunk holds at most
+        `most` blocks under the limit (its cost is at least its blocks' prefix difference), so chunk k ends
+        between n - (last - k) x most (the chunks after it must hold the rest) and (k + 1) x most; its start is
+        searched from the first block that keeps it under the limit (monotone in j), in increasing order, a start
+        winning only when it scores below the best so far by REL_TOL."""
         inf = float("inf")
         keep = 1 - REL_TOL
-        best = [[(inf, -1)] * (n + 1) for _ in range(chunks)]
+        most, a = 0, 0
+        for j in range(1, n + 1):
+            while prefix[j] - prefix[a] > limit:
+                a += 1
+            most = max(most, j - a)
+        vals, args = [inf] * (n + 1), [[-1] * (n + 1)]
         for j in range(1, n - chunks + 2):
             c = chunk_cost(0, 0, j)
             if c <= limit:
-                best[0][j] = (c if minimax else c * c, 0)
+                vals[j] = c if minimax else c * c
+                args[0][j] = 0
         for k in range(1, chunks):
-            e_k, h_k = (embed if k == 0 else 0.0), (head if k == chunks - 1 else 0.0)  # chunk_cost's terms, in order
-            before, row = best[k - 1], best[k]
-            for j in range(k + 1, n - chunks + k + 2):
-                top, at = inf, -1
+            h_k = head if k == last else 0.0  # chunk_cost's terms for k > 0 (x + 0.0 is x)
+            row, arg = [inf] * (n + 1), [-1] * (n + 1)
+            lo = k
+            for j in range(n if k == last else max(k + 1, n - (last - k) * most),
+                           min(n - chunks + k + 1, (k + 1) * most) + 1):
                 pj = prefix[j]
-                lo = max(k, bisect_left(prefix, pj + e_k + h_k - limit) - 1)
-                while lo > k and pj - prefix[lo - 1] + e_k + h_k <= limit:  # the same candidates as the skip below
-                    lo -= 1
+                while lo < j and pj - prefix[lo] + h_k > limit:
+                    lo += 1
+                top = thr = inf
+                at = -1
                 for a in range(lo, j):
-                    prev = before[a][0]
-                    c = pj - prefix[a] + e_k + h_k
-                    if prev == inf or c > limit:
+                    prev = vals[a]
+                    if prev == inf:
                         continue
+                    c = pj - prefix[a] + h_k
                     sc = (prev if prev > c else c) if minimax else prev + c * c
-                    if sc < top * keep:
-                        top, at = sc, a
-                row[j] = (top, at)
-        return best
+                    if sc < thr:
+                        top, at, thr = sc, a, sc * keep
+                row[j], arg[j] = top, at
+            vals = row
+            args.append(arg)
+        return args + [vals]
 
     by_count, at = 0.0, 0  # the bottleneck of the split by count: the optimum is at most that
     for k, size in enumerate(count_split(n, chunks)):
         by_count, at = max(by_count, chunk_cost(k, at, at + size)), at + size
-    worst = solve(True, by_count * (1 + 1e-6))[chunks - 1][n][0]
+    worst = solve(True, by_count * (1 + 1e-6))[-1][n]
     best = solve(False, worst * (1 + REL_TOL))
     ends, j = [], n
     for k in range(chunks - 1, -1, -1):
         ends.append(j)
-        j = best[k][j][1]
+        j = best[k][j]
     ends.reverse()
     return tuple(b - a for a, b in zip([0, *ends[:-1]], ends))
 

@@ -55,10 +55,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from functools import lru_cache
 
 from llmtrain.models.size import flops_parameters
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import (_LAYOUT_KEYS, _param_bytes, expert_state_owners, greedy_partition, local_shape, param_specs, predict_stage_ranks,
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
                                   stage_params)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
@@ -190,9 +191,9 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
+    moe = moe_blocks(cfg)
     for st in range(p):
-        blocks = stage_blocks(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        moe = moe_blocks(cfg)
+        blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         full = [moe_layer if moe[i] else dense_layer for i in blocks]
         flight = in_flight(p, v, m, st, dualpipev)
         transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
@@ -251,6 +252,17 @@ def moe_blocks(cfg) -> tuple:
     return hit[1]
 
 
+def stage_blocks_of(pp_layers, pp: int, stage: int, v_shape: bool = False) -> tuple:
+    """`llmtrain.parallel.pp_split.stage_blocks` as a tuple, remembered per (split, pp, stage, V shape): a ranking
+    asks for the same stages of the same splits many times."""
+    return _stage_blocks_of(tuple(pp_layers), pp, stage, v_shape)
+
+
+@lru_cache(maxsize=65536)
+def _stage_blocks_of(pp_layers: tuple, pp: int, stage: int, v_shape: bool) -> tuple:
+    return tuple(stage_blocks(pp_layers, pp, stage, v_shape))
+
+
 def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> float:
     """Micro-batches of pipeline stage `stage`'s blocks in flight (`memory_estimate`): 1F1B min(pp - stage, m),
     interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of its blocks, DualPipeV
@@ -267,17 +279,44 @@ def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> fl
 def activation_parts(cfg, layout, seq_len: int, mode: str, dtype_bytes: int, flash: bool, device: str,
                      moe_imbalance: float | None = None) -> tuple[float, float, float, float]:
     """(bytes a dense block saves for backward, an MoE block's, a fully recomputed block's kept input, the last
-    stage's logits with their fp32 loss copy and gradient) for one micro-batch of `layout` on one rank."""
+    stage's logits with their fp32 loss copy and gradient) for one micro-batch of `layout` on one rank (remembered
+    per model and the layout fields they read)."""
     cp = getattr(layout, "cp", 1)
     s, b, t = seq_len // cp, layout.micro_batch, layout.tp
     sp = getattr(layout, "sequence_parallel", False)
+    key = (id(cfg), s, b, t, sp, getattr(layout, "ep", 1), mode, dtype_bytes, flash, device, moe_imbalance)
+    hit = _ACT_PARTS.get(key)
+    if hit is None or hit[0] is not cfg:
+        hit = _ACT_PARTS[key] = (cfg, _activation_parts(cfg, layout, s, b, t, sp, mode, dtype_bytes, flash, device,
+                                                        moe_imbalance))  # the model kept alive with its id
+    return hit[1]
+
+
+_ACT_PARTS: dict = {}
+
+
+def shared_expert_cfg(cfg):
+    """`cfg` as a dense block whose FFN is the shared experts' (an MoE block's dense part), remembered per model."""
+    hit = _SHARED_CFG.get(id(cfg))
+    if hit is None or hit[0] is not cfg:
+        hit = _SHARED_CFG[id(cfg)] = (cfg, dataclasses.replace(
+            cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size()))
+    return hit[1]
+
+
+_SHARED_CFG: dict = {}
+
+
+def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, dtype_bytes: int, flash: bool,
+                      device: str, moe_imbalance: float | None) -> tuple[float, float, float, float]:
+    """`activation_parts`, computed."""
     dense_layer = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
                                          gpu=device == "gpu")
     moe_layer = dense_layer
     if cfg.moe_num_experts > 0:  # an MoE block: the dense block with the shared expert's FFN, plus the dispatch's
         from llmtrain.plan.moe import moe_activation_bytes
 
-        shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
+        shared = shared_expert_cfg(cfg)
         plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
                                            gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
@@ -291,21 +330,25 @@ _WORST: dict = {}
 def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     """Per pipeline stage, the holdings (`memory.predict_stage_ranks`) of its rank with the most bytes of parameters,
     gradients (transient expert ones included) and optimizer states; cached per (model, degrees, split)."""
-    key = (id(cfg), amp, device, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    key = (id(cfg), amp, device, *layout_key(layout))
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
-        ranks = predict_stage_ranks(cfg, layout, amp, device)
         held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
-        per = [max((r for (q, _), r in ranks.items() if q == st), key=held) for st in range(layout.pp)]
+        # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
+        per = [max(stage_holdings(cfg, layout, st, amp, device), key=held) for st in range(layout.pp)]
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
     return hit[1]
+
+
+def layout_key(layout) -> tuple:
+    """The values of the layout fields the holdings depend on (`memory._LAYOUT_KEYS`), hashable."""
+    return tuple(tuple(x) if isinstance(x, list) else x for x in (getattr(layout, k, None) for k in _LAYOUT_KEYS))
 
 
 def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str, dtype_bytes: int, flash: bool,
                            framework_bytes: float, moe_imbalance: float | None, fp8: bool = False) -> dict:
     """`memory_estimate` under recompute of parts of blocks or of some blocks (`llmtrain.plan.recompute`): each
     block priced by what it recomputes, each pipeline stage with its own blocks and micro-batches in flight."""
-    from llmtrain.plan.moe import moe_activation_bytes
     from llmtrain.plan.recompute import kept_routing_bytes, part_savings
 
     cp = getattr(layout, "cp", 1)
@@ -313,10 +356,8 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     sp = getattr(layout, "sequence_parallel", False)
     gpu = device == "gpu"
     plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
-    dense = layer_activation_bytes(cfg, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
-    shared = dataclasses.replace(cfg, ffn_hidden_size=cfg.moe_num_shared_experts * cfg.expert_ffn_size())
-    moe_full = (layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, sp=sp, gpu=gpu)
-                + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)) if cfg.moe_num_experts > 0 else dense
+    # each block's whole set without recompute (dense; MoE: the shared expert's block plus the dispatch's)
+    dense, moe_full = activation_parts(cfg, layout, seq_len, "none", dtype_bytes, flash, device, moe_imbalance)[:2]
 
     def block(moe: bool, parts) -> tuple:  # (bytes a block keeps for one micro-batch, bytes without recompute)
         full = moe_full if moe else dense
@@ -339,7 +380,7 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
     worst = None
     for st in range(p):
-        blocks = stage_blocks(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
+        blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
         act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
         if fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
@@ -413,19 +454,23 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     sharding and edp > 1 it updates the expert tensors it owns in its edp group (`memory.expert_state_owners`, the
     busiest owner), otherwise all of them. Cached per (model, degrees, split, stage)."""
     ep = getattr(layout, "ep", 1)
-    key = (id(cfg), amp, pp_rank, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
+    key = (id(cfg), amp, pp_rank, *layout_key(layout))
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
     specs = _stage_specs(cfg, layout, pp_rank)
-    grads = [(int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
+    sized = _sized(cfg, layout.tp, ep, amp)
+    grads = [sized.get(id(x)) or (int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
     expert = [i for i, x in enumerate(specs) if ep > 1 and x.expert]
     dense = [i for i in range(len(specs)) if not (ep > 1 and specs[i].expert)]
     sh = layout.sharding
     edp = layout.dp * sh // ep if ep > 1 else 1
     if expert and sh > 1 and edp > 1:
         owner = expert_state_owners([(specs[i].name, grads[i][0]) for i in expert], edp)
-        mine = max(range(edp), key=lambda k: sum(grads[i][0] for i in expert if owner[specs[i].name] == k))
+        load = [0] * edp  # elements of the expert tensors each edp index keeps
+        for i in expert:
+            load[owner[specs[i].name]] += grads[i][0]
+        mine = max(range(edp), key=load.__getitem__)
         experts_owned = [grads[i] for i in expert if owner[specs[i].name] == mine]
     else:
         experts_owned = [grads[i] for i in expert]
@@ -446,13 +491,29 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
 _TENSORS: dict = {}
 
 
+def _sized(cfg, tp: int, ep: int, amp: str) -> dict:
+    """{id(spec): (elements on a rank of tp/ep, bytes per element)} for the model's parameter list
+    (`memory._local_entries`)."""
+    specs = _spec_list(cfg, None)
+    key = (id(specs), tp, ep, amp)
+    hit = _SIZED.get(key)
+    if hit is None or hit[0] is not specs:
+        hit = _SIZED[key] = (specs, {id(x): (int(n), b) for x, n, b in _local_entries(specs, tp, ep, amp)[0]})
+    return hit[1]
+
+
+_SIZED: dict = {}
+
+
 def _stage_specs(cfg, layout, pp_rank: int) -> list:
     """The trained, unfrozen parameters of pipeline stage `pp_rank` (cached per model and split)."""
-    key = (repr(cfg), layout.pp, tuple(layout.pp_layers), pp_rank)
-    if key not in _STAGE_SPECS:
-        _STAGE_SPECS[key] = [x for x in stage_params(param_specs(cfg), layout, pp_rank, cfg.tie_embeddings)
-                             if x.trainable and not x.frozen]
-    return _STAGE_SPECS[key]
+    key = (id(cfg), layout.pp, tuple(layout.pp_layers), getattr(layout, "pp_schedule", "1f1b") == "dualpipev",
+           pp_rank)
+    hit = _STAGE_SPECS.get(key)
+    if hit is None or hit[0] is not cfg:
+        hit = _STAGE_SPECS[key] = (cfg, [x for x in stage_params(param_specs(cfg), layout, pp_rank, cfg.tie_embeddings)
+                                         if x.trainable and not x.frozen])  # the model kept alive with its id
+    return hit[1]
 
 
 def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
@@ -460,7 +521,8 @@ def synced_gradient_elements(cfg, layout) -> tuple[int, int]:
     trainable tensor it holds, input tables and every expert included (Paddle syncs each trainable gradient, not
     the 6N of the FLOPs), tp-local; the experts E/ep of them (`local_shape`)."""
     ep = getattr(layout, "ep", 1)
-    key = (id(cfg), layout.pp, tuple(layout.pp_layers), layout.tp, ep)
+    key = (id(cfg), layout.pp, tuple(layout.pp_layers), getattr(layout, "pp_schedule", "1f1b") == "dualpipev",
+           layout.tp, ep)
     hit = _SYNCED.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
@@ -530,7 +592,7 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
 
     def stage_compute(stage, ranks):
         grads, owned = rank_tensors(cfg, layout, amp, stage)
-        blocks = stage_blocks(layout.pp_layers, p, stage, v_shape) if p > 1 else list(range(cfg.num_layers))
+        blocks = stage_blocks_of(layout.pp_layers, p, stage, v_shape) if p > 1 else tuple(range(cfg.num_layers))
         micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none",
                                len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
                                bool(getattr(layout, "sequence_parallel", False)),
@@ -644,6 +706,17 @@ def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, 
     return m * cfg.num_layers / layout.pp * layer
 
 
+def _flops_parameters(cfg) -> int:
+    """`llmtrain.models.size.flops_parameters`, remembered per model."""
+    hit = _FLOPS_N.get(id(cfg))
+    if hit is None or hit[0] is not cfg:
+        hit = _FLOPS_N[id(cfg)] = (cfg, flops_parameters(cfg))  # the model kept alive with its id
+    return hit[1]
+
+
+_FLOPS_N: dict = {}
+
+
 def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: int, flash: bool | None = None,
                   amp: str = "bf16", moe_imbalance: float | None = None) -> dict:
     """Step time of `layout` on `dev` and its parts; a pipeline layout without its split gets the default one, as a
@@ -655,7 +728,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     layout = with_pipeline_split(layout, cfg, dev, seq_len=seq_len, recompute=mode, moe=moe)
     e = dev.dtype_bytes
     s, b, t, p, v, m = seq_len, layout.micro_batch, layout.tp, layout.pp, layout.virtual_pp, layout.grad_accum
-    n_flops = flops_parameters(cfg)
+    n_flops = _flops_parameters(cfg)
     per_token = 6 * n_flops + 12 * cfg.num_layers * cfg.hidden_size * s
     if flash is None:
         flash = cfg.attention == "flash" or (cfg.attention == "auto" and dev.async_launch)

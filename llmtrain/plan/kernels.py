@@ -33,9 +33,14 @@ for every micro-batch: the gradients are zeroed, not freed, between steps),
 the global-norm clip (one squared-norm kernel per tensor, a sum, one scale per tensor) and multi-precision
 AdamW (one kernel per tensor reading the gradient, the fp32 master, both moments and writing them and
 the low-precision copy).
+
+A block's kernel lists are built once per distinct block (model, shape, degrees, MoE plan) and shared by every
+micro-batch that holds it (`micro_batch_kernels`): the same list objects, so the timeline's maps of them
+(llmtrain/plan/timeline.py, cached per list) are computed once per ranking. Read them; never change them.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from llmtrain.models.recompute import Recompute, as_recompute
@@ -372,16 +377,22 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
     plan = spec.moe or MoEPlan()
 
     rc = spec.recompute if isinstance(spec.recompute, Recompute) else as_recompute(spec.recompute == "full")
-    built = {}
 
     def blocks(moe: bool, parts: frozenset):  # (forward, backward, the forward kernels re-run in the backward)
-        if moe not in built:
+        # the same lists for the same block and recomputed parts (module docstring)
+        key = ("block", id(cfg), b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, spec.cp, moe,
+               tuple(getattr(plan, f.name) for f in dataclasses.fields(plan)) if moe else None)
+
+        def build():
             p = _Pass()
             hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
             _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
-            built[moe] = p
-        p = built[moe]
-        return p.fwd, p.backward(), p.replayed(parts)
+            return p, {}
+
+        p, lists = _shared(key, cfg, build)
+        if parts not in lists:
+            lists[parts] = (p.fwd, p.backward(), p.replayed(parts))
+        return lists[parts]
 
     counts = {}  # (MoE block, recomputed parts) -> blocks of that kind on this rank, dense ones first
     for i in sorted(range(spec.first_layer, spec.first_layer + n), key=cfg.is_moe_layer):
@@ -390,23 +401,50 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
     kinds = [(blocks(moe, parts), k) for (moe, parts), k in counts.items()]
     fwd, bwd = [], []
     if spec.first:
-        ef, eb = embedding_kernels(cfg, b, s, t, e)
+        ef, eb = _shared(("embedding", id(cfg), b, s, t, e), cfg, lambda: embedding_kernels(cfg, b, s, t, e))
         fwd.append((ef, 1))
     fwd += [(bf, k) for (bf, _, _), k in kinds]
     if spec.last:
-        hf, hb = head_kernels(cfg, b, s, t, e, gpu, spec.sp, spec.ce_core)
-        if cfg.moe_num_experts > 0:  # the balancing losses over the model's MoE layers, added to the loss
-            from llmtrain.plan.moe import balancing_loss_kernels
+        def head():
+            hf, hb = head_kernels(cfg, b, s, t, e, gpu, spec.sp, spec.ce_core)
+            if cfg.moe_num_experts > 0:  # the balancing losses over the model's MoE layers, added to the loss
+                from llmtrain.plan.moe import balancing_loss_kernels
 
-            lf, lb = balancing_loss_kernels(cfg)
-            hf, hb = hf + lf, lb + hb
+                lf, lb = balancing_loss_kernels(cfg)
+                hf, hb = hf + lf, lb + hb
+            return hf, hb
+
+        hf, hb = _shared(("head", id(cfg), b, s, t, e, gpu, spec.sp, spec.ce_core), cfg, head)
         fwd.append((hf, 1))
         bwd.append((hb, 1))
     for (_, bb, again), k in reversed(kinds):  # a recomputed part's forward runs again before its backward
-        bwd.append((again + bb, k, len(again)) if again else (bb, k))
+        bwd.append((_joined(again, bb), k, len(again)) if again else (bb, k))
     if spec.first:
         bwd.append((eb, 1))
     return MicroBatch(fwd, bwd)
+
+
+_BLOCKS: dict = {}
+
+
+def _shared(key: tuple, cfg, build):
+    """`build()`'s lists of a piece of the model (forward, backward; a block's pass), one per key (module
+    docstring)."""
+    hit = _BLOCKS.get(key)
+    if hit is None or hit[0] is not cfg:
+        hit = _BLOCKS[key] = (cfg, build())  # the model kept alive with its id
+    return hit[1]
+
+
+def _joined(forward: list, backward: list) -> list:
+    """forward + backward (a block's backward after its recomputed forward), one list per pair of lists."""
+    hit = _JOINED.get((id(forward), id(backward)))
+    if hit is None or hit[0] is not forward or hit[1] is not backward:
+        hit = _JOINED[(id(forward), id(backward))] = (forward, backward, forward + backward)  # the lists kept alive
+    return hit[2]
+
+
+_JOINED: dict = {}
 
 
 def optimizer_kernels(grads: list[tuple[int, int]], owned: list[tuple[int, int]], micro_batches: int,

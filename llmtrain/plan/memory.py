@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from llmtrain.plan.params import ParamSpec  # noqa: F401 (re-exported: the planner's parameter record)
 
+import heapq
 from dataclasses import dataclass
 from math import prod
 
@@ -117,12 +118,13 @@ def zero3_padded(numel: int, elem_bytes: int, sharding: int, device: str) -> int
 def greedy_partition(numels: list[int], n: int, sort: bool) -> list[list[int]]:
     """Indices of `numels` each of n ranks owns: each to the rank with the fewest elements so far
     (ties: the lowest rank), largest first when `sort` (ZeRO-1) or in the given order (ZeRO-2)."""
-    order = sorted(range(len(numels)), key=lambda i: -numels[i]) if sort else list(range(len(numels)))
-    sizes, owned = [0] * n, [[] for _ in range(n)]
+    order = sorted(range(len(numels)), key=lambda i: -numels[i]) if sort else range(len(numels))
+    owned = [[] for _ in range(n)]
+    heap = [(0, r) for r in range(n)]  # (elements so far, rank): the least first, then the lowest rank
     for i in order:
-        r = sizes.index(min(sizes))
+        size, r = heap[0]
         owned[r].append(i)
-        sizes[r] += numels[i]
+        heapq.heapreplace(heap, (size + numels[i], r))
     return owned
 
 
@@ -220,23 +222,78 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
         repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
                                                                            "pp_schedule")), layout.pp == 1)
     hit = _STAGES.get(key)
-    if hit is not None and hit[0] is specs:  # a stage of the same blocks and degrees in another split
-        return [dict(r) for r in hit[1]]
-    out = _stage_ranks_of(cfg, layout, pp_rank, amp, device, specs)
-    _STAGES[key] = (specs, out)  # the list kept alive with its id
-    return [dict(r) for r in out]
+    if hit is None or hit[0] is not specs:  # else a stage of the same blocks and degrees in another split
+        hit = _STAGES[key] = (specs, _stage_ranks_of(cfg, layout, pp_rank, amp, device, specs))  # the list kept alive
+    return hit[1]
 
 
 _STAGES: dict = {}
 
 
+def stage_holdings(cfg, layout, pp_rank: int, amp: str = "none", device: str = "cpu") -> list[dict]:
+    """The holdings `predict_stage_ranks` lists for pipeline stage `pp_rank` (no LoRA), in sharding-rank or data-index
+    order: the cached entries themselves, to be read, not changed (the planner's fast path)."""
+    return _stage_ranks(cfg, layout, pp_rank, amp, device, _spec_list(cfg, None))
+
+
+def _spec_list(cfg, lora) -> list[ParamSpec]:
+    """`param_specs(cfg, lora)`, one list per distinct model (the stage caches are keyed by its id)."""
+    hit = _SPEC_BY_ID.get(id(cfg))
+    if hit is not None and hit[0] is cfg and lora is None:
+        return hit[1]
+    key = (repr(cfg), repr(lora))
+    if key not in _SPEC_LISTS:
+        _SPEC_LISTS[key] = param_specs(cfg, lora)
+    if lora is None:
+        _SPEC_BY_ID[id(cfg)] = (cfg, _SPEC_LISTS[key])  # the model kept alive with its id
+    return _SPEC_LISTS[key]
+
+
+_SPEC_BY_ID: dict = {}
+
+
+def _local_entries(specs: list[ParamSpec], tp: int, ep: int, amp: str) -> tuple[list, dict]:
+    """([(spec, elements on a rank of tp/ep, bytes per element)] for every spec, {chunk: [spec indices]}), cached
+    per spec list and degrees."""
+    key = (id(specs), tp, ep, amp)
+    hit = _LOCAL.get(key)
+    if hit is None or hit[0] is not specs:
+        chunks: dict = {}
+        for i, x in enumerate(specs):
+            chunks.setdefault(x.chunk, []).append(i)
+        hit = _LOCAL[key] = (specs, ([(x, prod(local_shape(x, tp, ep)), _param_bytes(x, amp)) for x in specs],
+                                     chunks))
+    return hit[1]
+
+
+_LOCAL: dict = {}
+
+
+def _stage_indices(specs: list[ParamSpec], chunks: dict, layout, pp_rank: int, tied: bool) -> list[int]:
+    """The indices into `specs` of the parameters `stage_params` gives stage `pp_rank`, in `specs` order."""
+    if layout.pp == 1:
+        return list(range(len(specs)))
+    if not layout.pp_layers:
+        stage_params(specs, layout, pp_rank, tied)  # its error
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    head_stage = 0 if v_shape else layout.pp - 1
+    out = [i for i in chunks.get("first", ()) if pp_rank == 0 or (tied and specs[i].name == TIED and
+                                                                    pp_rank == head_stage)]
+    if pp_rank == head_stage:
+        out += chunks.get("last", ())
+    for b in stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape):
+        out += chunks.get(b, ())
+    out.sort()
+    return out
+
+
 def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
     """`_stage_ranks`, computed."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
-    held = stage_params(specs, layout, pp_rank, cfg.tie_embeddings)
     ep = getattr(layout, "ep", 1)
     data = getattr(layout, "dp", 1) * sh
-    local = [(s, prod(local_shape(s, tp, ep)), _param_bytes(s, amp)) for s in held]
+    entries, chunks = _local_entries(specs, tp, ep, amp)
+    local = [entries[i] for i in _stage_indices(specs, chunks, layout, pp_rank, cfg.tie_embeddings)]
     # under ep > 1 the routed experts stay out of the dense ZeRO machinery (llmtrain/parallel/expert_states.py)
     experts = [x for x in local if ep > 1 and x[0].expert]
     dense = [x for x in local if not (ep > 1 and x[0].expert)]
@@ -248,16 +305,19 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
     e_bytes = sum(n * b for _, n, b in experts)
     if sh > 1 and edp > 1:  # each expert tensor's state (and, after the step, gradient) on one rank of its edp group
         owner = expert_state_owners([(s.name, n) for s, n, _ in experts], edp)
-        per = [[x for x in experts if owner[x[0].name] == k] for k in range(edp)]
+        per = [[] for _ in range(edp)]
+        for x in experts:
+            per[owner[x[0].name]].append(x)
     else:
         per = [experts]
+    # per edp index: (bytes of the experts whose states it keeps, their optimizer elements)
+    sums = [(sum(n * b for _, n, b in mine), sum(_opt_elems(n, b == 2) for _, n, b in mine)) for mine in per]
     out = []
     for d in range(data if len(per) > 1 else len(parts)):
-        base, mine = parts[d % len(parts)], per[(d // ep) % len(per)]
-        kept = sum(n * b for _, n, b in mine)
+        base, (kept, opt) = parts[d % len(parts)], sums[(d // ep) % len(per)]
         out.append({"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
-                    "optimizer_numel": base["optimizer_numel"] + sum(_opt_elems(n, b == 2) for _, n, b in mine),
-                    "optimizer_bytes": base["optimizer_bytes"] + 4 * sum(_opt_elems(n, b == 2) for _, n, b in mine),
+                    "optimizer_numel": base["optimizer_numel"] + opt,
+                    "optimizer_bytes": base["optimizer_bytes"] + 4 * opt,
                     "grad_bytes": base["grad_bytes"] + (e_bytes if stage in (2, 3) and sh > 1 else kept),
                     # the other experts' gradients, held from the backward until they are reduced to their owners
                     "grad_transient_bytes": e_bytes - kept if not (stage in (2, 3) and sh > 1) else 0})
@@ -329,9 +389,10 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
                                      getattr(layout, "zero2_buffer_size", ZERO2_BUFFER))
     else:
         grads = [g_bytes] * len(owners)
+    opt = [_opt_elems(n, b == 2, x.frozen) for x, n, b in trained]  # each tensor's optimizer elements
     out = []
     for rank, owned in enumerate(owners):
-        o_numel = sum(_opt_elems(trained[i][1], trained[i][2] == 2, trained[i][0].frozen) for i in owned)
+        o_numel = sum(map(opt.__getitem__, owned))
         out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
                     "optimizer_bytes": 4 * o_numel, "grad_bytes": grads[rank], "grad_transient_bytes": 0})
     return out
@@ -395,8 +456,8 @@ def predict_stage_ranks(cfg, layout, amp: str = "none", device: str = "cpu", lor
     key = (repr(cfg), repr(lora), amp, device, *(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS))
     hit = _PREDICTED.get(key)
     if hit is None:
-        specs = _SPEC_LISTS.setdefault(key[:2], param_specs(cfg, lora))  # one list per model: `_stage_ranks`' key
-        hit = _PREDICTED[key] = {(pp, r): entry for pp in range(layout.pp)
+        specs = _spec_list(cfg, lora)  # one list per model: `_stage_ranks`' key
+        hit = _PREDICTED[key] = {(pp, r): dict(entry) for pp in range(layout.pp)
                                  for r, entry in enumerate(_stage_ranks(cfg, layout, pp, amp, device, specs))}
     return {k: dict(v) for k, v in hit.items()}
 

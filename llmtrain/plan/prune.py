@@ -18,7 +18,7 @@ numbers summing to L): a layout whose bound exceeds the device's memory fits und
 from __future__ import annotations
 
 from llmtrain.plan.estimate import activation_parts, in_flight, moe_blocks
-from llmtrain.plan.memory import _opt_elems, _param_bytes, local_shape, param_specs
+from llmtrain.plan.memory import _local_entries, _opt_elems, _spec_list
 
 _PARTS: dict = {}
 
@@ -34,11 +34,7 @@ def _held(cfg, layout, amp: str) -> tuple[list, float, float]:
         return hit[1]
     blocks = [0.0] * cfg.num_layers
     ends = {"first": 0.0, "last": 0.0}
-    for s in param_specs(cfg):
-        n = 1
-        for d in local_shape(s, layout.tp, ep):
-            n *= d
-        b = _param_bytes(s, amp)
+    for s, n, b in _local_entries(_spec_list(cfg, None), layout.tp, ep, amp)[0]:  # elements on a rank, bytes each
         trained = s.trainable and not s.frozen
         share = (edp if sh > 1 else 1) if (ep > 1 and s.expert) else sh
         bytes_ = n * b + (n * b if trained else 0) + 4 * _opt_elems(n, b == 2, not trained) / share

@@ -173,6 +173,7 @@ def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
     if context:  # what llmtrain's context parallelism refuses (the model, the sequence, the exchange)
         from llmtrain.parallel.context import context_problems
     fit_memo: dict = {}
+    trains = {mb: dataclasses.replace(cfg.train, micro_batch_size=mb, grad_accum=None) for mb in MICRO_BATCHES}
     import sys
 
     from tqdm import tqdm
@@ -190,7 +191,7 @@ def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
                                         dev.async_launch):
             continue
         for mb in MICRO_BATCHES:
-            train = dataclasses.replace(cfg.train, micro_batch_size=mb, grad_accum=None)
+            train = trains[mb]
             layout, problems = layout_problems(pc, train, cfg.plan.devices)
             if problems:
                 continue

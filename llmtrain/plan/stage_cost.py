@@ -36,29 +36,53 @@ def layer_costs(model_cfg, dev: Profile, *, micro_batch: int, seq_len: int, tp: 
     [micro_batch, seq_len] on one rank of tensor-parallel degree `tp` (`recompute`: none | full | selective, full
     runs each block's forward again; `moe`: a `llmtrain.plan.moe.MoEPlan`, how MoE blocks dispatch)."""
     gpu = dev.async_launch
-    key = (repr(model_cfg), id(dev), micro_batch, seq_len, tp, sequence_parallel, cp, recompute, repr(moe))
-    if key in _COSTS:
-        return list(_COSTS[key][1])
+    moe_key = None if moe is None else (moe.ep, moe.dispatcher, moe.imbalance, moe.link, moe.local, moe.nvlink, moe.net)
+    key = (id(model_cfg), id(dev), micro_batch, seq_len, tp, sequence_parallel, cp, recompute, moe_key)
+    hit = _COSTS.get(key)
+    if hit is not None and hit[0] is dev and hit[1] is model_cfg:
+        return list(hit[2])
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     base = MicroBatchSpec(model_cfg, micro_batch, seq_len, tp, dev.dtype_bytes, gpu, flash,
                           "full" if recompute == "full" else "none", layers=0, first=False, last=False,
                           sp=sequence_parallel and tp > 1, math_core=dev.math_attn is not None,
                           ce_core="vocab_parallel_ce" in dev.mem_curves, cp=cp, moe=moe)
 
+    memo = dev.__dict__.setdefault("_kernel_memo", {})  # a kernel's device time, per profile (as timeline.Stream)
+
+    def priced(k) -> float:
+        d = memo.get(k)
+        if d is None:
+            d = memo[k] = kernel_seconds(dev, k)
+        return d
+
     def seconds(**piece) -> float:
         mb = micro_batch_kernels(dataclasses.replace(base, **piece))
-        return sum(kernel_seconds(dev, k) for k in mb.forward + mb.backward)
+        return sum(priced(k) for k in mb.forward + mb.backward)
+
+    # the pieces that do not run the MoE feed-forward (embedding, head, a dense block) do not read `moe`: priced
+    # once for every MoE plan
+    plain = (id(model_cfg), id(dev), micro_batch, seq_len, tp, sequence_parallel, cp, recompute)
+
+    def piece(kind, **where) -> float:
+        k = (*plain, kind, moe_key if kind == "moe" else None)
+        hit = _PIECES.get(k)
+        if hit is None or hit[0] is not dev or hit[1] is not model_cfg:
+            hit = _PIECES[k] = (dev, model_cfg, seconds(**where))
+        return hit[2]
 
     kinds: dict = {}  # a dense and an MoE block are each priced once
     blocks = []
     for i in range(model_cfg.num_layers):
         kind = model_cfg.is_moe_layer(i)
         if kind not in kinds:
-            kinds[kind] = seconds(layers=1, first_layer=i)
+            kinds[kind] = piece("moe" if kind else ("dense", i), layers=1, first_layer=i)
         blocks.append(kinds[kind])
-    costs = [seconds(first=True), *blocks, seconds(last=True)]
-    _COSTS[key] = (dev, tuple(costs))  # the profile kept alive with its id
+    costs = [piece("embedding", first=True), *blocks, piece("head", last=True)]
+    _COSTS[key] = (dev, model_cfg, tuple(costs))  # the profile and the model kept alive with their ids
     return costs
+
+
+_PIECES: dict = {}
 
 
 def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recompute: str = "none", moe=None):

@@ -314,9 +314,13 @@ def optimizer_summary(st: Stream, grads: list, owned: list, micro_batches: int, 
     a, b, c, e = out.a, out.b, out.c, out.e
     host = device = 0.0
     kernels = 0
+    adds = st._maps.setdefault(("accumulate", st._slow_key), {})  # elements -> (host s, device s) of one add
     if reps:
         for n, _ in grads:  # k = reps identical adds: (H, D) -> (H + k h, max(D + k d, H + max(h + k d, k h + d)))
-            h, d, _, _ = next(st._priced([mem("add", n, "launch" if gpu else "")], True, 0))
+            hd = adds.get(n)
+            if hd is None:
+                hd = adds[n] = next(st._priced([mem("add", n, "launch" if gpu else "")], True, 0))[:2]
+            h, d = hd
             if gpu:
                 A, C, E = reps * h, max(h + reps * d, reps * h + d), reps * d
                 a, b, c, e = a + A, b + A, max(a + C, c + E), max(b + C, e + E)
@@ -328,8 +332,13 @@ def optimizer_summary(st: Stream, grads: list, owned: list, micro_batches: int, 
             device += reps * d
             kernels += reps
     out = Summary(a, b, c, e, host, device, kernels, {"mem": device} if device else {})
-    if clip:
-        out = out.then(st.summary(optimizer_kernels([], owned, micro_batches, clip=True), True))
+    if clip:  # the clip's kernels depend on the owned tensors only: one map per owned list
+        clip_key = ("clip", tuple(owned), st._slow_key)
+        hit = st._maps.get(clip_key)
+        if hit is None:
+            hit = st._maps[clip_key] = (clip_key, st.summary(optimizer_kernels([], owned, micro_batches, clip=True),
+                                                             True))
+        out = out.then(hit[1])
     if gpu:  # Stream.run_optimizer: per tensor h of host, per_elem_s x elements of device
         o = prof.optimizer
         adam = Summary()

@@ -1,0 +1,113 @@
+"""The ranking's speed-ups keep its results: the pruned balanced split equals the plain programme, and a small
+ranking equals the rows committed before the speed-ups.
+
+    python -m pytest tests/plan/test_plan_speed.py -q
+    python benchmarks/plan_speed.py --compare DIR      # every row of the frontier rankings against a dump
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+from llmtest import compose
+from llmtrain.config import to_config
+from llmtrain.parallel.pp_split import REL_TOL, _balanced_split, count_split
+
+REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "plan_rows_qwen3-30b-a3b_8xh800.json.gz"
+"""Every row of `python -m llmtrain.plan model=qwen3-30b-a3b plan.devices=8 plan.device=h800
+train.global_batch_size=64 data.seq_len=2048 train.amp=bf16`, ranked at 825f9da (main before the speed-ups merged), gzipped."""
+OVERRIDES = ["model=qwen3-30b-a3b", "plan.devices=8", "plan.device=h800", "train.global_batch_size=64",
+             "data.seq_len=2048", "train.amp=bf16"]
+
+
+def plain_split(costs: tuple, chunks: int) -> tuple:
+    """The balanced split as first written (llmtrain/parallel/pp_split.py before the pruning): every chunk end j of
+    every chunk k, every start from the bisected limit, ties within REL_TOL to the earlier start."""
+    from bisect import bisect_left
+
+    embed, blocks, head = costs[0], list(costs[1:-1]), costs[-1]
+    n = len(blocks)
+    prefix = [0.0]
+    for c in blocks:
+        prefix.append(prefix[-1] + c)
+
+    def chunk_cost(k, a, j):
+        return prefix[j] - prefix[a] + (embed if k == 0 else 0.0) + (head if k == chunks - 1 else 0.0)
+
+    def solve(minimax, limit):
+        inf, keep = float("inf"), 1 - REL_TOL
+        best = [[(inf, -1)] * (n + 1) for _ in range(chunks)]
+        for j in range(1, n - chunks + 2):
+            c = chunk_cost(0, 0, j)
+            if c <= limit:
+                best[0][j] = (c if minimax else c * c, 0)
+        for k in range(1, chunks):
+            e_k, h_k = 0.0, (head if k == chunks - 1 else 0.0)
+            for j in range(k + 1, n - chunks + k + 2):
+                top, at, pj = inf, -1, prefix[j]
+                lo = max(k, bisect_left(prefix, pj + e_k + h_k - limit) - 1)
+                while lo > k and pj - prefix[lo - 1] + e_k + h_k <= limit:
+                    lo -= 1
+                for a in range(lo, j):
+                    prev, c = best[k - 1][a][0], pj - prefix[a] + e_k + h_k
+                    if prev == inf or c > limit:
+                        continue
+                    sc = (prev if prev > c else c) if minimax else prev + c * c
+                    if sc < top * keep:
+                        top, at = sc, a
+                best[k][j] = (top, at)
+        return best
+
+    by_count, at = 0.0, 0
+    for k, size in enumerate(count_split(n, chunks)):
+        by_count, at = max(by_count, chunk_cost(k, at, at + size)), at + size
+    worst = solve(True, by_count * (1 + 1e-6))[chunks - 1][n][0]
+    best = solve(False, worst * (1 + REL_TOL))
+    ends, j = [], n
+    for k in range(chunks - 1, -1, -1):
+        ends.append(j)
+        j = best[k][j][1]
+    ends.reverse()
+    return tuple(b - a for a, b in zip([0, *ends[:-1]], ends))
+
+
+def test_pruned_split_equals_the_plain_programme():
+    """Seeded costs shaped like the planner's (an embedding, dense then MoE blocks of a few costs, a head), with
+    exact and near ties (within REL_TOL) and random ones, every chunk count: the same split."""
+    rng = random.Random(41)
+    cases = 0
+    for _ in range(120):
+        n = rng.choice([5, 9, 17, 30, 61])
+        dense = rng.randrange(0, 4)
+        kind = rng.random()
+        if kind < 0.4:  # a dense and an MoE cost: ties everywhere
+            d, m = rng.uniform(0.01, 0.1), rng.uniform(0.02, 0.2)
+            blocks = [d] * dense + [m] * (n - dense)
+        elif kind < 0.7:  # near ties: costs a few REL_TOL apart
+            base = rng.uniform(0.01, 0.1)
+            blocks = [base * (1 + rng.choice([0, 1, -1, 3]) * REL_TOL / 2) for _ in range(n)]
+        else:
+            blocks = [rng.uniform(0.0, 1.0) for _ in range(n)]
+        costs = (rng.uniform(0, 0.05), *blocks, rng.choice([0.0, rng.uniform(0, 0.5), blocks[-1]]))
+        for chunks in sorted({1, 2, rng.randrange(1, n + 1), n, max(1, n // 2), max(1, n // 3)}):
+            assert _balanced_split.__wrapped__(costs, chunks) == plain_split(costs, chunks), (costs, chunks)
+            cases += 1
+    assert cases > 400
+
+
+def test_small_ranking_equals_the_rows_before_the_speed_ups():
+    """qwen3-30b-a3b on 8 x h800 (pipelines with their default splits, ep x edp, ZeRO-1/2/3, every recompute mode,
+    offload): every row, field by field, equals the committed reference (floats to 1e-9 relative)."""
+    from benchmarks.plan_speed import differences
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.search import rank_layouts
+
+    cfg = to_config(compose(OVERRIDES))
+    rows = rank_layouts(cfg, planned_model(cfg))
+    want = json.loads(gzip.decompress(REFERENCE.read_bytes()))
+    got = {"pruned": rows.pruned, "rows": json.loads(json.dumps(list(rows)))}
+    diff = differences(want, got)
+    assert not diff, diff[:10]
+    assert sum(r["fits"] for r in got["rows"]) > 0 and any(r["pp"] > 1 for r in got["rows"])
