@@ -34,12 +34,14 @@ to a grid step (2^-3 of its magnitude in e4m3, 2^-2 in e5m2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
-import paddle
 
-from llmtrain.fp8.recipe import Split
+if TYPE_CHECKING:  # paddle is imported where tokens move: `train.fp8_emulate` (a config field) stays paddle-free
+    import paddle
+
+    from llmtrain.fp8.recipe import Split
 
 
 @dataclass
@@ -118,6 +120,8 @@ class TokenView:
 
     def to_ranks(self, x: paddle.Tensor) -> paddle.Tensor:
         """x [b, s, K] -> [G, M/G, K]: group g holds cp rank g's tokens in its order."""
+        import paddle
+
         b, s, k = (int(d) for d in x.shape)
         if self.cp > 1:
             x = paddle.index_select(x, paddle.to_tensor(cp_order(s, self.cp)), axis=1)  # [b, s] rank-major
@@ -128,6 +132,8 @@ class TokenView:
 
     def from_ranks(self, y: paddle.Tensor, b: int, s: int) -> paddle.Tensor:
         """The inverse of `to_ranks`: y [G, M/G, N] -> [b, s, N]."""
+        import paddle
+
         n = int(y.shape[-1])
         if self.sequence_parallel:
             y = y.reshape([self.cp, s // self.cp, b, n]).transpose([0, 2, 1, 3])

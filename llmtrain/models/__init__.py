@@ -9,10 +9,12 @@ list (`llmtrain/parallel/pipeline.py`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from llmtrain.models.config import ModelConfig
-from llmtrain.models.roles import Roles
+
+if TYPE_CHECKING:  # paddle is imported by roles: `llmtrain.models.config` (the planner's path) stays paddle-free
+    from llmtrain.models.roles import Roles
 
 
 def build_model(cfg: ModelConfig, roles: Optional[Roles] = None, recompute=False):

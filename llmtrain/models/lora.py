@@ -31,11 +31,12 @@ import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-import paddle
-import paddle.nn as nn
-import paddle.nn.functional as F
+from typing import TYPE_CHECKING
 
 from llmtrain.contracts import tags
+
+if TYPE_CHECKING:  # paddle is imported where a branch runs: the config dataclasses (llmtrain.config, the planner) stay paddle-free
+    import paddle.nn as nn
 
 DEFAULT_TARGETS = [r"layers\.\d+\.attn\.(q|k|v|o)_proj", r"layers\.\d+\.mlp\.(gate|up|down)_proj"]
 
@@ -103,6 +104,9 @@ class _Branch:
 
     def delta(self, layer, x):
         """dropout(x) A B * alpha / r: x [.., in] (row linear under tp: [.., in/tp]) -> [.., out] (column: out/tp)."""
+        import paddle
+        import paddle.nn.functional as F
+
         if self.dropout > 0 and layer.training:
             x = F.dropout(x, self.dropout)
         return paddle.matmul(self.roles.lora_down(self.kind, x, layer.lora_A), layer.lora_B) * self.scaling
@@ -126,6 +130,8 @@ def add_fused_adapters(roles, x, layers: list, outs: list) -> list:
         for i, branch in zip(adapted, branches):
             outs[i] = outs[i] + branch.delta(layers[i], x)
         return outs
+    import paddle
+
     a = paddle.concat([layers[i].lora_A for i in adapted], axis=1)  # [in, n r]
     xa = roles.lora_down("column", x, a)  # [.., n r], whole
     parts = paddle.split(xa, [int(layers[i].lora_A.shape[1]) for i in adapted], axis=-1)  # n x [.., r]

@@ -34,6 +34,7 @@ import paddle.nn as nn
 
 from llmtrain.contracts import tags
 from llmtrain.models.config import ModelConfig
+from llmtrain.models.field_checks import mla_problems  # noqa: F401  (its home before the split)
 from llmtrain.models.recompute import checkpointed
 from llmtrain.models.layers import Rotary, build_norm, choose_attention, math_attention
 from llmtrain.models.roles import Roles
@@ -53,38 +54,6 @@ def mla_softmax_scale(cfg: ModelConfig) -> float:
         m = yarn_mscale(float(r.factor), float(r.mscale_all_dim))
         scale *= m * m
     return scale
-
-
-def mla_problems(model, sequence_parallel: bool = False) -> list[str]:
-    """The `model.mla_*` fields fit together and with the layout (empty: fine; nothing to check without MLA)."""
-    if not getattr(model, "mla_kv_lora_rank", 0):
-        return []
-    problems = []
-    for name in ("mla_kv_lora_rank", "mla_qk_rope_head_dim", "mla_v_head_dim"):
-        if getattr(model, name) <= 0:
-            problems.append(f"model.{name}={getattr(model, name)}: must be > 0 with multi-head latent attention")
-    if model.mla_qk_rope_head_dim % 2:
-        problems.append(f"model.mla_qk_rope_head_dim={model.mla_qk_rope_head_dim}: the rotary part must be even")
-    if model.mla_qk_nope_head_dim < 0:
-        problems.append(f"model.mla_qk_nope_head_dim={model.mla_qk_nope_head_dim}: must be >= 0")
-    if model.mla_q_lora_rank is not None and model.mla_q_lora_rank <= 0:
-        problems.append(f"model.mla_q_lora_rank={model.mla_q_lora_rank}: must be > 0, or null for one q_proj")
-    if model.family != "decoder" or model.position != "rope":
-        problems.append(f"model.mla_kv_lora_rank={model.mla_kv_lora_rank} (multi-head latent attention) needs "
-                        f"model.family=decoder and position=rope (have {model.family}, {model.position})")
-    if model.num_kv_heads not in (None, model.num_heads):
-        problems.append(f"model.num_kv_heads={model.num_kv_heads} with multi-head latent attention: every head has "
-                        "its own keys and values from c_kv; set num_kv_heads=null")
-    for name, value, why in (("qk_norm", model.qk_norm, "MLA's own norms are on the compressed vectors"),
-                             ("sliding_window", model.sliding_window, "not implemented for MLA"),
-                             ("head_dim", model.head_dim, "MLA's widths are mla_qk_nope/rope_head_dim and "
-                                                          "mla_v_head_dim")):
-        if value:
-            problems.append(f"model.{name}={value} with multi-head latent attention: {why}")
-    if sequence_parallel:
-        problems.append("parallel.sequence_parallel=true with multi-head latent attention (model.mla_kv_lora_rank > "
-                        "0): not implemented (the replicated down-projections would see sequence shards)")
-    return problems
 
 
 def padded_value_core(core, qk_dim: int):

@@ -31,6 +31,7 @@ import paddle.nn.functional as F
 
 from llmtrain.models.config import ModelConfig
 from llmtrain.models.dispatch import capacity
+from llmtrain.models.field_checks import group_problems  # noqa: F401  (its home before the split)
 from llmtrain.paddle_compat import amp
 
 
@@ -111,27 +112,6 @@ def limit_to_groups(choose: paddle.Tensor, limit: Optional[GroupLimit]) -> paddl
     chosen = F.one_hot(best, limit.groups).sum(1) > 0  # [T, G]
     mask = chosen.unsqueeze(-1).expand([num_tokens, limit.groups, num_experts // limit.groups])  # [T, G, E/G]
     return paddle.where(mask.reshape([num_tokens, num_experts]), choose, paddle.full_like(choose, float("-inf")))
-
-
-def group_problems(model) -> list[str]:
-    """`moe_n_group` / `moe_topk_group` / `moe_group_score` fit the experts and top_k (empty: fine)."""
-    e, g, keep = model.moe_num_experts, model.moe_n_group, model.moe_topk_group
-    if e <= 0 or (g == 1 and keep == 1):
-        return []
-    problems = []
-    if g < 1 or e % g:
-        return [f"model.moe_n_group={g}: must be >= 1 and divide model.moe_num_experts={e}"]
-    if not 1 <= keep <= g:
-        problems.append(f"model.moe_topk_group={keep}: must be in 1..model.moe_n_group={g}")
-    elif model.moe_top_k > keep * (e // g):
-        problems.append(f"model.moe_top_k={model.moe_top_k} > model.moe_topk_group={keep} x {e // g} experts per "
-                        "group: a token could not find its experts")
-    if model.moe_group_score not in ("top2", "max"):
-        problems.append(f"model.moe_group_score={model.moe_group_score!r}: expected 'top2' or 'max'")
-    elif model.moe_group_score == "top2" and e // g < 2:
-        problems.append(f"model.moe_group_score=top2 needs >= 2 experts per group (moe_num_experts={e}, "
-                        f"moe_n_group={g})")
-    return problems
 
 
 def route(logits: paddle.Tensor, top_k: int, kind: str = "softmax", norm_topk: bool = True,

@@ -337,8 +337,7 @@ def model_fit_problems(degrees, model) -> list[str]:
         problems.append(f"model.moe_num_experts={e} but no block has experts (moe_first_dense_layers="
                         f"{model.moe_first_dense_layers}, moe_last_layer={model.moe_last_layer}, moe_layer_interval="
                         f"{model.moe_layer_interval}, num_layers={model.num_layers})")
-    from llmtrain.models.mla import mla_problems
-    from llmtrain.models.router import group_problems
+    from llmtrain.models.field_checks import group_problems, mla_problems
 
     problems += group_problems(model) + mla_problems(model, bool(getattr(degrees, "sequence_parallel", False)))
     if model.num_heads <= 0 or model.num_layers <= 0:

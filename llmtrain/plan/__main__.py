@@ -50,7 +50,8 @@ def plan(cfg) -> list[dict]:
             recompute = recompute_of(cfg.train, model.num_layers, layout.pp_layers)
         from llmtrain.plan.fp8 import with_fp8
 
-        dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8)  # train.fp8: FP8 GEMMs priced
+        dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8,  # train.fp8: FP8 GEMMs priced
+                   weight_cache=cfg.train.fp8_weight_cache)
         from llmtrain.plan.estimate import moe_plan, recompute_mode
         from llmtrain.plan.stage_cost import with_pipeline_split
 

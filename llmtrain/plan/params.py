@@ -17,11 +17,20 @@ place, `split_axis_of`):
 Pipeline position from the canonical prefix (`embed*` first, `layers.N` block N, the rest last); LayerNorm
 parameters (kept fp32 under O2) from the owning layer's type; no gradient (`stop_gradient`, the MoE expert
 bias) frozen; under LoRA everything but the adapters untrained. A new model family needs no planner change.
+
+Building the model needs paddle (seconds to import on a 2-core host), so the list is also kept on disk:
+$LLMTRAIN_CACHE_DIR/param_specs/ (else $XDG_CACHE_HOME or ~/.cache, /llmtrain/param_specs), one JSON file per
+(model config, LoRA config, source of every llmtrain module, the installed paddle's version file). A ranking whose
+list is there never imports paddle; any edit of llmtrain or another paddle builds it again.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
 from math import prod
+from pathlib import Path
 
 from llmtrain.contracts.tags import is_expert, linear_of, role_of
 
@@ -110,10 +119,64 @@ def _specs(cfg, lora) -> tuple:
     return tuple(out)
 
 
+_SOURCE: list = []
+
+
+def _source_digest() -> str:
+    """sha256 of every llmtrain module's path and text and of the installed paddle's version file (found without
+    importing paddle): what the built parameter list depends on besides the configs."""
+    if not _SOURCE:
+        import importlib.util
+
+        h = hashlib.sha256()
+        root = Path(__file__).resolve().parents[1]  # llmtrain/
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        spec = importlib.util.find_spec("paddle")
+        version = Path(spec.origin).parent / "version" / "__init__.py" if spec and spec.origin else None
+        h.update(version.read_bytes() if version is not None and version.exists() else b"no paddle")
+        _SOURCE.append(h.hexdigest())
+    return _SOURCE[0]
+
+
+def _cache_file(key: tuple) -> Path:
+    base = os.environ.get("LLMTRAIN_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "llmtrain")
+    digest = hashlib.sha256(json.dumps([*key, _source_digest()]).encode()).hexdigest()
+    return Path(base) / "param_specs" / f"{digest}.json"
+
+
+def _from_disk(key: tuple):
+    """The list stored for `key` by an earlier process, or None (absent, unreadable or of another layout)."""
+    try:
+        with open(_cache_file(key)) as f:
+            rows = json.load(f)
+        return tuple(ParamSpec(**{**r, "shape": tuple(r["shape"])}) for r in rows)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _to_disk(key: tuple, specs: tuple) -> None:
+    """Store the list (written to a temporary name, then renamed: readers never see half a file); a read-only
+    or full disk only costs the next process the build."""
+    path = _cache_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([asdict(s) for s in specs]))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def model_param_specs(cfg, lora=None) -> list:
     """Every parameter of the single-device model (a tied table once), with its tp split axis and stage."""
     lora = lora if lora is not None and lora.rank > 0 else None
     key = (repr(cfg), repr(lora))
     if key not in _CACHE:
-        _CACHE[key] = _specs(cfg, lora)
+        specs = _from_disk(key)
+        if specs is None:
+            specs = _specs(cfg, lora)
+            _to_disk(key, specs)
+        _CACHE[key] = specs
     return list(_CACHE[key])

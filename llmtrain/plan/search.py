@@ -22,7 +22,6 @@ from llmtrain.plan.recompute import mode_name, plan_recompute, with_offload
 from llmtrain.plan.stage_cost import with_pipeline_split
 
 MICRO_BATCHES = (1, 2, 4, 8, 16)
-HAS_CP = "cp" in {f.name for f in dataclasses.fields(ParallelConfig)}
 """Whether this llmtrain's parallel config has context parallelism (`parallel.cp`, `parallel.cp_comm`)."""
 
 
@@ -146,7 +145,7 @@ def rank_layouts(cfg, model_cfg, context: bool | None = None, progress: bool = F
     for one device's memory) and the parallel config has cp, the layouts with cp > 1 are ranked too (`context`
     True: always; False: never). `progress`: a progress bar on stderr while it ranks (a terminal only)."""
     rows = _rank(cfg, model_cfg, context=False, progress=progress)
-    if HAS_CP and context is not False and (context or not any(r["fits"] for r in rows)):
+    if context is not False and (context or not any(r["fits"] for r in rows)):
         both = _rank(cfg, model_cfg, context=True, progress=progress)
         both.pruned += rows.pruned
         both += rows
@@ -166,12 +165,13 @@ def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
     """Every valid row; memory first, and only the rows that fit are timed (`evaluate(timed=False)`)."""
     from llmtrain.plan.fp8 import with_fp8
 
-    dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8)  # train.fp8: FP8 GEMMs priced
+    dev = with_fp8(get_device(cfg.plan.device, cfg.plan.profile), cfg.train.fp8,  # train.fp8: FP8 GEMMs priced
+                   weight_cache=cfg.train.fp8_weight_cache)
     rows = Ranking()
     amp = "none" if not dev.async_launch else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if dev.async_launch else "cpu"
     if context:  # what llmtrain's context parallelism refuses (the model, the sequence, the exchange)
-        from llmtrain.parallel.context import context_problems
+        from llmtrain.parallel.context_checks import context_problems
     fit_memo: dict = {}
     trains = {mb: dataclasses.replace(cfg.train, micro_batch_size=mb, grad_accum=None) for mb in MICRO_BATCHES}
     import sys

@@ -111,3 +111,24 @@ def test_cached_weights_are_priced_once_per_step(recipe):
         assert got["every"]["device_s"] - got["cached"]["device_s"] == pytest.approx(8 * saved - once, rel=1e-6)
         gain = got["every"]["compute_s"] - got["cached"]["compute_s"]
         assert gain >= 0 and (gain > 0.5 * (8 * saved - once) if bound == "device" else True), (model, gain, once)
+
+
+def test_the_ranking_prices_the_weight_cache_setting():
+    """`train.fp8_weight_cache=false` reaches the ranking's FP8 pricing: every micro-batch quantises the weights
+    again, so the same FP8 rows take longer than with the cache (the default) where the device bounds the step."""
+    from llmtrain.config import to_config
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.search import rank_layouts
+    from llmtest import compose
+
+    base = ["model=llama-7b", "model.num_layers=2", "plan.devices=2", "plan.device=h100", "train.fp8=blockwise",
+            "train.amp=bf16", "train.global_batch_size=16", "data.seq_len=4096"]
+    got = {}
+    for flag in ("true", "false"):
+        cfg = to_config(compose([*base, f"train.fp8_weight_cache={flag}"]))
+        got[flag] = {(r["name"], r["micro_batch"], r["recompute"], r["offload_optimizer"], r["offload_activations"],
+                      tuple(r["pp_layers"]), tuple(sorted(r["knobs"]))): r["step_time_s"]
+                     for r in rank_layouts(cfg, planned_model(cfg)) if r["fits"]}
+    assert got["true"] and got["true"].keys() == got["false"].keys()
+    assert all(got["false"][k] >= got["true"][k] for k in got["true"])
+    assert any(got["false"][k] > got["true"][k] * 1.001 for k in got["true"])

@@ -111,3 +111,46 @@ def test_small_ranking_equals_the_rows_before_the_speed_ups():
     diff = differences(want, got)
     assert not diff, diff[:10]
     assert sum(r["fits"] for r in got["rows"]) > 0 and any(r["pp"] > 1 for r in got["rows"])
+
+
+def test_parameter_list_on_disk_equals_the_built_one(tmp_path, monkeypatch):
+    """The planner's parameter list stored on disk (llmtrain/plan/params.py) reads back equal to the one built from
+    the model, and a changed source digest misses (builds again) instead of reading a stale list."""
+    from llmtrain.plan import params
+    from llmtrain.plan.model import planned_model
+
+    monkeypatch.setenv("LLMTRAIN_CACHE_DIR", str(tmp_path))
+    model = planned_model(to_config(compose(["model=moe-tiny", "model.vocab_size=1000"])))
+    key = (repr(model), repr(None))
+    built = params._specs(model, None)
+    assert params._from_disk(key) is None
+    params._to_disk(key, built)
+    assert params._from_disk(key) == built and len(built) > 10
+    monkeypatch.setattr(params, "_SOURCE", ["another source"])
+    assert params._from_disk(key) is None
+
+
+def test_the_ranking_command_does_not_import_paddle(tmp_path, monkeypatch):
+    """`python -m llmtrain.plan ...` imports no paddle, neither to import the CLI nor to rank, once its parameter
+    list is on disk (a first run builds the model lazily, with paddle; here this process stores it first): the
+    import costs seconds on a 2-core host."""
+    import os
+    import subprocess
+    import sys
+
+    from llmtrain.plan.model import planned_model
+    from llmtrain.plan.params import model_param_specs
+
+    monkeypatch.setenv("LLMTRAIN_CACHE_DIR", str(tmp_path))
+    args = ["model=moe-tiny", "model.vocab_size=1000", "plan.devices=4", "plan.device=h100", "plan.top=1"]
+    model_param_specs(planned_model(to_config(compose(args))))  # what the first run of the command stores
+    assert list(tmp_path.glob("param_specs/*.json"))
+    root = Path(__file__).resolve().parents[2]
+    probe = ("import sys, runpy; import llmtrain.plan.__main__; print('after import', 'paddle' in sys.modules); "
+             "sys.argv = ['llmtrain.plan', *sys.argv[1:]]; runpy.run_module('llmtrain.plan', run_name='__main__'); "
+             "print('after ranking', 'paddle' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", probe, *args], env={**os.environ, "PYTHONPATH": str(root)}, cwd=root,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "after import False" in run.stdout, run.stdout[-3000:]
+    assert "after ranking False" in run.stdout and " 1 " in run.stdout, run.stdout[-3000:]
