@@ -53,6 +53,7 @@ import heapq
 from dataclasses import dataclass
 from math import prod
 
+from llmtrain.parallel.overlap import FUSED
 from llmtrain.parallel.pp_split import stage_blocks
 
 TIED = "embed.word.weight"
@@ -297,7 +298,16 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
     # under ep > 1 the routed experts stay out of the dense ZeRO machinery (llmtrain/parallel/expert_states.py)
     experts = [x for x in local if ep > 1 and x[0].expert]
     dense = [x for x in local if not (ep > 1 and x[0].expert)]
-    parts = _dense_ranks(cfg, layout, dense, stage, device)
+    # the dense holdings depend on the stage's block kinds and the ZeRO settings, not on dp, ep (> 1) or the split
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
+    key = (id(specs), tuple(cfg.is_moe_layer(i) for i in blocks), pp_rank == 0,
+           pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1, tp, ep > 1, amp, sh, stage, device,
+           cfg.tie_embeddings, *(repr(getattr(layout, k, None)) for k in _DENSE_KEYS))
+    hit = _DENSE.get(key)
+    if hit is None or hit[0] is not specs:
+        hit = _DENSE[key] = (specs, _dense_ranks(cfg, layout, dense, stage, device))
+    parts = hit[1]
     edp = data // ep if ep > 1 else 1
     if not experts:
         return parts
@@ -322,6 +332,12 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
                     # the other experts' gradients, held from the backward until they are reduced to their owners
                     "grad_transient_bytes": e_bytes - kept if not (stage in (2, 3) and sh > 1) else 0})
     return out
+
+
+_DENSE: dict = {}
+_DENSE_KEYS = ("zero3_segment_size", "sharding_split_param", "sharding_tensor_fusion", "sharding_comm_buffer_mb",
+               "zero2_buffer_size", *FUSED)
+"""The layout fields `_dense_ranks` reads besides the degrees (the fused-buffer knobs: `needs_main_grad`)."""
 
 
 def expert_state_owners(named: list[tuple[str, int]], degree: int) -> dict:

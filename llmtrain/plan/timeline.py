@@ -298,6 +298,22 @@ def cached_micro_batch(spec: MicroBatchSpec):
     return hit[1]
 
 
+_TOKENS: dict = {}
+_TOKEN_OF: dict = {}
+
+
+def _content_token(items: list) -> int:
+    """A small int naming the content of `items` (equal contents, equal ints): computed once per list object (the
+    planner passes the same cached lists, `estimate.rank_tensors`, thousands of times; a tuple of a thousand
+    tensors is hashed anew on every lookup). The list is kept alive with its id and must not change."""
+    hit = _TOKENS.get(id(items))
+    if hit is not None and hit[0] is items:
+        return hit[1]
+    token = _TOKEN_OF.setdefault(tuple(items), len(_TOKEN_OF))
+    _TOKENS[id(items)] = (items, token)
+    return token
+
+
 def optimizer_summary(st: Stream, grads: list, owned: list, micro_batches: int, clip: bool) -> Summary:
     """The step's kernels after the micro-batches as one map: `optimizer_kernels` (each gradient's accumulation
     adds, a run of identical kernels in closed form; the clip's kernels) then, on an async-launch device, the
@@ -305,45 +321,54 @@ def optimizer_summary(st: Stream, grads: list, owned: list, micro_batches: int, 
     micro-batches)."""
     prof = st.prof
     gpu = prof.async_launch
-    key = ("optimizer", tuple(grads), tuple(owned), micro_batches, clip, st._slow_key)
+    key = ("optimizer", _content_token(grads), _content_token(owned), micro_batches, clip, st._slow_key)
     hit = st._maps.get(key)
     if hit is not None:
         return hit[1]
-    reps = max(0, micro_batches - (0 if gpu else 1))
-    out = Summary()
-    a, b, c, e = out.a, out.b, out.c, out.e
-    host = device = 0.0
-    kernels = 0
-    adds = st._maps.setdefault(("accumulate", st._slow_key), {})  # elements -> (host s, device s) of one add
-    if reps:
-        for n, _ in grads:  # k = reps identical adds: (H, D) -> (H + k h, max(D + k d, H + max(h + k d, k h + d)))
-            hd = adds.get(n)
-            if hd is None:
-                hd = adds[n] = next(st._priced([mem("add", n, "launch" if gpu else "")], True, 0))[:2]
-            h, d = hd
-            if gpu:
-                A, C, E = reps * h, max(h + reps * d, reps * h + d), reps * d
-                a, b, c, e = a + A, b + A, max(a + C, c + E), max(b + C, e + E)
-            else:
-                x = reps * (h + d)
-                a, b = a + x, b + x
-                c, e = a, b
-            host += reps * h
-            device += reps * d
-            kernels += reps
-    out = Summary(a, b, c, e, host, device, kernels, {"mem": device} if device else {})
+    grads_key = ("accumulate-map", _content_token(grads), micro_batches, st._slow_key)
+    hit = st._maps.get(grads_key)  # the adds depend on the gradients only: one map per gradient list
+    if hit is None:
+        reps = max(0, micro_batches - (0 if gpu else 1))
+        out = Summary()
+        a, b, c, e = out.a, out.b, out.c, out.e
+        host = device = 0.0
+        kernels = 0
+        adds = st._maps.setdefault(("accumulate", st._slow_key), {})  # elements -> (host s, device s) of one add
+        if reps:
+            for n, _ in grads:  # k = reps identical adds: (H, D) -> (H + k h, max(D + k d, H + max(h + k d, k h + d)))
+                hd = adds.get(n)
+                if hd is None:
+                    hd = adds[n] = next(st._priced([mem("add", n, "launch" if gpu else "")], True, 0))[:2]
+                h, d = hd
+                if gpu:
+                    A, C, E = reps * h, max(h + reps * d, reps * h + d), reps * d
+                    a, b, c, e = a + A, b + A, max(a + C, c + E), max(b + C, e + E)
+                else:
+                    x = reps * (h + d)
+                    a, b = a + x, b + x
+                    c, e = a, b
+                host += reps * h
+                device += reps * d
+                kernels += reps
+        out = Summary(a, b, c, e, host, device, kernels, {"mem": device} if device else {})
+        hit = st._maps[grads_key] = (grads_key, out)
+    out = hit[1]
     if clip:  # the clip's kernels depend on the owned tensors only: one map per owned list
-        clip_key = ("clip", tuple(owned), st._slow_key)
+        clip_key = ("clip", _content_token(owned), st._slow_key)
         hit = st._maps.get(clip_key)
         if hit is None:
             hit = st._maps[clip_key] = (clip_key, st.summary(optimizer_kernels([], owned, micro_batches, clip=True),
                                                              True))
         out = out.then(hit[1])
     if gpu:  # Stream.run_optimizer: per tensor h of host, per_elem_s x elements of device
-        o = prof.optimizer
-        adam = Summary()
-        for n, _ in owned:
-            adam.kernel(o["per_tensor_s"], o["per_elem_s"] * n, "optimizer", False, True)
-        out = out.then(adam)
+        adam_key = ("adam", _content_token(owned), st._slow_key)
+        hit = st._maps.get(adam_key)  # one map per owned list
+        if hit is None:
+            o = prof.optimizer
+            adam = Summary()
+            for n, _ in owned:
+                adam.kernel(o["per_tensor_s"], o["per_elem_s"] * n, "optimizer", False, True)
+            hit = st._maps[adam_key] = (adam_key, adam)
+        out = out.then(hit[1])
     st._maps[key] = (key, out)
     return out
