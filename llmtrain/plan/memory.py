@@ -296,8 +296,7 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
     entries, chunks = _local_entries(specs, tp, ep, amp)
     local = [entries[i] for i in _stage_indices(specs, chunks, layout, pp_rank, cfg.tie_embeddings)]
     # under ep > 1 the routed experts stay out of the dense ZeRO machinery (llmtrain/parallel/expert_states.py)
-    experts = [x for x in local if ep > 1 and x[0].expert]
-    dense = [x for x in local if not (ep > 1 and x[0].expert)]
+    experts = [x for x in local if x[0].expert] if ep > 1 else []
     # the dense holdings depend on the stage's block kinds and the ZeRO settings, not on dp, ep (> 1) or the split
     v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
@@ -306,6 +305,7 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
            cfg.tie_embeddings, *(repr(getattr(layout, k, None)) for k in _DENSE_KEYS))
     hit = _DENSE.get(key)
     if hit is None or hit[0] is not specs:
+        dense = [x for x in local if not x[0].expert] if ep > 1 else local
         hit = _DENSE[key] = (specs, _dense_ranks(cfg, layout, dense, stage, device))
     parts = hit[1]
     edp = data // ep if ep > 1 else 1
