@@ -9,7 +9,8 @@ directory and PYTHONPATH set to it, as a user's checkout would be. Each command 
 page's own words, shrunk as follows (the same for every command, so that the sequence means what it did):
 
 - `RUN_TINY` is appended to every training recipe (pretrain.py / finetune.py, directly, behind a launcher or
-  `scripts/supervise.py`, or through a script that passes "$@" on to one): a tiny model and sequence. The number of
+  `scripts/supervise.py`, or through a script that passes "$@" on to one): a short sequence; `SMALL_MODEL` too where
+  the preset is not a tiny one. The number of
   processes is kept as written (gloo on CPU). Steps are kept as written: the pages' numbers (20 to 200 steps) run in
   seconds at this size, so no `train.max_steps` is appended.
 - `work/pd1998/` is prepared before the first command as `scripts/prepare_default_corpus.sh` leaves it, from the
@@ -18,9 +19,11 @@ page's own words, shrunk as follows (the same for every command, so that the seq
 - `ARGUMENTS` replaces a few arguments that would not fit the shrunk corpus (a 32000-piece tokenizer).
 - Absolute `/tmp/...` paths move under the fresh directory; a command ending in `&` runs in the background until the
   page ends.
-- `PREREQUISITES`: a page that uses another page's result (work/runs/quickstart) runs that command first.
+- `PREREQUISITES`: a block that builds on another page's result (work/runs/quickstart) gets it from that command,
+  run once per process (shrunk the same way) in a directory of its own whose `work/` is copied in.
 
-A command this machine cannot run is classified by a rule in `not_here` with its reason (no GPU, no Docker daemon,
+One unit is a ```bash block (`units`, `run_page(page, only=LINE)`); `python tests/docs_run.py PAGE` runs all of a
+page's blocks in order in one directory. A command this machine cannot run is classified by a rule in `not_here` with its reason (no GPU, no Docker daemon,
 placeholders for the user's files, ...); a command that is neither runnable nor classified fails the page.
 What the page says each command does is checked in `expectations`: exit status 0, or non-zero with no traceback for
 a command marked `# expect: refused`; the files it makes (run directories with checkpoints and metrics, exports,
@@ -28,6 +31,7 @@ tokenizers, prefixes); and the first line of an output block the page quotes rig
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import json
 import os
@@ -40,10 +44,13 @@ import time
 
 from docs_commands import REPO, Command, commands_of_text, doc_files
 
-RUN_TINY = ["model.hidden_size=32", "model.num_layers=2", "model.num_heads=4", "model.ffn_hidden_size=64",
-            "model.max_position_embeddings=128", "data.seq_len=32", "data.num_workers=0",
-            "train.progress_bar=false", "train.visualdl=false"]
-"""Appended to every training recipe a page runs: a model and sequence small enough for seconds-long runs."""
+RUN_TINY = ["data.seq_len=32", "data.num_workers=0", "train.progress_bar=false", "train.visualdl=false"]
+"""Appended to every training recipe a page runs (after the command's own words, so data.seq_len=32 holds for a
+whole sequence of commands: a resume sees the sequence its checkpoint was trained on)."""
+
+SMALL_MODEL = ["model.hidden_size=64", "model.num_layers=4", "model.num_heads=8", "model.ffn_hidden_size=128"]
+"""Also appended where the preset is not a `*-tiny` one (qwen3-0.6b), each unless the command sets that key: the
+size of the tiny presets, whose own sizes are kept (a command's model.num_layers=8 and pp_layers fit them)."""
 
 LINKED = ["conf", "llmtrain", "scripts", "docker", "deploy", "pyproject.toml", "README.md"]
 COPIED = ["tokenizers"]
@@ -122,6 +129,10 @@ def shrunk(page: str, argv: list, root: str) -> list:
             a = ARGUMENTS[(page, argv[i - 1], a)]
         out.append(re.sub(r"^/tmp/", root + "/tmp/", a))
     if any(a in RECIPE_SCRIPTS or a in FORWARDING_SCRIPTS for a in out):
+        preset = [a.split("=", 1)[1] for a in out if a.startswith("model=")]
+        if preset and not preset[-1].endswith("-tiny"):
+            given = {a.split("=", 1)[0] for a in out}
+            out += [a for a in SMALL_MODEL if a.split("=", 1)[0] not in given]
         out += RUN_TINY
     return out
 
@@ -136,6 +147,7 @@ def _seed_dir() -> str:
     from llmtrain.corpus import peoples_daily as pd
 
     root = tempfile.mkdtemp(prefix="docs_run_seed_")
+    atexit.register(shutil.rmtree, root, True)
     work = os.path.join(root, "work", "pd1998")
     os.makedirs(work)
     os.makedirs(os.path.join(root, "corpus"))
@@ -158,6 +170,23 @@ def _seed_dir() -> str:
     assert r.returncode == 0, f"preparing the shrunk work/pd1998 failed:\n{r.stdout}\n{r.stderr}"
     _SEED.append(root)
     return root
+
+
+_MADE: dict = {}
+
+
+def _made_by(maker: str) -> str:
+    """A fresh directory in which the prerequisite command `maker` ran (shrunk), made once per process."""
+    if maker not in _MADE:
+        root = fresh_dir()
+        (cmd,) = commands_of_text(f"```bash\n{maker}\n```", os.path.join(REPO, "README.md"))
+        r = subprocess.run(shrunk("", cmd.argv, root), cwd=root, env=_env(root), capture_output=True, text=True,
+                           timeout=TIMEOUT)
+        problems = expectations(cmd, shrunk("", cmd.argv, root), root, r.stdout + r.stderr, r.returncode)
+        assert not problems, f"the prerequisite {maker}: {problems}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        _MADE[maker] = root
+        atexit.register(shutil.rmtree, root, True)
+    return _MADE[maker]
 
 
 def _env(root: str) -> dict:
@@ -299,21 +328,20 @@ def run_page(page: str, log=print, only: int | None = None) -> list[Result]:
     chosen = [(start, cmds) for start, cmds in blocks(page) if only in (None, start)]
     assert chosen, f"{page} has no block of commands opening on line {only}"
     commands = [c for _, cmds in chosen for c in cmds]
-    named = "\n".join(lines[start:] if only is None else lines[start:start + 1 + _block_len(lines, start)]
-                      for start, _ in chosen[:1])
-    pre = []
-    for needle, maker in PREREQUISITES.items():
-        if needle in named and maker not in {" ".join(c.argv) for c in commands}:
-            pre += [dataclasses.replace(c, source=path, line=0) for c in commands_of_text(f"```bash\n{maker}\n```",
-                                                                                          path)]
+    named = text if only is None else "\n".join(lines[only:only + _block_len(lines, only)])
+    makers = {maker for needle, maker in PREREQUISITES.items()
+              if needle in named and maker not in {" ".join(c.argv) for c in commands}}
     root = fresh_dir()
+    for maker in sorted(makers):
+        shutil.copytree(os.path.join(_made_by(maker), "work"), os.path.join(root, "work"), dirs_exist_ok=True,
+                        symlinks=True)
+        log(f"-- {page}: {maker} (run once, shrunk; its work/ copied in)")
     env = _env(root)
     results, background = [], []
     try:
-        for cmd in pre + commands:
+        for cmd in commands:
             argv = list(cmd.argv)
-            where = f"{page}:{cmd.line}" if cmd.line else f"{page}:(prerequisite)"
-            where += f": {' '.join(argv)}"[:160]
+            where = f"{page}:{cmd.line}: {' '.join(argv)}"[:160]
             reason = not_here(cmd, argv)
             if reason:
                 results.append(Result(where, f"not here: {reason}"))
@@ -344,6 +372,7 @@ def run_page(page: str, log=print, only: int | None = None) -> list[Result]:
             log(f"-- {where}\n   {status} ({seconds:.1f} s)")
             if problems:
                 log("   " + "\n   ".join(output.strip().split("\n")[-25:]))
+            sys.stdout.flush()
     finally:
         for p in background:
             p.terminate()
