@@ -13,6 +13,7 @@ page's own words, shrunk as follows (the same for every command, so that the seq
   the preset is not a tiny one. The number of
   processes is kept as written (gloo on CPU). Steps are kept as written: the pages' numbers (20 to 200 steps) run in
   seconds at this size, so no `train.max_steps` is appended.
+- `.venv/` stands for the installed environment that scripts/env.sh would otherwise create (this interpreter).
 - `work/pd1998/` is prepared before the first command as `scripts/prepare_default_corpus.sh` leaves it, from the
   corpus's first 80 articles and a 2500-piece tokenizer (`PD1998_VOCAB=2500`) instead of all 1.9M words and
   16000 pieces; `corpus/` (data.md's "your files") holds the same 80 articles as one jsonl file.
@@ -204,6 +205,12 @@ def fresh_dir() -> str:
     for name in COPIED:
         shutil.copytree(os.path.join(REPO, name), os.path.join(root, name))
     shutil.copytree(_seed_dir(), root, dirs_exist_ok=True, symlinks=True)
+    venv = os.path.join(root, ".venv")  # what scripts/env.sh finds installed: this interpreter, no new install
+    os.makedirs(os.path.join(venv, "bin"))
+    os.symlink(sys.executable, os.path.join(venv, "bin", "python"))
+    with open(os.path.join(venv, "bin", "activate"), "w") as f:
+        f.write(f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n')
+    open(os.path.join(venv, ".llmtrain-installed"), "w").close()
     return root
 
 
