@@ -12,7 +12,7 @@ page's own words, shrunk as follows (the same for every command, so that the seq
   `scripts/supervise.py`, or through a script that passes "$@" on to one): a short sequence; `SMALL_MODEL` too where
   the preset is not a tiny one. The number of
   processes is kept as written (gloo on CPU). Steps are kept as written: the pages' numbers (20 to 200 steps) run in
-  seconds at this size, so no `train.max_steps` is appended.
+  seconds at this size, so no `train.max_steps` is appended, except to the quickstart (`QUICKSTART_STEPS`).
 - `.venv/` stands for the installed environment that scripts/env.sh would otherwise create (this interpreter).
 - `work/pd1998/` is prepared before the first command as `scripts/prepare_default_corpus.sh` leaves it, from the
   corpus's first 80 articles and a 2500-piece tokenizer (`PD1998_VOCAB=2500`) instead of all 1.9M words and
@@ -67,6 +67,16 @@ PREREQUISITES = {"work/runs/quickstart": "bash scripts/quickstart.sh",
 """A path (or script) a block names -> the command that makes what it builds on, run first (shrunk the same way)
 unless the block runs that command itself: the quickstart's run (finetune_demo.sh would start an unshrunk one)."""
 
+PROMISES = {
+    ("docs/checkpoints.md", "run.dir=work/runs/relayout-tp2"): [
+        "work/runs/relayout/checkpoints/step_100", "work/runs/relayout-tp2/checkpoints/step_100",
+        "work/runs/relayout-tp2/metrics.jsonl"],
+    ("docs/checkpoints.md", "model.init_from=work/runs/quickstart/checkpoints/step_200"): [
+        "outputs/gpt-tiny-step20-tp2/checkpoints", "says:run directory outputs/gpt-tiny-step20-tp2:"],  # step200
+}
+"""(page, a word of the command) -> what the page's prose says the command leaves: paths under the fresh directory,
+or `says:TEXT` for a line of its output."""
+
 RUNNABLE = {"python", "python3", "bash", "etcd", "cp"}
 """Programs a page's command may run here; any other must be classified by `not_here`."""
 
@@ -79,6 +89,12 @@ def program(argv: list) -> str:
 
 USER_FILES = {"PADDLENLP_DIR", "TOKENIZER_DIR", "RUN", "chat.jsonl", "DeepSeek-V2-Lite/", "ERNIE-4.5-0.3B-PT/"}
 """Placeholders for the user's own files, or weights downloaded from a model hub: none of them exists here."""
+
+
+QUICKSTART_STEPS = {"train.max_steps=200": "train.max_steps=20", "step_100": "step_10", "step_200": "step_20",
+                    "step200": "step20"}
+"""The quickstart's 200 steps (checkpoints at 100 and 200) take minutes on 2 loaded cores: it runs 20 steps with
+a checkpoint every 10, and a command naming its checkpoints (or continuing it to step 200) is scaled the same."""
 
 
 def not_here(cmd: Command, argv: list) -> str | None:
@@ -129,6 +145,11 @@ def shrunk(page: str, argv: list, root: str) -> list:
         if i and (page, argv[i - 1], a) in ARGUMENTS:
             a = ARGUMENTS[(page, argv[i - 1], a)]
         out.append(re.sub(r"^/tmp/", root + "/tmp/", a))
+    if out[:2] == ["bash", "scripts/quickstart.sh"]:
+        out += ["train.max_steps=20", "checkpoint.interval=10"]
+    elif any("work/runs/quickstart" in a for a in out):
+        for big, small in QUICKSTART_STEPS.items():
+            out = [a.replace(big, small) for a in out]
     if any(a in RECIPE_SCRIPTS or a in FORWARDING_SCRIPTS for a in out):
         preset = [a.split("=", 1)[1] for a in out if a.startswith("model=")]
         if preset and not preset[-1].endswith("-tiny"):
@@ -296,8 +317,16 @@ def expectations(cmd: Command, argv: list, root: str, output: str, rc: int) -> l
             need(os.path.join(opt("--output"), f), "qa_pairs")
     elif mod == "llmtrain.generate" and not output.strip():
         problems.append("generated nothing")
+    for (where, word), promised in PROMISES.items():
+        if cmd.source.endswith(where) and word in cmd.argv:
+            for p in promised:
+                if p.startswith("says:"):
+                    if p[5:] not in output:
+                        problems.append(f"the page says the output has {p[5:]!r}")
+                else:
+                    need(p, "the page says it")
     if argv[:2] == ["bash", "scripts/quickstart.sh"]:
-        need("work/runs/quickstart/checkpoints/step_200", "the quickstart")
+        need("work/runs/quickstart/checkpoints/step_20", "the quickstart (20 steps here: QUICKSTART_STEPS)")
         need("work/runs/quickstart/loss_curve.png", "the quickstart")
     if argv[:2] == ["bash", "scripts/finetune_demo.sh"]:
         for d in ("work/runs/lora-demo/checkpoints", "work/pnlp/lora-demo-adapters", "work/pnlp/lora-demo-merged"):
