@@ -68,6 +68,9 @@ PREREQUISITES = {"work/runs/quickstart": "bash scripts/quickstart.sh",
 unless the block runs that command itself: the quickstart's run (finetune_demo.sh would start an unshrunk one)."""
 
 PROMISES = {
+    ("docs/changing-runs.md", "checkpoint.resume=work/runs/wsd/checkpoints/step_16"): [
+        "work/runs/wsd/superseded/1/checkpoints/step_20", "work/runs/wsd/superseded/1/metrics.jsonl",
+        "work/runs/wsd/checkpoints/step_40"],
     ("docs/checkpoints.md", "run.dir=work/runs/relayout-tp2"): [
         "work/runs/relayout/checkpoints/step_100", "work/runs/relayout-tp2/checkpoints/step_100",
         "work/runs/relayout-tp2/metrics.jsonl"],
@@ -105,7 +108,7 @@ def not_here(cmd: Command, argv: list) -> str | None:
         return "no Docker daemon here"
     if prog == "kubectl":
         return "no Kubernetes cluster here"
-    if prog in ("python", "python3") and args[:2] == ["-m", "pip"]:
+    if prog in ("python", "python3") and (args[:2] == ["-m", "pip"] or args[:1] == ["scripts/install_deps.py"]):
         return "installs packages (paddlepaddle-gpu from Paddle's own index, the project): it would change the " \
                "environment the suite runs in"
     if prog == "bash" and args[:1] == ["scripts/test.sh"]:
