@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -406,6 +407,11 @@ def run_page(page: str, log=print, only: int | None = None) -> list[Result]:
                 if first and " ".join(first.split()) not in " ".join(output.split()):
                     problems.append(f"the page quotes {first!r}, not in the output")
             seconds = time.time() - t0
+            if problems:  # a launcher's own output ends with its log settings: add its rank 0's last words
+                logs = sorted(glob.glob(os.path.join(root, "**", "workerlog.0"), recursive=True), key=os.path.getmtime)
+                if logs and os.path.getmtime(logs[-1]) >= t0:
+                    output += f"\n[{os.path.relpath(logs[-1], root)}]\n" + "\n".join(
+                        open(logs[-1], errors="replace").read().strip().split("\n")[-15:])
             status = "ok" if not problems else "FAILED: " + "; ".join(problems)
             results.append(Result(where, status, seconds, output))
             log(f"-- {where}\n   {status} ({seconds:.1f} s)")
