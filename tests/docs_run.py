@@ -159,8 +159,9 @@ def shrunk(page: str, argv: list, root: str) -> list:
         if preset and not preset[-1].endswith("-tiny"):
             given = {a.split("=", 1)[0] for a in out}
             out += [a for a in SMALL_MODEL if a.split("=", 1)[0] not in given]
-        finetune = "llmtrain/finetune.py" in out or "scripts/finetune_demo.sh" in out  # its data has no workers
-        out += [a for a in RUN_TINY if not (finetune and a.startswith("data.num_workers="))]
+        # fine-tuning keeps its own sequence (at 32 positions most answers start beyond it) and has no data workers
+        finetune = "llmtrain/finetune.py" in out or "scripts/finetune_demo.sh" in out
+        out += [a for a in RUN_TINY if not (finetune and a.startswith(("data.num_workers=", "data.seq_len=")))]
     return out
 
 
