@@ -16,7 +16,7 @@ defaults (`model.fuse_* = auto` -> on):
 - SwiGLU as silu(gate) * up (Paddle: one `swiglu` kernel; here two);
 - attention: flash attention through SDPA on [b, heads, s, d] views (GQA through `enable_gqa`, no repeat of k/v);
 - loss: logits cast to fp32, per-token cross entropy, times the loss mask, sum / max(sum(mask), 1);
-- recompute: `torch.utils.checkpoint` per block, non-reentrant.
+- recompute: `torch.utils.checkpoint` per block, non-reentrant, without early stop (the whole block re-runs).
 
 AMP as Paddle's O2 with master weights holds it: every parameter bf16 (LayerNorm too: Paddle keeps norms fp32 only
 for fp16), bf16 gradients, the global-norm clip on the bf16 gradients, then multi-precision AdamW on fp32 master
@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, set_checkpoint_early_stop
 
 CHUNK = 1 << 28  # elements per optimizer chunk (1 GiB of fp32 grad buffer)
 
@@ -177,8 +177,9 @@ class Decoder(torch.nn.Module):
         if self.pos is not None:
             x = x + self.pos[None, : ids.shape[1]]
         for blk in self.blocks:
-            if self.recompute:
-                x = checkpoint(self.block, blk, x, use_reentrant=False)
+            if self.recompute:  # the whole block again, as Paddle's recompute (no early stop: PyTorch's default
+                with set_checkpoint_early_stop(False):  # skips a block's last ops, whose outputs no backward reads)
+                    x = checkpoint(self.block, blk, x, use_reentrant=False)
             else:
                 x = self.block(blk, x)
         x = self.norm(x, self.final_w, self.final_b)

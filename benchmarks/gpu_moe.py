@@ -13,8 +13,8 @@ experts run three ways (`MoE.impl`):
   (capacity) or int(counts.max()) (dropless: the one host read per layer, recorded in `CAPACITIES`);
   slot = idx C + pos, dropped -> E C; source = scatter(full([E C + 1], T), slot, tile(arange(T), k))[:E C] (the
   token of each buffer row, T if empty); buffer = gather(concat(x, zeros([1, h])), source) -> [E, C, h] (its
-  backward one index_add of the buffer's gradient into [T + 1, h]); [E, C, h] bmm [E, h, 2f] (gate and up
-  concatenated at every forward: `fuse_ffn`), silu(g) * u, bmm [E, f, h]; combine in token-major order: the rows
+  backward one index_add of the buffer's gradient into [T + 1, h]); [E, C, h] bmm [E, h, f] for gate and for up
+  (two bmm on the stacked weights, as `Experts.ffn`: no concatenation), silu(g) * u, bmm [E, f, h]; combine in token-major order: the rows
   at row = slot (dropped: row 0, weight 0) laid out [T, k], gathered [T, k, h], times the weights [T, k, 1],
   summed over k. Variants for the record (`MoE.dispatch` "index_add": the plan before that change, x[tok]
   index_added into the buffer at `slot`);
@@ -126,7 +126,7 @@ def experts_slots(moe: MoE, x, index, weight, counts, w_gate, w_up, w_down):
         source = torch.full((E * C + 1,), T, device=x.device, dtype=torch.int64).scatter_(0, slot, tok)[: E * C]
         padded = torch.cat([x, x.new_zeros(1, h)])  # [T + 1, h]
         xe = padded.index_select(0, source).view(E, C, h)  # [E, C, h] expert-major; backward: index_add into [T+1, h]
-    g, u = torch.bmm(xe, torch.cat([w_gate, w_up], dim=-1)).chunk(2, dim=-1)  # [E, C, f] each (fuse_ffn)
+    g, u = torch.bmm(xe, w_gate), torch.bmm(xe, w_up)  # [E, C, f] each: two bmm on the stacked weights (Experts.ffn)
     ye = torch.bmm(F.silu(g) * u, w_down).view(E * C, h)  # [E C, h]
     row = torch.where(keep, slot, torch.zeros_like(slot)).view(k, T).t().reshape(-1)  # [T k] token-major; dropped 0
     rows = ye.index_select(0, row).view(T, k, h)  # [T, k, h]
@@ -154,7 +154,7 @@ def experts_loop(moe: MoE, x, index, weight, counts, w_gate, w_up, w_down):
 def experts_grouped(moe: MoE, x, index, weight, counts, w_gate, w_up, w_down):
     """Grouped-GEMM reference (dropless): sort choices by expert, torch._grouped_mm over device offsets; the
     weights are stored transposed ([E, f, h], [E, f, h], [E, h, f]: `MoEDecoder` for impl grouped) and passed as
-    column-major views, no copy but the gate|up concatenation the other paths make too."""
+    column-major views, no copy but the gate|up concatenation (`slots` and `loop` run gate and up apart)."""
     T, k = index.shape
     flat = index.reshape(-1)  # [T k]
     order = torch.argsort(flat, stable=True)

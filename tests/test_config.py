@@ -25,7 +25,7 @@ def test_defaults_have_no_parallel_and_required_overrides_work():
 
 @pytest.mark.parametrize("name", ["dp2", "dp4", "dp8", "tp2", "tp4", "tp8", "pp2", "pp4", "sharding2", "sharding4",
                                   "zero2", "zero3", "dp2tp2", "tp2pp2", "dp2pp2", "tp2sharding2", "dp2tp2pp2", "pp4v2",
-                                  "pp3", "pp3v2", "sharding2v2"])
+                                  "pp3", "pp3v2", "sharding2v2", "tp2sharding2v2"])
 def test_every_parallel_option_composes_and_resolves(name):
     c = to_config(compose([f"+parallel={name}", "train.micro_batch_size=1"]))
     assert c.parallel.name == name

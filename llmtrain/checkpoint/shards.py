@@ -11,7 +11,9 @@ A tensor replicated over data-parallel, sharding or tensor-parallel ranks is
 written once (by one data rank, chosen to balance the bytes, so the ranks share
 the copying and writing); a tp-split tensor by each tp rank of one data rank;
 sharded (ZeRO-1) optimizer state by the rank that owns it; ZeRO-3's parameters and stage-1 V2's optimizer
-state (`sharding_split_param`) as flat slices of the flattened, padded tensor. Loading assembles
+state (`sharding_split_param`) as flat slices of the flattened, padded tensor (under tp, V2's of the flattened,
+padded tp piece, whose place in the full tensor the metadata's `flat.piece` gives); V1's fused optimizer state
+(`sharding_tensor_fusion`) cut into each parameter's whole tensor, as without fusion. Loading assembles
 the full tensor from its pieces and cuts this rank's slice for the new layout,
 so a checkpoint resumes under any dp/tp/pp/sharding mix.
 """
@@ -155,11 +157,25 @@ def optimizer_state(optimizer) -> OptimizerState:
     return OptimizerState(optimizer.state_dict())
 
 
-def _flat_meta(name: str, param, start: int, padded: int) -> dict:
-    """A ZeRO-3 slice: elements [start, start + len) of the flattened parameter padded to `padded`."""
+def _flat_meta(name: str, param, start: int, padded: int, piece: Optional[dict] = None) -> dict:
+    """A flat slice: elements [start, start + len) of the flattened parameter padded to `padded`. With `piece`
+    (`_tp_piece`), of this rank's tp piece of the parameter instead, placed in the full tensor as `piece` says."""
     shape = [int(x) for x in param.shape]
-    return {"name": name, "global_shape": shape, "axis": 0, "offset": int(start),
-            "flat": {"numel": int(np.prod(shape)), "padded": int(padded)}}
+    flat = {"numel": int(np.prod(shape)), "padded": int(padded)}
+    if piece is not None:
+        flat["piece"] = piece
+        shape = piece.pop("global_shape")
+    return {"name": name, "global_shape": shape, "axis": 0, "offset": int(start), "flat": flat}
+
+
+def _tp_piece(name: str, param, topo, tp_degree: int) -> Optional[dict]:
+    """Where this rank's tp piece of a split parameter lies in the full tensor ({"shape", "axis", "offset"}, and the
+    full "global_shape"), or None for a parameter whole on every tp rank."""
+    if tp_degree == 1 or tags.split_axis(param) is None:
+        return None
+    m = _piece_meta(name, param, [int(x) for x in param.shape], topo, tp_degree)
+    return {"shape": [int(x) for x in param.shape], "axis": m["axis"], "offset": m["offset"],
+            "global_shape": m["global_shape"]}
 
 
 def _collect_sliced(name, param, span, opt_state, masters, tensors, meta, pool=None) -> None:
@@ -173,24 +189,42 @@ def _collect_sliced(name, param, span, opt_state, masters, tensors, meta, pool=N
     _collect_flat_state(name, param, store.name, span, opt_state, masters, tensors, meta, pool)
 
 
-def _collect_v2_state(name, param, span, opt_state, masters, tensors, meta, pool=None) -> None:
+def _collect_v2_state(name, param, span, opt_state, masters, tensors, meta, pool=None, piece=None) -> None:
     """Stage-1 sharding V2: this rank's flat slice of each optimizer accumulator and of the master weight (the
-    parameter's value is whole on every rank and written as any replicated one)."""
-    _collect_flat_state(name, param, param.name, span, opt_state, masters, tensors, meta, pool)
+    parameter's value is whole on every sharding rank and written as any replicated one); under tp a flat slice of
+    this rank's tp piece (`piece`, from `_tp_piece`)."""
+    _collect_flat_state(name, param, param.name, span, opt_state, masters, tensors, meta, pool, piece)
 
 
-def _collect_flat_state(name, param, state_name, span, opt_state, masters, tensors, meta, pool) -> None:
+def _collect_flat_state(name, param, state_name, span, opt_state, masters, tensors, meta, pool, piece=None) -> None:
     """This rank's flat slice [start, start + its length) of each optimizer accumulator and of the master weight
-    kept under `state_name` (split-like accumulators; the others, such as Adam's beta powers, whole)."""
+    kept under `state_name` (split-like accumulators; the others, such as Adam's beta powers, whole); `piece`: the
+    slices are of a tp piece of the parameter (`_tp_piece`)."""
     start, _end, padded = span
+    flat = lambda: _flat_meta(name, param, start, padded, dict(piece) if piece else None)  # noqa: E731
     for acc, var in opt_state.accumulators(state_name):
         key = f"optim/{name}/{acc}"
         tensors[key] = _np32(var, pool=pool)
-        meta[key] = (_flat_meta(name, param, start, padded) if is_split_like_param(key)
+        meta[key] = (flat() if is_split_like_param(key)
                      else {"name": name, "global_shape": [int(x) for x in var.shape], "axis": None, "offset": 0})
     if state_name in masters:
         tensors[f"optim/{name}/master"] = _np32(masters[state_name], pool=pool)
-        meta[f"optim/{name}/master"] = _flat_meta(name, param, start, padded)
+        meta[f"optim/{name}/master"] = flat()
+
+
+def _collect_fused_state(name, param, where, opt_state, masters, tensors, meta, topo, layout, flat_of) -> None:
+    """V1 with tensor fusion: `param`'s part (`where` = (fused name, offset, numel)) of each accumulator and of the
+    master weight of its fused parameter, written under the parameter's canonical keys as a non-fused run writes
+    them; `flat_of(tensor)` is the fused tensor as one host array (copied once per save)."""
+    fused, off, numel = where
+    shape = [int(x) for x in param.shape]
+    states = list(opt_state.accumulators(fused)) + ([("master", masters[fused])] if fused in masters else [])
+    for acc, var in states:
+        key = f"optim/{name}/{acc}"
+        split = is_split_like_param(key)
+        arr = flat_of(var)[off: off + numel].reshape(shape).copy() if split else _np32(var)
+        tensors[key] = arr
+        meta[key] = _piece_meta(name, param, arr.shape, topo, layout.tp, split=split)
 
 
 def _balanced_owners(named_params, n: int) -> dict:
@@ -206,6 +240,7 @@ def _balanced_owners(named_params, n: int) -> dict:
 
 def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tuple[dict, dict]:
     """({tensor key: numpy slice}, {tensor key: piece metadata}) this rank writes (copied into `pool` if given)."""
+    from llmtrain.paddle_compat.sharding_fused import fused_spans
     from llmtrain.paddle_compat.sharding_v2 import sharding_v2, v2_slices
     from llmtrain.paddle_compat.zero import stage3_slices
 
@@ -222,6 +257,9 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
     masters = opt_state.masters
     sliced = stage3_slices(built.model)
     v2 = v2_slices(built.optimizer) if sharding_v2(built.optimizer) is not None else None  # V2: flat state slices
+    fused_at = {p: (f, off, n) for f, (_, members) in fused_spans(built.optimizer).items() for p, off, n in members}
+    flat = {}  # V1 tensor fusion: each fused tensor's host copy, made once
+    flat_of = lambda var: flat.setdefault(var.name, _np32(var).ravel())  # noqa: E731
     ep = layout.ep
     experts = ExpertStates(built.named_params, layout, topo) if ep > 1 else None
     for name, param in built.named_params:
@@ -248,7 +286,13 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
             continue  # ZeRO-3 keeps an unsliced parameter's state whole on every sharding rank
         if v2 is not None:
             if param.name in v2:  # this sharding rank's part of the parameter's state (none: another rank's)
-                _collect_v2_state(name, param, v2[param.name], opt_state, masters, tensors, meta, pool)
+                _collect_v2_state(name, param, v2[param.name], opt_state, masters, tensors, meta, pool,
+                                  _tp_piece(name, param, topo, layout.tp))
+            continue
+        if fused_at:
+            if param.name in fused_at:  # V1 tensor fusion: this rank's parameters' parts of its fused state
+                _collect_fused_state(name, param, fused_at[param.name], opt_state, masters, tensors, meta, topo,
+                                     layout, flat_of)
             continue
         for acc, var in opt_state.accumulators(param.name):
             key = f"optim/{name}/{acc}"
@@ -319,16 +363,8 @@ class ShardIndex:
         first = pieces[0][2]
         if first["axis"] is None:
             return self._read(pieces[0][0], key)
-        if "flat" in first:  # ZeRO-3 slices of the flattened, padded parameter
-            flat = np.zeros(first["flat"]["padded"], dtype=np.float32)
-            covered = 0
-            for path, k, piece in pieces:
-                part = self._read(path, k).ravel()
-                flat[piece["offset"]: piece["offset"] + part.size] = part
-                covered += part.size
-            if covered < first["flat"]["numel"]:
-                raise ValueError(f"{self.dir}: ZeRO-3 slices of {key} cover {covered} of {first['flat']['numel']} elements")
-            return flat[: first["flat"]["numel"]].reshape(first["global_shape"])
+        if "flat" in first:  # ZeRO-3 / V2 slices of the flattened, padded parameter (or of its tp pieces)
+            return self._full_from_flat(key, pieces)
         out = np.empty(first["global_shape"], dtype=np.float32)
         covered = 0
         for path, k, piece in pieces:
@@ -339,6 +375,41 @@ class ShardIndex:
             covered += part.shape[piece["axis"]]
         if covered != out.shape[first["axis"]]:
             raise ValueError(f"{self.dir}: pieces of {key} cover {covered} of {out.shape[first['axis']]} rows along axis {first['axis']}")
+        return out
+
+    def _full_from_flat(self, key: str, pieces: list) -> np.ndarray:
+        """The tensor under `key` from flat slices: of the whole parameter, or (V2 under tp, `flat.piece`) of each
+        tp piece, every piece reassembled and placed along its split axis."""
+        by_piece: dict = {}
+        for path, k, piece in pieces:
+            where = piece["flat"].get("piece")
+            by_piece.setdefault(None if where is None else where["offset"], []).append((path, k, piece))
+        first = pieces[0][2]
+        out = np.empty(first["global_shape"], dtype=np.float32)
+        rows = 0
+        for parts in by_piece.values():
+            info = parts[0][2]["flat"]
+            flat = np.zeros(info["padded"], dtype=np.float32)
+            seen = np.zeros(info["padded"], dtype=bool)
+            for path, k, piece in parts:
+                part = self._read(path, k).ravel()
+                span = slice(piece["offset"], piece["offset"] + part.size)
+                if seen[span].any():  # two writers of the same elements: pieces of different tensors
+                    raise ValueError(f"{self.dir}: flat slices of {key} cover elements {span.start}.. twice")
+                flat[span], seen[span] = part, True
+            covered = int(seen[: info["numel"]].sum())
+            if covered < info["numel"]:
+                raise ValueError(f"{self.dir}: flat slices of {key} cover {covered} of {info['numel']} elements")
+            where = info.get("piece")
+            if where is None:
+                return flat[: info["numel"]].reshape(first["global_shape"])
+            index = [slice(None)] * out.ndim
+            index[where["axis"]] = slice(where["offset"], where["offset"] + where["shape"][where["axis"]])
+            out[tuple(index)] = flat[: info["numel"]].reshape(where["shape"])
+            rows += where["shape"][where["axis"]]
+        axis = first["flat"]["piece"]["axis"]
+        if rows != out.shape[axis]:
+            raise ValueError(f"{self.dir}: tp pieces of {key} cover {rows} of {out.shape[axis]} rows along axis {axis}")
         return out
 
     def close(self) -> None:

@@ -7,7 +7,8 @@
 Modes (`train.recompute`, PaddleFormers' `recompute_granularity` names):
 - `none`: nothing recomputed;
 - `full`: the whole block (its input is kept, everything else re-run);
-- `full_attn`: the attention sub-block, norm included (pre-norm: norm(x) -> attention; post-norm: attention);
+- `full_attn`: the attention layer (projections, QK-norm, RoPE, the core, the output projection); the norm before it
+  is not inside (pre-norm: its output is the part's kept input; `Block._forward`);
 - `core_attn`: the attention core only, softmax(q·kᵀ)·v (q, k, v are kept; the probabilities or flash attention's
   log-sum-exp are re-made) — Korthikanti et al. 2022's selective recompute;
 - `selective`: only the modules of `train.recompute_modules`.

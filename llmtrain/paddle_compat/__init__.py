@@ -64,6 +64,10 @@ AUDIT = (
     ("paddle._C_ops.flash_attn/flash_attn_grad", "paddle_compat/flash_blocks.py",
      "the context-parallel ring's per-block flash attention with its log-sum-exp, back-propagated with the merged "
      "output and log-sum-exp (GPU only; as Paddle's own auto_parallel ring_attention)"),
+    ("DygraphShardingOptimizer._rank2fused/_rank2params/_sharding_rank/_inner_opt/tensor_fusion/comm_overlap/"
+     "origin_decay_param_fun/_set_inner_opt_attr", "paddle_compat/sharding_fused.py",
+     "V1 tensor fusion's fused optimizer state cut to canonical parameter names and laid back; V1 comm overlap's "
+     "weight-decay rule restored (fleet keys it on fused names while updating the unfused parameters)"),
     ("collective._new_process_group_impl, mp_ops._c_*/_mp_allreduce/_c_softmax_with_cross_entropy, "
      "hybrid_parallel_util.broadcast_input_data, ParallelEnv.device_id, p2p_communication internals, "
      "GroupSharded* constructors, ParamStorage, GroupShardedClipGrad._dygraph_clip, group_sharded_parallel",

@@ -118,6 +118,10 @@ def parallelize(built: BuiltModel, optimizer, scaler, layout: Layout, topo: Topo
         from llmtrain.paddle_compat.sharding_v2 import carry_shared_marks
 
         carry_shared_marks(optimizer)
+    elif layout.sharding_comm_overlap and not layout.sharding_tensor_fusion:  # V1: fleet drops its weight decay
+        from llmtrain.paddle_compat.sharding_fused import restore_v1_overlap_decay
+
+        restore_v1_overlap_decay(optimizer)
     if scaler is not None:
         scaler = fleet.distributed_scaler(scaler)
     return model, optimizer, scaler

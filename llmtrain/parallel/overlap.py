@@ -14,7 +14,8 @@ fleet/optimizer.py) and those llmtrain cannot serve yet (named in each message).
 (`NOT_APPLIED_ON_CPU`) are logged, not applied. The fused-buffer knobs (`FUSED`) switch on
 main-gradient training (`needs_main_grad`, `llmtrain.train.main_grad`) and fleet's fused
 communication buffers, whose stage-1 optimizer state the checkpoint reads and writes by
-canonical parameter name (`llmtrain.paddle_compat.sharding_v2`).
+canonical parameter name (V2's slices: `llmtrain.paddle_compat.sharding_v2`; V1's fused parameters under
+`sharding_tensor_fusion`: `llmtrain.paddle_compat.sharding_fused`).
 """
 from __future__ import annotations
 
@@ -92,21 +93,23 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
         problems.append("parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param "
                         "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
                         "V2 fuses its gradients and parameters into buckets without it")
-    if on & {"sharding_tensor_fusion", "sharding_comm_overlap"} and "sharding_split_param" not in on:
-        knob = "sharding_tensor_fusion" if "sharding_tensor_fusion" in on else "sharding_comm_overlap"
-        problems.append(f"parallel.{knob}=true without parallel.sharding_split_param=true: not built: fleet's V1 "
-                        "sharding optimizer then keeps its optimizer state on fused parameters of its own naming "
-                        "(generated_tensor_N, several parameters each), which llmtrain's checkpoint does not read; "
-                        "parallel.sharding_split_param=true (DygraphShardingOptimizerV2) fuses gradients and "
-                        "parameters into its buckets itself and overlaps with parallel.sharding_comm_overlap=true")
+    if "sharding_tensor_fusion" in on and p.pp > 1:
+        problems.append(f"parallel.sharding_tensor_fusion=true with parallel.pp={p.pp}: not built: V1's fused parameters "
+                        "lose fleet's mark of a tied table's second pipeline copy, so the clip counts the table twice "
+                        "(measured on CPU, tied GPT under sharding2 x pp2: grad_norm 1.628 for one process's 1.565; an "
+                        "untied Llama matched, but the suite does not cover it); under pp use "
+                        "parallel.sharding_split_param=true (with parallel.pp_sharding_comm_overlap=true for the overlap)")
     fused = [k for k in FUSED if k in on]
     if fused and p.ep > 1:
         problems.append(f"parallel.{fused[0]}=true with parallel.ep={p.ep}: not built: the routed experts are kept out "
                         "of the stage-1 partition by llmtrain (each rank's own experts), which fleet's fused "
-                        "communication buffers would sum over the data group")
+                        "communication buffers would sum over the data group (fleet 3.3.1's V2 can give them buffers "
+                        "of their own through a parameter 'color'; llmtrain does not set it); ep runs with "
+                        f"parallel.sharding={p.sharding} stage 1 without the fused-buffer knobs")
     if fused and p.cp > 1:
         problems.append(f"parallel.{fused[0]}=true with parallel.cp={p.cp}: not built: the cp ranks' gradients are "
-                        "summed outside fleet's optimizer, before the fused buffers would reduce them")
+                        "summed outside fleet's optimizer, after the fused buffers' hooks would have reduced them; cp "
+                        "runs with dp, tp, pp and sharding stages 1-3 without the fused-buffer knobs")
     return problems
 
 

@@ -596,7 +596,8 @@ def _parts_compute(cfg, layout, seq_len: int, recompute, dev, flash: bool, amp: 
     return dict(comp, compute_s=comp["compute_s"] + extra, other_stages_s=comp["other_stages_s"] + fill)
 
 
-def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, stride: dict) -> float:
+def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, stride: dict, *,
+              flash: bool = True) -> float:
     """Exposed seconds a step spends in context parallelism's key/value exchanges (`parallel.cp_comm`), on this
     rank's L/pp blocks, every micro-batch (again in the backward's second forward under full recompute):
     - ring: each layer's forward runs cp - 1 steps, each sending this rank's k and v chunk (2·b·(s/cp)·kv/tp
@@ -607,7 +608,9 @@ def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, 
       reduce-scattered in the backward; not overlapped (attention waits for the whole sequence's keys);
     - a2a (Ulysses): forward all-to-alls of q, k, v (sequence- to head-split) and of the output back, the
       backward the same four; (cp - 1)/cp of each tensor's bytes; not overlapped.
-    A pair of ring neighbours or the group talks over `_link` (cp ranks `tp` apart)."""
+    A pair of ring neighbours or the group talks over `_link` (cp ranks `tp` apart). `flash`: the attention core the
+    run uses; the ring's blocks are then flash blocks, else math blocks (`attention_math` rows, none assumed without them); on a device that
+    does not launch asynchronously (CPU: gloo's send/recv block) nothing of the ring overlaps."""
     from llmtrain.plan.kernels import attention_flops
 
     cp, t, b, m = layout.cp, layout.tp, layout.micro_batch, layout.grad_accum
@@ -620,8 +623,16 @@ def cp_comm_s(cfg, layout, seq_len: int, mode: str, dev, devices_per_node: int, 
     kind = getattr(layout, "cp_comm", "ring")
     if kind == "ring":
         fl = attention_flops(b * nh, sl, d, False)
-        fwd_block = dev.attention_seconds(b * nh, sl, d, True, fl, False)
-        bwd_block = dev.attention_seconds(b * nh, sl, d, True, 2.5 * fl, True)
+        if not dev.async_launch:
+            fwd_block = bwd_block = 0.0
+        elif flash:
+            fwd_block = dev.attention_seconds(b * nh, sl, d, True, fl, False)
+            bwd_block = dev.attention_seconds(b * nh, sl, d, True, 2.5 * fl, True)
+        elif dev.math_attn:
+            fwd_block = dev.math_attention_seconds(b * nh, sl, d, fl, False)
+            bwd_block = dev.math_attention_seconds(b * nh, sl, d, 2.5 * fl, True)
+        else:  # a math core costed op by op: no block time to hide behind is assumed
+            fwd_block = bwd_block = 0.0
         bw_p2p, a_p2p = _link(stride["cp"] * 2, dev, devices_per_node)
         step_f, step_b = chunk / bw_p2p + a_p2p, 2 * chunk / bw_p2p + a_p2p
         layer = (cp - 1) * (forwards * max(0.0, step_f - fwd_block) + max(0.0, step_b - bwd_block))
@@ -759,7 +770,7 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
         from llmtrain.plan.dualpipe_bubble import dualpipe_bubble_factor
 
         bubble = (comp["other_stages_s"] + (p - 1) * tp_comm) / m * dualpipe_bubble_factor(cfg, s)
-    cp_comm = cp_comm_s(cfg, layout, seq_len, mode, dev, devices_per_node, stride) if cp > 1 else 0.0
+    cp_comm = cp_comm_s(cfg, layout, seq_len, mode, dev, devices_per_node, stride, flash=flash) if cp > 1 else 0.0
     step = compute + tp_comm + pp_comm + exposed_s + bubble + loop_comm + cp_comm
     tokens = layout.global_batch * s
     world = layout.world

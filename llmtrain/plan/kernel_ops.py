@@ -7,6 +7,7 @@ a pass's forward and backward lists, and the linear and feed-forward layers that
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 
@@ -32,6 +33,9 @@ class Kernel:
     """"" (the pass's per-op host time) or "launch": a kernel the autograd engine launches from C++ without a node
     of its own (summing a tensor's gradients, adding into a parameter's gradient buffer): the bare launch cost
     (the profile's `host.launch_op_s`)."""
+    of: str = ""
+    """The model op a generic kernel stands for, where its class does not say it (the unfused RMSNorm's rsqrt step:
+    "rmsnorm"); not used in pricing (checked against a trace: tests/plan/test_op_sequence.py)."""
 
 
 def gemm(m, n, k, batch=1, op="gemm", layout="nn") -> Kernel:
@@ -53,15 +57,37 @@ def attention_flops(bh: int, s: int, d: int, causal: bool) -> float:
 
 
 class _Pass:
-    """Forward kernels in order and the backward kernels each op adds (replayed in reverse)."""
+    """Forward kernels in order and the backward kernels each op adds (replayed in reverse); each forward kernel
+    carries the names of the block parts it is inside (`part`: the recompute parts of `llmtrain.models.recompute`),
+    so that a recompute of some parts re-runs exactly their kernels (`replayed`)."""
 
     def __init__(self):
         self.fwd: list[Kernel] = []
         self.bwd: list[list[Kernel]] = []
+        self.tags: list[tuple] = []  # per forward kernel: the parts it is inside
+        self._within: tuple = ()
 
     def op(self, fwd: list[Kernel], bwd: list[Kernel] = ()):
         self.fwd += fwd
         self.bwd.append(list(bwd))
+        self.tags += [self._within] * len(fwd)
+
+    @contextmanager
+    def part(self, name: str):
+        """The ops added inside are part `name` of the block (nested parts keep the outer names)."""
+        outer = self._within
+        self._within = outer + (name,)
+        try:
+            yield
+        finally:
+            self._within = outer
+
+    def replayed(self, parts) -> list[Kernel]:
+        """The forward kernels a recompute of `parts` runs again in the backward, in forward order (not those inside
+        part `once`: the MoE router's top-k, which a recomputed forward takes from its first run)."""
+        parts = set(parts)
+        return [k for k, within in zip(self.fwd, self.tags)
+                if ("block" in parts or parts.intersection(within)) and "once" not in within]
 
     def backward(self) -> list[Kernel]:
         return [k for group in reversed(self.bwd) for k in group]

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llmtrain.models.recompute import Recompute, as_recompute
 from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, _Pass, _seq_edge, attention_flops, gemm, mem, view  # noqa: F401 (re-exported)
 from llmtrain.plan.moe import MoEPlan, moe_ffn
 
@@ -58,7 +59,7 @@ def _rms_unfused(p: _Pass, T, h, e):
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
     p.op([mem("reduce", n)], [mem("copy", n)])
-    p.op([mem("add", T), mem("mul", T)], [mem("mul", T), mem("mul", T)])
+    p.op([mem("add", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")], [mem("mul", T), mem("mul", T)])
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
@@ -109,21 +110,57 @@ def _mla_projections(p: _Pass, cfg, T, t, e, fused: dict) -> tuple[int, int, int
     return nh, qk, nh * dv
 
 
+def _ring_math_core(p: _Pass, *, bh: int, s: int, d: int, dv: int, cp: int):
+    """The context-parallel ring's attention core on CPU (`parallel.cp_comm=ring`, `context_exchange._Ring`, math
+    blocks of `context_attention.py`) on the first cp rank, s = its 2c positions: step 0 its own keys (both query
+    chunks over both key chunks, 2c x 2c), each of the cp - 1 later steps a later rank's keys (its late query chunk
+    over both of their chunks, c x 2c; other ranks hold an earlier rank's, 2c x c: the same work). A block's forward:
+    scores q·kᵀ, the masked softmax with its log-sum-exp, p·v, the merge into the running output; its backward (the
+    ring's own, a PyLayer): the scores again, dv = pᵀ·do, dp = do·vᵀ, dq = ds·k, dk = dsᵀ·q."""
+    c = s // 2
+    for rows, keys in [(s, s)] + [(c, s)] * (cp - 1):
+        n = bh * rows * keys
+        p.op([gemm(rows, keys, d, bh, "ring.qk"), mem("softmax", n), gemm(rows, dv, keys, bh, "ring.pv"),
+              mem("add", bh * rows * dv)],
+             [gemm(rows, keys, d, bh, "ring.qk_again"), mem("softmax_bwd", n), gemm(keys, dv, rows, bh, "ring.dv"),
+              gemm(rows, keys, dv, bh, "ring.dp"), gemm(rows, d, keys, bh, "ring.dq"),
+              gemm(keys, d, rows, bh, "ring.dk")])
+
+
 def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False, moe=None,
            cp: int = 1):
     """One block on one tp rank (`moe`: a callable adding the MoE feed-forward's kernels, moe.py); `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
     biases work on this rank's T/tp positions, the column linears on the all-gathered T; `math_core`: the math
     attention core as one composite kernel (a profile that measured it, `attention_math`)."""
-    h, d = cfg.hidden_size, cfg.attn_head_dim()
-    T = b * s
+    h, T = cfg.hidden_size, b * s
     Ts = T // t if sp and t > 1 else T  # positions of the residual stream on this rank
     sp = sp and t > 1
-    q, kv = cfg.num_heads * d // t, cfg.kv_heads() * d // t
-    nh, nkv = cfg.num_heads // t, cfg.kv_heads() // t
     f = cfg.ffn_hidden_size // t
     fused = {k: cfg.fused(k, gpu) for k in ("fuse_rms_norm", "fuse_rope", "fuse_swiglu", "fuse_qkv", "fuse_ffn")}
+    with p.part("norm"):
+        _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
+    with p.part("attn"):  # the attention layer (`train.recompute=full_attn`): its input is the norm's output
+        _attention(p, cfg, b=b, s=s, t=t, e=e, flash=flash, sp=sp, math_core=math_core, fused=fused, cp=cp)
+    _residual(p, Ts, h, gpu)
+    with p.part("norm"):
+        _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
+    if moe is not None:  # the MoE feed-forward (llmtrain/plan/moe.py) in place of the dense one
+        with p.part("moe"):
+            moe(p, T, fused)
+    else:
+        with p.part("mlp"):
+            _mlp(p, cfg, T, Ts, f, fused, sp, cfg.bias)
+    _residual(p, Ts, h, gpu)
+
+
+def _attention(p: _Pass, cfg, *, b, s, t, e, flash, sp: bool, math_core: bool, fused: dict, cp: int):
+    """The attention layer on one tp rank: projections, QK-norm, RoPE, the core (part `core_attn`), o_proj."""
+    h, d = cfg.hidden_size, cfg.attn_head_dim()
+    T = b * s
+    Ts = T // t if sp else T
+    q, kv = cfg.num_heads * d // t, cfg.kv_heads() * d // t
+    nh, nkv = cfg.num_heads // t, cfg.kv_heads() // t
     causal = cfg.family == "decoder"
-    _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     o_in = q
     if cfg.is_mla():  # its own projections; the core below on nh/tp heads of d_qk (flash: v padded to d_qk)
         nh, d, o_in = _mla_projections(p, cfg, T, t, e, fused)
@@ -145,42 +182,49 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
             _rms_unfused(p, T * heads, d, e)
     if cfg.position == "rope" and not cfg.is_mla():
         _rope(p, T, (q, kv), fused["fuse_rope"])
-    if flash:
-        shape = (b * nh, s, d, causal, nkv)
-        fl = attention_flops(b * nh, s, d, causal) * cp  # cp: 1/cp of the whole sequence's causal work
-        p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
-    elif math_core:  # the profile's measured composite: layers.math_attention from the reshapes of q, k, v to o's input
-        if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
-            p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
-        shape = (b * nh, s, d, causal, nh)
-        fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
-        p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
-    else:  # layers.math_attention
-        if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
-            p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
-        p.op([mem("copy", T * q)] * 3, [mem("copy", T * q)] * 3)  # transposes to [b, nh, s, d]
-        bh, ss = b * nh, b * nh * s * s
-        p.op([gemm(s, s, d, bh, "qk")], [gemm(s, d, s, bh, "qk.dgrad_q"), gemm(s, d, s, bh, "qk.dgrad_k")])
-        p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
-        p.op([mem("mul", ss)], [mem("mul", ss)])  # / sqrt(d)
-        if causal:  # full, triu, add
-            p.op([mem("copy", s * s), mem("copy", s * s), mem("add", ss)], [])
-        p.op([mem("softmax", ss)], [mem("softmax_bwd", ss)])
-        p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
-        dv = o_in // nh  # the value head width (MLA's v_head_dim: the math core does not pad v to d)
-        p.op([gemm(s, dv, s, bh, "pv")], [gemm(s, s, dv, bh, "pv.dgrad_p"), gemm(dv, s, s, bh, "pv.dgrad_v")])
-        p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
+    with p.part("core_attn"):  # layers.math_attention / flash: what `core_attn` re-runs
+        if flash:
+            shape = (b * nh, s, d, causal, nkv)
+            fl = attention_flops(b * nh, s, d, causal) * cp  # cp: 1/cp of the whole sequence's causal work
+            p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
+        elif cp > 1:  # the cp ring's math blocks (parallel/context_exchange.py; s = this rank's 2c positions): not
+            # layers.math_attention, so a profile's measured math core does not price them
+            _ring_math_core(p, bh=b * nh, s=s, d=d, dv=o_in // nh, cp=cp)
+        elif math_core:  # the profile's measured composite: layers.math_attention from the reshapes of q, k, v to o's input
+            if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
+                p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
+            shape = (b * nh, s, d, causal, nh)
+            fl = attention_flops(b * nh, s, d, False)  # the math core computes the whole s x s square
+            p.op([Kernel("attn_fwd", "math", shape, flops=fl)], [Kernel("attn_bwd", "math", shape, flops=2 * fl)])
+        else:  # layers.math_attention
+            if nkv != nh:  # repeat_interleave of k and v; their gradients summed back
+                p.op([mem("copy", T * q)] * 2, [mem("reduce", T * q)] * 2)
+            p.op([mem("copy", T * q)] * 3, [mem("copy", T * q)] * 3)  # transposes to [b, nh, s, d]
+            bh, ss = b * nh, b * nh * s * s
+            p.op([gemm(s, s, d, bh, "qk")], [gemm(s, d, s, bh, "qk.dgrad_q"), gemm(s, d, s, bh, "qk.dgrad_k")])
+            p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
+            p.op([mem("mul", ss)], [mem("mul", ss)])  # / sqrt(d)
+            if causal:  # full, triu, add
+                p.op([mem("copy", s * s), mem("copy", s * s), mem("add", ss)], [])
+            p.op([mem("softmax", ss)], [mem("softmax_bwd", ss)])
+            p.op([mem("cast", ss)] if e != 4 else [], [mem("cast", ss)] if e != 4 else [])
+            dv = o_in // nh  # the value head width (MLA's v_head_dim: the math core does not pad v to d)
+            p.op([gemm(s, dv, s, bh, "pv")], [gemm(s, s, dv, bh, "pv.dgrad_p"), gemm(dv, s, s, bh, "pv.dgrad_v")])
+            p.op([mem("copy", T * q)], [mem("copy", T * q)])  # back to [b, s, nh, d]
     if not math_core or flash:
         p.op([view("reshape")], [view("reshape")])
     _seq_edge(p, T, o_in, sp)
     _linear(p, T, o_in, h, cfg.bias, "o", Ts)
-    _residual(p, Ts, h, gpu)
-    _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
-    if moe is not None:  # the MoE feed-forward (llmtrain/plan/moe.py) in place of the dense one
-        moe(p, T, fused)
-    else:
-        _mlp(p, cfg, T, Ts, f, fused, sp, cfg.bias)
-    _residual(p, Ts, h, gpu)
+
+
+def replayed_flops_share(cfg, parts, s: int) -> float:
+    """FLOPs of the forward kernels a recompute of `parts` re-runs over the block's forward FLOPs, for one sequence
+    [1, s] on one device with flash attention (an MoE model's MoE block; `block`: 1)."""
+    parts = set(parts)
+    p = _Pass()
+    moe = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, MoEPlan(), 2)) if cfg.moe_num_experts > 0 else None
+    _block(p, cfg, 1, s, 1, 2, True, True, moe=moe)
+    return sum(k.flops for k in p.replayed(parts)) / sum(k.flops for k in p.fwd)
 
 
 def block_kernels(cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False) -> tuple[list[Kernel], list[Kernel]]:
@@ -290,8 +334,10 @@ class MicroBatchSpec:
     """How `model.fuse_* = auto` resolves (on for a GPU)."""
     flash: bool = True
     """Flash attention (else the math core)."""
-    recompute: str = "none"
-    """none | full (every block's forward again in the backward)."""
+    recompute: object = "none"
+    """none | full (every block's forward again in the backward) | a `llmtrain.models.recompute.Recompute` (of a
+    mode name: `llmtrain.plan.recompute.plan_recompute`): the recomputed parts' forward kernels again in the
+    backward of the blocks that recompute them."""
     layers: float | None = None
     """Blocks on this rank (None: all)."""
     first: bool = True
@@ -310,7 +356,8 @@ class MicroBatchSpec:
     """Index of this rank's first block (which blocks are MoE: `ModelConfig.is_moe_layer`)."""
     cp: int = 1
     """Context-parallel degree: this rank's blocks see s / cp positions; its attention does 1/cp of the causal
-    work (balanced chunks) at the rate of a length-s/cp call."""
+    work (balanced chunks) at the rate of a length-s/cp call (flash: one kernel of cp x that work; the math path:
+    the ring's blocks, `_ring_math_core`, priced per GEMM even where the profile measured `layers.math_attention`)."""
     moe: object = None
     """llmtrain.plan.moe.MoEPlan (expert parallelism, dropless imbalance); None: its defaults."""
 
@@ -324,21 +371,28 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
     n = int(round(L))
     plan = spec.moe or MoEPlan()
 
-    def blocks(moe: bool):
-        p = _Pass()
-        hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
-        _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
-        return p.fwd, p.backward()
+    rc = spec.recompute if isinstance(spec.recompute, Recompute) else as_recompute(spec.recompute == "full")
+    built = {}
 
-    dense = sum(not cfg.is_moe_layer(i) for i in range(spec.first_layer, spec.first_layer + n))
-    kinds = [(blocks(False), dense)] if dense else []
-    if n - dense:
-        kinds.append((blocks(True), n - dense))
+    def blocks(moe: bool, parts: frozenset):  # (forward, backward, the forward kernels re-run in the backward)
+        if moe not in built:
+            p = _Pass()
+            hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
+            _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
+            built[moe] = p
+        p = built[moe]
+        return p.fwd, p.backward(), p.replayed(parts)
+
+    counts = {}  # (MoE block, recomputed parts) -> blocks of that kind on this rank, dense ones first
+    for i in sorted(range(spec.first_layer, spec.first_layer + n), key=cfg.is_moe_layer):
+        key = (cfg.is_moe_layer(i), rc.at(i))
+        counts[key] = counts.get(key, 0) + 1
+    kinds = [(blocks(moe, parts), k) for (moe, parts), k in counts.items()]
     fwd, bwd = [], []
     if spec.first:
         ef, eb = embedding_kernels(cfg, b, s, t, e)
         fwd.append((ef, 1))
-    fwd += [(bf, k) for (bf, _), k in kinds]
+    fwd += [(bf, k) for (bf, _, _), k in kinds]
     if spec.last:
         hf, hb = head_kernels(cfg, b, s, t, e, gpu, spec.sp, spec.ce_core)
         if cfg.moe_num_experts > 0:  # the balancing losses over the model's MoE layers, added to the loss
@@ -348,8 +402,8 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
             hf, hb = hf + lf, lb + hb
         fwd.append((hf, 1))
         bwd.append((hb, 1))
-    for (bf, bb), k in reversed(kinds):
-        bwd.append((bf + bb, k, len(bf)) if spec.recompute == "full" else (bb, k))
+    for (_, bb, again), k in reversed(kinds):  # a recomputed part's forward runs again before its backward
+        bwd.append((again + bb, k, len(again)) if again else (bb, k))
     if spec.first:
         bwd.append((eb, 1))
     return MicroBatch(fwd, bwd)

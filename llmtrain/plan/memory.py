@@ -162,6 +162,37 @@ def v2_slice_lengths(numels: list[tuple[int, int]], n: int, bucket_bytes: int) -
     return out
 
 
+def _buckets(sizes: list[int], bucket_bytes: int) -> list[list[int]]:
+    """Indices of `sizes` (bytes) in list order, in buckets closed once they reach `bucket_bytes` (fleet's
+    `assign_group_by_size`)."""
+    groups, cur, size = [], [], 0
+    for i, b in enumerate(sizes):
+        cur.append(i)
+        size += b
+        if size >= bucket_bytes:
+            groups.append(cur)
+            cur, size = [], 0
+    return groups + ([cur] if cur else [])
+
+
+def v1_fused_sizes(params: list[tuple[ParamSpec, int, int]], tp: int, bucket_bytes: int) -> list[tuple[int, int]]:
+    """Stage-1 V1 with tensor fusion (`parallel.sharding_tensor_fusion`): [(elements, bytes/elem)] of each fused
+    parameter one rank's parameters [(spec, elements, bytes/elem)] (in its partition order) are laid into, as
+    Paddle 3.3.1's `fused_parameters` does: split by fp32 or not, tp-distributed or not (clip: all clipped), then
+    weight-decayed (2-D and up, `llmtrain.train.optim.decays`) or not, each part into buckets of `bucket_bytes`,
+    each parameter padded to a multiple of 256 bytes. The optimizer keeps AdamW state per fused parameter."""
+    out = []
+    for fp32, dist in ((True, True), (True, False), (False, True), (False, False)):
+        part = [(s, n, b) for s, n, b in params
+                if (b == 4) == fp32 and (tp > 1 and s.split_axis is not None) == dist]
+        for decay in (True, False):
+            group = [(n, b) for s, n, b in part if (len(s.shape) >= 2) == decay]
+            for bucket in _buckets([n * b for n, b in group], bucket_bytes):
+                out.append((sum(-(-group[i][0] * group[i][1] // V2_ALIGN_BYTES) * V2_ALIGN_BYTES // group[i][1]
+                                for i in bucket), group[bucket[0]][1]))
+    return out
+
+
 def _param_bytes(s: ParamSpec, amp: str) -> int:
     """Bytes per element of a parameter: fp32, or 2 under AMP O2 except LayerNorm's (kept fp32)."""
     return 4 if amp in ("none", None) or s.layernorm else 2
@@ -280,6 +311,14 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
                           for i, k in enumerate(lengths[rank]) if k > 0)
             out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
                         "optimizer_bytes": 4 * o_numel, "grad_bytes": g_main, "grad_transient_bytes": 0})
+        return out
+    if stage == 1 and sh > 1 and getattr(layout, "sharding_tensor_fusion", False):  # V1 fused: state per fused param
+        bucket = getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20
+        out = []
+        for owned in greedy_partition([n for _, n, _ in trained], sh, sort=True):
+            o_numel = sum(_opt_elems(f, b == 2) for f, b in v1_fused_sizes([trained[i] for i in owned], layout.tp, bucket))
+            out.append({"param_numel": p_numel, "param_bytes": p_bytes, "optimizer_numel": o_numel,
+                        "optimizer_bytes": 4 * o_numel, "grad_bytes": g_bytes, "grad_transient_bytes": 0})
         return out
     if stage in (1, 2) and sh > 1:
         owners = greedy_partition([n for _, n, _ in trained], sh, sort=stage == 1)

@@ -23,7 +23,7 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   through `source` [E C, h] (backward: zeros [T + 1, h] and one index_add of the E C rows, the empty ones on the
   zero row, `moe_index_add_inv`, and the concat's gradient split off: a copy); gate and up, bmm [E, C, h] x
   [E, h, f] each on the stacked weights (no concatenated copy; their input (nt) and weight (tn) gradients, the
-  two input gradients added), silu(g) * u (`moe_swiglu_view`), bmm [E, C, f] x [E, f, h]; the combine in token-major order: the rows
+  two input gradients added), silu(g) * u (`moe_swiglu_view`; GeLU experts: up alone, then gelu), bmm [E, C, f] x [E, f, h]; the combine in token-major order: the rows
   [T, k] gathered [T, k, h], times the weights [T, k, 1], summed over k (`moe_sum_mid`; backward: zeros + index_add
   into [E C, h], the weight product and its row sums). Every cumsum over axis 0 (route()'s and the experts') is
   Paddle's GPU kernel for an axis that is not the last: a transpose to [E, k T], a block scan along it, a
@@ -179,8 +179,17 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
         _linear(p, T, h, E, False, "router")
         p.op([mem("cast", TE)], [mem("cast", TE)])
     # route(): softmax, top-k, the chosen scores, renormalisation; counts and capacity under no_grad
-    p.op([mem("moe_softmax", TE)], [mem("moe_softmax_bwd", TE)])
-    p.op([mem(f"moe_topk{k}", TE)])
+    p.op([mem("moe_softmax", TE)], [mem("moe_softmax_bwd", TE)])  # (a sigmoid router's scores: the same row)
+    if cfg.moe_n_group > 1:  # group-limited routing (router.limit_to_groups), no gradient: each group's score (its
+        # top-2 summed, or its max), the best groups' top-k over [T, G] (a tiny top-k: the top-2 row), their
+        # one_hot [T, keep, G] summed, the mask expanded over [T, E], and the selection's where and -inf fill
+        G, keep = cfg.moe_n_group, cfg.moe_topk_group
+        score = [mem("moe_topk2", TE), mem("reduce", T * G * 2)] if cfg.moe_group_score == "top2" else [mem("reduce", TE)]
+        p.op([view("reshape")] + score + [mem("moe_topk2", T * G), mem("moe_one_hot", T * keep * G),
+                                          mem("reduce", T * keep * G)] + _tiny(T * G) + [view("expand"), view("reshape"),
+                                                                                         mem("add", TE), mem("add", TE)])
+    with p.part("once"):  # a recomputed forward routes with the first run's choice (`MoEFeedForward.replay`)
+        p.op([mem(f"moe_topk{k}", TE)])
     p.op(_tiny(T * k), [mem("moe_fill", TE)] + _tiny(T * k))  # take_along_axis; backward zeros + scatter-add
     if cfg.moe_norm_topk:
         p.op(_tiny(T * k, 2), _tiny(T * k, 3))
@@ -202,11 +211,18 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     if plan.ep > 1:  # to the experts' ranks (and the gradient back)
         p.op([_exchange(EC * h * e, plan)], [_exchange(EC * h * e, plan)])
     # experts: bmm over [E/ep, ep C, h]
-    for name in ("expert.gate", "expert.up"):  # two bmm on the stacked weights themselves
+    swiglu = cfg.activation == "swiglu"
+    for name in ("expert.gate", "expert.up") if swiglu else ("expert.up",):  # bmm on the stacked weights themselves
         p.op([gemm(rows, f, h, El, name)], [gemm(rows, h, f, El, f"{name}.dgrad", "nt"),
                                            gemm(h, f, rows, El, f"{name}.wgrad", "tn")])
-    p.op([], [mem("add", El * rows * h)])  # the buffer's two gradients summed
-    p.op([mem("moe_swiglu_view", El * rows * f), view("mul")], [mem("moe_swiglu_view_bwd", El * rows * f)] + [view("mul")] * 2)
+    if swiglu:
+        p.op([], [mem("add", El * rows * h)])  # the buffer's two gradients summed
+    with p.part("moe_act"):  # silu(g) * u, or gelu(u) (`train.recompute_modules=[moe_act]` re-runs it)
+        if swiglu:
+            p.op([mem("moe_swiglu_view", El * rows * f), view("mul")],
+                 [mem("moe_swiglu_view_bwd", El * rows * f)] + [view("mul")] * 2)
+        else:
+            p.op([mem("gelu", El * rows * f)], [mem("gelu_bwd", El * rows * f)])
     p.op([gemm(rows, h, f, El, "expert.down")],
          [gemm(rows, f, h, El, "expert.down.dgrad", "nt"), gemm(f, h, rows, El, "expert.down.wgrad", "tn")])
     p.op([view("view")], [view("view")])
@@ -221,7 +237,8 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
     if cfg.moe_routed_scale != 1.0:
         p.op([mem("mul", T * h)], [mem("mul", T * h)])
     if cfg.moe_num_shared_experts > 0:
-        _mlp(p, cfg, T, T, cfg.moe_num_shared_experts * f, fused, False, cfg.bias)
+        with p.part("shared_experts"):
+            _mlp(p, cfg, T, T, cfg.moe_num_shared_experts * f, fused, False, cfg.bias)
         p.op([mem("add", T * h)])
     # balancing terms (counts / T, the probabilities' mean, z = logsumexp^2 mean) and the statistics' adds
     p.op(_tiny(E) + [mem("add", TE), mem("moe_logsumexp", TE)] + _tiny(T) + _tiny(1),
@@ -248,7 +265,8 @@ def moe_activation_bytes(cfg, T: int, e: int, plan: MoEPlan) -> float:
     kT = k * T
     router_input = T * h * (4 if cfg.moe_router_dtype == "fp32" else e)  # the router GEMM's input (module docstring)
     n = E * C * h  # the dispatch buffer (bmm's input)
-    n += El * rows * (2 * f + f + f)  # gate and up outputs (silu's and the product's inputs), silu(g), the product
+    # gate and up outputs (silu's and the product's inputs), silu(g), the product; GeLU experts: up and gelu(up)
+    n += El * rows * (4 * f if cfg.activation == "swiglu" else 2 * f)
     n += kT * h + kT  # the gathered rows and slot-major weights (the weight product's inputs)
     fp32 = 3 * T * E  # logits, probabilities (softmax output), the logsumexp's input and output
     ints = E * C + 2 * kT + T * k  # source (the gather's index), slot, row (the combine's); the top-k index

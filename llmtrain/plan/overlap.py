@@ -14,7 +14,9 @@ nothing overlaps). What each layout does, read in Paddle 3.3.1:
 - dp with pp > 1 or sharding > 1: fleet's HybridParallelOptimizer all-reduces every gradient after the backward
   (`fused_allreduce_gradients`): exposed, unless `parallel.dp_comm_overlap` (pp > 1), whose 128 MiB buckets
   (`PipelineParallel.register_allreduce_overlap_hook`'s group size) are issued from the last backward.
-- sharding stage 1, V1: each gradient reduced to its owner after the backward (exposed); `split_param` (V2):
+- sharding stage 1, V1: each gradient reduced to its owner after the backward (exposed); with `tensor_fusion` or
+  `comm_overlap` one reduce per fused bucket of an owner's parameters (`comm_buffer_size_MB`), issued from the last
+  backward with `parallel.sharding_comm_overlap`; `split_param` (V2):
   one reduce-scatter per 256 MiB bucket (`sharding_configs.comm_buffer_size_MB`), after the backward unless
   `parallel.sharding_comm_overlap` (pp = 1) or `parallel.pp_sharding_comm_overlap` (pp > 1, 128 MiB buckets)
   issues them from the last backward. The updated parameters' broadcast (V1) / all-gather (V2) follows the update,
@@ -84,6 +86,9 @@ def gradient_syncs(layout, gpu: bool = True, e: float = 2.0) -> dict:
             out["sharding"] = SyncPlan("reduce-scatter", gpu and layout.sharding_comm_overlap,
                                        getattr(layout, "sharding_comm_buffer_mb", 256) * MIB,
                                        "sharding_comm_overlap")
+        elif layout.sharding_tensor_fusion or layout.sharding_comm_overlap:  # V1's fused buckets, to their owner
+            out["sharding"] = SyncPlan("reduce", gpu and layout.sharding_comm_overlap,
+                                       getattr(layout, "sharding_comm_buffer_mb", 256) * MIB, "sharding_comm_overlap")
         else:
             out["sharding"] = SyncPlan("reduce", False, 0.0, "sharding_split_param")
     elif sharding and layout.sharding_stage == 2:

@@ -19,9 +19,10 @@ checked on CPU against the host allocator in tests/plan/test_recompute_price.py)
 - `shared_experts`: the shared expert's inner tensors;
 - `block` (`full`): everything but the block's input (`estimate.recompute_kept_bytes`).
 Time: full recompute runs every block's forward again (the operator-level kernels, `kernels.py`); a part costs
-the full second forward times its share of the block's forward FLOPs (`part_flops_share`; the attention core at the
-profile's attention rate in `estimate.compute_estimate`); norms are memory-bound and priced at zero FLOPs (their
-time is not counted: a stated approximation).
+the full second forward times its share of the block's forward FLOPs (`part_flops_share`, from the kernels the
+part re-runs in the planner's kernel list; the attention core at the profile's attention rate in
+`estimate.compute_estimate`); norms are memory-bound and priced at zero FLOPs (their time is not counted: a stated
+approximation).
 Offload (`train.offload_activations`, `train.offload_optimizer`): bytes over the host link at the profile's
 `host_bw` (PCIe, per direction, datasheet); activation offload moves each fully recomputed block's input out in
 the forward and back in the backward, overlapped with compute (prefetched one block ahead): exposed only beyond
@@ -129,32 +130,15 @@ def kept_routing_bytes(cfg, s: int, b: int) -> float:
 
 
 def part_flops_share(cfg, parts, s: int) -> float:
-    """The recomputed parts' share of one dense block's forward FLOPs (norms counted as none; an MoE block's
-    experts as its top-k experts' FFN): what a recompute of `parts` adds, as a fraction of full recompute's."""
-    h, d = cfg.hidden_size, cfg.attn_head_dim()
-    q, kv = cfg.num_heads * d, cfg.kv_heads() * d
-    proj = 2 * h * (q + 2 * kv) + 2 * q * h
-    core = 2 * s * q * (0.5 if cfg.family == "decoder" else 1.0) * 2  # q·kᵀ and p·v per token (causal halved)
-    mats = 3 if cfg.activation == "swiglu" else 2
-    moe = cfg.moe_num_experts > 0
-    ffn_f = cfg.moe_top_k * cfg.expert_ffn_size() + cfg.moe_num_shared_experts * cfg.expert_ffn_size() if moe \
-        else cfg.ffn_hidden_size
-    ffn = 2 * mats * h * ffn_f
-    total = proj + core + ffn
-    got = 0.0
-    parts = set(parts)
-    if "block" in parts:
-        return 1.0
-    if "attn" in parts:
-        got += proj + core
-    elif "core_attn" in parts:
-        got += core
-    if "mlp" in parts or "moe" in parts:
-        got += ffn
-    else:
-        if "shared_experts" in parts and moe:
-            got += 2 * mats * h * cfg.moe_num_shared_experts * cfg.expert_ffn_size()
-    return got / total
+    """The recomputed parts' share of one block's forward FLOPs (an MoE model's MoE block), read from the block's
+    kernel list (`llmtrain.plan.kernels`, one sequence [1, s] on one device with flash attention: causal work
+    halved; the MoE experts at their buffer's rows, the router's GEMM with them): the FLOPs of the kernels the parts
+    re-run (`_Pass.replayed`, checked against the model's recompute in tests/plan/test_op_sequence.py) over the
+    block's; norms and other memory-bound kernels count as none. What a recompute of `parts` adds, as a fraction of
+    full recompute's."""
+    from llmtrain.plan.kernels import replayed_flops_share
+
+    return replayed_flops_share(cfg, parts, s)
 
 
 def offload_seconds(nbytes: float, dev) -> float:

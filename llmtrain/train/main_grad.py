@@ -19,13 +19,17 @@ sum with several. In fp32 (CPU, `train.amp=none`) the two paths give the same nu
 (tests/train/test_main_grad.py). Parameters stay in their dtype: MixPrecisionLayer's dtype argument is only
 checked, the hooks cast nothing.
 
+Under sequence parallelism fleet's hooks (`register_sequence_parallel_allreduce_hooks`, registered before these)
+all-reduce each norm weight's gradient over tp after the last micro-batch: they run after the gradient is
+accumulated and reduce `param.main_grad` when it exists, before V2's bucket hooks (registered later, by
+fleet.distributed_optimizer) reduce-scatter the bucket (tests/parallel/test_parity.py: tp2sharding2v2's llama_v2sp).
+
 The layer wrapper itself is not kept (PaddleNLP's pipeline recipe does the same): its constructor's hooks are
 the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer for fleet).
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 and pp, tp without sharding_split_param (no sequence parallelism, "
-                     "ZeRO-2/3, ep, cp or LoRA)")
+MAIN_GRAD_LAYOUTS = "dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism (no ZeRO-2/3, ep, cp or LoRA)"
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -52,11 +56,8 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
     if parallel is not None:
         where += [f"parallel.sharding_stage={parallel.sharding_stage}"] if parallel.sharding > 1 and \
             parallel.sharding_stage > 1 else []
-        where += ["parallel.sequence_parallel=true"] if parallel.sequence_parallel else []
         where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 else []
         where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 else []
-        # the checkpoint keeps V2's state as flat slices of whole parameters; under tp a slice is of a tp piece
-        where += [f"parallel.tp={parallel.tp}"] if parallel.tp > 1 and parallel.sharding_split_param else []
     where += ["finetune.lora.rank > 0"] if lora else []
     if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
             parallel.pp_sharding_comm_overlap:

@@ -39,6 +39,9 @@ What counts (all local to the rank):
   optimizer at the bottom of fleet's / Paddle's wrappers; under ZeRO-1/2 that optimizer
   only holds this rank's share, under ZeRO-3 the slices' state plus the unsliced
   parameters' whole state. "optimizer_params" says which parameters the state belongs to.
+- fused_state (stage-1 V1 with `sharding_tensor_fusion`): {fused parameter name: {"numel", "params": [canonical
+  names laid in it]}} of this rank's fused parameters, whose names key its "optimizer_params"
+  (`llmtrain.paddle_compat.sharding_fused`).
 - context (cp > 1): what the context-parallel plan gave this rank (`llmtrain.parallel.context.ContextStats`): its
   chunks, their sequence index and position ranges, the positions per row, the attention score elements it
   computed and the key/value bytes it sent in the first step.
@@ -57,6 +60,7 @@ import json
 import os
 
 from llmtrain.paddle_compat.optim import is_allocated, optimizer_state_tensors
+from llmtrain.paddle_compat.sharding_fused import fused_spans
 from llmtrain.paddle_compat.zero import stage3_storage, zero_grad_buffers
 from llmtrain.utils.log import log0
 
@@ -154,6 +158,8 @@ def measure_rank(built, topo) -> dict:
             params[name] = {"shape": [int(d) for d in param.shape], "numel": numel,
                             "bytes": numel * param.element_size()}
     opt_numel, opt_bytes, opt_params = _optimizer_state(built.optimizer, var_to_name)
+    fused = {f: {"numel": numel, "params": [var_to_name[p] for p, _, _ in members]}
+             for f, (numel, members) in fused_spans(built.optimizer).items()}
     grad_spans = _grad_spans(built, sliced)
     grad_bytes = _union_bytes(grad_spans)
     return {
@@ -167,6 +173,7 @@ def measure_rank(built, topo) -> dict:
         "frozen_numel": sum(params[n]["numel"] for n, _ in getattr(built, "frozen_params", [])),
         "optimizer_numel": opt_numel, "optimizer_bytes": opt_bytes, "optimizer_params": opt_params,
         "grad_bytes": grad_bytes,
+        **({"fused_state": fused} if fused else {}),
         **({"context": built.report()} if getattr(built, "report", None) is not None else {}),
         **({"offload": built.offload.report()} if getattr(built, "offload", None) is not None else {}),
     }

@@ -66,6 +66,8 @@ class Degrees:
     ep: int = 1
     v2: bool = False
     """Stage 1 through fleet's DygraphShardingOptimizerV2 (parallel.sharding_split_param): state split by position."""
+    fused: bool = False
+    """Stage 1 V1 with tensor fusion (parallel.sharding_tensor_fusion): state on fused parameters per rank."""
     split: tuple = ()
     """Blocks per pipeline chunk the run must have been given (parallel.pp_layers); () = the default split, read
     from memory.json and checked to be a split of the model (`stage_layers`)."""
@@ -83,7 +85,8 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "zero2": Degrees(sharding=2, stage=2), "zero3": Degrees(sharding=2, stage=3), "dp4": Degrees(dp=4),
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2), "sharding2v2": Degrees(sharding=2, v2=True),
-    "sharding2pp2": Degrees(sharding=2, pp=2, v2=True),
+    "sharding2pp2": Degrees(sharding=2, pp=2, v2=True), "tp2sharding2v2": Degrees(tp=2, sharding=2, v2=True),
+    "tp2sharding2tf": Degrees(tp=2, sharding=2, fused=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
@@ -205,6 +208,8 @@ def check_memory(got: dict, ref: dict, layout: str, tied: bool, segment_size: in
             assert state == held, f"{layout}: rank {e['rank']} optimizer state {_diff(state, held)}"
     if d.sharding > 1 and d.v2:
         check_v2_optimizer(layout, ranks)
+    elif d.sharding > 1 and d.fused:
+        check_fused_optimizer(layout, ranks)
     elif d.sharding > 1 and d.stage in (1, 2):
         check_sharded_optimizer(layout, ranks, lambda name: True)
 
@@ -307,6 +312,32 @@ def check_v2_optimizer(layout: str, ranks: list) -> None:
         assert total == padded, f"{layout}: {key} slices per parameter {_diff(total, padded)}"
         split = [n for n in params if sum(n in mine for mine in lengths) > 1]
         assert split, f"{layout}: {key} no parameter is split between sharding ranks"
+
+
+def check_fused_optimizer(layout: str, ranks: list) -> None:
+    """Stage-1 V1 with tensor fusion: each rank's AdamW state is on its fused parameters only (memory.json
+    "fused_state": two moments of the fused length, two [1] beta powers each); the parameters laid in them are
+    disjoint over the sharding ranks of a group and cover its parameters; a fused parameter is its parameters
+    end to end, each padded to the 256-byte alignment (< 64 fp32 elements); every rank keeps some and less than
+    all. A replicated or unfused state fails."""
+    groups = {}
+    for e in ranks:
+        groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"], e.get("cp_rank", 0)), []).append(e)
+    for key, members in groups.items():
+        params = members[0]["params"]
+        owned = []
+        for m in members:
+            fused = m.get("fused_state")
+            assert fused, f"{layout}: rank {m['rank']} has no fused optimizer state"
+            assert m["optimizer_params"] == {f: 2 * v["numel"] + 2 for f, v in fused.items()}, (layout, m["rank"])
+            for f, v in fused.items():
+                laid = sum(params[n]["numel"] for n in v["params"])
+                assert laid <= v["numel"] < laid + V2_ALIGN_ELEMENTS * len(v["params"]), (layout, m["rank"], f, v)
+            owned.append({n for v in fused.values() for n in v["params"]})
+            assert 0 < len(owned[-1]) < len(params), (layout, m["rank"], len(owned[-1]))
+        for a, b in itertools.combinations(owned, 2):
+            assert not a & b, f"{layout}: sharding ranks {key} both keep optimizer state of {sorted(a & b)[:5]}"
+        assert set().union(*owned) == set(params), (layout, key, sorted(set(params) ^ set().union(*owned))[:5])
 
 
 def _diff(got: dict, want: dict) -> str:

@@ -92,8 +92,8 @@ def test_every_knob_maps_to_a_fleet_field():
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_tensor_fusion=true"),
      ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
       "DygraphShardingOptimizerV2"]),
-    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.sharding_tensor_fusion=true"),
-     ["parallel.sharding_tensor_fusion=true without parallel.sharding_split_param=true: not built"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.pp=2"),
+     ["parallel.sharding_tensor_fusion=true with parallel.pp=2: not built"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
      ["parallel.sharding_split_param=true with parallel.ep=2: not built"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
@@ -117,6 +117,12 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
      ["sharding_split_param"]),
     (("+parallel=zero2", "parallel.dp=2", "parallel.sharding_stage=1", "parallel.sharding_split_param=true",
       "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap", "sharding_split_param"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_comm_overlap=true",
+      "parallel.sequence_parallel=true"), ["sharding_comm_overlap", "sharding_split_param"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true"), ["sharding_tensor_fusion"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap"]),
+    (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"),
+     ["sharding_tensor_fusion", "sharding_comm_overlap"]),
 ])
 def test_fused_buffer_knobs_are_accepted_and_need_main_grad(overrides, knobs):
     layout, problems = _problems(*overrides)
@@ -144,8 +150,9 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert "parallel.sharding_stage=2" in main_grad_problems(
         TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False)[0]
     assert "train.batch_rampup" in main_grad_problems(TrainConfig(batch_rampup=[2, 2, 16]), v2, lora=False)[0]
-    assert "with parallel.tp=2: not built" in main_grad_problems(
-        TrainConfig(), ParallelConfig(tp=2, sharding=2, sharding_split_param=True), lora=False)[0]
+    tp_v2_sp = ParallelConfig(tp=2, sharding=2, sharding_split_param=True, sequence_parallel=True)
+    assert main_grad_problems(TrainConfig(), tp_v2_sp, lora=False) == []  # V2 slices of tp pieces; sp hooks on main_grad
+    assert "parallel.ep=2" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, ep=2), lora=False)[0]
     assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
     pp_v2 = ParallelConfig(pp=2, sharding=2, sharding_split_param=True, pp_sharding_comm_overlap=True)
     assert main_grad_problems(TrainConfig(), pp_v2, lora=False, tied=False) == []

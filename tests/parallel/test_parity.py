@@ -13,11 +13,12 @@ split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blo
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
 under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, Llama, and
 the LoRA Llama with its held-out evaluation down and up the V; `pp4dpv`): stage s holds chunks s and 2 pp - 1 - s.
-pp4v2, the pp3 pair, sharding2pp2 and pp4dpv are drawn, one of them per suite run (`DRAWN`). Communication
+pp4v2, the pp3 pair, sharding2pp2, pp4dpv and tp2sharding2v2 are drawn, one of them per suite run (`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
-(`dp_comm_overlap`) and sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`).
+(`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`) and the drawn tp2sharding2v2 (V2 under
+tp2 with sequence parallelism, resumed across V2 and V1 with tensor fusion, `V2_TP`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -81,7 +82,7 @@ TIED = {"gpt": True, "llama": False, "llama5": False, "ernie": True, "qwen3": Fa
 LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
-    ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4),
+    ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4), ("tp2sharding2v2", 4),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
@@ -90,13 +91,14 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",)}
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",)]
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
-8 micro-batches) with uneven chunks, or DualPipeV at 4 stages (8 micro-batches of 1, one block per chunk)."""
+8 micro-batches) with uneven chunks, or DualPipeV at 4 stages (8 micro-batches of 1, one block per chunk); or stage-1
+V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch)."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
           ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
 """Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
@@ -110,17 +112,21 @@ backward (fp32 main gradients), for the Llama; the GPT (its table tied across th
 the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
-             ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o]}
+             ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
+             ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
 """Added to every run of a layout: pp3 and pp3v2 run 8 micro-batches of 1 (fleet's interleaved 1F1B needs >= 2 x pp
 micro-batches; 8 is not a multiple of 3: its remainder path runs too), pp4dpv too (DualPipeV needs >= 2 x pp). Every sample has 32 target tokens, so the
 mean of 8 micro-batch means equals one process's mean of 4 micro-batches of 2: the same reference."""
-OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"]}
+OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"],
+                "llama_v2sp": ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true",
+                               "parallel.sequence_parallel=true"]}
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
-fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows)."""
-SAME_AS = {"llama_dpov": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows); `llama_v2sp`: see
+`V2_TP`."""
+SAME_AS = {"llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -129,6 +135,19 @@ LORA_FSP = ["model.fuse_qkv=true", "model.fuse_swiglu=true"] + SP
 """`llama_lora_fsp`: q/k/v adapters as one block of the fused projection and gate/up adapters on their own
 sequence-parallel linears (fuse_ffn off), o/down adapters reduce-scattered: every LoRA path of tp + sp in one run
 (the fused gate/up block is the q/k/v code; one process compares both fusions in tests/models/test_fused.py)."""
+TF = ["+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"]
+V2_TP = {"llama_v2totf": (TF + FUSED + SP, "llama_v2sp", 2, ["checkpoint.interval=3"]),
+         "llama_tftov2": (["+parallel=tp2sharding2v2"] + FUSED + SP, "llama_v2totf", 3, [])}
+"""`tp2sharding2v2` (PaddleNLP's tp x sharding-V2 recipe: V2 slices of each tp piece, their reduce-scatter issued from
+the backward), run as `llama_v2sp`: with sequence parallelism and fused projections, whose norm gradients fleet's
+hooks all-reduce over tp in the fp32 main gradients. It writes step 2, which V1 with tensor fusion and comm overlap
+(`TF`: optimizer state on fused parameters, not V2) continues (`llama_v2totf`, writing step 3), which V2 continues
+(`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
+V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
+"""`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
+parameters updated; its weight decay restored, `llmtrain.paddle_compat.sharding_fused.restore_v1_overlap_decay`)."""
+
+
 SEGMENTS = {"llama_lora": 200}
 """parallel.zero3_segment_size per run under zero3 (default 1024): 200 slices every frozen base matrix (q/k/v/o
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
@@ -288,11 +307,13 @@ def check_timeline(run_dir, overlapped: bool) -> list:
     return read_timeline(str(run_dir), 0)
 
 
-SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"))
+SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"),
+                   ("tp2sharding2", "tp2sharding2v2"))
 """Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
 virtual stages are the PipelineLayer's, fleet's groups are the same; pp2dpv: DualPipeV is the PipelineLayer's V and
-llmtrain's own wrapper, after pp2's 1F1B runs): their runs go through one launch, started by
-whichever of them runs first; each is still checked by its own test."""
+llmtrain's own wrapper, after pp2's 1F1B runs; tp2sharding2v2: V2 is the sharding optimizer's choice): their runs go
+through one launch, started by whichever of them runs first; each is still checked by its own test. A layout of a
+`DRAWN` group not drawn this run is left out of its launch."""
 
 
 def fp8_runs(layout: str) -> tuple:
@@ -326,6 +347,11 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
     if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
         runs += [tiny_overrides(tiny_corpus, str(out / f"wide_{k}"), "llama", steps=2) + V2_WIDE
                  + [f"parallel.sharding_comm_overlap={k == 'overlap'}"] for k in ("overlap", "after")]
+    if layout == "tp2sharding2v2":  # V2 under tp -> tp without V2 -> V2 again, each resumed from the run before
+        runs += [tiny_overrides(tiny_corpus, str(out / n), "llama", steps=STEPS) + LAYERS + lay + extra
+                 + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
+                 for n, (lay, src, step, extra) in V2_TP.items()]
+        runs.append(tiny_overrides(tiny_corpus, str(out / "llama_v1ov"), "llama", steps=STEPS) + LAYERS + V1_OVERLAP + ADDED)
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -342,6 +368,7 @@ def launched(reference, tiny_corpus, tmp_path_factory):
     def launch(layout: str, nproc: int):
         if layout not in done:
             group = next((g for g in SHARED_LAUNCHES if layout in g), (layout,))
+            group = tuple(g for g in group if g == layout or not any(g in d for d in DRAWN) or g in draw(DRAWN)[1])
             root = tmp_path_factory.mktemp("parity_" + "_".join(group))
             runs = [r for g in group for r in layout_runs(g, root / g, reference, tiny_corpus)[2]]
             try:
@@ -438,6 +465,38 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n], split=SPLITS.get((layout, n), ()))
         check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
+
+
+@pytest.mark.slow
+def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launched):
+    """tp2 x sharding2 V2 (with sequence parallelism) writes each tp piece's optimizer state as flat V2 slices (the
+    metadata places every piece); V1 with tensor fusion continues its step 2 and V2 that run's step 3, each step equal
+    to one process's; under tensor fusion each rank holds state on fused parameters of its own parameters only. V1's
+    comm overlap without fused parameters (`llama_v1ov`) trains as one process."""
+    drawn_or_skip("tp2sharding2v2", DRAWN)
+    runs_dir = launched("tp2sharding2v2", 4)
+    with open(runs_dir / "llama_v2sp" / "checkpoints" / "step_2" / "rank_00000.json") as f:
+        pieces = [m["flat"]["piece"] for k, m in json.load(f)["tensors"].items()
+                  if "flat" in m and k.startswith("optim/") and "piece" in m["flat"]]
+    assert pieces, "no V2 state slice of a tp piece in the V2 run's checkpoint"
+    ref = reference["llama"]["metrics"]
+    for n, (lay, src, step, _) in V2_TP.items():
+        got = [r for r in metrics(runs_dir / n) if "loss" in r]
+        assert [r["step"] for r in got] == list(range(step + 1, STEPS + 1)), (n, got)
+        for g in got:
+            r = ref[g["step"] - 1]
+            for key in ("loss", "grad_norm"):
+                assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
+            assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
+        worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
+        print(f"{src} step {step} -> {' '.join(lay)} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+    check_memory(_memory(runs_dir / "llama_v2totf"), reference["llama"]["memory"], "tp2sharding2tf", tied=False)
+    check_predicted(_memory(runs_dir / "llama_v2totf"), "tp2sharding2tf")  # the planner's fused padding, to the element
+    worst = check_parity("llama_v1ov", "tp2sharding2", ref, [r for r in metrics(runs_dir / "llama_v1ov") if "loss" in r],
+                         STEPS)  # V1 comm overlap: weight decay kept (fleet's rule alone decays nothing: 5e-5 off)
+    print(f"tp2sharding2 + sharding_comm_overlap llama_v1ov: max |loss or grad_norm - one process| = {worst:.2e}")
+    check_memory(_memory(runs_dir / "llama_v1ov"), reference["llama"]["memory"], "tp2sharding2", tied=False)
+    check_predicted(_memory(runs_dir / "llama_v1ov"), "tp2sharding2")
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:

@@ -182,8 +182,20 @@ def test_cp_exchanges():
     assert cp_comm_s(cfg, lay("ring"), 65536, "none", slow, 8, stride) > 0
 
 
-@pytest.mark.skipif(not __import__("llmtrain.plan.search", fromlist=["HAS_CP"]).HAS_CP,
-                    reason="parallel.cp and parallel.cp_comm come with the cp branch (issue 36 items 1-3)")
+def test_cp_ring_on_a_cpu_profile_hides_nothing():
+    """On CPU gloo's send/recv block and the ring's blocks are math kernels (a CPU profile has no flash rows): the
+    ring is priced whole, its cp - 1 steps' transfers exposed, where it used to fail on the missing flash rows."""
+    from llmtrain.plan.estimate import _link, cp_comm_s
+
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=256"])).model
+    prof = load_profile("cpu-here")
+    lay = types.SimpleNamespace(cp=2, cp_comm="ring", tp=1, pp=1, micro_batch=2, grad_accum=1)
+    got = cp_comm_s(cfg, lay, 256, "none", prof, 2, {"cp": 1}, flash=False)
+    chunk = 2 * 2 * 128 * cfg.kv_heads() * cfg.attn_head_dim() * prof.dtype_bytes
+    bw, alpha = _link(2, prof, 2)
+    assert got == pytest.approx(cfg.num_layers * ((chunk / bw + alpha) + (2 * chunk / bw + alpha)))
+
+
 def test_auto_takes_cp_only_when_nothing_else_fits(monkeypatch):
     """+parallel=auto: 384k tokens of a tinyllama-1.1b with one kv head on 2 x h200 fit only under cp2 with full
     recompute (tp2 needs the kv heads divisible; sharding2 holds the whole sequence), ring or all-gather (a2a

@@ -8,20 +8,32 @@ the dygraph engine runs, C++-launched gradient nodes included) and checks, per f
   (m, n, k, batch), recorded at the Python entry points the model calls and required to account for every GEMM
   the profiler saw (so none is hidden from the shape record);
 - the backward runs exactly as many: two per GEMM gradient node (dX and dW) plus the GEMMs run as plain ops in
-  the backward (a recomputed block's forward, a PyLayer's own backward, as FP8's).
+  the backward (a recomputed block's forward, a PyLayer's own backward, as FP8's);
+- under recompute (whole blocks, the attention layer, its core, the MLP, the MoE feed-forward, its shared experts,
+  in all or some blocks) the GEMMs the recomputed functions run again in the backward are the planner's replayed
+  forward kernels (`_Pass.replayed`, whose FLOPs also price partial recompute: `plan.recompute.part_flops_share`).
 
-What it does not hold: the memory-bound and view kernels (the CPU runs stand-ins for several GPU kernels, so
-their classes differ by design), tp/cp/ep layouts (multi-process), and recompute of parts of blocks (priced
-apart, `llmtrain.plan.recompute`). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
+- the memory-bound and host-side operators of the forward (and of the recomputed forwards) by class: norms, RoPE,
+  activations, softmax, embedding, cross entropy, the MoE router's and dispatch's top-k, one_hot, cumsum, logsumexp,
+  gathers and scatters, counted per class as the planner lists them (`CLASS_OF` maps the CPU's operator names,
+  stand-ins for GPU kernels included, to the planner's classes; `NOT_COMPARED` lists every other operator with why;
+  an operator in neither fails);
+- the optimizer step (global-norm clip, AdamW) by class, over the tensors the planner's `rank_tensors` lists;
+- context parallelism (ring, cp2): one rank's GEMMs, the ring's blocks included (a cp group of two threads).
+
+What it does not hold: the backward's memory-bound kernels by class (the profiler shows Paddle's gradient nodes,
+one fused launch each on CPU, where the planner counts the GPU twin's kernels), elementwise ops by class (see
+`NOT_COMPARED`), tp/ep layouts (multi-process), flash attention's cp ring (GPU-only). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
 compared by count, batch and width, not rows (capacity MoE: rows too).
 """
 from __future__ import annotations
 
 import collections
 import math
+import os
+import sys
 
 import paddle
-import paddle.nn.functional as F
 import paddle.profiler as profiler
 import pytest
 
@@ -31,6 +43,10 @@ from llmtrain.models import build_model
 from llmtrain.models.init import init_parameters
 from llmtrain.models.stages import canonical_parameters
 from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [_HERE, os.path.join(_HERE, "..", "gpu_paths")]  # gemm_record; cp_threads
+from gemm_record import _Record  # noqa: E402
 
 FORWARD_GEMMS = {"matmul", "bmm", "linear"}
 GRAD_NODES = {"Global_MatmulGradNode", "Global_BmmGradNode", "Global_LinearGradNode"}
@@ -46,52 +62,82 @@ CASES = {
     "moe-full-recompute": ["model=moe-tiny", "model.moe_capacity_factor=1.25", "train.recompute=full"],
     "deepseek-mla": ["model=deepseek-tiny"],
     "llama-fp8": ["model=llama-tiny", "train.fp8=blockwise"],
+    "llama-core-attn": ["model=llama-tiny", "train.recompute=core_attn"],
+    "qwen3-full-attn": ["model=llama-tiny", "model.qk_norm=true", "train.recompute=full_attn"],
+    "llama-mlp-norm-first": ["model=llama-tiny", "train.recompute=selective", "train.recompute_modules=[mlp,norm]",
+                             "train.recompute_layers=first:1"],
+    "moe-recompute-moe": ["model=moe-tiny", "model.moe_capacity_factor=1.25", "train.recompute=selective",
+                          "train.recompute_modules=[moe]"],
+    "moe-act-shared": ["model=moe-tiny", "train.recompute=selective", "train.recompute_modules=[moe_act,shared_experts]"],
+    "mla-core-attn": ["model=deepseek-tiny", "train.recompute=core_attn"],
+    "moe-gelu-experts": ["model=moe-tiny", "model.activation=gelu", "model.moe_capacity_factor=1.25"],
+}
+
+# The memory-bound and host-side operators the CPU runs, by the planner class they are compared as. The CPU runs
+# stand-ins for GPU kernels: the unfused RMSNorm (one rsqrt per norm; the fused `rms_norm` on a GPU), the unfused
+# RoPE (one rotate-half chunk, split_with_num, per rotated tensor; `fused_rotary_position_embedding` on a GPU), the
+# unfused SwiGLU (silu; `swiglu` on a GPU), the math attention core's softmax (flash attention's own on a GPU).
+CLASS_OF = {
+    "matmul": "gemm", "bmm": "gemm", "linear": "gemm",
+    "rsqrt": "norm", "rms_norm": "norm", "layer_norm": "norm",
+    "split_with_num": "rope", "fused_rotary_position_embedding": "rope",
+    "silu": "activation", "gelu": "activation", "swiglu": "activation",
+    "softmax": "softmax", "sigmoid": "softmax",  # a sigmoid router's scores: priced as the router softmax's row
+    "embedding": "embedding",
+    "cross_entropy_with_softmax": "cross_entropy",
+    "topk": "topk", "one_hot": "one_hot", "cumsum": "cumsum", "logsumexp": "logsumexp",
+    "gather": "gather_rows", "scatter": "scatter", "index_add": "index_add",
+}
+PLANNED_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "rope": "rope", "swiglu": "activation", "gelu": "activation",
+                 "moe_swiglu_view": "activation", "softmax": "softmax", "moe_softmax": "softmax",
+                 "embedding": "embedding", "cross_entropy": "cross_entropy", "moe_one_hot": "one_hot",
+                 "moe_cumsum_emajor": "cumsum", "moe_cumsum": "cumsum", "moe_logsumexp": "logsumexp",
+                 "moe_gather_rows": "gather_rows", "moe_scatter_i64": "scatter", "moe_index_add_inv": "index_add",
+                 "moe_index_add_rows": "index_add"}
+"""The planner's kernel classes (`Kernel.op`; `moe_topk*` too) as the classes above; `gemm` by kind."""
+NOT_COMPARED = {
+    **dict.fromkeys(["add", "multiply", "scale", "divide", "div_scale", "pow", "elementwise_pow", "mean", "sum", "cast",
+                     "clip", "not_equal", "greater_equal", "greater_than", "less_equal", "less_than", "bitwise_and",
+                     "bitwise_not", "where", "full_like", "concat", "transpose", "repeat_interleave", "triu", "tile",
+                     "take_along_axis", "stack"],
+                    "elementwise and copies: priced by the planner's add / mul / reduce / cast / copy rows, counted as "
+                    "the GPU twin runs them (the CPU decomposes norms, RoPE and the masks into more ops)"),
+    **dict.fromkeys(["reshape", "squeeze", "unsqueeze", "expand", "slice", "split"],
+                    "views (shape bookkeeping): host time only, `view` kernels"),
+    **dict.fromkeys(["cos", "sin", "arange"], "RoPE's cos/sin tables ([s, d/2], made in each layer's forward) and the "
+                                              "aranges of positions and masks: not priced (s·d elements)"),
+    "full": "fills: the causal mask's and index buffers' initial values (priced inside moe_fill and the mask's row)",
+    "max": "reductions: FP8's per-tile amax (priced inside its GEMMs) and dropless MoE's counts.max() for C (the "
+           "planner's `sync` host read), not told apart by name",
+    **dict.fromkeys(["abs", "isfinite", "minimum", "view_dtype"],
+                    "FP8 blockwise quantisation's CPU stand-in (fp8_quant_blockwise on a GPU): priced inside each FP8 "
+                    "GEMM (`llmtrain.plan.fp8`: its operands' quantisations)"),
 }
 
 
-def _shape(x, y, transpose_x=False, transpose_y=False) -> tuple:
-    """(m, n, k, batch) of x @ y as the planner writes a GEMM: a 2-D right operand folds x's leading dims into m."""
-    xs, ys = list(x.shape), list(y.shape)
-    if transpose_x:
-        xs[-2], xs[-1] = xs[-1], xs[-2]
-    if transpose_y:
-        ys[-2], ys[-1] = ys[-1], ys[-2]
-    if len(ys) == 2:
-        return math.prod(xs[:-1]), ys[-1], xs[-1], 1
-    return xs[-2], ys[-1], xs[-1], math.prod(xs[:-2])
+def _classes(ops) -> collections.Counter:
+    """Traced operator names -> counts per compared class; an operator neither classed nor listed fails."""
+    unknown = sorted({n for n in ops if n not in CLASS_OF and n not in NOT_COMPARED})
+    assert not unknown, f"operators neither classed (CLASS_OF) nor listed as not compared (NOT_COMPARED): {unknown}"
+    return collections.Counter(CLASS_OF[n] for n in ops if n in CLASS_OF)
 
 
-class _Record:
-    """Patches paddle.matmul, paddle.bmm and F.linear (before the model is built: layers keep references) to
-    record each GEMM's shape while `on`."""
-
-    def __init__(self, monkeypatch):
-        self.on, self.shapes = False, []
-        matmul, bmm, linear = paddle.matmul, paddle.bmm, F.linear
-
-        def rec_matmul(x, y, transpose_x=False, transpose_y=False, name=None):
-            if self.on:
-                self.shapes.append(_shape(x, y, transpose_x, transpose_y))
-            return matmul(x, y, transpose_x, transpose_y, name)
-
-        def rec_bmm(x, y, name=None):
-            if self.on:
-                self.shapes.append(_shape(x, y))
-            return bmm(x, y, name)
-
-        def rec_linear(x, weight, bias=None, name=None):
-            if self.on:
-                self.shapes.append(_shape(x, weight))
-            return linear(x, weight, bias, name)
-
-        monkeypatch.setattr(paddle, "matmul", rec_matmul)
-        monkeypatch.setattr(paddle, "bmm", rec_bmm)
-        monkeypatch.setattr(F, "linear", rec_linear)
+def _planned_classes(kernels) -> collections.Counter:
+    """The planner's kernels -> counts per compared class (`Kernel.of` first: the unfused RMSNorm's rsqrt step)."""
+    out = collections.Counter()
+    for k in kernels:
+        if k.kind == "gemm":
+            out["gemm"] += 1
+        elif k.op.startswith("moe_topk"):
+            out["topk"] += 1
+        elif (k.of or k.op) in PLANNED_CLASS:
+            out[PLANNED_CLASS[k.of or k.op]] += 1
+    return out
 
 
 def _operators(fn):
     """(fn's result, names of the operators the dygraph engine ran inside it)."""
-    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU])
+    prof = profiler.Profiler(targets=[profiler.ProfilerTarget.CPU], on_trace_ready=lambda _: None)  # no trace file
     prof.start()
     try:
         out = fn()
@@ -118,7 +164,8 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     paddle.seed(0)
     from llmtrain.models.recompute import recompute_of
 
-    model = build_model(cfg.model, recompute=recompute_of(cfg.train, cfg.model.num_layers, []))
+    rc = recompute_of(cfg.train, cfg.model.num_layers, [])
+    model = build_model(cfg.model, recompute=rc)
     init_parameters(canonical_parameters(model), cfg.model, 7)
     if cfg.train.fp8 != "none":
         from llmtrain.fp8.apply import apply_fp8
@@ -132,12 +179,15 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     loss, fwd_ops = _operators(lambda: mean_loss(model.loss_fn(model(ids), (labels, paddle.ones([b, s], "float32")))))
     executed_fwd = list(record.shapes)
     record.shapes.clear()
+    record.again.clear()
     _, bwd_ops = _operators(loss.backward)
     record.on = False
+    executed_again = list(record.again)  # the recomputed functions' GEMMs, run again in the backward
 
-    mode = "full" if cfg.train.recompute == "full" else "none"
     planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
-                                                 ce_core=False, recompute=mode))
+                                                 ce_core=False, recompute=rc))
+    planned_again = [k.shape for ks, n, *prefix in planned.backward_segments for _ in range(n)
+                     for k in ks[:prefix[0] if prefix else 0] if k.kind == "gemm"]
     planned_fwd = [k.shape for k in planned.forward if k.kind == "gemm"]
     planned_bwd = [k for k in planned.backward if k.kind == "gemm"]
 
@@ -147,8 +197,107 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
         # step's busiest expert's load (the planner's an expectation): compare the rest
         strip = lambda shapes: sorted((n, k, bt) if bt > 1 else (m, n, k, bt) for m, n, k, bt in shapes)  # noqa: E731
         assert strip(executed_fwd) == strip(planned_fwd)
+        assert strip(executed_again) == strip(planned_again)
     else:
         assert sorted(executed_fwd) == sorted(planned_fwd)
+        assert sorted(executed_again) == sorted(planned_again)
+    assert bool(executed_again) == rc.on, "a recompute mode that re-runs no GEMM, or GEMMs re-run without one"
+    assert _classes(fwd_ops) == _planned_classes(planned.forward)
+    if rc.on:  # the plain operators in the backward are the recomputed forwards (and the engine's fills)
+        planned_again_k = [k for ks, n, *prefix in planned.backward_segments for _ in range(n)
+                           for k in ks[:prefix[0] if prefix else 0]]
+        assert _classes([n for n in bwd_ops if "GradNode" not in n]) == _planned_classes(planned_again_k)
     bops = collections.Counter(bwd_ops)
     executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
     assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
+
+
+def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
+    """Context parallelism (ring, cp2) on one rank: the model's cp code path run whole by a cp group of two threads
+    (tests/gpu_paths/cp_threads.py; the exchange's collectives through shared memory), the first rank's GEMMs
+    recorded: its projections, MLP and head on its s/cp positions and the ring's blocks (forward, and the ring's own
+    backward, whose GEMMs are called from Python) are the planner's list for cp=2 (`kernels._ring_math_core`)."""
+    import types
+
+    from cp_threads import ThreadGroup
+
+    from llmtrain.models.roles import Roles
+    from llmtrain.parallel.context import ContextPlan
+    from llmtrain.parallel.context_chunks import ChunkLayout
+
+    cp, b, s = 2, 2, 16
+    cfg = to_config(compose_config(["model.vocab_size=256", "model=llama-tiny"]))
+    group = ThreadGroup(cp)
+    group.install(monkeypatch)
+    record = _Record(monkeypatch, mine=lambda: group.rank == 0)
+    traced = {}
+
+    def rank(r):
+        paddle.seed(0)
+        plan = ContextPlan(types.SimpleNamespace(cp_rank=r, cp_world=cp, cp_group=group), "ring")
+        model = build_model(cfg.model, roles=plan.roles(Roles()))
+        init_parameters(canonical_parameters(model), cfg.model, 7)
+        model.train()
+        ids = paddle.randint(0, cfg.model.vocab_size, [b, s // cp])  # this rank's chunks (ids, labels: any)
+        positions = paddle.to_tensor(ChunkLayout(s, cp).index(r)).unsqueeze(0).expand([b, s // cp])
+        labels = paddle.randint(0, cfg.model.vocab_size, [b, s // cp])
+        loss = mean_loss(model.loss_fn(model(ids, positions), (labels, paddle.ones([b, s // cp], "float32"))))
+        if r == 0:
+            traced["forward"] = list(record.shapes)
+            record.shapes.clear()
+        group.barrier.wait()
+        loss.backward()
+        if r == 0:
+            traced["backward"] = list(record.shapes)
+
+    record.on = True
+    group.run(rank)
+    record.on = False
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False, cp=cp))
+    assert sorted(traced["forward"]) == sorted(k.shape for k in planned.forward if k.kind == "gemm")
+    ring_backward = [k.shape for k in planned.backward if k.kind == "gemm" and k.op.startswith("ring.")]
+    assert sorted(traced["backward"]) == sorted(ring_backward)  # (the linears' gradients: C++ nodes, not recorded)
+    assert len(ring_backward) == cfg.model.num_layers * cp * 5
+
+
+OPTIMIZER_CLASS = {"squared_l2_norm": "reduce", "add_n": "add", "multiply_": "mul", "adamw_": "adamw"}
+"""The optimizer step's operators as the planner's classes (`optimizer_kernels`: a squared norm per tensor, their
+sum, a scale per tensor; AdamW, one kernel per tensor, is the profile's fitted `optimizer_seconds`)."""
+OPTIMIZER_NOT_COMPARED = {
+    **dict.fromkeys(["sqrt", "maximum", "scale", "divide", "full", "reshape"],
+                    "the clip's scalar arithmetic (sqrt, max(norm, c) + 1e-6, c / that): the planner's one scalar add"),
+    "full_": "the optimizer's state made at its first step (moments, beta powers): once per run, not priced",
+}
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "moe-tiny"])
+def test_the_optimizer_step_runs_the_planned_kernels(model, monkeypatch, tmp_path):
+    """The global-norm clip and AdamW over the model's parameters: one squared norm, one scale and one AdamW kernel
+    per tensor the planner's `rank_tensors` lists for one device (the tied table once, each expert stack one tensor),
+    one sum of the squares; every other operator of the step listed above with why it is not compared."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.plan.estimate import rank_tensors
+    from llmtrain.plan.kernels import optimizer_kernels
+    from llmtrain.train.optim import build_optimizer
+
+    monkeypatch.chdir(tmp_path)
+    c = to_config(compose_config(["model.vocab_size=256", f"model={model}"]))
+    paddle.seed(0)
+    net = build_model(c.model)
+    init_parameters(canonical_parameters(net), c.model, 7)
+    net.train()
+    optimizer, _ = build_optimizer(canonical_parameters(net), c.optim, 10)
+    ids = paddle.randint(0, c.model.vocab_size, [2, 16])
+    mean_loss(net.loss_fn(net(ids), (ids, paddle.ones([2, 16], "float32")))).backward()
+    _, ops = _operators(optimizer.step)
+    unknown = sorted({n for n in ops if n not in OPTIMIZER_CLASS and n not in OPTIMIZER_NOT_COMPARED})
+    assert not unknown, f"optimizer operators neither classed nor listed as not compared: {unknown}"
+    traced = collections.Counter(OPTIMIZER_CLASS[n] for n in ops if n in OPTIMIZER_CLASS)
+    grads, owned = rank_tensors(c.model, resolve_layout(c.parallel, c.train, 1), "none", 0)
+    trained = [int(p.numel()) for p in net.parameters() if not p.stop_gradient]  # (an MoE expert_bias is moved apart)
+    assert sorted(n for n, _ in owned) == sorted(trained)  # the same tensors
+    planned = collections.Counter(k.op for k in optimizer_kernels(grads, owned, 1))
+    planned["add"] -= 1  # the planner's scalar add (sqrt and the scale's arithmetic), not compared
+    planned["adamw"] = len(owned)
+    assert traced == planned

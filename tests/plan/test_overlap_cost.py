@@ -120,6 +120,25 @@ def test_sharding_split_param_and_its_overlap():
     assert s4["buckets"] > s3["buckets"] and s4["exposed_s"] <= s3["exposed_s"]
 
 
+def test_sharding_tensor_fusion_and_its_overlap():
+    """V1 with tensor fusion reduces fp32 buckets of comm_buffer_size_MB to their owners instead of each tensor;
+    with sharding_comm_overlap they are issued from the backward."""
+    base = ["+parallel=zero2", "parallel.sharding=8", "parallel.sharding_stage=1", "train.global_batch_size=16"]
+    cfg, (_, v1, s1), (lay2, tf, s2) = _flip(base, "sharding_tensor_fusion", 8, "sharding")
+    assert s1["kind"] == s2["kind"] == "reduce" and s1["bucket_bytes"] == 0 and not s2["overlapped"]
+    assert s2["bucket_bytes"] == SHARDING_BUCKET and s2["buckets"] == math.ceil(_grad_bytes(cfg, lay2, 4) / SHARDING_BUCKET)
+    assert s2["exposed_s"] == s2["comm_s"] and s2["option"] == "sharding_comm_overlap"
+    _moves_only_by_the_sync(v1, tf)
+    _, _, ov = _row(base + ["parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"], 8)
+    s3 = ov["comm_syncs"]["sharding"]
+    assert s3["overlapped"] and s3["comm_s"] == pytest.approx(s2["comm_s"]) and s3["buckets"] == s2["buckets"]
+    assert s3["exposed_s"] == pytest.approx(_bucketed(s3["comm_s"], s3["window_s"], s3["buckets"]))
+    assert s3["exposed_s"] < s2["exposed_s"]
+    _moves_only_by_the_sync(tf, ov)
+    _, _, ov1 = _row(base + ["parallel.sharding_comm_overlap=true"], 8)  # V1 overlap without fused parameters: the same buckets
+    assert ov1["comm_syncs"]["sharding"] == s3
+
+
 def test_pp_sharding_comm_overlap():
     base = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=8", "train.global_batch_size=64"]
     cfg, (_, off, s0), (lay1, on, s1) = _flip(base, "pp_sharding_comm_overlap", 16, "sharding")
