@@ -22,7 +22,7 @@ means depends on the command:
   argparse command line, its parser accepts ARGS (the parser runs; the command does not).
 - `bash scripts/<x>.sh ARGS`: the script exists; when it passes "$@" on to a command above, that command is
   checked with ARGS in place of "$@".
-- A few outside programs (docker, kubectl, etcd, pip, mkdocs) are taken as they are; any other program fails.
+- A few outside programs (docker, kubectl, etcd, pip, mkdocs, cp) are taken as they are; any other program fails.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STAND_IN_TOKENIZER = "tokenizers/pd1998-bpe16k"
 RECIPES = {"llmtrain/pretrain.py": "config", "llmtrain/finetune.py": "finetune"}
-OUTSIDE = {"docker", "kubectl", "etcd", "pip", "mkdocs"}
+OUTSIDE = {"docker", "kubectl", "etcd", "pip", "mkdocs", "cp"}
 SEPARATORS = {"&&", "||", ";", "|", "&"}
 REFUSED = "# expect: refused"
 

@@ -11,9 +11,11 @@ import re
 import subprocess
 import sys
 
+import docs_run
 import pytest
 
 from docs_commands import REPO, Command, all_commands, check, commands_of_text, hydra_session, run_dir_problems
+from llmtest import drawn_or_skip
 
 COMMANDS = all_commands()
 
@@ -183,6 +185,35 @@ def test_changing_runs_recipes_do_what_the_page_says(tiny_corpus, tmp_path, monk
         run([a for a in cos40 if a != "optim.on_resume=config"])
     assert run(cos40)["step"] == 40
     assert sorted(os.listdir(tmp_path / "work" / "runs" / "cos" / "checkpoints")) == ["step_20", "step_40"]
+
+
+UNITS = docs_run.units()
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_a_pages_commands_do_what_the_page_says(unit):
+    """One ```bash block of a page (drawn per suite run: LLMTRAIN_SAMPLE_SEED=all runs every one), its commands run
+    for real in order in one fresh directory, shrunk as tests/docs_run.py says: each exits 0 (or is refused where
+    the page marks it), makes the files the page says and prints the line the page quotes; a command this machine
+    cannot run is classified there with its reason."""
+    drawn_or_skip(unit, [(u,) for u in UNITS])
+    page, _, line = unit.partition(":")
+    results = docs_run.run_page(page, only=int(line))
+    for r in results:
+        print(f"{r.where}\n   {r.status} ({r.seconds:.1f} s)")
+    failed = [f"{r.where}\n   {r.status}\n   " + "\n   ".join(r.output.strip().split("\n")[-20:])
+              for r in results if r.status.startswith("FAILED")]
+    assert not failed, "\n".join(failed)
+
+
+def test_every_command_is_run_or_classified():
+    """No command of any page is silently left out: each one's program is one tests/docs_run.py runs, or a rule of
+    its `not_here` classifies it with a reason; and every page with commands is among the drawn blocks."""
+    unknown = [c.where() for c in all_commands() if docs_run.not_here(c, c.argv) is None
+               and docs_run.program(c.argv) not in docs_run.RUNNABLE]
+    assert not unknown, "neither run nor classified (add a rule with its reason to tests/docs_run.py):\n" + \
+        "\n".join(unknown)
+    assert {u.partition(":")[0] for u in UNITS} == {os.path.relpath(c.source, REPO) for c in all_commands()}
 
 
 @pytest.mark.parametrize("line", [

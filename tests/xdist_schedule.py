@@ -18,6 +18,7 @@ HEAVY = [
     "tests/e2e",                              # ~300 s: the shared tp2 / pp2 / dp2 launches and their checks
     "tests/checkpoint/test_resume.py",        # ~280 s
     "tests/parallel/test_context_parity.py",  # ~170 s
+    "tests/test_docs.py",                     # ~80 s of static checks + one drawn docs block run for real (20-120 s)
     "tests/train/test_rampup.py",
     "tests/train/test_watchdog.py",
     "tests/paddle_compat/test_cpu_pp.py",

@@ -6,7 +6,7 @@
 The fused projections (`model.fuse_qkv`, `fuse_ffn`) run one GEMM x @ [W_1 .. W_n] (+ [b_1 .. b_n]) instead of n:
 fewer kernel launches, and under tp / sequence parallelism one collective for the input (`Roles.column_linears`).
 Autograd over `paddle.concat` + `F.linear` would keep the concatenated weight [in, sum out_i] for the backward: a copy
-of the weights per layer and micro-batch alive until that layer's backward (issue 45: 315 MB per 7B block and
+of the weights per layer and micro-batch alive until that layer's backward (315 MB per 7B block and
 micro-batch in flight). `ConcatLinear` keeps only x and the parameters themselves and concatenates the weights
 again in its backward (a transient copy, freed at once):
 

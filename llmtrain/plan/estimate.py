@@ -167,7 +167,7 @@ def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
 
 def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
                     dtype_bytes: int, flash: bool, framework_bytes: float, moe_imbalance: float | None = None,
-                    fp8: bool = False) -> dict:
+                    fp8: bool = False, fp8_cached_copies: int = 0) -> dict:
     """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
     stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
     micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
@@ -175,13 +175,16 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     include the experts' that are held from the backward until reduced to their edp owners
     (`grad_transient_bytes`). `recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts
     and blocks, priced by `llmtrain.plan.recompute`). `fp8` (`train.fp8` on): each block's FP8 weight copies, kept
-    for its backward per micro-batch in flight (`fp8_weight_bytes`; under recompute only the re-running block's)."""
+    for its backward per micro-batch in flight (`fp8_weight_bytes`; under recompute only the re-running block's);
+    with `fp8_cached_copies` > 0 (`train.fp8_weight_cache`, llmtrain/fp8/cache.py) instead that many copies of every
+    weight of the stage for the whole step (made at first use, dropped after the optimizer step): 2 on the GPU path
+    of the blockwise recipe (W and its transpose), 1 for tensorwise and for the CPU emulation (W)."""
     from llmtrain.plan.recompute import plan_recompute
 
     rc = plan_recompute(recompute)
     if rc.on and rc.parts != {"block"} or rc.blocks is not None:
         return _parts_memory_estimate(cfg, layout, seq_len, rc, amp, device, dtype_bytes, flash, framework_bytes,
-                                      moe_imbalance, fp8)
+                                      moe_imbalance, fp8, fp8_cached_copies)
     mode = "full" if rc.on else "none"
     w8 = fp8_weight_bytes(cfg, layout) if fp8 else None
     ranks = stage_worst(cfg, layout, amp, device)
@@ -198,7 +201,9 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         flight = in_flight(p, v, m, st, dualpipev)
         transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
         act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
-        if w8 is not None:  # the FP8 weight copies its linears keep for their backward
+        if w8 is not None and fp8_cached_copies:  # every weight's cached copies, the whole step
+            act += fp8_cached_copies * sum(w8[i] for i in blocks)
+        elif w8 is not None:  # the FP8 weight copies its linears keep for their backward
             act += max((w8[i] for i in blocks), default=0) if mode == "full" else flight * sum(w8[i] for i in blocks)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
@@ -346,7 +351,8 @@ def layout_key(layout) -> tuple:
 
 
 def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str, dtype_bytes: int, flash: bool,
-                           framework_bytes: float, moe_imbalance: float | None, fp8: bool = False) -> dict:
+                           framework_bytes: float, moe_imbalance: float | None, fp8: bool = False,
+                           fp8_cached_copies: int = 0) -> dict:
     """`memory_estimate` under recompute of parts of blocks or of some blocks (`llmtrain.plan.recompute`): each
     block priced by what it recomputes, each pipeline stage with its own blocks and micro-batches in flight."""
     from llmtrain.plan.recompute import kept_routing_bytes, part_savings
@@ -383,7 +389,9 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
         act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
-        if fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
+        if fp8 and fp8_cached_copies:  # cached FP8 weight copies: every block's, the whole step
+            act += fp8_cached_copies * sum(fp8_weight_bytes(cfg, layout)[i] for i in blocks)
+        elif fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
             w8 = fp8_weight_bytes(cfg, layout)
             act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i)) + max(
                 (w8[i] for i in blocks if "block" in rc.at(i)), default=0)

@@ -211,6 +211,12 @@ class FP8Pricing:
     model: FP8Model
     weight_cache: bool = True
 
+    @property
+    def cached_copies(self) -> int:
+        """FP8 copies of each weight the GPU path keeps for the whole step under the cache (blockwise: W and Wᵀ;
+        tensorwise: W); 0 without the cache (`memory_estimate`'s `fp8_cached_copies`)."""
+        return (2 if self.recipe == "blockwise" else 1) if self.weight_cache else 0
+
     def _tiles(self, op: str) -> tuple[str, str, str]:
         """(FP8 GEMM recipe, a's tile, b's tile) of the planner's GEMM `op`."""
         wgrad, fwd = op.endswith(".wgrad"), not op.endswith((".dgrad", ".wgrad"))  # "q.fwd", "expert.up"

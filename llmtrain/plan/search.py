@@ -88,7 +88,8 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     label = mode_name(plan_recompute(recompute))
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
     mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
-                          dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None)
+                          dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None,
+                          fp8_cached_copies=dev.fp8.cached_copies if getattr(dev, "fp8", None) is not None else 0)
     if any(offload) and not timed:  # its memory first (what offload saves in bytes does not depend on times)
         unit = dict.fromkeys(("compute_s", "step_time_s", "tokens_per_sec_per_device", "mfu"), 1.0)
         offloaded, _ = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, unit, optimizer=offload[0],

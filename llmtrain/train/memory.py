@@ -194,7 +194,8 @@ def predicted_activation_bytes(cfg, layout, amp: str, on_cpu: bool):
 
     rc = recompute_of(cfg.train, cfg.model.num_layers, layout.pp_layers)
     est = memory_estimate(cfg.model, one, cfg.data.seq_len, rc, amp, "cpu" if on_cpu else "gpu",
-                          4 if amp == "none" else 2, not on_cpu, 0.0, fp8=cfg.train.fp8 != "none")
+                          4 if amp == "none" else 2, not on_cpu, 0.0, fp8=cfg.train.fp8 != "none",
+                          fp8_cached_copies=_fp8_cached_copies(cfg.train, on_cpu))
     return int(est["activations"] - est.get("recompute_transient", 0) + est["other"])  # held after the forward
 
 
@@ -235,3 +236,11 @@ def write_memory_report(run_dir: str, built, topo, layout, model_numel: int, ste
             + f"; model {model_numel / 1e6:.3f}M parameters; details in {path}"
         )
     return report
+
+
+def _fp8_cached_copies(train, on_cpu: bool) -> int:
+    """FP8 copies of each weight `train.fp8_weight_cache` keeps for the step: the CPU emulation caches W, the GPU
+    path W and Wᵀ under blockwise (llmtrain/fp8/cache.py); 0 without FP8 or the cache."""
+    if train.fp8 == "none" or not getattr(train, "fp8_weight_cache", False):
+        return 0
+    return 1 if on_cpu or train.fp8 == "tensorwise" else 2

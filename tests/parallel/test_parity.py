@@ -45,7 +45,7 @@ group-sharded wrappers), each checked per rank by `check_expert_memory`. Qwen3's
 YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
 measured, grad_norm 1.4e-5 off at step 4).
 FP8 (`FP8`, emulated blockwise): the Llama and the MoE model with ep2 under dp2, and the Llama under one drawn
-layout of pp2, sharding2 and zero3, each against its FP8-emulated one-process run; under tp2 + sp (`FP8_TP`, drawn
+layout of pp2, sharding2 (ZeRO-1), zero2 and zero3, each against its FP8-emulated one-process run; under tp2 + sp (`FP8_TP`, drawn
 with the cp2 ones) against one process quantising as the tp ranks do (`train.fp8_emulate`).
 The divergence guard (`test_divergence_guard`, `guard_checks.py`): the one-process launch and the pp2 launch also
 run a gradient poisoned once on rank 1 (a transient fault) and a batch whose loss spikes (rewound over), faults
@@ -215,7 +215,7 @@ flips on: measured after 3 updates, 3.4e-4 in grad_norm under tp2 + sp and 2.9e-
 6e-8); 1e-3 is 3x the measured. The plain one process is already off by more at step 1: 3.2e-5 (tp2 + sp),
 1.8e-4 (cp2)."""
 SAME_AS.update({run: ref for run, (_, _, ref, _) in FP8_TP.items()})
-FP8_DRAWN = [("pp2",), ("sharding2",), ("zero3",)]
+FP8_DRAWN = [("pp2",), ("sharding2",), ("zero2",), ("zero3",)]
 """Where `llama_fp8` also runs, one of them per suite run (`llmtest.draw`); dp2 runs `llama_fp8` and `moe_fp8_ep2`
 every time."""
 

@@ -60,7 +60,7 @@ def test_each_quantisation_is_priced_by_its_fastest_measured_implementation():
         assert all(mine[(r["rows"], r["cols"])] <= 1.02 * r["ms"] for r in others), (tile, impl)
 
 
-def test_fp8_weight_copies_are_counted_per_micro_batch_in_flight():
+def test_fp8_weight_copies_are_counted_per_micro_batch_in_flight_or_for_the_step_when_cached():
     """train.fp8 adds, per rank, one byte (plus a 128x128 block's scale) per element of each linear's tp-local weight
     per micro-batch in flight; under full recompute only the re-running block's. Llama-7B: 32 blocks of 4096 x
     (3 x 4096 + 4096) attention and 3 x 4096 x 11008 MLP weights."""
@@ -80,6 +80,12 @@ def test_fp8_weight_copies_are_counted_per_micro_batch_in_flight():
 
     assert activations("none", True) - activations("none", False) == pytest.approx(32 * per_block * (1 + 4 / 128**2), abs=2)
     assert activations("full", True) - activations("full", False) == pytest.approx(per_block * (1 + 4 / 128**2), abs=2)
+    # train.fp8_weight_cache: every weight's copies (GPU blockwise: W and Wᵀ) for the whole step, whatever the
+    # recompute mode and the micro-batches in flight; a part-recompute mode takes the same path
+    for mode in ("none", "full", "core_attn"):
+        cached = memory_estimate(cfg.model, layout, 512, mode, "bf16", "gpu", 2, True, 0.0, fp8=True,
+                                 fp8_cached_copies=2)["activations"]
+        assert cached - activations(mode, False) == pytest.approx(2 * 32 * per_block * (1 + 4 / 128**2), abs=2)
 
 
 @pytest.mark.parametrize("recipe", ["blockwise", "tensorwise"])
