@@ -79,6 +79,11 @@ RULES: list[tuple[str, str, str]] = [
     ("train.batch_rampup", "honoured", "each step's batch is read from consumed_samples"),
     ("train.fp8", "warn", "the transformer's GEMMs change precision from this step on; weights, optimizer states and "
                           "the checkpoint are the same with or without FP8"),
+    ("train.fp8_weight_cache", "honoured", "the weights' FP8 copies are made once per step instead of once per "
+                                           "micro-batch, from the same values: the same numbers; nothing is saved"),
+    *_each("train.fp8_emulate.tp train.fp8_emulate.sequence_parallel train.fp8_emulate.cp", "warn",
+           "the emulated layout's quantisation boundaries change the FP8 numerics from this step on; nothing of them "
+           "is saved"),
     ("train.main_grad", "honoured", "gradients are not saved: fp32 main gradients or not, the state is the same"),
     ("train.amp", "honoured", "weights, moments and master weights are stored in fp32 and cast on load (from an fp32 "
                                "checkpoint the master weights start from the cast weights)"),
