@@ -58,9 +58,10 @@ import math
 from functools import lru_cache
 
 from llmtrain.models.size import flops_parameters
+from llmtrain.parallel.groups import first_group
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
-                                  stage_params)
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs,
+                                  stage_params, stage_worst_holding)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
@@ -338,9 +339,8 @@ def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     key = (id(cfg), amp, device, *layout_key(layout))
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
-        held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
         # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
-        per = [max(stage_holdings(cfg, layout, st, amp, device), key=held) for st in range(layout.pp)]
+        per = [stage_worst_holding(cfg, layout, st, amp, device) for st in range(layout.pp)]
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
     return hit[1]
 
@@ -580,7 +580,7 @@ def group_spread(layout, kind: str, devices_per_node: int) -> tuple[int, int]:
     key = (kind, devices_per_node, *(repr(getattr(layout, k, None)) for k in ("dp", "tp", "pp", "sharding", "cp", "ep",
                                                                               "order")))
     if key not in _SPREAD:
-        ranks = layout.group_ranks(kind)[0]
+        ranks = first_group(layout, kind)  # group_ranks(kind)[0], the others not listed
         per: dict = {}
         for r in ranks:
             per[r // devices_per_node] = per.get(r // devices_per_node, 0) + 1
