@@ -195,13 +195,12 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
-    moe = moe_blocks(cfg)
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        full = [moe_layer if moe[i] else dense_layer for i in blocks]
+        count, total, most = _stage_sets(cfg, dense_layer, moe_layer, blocks if p > 1 else None)
         flight = in_flight(p, v, m, st, dualpipev)
-        transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
-        act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
+        transient = most if mode == "full" else 0  # one block's full set during its backward
+        act = flight * count * kept + transient if mode == "full" else flight * total
         if w8 is not None and fp8_cached_copies:  # every weight's cached copies, the whole step
             act += fp8_cached_copies * sum(w8[i] for i in blocks)
         elif w8 is not None:  # the FP8 weight copies its linears keep for their backward
@@ -210,6 +209,19 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     return _finish(worst, framework_bytes)
 
 
+def _stage_sets(cfg, dense_layer: float, moe_layer: float, blocks) -> tuple:
+    """(blocks, the sum of their saved bytes, the largest) of a stage holding `blocks` (None: every block), each
+    dense block saving `dense_layer` and each MoE block `moe_layer` bytes; remembered per stage and sizes."""
+    key = (id(cfg), dense_layer, moe_layer, blocks)
+    hit = _SETS.get(key)
+    if hit is None or hit[0] is not cfg:
+        moe = moe_blocks(cfg)
+        full = [moe_layer if moe[i] else dense_layer for i in (range(cfg.num_layers) if blocks is None else blocks)]
+        hit = _SETS[key] = (cfg, (len(full), sum(full), max(full, default=0)))  # the model kept alive with its id
+    return hit[1]
+
+
+_SETS: dict = {}
 _FP8_W: dict = {}
 
 
@@ -331,6 +343,7 @@ def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, 
 
 
 _WORST: dict = {}
+_HELD: dict = {}
 
 
 def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
@@ -372,14 +385,21 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
         return full - part_savings(cfg, parts, s=s, b=b, t=t, e=dtype_bytes, flash=flash, sp=sp, gpu=gpu,
                                    moe_plan=plan, moe_layer=moe), full
 
-    kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
-    held = []
-    for i, moe in enumerate(moe_blocks(cfg)):
-        key = (moe, frozenset(rc.at(i)))
-        if key not in kinds:
-            kinds[key] = block(moe, key[1])
-        held.append(kinds[key])
-    any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+    # per block (bytes kept, bytes without recompute), whether any block is wholly recomputed, and per stage's
+    # blocks (their kept bytes, one re-run block's full set): remembered per model, recompute and activation sizes
+    hkey = (id(cfg), rc, s, b, t, sp, device, flash, dtype_bytes, plan.ep, moe_imbalance)
+    hit = _HELD.get(hkey)
+    if hit is None or hit[0] is not cfg:
+        kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
+        held = []
+        for i, moe in enumerate(moe_blocks(cfg)):
+            key = (moe, frozenset(rc.at(i)))
+            if key not in kinds:
+                kinds[key] = block(moe, key[1])
+            held.append(kinds[key])
+        any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+        hit = _HELD[hkey] = (cfg, held, any_block, {})  # the model kept alive with its id
+    _, held, any_block, per_stage = hit
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
@@ -387,8 +407,13 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     worst = None
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
-        act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
+        sums = per_stage.get(blocks if p > 1 else None)
+        if sums is None:
+            sums = per_stage[blocks if p > 1 else None] = (
+                sum(held[i][0] for i in blocks),
+                max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0)
+        transient = sums[1]
+        act = in_flight(p, v, m, st, dualpipev) * sums[0] + transient  # + one re-run block
         if fp8 and fp8_cached_copies:  # cached FP8 weight copies: every block's, the whole step
             act += fp8_cached_copies * sum(fp8_weight_bytes(cfg, layout)[i] for i in blocks)
         elif fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
