@@ -61,7 +61,7 @@ from llmtrain.models.size import flops_parameters
 from llmtrain.parallel.groups import first_group
 from llmtrain.parallel.pp_split import stage_blocks
 from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs,
-                                  stage_params, stage_worst_holding)
+                                  stage_params, stage_worst_holdings)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
@@ -353,7 +353,7 @@ def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
         # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
-        per = [stage_worst_holding(cfg, layout, st, amp, device) for st in range(layout.pp)]
+        per = stage_worst_holdings(cfg, layout, amp, device)
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
     return hit[1]
 

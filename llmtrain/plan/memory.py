@@ -206,16 +206,23 @@ def _opt_elems(n: int, low_precision: bool, frozen: bool = False) -> int:
     return 0 if frozen else ADAM_SLOTS * n + ADAM_POWS + (n if low_precision else 0)
 
 
-def _stage_key(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> tuple:
-    """What a stage's holdings depend on: the sequence of its blocks' kinds, whether it holds the ends, the degrees."""
+def _stage_key(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec],
+               degrees: tuple | None = None) -> tuple:
+    """What a stage's holdings depend on: the sequence of its blocks' kinds, whether it holds the ends, the degrees
+    (`degrees`: `_degrees_key(layout)`, given when the caller asks for several stages of one layout)."""
     v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
     blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
     # a stage's holdings depend on the sequence of its blocks' kinds (dense or MoE: equal parameter shapes within a
     # kind), not on which blocks they are: splits that give stages the same kinds share one computation
     kinds = tuple(cfg.is_moe_layer(i) for i in blocks)
-    return (id(specs), kinds, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device, *(
-        repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
-                                                                           "pp_schedule")), layout.pp == 1)
+    return (id(specs), kinds, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device,
+            *(_degrees_key(layout) if degrees is None else degrees), layout.pp == 1)
+
+
+def _degrees_key(layout) -> tuple:
+    """The layout fields besides the pipeline's that a stage's holdings depend on, as text."""
+    return tuple(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
+                                                                                   "pp_schedule"))
 
 
 def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
@@ -240,12 +247,19 @@ def held_bytes(r: dict) -> int:
     return r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]
 
 
-def stage_worst_holding(cfg, layout, pp_rank: int, amp: str = "none", device: str = "cpu") -> dict:
+def stage_worst_holdings(cfg, layout, amp: str = "none", device: str = "cpu") -> list[dict]:
+    """`stage_worst_holding` of every pipeline stage of `layout`."""
+    degrees = _degrees_key(layout)
+    return [stage_worst_holding(cfg, layout, st, amp, device, degrees) for st in range(layout.pp)]
+
+
+def stage_worst_holding(cfg, layout, pp_rank: int, amp: str = "none", device: str = "cpu",
+                        degrees: tuple | None = None) -> dict:
     """`max(stage_holdings(...), key=held_bytes)`: the first entry of the most bytes, the cached entry itself (to be
     read, not changed), remembered per stage kinds and degrees as `stage_holdings`; where the list would hold one
     entry per data index (sharded expert states) the worst one is found without building the others."""
     specs = _spec_list(cfg, None)
-    key = _stage_key(cfg, layout, pp_rank, amp, device, specs)
+    key = _stage_key(cfg, layout, pp_rank, amp, device, specs, degrees)
     hit = _WORST_STAGE.get(key)
     if hit is not None and hit[0] is specs:
         return hit[1]
