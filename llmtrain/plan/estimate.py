@@ -247,11 +247,13 @@ def fp8_weight_bytes(cfg, layout) -> list:
 def _worse(worst: dict | None, r: dict, act: float, transient: float, other: float) -> dict:
     """The stage entry (params, grads, optimizer, activations, other, total) of holdings `r` if it holds more than
     `worst`, else `worst`."""
-    entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
-             "optimizer": r["optimizer_bytes"], "activations": int(act), "other": int(other)}
-    entry["total"] = sum(entry.values())
-    entry["recompute_transient"] = int(transient)  # in `activations`: one block during its backward
-    return entry if worst is None or entry["total"] > worst["total"] else worst
+    params, grads, opt = r["param_bytes"], r["grad_bytes"] + r.get("grad_transient_bytes", 0), r["optimizer_bytes"]
+    a, o = int(act), int(other)
+    total = params + grads + opt + a + o  # in the entry's order, as sum() adds them
+    if worst is not None and not total > worst["total"]:
+        return worst
+    return {"params": params, "grads": grads, "optimizer": opt, "activations": a, "other": o, "total": total,
+            "recompute_transient": int(transient)}  # in `activations`: one block during its backward
 
 
 def _finish(worst: dict, framework_bytes: float) -> dict:
@@ -349,13 +351,21 @@ _HELD: dict = {}
 def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     """Per pipeline stage, the holdings (`memory.predict_stage_ranks`) of its rank with the most bytes of parameters,
     gradients (transient expert ones included) and optimizer states; cached per (model, degrees, split)."""
+    mine = _WORST_OF.get((id(layout), id(cfg), amp, device))  # the same layout object again (another mode)
+    if mine is not None and mine[0] is layout and mine[1] is cfg:
+        return mine[2]
     key = (id(cfg), amp, device, *layout_key(layout))
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
         # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
         per = stage_worst_holdings(cfg, layout, amp, device)
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
+    if getattr(getattr(type(layout), "__dataclass_params__", None), "frozen", False):  # a Layout cannot change
+        _WORST_OF[(id(layout), id(cfg), amp, device)] = (layout, cfg, hit[1])  # both kept alive with their ids
     return hit[1]
+
+
+_WORST_OF: dict = {}
 
 
 def layout_key(layout) -> tuple:
