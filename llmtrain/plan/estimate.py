@@ -501,6 +501,29 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
+    # the lists depend on the sequence of the stage's block kinds (equal shapes within a kind), the ends it holds
+    # and the degrees, not on which blocks they are: stages of other splits with the same kinds share them
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    moe = moe_blocks(cfg)
+    blocks = stage_blocks_of(layout.pp_layers, layout.pp, pp_rank, v_shape) if layout.pp > 1 else ()
+    kinds_key = (id(cfg), amp, tuple(moe[i] for i in blocks), pp_rank == 0,
+                 pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1, layout.tp, ep, layout.sharding,
+                 layout.sharding_stage, layout.dp * layout.sharding // ep if ep > 1 else 1)
+    hit = _TENSORS_BY_KINDS.get(kinds_key)
+    if hit is not None and hit[0] is cfg:
+        _TENSORS[key] = hit
+        return hit[1]
+    out = _rank_tensors(cfg, layout, amp, pp_rank)
+    _TENSORS[key] = _TENSORS_BY_KINDS[kinds_key] = (cfg, out)  # the model kept alive with its id
+    return out
+
+
+_TENSORS_BY_KINDS: dict = {}
+
+
+def _rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
+    """`rank_tensors`, computed."""
+    ep = getattr(layout, "ep", 1)
     specs = _stage_specs(cfg, layout, pp_rank)
     sized = _sized(cfg, layout.tp, ep, amp)
     grads = [sized.get(id(x)) or (int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
@@ -527,7 +550,6 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
         owners = greedy_partition([n for n, _ in d], sh, sort=layout.sharding_stage == 1)
         busiest = max(owners, key=lambda owned: sum(d[i][0] for i in owned))
         out = grads, [d[i] for i in sorted(busiest)] + experts_owned
-    _TENSORS[key] = (cfg, out)  # the model kept alive with its id
     return out
 
 
