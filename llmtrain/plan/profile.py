@@ -51,7 +51,8 @@ operator-level cost model (llmtrain/plan/kernels.py, timeline.py):
   at tiny shapes (h200: benchmarks/data/h200/host_model.json); CPU: `--calibrate` times the real Trainer on a
   tiny model;
 - `optimizer`: AdamW step seconds = `per_tensor_s`·tensors + `per_elem_s`·elements (fitted, multi-precision
-  on GPU), clip and accumulation being memory-bound kernels of their own;
+  on GPU), clip and accumulation being memory-bound kernels of their own; optional `per_tensor_device_s` (device
+  per tensor) and `per_step_s` (host per step), the h100 profile's stream fit (timeline.Stream.run_optimizer);
 - `async_launch`: true on a GPU (the host queues kernels and runs ahead: timeline.py overlaps the two), false
   on a CPU (each op runs in its dispatching thread; `tables_include_host`: the tables' times already hold one
   dispatch, so only the autograd extra is added).
@@ -334,7 +335,8 @@ class Profile:
 
     def optimizer_seconds(self, numel: int, tensors: int) -> float:
         o = self.optimizer
-        return o["per_tensor_s"] * tensors + o["per_elem_s"] * numel
+        return (o.get("per_step_s", 0.0) + (o["per_tensor_s"] + o.get("per_tensor_device_s", 0.0)) * tensors
+                + o["per_elem_s"] * numel)
 
 
 def slowdown_at(factor, numel: float) -> float:
@@ -378,6 +380,9 @@ def _scaled(raw: dict, base: dict) -> dict:
     out["host"] = {k: (v / host if k.endswith("_s") else v) for k, v in base["host"].items()}
     out["optimizer"] = {**base["optimizer"], "per_elem_s": base["optimizer"]["per_elem_s"] / bw,
                         "per_tensor_s": base["optimizer"]["per_tensor_s"] / host}
+    for k, f in (("per_tensor_device_s", bw), ("per_step_s", host)):
+        if k in base["optimizer"]:
+            out["optimizer"][k] = base["optimizer"][k] / f
     return out
 
 
