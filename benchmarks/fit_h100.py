@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -70,6 +71,43 @@ def optimizer_block(rows: list[dict], summary: str) -> dict:
             "source": f"fitted to measured AdamW steps {summary} (optimizer.json: clip, AdamW per chunk, zeroing) as "
                       "the planner's stream prices them, squared relative errors (benchmarks/fit_h100.py optimizer_block)",
             "residuals": {"relative_error_by_elements_x_tensors": res}}
+
+
+SINGLE_CALL = ("add_bf16", "mul_bf16", "cast_f32", "ge_kT", "clamp_kT", "index_select_rows", "gather_k", "mean0_f32",
+               "bmm")
+"""launches.json's generic rows that are one torch call each (the others are small compositions of calls)."""
+LISTED_ELSEWHERE = ("moe_swiglu_view", "moe_swiglu_view_bwd", "moe_t_copy_i64")
+"""Classes the planner lists with their other dispatches beside them (silu(g) * u: the mul as a view of its own;
+the transpose's view): their extra launches are already dispatches of the list."""
+
+
+def launch_block(path: Path) -> dict:
+    """{"launches", "extra_launch_s", "launch_fit"} for the profile's host block from launches.json
+    (benchmarks/gpu_moe_launches.py): per MoE op class the device launches of one call (kernels, memsets and
+    copies; the median over the sizes measured) and the host seconds of one more launch inside one call: the slope
+    of host seconds over launches, least squares over the one-call rows (each MoE class but those of
+    LISTED_ELSEWHERE, and SINGLE_CALL's generic ops) of the forward (a `_bwd` class runs through autograd.grad)."""
+    import numpy as np
+
+    d = json.loads(path.read_text())
+    rows = [r for r in d["rows"] if r.get("host_s") and "error" not in r and "kernels" in r]
+    n = lambda r: r["kernels"] + r["memsets"] + r["memcpys"]  # noqa: E731
+    by: dict = {}
+    for r in rows:
+        if r["kind"] in ("route", "rows") and r["op"] not in LISTED_ELSEWHERE:
+            by.setdefault(r["op"], []).append(n(r))
+    launches = {op: max(1, round(statistics.median(v))) for op, v in sorted(by.items())}
+    fit = [r for r in rows if not r["op"].endswith("_bwd") and (r["op"] in by or r["op"] in SINGLE_CALL)]
+    x, y = np.array([n(r) for r in fit], float), np.array([r["host_s"] for r in fit])
+    slope, icpt = (float(v) for v in np.polyfit(x, y, 1))
+    res = {f"{r['op']}@{r['n']}": [round(n(r), 2), round(r["host_s"] * 1e6, 2), round((icpt + slope * n(r)) * 1e6, 2)]
+           for r in fit}
+    prov = d.get("provenance", {})
+    return {"launches": launches, "extra_launch_s": max(slope, 0.0),
+            "launch_fit": {"intercept_s": icpt, "slope_s": slope, "rows": res,
+                           "note": "[launches per call, host us measured, host us fitted] per one-call row",
+                           "source": f"{path.name} ({prov.get('gpu', '?')}, {prov.get('date_utc', '?')}, torch "
+                                     f"{prov.get('torch', '?')}): benchmarks/fit_h100.py launch_block"}}
 
 
 def borrow_classes(prof: dict, base: str = "h200", ref: str = "mul") -> list[str]:
@@ -133,6 +171,9 @@ def main(argv: list[str]) -> None:
             "classes": borrowed, "source": "not measured on the H100 (moe_ops.json's time budget ended before these "
             "row classes): the h200 profile's curves x the measured H100/H200 time ratio of the `mul` class at the "
             "same size (interpolated in log size; 1.22-1.42 over the measured sizes)"}
+    launches = data / "launches" / "launches.json"
+    if launches.exists():  # MoE op classes that launch several device kernels per call (timeline._priced)
+        prof["host"].update(launch_block(launches))
     if prof["host"].get("micro_batch_s", 0) < 0:  # one sweep of host_model: an intercept below zero is noise
         prof["host"]["check"]["micro_batch_s_fitted"] = prof["host"]["micro_batch_s"]
         prof["host"]["micro_batch_s"] = 0.0

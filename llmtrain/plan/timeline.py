@@ -25,7 +25,9 @@ Host time and the overlap, modelled explicitly:
   launch queue full, "Command Buffer Full", while the host dispatches the backward and the optimizer). Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
   later repeat advances both clocks as the second did (the host-device lag has settled by then).
   A kernel the autograd engine launches without a node of its own (`Kernel.host == "launch"`: summing a
-  tensor's gradients, adding into a parameter's gradient buffer) costs the bare launch, `launch_op_s`.
+  tensor's gradients, adding into a parameter's gradient buffer) costs the bare launch, `launch_op_s`. An op
+  class that launches several device kernels per call (the profile's `host.launches`, measured per class:
+  PyTorch's top-k, one_hot, the logsumexp, ...) adds `host.extra_launch_s` per launch beyond the first.
 - On a CPU (`async_launch` false) every op runs in the thread that dispatches it: step = Σ (h_i + d_i). The
   CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
   is only the autograd extra per op (`fwd_op_s`, `bwd_op_s` measured as the extra over a bare call).
@@ -150,8 +152,11 @@ class Stream:
         p, host = self.prof, self.prof.host
         h_op = host["bwd_op_s"] if backward else host["fwd_op_s"]
         memo = self._memo
+        extra, launches = host.get("extra_launch_s", 0.0), host.get("launches", {})
         for i, k in enumerate(kernels):
             h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
+            if extra and k.kind == "mem" and k.op in launches:  # an op of several device launches (measured)
+                h += extra * (launches[k.op] - 1)
             if k.host == "launch":  # launched by the autograd engine itself (kernels.Kernel.host)
                 h = host.get("launch_op_s", h)
             if k.kind == "sync":
