@@ -301,3 +301,112 @@ def test_the_optimizer_step_runs_the_planned_kernels(model, monkeypatch, tmp_pat
     planned["add"] -= 1  # the planner's scalar add (sqrt and the scale's arithmetic), not compared
     planned["adamw"] = len(owned)
     assert traced == planned
+
+
+QUANT_TILE = {("1x128", False): "1x128", ("1x128", True): "1x128T", ("128x128", False): "128x128",
+              ("128x128", True): "128x128T"}
+"""`fp8_quant_blockwise`'s (quant_method, input_transpose) as the planner's tile variants (`llmtrain.plan.fp8`)."""
+
+
+def _tiled_fp8_quant_blockwise(x, quant_method, input_transpose, return_transpose_only, output_scale_transpose,
+                               using_pow2_scale, **_defaults):
+    """`fp8_quant_blockwise`'s contract (Paddle 3.3.1's docstring, as tests/gpu_paths/test_fp8_blockwise.py reads it)
+    with the tiles as array axes: e4m3 values of x (xᵀ when transposed) times a per-tile multiplier (448 / amax,
+    a power of two below it with `using_pow2_scale`), fp32 decode scales per tile (1x128: [R, C/128], transposed
+    [C/128, R]). That test's reference loops over tiles (minutes for a model's calls); this one does the same
+    arithmetic at once."""
+    import numpy as np
+
+    assert x.ndim == 2 and quant_method in ("1x128", "128x128") and (return_transpose_only or not input_transpose)
+    a = x.astype("float32").numpy()
+    if input_transpose:
+        assert quant_method == "128x128" or a.shape[0] % 128 == 0, f"a transposed 1x128 copy of {a.shape[0]} tokens"
+        a = a.T
+    rows, cols = a.shape
+    tr, tc = (1, 128) if quant_method == "1x128" else (128, 128)
+    tr, tc = min(tr, rows), min(tc, cols)
+    nr, nc = -(-rows // tr), -(-cols // tc)
+    padded = np.zeros([nr * tr, nc * tc], np.float32)
+    padded[:rows, :cols] = a
+    amax = np.abs(padded.reshape(nr, tr, nc, tc)).max(axis=(1, 3))  # [nr, nc]
+    m = np.where(amax > 0, np.float32(448.0) / np.where(amax > 0, amax, 1), 1).astype(np.float32)
+    if using_pow2_scale:
+        m = np.exp2(np.floor(np.log2(np.minimum(m, np.float32(2.0 ** 127))))).astype(np.float32)
+    scaled = (padded.reshape(nr, tr, nc, tc) * m[:, None, :, None]).reshape(nr * tr, nc * tc)[:rows, :cols]
+    decode = (np.float32(1.0) / m).astype(np.float32)
+    scale = decode.T if output_scale_transpose else decode
+    return paddle.to_tensor(scaled).astype("float8_e4m3fn"), paddle.to_tensor(np.ascontiguousarray(scale))
+
+
+def _tiled_fp8_gemm_blockwise(a, a_decode_scale, b, b_decode_scale, out_dtype, is_a_1d_scaled, is_b_1d_scaled,
+                              **_defaults):
+    """`fp8_gemm_blockwise`'s contract: a [M, K] @ b [N, K]ᵀ of the dequantised operands (a 1-D scaled, scales
+    [K/128, M]; b 1-D [K/128, N] or 2-D [N/128, K/128]), in fp32, returned in out_dtype."""
+    import numpy as np
+
+    assert a.dtype == b.dtype == paddle.float8_e4m3fn and is_a_1d_scaled and a.shape[1] == b.shape[1]
+
+    def dequantised(q, scale, one_d):
+        rows, k = q.shape
+        per = np.repeat(scale.numpy().T, 128, axis=1) if one_d else np.repeat(np.repeat(scale.numpy(), 128, 0), 128, 1)
+        return q.astype("float32").numpy() * per[:rows, :k]
+
+    out = dequantised(a, a_decode_scale, True) @ dequantised(b, b_decode_scale, is_b_1d_scaled).T
+    return paddle.to_tensor(out.astype(np.float32)).astype(out_dtype)
+
+
+def test_the_fp8_quantisations_are_the_planned_ones(monkeypatch, tmp_path):
+    """`train.fp8=blockwise` on the GPU path (llmtrain/paddle_compat/fp8_kernels.py, its two kernels replaced by
+    the rehearsal's checked stand-ins, tests/gpu_paths/test_fp8_blockwise.py): every `fp8_quant_blockwise` call of
+    a micro-batch's forward and backward, as (tile, rows, cols) of the tensor quantised, is the planner's FP8 pricing
+    list (`FP8Pricing.quantisations` of each FP8 GEMM it lists, the weights' `weight_quantisations`) with the
+    weight cache (the first micro-batch of a step: the activations and every weight copy). The MoE model holds every
+    kind of FP8 GEMM: attention projections, a dense block's MLP, the shared expert's, the routed experts' bmm (one
+    GEMM per expert). (The rest of the model runs its CPU path: only the FP8 GEMMs take the GPU branch.)"""
+    import paddle.incubate.nn.functional as IF
+
+    from gpu_rehearsal import checked
+    from test_fp8_blockwise import GEMM_ARGS, QUANT_ARGS
+
+    from llmtrain.fp8.apply import apply_fp8
+    from llmtrain.fp8.cache import WeightCache
+    from llmtrain.fp8.linear import FP8Gemm
+    from llmtrain.paddle_compat import kernels as compat_kernels
+    from llmtrain.plan.fp8 import FP8Pricing, is_fp8_gemm
+
+    monkeypatch.chdir(tmp_path)
+    cfg = to_config(compose_config(["model.vocab_size=256", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
+    assert cfg.model.moe_first_dense_layers > 0 and cfg.model.moe_num_shared_experts > 0
+    quant = checked(IF.fp8_quant_blockwise, _tiled_fp8_quant_blockwise, QUANT_ARGS)
+    monkeypatch.setattr(IF, "fp8_quant_blockwise", quant)
+    monkeypatch.setattr(IF, "fp8_gemm_blockwise", checked(IF.fp8_gemm_blockwise, _tiled_fp8_gemm_blockwise, GEMM_ARGS))
+    gpu = [False]
+    monkeypatch.setattr(compat_kernels, "on_gpu", lambda: gpu[0])
+    cpu_gemm = FP8Gemm._gemm
+
+    def gpu_gemm(self, x, w):  # only the FP8 GEMM's branch sees a GPU (its backward is the PyLayer's own)
+        gpu[0] = True
+        try:
+            return cpu_gemm(self, x, w)
+        finally:
+            gpu[0] = False
+
+    monkeypatch.setattr(FP8Gemm, "_gemm", gpu_gemm)
+    paddle.seed(0)
+    model = build_model(cfg.model)
+    init_parameters(canonical_parameters(model), cfg.model, 7)
+    cache = WeightCache()
+    apply_fp8(model, "blockwise", cache=cache)
+    model.train()
+    b, s = 2, 16
+    ids = paddle.randint(0, cfg.model.vocab_size, [b, s])
+    mean_loss(model.loss_fn(model(ids), (ids, paddle.ones([b, s], "float32")))).backward()
+    traced = sorted((QUANT_TILE[c["quant_method"], bool(c["input_transpose"])], *c["x"].shape) for c in quant.calls)
+
+    pricing = FP8Pricing("blockwise", model=None, weight_cache=True)
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False))
+    fp8 = [k for k in planned.forward + planned.backward if k.kind == "gemm" and is_fp8_gemm(k.op)]
+    acts = [q for k in fp8 for q in pricing.quantisations(k.op, *k.shape[:3])[0] * k.shape[3]]
+    weights = pricing.weight_quantisations(planned.forward, planned.backward)
+    assert traced == sorted(acts + weights)
