@@ -410,3 +410,52 @@ def test_the_fp8_quantisations_are_the_planned_ones(monkeypatch, tmp_path):
     acts = [q for k in fp8 for q in pricing.quantisations(k.op, *k.shape[:3])[0] * k.shape[3]]
     weights = pricing.weight_quantisations(planned.forward, planned.backward)
     assert traced == sorted(acts + weights)
+
+
+def test_an_ep_ranks_gemms_and_exchanges_are_the_planned_ones(monkeypatch):
+    """Expert parallelism (ep2, the all-gather dispatcher that CI's gloo runs, capacity factor 1.25) on one rank:
+    the model's ep code path (`ExpertParallelRoles`, `ExpertParallelDispatch`) run by an ep group of two threads
+    (tests/gpu_paths/cp_threads.py: `all_gather` through shared memory), the first rank's forward GEMMs recorded:
+    its attention, dense and shared-expert GEMMs on its own tokens and its E/ep local experts' bmm over the ep C
+    rows they receive ([E/ep, ep C, h]) are the planner's list for `MoEPlan(ep=2, dispatcher="allgather")`, and
+    its exchanges (forward and backward, to the experts and back) are the planner's `ep_allgather` kernels."""
+    import types
+
+    from cp_threads import ThreadGroup
+
+    from llmtrain.models.roles import Roles
+    from llmtrain.parallel.experts import ExpertParallelRoles
+    from llmtrain.plan.moe import MoEPlan
+
+    ep, b, s = 2, 2, 16
+    cfg = to_config(compose_config(["model.vocab_size=256", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
+    group = ThreadGroup(ep)
+    gathers = group.install(monkeypatch)["all_gather"]
+    record = _Record(monkeypatch, mine=lambda: group.rank == 0)
+    traced = {}
+
+    def rank(r):
+        paddle.seed(0)
+        roles = ExpertParallelRoles(Roles(), types.SimpleNamespace(ep_rank=r, ep_group=group), ep, "allgather")
+        model = build_model(cfg.model, roles=roles)
+        init_parameters(canonical_parameters(model), cfg.model, 7)
+        model.train()
+        paddle.seed(1 + r)  # each rank its own tokens
+        ids = paddle.randint(0, cfg.model.vocab_size, [b, s])
+        loss = mean_loss(model.loss_fn(model(ids), (ids, paddle.ones([b, s], "float32"))))
+        if r == 0:
+            traced["forward"] = list(record.shapes)
+        group.barrier.wait()
+        loss.backward()
+
+    record.on = True
+    group.run(rank)
+    record.on = False
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False, moe=MoEPlan(ep=ep, dispatcher="allgather",
+                                                                            link=(1e9, 0.0))))
+    assert sorted(traced["forward"]) == sorted(k.shape for k in planned.forward if k.kind == "gemm")
+    experts = [k.shape for k in planned.forward if k.op.startswith("expert.")]
+    assert experts and all(bt == cfg.model.moe_num_experts // ep for *_, bt in experts)  # the local experts only
+    exchanges = [k for k in planned.forward + planned.backward if k.op == "ep_allgather"]
+    assert exchanges and len(gathers.calls) == ep * len(exchanges)  # (every rank's calls)
