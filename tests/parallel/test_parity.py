@@ -382,6 +382,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
         # every gradient of an MLA block (LoRA on replicated, column and row linears) against one device
         runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
+        # each rank's executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py)
+        runs.append({"call": "tests/plan/tp_ops.py:record", "args": [str(out / "tp_ops")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
@@ -422,6 +424,18 @@ def launched(reference, tiny_corpus, tmp_path_factory):
         return done[layout]
 
     return launch
+
+
+@pytest.mark.slow
+def test_a_tp_ranks_ops_are_the_planned_ones(reference, tiny_corpus, launched):
+    """tp2 (and sequence parallelism) on each rank: the GEMMs, backward GEMM count and memory-bound classes the rank
+    ran are the planner's per-rank list (tests/plan/tp_ops.py, recorded in the tp2 launch)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan"))
+    from tp_ops import check
+
+    print(f"tp2 ops against the planner: {check(launched('tp2', 2) / 'tp_ops')}")
 
 
 @pytest.mark.slow
