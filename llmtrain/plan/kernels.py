@@ -64,7 +64,8 @@ def _rms_unfused(p: _Pass, T, h, e):
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
     p.op([mem("reduce", n)], [mem("copy", n)])
-    p.op([mem("add", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")], [mem("mul", T), mem("mul", T)])
+    p.op([mem("add", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")],
+         [mem("mul", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")])
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])

@@ -116,6 +116,44 @@ NOT_COMPARED = {
 }
 
 
+BWD_CLASS_OF = {
+    "Global_RsqrtGradNode": "norm", "Global_RmsNormGradNode": "norm", "Global_LayerNormGradNode": "norm",
+    "Global_SplitWithNumGradNode": "rope", "Global_FusedRotaryPositionEmbeddingGradNode": "rope",
+    "Global_SiluGradNode": "activation", "Global_GeluGradNode": "activation", "Global_SwigluGradNode": "activation",
+    "Global_SoftmaxGradNode": "softmax", "Global_SigmoidGradNode": "softmax",
+    "Global_EmbeddingGradNode": "embedding", "Global_CrossEntropyWithSoftmaxGradNode": "cross_entropy",
+    "Global_LogsumexpGradNode": "logsumexp", "Global_GatherGradNode": "gather_rows",
+}
+"""The backward's gradient nodes (one per forward op that needs a gradient: the CPU runs each as one fused launch)
+by the class of the forward op they differentiate; the planner's backward kernels by `PLANNED_BWD_CLASS`."""
+PLANNED_BWD_CLASS = {"layernorm_bwd": "norm", "rmsnorm_bwd": "norm", "rmsnorm": "norm", "rope_bwd": "rope",
+                     "swiglu_bwd": "activation", "gelu_bwd": "activation", "moe_swiglu_view_bwd": "activation",
+                     "softmax_bwd": "softmax", "moe_softmax_bwd": "softmax", "embedding_bwd": "embedding",
+                     "cross_entropy_bwd": "cross_entropy", "moe_logsumexp_bwd": "logsumexp",
+                     "moe_index_add_inv": "gather_rows", "moe_index_add_rows": "gather_rows"}
+"""The planner's backward kernel classes (`Kernel.of` first: the unfused RMSNorm's rsqrt gradient) as the classes
+above (a row gather's gradient is its index_add into the source rows)."""
+BWD_NOT_COMPARED = {
+    **dict.fromkeys(["Global_AddGradNode", "Global_MultiplyGradNode", "Global_ScaleGradNode", "Global_DivScaleGradNode",
+                     "Global_DivideGradNode", "Global_PowGradNode", "Global_MeanGradNode", "Global_SumGradNode",
+                     "Global_CastGradNode", "Global_ClipGradNode", "Global_WhereGradNode", "Global_ConcatGradNode",
+                     "Global_StackGradNode", "Global_TransposeGradNode", "Global_RepeatInterleaveGradNode",
+                     "Global_TakeAlongAxisGradNode", "Global_TileGradNode", "Global_MaxGradNode",
+                     "Global_GradNodeAccumulation"],
+                    "elementwise ops', copies' and reductions' gradients and the parameters' gradient accumulation: "
+                    "the planner's add / mul / reduce / copy rows, counted as the GPU twin runs them (the CPU "
+                    "decomposes norms, RoPE and the masks into more ops, each with its node)"),
+    **dict.fromkeys(["Global_ReshapeGradNode", "Global_SqueezeGradNode", "Global_UnsqueezeGradNode",
+                     "Global_ExpandGradNode", "Global_SliceGradNode", "Global_SplitGradNode"],
+                    "views' gradients (shape bookkeeping, or a sum over an expanded axis: the planner's reduce rows)"),
+    **dict.fromkeys(["Global_MatmulGradNode", "Global_BmmGradNode", "Global_LinearGradNode"],
+                    "GEMMs' gradients (compared by count above)"),
+    "Global_GradNodePyLayer_*": "a PyLayer's own backward (the fused projections' ConcatLinear, FP8's _EmulatedGemm): "
+                                "its ops are traced as plain operators",
+}
+"""Every other gradient node, with why it is not compared by class (a node in neither table fails)."""
+
+
 def _classes(ops, not_compared=NOT_COMPARED) -> collections.Counter:
     """Traced operator names -> counts per compared class; an operator neither classed nor listed fails."""
     unknown = sorted({n for n in ops if n not in CLASS_OF and n not in not_compared})
@@ -134,6 +172,24 @@ def _planned_classes(kernels) -> collections.Counter:
         elif (k.of or k.op) in PLANNED_CLASS:
             out[PLANNED_CLASS[k.of or k.op]] += 1
     return out
+
+
+def _bwd_classes(ops) -> collections.Counter:
+    """The backward's gradient nodes -> counts per compared class (plain operators: the recomputed forwards'; an
+    engine's `full`); a node in neither table fails."""
+    nodes = [n for n in ops if "GradNode" in n]
+    unknown = sorted({n for n in nodes if n not in BWD_CLASS_OF and not _is_listed(n)})
+    assert not unknown, f"gradient nodes neither classed (BWD_CLASS_OF) nor listed (BWD_NOT_COMPARED): {unknown}"
+    return collections.Counter(BWD_CLASS_OF[n] for n in nodes if n in BWD_CLASS_OF)
+
+
+def _is_listed(node: str) -> bool:
+    return node in BWD_NOT_COMPARED or node.startswith("Global_GradNodePyLayer_")
+
+
+def _planned_bwd_classes(kernels) -> collections.Counter:
+    """The planner's backward kernels -> counts per compared class."""
+    return collections.Counter(PLANNED_BWD_CLASS[k.of or k.op] for k in kernels if (k.of or k.op) in PLANNED_BWD_CLASS)
 
 
 def _operators(fn):
@@ -211,6 +267,9 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     bops = collections.Counter(bwd_ops)
     executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
     assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
+    gradients = [k for ks, n, *prefix in planned.backward_segments for _ in range(n)
+                 for k in ks[prefix[0] if prefix else 0:]]  # (a recomputed forward's kernels left out)
+    assert _bwd_classes(bwd_ops) == _planned_bwd_classes(gradients), (case, _bwd_classes(bwd_ops))
 
 
 def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
