@@ -5,8 +5,8 @@ tp2); `check` is the assertion.
     {"call": "tests/plan/tp_ops.py:record", "args": [out_dir]}      # in the launch, every rank
     check(out_dir)                                                  # in the test process
 
-Each rank builds the tiny models with the layout's roles (`TensorParallelRoles`, and `SequenceParallelRoles`
-under sequence parallelism: fleet's column and row linears, the vocabulary-parallel embedding and loss through
+Each rank builds two tiny models (`DRAWN`) with the layout's roles (`TensorParallelRoles`, and
+`SequenceParallelRoles` under sequence parallelism: fleet's column and row linears, the vocabulary-parallel embedding and loss through
 llmtrain's CPU stand-ins), runs one micro-batch [2, 16] forward and backward with the GEMM recorder of
 tests/plan/gemm_record.py and Paddle's profiler on, and writes what it ran. `check` requires, per rank and case, what
 tests/plan/test_op_sequence.py requires of one device: the forward GEMMs' shapes (column linears out/tp wide, row
@@ -26,12 +26,16 @@ sys.path[:0] = [str(_HERE), str(_HERE.parent)]  # test_op_sequence, gemm_record;
 B, S = 2, 16
 CASES = {
     "llama": (["model=llama-tiny"], False),
-    "llama-sp": (["model=llama-tiny"], True),
     "gpt-sp": (["model=gpt-tiny"], True),
+    "llama-sp": (["model=llama-tiny"], True),
     "moe-capacity": (["model=moe-tiny", "model.moe_capacity_factor=1.25"], False),
     "mla": (["model=deepseek-tiny", "model.moe_capacity_factor=1.25"], False),
 }
 """case -> (overrides, sequence parallelism)."""
+DRAWN = [(case,) for case in CASES]
+"""The cases, of which each suite run records two (`llmtest.draw`, k=2; a case costs about 4 s per rank on a loaded
+2-core host): plain tp (Llama), sequence parallelism (GPT: LayerNorm, biases, the tied head; Llama: RMSNorm, RoPE),
+MoE under tp (router and routed experts replicated, shared experts split), MLA under tp."""
 
 
 TP_NOT_COMPARED = {
@@ -71,10 +75,15 @@ def record(out_dir: str) -> None:
     import time
 
     start = time.perf_counter()
+    from llmtest import draw
+
     topo = tp_topology()
     slices = TensorSlices(topo.rank, topo.world)
-    out = {"tp": topo.world, "cases": {}}
+    seed, chosen = draw(DRAWN, k=2)
+    out = {"tp": topo.world, "cases": {}, "seed": seed}
     for case, (overrides, sp) in CASES.items():
+        if case not in chosen:
+            continue
         cfg = _config(overrides)
         with pytest.MonkeyPatch.context() as mp:
             rec = _Record(mp)
@@ -108,7 +117,9 @@ def check(out_dir) -> dict:
     ranks = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("rank*.json"))]
     assert len(ranks) == 2 and all(r["tp"] == 2 for r in ranks), [r.get("tp") for r in ranks]
     counts = {}
-    for case, (overrides, sp) in CASES.items():
+    assert ranks[0]["cases"].keys() == ranks[1]["cases"].keys() and len(ranks[0]["cases"]) >= 2, ranks[0]["cases"].keys()
+    for case in ranks[0]["cases"]:
+        overrides, sp = CASES[case]
         cfg = _config(overrides)
         planned = micro_batch_kernels(MicroBatchSpec(cfg.model, B, S, t=2, e=4, gpu=False, flash=False,
                                                      math_core=False, ce_core=False, sp=sp))
@@ -124,4 +135,5 @@ def check(out_dir) -> dict:
             assert executed_bwd == sum(k.kind == "gemm" for k in planned.backward), (where, bops)
             assert _classes(got["fwd_ops"], {**NOT_COMPARED, **TP_NOT_COMPARED}) == _planned_classes(planned.forward), where
         counts[case] = len(want)
-    return {"forward GEMMs per case": counts, "seconds per rank": [round(r["seconds"], 1) for r in ranks]}
+    return {"forward GEMMs per case": counts, "seconds per rank": [round(r["seconds"], 1) for r in ranks],
+            "draw": f"seed {ranks[0]['seed']} (LLMTRAIN_SAMPLE_SEED=<seed> replays it, =all records every case)"}
