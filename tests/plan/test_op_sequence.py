@@ -18,13 +18,19 @@ the dygraph engine runs, C++-launched gradient nodes included) and checks, per f
   gathers and scatters, counted per class as the planner lists them (`CLASS_OF` maps the CPU's operator names,
   stand-ins for GPU kernels included, to the planner's classes; `NOT_COMPARED` lists every other operator with why;
   an operator in neither fails);
+- the backward's gradient nodes by class (a norm's, RoPE's, an activation's, softmax's, the embedding's, cross
+  entropy's, logsumexp's, a row gather's: `BWD_CLASS_OF`) against the planner's `*_bwd` kernels (`PLANNED_BWD_CLASS`);
+  every other node listed in `BWD_NOT_COMPARED` with why;
 - the optimizer step (global-norm clip, AdamW) by class, over the tensors the planner's `rank_tensors` lists;
-- context parallelism (ring, cp2): one rank's GEMMs, the ring's blocks included (a cp group of two threads).
+- context parallelism (ring, cp2): one rank's GEMMs, the ring's blocks included (a cp group of two threads; the ring
+  on flash attention: tests/gpu_paths/test_cp_ring_flash.py);
+- expert parallelism (ep2, all-gather dispatcher): one rank's GEMMs, its local experts' included, and its exchanges
+  (an ep group of two threads);
+- FP8 (blockwise, the GPU path rehearsed): every quantisation call against the planner's FP8 pricing list.
 
-What it does not hold: the backward's memory-bound kernels by class (the profiler shows Paddle's gradient nodes,
-one fused launch each on CPU, where the planner counts the GPU twin's kernels), elementwise ops by class (see
-`NOT_COMPARED`), tp/ep layouts (multi-process), flash attention's cp ring (GPU-only). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
-compared by count, batch and width, not rows (capacity MoE: rows too).
+Tensor parallelism (multi-process) is checked per rank in the tp2 parity launch (tests/plan/tp_ops.py). What it does
+not hold: elementwise ops by class (see `NOT_COMPARED`, `BWD_NOT_COMPARED`). Dropless MoE's expert GEMM rows depend
+on the routing, so its expert bmm are compared by count, batch and width, not rows (capacity MoE: rows too).
 """
 from __future__ import annotations
 
