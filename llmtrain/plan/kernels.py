@@ -172,7 +172,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
         _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     if moe is not None:  # the MoE feed-forward (llmtrain/plan/moe.py) in place of the dense one
         with p.part("moe"):
-            moe(p, T, fused)
+            moe(p, Ts, fused)  # routed over this rank's positions (sequence parallelism: its shard)
     else:
         with p.part("mlp"):
             _mlp(p, cfg, T, Ts, f, fused, sp, cfg.bias)
@@ -408,7 +408,7 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
 
         def build():
             p = _Pass()
-            hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e, t)) if moe else None
+            hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e, t, spec.sp and t > 1)) if moe else None
             _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
             return p, {}
 

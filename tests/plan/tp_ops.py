@@ -30,12 +30,15 @@ CASES = {
     "llama-sp": (["model=llama-tiny"], True),
     "moe-capacity": (["model=moe-tiny", "model.moe_capacity_factor=1.25"], False),
     "mla": (["model=deepseek-tiny", "model.moe_capacity_factor=1.25"], False),
+    "moe-sp": (["model=moe-tiny", "model.moe_capacity_factor=1.25"], True),
+    "qwen3-sp": (["model=llama-tiny", "model.qk_norm=true", "model.head_dim=48"], True),
 }
 """case -> (overrides, sequence parallelism)."""
 DRAWN = [(case,) for case in CASES]
-"""The cases, of which each suite run records two (`llmtest.draw`, k=2; a case costs about 4 s per rank on a loaded
-2-core host): plain tp (Llama), sequence parallelism (GPT: LayerNorm, biases, the tied head; Llama: RMSNorm, RoPE),
-MoE under tp (router and routed experts replicated, shared experts split), MLA under tp."""
+"""The cases, of which each suite run records two (`llmtest.draw`, k=2; a case costs about 2 s per rank on a loaded
+2-core host): plain tp (Llama), sequence parallelism (GPT: LayerNorm, biases, the tied head; Llama: RMSNorm, RoPE;
+Qwen3's attention: QK-norm, head_dim != hidden / heads), MoE under tp (router and routed experts replicated, shared
+experts split) and under tp + sp (the rank routes its sequence shard alone), MLA under tp."""
 
 
 TP_NOT_COMPARED = {
