@@ -222,7 +222,7 @@ def _operators(fn):
 @pytest.mark.parametrize("case", list(CASES))
 def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the profiler writes its trace into the working directory
-    cfg = to_config(compose_config(["model.vocab_size=256", *CASES[case]]))
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", *CASES[case]]))
     record = _Record(monkeypatch)
     paddle.seed(0)
     from llmtrain.models.recompute import recompute_of
@@ -292,7 +292,7 @@ def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
     from llmtrain.parallel.context_chunks import ChunkLayout
 
     cp, b, s = 2, 2, 16
-    cfg = to_config(compose_config(["model.vocab_size=256", "model=llama-tiny"]))
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=llama-tiny"]))
     group = ThreadGroup(cp)
     group.install(monkeypatch)
     record = _Record(monkeypatch, mine=lambda: group.rank == 0)
@@ -348,7 +348,7 @@ def test_the_optimizer_step_runs_the_planned_kernels(model, monkeypatch, tmp_pat
     from llmtrain.train.optim import build_optimizer
 
     monkeypatch.chdir(tmp_path)
-    c = to_config(compose_config(["model.vocab_size=256", f"model={model}"]))
+    c = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", f"model={model}"]))
     paddle.seed(0)
     net = build_model(c.model)
     init_parameters(canonical_parameters(net), c.model, 7)
@@ -441,7 +441,7 @@ def test_the_fp8_quantisations_are_the_planned_ones(monkeypatch, tmp_path):
     from llmtrain.plan.fp8 import FP8Pricing, is_fp8_gemm
 
     monkeypatch.chdir(tmp_path)
-    cfg = to_config(compose_config(["model.vocab_size=256", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
     assert cfg.model.moe_first_dense_layers > 0 and cfg.model.moe_num_shared_experts > 0
     quant = checked(IF.fp8_quant_blockwise, _tiled_fp8_quant_blockwise, QUANT_ARGS)
     monkeypatch.setattr(IF, "fp8_quant_blockwise", quant)
@@ -494,7 +494,7 @@ def test_an_ep_ranks_gemms_and_exchanges_are_the_planned_ones(monkeypatch):
     from llmtrain.plan.moe import MoEPlan
 
     ep, b, s = 2, 2, 16
-    cfg = to_config(compose_config(["model.vocab_size=256", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
     group = ThreadGroup(ep)
     gathers = group.install(monkeypatch)["all_gather"]
     record = _Record(monkeypatch, mine=lambda: group.rank == 0)
