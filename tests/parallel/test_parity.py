@@ -32,7 +32,8 @@ Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under t
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
 pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
-gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py), the zero2 launch the
+gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py) and each rank's
+executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
