@@ -53,7 +53,7 @@ def _layout_overrides(values: tuple) -> tuple:
 
 def launch_overrides(row: dict, given_amp: str) -> list[str]:
     """The overrides that run `row` (a `llmtrain.plan.search.evaluate` row) as planned."""
-    out = list(_layout_overrides(tuple(row.get(k, DEGREES[k]) for k in DEGREES)))
+    out = list(_layout_overrides(tuple(map(row.get, DEGREES, DEGREES.values()))))  # row.get(k, default) per k
     out += [f"parallel.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in row.get("knobs", {}).items()]
     out.append(f"train.micro_batch_size={row['micro_batch']}")
     if row["recompute"] not in (False, "none"):
