@@ -478,25 +478,41 @@ def test_the_fp8_quantisations_are_the_planned_ones(monkeypatch, tmp_path):
     assert traced == sorted(acts + weights)
 
 
-def test_an_ep_ranks_gemms_and_exchanges_are_the_planned_ones(monkeypatch):
-    """Expert parallelism (ep2, the all-gather dispatcher that CI's gloo runs, capacity factor 1.25) on one rank:
-    the model's ep code path (`ExpertParallelRoles`, `ExpertParallelDispatch`) run by an ep group of two threads
-    (tests/gpu_paths/cp_threads.py: `all_gather` through shared memory), the first rank's forward GEMMs recorded:
-    its attention, dense and shared-expert GEMMs on its own tokens and its E/ep local experts' bmm over the ep C
-    rows they receive ([E/ep, ep C, h]) are the planner's list for `MoEPlan(ep=2, dispatcher="allgather")`, and
-    its exchanges (forward and backward, to the experts and back) are the planner's `ep_allgather` kernels."""
+@pytest.mark.parametrize("routing", ["capacity", "dropless"])
+def test_an_ep_ranks_gemms_and_exchanges_are_the_planned_ones(routing, monkeypatch):
+    """Expert parallelism (ep2, the all-gather dispatcher that CI's gloo runs) on one rank: the model's ep code path
+    (`ExpertParallelRoles`, `ExpertParallelDispatch`) run by an ep group of two threads (tests/gpu_paths/cp_threads.py:
+    `all_gather` through shared memory, and here `all_reduce`), the first rank's forward GEMMs recorded: its
+    attention, dense and shared-expert GEMMs on its own tokens and its E/ep local experts' bmm over the ep C rows
+    they receive ([E/ep, ep C, h]) are the planner's list for `MoEPlan(ep=2, dispatcher="allgather")`, and its
+    exchanges (forward and backward, to the experts and back) are the planner's `ep_allgather` kernels. Dropless
+    (capacity factor 0): C is the group's largest expert load (an all-reduce MAX, then the layer's one host read:
+    the planner's `sync` kernel); the experts' rows depend on the routing, so their bmm are compared without them."""
     import types
 
+    import numpy as np
+    import paddle.distributed as dist
     from cp_threads import ThreadGroup
+    from gpu_rehearsal import checked
 
     from llmtrain.models.roles import Roles
     from llmtrain.parallel.experts import ExpertParallelRoles
     from llmtrain.plan.moe import MoEPlan
 
     ep, b, s = 2, 2, 16
-    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
-    group = ThreadGroup(ep)
+    factor = 1.25 if routing == "capacity" else 0.0
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=moe-tiny",
+                                    f"model.moe_capacity_factor={factor}"]))
+    group = members = ThreadGroup(ep)
     gathers = group.install(monkeypatch)["all_gather"]
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, sync_op=True):  # MAX only: what agree_capacity asks
+        assert group is members and op == dist.ReduceOp.MAX, (group, op)
+        got = members._exchange(tensor.numpy())
+        tensor.copy_(paddle.to_tensor(np.max([got[r] for r in range(ep)], axis=0)), False)
+
+    reduces = checked(dist.all_reduce, all_reduce, ("tensor", "op", "group"))
+    monkeypatch.setattr(dist, "all_reduce", reduces)
     record = _Record(monkeypatch, mine=lambda: group.rank == 0)
     traced = {}
 
@@ -520,8 +536,13 @@ def test_an_ep_ranks_gemms_and_exchanges_are_the_planned_ones(monkeypatch):
     planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
                                                  ce_core=False, moe=MoEPlan(ep=ep, dispatcher="allgather",
                                                                             link=(1e9, 0.0))))
-    assert sorted(traced["forward"]) == sorted(k.shape for k in planned.forward if k.kind == "gemm")
+    want = [k.shape for k in planned.forward if k.kind == "gemm"]
+    strip = (lambda shapes: sorted((n, k, bt) if bt > 1 else (m, n, k, bt) for m, n, k, bt in shapes)) \
+        if routing == "dropless" else sorted  # noqa: E731
+    assert strip(traced["forward"]) == strip(want)
     experts = [k.shape for k in planned.forward if k.op.startswith("expert.")]
     assert experts and all(bt == cfg.model.moe_num_experts // ep for *_, bt in experts)  # the local experts only
     exchanges = [k for k in planned.forward + planned.backward if k.op == "ep_allgather"]
     assert exchanges and len(gathers.calls) == ep * len(exchanges)  # (every rank's calls)
+    host_reads = sum(k.kind == "sync" for k in planned.forward)
+    assert len(reduces.calls) == ep * host_reads and (host_reads > 0) == (routing == "dropless")
