@@ -313,6 +313,8 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
         return parts
     e_numel = sum(n for _, n, _ in experts)
     e_bytes = sum(n * b for _, n, b in experts)
+    if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: the experts' own buckets
+        return _v2_expert_ranks(layout, parts, experts, data, ep, edp)
     if sh > 1 and edp > 1:  # each expert tensor's state (and, after the step, gradient) on one rank of its edp group
         owner = expert_state_owners([(s.name, n) for s, n, _ in experts], edp)
         per = [[] for _ in range(edp)]
@@ -331,6 +333,25 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
                     "grad_bytes": base["grad_bytes"] + (e_bytes if stage in (2, 3) and sh > 1 else kept),
                     # the other experts' gradients, held from the backward until they are reduced to their owners
                     "grad_transient_bytes": e_bytes - kept if not (stage in (2, 3) and sh > 1) else 0})
+    return out
+
+
+def _v2_expert_ranks(layout, parts: list[dict], experts: list, data: int, ep: int, edp: int) -> list[dict]:
+    """Stage-1 V2 under ep > 1: the dense holdings `parts` (per sharding rank) plus the routed experts, laid by V2
+    into buckets of their own over the edp group (`llmtrain.parallel.expert_states.color_experts`): edp index i
+    keeps the i-th 1/edp of each expert bucket's padded state; every rank holds its experts' values and fp32 main
+    gradients whole. One entry per data index (dp_rank x sharding + sharding_rank)."""
+    bucket = getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20
+    lengths = v2_slice_lengths([(n, b) for _, n, b in experts], edp, bucket)
+    opts = [sum(_opt_elems(k, experts[i][2] == 2) for i, k in enumerate(mine) if k > 0) for mine in lengths]
+    e_numel = sum(n for _, n, _ in experts)
+    e_bytes = sum(n * b for _, n, b in experts)
+    out = []
+    for d in range(data):
+        base, opt = parts[d % len(parts)], opts[d // ep]  # edp index: data index // ep (ep consecutive data ranks)
+        out.append({"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
+                    "optimizer_numel": base["optimizer_numel"] + opt, "optimizer_bytes": base["optimizer_bytes"] + 4 * opt,
+                    "grad_bytes": base["grad_bytes"] + 4 * e_numel, "grad_transient_bytes": 0})
     return out
 
 
@@ -379,6 +400,7 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
     if needs_main_grad(layout):  # fp32 main gradients in place of the parameters' dtype (llmtrain/train/main_grad.py)
         g_bytes = sum(n * 4 for s, n, b in trained if sh > 1 or not s.frozen)
     if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: a slice of each
+        trained = [x for x in trained if not x[0].frozen]  # frozen ones (MoE expert bias) are kept out of V2's list
         lengths = v2_slice_lengths([(n, b) for _, n, b in trained], sh, getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20)
         g_main = sum(n * 4 for _, n, _ in trained)  # fp32 main gradients (main-gradient training)
         out = []
