@@ -84,6 +84,7 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4), ("tp2sharding2v2", 4),
+    ("sharding2v2ep", 2),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
@@ -92,14 +93,15 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",)}
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",)]
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
 8 micro-batches) with uneven chunks, or DualPipeV at 4 stages (8 micro-batches of 1, one block per chunk); or stage-1
-V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch)."""
+V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch); or stage-1 V2 with ep2 (`V2_EP`, its runs added to
+sharding2's launch)."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
           ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
 """Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
@@ -114,7 +116,8 @@ the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.mai
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
-             ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"]}
+             ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
+             ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
@@ -144,6 +147,14 @@ the backward), run as `llama_v2sp`: with sequence parallelism and fused projecti
 hooks all-reduce over tp in the fp32 main gradients. It writes step 2, which V1 with tensor fusion and comm overlap
 (`TF`: optimizer state on fused parameters, not V2) continues (`llama_v2totf`, writing step 3), which V2 continues
 (`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
+V2_EP = {"moe_v2tov1_ep2": (["+parallel=sharding2", "checkpoint.interval=3"], "moe_ep2", 2),
+         "moe_v1tov2_ep2": (["+parallel=sharding2v2"], "moe_v2tov1_ep2", 3)}
+"""`sharding2v2ep`: the MoE model under sharding2 x ep2 with stage-1 V2 and its comm overlap (the preset
+sharding2v2), the routed experts in V2 buckets of their own over the expert-data-parallel group
+(`llmtrain.parallel.expert_states.color_experts`; edp = 1 here, so a bucket summed over the sharding group would mix
+the two ranks' different experts and fail), run as `moe_ep2` writing step 2, which V1 continues (`moe_v2tov1_ep2`:
+experts kept out of the ZeRO-1 partition, writing step 3), which V2 continues (`moe_v1tov2_ep2`): {run: (layout,
+run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's."""
 V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
 """`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
 parameters updated; its weight decay restored, `llmtrain.paddle_compat.sharding_fused.restore_v1_overlap_decay`)."""
@@ -339,7 +350,7 @@ def check_timeline(run_dir, overlapped: bool) -> list:
     return read_timeline(str(run_dir), 0)
 
 
-SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"),
+SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3", "sharding2v2ep"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"),
                    ("tp2sharding2", "tp2sharding2v2"))
 """Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
 virtual stages are the PipelineLayer's, fleet's groups are the same; pp2dpv: DualPipeV is the PipelineLayer's V and
@@ -392,6 +403,10 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
                  + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
                  for n, (lay, src, step, extra) in V2_TP.items()]
         runs.append(tiny_overrides(tiny_corpus, str(out / "llama_v1ov"), "llama", steps=STEPS) + LAYERS + V1_OVERLAP + ADDED)
+    if layout == "sharding2v2ep":  # V2 with ep -> V1 with ep -> V2 again, each resumed from the run before
+        runs += [tiny_overrides(tiny_corpus, str(out / n), "moe", steps=STEPS) + MOE["moe"] + lay + ["parallel.ep=2"]
+                 + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
+                 for n, (lay, src, step) in V2_EP.items()]
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -548,6 +563,32 @@ def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launch
     print(f"tp2sharding2 + sharding_comm_overlap llama_v1ov: max |loss or grad_norm - one process| = {worst:.2e}")
     check_memory(_memory(runs_dir / "llama_v1ov"), reference["llama"]["memory"], "tp2sharding2", tied=False)
     check_predicted(_memory(runs_dir / "llama_v1ov"), "tp2sharding2")
+
+
+@pytest.mark.slow
+def test_experts_under_v2_resume_across_v2_and_non_v2(reference, tiny_corpus, launched):
+    """sharding2 x ep2 with stage-1 V2 writes each rank's routed experts' optimizer state as flat V2 slices of its
+    block of experts (the metadata places the block); V1 continues its step 2 and V2 that run's step 3, each step
+    equal to one process's (`V2_EP`)."""
+    drawn_or_skip("sharding2v2ep", DRAWN)
+    runs_dir = launched("sharding2v2ep", 2)
+    blocks = set()
+    for rank in (0, 1):
+        with open(runs_dir / "moe_ep2" / "checkpoints" / "step_2" / f"rank_{rank:05d}.json") as f:
+            blocks |= {(k, m["flat"]["piece"]["offset"]) for k, m in json.load(f)["tensors"].items()
+                       if "experts.w_up" in k and k.startswith("optim/") and "piece" in m.get("flat", {})}
+    assert {o for _, o in blocks} == {0, 2}, blocks  # both ranks' blocks of the 4 experts, as flat V2 slices
+    ref = reference["moe"]["metrics"]
+    for n, (lay, src, step) in V2_EP.items():
+        got = [r for r in metrics(runs_dir / n) if "loss" in r]
+        assert [r["step"] for r in got] == list(range(step + 1, STEPS + 1)), (n, got)
+        for g in got:
+            r = ref[g["step"] - 1]
+            for key in ("loss", "grad_norm"):
+                assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
+            assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
+        worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
+        print(f"{src} step {step} -> {' '.join(lay)} ep2 {n}: max |loss or grad_norm - one process| = {worst:.2e}")
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:

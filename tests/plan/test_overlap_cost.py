@@ -161,3 +161,44 @@ def test_data_parallel_overlaps_its_own_buckets_and_a_cpu_overlaps_nothing():
     _, (_, _, c0), (_, _, c1) = _flip(base, "dp_comm_overlap", 16, "dp", dev="cpu-here")
     assert not c0["overlapped"] and not c1["overlapped"]
     assert c0["exposed_s"] == c0["comm_s"] and c1["exposed_s"] == c1["comm_s"]
+
+
+def test_experts_under_v2_reduce_scatter_their_own_buckets_over_edp():
+    """Under ep > 1 the routed experts' sync is its own ("edp"): V1 reduces each expert tensor to its edp owner after
+    the backward (exposed); stage-1 V2 reduce-scatters their own fp32 buckets over edp (fewer bytes over each link,
+    not overlapped), and with sharding_comm_overlap issues them from the backward (less waited for). The figures are
+    read from the rows and the model's expert elements, nothing pinned."""
+    from llmtrain.plan.estimate import _ring, group_spread
+
+    cfg = SimpleNamespace(model=to_config(compose_config(["model=qwen3-30b-a3b", "data.seq_len=2048", "train.amp=bf16",
+                                                          "train.micro_batch_size=1"])).model)
+    prof = load_profile("h100")
+
+    def row(**knobs):
+        layout = resolve_layout(ParallelConfig(sharding=8, ep=2, **knobs),
+                                TrainConfig(global_batch_size=16, micro_batch_size=1), 8)
+        return layout, time_estimate(cfg.model, layout, 2048, False, prof, 8)
+
+    _, v1 = row()
+    lay2, v2 = row(sharding_split_param=True)
+    lay3, ov = row(sharding_split_param=True, sharding_comm_overlap=True)
+    e1, e2, e3 = (r["comm_syncs"]["edp"] for r in (v1, v2, ov))
+    assert e1["kind"] == "expert" and not e1["overlapped"] and e1["exposed_s"] == e1["comm_s"]
+    _, experts = synced_gradient_elements(cfg.model, lay2)
+    edp = lay2.data_parallel // lay2.ep
+    assert edp == 4 and experts > 0
+    local, nodes = group_spread(lay2, "edp", 8)
+    assert nodes == 1
+    # one ring reduce-scatter of the experts' fp32 gradients over edp, in buckets of sharding_comm_buffer_mb
+    assert e2["kind"] == "reduce-scatter" and not e2["overlapped"] and e2["option"] == "sharding_comm_overlap"
+    assert e2["comm_s"] == pytest.approx(_ring(experts * 4, edp, prof.nvlink_bw, prof.nvlink_alpha, factor=1.0))
+    assert e2["bucket_bytes"] == SHARDING_BUCKET and e2["buckets"] == math.ceil(experts * 4 / SHARDING_BUCKET) > 1
+    assert e2["exposed_s"] == e2["comm_s"]
+    assert e3["overlapped"] and e3["comm_s"] == pytest.approx(e2["comm_s"]) and e3["buckets"] == e2["buckets"]
+    assert e3["exposed_s"] == pytest.approx(_bucketed(e3["comm_s"], e3["window_s"], e3["buckets"]))
+    assert e3["exposed_s"] < e2["exposed_s"]
+    # the overlap knob moves the dense sync and the experts' by exactly what the model says, nothing else
+    d2, d3 = v2["comm_syncs"]["sharding"], ov["comm_syncs"]["sharding"]
+    assert ov["dp_sharding_comm_s"] - v2["dp_sharding_comm_s"] == pytest.approx(
+        (d3["exposed_s"] - d2["exposed_s"]) + (e3["exposed_s"] - e2["exposed_s"]), rel=1e-9)
+    _moves_only_by_the_sync(v2, ov)
