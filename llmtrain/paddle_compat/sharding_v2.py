@@ -160,3 +160,26 @@ def carry_marks(optimizer, attrs: tuple) -> int:
             setattr(v2._slice_params[p.name], a, getattr(p, a))
         marked += bool(got)
     return marked
+
+
+def slices_before_dp_sync(optimizer) -> bool:
+    """Make V2 hand fleet's dp / sep all-reduce its slices from the first step on; True when V2 is there.
+
+    fleet's HybridParallelOptimizer reduce-scatters V2's buckets, then all-reduces over dp (dp > 1) or dp x sep (cp >
+    1) the slice parameters V2's `filter_parameters` returns: only those already initialised, which V2 does in its
+    own `step` (`_assign_slice_grad`), after that all-reduce. So in fleet 3.3.1 the first step's slices are never
+    summed over dp or sep (every later step's are: the slices stay views into the buckets). This assigns them (the
+    same views; V2's step asserts it finds them so) before `filter_parameters` reads them."""
+    v2 = sharding_v2(optimizer)
+    if v2 is None:
+        return False
+    require_tested_paddle()
+    inner = v2.filter_parameters
+
+    def filter_parameters(parameter_list, hcg):
+        v2._collect_comm_buffers()
+        v2._assign_slice_grad()
+        return inner(parameter_list, hcg)
+
+    v2.filter_parameters = filter_parameters
+    return True

@@ -97,12 +97,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
         problems.append("parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param "
                         "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
                         "V2 fuses its gradients and parameters into buckets without it")
-    if "sharding_tensor_fusion" in on and p.pp > 1:
-        problems.append(f"parallel.sharding_tensor_fusion=true with parallel.pp={p.pp}: not built: V1's fused parameters "
-                        "lose fleet's mark of a tied table's second pipeline copy, so the clip counts the table twice "
-                        "(measured on CPU, tied GPT under sharding2 x pp2: grad_norm 1.628 for one process's 1.565; an "
-                        "untied Llama matched, but the suite does not cover it); under pp use "
-                        "parallel.sharding_split_param=true (with parallel.pp_sharding_comm_overlap=true for the overlap)")
     fused = [k for k in FUSED if k in on]
     off_v2 = [k for k in fused if k not in EP_FUSED or "sharding_split_param" not in on]
     if off_v2 and p.ep > 1:
@@ -115,10 +109,14 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
     elif fused and p.ep > 1 and p.pp > 1:
         problems.append(f"parallel.sharding_split_param=true with parallel.ep={p.ep} and parallel.pp={p.pp}: not "
                         "built: the experts' V2 buckets are tested without pipeline parallelism only (sharding x ep)")
-    if fused and p.cp > 1:
-        problems.append(f"parallel.{fused[0]}=true with parallel.cp={p.cp}: not built: the cp ranks' gradients are "
-                        "summed outside fleet's optimizer, after the fused buffers' hooks would have reduced them; cp "
-                        "runs with dp, tp, pp and sharding stages 1-3 without the fused-buffer knobs")
+    off_cp = [k for k in fused if k not in EP_FUSED or "sharding_split_param" not in on]
+    if off_cp and p.cp > 1:
+        problems.append(f"parallel.{off_cp[0]}=true with parallel.cp={p.cp}: not built: no parity run covers it (the "
+                        "cp sum runs in fleet's dp x sep all-reduce after the sharding reduction); under cp use "
+                        "parallel.sharding_split_param=true, with parallel.sharding_comm_overlap=true for the overlap")
+    elif fused and p.cp > 1 and p.pp > 1:
+        problems.append(f"parallel.sharding_split_param=true with parallel.cp={p.cp} and parallel.pp={p.pp}: not built: "
+                        "V2 under cp is tested without pipeline parallelism only (sharding x cp)")
     return problems
 
 

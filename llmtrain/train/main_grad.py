@@ -29,8 +29,8 @@ the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism, and ep under stage-1 V2 "
-                     "(no ZeRO-2/3, cp or LoRA)")
+MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism, and ep and cp under "
+                     "stage-1 V2 (no ZeRO-2/3 or LoRA)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -59,7 +59,7 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
             parallel.sharding_stage > 1 else []
         v2 = parallel.sharding > 1 and parallel.sharding_stage == 1 and parallel.sharding_split_param
         where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 and not v2 else []  # V2: the experts' own buckets
-        where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 else []
+        where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 and not v2 else []  # V2: slices summed over sep
     where += ["finetune.lora.rank > 0"] if lora else []
     if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
             parallel.pp_sharding_comm_overlap:

@@ -146,6 +146,10 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
     local.core = core
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
+    if layout.sharding_tensor_fusion and layout.pp > 1:  # a tied table's later copy inside a fused parameter
+        from llmtrain.paddle_compat.sharding_fused import secondary_shared_spans
+
+        clip.shared_spans = secondary_shared_spans(optimizer, core.parameters())
     local.hooks.extend(timeline_hooks(model, optimizer, cfg.run.dir, topo.rank))  # fused buckets: overlap/rank_N.jsonl
     local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
     offload = None
