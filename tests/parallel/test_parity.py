@@ -91,7 +91,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
-         "pp2dpv": ("llama_lora",)}
+         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
@@ -114,7 +114,14 @@ SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "p
 backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
 the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
+SHARDING_PP_TF = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_tensor_fusion=true",
+                  "parallel.name=sharding2pp2tf"]
+"""`gpt_tf`, `llama_tf` (in sharding2pp2's launch): stage-1 V1 with tensor fusion under pp2. The GPT's table is tied
+across the stages and the last stage's copy lies inside a fused parameter, which cannot carry fleet's mark of a
+later copy: llmtrain's clip takes the copy's squares back out (`llmtrain.paddle_compat.sharding_fused.
+secondary_shared_spans`; without it grad_norm 1.628 for one process's 1.565)."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
+             ("sharding2pp2", "gpt_tf"): SHARDING_PP_TF, ("sharding2pp2", "llama_tf"): SHARDING_PP_TF,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
              ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
              ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"]}
@@ -130,7 +137,7 @@ OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"],
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
 fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows); `llama_v2sp`: see
 `V2_TP`."""
-SAME_AS = {"llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+SAME_AS = {"gpt_tf": "gpt", "llama_tf": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -259,6 +266,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
+    if run in ("gpt_tf", "llama_tf"):
+        return tiny_overrides(corpus, str(out / run), run.split("_")[0], steps=STEPS) + LAYERS
     if run in OVERLAP_RUNS:
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + OVERLAP_RUNS[run]
     if run == "llama5":  # 5 blocks: an odd count, split unevenly under pp2 (SPLITS)
@@ -528,9 +537,10 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
             check_lora_memory(_memory(runs_dir / n), reference["llama_lora"]["memory"], layout, segment[n])
             check_predicted(_memory(runs_dir / n), layout)
             continue
-        check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
+        held = layout + "tf" if n.endswith("_tf") else layout  # V1 tensor fusion in a V2 layout's launch
+        check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], held, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n], split=SPLITS.get((layout, n), ()))
-        check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
+        check_predicted(_memory(runs_dir / n), held)  # the planner, to the element and byte
 
 
 @pytest.mark.slow
