@@ -202,3 +202,17 @@ def test_experts_under_v2_reduce_scatter_their_own_buckets_over_edp():
     assert ov["dp_sharding_comm_s"] - v2["dp_sharding_comm_s"] == pytest.approx(
         (d3["exposed_s"] - d2["exposed_s"]) + (e3["exposed_s"] - e2["exposed_s"]), rel=1e-9)
     _moves_only_by_the_sync(v2, ov)
+
+
+def test_v2_under_cp_overlaps_the_sharding_reduce_scatter_and_leaves_the_cp_sum_exposed():
+    """Under cp the gradients are also summed over dp x cp, by fleet's optimizer after the backward (never from the
+    backward): switching V2's overlap on hides the sharding reduce-scatter's buckets and leaves that sum exposed."""
+    base = ["+parallel=zero2", "parallel.sharding=4", "parallel.sharding_stage=1", "parallel.cp=2",
+            "parallel.sharding_split_param=true", "train.global_batch_size=16"]
+    cfg, (_, off, s0), (lay1, on, s1) = _flip(base, "sharding_comm_overlap", 8, "sharding")
+    assert not s0["overlapped"] and s1["overlapped"] and s1["buckets"] == s0["buckets"] > 1
+    assert s1["exposed_s"] == pytest.approx(_bucketed(s1["comm_s"], s1["window_s"], s1["buckets"]))
+    assert s1["exposed_s"] < s0["exposed_s"]
+    d0, d1 = off["comm_syncs"]["dp"], on["comm_syncs"]["dp"]  # the cp sum (dp = 1): fp32, exposed either way
+    assert not d0["overlapped"] and not d1["overlapped"] and d1 == d0 and d1["exposed_s"] == d1["comm_s"] > 0
+    _moves_only_by_the_sync(off, on)
