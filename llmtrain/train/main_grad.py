@@ -29,8 +29,8 @@ the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism, and ep and cp under "
-                     "stage-1 V2 (no ZeRO-2/3 or LoRA)")
+MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism, and ep, cp and LoRA "
+                     "under stage-1 V2 (no ZeRO-2/3)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -60,7 +60,9 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
         v2 = parallel.sharding > 1 and parallel.sharding_stage == 1 and parallel.sharding_split_param
         where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 and not v2 else []  # V2: the experts' own buckets
         where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 and not v2 else []  # V2: slices summed over sep
-    where += ["finetune.lora.rank > 0"] if lora else []
+    v2_here = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1 and \
+        parallel.sharding_split_param
+    where += ["finetune.lora.rank > 0"] if lora and not v2_here else []  # V2: the adapters alone in its buckets
     if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
             parallel.pp_sharding_comm_overlap:
         # fleet 3.3.1 reduce-scatters the pipeline's buckets (scale_grads) before it sums the tied table's gradient

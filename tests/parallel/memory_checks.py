@@ -459,9 +459,9 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
                 assert sum(m["params"][name]["numel"] for m in members) == prod(full[name]), name
     if d.v2:  # stage-1 V2: dense states split by position over sharding, the experts' (own buckets) over edp
         for members in edp_groups.values():
-            _check_v2_split("edp", members, lambda n: EXPERTS.fullmatch(n) is not None, edp)
+            check_v2_split("edp", members, lambda n: EXPERTS.fullmatch(n) is not None, edp)
         for members in sharding_groups.values():
-            _check_v2_split("sharding", members, lambda n: not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n),
+            check_v2_split("sharding", members, lambda n: not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n),
                             d.sharding)
         return
     if sharded_experts:  # each expert tensor's state on one rank of its edp group, balanced
@@ -473,7 +473,7 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
                              d.sharding)
 
 
-def _check_v2_split(kind: str, members: list, trained, degree: int) -> None:
+def check_v2_split(kind: str, members: list, trained, degree: int) -> None:
     """Stage-1 V2 over a group of `degree` `members`: each `trained(name)` parameter's AdamW state (two moments of
     its slice length L, two [1] beta powers) in slices whose lengths sum to the parameter padded to a multiple of
     64 x degree elements, each member 1/degree of the padded total, some parameter held in parts by two members

@@ -93,7 +93,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2",)}
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2", "llama_lora")}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
 DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
@@ -124,7 +124,8 @@ LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("shardin
              ("sharding2pp2", "gpt_tf"): SHARDING_PP_TF, ("sharding2pp2", "llama_tf"): SHARDING_PP_TF,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
              ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
-             ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"]}
+             ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"],
+             ("sharding2v2ep", "llama_lora"): ["+parallel=sharding2v2"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
@@ -161,7 +162,8 @@ sharding2v2), the routed experts in V2 buckets of their own over the expert-data
 (`llmtrain.parallel.expert_states.color_experts`; edp = 1 here, so a bucket summed over the sharding group would mix
 the two ranks' different experts and fail), run as `moe_ep2` writing step 2, which V1 continues (`moe_v2tov1_ep2`:
 experts kept out of the ZeRO-1 partition, writing step 3), which V2 continues (`moe_v1tov2_ep2`): {run: (layout,
-run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's."""
+run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's. The same launch runs the
+LoRA Llama under V2 (`llama_lora`: the adapters alone in V2's buckets, fp32 main gradients)."""
 V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
 """`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
 parameters updated; its weight decay restored, `llmtrain.paddle_compat.sharding_fused.restore_v1_overlap_decay`)."""
