@@ -29,8 +29,8 @@ the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 (V1 or V2), pp, tp and sequence parallelism, and ep, cp and LoRA "
-                     "under stage-1 V2 (no ZeRO-2/3)")
+MAIN_GRAD_LAYOUTS = ("dp, sharding stage 1 (V1 or V2) and ZeRO-2, pp, tp and sequence parallelism, and ep, cp and "
+                     "LoRA under stage-1 V2 (no ZeRO-3)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -56,7 +56,7 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
     where = ["train.batch_rampup"] if train_cfg.batch_rampup is not None and fused else []  # buffers fix the count
     if parallel is not None:
         where += [f"parallel.sharding_stage={parallel.sharding_stage}"] if parallel.sharding > 1 and \
-            parallel.sharding_stage > 1 else []
+            parallel.sharding_stage > 2 else []  # ZeRO-2: Paddle's GroupShardedStage2 reduces main_grad
         v2 = parallel.sharding > 1 and parallel.sharding_stage == 1 and parallel.sharding_split_param
         where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 and not v2 else []  # V2: the experts' own buckets
         where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 and not v2 else []  # V2: slices summed over sep

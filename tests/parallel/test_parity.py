@@ -93,7 +93,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2", "llama_lora")}
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg")}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
 DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
@@ -125,7 +125,8 @@ LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("shardin
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
              ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
              ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"],
-             ("sharding2v2ep", "llama_lora"): ["+parallel=sharding2v2"]}
+             ("sharding2v2ep", "llama_lora"): ["+parallel=sharding2v2"],
+             ("sharding2v2ep", "llama_mg"): ["+parallel=zero2", "train.main_grad=true"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
@@ -138,7 +139,7 @@ OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"],
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
 fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows); `llama_v2sp`: see
 `V2_TP`."""
-SAME_AS = {"gpt_tf": "gpt", "llama_tf": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+SAME_AS = {"gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -163,7 +164,10 @@ sharding2v2), the routed experts in V2 buckets of their own over the expert-data
 the two ranks' different experts and fail), run as `moe_ep2` writing step 2, which V1 continues (`moe_v2tov1_ep2`:
 experts kept out of the ZeRO-1 partition, writing step 3), which V2 continues (`moe_v1tov2_ep2`): {run: (layout,
 run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's. The same launch runs the
-LoRA Llama under V2 (`llama_lora`: the adapters alone in V2's buckets, fp32 main gradients)."""
+LoRA Llama under V2 (`llama_lora`: the adapters alone in V2's buckets, fp32 main gradients) and the Llama under
+ZeRO-2 with main-gradient training (`llama_mg`: Paddle's GroupShardedStage2 reduces the fp32 main gradients)."""
+HELD = {"gpt_tf": "sharding2pp2tf", "llama_tf": "sharding2pp2tf", "llama_mg": "zero2"}
+"""The layout whose holdings a run is checked against, where it is not its launch's layout."""
 V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
 """`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
 parameters updated; its weight decay restored, `llmtrain.paddle_compat.sharding_fused.restore_v1_overlap_decay`)."""
@@ -268,7 +272,7 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
-    if run in ("gpt_tf", "llama_tf"):
+    if run in ("gpt_tf", "llama_tf", "llama_mg"):
         return tiny_overrides(corpus, str(out / run), run.split("_")[0], steps=STEPS) + LAYERS
     if run in OVERLAP_RUNS:
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + OVERLAP_RUNS[run]
@@ -539,7 +543,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
             check_lora_memory(_memory(runs_dir / n), reference["llama_lora"]["memory"], layout, segment[n])
             check_predicted(_memory(runs_dir / n), layout)
             continue
-        held = layout + "tf" if n.endswith("_tf") else layout  # V1 tensor fusion in a V2 layout's launch
+        held = HELD.get(n, layout)  # V1 tensor fusion in a V2 layout's launch, ZeRO-2 in the sharding2 one
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], held, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n], split=SPLITS.get((layout, n), ()))
         check_predicted(_memory(runs_dir / n), held)  # the planner, to the element and byte
