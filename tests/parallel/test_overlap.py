@@ -162,11 +162,13 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert main_grad_problems(TrainConfig(main_grad=False), v2, lora=False)[0].startswith(
         "train.main_grad=false with parallel.sharding_split_param=true")
     assert main_grad_problems(TrainConfig(), v2, lora=True) == []  # V2 buckets hold the adapters only
-    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2), lora=True)[0].startswith(
+    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, pp=2), lora=True)[0].startswith(
         "train.main_grad (on) with finetune.lora.rank > 0: not built")
     assert "parallel.sharding_stage=3" in main_grad_problems(
         TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=3), lora=False)[0]
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
+    assert "parallel.dp=2 alone" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2), lora=False)[0]
+    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, sharding=2), lora=False) == []
     assert "train.batch_rampup" in main_grad_problems(TrainConfig(batch_rampup=[2, 2, 16]), v2, lora=False)[0]
     tp_v2_sp = ParallelConfig(tp=2, sharding=2, sharding_split_param=True, sequence_parallel=True)
     assert main_grad_problems(TrainConfig(), tp_v2_sp, lora=False) == []  # V2 slices of tp pieces; sp hooks on main_grad
