@@ -216,3 +216,15 @@ def test_v2_under_cp_overlaps_the_sharding_reduce_scatter_and_leaves_the_cp_sum_
     d0, d1 = off["comm_syncs"]["dp"], on["comm_syncs"]["dp"]  # the cp sum (dp = 1): fp32, exposed either way
     assert not d0["overlapped"] and not d1["overlapped"] and d1 == d0 and d1["exposed_s"] == d1["comm_s"] > 0
     _moves_only_by_the_sync(off, on)
+
+
+def test_tensor_fusion_under_pp_reduces_its_buckets_after_the_backward():
+    """V1 tensor fusion under pp: one reduce per fused bucket of parallel.sharding_comm_buffer_mb instead of one per
+    tensor, after the pipeline's backward (exposed)."""
+    base = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=8", "train.global_batch_size=64"]
+    cfg, (_, off, s0), (lay1, on, s1) = _flip(base, "sharding_tensor_fusion", 16, "sharding")
+    assert s0["bucket_bytes"] == 0 and s0["kind"] == s1["kind"] == "reduce"
+    assert not s1["overlapped"] and s1["exposed_s"] == s1["comm_s"] and s1["bucket_bytes"] == SHARDING_BUCKET
+    assert s1["buckets"] == math.ceil(_grad_bytes(cfg, lay1, 4) / SHARDING_BUCKET) < s0["buckets"]
+    _, _, small = _row(base + ["parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_buffer_mb=16"], 16)
+    assert small["comm_syncs"]["sharding"]["bucket_bytes"] == 16 * MIB
