@@ -13,12 +13,15 @@ split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blo
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
 under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, Llama, and
 the LoRA Llama with its held-out evaluation down and up the V; `pp4dpv`): stage s holds chunks s and 2 pp - 1 - s.
-pp4v2, the pp3 pair, sharding2pp2, pp4dpv and tp2sharding2v2 are drawn, one of them per suite run (`DRAWN`). Communication
+pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2 and sharding2v2ep are drawn, one of them per suite run
+(`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
-(`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`) and the drawn tp2sharding2v2 (V2 under
-tp2 with sequence parallelism, resumed across V2 and V1 with tensor fusion, `V2_TP`).
+(`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`; V1 tensor fusion under pp2,
+`SHARDING_PP_TF`), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
+tensor fusion, `V2_TP`) and the drawn sharding2v2ep (MoE under sharding2 x ep2 on V2, resumed across V2 and V1;
+LoRA under V2; ZeRO-2 with main gradients: `V2_EP`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
