@@ -64,7 +64,7 @@ from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _s
                                   stage_params, stage_worst_holdings)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
-from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
+from llmtrain.plan.overlap import MIB, SyncPlan, buckets, exposed, gradient_bytes_per_element, gradient_syncs
 from llmtrain.plan.timeline import StepSpec, step_compute
 
 RECOMPUTE = ("none", "full", "full_attn", "core_attn")
@@ -473,6 +473,24 @@ def loop_meetings_s(layout, dev, devices_per_node: int, stride: dict) -> float:
     return sum(2 * math.ceil(math.log2(n)) * _link(st * n, dev, devices_per_node, st)[1] for n, st in groups)
 
 
+def v2_experts(layout) -> bool:
+    """Stage-1 V2 under ep > 1: the routed experts in V2 buckets of their own over edp
+    (`llmtrain.parallel.expert_states.color_experts`): reduce-scattered in buckets of `parallel.sharding_comm_buffer_mb`
+    (from the backward with `parallel.sharding_comm_overlap`), all-gathered after the update."""
+    return (getattr(layout, "ep", 1) > 1 and layout.sharding > 1 and layout.sharding_stage == 1
+            and getattr(layout, "sharding_split_param", False))
+
+
+def _v2_gather(layout, nbytes: float, dev, devices_per_node: int) -> float:
+    """Seconds of the experts' parameter all-gather over edp after a V2 update (`v2_experts`; 0 when edp = 1)."""
+    edp = layout.data_parallel // layout.ep
+    if edp <= 1:
+        return 0.0
+    local, nodes = group_spread(layout, "edp", devices_per_node)
+    bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    return _ring(nbytes, edp, bw, alpha, factor=1.0)
+
+
 def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
     """Seconds a step spends synchronising this rank's routed experts (`nbytes` of them) over their expert-data-
     parallel group (llmtrain/parallel/expert_states.py), after the last backward and outside any overlap: with
@@ -484,6 +502,8 @@ def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
         return 0.0
     local, nodes = group_spread(layout, "edp", devices_per_node)
     bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    if v2_experts(layout):  # their own V2 buckets over edp: the gradients' reduce-scatter (the all-gather: `_v2_gather`)
+        return _ring(nbytes, edp, bw, alpha, factor=1.0)
     if layout.sharding > 1:
         return 2 * (nbytes / bw + (edp - 1) * alpha)
     return _ring(nbytes, edp, bw, alpha)
@@ -888,7 +908,16 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
                             "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
                             "exposed_s": exposed(comm, backward, sync, nb)}
     exposed_s = sum(c["exposed_s"] for c in comm_syncs.values()) + params_after
-    if ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
+    if ep > 1 and v2_experts(layout):  # the experts' own V2 buckets over edp: reduce-scatter, overlapped as asked
+        sync = SyncPlan("reduce-scatter", dev.async_launch and layout.sharding_comm_overlap,
+                        getattr(layout, "sharding_comm_buffer_mb", 256) * MIB, "sharding_comm_overlap")
+        comm = expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node)
+        nb = buckets(expert_elems * g_e, sync)
+        comm_syncs["edp"] = {"kind": sync.kind, "comm_s": comm, "buckets": nb, "bucket_bytes": sync.bucket_bytes,
+                             "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
+                             "exposed_s": exposed(comm, backward, sync, nb)}
+        exposed_s += comm_syncs["edp"]["exposed_s"] + _v2_gather(layout, expert_elems * e, dev, devices_per_node)
+    elif ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
         comm_syncs["edp"] = {"kind": "expert", "comm_s": expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node),
                              "buckets": 1, "bucket_bytes": 0, "overlapped": False, "option": "", "window_s": 0.0}
         comm_syncs["edp"]["exposed_s"] = comm_syncs["edp"]["comm_s"]
