@@ -171,7 +171,10 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
     stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
     micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
-    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
+    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks, DualPipeV
+    each of the stage's two chunks its own count, the peak read off fleet's schedule (`held_in_flight`,
+    llmtrain/plan/dualpipe_memory.py: stage s holds 2 pp - s micro-batches of its down chunk beside s + 1 of its up
+    chunk; the logits once, on stage 0). Gradients
     include the experts' that are held from the backward until reduced to their edp owners
     (`grad_transient_bytes`). `recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts
     and blocks, priced by `llmtrain.plan.recompute`). `fp8` (`train.fp8` on): each block's FP8 weight copies, kept
@@ -190,7 +193,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
-    p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
+    p = layout.pp
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
@@ -198,13 +201,15 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         full = [moe_layer if moe[i] else dense_layer for i in blocks]
-        flight = in_flight(p, v, m, st, dualpipev)
         transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
-        act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
+        per = [kept] * len(full) if mode == "full" else full  # bytes each block keeps per micro-batch in flight
+        if w8 is not None and not fp8_cached_copies and mode != "full":  # + the FP8 copies its linears keep
+            per = [a + w8[i] for a, i in zip(per, blocks)]
+        act = held_in_flight(per, layout, st, dualpipev) + transient
         if w8 is not None and fp8_cached_copies:  # every weight's cached copies, the whole step
             act += fp8_cached_copies * sum(w8[i] for i in blocks)
-        elif w8 is not None:  # the FP8 weight copies its linears keep for their backward
-            act += max((w8[i] for i in blocks), default=0) if mode == "full" else flight * sum(w8[i] for i in blocks)
+        elif w8 is not None and mode == "full":  # the FP8 weight copies of the one block re-running
+            act += max((w8[i] for i in blocks), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
@@ -266,6 +271,20 @@ def stage_blocks_of(pp_layers, pp: int, stage: int, v_shape: bool = False) -> tu
 @lru_cache(maxsize=65536)
 def _stage_blocks_of(pp_layers: tuple, pp: int, stage: int, v_shape: bool) -> tuple:
     return tuple(stage_blocks(pp_layers, pp, stage, v_shape))
+
+
+def held_in_flight(per_block: list, layout, stage: int, dualpipev: bool) -> float:
+    """Bytes stage `stage` keeps for backward at its peak: `in_flight` micro-batches of its blocks' `per_block`
+    bytes (in the order `stage_blocks_of` lists them), or under DualPipeV the peak of its down chunk's and up chunk's
+    micro-batches in flight read off fleet's schedule (`llmtrain.plan.dualpipe_memory`)."""
+    p = layout.pp
+    if dualpipev and p > 1 and layout.pp_layers:
+        from llmtrain.plan.dualpipe_memory import v_held
+
+        down = layout.pp_layers[stage]  # stage_blocks lists the down chunk's blocks first
+        return v_held(sum(per_block[:down]), sum(per_block[down:]), pp=p, micro_batches=layout.grad_accum,
+                      stage=stage)
+    return in_flight(p, layout.virtual_pp, layout.grad_accum, stage, dualpipev) * sum(per_block)
 
 
 def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> float:
@@ -388,13 +407,16 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
-        act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
+        per = [held[i][0] for i in blocks]  # bytes each block keeps per micro-batch in flight
+        if fp8 and not fp8_cached_copies:  # + FP8 weight copies per micro-batch, but a wholly recomputed block's
+            w8 = fp8_weight_bytes(cfg, layout)  # only while it re-runs
+            per = [a + (0 if "block" in rc.at(i) else w8[i]) for a, i in zip(per, blocks)]
+            transient_w8 = max((w8[i] for i in blocks if "block" in rc.at(i)), default=0)
+        act = held_in_flight(per, layout, st, dualpipev) + transient  # + one re-run block
         if fp8 and fp8_cached_copies:  # cached FP8 weight copies: every block's, the whole step
             act += fp8_cached_copies * sum(fp8_weight_bytes(cfg, layout)[i] for i in blocks)
-        elif fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
-            w8 = fp8_weight_bytes(cfg, layout)
-            act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i)) + max(
-                (w8[i] for i in blocks if "block" in rc.at(i)), default=0)
+        elif fp8:
+            act += transient_w8
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 

@@ -15,7 +15,8 @@ import pytest
 from llmtrain.models import model_stages
 from llmtrain.models.config import ModelConfig
 from llmtrain.parallel.config import ParallelConfig, layout_tag
-from llmtrain.parallel.dualpipe import SplitWeightGradRoles, dualpipe_model_problems
+from llmtrain.parallel.dualpipe import SplitWeightGradRoles
+from llmtrain.parallel.dualpipe_checks import dualpipe_model_problems
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.parallel.pipeline import CHUNK_END, stage_descs
 from llmtrain.parallel.pp_split import chunk_stage, describe_split, stage_blocks
