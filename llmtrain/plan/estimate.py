@@ -627,7 +627,8 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
                                len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
                                bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
-                               first_layer=blocks[0], cp=cp, moe=moe)
+                               first_layer=blocks[0], cp=cp, moe=moe,
+                               block_ids=tuple(blocks) if v_shape and p > 1 else None)  # the V: two chunks
         return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
 
     stages = sorted({0, p - 1})

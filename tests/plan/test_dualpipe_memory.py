@@ -102,3 +102,19 @@ def test_memory_estimate_prices_each_chunk_of_the_v():
     want = [((2 * 4 - s) * split[s] + (s + 1) * split[7 - s]) * block for s in range(4)]
     assert want[0] == max(want)  # the heavy down chunk makes stage 0 the worst
     assert got["activations"] == int(want[0])
+
+
+def test_a_v_stage_is_priced_with_its_own_blocks():
+    """DualPipeV's stage 0 of a 4-block model whose first block is dense holds blocks 0 and 3 (chunks 0 and 3 of
+    pp2): one dense and one MoE block, not the consecutive blocks 0-1 (`MicroBatchSpec.block_ids`)."""
+    from llmtrain.models.config import ModelConfig
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+
+    cfg = ModelConfig(name="m", hidden_size=32, num_layers=4, num_heads=4, ffn_hidden_size=64, vocab_size=256,
+                      moe_num_experts=4, moe_top_k=2, moe_ffn_hidden_size=32, moe_first_dense_layers=2)
+    kernels = lambda **k: micro_batch_kernels(MicroBatchSpec(cfg, 2, 32, layers=2, first=True, last=True, **k))  # noqa: E731
+    v_stage = kernels(first_layer=0, block_ids=(0, 3)).forward
+    consecutive = kernels(first_layer=0).forward  # blocks 0-1: both dense
+    moe_stage = kernels(first_layer=2).forward  # blocks 2-3: both MoE
+    assert len(consecutive) < len(v_stage) < len(moe_stage)  # an MoE block runs more kernels than a dense one
+    assert len(v_stage) - len(consecutive) == len(moe_stage) - len(v_stage)  # one dense block traded for one MoE
