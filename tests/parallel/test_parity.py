@@ -11,10 +11,12 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, Llama, and
-the LoRA Llama with its held-out evaluation down and up the V, and MoE: the balancing losses of both arms of each
-stage's V, the loss on stage 0; `pp4dpv`; drawn, `dp2pp2dpv` and `sharding2pp2dpv`: MoE with ep2 inside each stage): stage s holds chunks s and 2 pp - 1 - s.
-pp4v2, the pp3 pair, sharding2pp2, pp4dpv and tp2sharding2v2 are drawn, one of them per suite run (`DRAWN`). Communication
+under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, the
+LoRA Llama with its held-out evaluation down and up the V, and MoE: the balancing losses of both arms of each
+stage's V, the loss on stage 0; `pp4dpv`: GPT and Llama; drawn, `dp2pp2dpv` and `sharding2pp2dpv`: MoE with ep2 inside
+each stage): stage s holds chunks s and 2 pp - 1 - s.
+pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2, dp2pp2dpv and sharding2pp2dpv are drawn, one of them per
+suite run (`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
