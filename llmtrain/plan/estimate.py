@@ -58,9 +58,10 @@ import math
 from functools import lru_cache
 
 from llmtrain.models.size import flops_parameters
+from llmtrain.parallel.groups import first_group
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
-                                  stage_params)
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs,
+                                  stage_params, stage_worst_holdings)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
@@ -193,19 +194,24 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
-    p = layout.pp
+    p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
-    moe = moe_blocks(cfg)
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        full = [moe_layer if moe[i] else dense_layer for i in blocks]
-        transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
-        per = [kept] * len(full) if mode == "full" else full  # bytes each block keeps per micro-batch in flight
-        if w8 is not None and not fp8_cached_copies and mode != "full":  # + the FP8 copies its linears keep
-            per = [a + w8[i] for a, i in zip(per, blocks)]
-        act = held_in_flight(per, layout, st, dualpipev) + transient
+        count, total, most = _stage_sets(cfg, dense_layer, moe_layer, blocks if p > 1 else None)
+        transient = most if mode == "full" else 0  # one block's full set during its backward
+        w8_flight = w8 is not None and not fp8_cached_copies and mode != "full"  # FP8 copies per micro-batch
+        if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
+            moe = moe_blocks(cfg)
+            per = [kept if mode == "full" else moe_layer if moe[i] else dense_layer for i in blocks]
+            per = [a + w8[i] for a, i in zip(per, blocks)] if w8_flight else per
+            act = held_in_flight(per, layout, st, dualpipev) + transient
+        else:
+            flight = in_flight(p, v, m, st, dualpipev)
+            act = flight * count * kept + transient if mode == "full" else flight * total
+            act += flight * sum(w8[i] for i in blocks) if w8_flight else 0
         if w8 is not None and fp8_cached_copies:  # every weight's cached copies, the whole step
             act += fp8_cached_copies * sum(w8[i] for i in blocks)
         elif w8 is not None and mode == "full":  # the FP8 weight copies of the one block re-running
@@ -214,6 +220,19 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     return _finish(worst, framework_bytes)
 
 
+def _stage_sets(cfg, dense_layer: float, moe_layer: float, blocks) -> tuple:
+    """(blocks, the sum of their saved bytes, the largest) of a stage holding `blocks` (None: every block), each
+    dense block saving `dense_layer` and each MoE block `moe_layer` bytes; remembered per stage and sizes."""
+    key = (id(cfg), dense_layer, moe_layer, blocks)
+    hit = _SETS.get(key)
+    if hit is None or hit[0] is not cfg:
+        moe = moe_blocks(cfg)
+        full = [moe_layer if moe[i] else dense_layer for i in (range(cfg.num_layers) if blocks is None else blocks)]
+        hit = _SETS[key] = (cfg, (len(full), sum(full), max(full, default=0)))  # the model kept alive with its id
+    return hit[1]
+
+
+_SETS: dict = {}
 _FP8_W: dict = {}
 
 
@@ -239,11 +258,13 @@ def fp8_weight_bytes(cfg, layout) -> list:
 def _worse(worst: dict | None, r: dict, act: float, transient: float, other: float) -> dict:
     """The stage entry (params, grads, optimizer, activations, other, total) of holdings `r` if it holds more than
     `worst`, else `worst`."""
-    entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
-             "optimizer": r["optimizer_bytes"], "activations": int(act), "other": int(other)}
-    entry["total"] = sum(entry.values())
-    entry["recompute_transient"] = int(transient)  # in `activations`: one block during its backward
-    return entry if worst is None or entry["total"] > worst["total"] else worst
+    params, grads, opt = r["param_bytes"], r["grad_bytes"] + r.get("grad_transient_bytes", 0), r["optimizer_bytes"]
+    a, o = int(act), int(other)
+    total = params + grads + opt + a + o  # in the entry's order, as sum() adds them
+    if worst is not None and not total > worst["total"]:
+        return worst
+    return {"params": params, "grads": grads, "optimizer": opt, "activations": a, "other": o, "total": total,
+            "recompute_transient": int(transient)}  # in `activations`: one block during its backward
 
 
 def _finish(worst: dict, framework_bytes: float) -> dict:
@@ -349,19 +370,27 @@ def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, 
 
 
 _WORST: dict = {}
+_HELD: dict = {}
 
 
 def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     """Per pipeline stage, the holdings (`memory.predict_stage_ranks`) of its rank with the most bytes of parameters,
     gradients (transient expert ones included) and optimizer states; cached per (model, degrees, split)."""
+    mine = _WORST_OF.get((id(layout), id(cfg), amp, device))  # the same layout object again (another mode)
+    if mine is not None and mine[0] is layout and mine[1] is cfg:
+        return mine[2]
     key = (id(cfg), amp, device, *layout_key(layout))
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
-        held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
         # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
-        per = [max(stage_holdings(cfg, layout, st, amp, device), key=held) for st in range(layout.pp)]
+        per = stage_worst_holdings(cfg, layout, amp, device)
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
+    if getattr(getattr(type(layout), "__dataclass_params__", None), "frozen", False):  # a Layout cannot change
+        _WORST_OF[(id(layout), id(cfg), amp, device)] = (layout, cfg, hit[1])  # both kept alive with their ids
     return hit[1]
+
+
+_WORST_OF: dict = {}
 
 
 def layout_key(layout) -> tuple:
@@ -391,14 +420,21 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
         return full - part_savings(cfg, parts, s=s, b=b, t=t, e=dtype_bytes, flash=flash, sp=sp, gpu=gpu,
                                    moe_plan=plan, moe_layer=moe), full
 
-    kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
-    held = []
-    for i, moe in enumerate(moe_blocks(cfg)):
-        key = (moe, frozenset(rc.at(i)))
-        if key not in kinds:
-            kinds[key] = block(moe, key[1])
-        held.append(kinds[key])
-    any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+    # per block (bytes kept, bytes without recompute), whether any block is wholly recomputed, and per stage's
+    # blocks (their kept bytes, one re-run block's full set): remembered per model, recompute and activation sizes
+    hkey = (id(cfg), rc, s, b, t, sp, device, flash, dtype_bytes, plan.ep, moe_imbalance)
+    hit = _HELD.get(hkey)
+    if hit is None or hit[0] is not cfg:
+        kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
+        held = []
+        for i, moe in enumerate(moe_blocks(cfg)):
+            key = (moe, frozenset(rc.at(i)))
+            if key not in kinds:
+                kinds[key] = block(moe, key[1])
+            held.append(kinds[key])
+        any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+        hit = _HELD[hkey] = (cfg, held, any_block, {})  # the model kept alive with its id
+    _, held, any_block, per_stage = hit
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
@@ -406,17 +442,25 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     worst = None
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
-        per = [held[i][0] for i in blocks]  # bytes each block keeps per micro-batch in flight
-        if fp8 and not fp8_cached_copies:  # + FP8 weight copies per micro-batch, but a wholly recomputed block's
-            w8 = fp8_weight_bytes(cfg, layout)  # only while it re-runs
-            per = [a + (0 if "block" in rc.at(i) else w8[i]) for a, i in zip(per, blocks)]
-            transient_w8 = max((w8[i] for i in blocks if "block" in rc.at(i)), default=0)
-        act = held_in_flight(per, layout, st, dualpipev) + transient  # + one re-run block
+        sums = per_stage.get(blocks if p > 1 else None)
+        if sums is None:
+            sums = per_stage[blocks if p > 1 else None] = (
+                sum(held[i][0] for i in blocks),
+                max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0)
+        transient = sums[1]
+        w8 = fp8_weight_bytes(cfg, layout) if fp8 and not fp8_cached_copies else None  # per micro-batch in flight,
+        # a wholly recomputed block's only while it re-runs
+        if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
+            per = [held[i][0] + (w8[i] if w8 is not None and "block" not in rc.at(i) else 0) for i in blocks]
+            act = held_in_flight(per, layout, st, dualpipev) + transient  # + one re-run block
+        else:
+            act = in_flight(p, v, m, st, dualpipev) * sums[0] + transient  # + one re-run block
+            if w8 is not None:
+                act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i))
         if fp8 and fp8_cached_copies:  # cached FP8 weight copies: every block's, the whole step
             act += fp8_cached_copies * sum(fp8_weight_bytes(cfg, layout)[i] for i in blocks)
-        elif fp8:
-            act += transient_w8
+        elif w8 is not None:
+            act += max((w8[i] for i in blocks if "block" in rc.at(i)), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
@@ -488,6 +532,29 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
+    # the lists depend on the sequence of the stage's block kinds (equal shapes within a kind), the ends it holds
+    # and the degrees, not on which blocks they are: stages of other splits with the same kinds share them
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    moe = moe_blocks(cfg)
+    blocks = stage_blocks_of(layout.pp_layers, layout.pp, pp_rank, v_shape) if layout.pp > 1 else ()
+    kinds_key = (id(cfg), amp, tuple(moe[i] for i in blocks), pp_rank == 0,
+                 pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1, layout.tp, ep, layout.sharding,
+                 layout.sharding_stage, layout.dp * layout.sharding // ep if ep > 1 else 1)
+    hit = _TENSORS_BY_KINDS.get(kinds_key)
+    if hit is not None and hit[0] is cfg:
+        _TENSORS[key] = hit
+        return hit[1]
+    out = _rank_tensors(cfg, layout, amp, pp_rank)
+    _TENSORS[key] = _TENSORS_BY_KINDS[kinds_key] = (cfg, out)  # the model kept alive with its id
+    return out
+
+
+_TENSORS_BY_KINDS: dict = {}
+
+
+def _rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
+    """`rank_tensors`, computed."""
+    ep = getattr(layout, "ep", 1)
     specs = _stage_specs(cfg, layout, pp_rank)
     sized = _sized(cfg, layout.tp, ep, amp)
     grads = [sized.get(id(x)) or (int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
@@ -514,7 +581,6 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
         owners = greedy_partition([n for n, _ in d], sh, sort=layout.sharding_stage == 1)
         busiest = max(owners, key=lambda owned: sum(d[i][0] for i in owned))
         out = grads, [d[i] for i in sorted(busiest)] + experts_owned
-    _TENSORS[key] = (cfg, out)  # the model kept alive with its id
     return out
 
 
@@ -602,7 +668,7 @@ def group_spread(layout, kind: str, devices_per_node: int) -> tuple[int, int]:
     key = (kind, devices_per_node, *(repr(getattr(layout, k, None)) for k in ("dp", "tp", "pp", "sharding", "cp", "ep",
                                                                               "order")))
     if key not in _SPREAD:
-        ranks = layout.group_ranks(kind)[0]
+        ranks = first_group(layout, kind)  # group_ranks(kind)[0], the others not listed
         per: dict = {}
         for r in ranks:
             per[r // devices_per_node] = per.get(r // devices_per_node, 0) + 1

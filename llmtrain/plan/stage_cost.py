@@ -94,4 +94,11 @@ def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recomp
         return layout
     costs = layer_costs(model_cfg, dev, micro_batch=layout.micro_batch, seq_len=seq_len, tp=layout.tp,
                         sequence_parallel=layout.sequence_parallel, cp=layout.cp, recompute=recompute, moe=moe)
-    return dataclasses.replace(layout, pp_layers=balanced_split(costs, layout.pp * layout.virtual_pp))
+    split = balanced_split(costs, layout.pp * layout.virtual_pp)
+    hit = _SPLIT_LAYOUTS.get((id(layout), split))  # the ranking asks again per recompute mode of one layout
+    if hit is None or hit[0] is not layout:
+        hit = _SPLIT_LAYOUTS[(id(layout), split)] = (layout, dataclasses.replace(layout, pp_layers=split))
+    return hit[1]
+
+
+_SPLIT_LAYOUTS: dict = {}

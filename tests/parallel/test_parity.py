@@ -35,7 +35,8 @@ Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under t
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
 pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
-gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py), the zero2 launch the
+gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py) and each rank's
+executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
@@ -396,6 +397,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
         # every gradient of an MLA block (LoRA on replicated, column and row linears) against one device
         runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
+        # each rank's executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py)
+        runs.append({"call": "tests/plan/tp_ops.py:record", "args": [str(out / "tp_ops")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
@@ -436,6 +439,18 @@ def launched(reference, tiny_corpus, tmp_path_factory):
         return done[layout]
 
     return launch
+
+
+@pytest.mark.slow
+def test_a_tp_ranks_ops_are_the_planned_ones(reference, tiny_corpus, launched):
+    """tp2 (and sequence parallelism) on each rank: the GEMMs, backward GEMM count and memory-bound classes the rank
+    ran are the planner's per-rank list (tests/plan/tp_ops.py, recorded in the tp2 launch)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan"))
+    from tp_ops import check
+
+    print(f"tp2 ops against the planner: {check(launched('tp2', 2) / 'tp_ops')}")
 
 
 @pytest.mark.slow
