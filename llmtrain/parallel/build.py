@@ -28,7 +28,7 @@ def make_roles(layout: Layout, topo: Topology, context=None) -> Roles:
     group (`llmtrain.parallel.experts`); under cp > 1 (`context`, a `ContextPlan`) every attention core is wrapped
     in the cp exchange."""
     roles = Roles()
-    if layout.v_shape:  # DualPipeV (pp alone): linears whose weight gradient the schedule may defer
+    if layout.v_shape:  # DualPipeV (no tp): linears whose weight gradient the schedule may defer
         from llmtrain.parallel.dualpipe import SplitWeightGradRoles
 
         roles = SplitWeightGradRoles()

@@ -382,6 +382,9 @@ class MicroBatchSpec:
     as the profile does)."""
     first_layer: int = 0
     """Index of this rank's first block (which blocks are MoE: `ModelConfig.is_moe_layer`)."""
+    block_ids: tuple | None = None
+    """This rank's blocks when they are not `layers` consecutive ones from `first_layer` (DualPipeV's V: a stage's
+    down and up chunks, e.g. stage 0 holds the first and the last blocks); None: consecutive."""
     cp: int = 1
     """Context-parallel degree: this rank's blocks see s / cp positions; its attention does 1/cp of the causal
     work (balanced chunks) as the ring's cp blocks (flash: one call per block, `_ring_flash_core`; the math path:
@@ -418,7 +421,8 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
         return lists[parts]
 
     counts = {}  # (MoE block, recomputed parts) -> blocks of that kind on this rank, dense ones first
-    for i in sorted(range(spec.first_layer, spec.first_layer + n), key=cfg.is_moe_layer):
+    ids = spec.block_ids if spec.block_ids is not None else range(spec.first_layer, spec.first_layer + n)
+    for i in sorted(ids, key=cfg.is_moe_layer):
         key = (cfg.is_moe_layer(i), rc.at(i))
         counts[key] = counts.get(key, 0) + 1
     kinds = [(blocks(moe, parts), k) for (moe, parts), k in counts.items()]

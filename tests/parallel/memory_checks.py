@@ -90,6 +90,7 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "sharding2pp2tf": Degrees(sharding=2, pp=2, fused=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
+    "dp2pp2dpv": Degrees(dp=2, pp=2, vpp=2, v=True), "sharding2pp2dpv": Degrees(sharding=2, pp=2, vpp=2, v=True),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
     "sharding2cp2": Degrees(sharding=2, cp=2), "sharding2v2cp2": Degrees(sharding=2, cp=2, v2=True), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
     "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
@@ -397,12 +398,13 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
     zero3 = d.sharding > 1 and d.stage == 3
     edp = d.dp * d.sharding // d.ep
     sharded_experts = d.sharding > 1 and edp > 1
-    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, 1, split)
+    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, d.vpp, split, d.v)
+    head = 0 if d.v else d.pp - 1  # the stage of the final norm and head (DualPipeV's V: with the embedding)
     stages: dict = {}
     for e in ranks:  # pipeline stages: this stage's layers only, the same names on every rank of a stage
         s = e["pp_rank"]
         want = {n for n in full if (_layer(n) is not None and _layer(n) in blocks[s])
-                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == d.pp - 1))}
+                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == head))}
         assert set(e["params"]) == want, (f"pp{d.pp}: rank {e['rank']} (stage {s}) holds "
                                           f"{sorted(set(e['params']) ^ want)[:4]} beyond (or short of) its stage's layers")
         stages.setdefault(s, set(e["params"]))

@@ -11,10 +11,12 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, Llama, and
-the LoRA Llama with its held-out evaluation down and up the V; `pp4dpv`): stage s holds chunks s and 2 pp - 1 - s.
-pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2 and sharding2v2ep are drawn, one of them per suite run
-(`DRAWN`). Communication
+under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, the
+LoRA Llama with its held-out evaluation down and up the V, and MoE: the balancing losses of both arms of each
+stage's V, the loss on stage 0; `pp4dpv`: GPT and Llama; drawn, `dp2pp2dpv` and `sharding2pp2dpv`: MoE with ep2 inside
+each stage): stage s holds chunks s and 2 pp - 1 - s.
+pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2, sharding2v2ep, dp2pp2dpv and sharding2pp2dpv are drawn,
+one of them per suite run (`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
@@ -88,7 +90,7 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4), ("tp2sharding2v2", 4),
-    ("sharding2v2ep", 2),
+    ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
@@ -97,15 +99,23 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg")}
-"""A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",)]
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",),
+        "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg"), "pp2dpv": ("gpt", "moe"),
+        "dp2pp2dpv": ("moe_mb1_ep2",), "sharding2pp2dpv": ("moe_mb1_ep2",)}
+"""A layout's runs in place of MODELS (3-process launches on 2 cores: one model each; pp2dpv: the MoE model, its
+first block a dense Llama block, in the Llama's place, which pp4dpv and pp2dpv's LoRA run train under DualPipeV)."""
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",),
+         ("dp2pp2dpv",), ("sharding2pp2dpv",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
 8 micro-batches) with uneven chunks, or DualPipeV at 4 stages (8 micro-batches of 1, one block per chunk); or stage-1
 V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch); or stage-1 V2 with ep2 (`V2_EP`, its runs added to
-sharding2's launch)."""
+sharding2's launch); or DualPipeV beside dp or stage-1 sharding with ep2 (`moe_mb1_ep2`: 4 micro-batches of 1 per
+data rank, DualPipeV's >= 2 x pp; its one-process reference `moe_mb1` runs only in a suite run that draws one of
+them, `DRAWN_REFERENCES`)."""
+DRAWN_REFERENCES = {"moe_mb1": ("dp2pp2dpv", "sharding2pp2dpv")}
+"""One-process runs needed only by drawn layouts: {reference: the layouts that compare with it}."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
           ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
 """Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
@@ -182,13 +192,15 @@ SEGMENTS = {"llama_lora": 200}
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
 run vs 14 s with 100, which slices most adapters, and 3 s with 1024, which slices none and not q/k/v/o)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
+       "moe_mb1": ["model.moe_bias_update_rate=0.01", "train.micro_batch_size=1"],
        "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"],
        "moe_mla": ["model.num_kv_heads=null", "model.mla_kv_lora_rank=16", "model.mla_q_lora_rank=12",
                    "model.mla_qk_nope_head_dim=8", "model.mla_qk_rope_head_dim=4", "model.mla_v_head_dim=6",
                    "model.moe_router=sigmoid", "model.moe_n_group=2", "model.moe_topk_group=1",
                    "model.moe_routed_scale=2.5", "model.moe_bias_update_rate=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
-drops and a sigmoid router; `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
+drops and a sigmoid router; `moe_mb1`: micro-batches of 1 (the balancing losses are per micro-batch, so
+the micro-batch size is part of the reference); `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
 routing with the moving bias), under tp2 the test of MLA's split heads, replicated down-projections and shared
 rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
 `moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
@@ -315,7 +327,8 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8,
+    moe = [n for n in MOE if n not in DRAWN_REFERENCES or set(DRAWN_REFERENCES[n]) & draw(DRAWN)[1]]
+    names = [*MODELS, "ernie", "llama_init", *moe, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8,
              *(n for run in fp8_tp_runs() for n in FP8_TP[run][2:] if n not in FP8)]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
