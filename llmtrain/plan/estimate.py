@@ -364,7 +364,7 @@ def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, 
         shared = shared_expert_cfg(cfg)
         plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
-                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
+                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s // t if sp else b * s, dtype_bytes, plan)  # sp: a rank routes its T/tp
     return dense_layer, moe_layer, recompute_kept_bytes(cfg, s, b, dtype_bytes), b * s * cfg.vocab_size / t * (
         dtype_bytes + 8)
 
