@@ -64,7 +64,7 @@ from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _s
                                   stage_params, stage_worst_holdings)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
-from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
+from llmtrain.plan.overlap import MIB, SyncPlan, buckets, exposed, gradient_bytes_per_element, gradient_syncs
 from llmtrain.plan.timeline import StepSpec, step_compute
 
 RECOMPUTE = ("none", "full", "full_attn", "core_attn")
@@ -172,7 +172,10 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
     stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
     micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
-    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
+    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks, DualPipeV
+    each of the stage's two chunks its own count, the peak read off fleet's schedule (`held_in_flight`,
+    llmtrain/plan/dualpipe_memory.py: stage s holds 2 pp - s micro-batches of its down chunk beside s + 1 of its up
+    chunk; the logits once, on stage 0). Gradients
     include the experts' that are held from the backward until reduced to their edp owners
     (`grad_transient_bytes`). `recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts
     and blocks, priced by `llmtrain.plan.recompute`). `fp8` (`train.fp8` on): each block's FP8 weight copies, kept
@@ -198,13 +201,21 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         count, total, most = _stage_sets(cfg, dense_layer, moe_layer, blocks if p > 1 else None)
-        flight = in_flight(p, v, m, st, dualpipev)
         transient = most if mode == "full" else 0  # one block's full set during its backward
-        act = flight * count * kept + transient if mode == "full" else flight * total
+        w8_flight = w8 is not None and not fp8_cached_copies and mode != "full"  # FP8 copies per micro-batch
+        if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
+            moe = moe_blocks(cfg)
+            per = [kept if mode == "full" else moe_layer if moe[i] else dense_layer for i in blocks]
+            per = [a + w8[i] for a, i in zip(per, blocks)] if w8_flight else per
+            act = held_in_flight(per, layout, st, dualpipev) + transient
+        else:
+            flight = in_flight(p, v, m, st, dualpipev)
+            act = flight * count * kept + transient if mode == "full" else flight * total
+            act += flight * sum(w8[i] for i in blocks) if w8_flight else 0
         if w8 is not None and fp8_cached_copies:  # every weight's cached copies, the whole step
             act += fp8_cached_copies * sum(w8[i] for i in blocks)
-        elif w8 is not None:  # the FP8 weight copies its linears keep for their backward
-            act += max((w8[i] for i in blocks), default=0) if mode == "full" else flight * sum(w8[i] for i in blocks)
+        elif w8 is not None and mode == "full":  # the FP8 weight copies of the one block re-running
+            act += max((w8[i] for i in blocks), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
@@ -283,6 +294,20 @@ def _stage_blocks_of(pp_layers: tuple, pp: int, stage: int, v_shape: bool) -> tu
     return tuple(stage_blocks(pp_layers, pp, stage, v_shape))
 
 
+def held_in_flight(per_block: list, layout, stage: int, dualpipev: bool) -> float:
+    """Bytes stage `stage` keeps for backward at its peak: `in_flight` micro-batches of its blocks' `per_block`
+    bytes (in the order `stage_blocks_of` lists them), or under DualPipeV the peak of its down chunk's and up chunk's
+    micro-batches in flight read off fleet's schedule (`llmtrain.plan.dualpipe_memory`)."""
+    p = layout.pp
+    if dualpipev and p > 1 and layout.pp_layers:
+        from llmtrain.plan.dualpipe_memory import v_held
+
+        down = layout.pp_layers[stage]  # stage_blocks lists the down chunk's blocks first
+        return v_held(sum(per_block[:down]), sum(per_block[down:]), pp=p, micro_batches=layout.grad_accum,
+                      stage=stage)
+    return in_flight(p, layout.virtual_pp, layout.grad_accum, stage, dualpipev) * sum(per_block)
+
+
 def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> float:
     """Micro-batches of pipeline stage `stage`'s blocks in flight (`memory_estimate`): 1F1B min(pp - stage, m),
     interleaved min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of its blocks, DualPipeV
@@ -339,7 +364,7 @@ def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, 
         shared = shared_expert_cfg(cfg)
         plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
-                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
+                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s // t if sp else b * s, dtype_bytes, plan)  # sp: a rank routes its T/tp
     return dense_layer, moe_layer, recompute_kept_bytes(cfg, s, b, dtype_bytes), b * s * cfg.vocab_size / t * (
         dtype_bytes + 8)
 
@@ -423,13 +448,19 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
                 sum(held[i][0] for i in blocks),
                 max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0)
         transient = sums[1]
-        act = in_flight(p, v, m, st, dualpipev) * sums[0] + transient  # + one re-run block
+        w8 = fp8_weight_bytes(cfg, layout) if fp8 and not fp8_cached_copies else None  # per micro-batch in flight,
+        # a wholly recomputed block's only while it re-runs
+        if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
+            per = [held[i][0] + (w8[i] if w8 is not None and "block" not in rc.at(i) else 0) for i in blocks]
+            act = held_in_flight(per, layout, st, dualpipev) + transient  # + one re-run block
+        else:
+            act = in_flight(p, v, m, st, dualpipev) * sums[0] + transient  # + one re-run block
+            if w8 is not None:
+                act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i))
         if fp8 and fp8_cached_copies:  # cached FP8 weight copies: every block's, the whole step
             act += fp8_cached_copies * sum(fp8_weight_bytes(cfg, layout)[i] for i in blocks)
-        elif fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
-            w8 = fp8_weight_bytes(cfg, layout)
-            act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i)) + max(
-                (w8[i] for i in blocks if "block" in rc.at(i)), default=0)
+        elif w8 is not None:
+            act += max((w8[i] for i in blocks if "block" in rc.at(i)), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
@@ -473,6 +504,24 @@ def loop_meetings_s(layout, dev, devices_per_node: int, stride: dict) -> float:
     return sum(2 * math.ceil(math.log2(n)) * _link(st * n, dev, devices_per_node, st)[1] for n, st in groups)
 
 
+def v2_experts(layout) -> bool:
+    """Stage-1 V2 under ep > 1: the routed experts in V2 buckets of their own over edp
+    (`llmtrain.parallel.expert_states.color_experts`): reduce-scattered in buckets of `parallel.sharding_comm_buffer_mb`
+    (from the backward with `parallel.sharding_comm_overlap`), all-gathered after the update."""
+    return (getattr(layout, "ep", 1) > 1 and layout.sharding > 1 and layout.sharding_stage == 1
+            and getattr(layout, "sharding_split_param", False))
+
+
+def _v2_gather(layout, nbytes: float, dev, devices_per_node: int) -> float:
+    """Seconds of the experts' parameter all-gather over edp after a V2 update (`v2_experts`; 0 when edp = 1)."""
+    edp = layout.data_parallel // layout.ep
+    if edp <= 1:
+        return 0.0
+    local, nodes = group_spread(layout, "edp", devices_per_node)
+    bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    return _ring(nbytes, edp, bw, alpha, factor=1.0)
+
+
 def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
     """Seconds a step spends synchronising this rank's routed experts (`nbytes` of them) over their expert-data-
     parallel group (llmtrain/parallel/expert_states.py), after the last backward and outside any overlap: with
@@ -484,6 +533,8 @@ def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
         return 0.0
     local, nodes = group_spread(layout, "edp", devices_per_node)
     bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    if v2_experts(layout):  # their own V2 buckets over edp: the gradients' reduce-scatter (the all-gather: `_v2_gather`)
+        return _ring(nbytes, edp, bw, alpha, factor=1.0)
     if layout.sharding > 1:
         return 2 * (nbytes / bw + (edp - 1) * alpha)
     return _ring(nbytes, edp, bw, alpha)
@@ -662,7 +713,8 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
                                len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
                                bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
-                               first_layer=blocks[0], cp=cp, moe=moe)
+                               first_layer=blocks[0], cp=cp, moe=moe,
+                               block_ids=tuple(blocks) if v_shape and p > 1 else None)  # the V: two chunks
         return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
 
     stages = sorted({0, p - 1})
@@ -888,7 +940,16 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
                             "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
                             "exposed_s": exposed(comm, backward, sync, nb)}
     exposed_s = sum(c["exposed_s"] for c in comm_syncs.values()) + params_after
-    if ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
+    if ep > 1 and v2_experts(layout):  # the experts' own V2 buckets over edp: reduce-scatter, overlapped as asked
+        sync = SyncPlan("reduce-scatter", dev.async_launch and layout.sharding_comm_overlap,
+                        getattr(layout, "sharding_comm_buffer_mb", 256) * MIB, "sharding_comm_overlap")
+        comm = expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node)
+        nb = buckets(expert_elems * g_e, sync)
+        comm_syncs["edp"] = {"kind": sync.kind, "comm_s": comm, "buckets": nb, "bucket_bytes": sync.bucket_bytes,
+                             "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
+                             "exposed_s": exposed(comm, backward, sync, nb)}
+        exposed_s += comm_syncs["edp"]["exposed_s"] + _v2_gather(layout, expert_elems * e, dev, devices_per_node)
+    elif ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
         comm_syncs["edp"] = {"kind": "expert", "comm_s": expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node),
                              "buckets": 1, "bucket_bytes": 0, "overlapped": False, "option": "", "window_s": 0.0}
         comm_syncs["edp"]["exposed_s"] = comm_syncs["edp"]["comm_s"]

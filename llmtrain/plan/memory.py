@@ -271,16 +271,17 @@ def stage_worst_holding(cfg, layout, pp_rank: int, amp: str = "none", device: st
         if experts is None:
             worst = max(parts, key=held_bytes)
         else:  # entry d: parts[d % len(parts)] plus the experts' share of edp index (d // ep) % len(sums)
-            e_numel, e_bytes, sums, n, ep, zero23 = experts
+            e_numel, e_bytes, sums, n, ep, zero23, e_grad = experts
             base = [r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] for r in parts]
-            # held_bytes(entry d) = base + 2 e_bytes + 4 opt (gradient + transient = e_bytes either way): integers,
+            # held_bytes(entry d) = base + e_bytes + the same gradient bytes for every d + 4 opt: integers,
             # so the first d of the largest sum is max()'s choice
             top, at = None, 0
             for d in range(n):
                 h = base[d % len(parts)] + 4 * sums[(d // ep) % len(sums)][1]
                 if top is None or h > top:
                     top, at = h, d
-            worst = _expert_entry(parts[at % len(parts)], e_numel, e_bytes, sums[(at // ep) % len(sums)], zero23)
+            worst = _expert_entry(parts[at % len(parts)], e_numel, e_bytes, sums[(at // ep) % len(sums)], zero23,
+                                  e_grad)
     _WORST_STAGE[key] = (specs, worst)  # the spec list kept alive with its id
     return worst
 
@@ -372,6 +373,8 @@ def _stage_parts(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
         return parts, None
     e_numel = sum(n for _, n, _ in experts)
     e_bytes = sum(n * b for _, n, b in experts)
+    if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: the experts' own buckets
+        return parts, (e_numel, e_bytes, _v2_expert_sums(layout, experts, edp), data, ep, False, 4 * e_numel)
     if sh > 1 and edp > 1:  # each expert tensor's state (and, after the step, gradient) on one rank of its edp group
         owner = expert_state_owners([(s.name, n) for s, n, _ in experts], edp)
         per = [[] for _ in range(edp)]
@@ -381,19 +384,21 @@ def _stage_parts(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
         per = [experts]
     # per edp index: (bytes of the experts whose states it keeps, their optimizer elements)
     sums = [(sum(n * b for _, n, b in mine), sum(_opt_elems(n, b == 2) for _, n, b in mine)) for mine in per]
-    return parts, (e_numel, e_bytes, sums, data if len(per) > 1 else len(parts), ep, stage in (2, 3) and sh > 1)
+    return parts, (e_numel, e_bytes, sums, data if len(per) > 1 else len(parts), ep, stage in (2, 3) and sh > 1, None)
 
 
-def _expert_entry(base: dict, e_numel: int, e_bytes: int, mine: tuple, zero23: bool) -> dict:
+def _expert_entry(base: dict, e_numel: int, e_bytes: int, mine: tuple, zero23: bool, e_grad=None) -> dict:
     """A data index's holdings: the dense `base` plus the rank's routed experts (`e_numel` elements, `e_bytes`),
-    `mine` = (bytes, optimizer elements) of the experts whose states it keeps; `zero23`: ZeRO-2/3 over sharding."""
+    `mine` = (bytes, optimizer elements) of the experts whose states it keeps; `zero23`: ZeRO-2/3 over sharding;
+    `e_grad`: the experts' gradient bytes when every rank keeps them all (V2's fp32 main gradients), else None."""
     kept, opt = mine
+    grad = e_grad if e_grad is not None else e_bytes if zero23 else kept
     return {"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
             "optimizer_numel": base["optimizer_numel"] + opt,
             "optimizer_bytes": base["optimizer_bytes"] + 4 * opt,
-            "grad_bytes": base["grad_bytes"] + (e_bytes if zero23 else kept),
+            "grad_bytes": base["grad_bytes"] + grad,
             # the other experts' gradients, held from the backward until they are reduced to their owners
-            "grad_transient_bytes": e_bytes - kept if not zero23 else 0}
+            "grad_transient_bytes": e_bytes - kept if not zero23 and e_grad is None else 0}
 
 
 def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
@@ -401,9 +406,19 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
     parts, experts = _stage_parts(cfg, layout, pp_rank, amp, device, specs)
     if experts is None:
         return parts
-    e_numel, e_bytes, sums, n, ep, zero23 = experts
-    return [_expert_entry(parts[d % len(parts)], e_numel, e_bytes, sums[(d // ep) % len(sums)], zero23)
+    e_numel, e_bytes, sums, n, ep, zero23, e_grad = experts
+    return [_expert_entry(parts[d % len(parts)], e_numel, e_bytes, sums[(d // ep) % len(sums)], zero23, e_grad)
             for d in range(n)]
+
+
+def _v2_expert_sums(layout, experts: list, edp: int) -> list[tuple]:
+    """Stage-1 V2 under ep > 1: per edp index, (0, optimizer elements) of its slices of the routed experts, which V2
+    lays into buckets of their own over the edp group (`llmtrain.parallel.expert_states.color_experts`): edp index i
+    keeps the i-th 1/edp of each expert bucket's padded state; every rank holds its experts' values and fp32 main
+    gradients whole (`_expert_entry`'s `e_grad`)."""
+    bucket = getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20
+    lengths = v2_slice_lengths([(n, b) for _, n, b in experts], edp, bucket)
+    return [(0, sum(_opt_elems(k, experts[i][2] == 2) for i, k in enumerate(mine) if k > 0)) for mine in lengths]
 
 
 _DENSE: dict = {}
@@ -451,6 +466,7 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
     if needs_main_grad(layout):  # fp32 main gradients in place of the parameters' dtype (llmtrain/train/main_grad.py)
         g_bytes = sum(n * 4 for s, n, b in trained if sh > 1 or not s.frozen)
     if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: a slice of each
+        trained = [x for x in trained if not x[0].frozen]  # frozen ones (MoE expert bias) are kept out of V2's list
         lengths = v2_slice_lengths([(n, b) for _, n, b in trained], sh, getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20)
         g_main = sum(n * 4 for _, n, _ in trained)  # fp32 main gradients (main-gradient training)
         out = []

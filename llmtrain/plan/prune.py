@@ -6,7 +6,9 @@ ranking prices the default (cost-balanced) split only for layouts that might fit
 
 `llmtrain.plan.estimate.memory_estimate` prices a pipeline stage s holding b_s blocks (its chunks' blocks) as its
 worst rank's parameters, gradients and optimizer states plus flight_s micro-batches of its blocks' activations
-(`estimate.in_flight`), the embedding's holdings on stage 0, the head's and the logits on the last, the
+(`estimate.in_flight`; under DualPipeV each block at least `dualpipe_memory.v_least_flight`, whichever of the stage's
+two chunks holds it), the embedding's holdings on stage 0, the head's and the logits on the last (DualPipeV: on
+stage 0), the
 framework margin on every one. Each block adds at least u_s = the least, over the model's blocks, of (its
 parameters + gradients + optimizer states / the ranks sharing them + flight_s x its saved bytes, or under full
 recompute flight_s x its kept input): the worst rank of a stage holds at least the average of its ranks, and
@@ -17,6 +19,7 @@ numbers summing to L): a layout whose bound exceeds the device's memory fits und
 """
 from __future__ import annotations
 
+from llmtrain.plan.dualpipe_memory import v_least_flight
 from llmtrain.plan.estimate import activation_parts, in_flight, moe_blocks
 from llmtrain.plan.memory import _local_entries, _opt_elems, _spec_list
 
@@ -77,10 +80,12 @@ def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: 
     kinds = _kinds(cfg, blocks, dense, moe_act)
     least_act = min(a for _, a in kinds)
     fixed, per = [], []
+    dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    head = 0 if dualpipev else p - 1  # the stage of the head and logits (DualPipeV's V: stage 0)
     for st in range(p):
-        f = in_flight(p, v, m, st)
+        f = v_least_flight(p, st) if dualpipev else in_flight(p, v, m, st)
         per.append(min(h + f * (kept if mode == "full" else a) for h, a in kinds))
-        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0) + (last + logits if st == p - 1 else 0.0)
+        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0) + (last + logits if st == head else 0.0)
                      + (least_act if mode == "full" and not parts else 0.0))
     return water_level(fixed, per, cfg.num_layers)
 

@@ -17,7 +17,9 @@ from llmtrain.parallel.pp_split import REL_TOL, _balanced_split, count_split
 
 REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "plan_rows_qwen3-30b-a3b_8xh800.json.gz"
 """Every row of `python -m llmtrain.plan model=qwen3-30b-a3b plan.devices=8 plan.device=h800
-train.global_batch_size=64 data.seq_len=2048 train.amp=bf16`, ranked at 825f9da (main before the speed-ups merged), gzipped."""
+train.global_batch_size=64 data.seq_len=2048 train.amp=bf16`, ranked at 825f9da (main before the speed-ups merged), gzipped;
+the DualPipeV rows (81 of 876, 91 more pruned) added when the search began to rank that schedule, every other row
+as it was."""
 OVERRIDES = ["model=qwen3-30b-a3b", "plan.devices=8", "plan.device=h800", "train.global_batch_size=64",
              "data.seq_len=2048", "train.amp=bf16"]
 
