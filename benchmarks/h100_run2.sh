@@ -2,6 +2,8 @@
 # The third H100 call (2026-12-06 23:11 UTC, benchmarks/data/h100/twin2/README.md): OUT=DIR bash benchmarks/h100_run2.sh
 # benchmarks/gpu_h100_twin.py's tables, every section a separate process under a hard timeout, its JSON files
 # copied into $OUT as soon as it ends; a tiny-shape smoke run first (same code path on the GPU).
+# SECTIONS picks the tables (default: the third call's five; `SECTIONS=saved,dispatch` is the follow-up call that
+# re-takes the saved-tensor inventory with the fixed graph walk and counts dispatches, not yet run).
 set -u
 D=$(cd "$(dirname "$0")" && pwd)  # benchmarks/ (on the device the scripts travel as .gpu/gpu3/)
 W=/tmp/w2; rm -rf $W; mkdir -p $W
@@ -20,11 +22,11 @@ sec() {  # name timeout args...
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,memory.total,temperature.gpu,power.draw --format=csv;
   $P -c "import torch, triton; print(torch.__version__, torch.version.cuda, torch.backends.cudnn.version(), torch.cuda.get_device_name(0), triton.__version__)"; } >> $LOG 2>&1
 cat $LOG
-sec smoke 60 --smoke --only recompute,saved,moe,moe_concat,dense
-sec recompute 135 --only recompute --budget recompute=120
-sec saved 45 --only saved
-sec moe 120 --only moe --budget moe=100
-sec concat 50 --only moe_concat --budget moe_concat=35
-sec dense 65 --only dense --budget dense=50
+SECTIONS=${SECTIONS:-recompute,saved,moe,moe_concat,dense}
+declare -A TO=([recompute]=135 [saved]=45 [moe]=120 [moe_concat]=50 [dense]=65 [dispatch]=150)
+sec smoke 60 --smoke --only $SECTIONS
+for s in ${SECTIONS//,/ }; do
+  sec $s ${TO[$s]} --only $s $([ $s = saved ] || echo "--budget $s=$(( ${TO[$s]} - 15 ))")
+done
 echo "=== all done t=$(( $(date +%s) - T0 ))s" | tee -a $LOG
 ls -la $OUT

@@ -108,13 +108,13 @@ class LayoutRestorer:
             t.optimizer.set_state_dict(state)
 
     def _v2_state(self, index: ShardIndex, name: str, param, v2: dict, accumulators: dict, masters: dict) -> None:
-        """Stage-1 V2: the full accumulators and master weight of `param`, cut to this rank's tp piece (tp > 1),
-        then to this rank's flat slice of it."""
+        """Stage-1 V2: the full accumulators and master weight of `param`, cut to this rank's tp piece (tp > 1) or
+        block of routed experts (ep > 1), then to this rank's flat slice of it."""
         for key in index.keys(f"optim/{name}/"):
             acc = key.rsplit("/", 1)[1]
             full = index.full(key)
             if is_split_like_param(key):
-                full = local_slice(full, param, self.topo.tp_rank, self.layout.tp)
+                full = local_slice(full, param, self.topo.tp_rank, self.layout.tp, self.topo.ep_rank, self.layout.ep)
             tensor = paddle.to_tensor(np.ascontiguousarray(self._cut(full, param, key, v2)))
             if acc == "master":
                 masters[param.name] = tensor

@@ -178,6 +178,14 @@ def _tp_piece(name: str, param, topo, tp_degree: int) -> Optional[dict]:
             "global_shape": m["global_shape"]}
 
 
+def _expert_piece(name: str, param, topo, layout) -> dict:
+    """Where this rank's block of routed experts lies in the full tensor (`_tp_piece`'s form): rows
+    ep_rank x E / ep ... of the expert axis (experts are whole over tp)."""
+    m = _piece_meta(name, param, [int(x) for x in param.shape], topo, layout.tp, ep_degree=layout.ep)
+    return {"shape": [int(x) for x in param.shape], "axis": m["axis"], "offset": m["offset"],
+            "global_shape": m["global_shape"]}
+
+
 def _collect_sliced(name, param, span, opt_state, masters, tensors, meta, pool=None) -> None:
     """ZeRO-3: this rank's flat slice of the value and of each optimizer accumulator."""
     from llmtrain.paddle_compat.zero import stage3_storage
@@ -270,6 +278,12 @@ def collect_shard(built, topo, layout, pool: Optional[HostBuffers] = None) -> tu
         if ep > 1 and tags.is_expert(param):
             values = topo.data_rank < ep and topo.tp_rank == 0  # the first ep group holds every expert once (whole over tp)
             states = experts.writes_state(param, topo)  # its owner in each edp group, or the first ep group's rank
+            if v2 is not None:  # stage-1 V2: this rank's flat slice of its block's state (the experts' own buckets)
+                _collect_experts(name, param, topo, layout, (None, masters), tensors, meta, views, pool, values)
+                if states and param.name in v2:
+                    _collect_v2_state(name, param, v2[param.name], opt_state, masters, tensors, meta, pool,
+                                      _expert_piece(name, param, topo, layout))
+                continue
             _collect_experts(name, param, topo, layout, (opt_state if states else None, masters), tensors, meta, views,
                              pool, values)
             continue

@@ -104,13 +104,17 @@ def split_axis(param) -> Optional[int]:
     return getattr(param, "llm_split_axis", None)
 
 
+EXPERT_AXIS_ATTR = "llm_expert_axis"
+"""The attribute `set_expert_axis` sets (copied onto a wrapper's stand-in of the parameter, e.g. a V2 slice)."""
+
+
 def set_expert_axis(param, axis: int) -> None:
     """`param` stacks experts along `axis` (an expert-parallel plan may hold a block of them)."""
-    param.llm_expert_axis = axis
+    setattr(param, EXPERT_AXIS_ATTR, axis)
 
 
 def expert_axis(param) -> Optional[int]:
-    return getattr(param, "llm_expert_axis", None)
+    return getattr(param, EXPERT_AXIS_ATTR, None)
 
 
 def is_expert(param) -> bool:

@@ -64,6 +64,11 @@ AUDIT = (
     ("paddle._C_ops.flash_attn/flash_attn_grad", "paddle_compat/flash_blocks.py",
      "the context-parallel ring's per-block flash attention with its log-sum-exp, back-propagated with the merged "
      "output and log-sum-exp (GPU only; as Paddle's own auto_parallel ring_attention)"),
+    ("DygraphShardingOptimizerV2._comm_buffer_list/_color_to_comm_buffer_list/_parameter_list/_slice_params/"
+     "_collect_comm_buffers/_assign_slice_grad/filter_parameters, FusedCommBuffer._sharding_param_grad_view/"
+     "_comm_grads/scale_grads/grad_storage/need_reduce_scale_sync, a parameter's `color`", "paddle_compat/sharding_v2.py",
+     "V2's per-parameter slices (checkpoints, holdings), the timeline of its bucket collectives, the routed experts' "
+     "own buckets over edp and their 1/ep, the slices assigned before fleet's dp / sep all-reduce reads them"),
     ("DygraphShardingOptimizer._rank2fused/_rank2params/_sharding_rank/_inner_opt/tensor_fusion/comm_overlap/"
      "origin_decay_param_fun/_set_inner_opt_attr", "paddle_compat/sharding_fused.py",
      "V1 tensor fusion's fused optimizer state cut to canonical parameter names and laid back; V1 comm overlap's "

@@ -61,8 +61,22 @@ def recording_hybrid_clip_classes():
         expert_group = None  # expert parallelism: each expert's squared gradient norm is on one rank of this group
         expert_share = 1.0  # the share of the group's sum each rank adds (1/sharding: fleet sums over sharding next)
         _expert_fix = None
+        # V1 tensor fusion under pp: {fused parameter name: [(offset, numel)]} of the later stages' copies of a tied
+        # table inside this rank's fused parameters (the fused parameter cannot carry the copy's mark)
+        shared_spans = None
+        _shared_fix = None
 
         def _dygraph_clip(self, params_grads):
+            if self.shared_spans:  # the squares of the copies' spans, taken back out of fleet's sums
+                fix = {True: paddle.zeros([1], "float32"), False: paddle.zeros([1], "float32")}
+                for p, g in params_grads:
+                    spans = self.shared_spans.get(p.name)
+                    if g is None or not spans or not getattr(p, "need_clip", True):
+                        continue
+                    flat = g.reshape([-1])
+                    for off, n in spans:
+                        fix[bool(getattr(p, "is_distributed", False))] += squared_l2_norm(flat[off: off + n]).astype("float32").reshape([1])
+                self._shared_fix = fix
             if self.expert_group is not None:  # fleet counts them as replicated (identical on every rank)
                 local = [squared_l2_norm(g).astype("float32").reshape([1]) for p, g in params_grads
                          if g is not None and getattr(p, "need_clip", True)
@@ -74,6 +88,10 @@ def recording_hybrid_clip_classes():
             return super()._dygraph_clip(params_grads)
 
         def _global_norm(self, global_norm_var_dist, global_norm_var_not_dist):
+            if self._shared_fix is not None:  # a tied table's later copy counted once (its first stage's)
+                global_norm_var_dist.add_(-self._shared_fix[True].reshape(global_norm_var_dist.shape))
+                global_norm_var_not_dist.add_(-self._shared_fix[False].reshape(global_norm_var_not_dist.shape))
+                self._shared_fix = None
             if self._expert_fix is not None:  # every expert counted once: a share of the group's sum replaces this rank's
                 global_norm_var_not_dist.add_(self._expert_fix.reshape(global_norm_var_not_dist.shape))
                 self._expert_fix = None

@@ -84,3 +84,18 @@ def restore_v1_overlap_decay(optimizer) -> bool:
     require_tested_paddle()
     shard._set_inner_opt_attr("_apply_decay_param_fun", shard.origin_decay_param_fun)
     return True
+
+
+def secondary_shared_spans(optimizer, params) -> dict:
+    """{fused parameter name: [(offset, numel)]} of the parameters among `params` marked as a later pipeline stage's
+    copy of a tied table (`is_firstly_shared` False, `llmtrain.paddle_compat.fleet.mark_secondary_shared_copies`)
+    inside this rank's fused parameters: V1 tensor fusion lays the copy into a fused parameter, which fleet's clip
+    sees instead of the marked copy, so it counts the table twice (measured: a tied GPT under sharding2 x pp2,
+    grad_norm 1.628 for one process's 1.565); llmtrain's recording clip takes these spans back out."""
+    secondary = {p.name for p in params if getattr(p, "is_firstly_shared", True) is False}
+    out = {}
+    for fused, (_, members) in fused_spans(optimizer).items():
+        spans = [(off, n) for name, off, n in members if name in secondary]
+        if spans:
+            out[fused] = spans
+    return out

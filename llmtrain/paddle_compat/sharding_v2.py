@@ -104,20 +104,82 @@ def on_gradient_collective(buf, record) -> None:
     buf._comm_grads = timed
 
 
-def carry_shared_marks(optimizer) -> int:
-    """Give each V2 slice parameter its parameter's `is_firstly_shared` mark; returns how many were marked.
+def color_params(params, color: str, group) -> None:
+    """Put `params` in V2 buckets of their own, reduce-scattered and all-gathered over `group` instead of the
+    sharding group: fleet 3.3.1's per-parameter `color` (`{'color': name, 'group': group}`, read by
+    `DygraphShardingOptimizerV2._build_comm_buffers`, which groups the parameters by (color, group) before cutting
+    buckets). Set before the optimizer is wrapped (V2 builds its buckets in its constructor). `group` must be a
+    process group object even with one member (its `nranks`, `rank` and `process_group` are read)."""
+    require_tested_paddle()
+    for p in params:
+        p.color = {"color": color, "group": group}
 
-    V2's `_create_slice_param` copies is_distributed, optimize_attr, do_model_average, need_clip and no_sync, not
-    the mark by which fleet's HybridParallelClipGrad skips the later pipeline stage's copy of a tied table
-    (`llmtrain.paddle_compat.fleet.mark_secondary_shared_copies`): without it the clip's norm counts that table
-    twice (measured: a tied GPT under sharding2 x pp2, grad_norm 1.627 for one process's 1.565)."""
+
+def colored_buffers(optimizer, color: str) -> list:
+    """The V2 buckets built for the parameters of `color` (`color_params`); [] without V2."""
+    v2 = sharding_v2(optimizer)
+    if v2 is None:
+        return []
+    require_tested_paddle()
+    return list(v2._color_to_comm_buffer_list.get(color, []))
+
+
+def rescale_after_reduce(buffers, factor: float) -> None:
+    """Multiply each bucket's reduced gradient by `factor` right after fleet's own scaling (`scale_grads`: the wait
+    for the bucket's reduce-scatter, then 1 / its group's size), before the optimizer reads the slices."""
+    require_tested_paddle()
+    for buf in buffers:
+        inner = buf.scale_grads
+
+        def scaled(_buf=buf, _inner=inner):
+            reduced = _buf.need_reduce_scale_sync() and _buf.grad_storage is not None
+            _inner()
+            if reduced:
+                _buf.grad_storage.scale_(factor)
+
+        buf.scale_grads = scaled
+
+
+def carry_marks(optimizer, attrs: tuple) -> int:
+    """Give each V2 slice parameter its parameter's attributes `attrs` where the parameter has them (V2's
+    `_create_slice_param` copies only is_distributed, optimize_attr, do_model_average, need_clip and no_sync);
+    returns how many slice parameters got one.
+
+    `is_firstly_shared` is the mark by which fleet's HybridParallelClipGrad skips the later pipeline stage's copy
+    of a tied table (`llmtrain.paddle_compat.fleet.mark_secondary_shared_copies`): without it the clip's norm
+    counts that table twice (measured: a tied GPT under sharding2 x pp2, grad_norm 1.627 for one process's 1.565);
+    the experts' tag (`llmtrain.contracts.tags.EXPERT_AXIS_ATTR`) is how llmtrain's clip counts each expert once."""
     v2 = sharding_v2(optimizer)
     if v2 is None:
         return 0
     require_tested_paddle()
     marked = 0
     for p in v2._parameter_list:
-        if hasattr(p, "is_firstly_shared") and p.name in v2._slice_params:
-            v2._slice_params[p.name].is_firstly_shared = p.is_firstly_shared
-            marked += 1
+        got = [a for a in attrs if hasattr(p, a)]
+        for a in got:
+            setattr(v2._slice_params[p.name], a, getattr(p, a))
+        marked += bool(got)
     return marked
+
+
+def slices_before_dp_sync(optimizer) -> bool:
+    """Make V2 hand fleet's dp / sep all-reduce its slices from the first step on; True when V2 is there.
+
+    fleet's HybridParallelOptimizer reduce-scatters V2's buckets, then all-reduces over dp (dp > 1) or dp x sep (cp >
+    1) the slice parameters V2's `filter_parameters` returns: only those already initialised, which V2 does in its
+    own `step` (`_assign_slice_grad`), after that all-reduce. So in fleet 3.3.1 the first step's slices are never
+    summed over dp or sep (every later step's are: the slices stay views into the buckets). This assigns them (the
+    same views; V2's step asserts it finds them so) before `filter_parameters` reads them."""
+    v2 = sharding_v2(optimizer)
+    if v2 is None:
+        return False
+    require_tested_paddle()
+    inner = v2.filter_parameters
+
+    def filter_parameters(parameter_list, hcg):
+        v2._collect_comm_buffers()
+        v2._assign_slice_grad()
+        return inner(parameter_list, hcg)
+
+    v2.filter_parameters = filter_parameters
+    return True

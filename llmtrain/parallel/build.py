@@ -28,7 +28,7 @@ def make_roles(layout: Layout, topo: Topology, context=None) -> Roles:
     group (`llmtrain.parallel.experts`); under cp > 1 (`context`, a `ContextPlan`) every attention core is wrapped
     in the cp exchange."""
     roles = Roles()
-    if layout.v_shape:  # DualPipeV (pp alone): linears whose weight gradient the schedule may defer
+    if layout.v_shape:  # DualPipeV (no tp): linears whose weight gradient the schedule may defer
         from llmtrain.parallel.dualpipe import SplitWeightGradRoles
 
         roles = SplitWeightGradRoles()
@@ -113,11 +113,17 @@ def parallelize(built: BuiltModel, optimizer, scaler, layout: Layout, topo: Topo
         model = dualpipev_model(core)
     else:
         model = fleet.distributed_model(core)
+    if layout.sharding_split_param and layout.ep > 1:  # stage-1 V2: the routed experts in buckets of their own
+        from llmtrain.parallel.expert_states import color_experts
+
+        color_experts(core, topo)
     optimizer = fleet.distributed_optimizer(optimizer)
     if layout.sharding_split_param:  # stage-1 V2: its slice parameters keep the tied table's pipeline mark
-        from llmtrain.paddle_compat.sharding_v2 import carry_shared_marks
+        from llmtrain.contracts.tags import EXPERT_AXIS_ATTR
+        from llmtrain.paddle_compat.sharding_v2 import carry_marks, slices_before_dp_sync
 
-        carry_shared_marks(optimizer)
+        carry_marks(optimizer, ("is_firstly_shared", EXPERT_AXIS_ATTR))  # and the experts' tag (the clip reads it)
+        slices_before_dp_sync(optimizer)  # dp > 1 or cp > 1: the first step's slices summed too
     elif layout.sharding_comm_overlap and not layout.sharding_tensor_fusion:  # V1: fleet drops its weight decay
         from llmtrain.paddle_compat.sharding_fused import restore_v1_overlap_decay
 

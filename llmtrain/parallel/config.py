@@ -132,15 +132,18 @@ class ParallelConfig:
     accumulate_steps = train.grad_accum). Switches on train.main_grad."""
 
     sharding_tensor_fusion: bool = False
-    """sharding > 1, stage 1: fleet's V1 optimizer with parameters and gradients fused into large buffers. Refused
-    for now: V1 then keeps its optimizer state on fused parameters of its own naming, which the checkpoint does not
-    read; sharding_split_param (V2) fuses its buckets itself."""
+    """sharding > 1, stage 1: fleet's V1 optimizer with parameters and gradients fused into large buffers
+    (`sharding_configs.tensor_fusion`): its optimizer state lives on fused parameters, which the checkpoint reads and
+    writes under the canonical names; under pp a tied table's later copy is counted once by the clip. Not with ep,
+    cp or sharding_split_param. Switches on train.main_grad."""
 
     sharding_split_param: bool = False
-    """sharding > 1, stage 1, tp = 1: fleet's DygraphShardingOptimizerV2: parameters and gradients laid end to end in
+    """sharding > 1, stage 1: fleet's DygraphShardingOptimizerV2: parameters and gradients laid end to end in
     buckets (sharding_configs.comm_buffer_size_MB, 256 MiB), each rank owning a contiguous 1/sharding of every
     bucket, gradients reduce-scattered and updated parameters all-gathered (`sharding_configs.split_param`; not
-    with tensor_fusion). Switches on train.main_grad; checkpoints store the state under canonical names."""
+    with tensor_fusion). Under ep (pp = 1) the routed experts get buckets of their own over the expert-data-parallel
+    group; under cp (pp = 1) the slices are summed over dp x cp after the reduce-scatter. Switches on
+    train.main_grad; checkpoints store the state under canonical names."""
 
     sharding_comm_buffer_mb: int = 256
     """sharding_split_param: MiB of parameters per V2 bucket (fleet `sharding_configs.comm_buffer_size_MB`): one

@@ -16,11 +16,21 @@ order).
 What this module decides (the schedule itself is fleet's, run on CPU through
 `llmtrain.paddle_compat.cpu_backend.dualpipe_p2p`; the wrapper that records the step loss and evaluates is
 `llmtrain.paddle_compat.dualpipe.DualPipeV`):
-  * `dualpipe_problems`: the layouts it is built for, the others refused with the reason;
+  * `dualpipe_problems`, `dualpipe_model_problems` (llmtrain/parallel/dualpipe_checks.py, without paddle, so that
+    the planner's ranking never imports it): the layouts, models and data it is built for, the others refused
+    with the reason;
   * `SplitWeightGradRoles`: the layer factory whose plain linears split their weight gradient;
   * `LocalTiedHead`: the output projection of a tied word table. Both ends of the V sit on stage 0, so the head
     uses the embedding's own table through fleet's `LocalSharedLayerDesc` (one tensor, no copy to keep in step;
     fleet's `SharedLayerDesc` is refused by its DualPipeV PipelineLayer).
+
+Beside pp: data-parallel replicas (dp; fleet's HybridParallelOptimizer all-reduces the gradients after the
+schedule), stage-1 sharding and expert parallelism inside each stage (ep over the dp x sharding ranks of the stage,
+llmtrain/parallel/experts.py) compose with it unchanged, each equal to one process on CPU. Mixture-of-Experts:
+the MoE layers of both arms of a stage's V feed their balancing losses to the backward through their outputs
+(gradient 1 / micro-batches, as DualPipeV divides each micro-batch's LM loss by accumulate_steps like 1F1B), the
+loss is computed and kept on stage 0 and broadcast to the stages, and the routing statistics and the
+auxiliary-loss-free bias follow each layer's slot wherever its chunk runs (llmtrain/parallel/moe_pipeline.py).
 """
 from __future__ import annotations
 
@@ -28,49 +38,6 @@ import paddle.nn as nn
 
 from llmtrain.contracts import tags
 from llmtrain.models.roles import Roles, tag_linear
-
-
-def dualpipe_problems(p) -> list[str]:
-    """Problems of `parallel.pp_schedule=dualpipev` with the degrees of `p` (a ParallelConfig): pp >= 2, no extra
-    virtual stages, and the axes it has been tested with (pp alone). The micro-batch count (>= 2 x pp) is checked
-    with the batch (`llmtrain.parallel.layout`), MoE and packed documents with the model and data
-    (`dualpipe_model_problems`)."""
-    problems = []
-    if p.pp < 2:
-        problems.append(f"parallel.pp_schedule=dualpipev with parallel.pp={p.pp}: DualPipeV is a pipeline schedule; "
-                        "set parallel.pp >= 2")
-    if p.virtual_pp not in (1, 2):
-        problems.append(f"parallel.pp_schedule=dualpipev with parallel.virtual_pp={p.virtual_pp}: DualPipeV holds "
-                        "exactly 2 chunks per stage (its V) and fleet asserts 'dualpipev is not compatible with "
-                        "virtual pipeline'; leave virtual_pp at 1 (or 2), or use pp_schedule=interleaved for more "
-                        "virtual stages")
-    others = {"dp": p.dp, "tp": p.tp, "sharding": p.sharding, "cp": p.cp, "ep": p.ep}
-    extra = {k: v for k, v in others.items() if v > 1}
-    if extra:
-        given = ", ".join(f"parallel.{k}={v}" for k, v in extra.items())
-        problems.append(f"parallel.pp_schedule=dualpipev with {given}: llmtrain runs DualPipeV with pipeline "
-                        "parallelism alone for now (pp2 and pp4 are tested against one process); the combinations "
-                        "with dp, tp, sharding, cp and ep are not tested and so not offered. Use pp_schedule=1f1b "
-                        "(or interleaved, pp > 2) with these degrees")
-    return problems
-
-
-def dualpipe_model_problems(parallel, model, document_mask: bool) -> list[str]:
-    """Model and data refused under DualPipeV: Mixture-of-Experts (its balancing losses and logged loss are wired to
-    the last stage of 1F1B, llmtrain/parallel/moe_pipeline.py) and packed-document masks (the stages would pass
-    position and document ids, which fleet's DualPipeV gives a gradient slot at the V's turn)."""
-    if parallel is None or parallel.pp_schedule != "dualpipev":
-        return []
-    problems = []
-    if getattr(model, "moe_num_experts", 0) > 0:
-        problems.append(f"parallel.pp_schedule=dualpipev with model.moe_num_experts={model.moe_num_experts}: "
-                        "Mixture-of-Experts under DualPipeV is not built (the stages' balancing losses and the "
-                        "logged loss follow 1F1B's last stage); use pp_schedule=1f1b")
-    if document_mask:
-        problems.append("parallel.pp_schedule=dualpipev with data.document_mask=true: the stages would carry position "
-                        "and document ids, which fleet's DualPipeV treats as activations needing a gradient at the "
-                        "V's turn; not built. Use pp_schedule=1f1b with document masks")
-    return problems
 
 
 def _split_linear(in_features: int, out_features: int, bias: bool) -> nn.Layer:

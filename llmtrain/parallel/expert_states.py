@@ -20,6 +20,12 @@ the dp and sharding groups; the experts are kept out of it and handled here, ove
   synchronisation, which skips the experts (`skip_in_dp_grad_sync`), with the broadcast after fleet's ZeRO-1
   parameter sync (`keep_local_in_zero1`); under Paddle's ZeRO-2/3 wrappers (which never see the experts,
   `llmtrain.parallel.zero`) as a step hook around the optimizer update;
+- under stage-1 V2 (`parallel.sharding_split_param`, with or without `sharding_comm_overlap`) the experts go through
+  fleet's own machinery instead: `color_experts` gives them V2 buckets of their own over edp (fleet's per-parameter
+  `color`), so each bucket's gradient is reduce-scattered over edp (from the backward under the overlap), its
+  optimizer state split by position over edp like a dense parameter's over sharding, and its values all-gathered
+  over edp after the update; the buckets' reduced gradients are divided by ep besides fleet's 1/edp (one
+  process's gradient is the edp sum / dp x sharding) and fleet's dp all-reduce skips the experts;
 - the clip counts every expert once (`configure_clip`): each expert tensor's squared gradient norm lives on one
   rank of the data group (its owner; without sharded states the ep group's ranks each hold their own), so the
   squares are summed over that group and handed to the clip's own sums in place of the local ones.
@@ -59,7 +65,8 @@ class ExpertStates:
         self.group = topo.group("edp")
         self.me = topo.rank
         self.scale = 1.0 / layout.data_parallel
-        degree = layout.state_sharding(expert=True).degree
+        self.v2 = layout.sharding > 1 and layout.sharding_split_param  # fleet's V2 slices the states instead
+        degree = 1 if self.v2 else layout.state_sharding(expert=True).degree
         members = topo.ranks("edp")
         by_name = state_owners(named, degree) if degree > 1 else {}
         # {parameter variable name: global rank keeping its state}; empty when every rank keeps its own
@@ -72,6 +79,8 @@ class ExpertStates:
     def writes_state(self, param, topo) -> bool:
         """Whether this rank writes expert tensor `param`'s optimizer state into a checkpoint: its owner, or without
         sharded states the first rank of its edp group; tp rank 0 (experts are whole over tp)."""
+        if self.v2:  # every edp rank keeps its own flat slice
+            return topo.tp_rank == 0
         first = self.owner.get(param.name) is None and topo.rank_in("edp") == 0
         return topo.tp_rank == 0 and (first or self.owner.get(param.name) == self.me)
 
@@ -80,7 +89,8 @@ class ExpertStates:
         """After the last backward: gradients summed over edp (to the owner only, when states are sharded), divided
         by the data-parallel degree; the others' copies freed."""
         for p in self.params:
-            g = p.grad
+            main = getattr(p, "main_grad", None)  # main-gradient training: the fp32 gradient (llmtrain.train.main_grad)
+            g = main if main is not None else p.grad
             if g is None:
                 continue
             owner = self.owner.get(p.name)
@@ -93,6 +103,8 @@ class ExpertStates:
                 dist.reduce(g, dst=owner, group=self.group)
                 if owner == self.me:
                     g.scale_(self.scale)
+                elif main is not None:
+                    p.main_grad = None  # what MixPrecisionOptimizer steps on: none, so this rank does not update it
                 else:
                     p.clear_gradient(False)
 
@@ -136,18 +148,43 @@ def configure_clip(clip, layout, topo) -> None:
         clip.expert_group, clip.expert_share = topo.group("data"), 1.0 / layout.sharding
 
 
+EXPERT_COLOR = "routed_experts"
+"""The V2 bucket colour of the routed experts (`color_experts`)."""
+
+
+def color_experts(core, topo) -> None:
+    """Stage-1 V2 under ep > 1, before fleet wraps the optimizer: the routed experts of `core` in V2 buckets of their
+    own, reduced and gathered over this rank's edp group (see the module docstring)."""
+    from llmtrain.paddle_compat.sharding_v2 import color_params
+
+    group = topo.process_group("edp")
+    if group is None:
+        raise RuntimeError("stage-1 V2 under ep > 1 needs the edp process group, one-member ones included "
+                           "(llmtrain.parallel.strategy.single_member_kinds)")
+    color_params([p for p in core.parameters() if tags.is_expert(p)], EXPERT_COLOR, group)
+
+
 def attach_expert_parallel(core, optimizer, clip, layout, topo) -> list:
     """Under ep > 1, after the layout's wrappers: the expert gradient reduction and update over edp wired into the
     optimizer (fleet) or returned as step hooks (ZeRO-2/3), and the clip made to count each expert once."""
     if layout.ep <= 1:
         return []
     from llmtrain.models.stages import canonical_parameters
+    from llmtrain.paddle_compat.optim import keep_local_in_zero1, skip_in_dp_grad_sync
 
     states = ExpertStates(canonical_parameters(core), layout, topo)
     configure_clip(clip, layout, topo)
     if layout.sharding_stage in (2, 3):
         return [ExpertUpdates(states)]
-    from llmtrain.paddle_compat.optim import keep_local_in_zero1, skip_in_dp_grad_sync
+    if states.v2:  # fleet's V2 reduces the experts' buckets over edp (`color_experts`); one process's scale
+        from llmtrain.paddle_compat.sharding_v2 import colored_buffers, rescale_after_reduce
+
+        buffers = colored_buffers(optimizer, EXPERT_COLOR)
+        if not buffers:
+            raise RuntimeError("stage-1 V2 under ep > 1: no V2 bucket of the routed experts (color_experts not run)")
+        rescale_after_reduce(buffers, 1.0 / layout.ep)
+        skip_in_dp_grad_sync(optimizer, tags.is_expert)  # fleet's dp all-reduce: the edp reduce-scatter did it
+        return []
 
     skip_in_dp_grad_sync(optimizer, tags.is_expert, after=states.reduce)
     if layout.sharding > 1:

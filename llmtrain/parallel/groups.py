@@ -73,6 +73,31 @@ def group_ranks(layout, kind: str) -> list[list[int]]:
     raise ValueError(f"unknown group kind {kind!r}: expected one of {list(KINDS)}")
 
 
+def first_group(layout, kind: str) -> list[int]:
+    """`group_ranks(layout, kind)[0]`, the group holding rank 0, without listing the others (the planner reads only
+    that one: `llmtrain.plan.estimate.group_spread`)."""
+    degrees = {"dp": layout.dp, "pp": layout.pp, "sharding": layout.sharding, "cp": layout.cp, "tp": layout.tp}
+    grid = grid_order(layout.order)
+    stride, step = {}, 1
+    for axis in reversed(grid):
+        stride[axis] = step
+        step *= degrees[axis]
+
+    def members(axes: tuple) -> list[int]:  # the group of `axes` whose other coordinates are all 0
+        return [sum(c * stride[a] for a, c in zip(axes, inner)) for inner in product(*(range(degrees[a]) for a in axes))]
+
+    if kind in AXIS_KINDS:
+        return members((kind,))
+    data = members(("dp", "sharding"))
+    if kind == "data":
+        return data
+    if kind == "ep":
+        return data[:layout.ep]
+    if kind == "edp":
+        return data[::layout.ep]
+    raise ValueError(f"unknown group kind {kind!r}: expected one of {list(KINDS)}")
+
+
 @dataclass(frozen=True)
 class StateSharding:
     """How the ZeRO stage splits one kind of parameter (dense, or routed experts) over the ranks holding it."""

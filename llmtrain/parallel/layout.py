@@ -204,7 +204,7 @@ def layout_problems(parallel: Optional[ParallelConfig], train: BatchSizes,
     if p.pp_schedule not in PP_SCHEDULES:
         problems.append(f"parallel.pp_schedule={p.pp_schedule!r}: expected one of {list(PP_SCHEDULES)}")
     if p.pp_schedule == "dualpipev":
-        from llmtrain.parallel.dualpipe import dualpipe_problems
+        from llmtrain.parallel.dualpipe_checks import dualpipe_problems
 
         problems += dualpipe_problems(p)
     elif p.pp_schedule == "interleaved":

@@ -23,6 +23,11 @@ balancing losses (`step_loss`), as one process logs it. The
 auxiliary-loss-free bias of each layer moves on its own stage from the
 model-wide counts of that layer.
 
+Under DualPipeV (`parallel.pp_schedule=dualpipev`) the same holds with the V's placement: a stage's MoE layers
+are those of its two chunks (down and back up the V), fleet's DualPipeV divides each micro-batch's LM loss by
+accumulate_steps as 1F1B does, and computes it on stage 0 (the V's last chunk), whose step loss it broadcasts to
+every stage; the first stage, which counts the micro-batches, is stage 0 under both schedules.
+
 Limits (refused up front in `llmtrain.parallel.layout` / `llmtrain.resolve`):
 `moe_aux_loss_scope=model` (a pooled loss over all layers is not a sum of
 per-stage terms) and `train.amp=fp16` (the attached gradient would miss the

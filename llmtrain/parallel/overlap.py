@@ -39,6 +39,10 @@ dp_comm_overlap without use_main_grad training' a TODO, and its FusedCommBuffer 
 moved ('The address of the grad/main_grad ... has been changed'), which a plain `.grad` does on every
 accumulation (measured on CPU: DygraphShardingOptimizerV2 without main_grad trains the third step wrong)."""
 
+EP_FUSED = ("sharding_split_param", "sharding_comm_overlap")
+"""The fused-buffer knobs served under ep > 1, with sharding_split_param on: stage-1 V2's per-parameter `color`
+gives the routed experts buckets reduced over the expert-data-parallel group (`llmtrain.parallel.expert_states`)."""
+
 NOT_APPLIED_ON_CPU = ("mp_async_allreduce", "pp_overlap_p2p_comm", "pp_enable_timer")
 """Knobs that act through CUDA-only kernels or around the CPU pipeline channels: logged, not applied on CPU. The
 fused-buffer knobs (`FUSED`) run on CPU over the stand-ins of `llmtrain.paddle_compat.cpu_backend.fused_comm`."""
@@ -93,23 +97,26 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
         problems.append("parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param "
                         "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
                         "V2 fuses its gradients and parameters into buckets without it")
-    if "sharding_tensor_fusion" in on and p.pp > 1:
-        problems.append(f"parallel.sharding_tensor_fusion=true with parallel.pp={p.pp}: not built: V1's fused parameters "
-                        "lose fleet's mark of a tied table's second pipeline copy, so the clip counts the table twice "
-                        "(measured on CPU, tied GPT under sharding2 x pp2: grad_norm 1.628 for one process's 1.565; an "
-                        "untied Llama matched, but the suite does not cover it); under pp use "
-                        "parallel.sharding_split_param=true (with parallel.pp_sharding_comm_overlap=true for the overlap)")
     fused = [k for k in FUSED if k in on]
-    if fused and p.ep > 1:
-        problems.append(f"parallel.{fused[0]}=true with parallel.ep={p.ep}: not built: the routed experts are kept out "
-                        "of the stage-1 partition by llmtrain (each rank's own experts), which fleet's fused "
-                        "communication buffers would sum over the data group (fleet 3.3.1's V2 can give them buffers "
-                        "of their own through a parameter 'color'; llmtrain does not set it); ep runs with "
-                        f"parallel.sharding={p.sharding} stage 1 without the fused-buffer knobs")
-    if fused and p.cp > 1:
-        problems.append(f"parallel.{fused[0]}=true with parallel.cp={p.cp}: not built: the cp ranks' gradients are "
-                        "summed outside fleet's optimizer, after the fused buffers' hooks would have reduced them; cp "
-                        "runs with dp, tp, pp and sharding stages 1-3 without the fused-buffer knobs")
+    off_v2 = [k for k in fused if k not in EP_FUSED or "sharding_split_param" not in on]
+    if off_v2 and p.ep > 1:
+        problems.append(f"parallel.{off_v2[0]}=true with parallel.ep={p.ep}: not built: fleet's buckets for it "
+                        "(V1's fused parameters and reduce buckets, the pipeline's dp / sharding overlap buckets) "
+                        "have no per-parameter group, so the routed experts, whose gradients are summed over the "
+                        "expert-data-parallel group, would be summed over the data group; under ep use "
+                        "parallel.sharding_split_param=true (stage-1 V2: the experts get V2 buckets of their own "
+                        "over that group), with parallel.sharding_comm_overlap=true for the overlap (pp = 1)")
+    elif fused and p.ep > 1 and p.pp > 1:
+        problems.append(f"parallel.sharding_split_param=true with parallel.ep={p.ep} and parallel.pp={p.pp}: not "
+                        "built: the experts' V2 buckets are tested without pipeline parallelism only (sharding x ep)")
+    off_cp = [k for k in fused if k not in EP_FUSED or "sharding_split_param" not in on]
+    if off_cp and p.cp > 1:
+        problems.append(f"parallel.{off_cp[0]}=true with parallel.cp={p.cp}: not built: no parity run covers it (the "
+                        "cp sum runs in fleet's dp x sep all-reduce after the sharding reduction); under cp use "
+                        "parallel.sharding_split_param=true, with parallel.sharding_comm_overlap=true for the overlap")
+    elif fused and p.cp > 1 and p.pp > 1:
+        problems.append(f"parallel.sharding_split_param=true with parallel.cp={p.cp} and parallel.pp={p.pp}: not built: "
+                        "V2 under cp is tested without pipeline parallelism only (sharding x cp)")
     return problems
 
 

@@ -212,7 +212,7 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute=False, wrap
     v_shape = schedule == "dualpipev"  # DualPipeV's V (llmtrain/parallel/dualpipe.py)
     if v_shape and carry:
         raise ValueError("parallel.pp_schedule=dualpipev: stages carrying position/document ids are not built "
-                         "(llmtrain.parallel.dualpipe.dualpipe_model_problems)")
+                         "(llmtrain.parallel.dualpipe_checks.dualpipe_model_problems)")
     descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry, layout.pp_layers,
                         local_shared=v_shape)
     extra = {}

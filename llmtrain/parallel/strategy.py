@@ -68,6 +68,9 @@ class Topology:
     hcg: Optional[Any] = None
     """fleet's HybridCommunicateGroup (None on a single process): what fleet's own layers and wrappers take."""
     on_cpu: bool = True
+    singles: dict = field(default_factory=dict)
+    """kind -> this rank's one-member process group of that kind, made only where a fleet object needs a group even
+    of one rank (`single_member_kinds`)."""
     _members: dict = field(default_factory=dict, repr=False, compare=False)
 
     def ranks(self, kind: str) -> list[int]:
@@ -88,6 +91,11 @@ class Topology:
     def group(self, kind: str):
         """This rank's process group of `kind`, or None when that group has one member."""
         return self.groups.get(kind)
+
+    def process_group(self, kind: str):
+        """This rank's process group of `kind`, one-member groups included where `init_distributed` made them
+        (`single_member_kinds`); None otherwise."""
+        return self.groups.get(kind) or self.singles.get(kind)
 
     data_rank = property(lambda self: self.rank_in("data"), doc="Index among the data-parallel readers (dp x sharding).")
     data_world = property(lambda self: self.size("data"), doc="Data-parallel readers: dp x sharding.")
@@ -162,15 +170,24 @@ def init_distributed(layout: Layout, seed: int) -> Topology:
         _ACTIVE.update(key=key, hcg=hcg, made=_fleet_groups(layout, hcg, dist.get_rank()))
     rank = dist.get_rank()
     made = _ACTIVE["made"]
-    mine = {}
+    mine, singles = {}, {}
+    solo = single_member_kinds(layout)
     for kind in KINDS:
         for members in layout.group_ranks(kind):
-            if len(members) > 1 and tuple(members) not in made:
+            keep = len(members) > 1 or kind in solo
+            if keep and tuple(members) not in made:
                 made[tuple(members)] = dist.new_group(members)  # every rank, every group, the same order
-            if rank in members and len(members) > 1:
-                mine[kind] = made[tuple(members)]
+            if rank in members and keep:
+                (mine if len(members) > 1 else singles)[kind] = made[tuple(members)]
     return Topology(rank=rank, world=dist.get_world_size(), layout=layout, groups=mine, hcg=_ACTIVE["hcg"],
-                    on_cpu=on_cpu)
+                    on_cpu=on_cpu, singles=singles)
+
+
+def single_member_kinds(layout: Layout) -> tuple:
+    """Group kinds whose one-member groups are made too: "edp" when stage-1 V2 gives the routed experts buckets of
+    their own over it (ep > 1 with parallel.sharding_split_param: `llmtrain.parallel.expert_states`), since
+    fleet's buckets read a group object's size and rank even when edp = 1."""
+    return ("edp",) if layout.ep > 1 and layout.sharding_split_param and layout.sharding > 1 else ()
 
 
 FLEET_GROUPS = {"dp": "get_data_parallel_group", "pp": "get_pipe_parallel_group",

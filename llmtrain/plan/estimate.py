@@ -60,12 +60,13 @@ import math
 from functools import lru_cache
 
 from llmtrain.models.size import flops_parameters
+from llmtrain.parallel.groups import first_group
 from llmtrain.parallel.pp_split import stage_blocks
-from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs, stage_holdings,
-                                  stage_params)
+from llmtrain.plan.memory import (_LAYOUT_KEYS, _local_entries, _param_bytes, _spec_list, expert_state_owners, greedy_partition, local_shape, param_specs,
+                                  stage_params, stage_worst_holdings)
 from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
-from llmtrain.plan.overlap import buckets, exposed, gradient_bytes_per_element, gradient_syncs
+from llmtrain.plan.overlap import MIB, SyncPlan, buckets, exposed, gradient_bytes_per_element, gradient_syncs
 from llmtrain.plan.timeline import StepSpec, step_compute
 
 RECOMPUTE = ("none", "full", "full_attn", "core_attn")
@@ -186,7 +187,10 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     """The worst rank's bytes by part (params, grads, optimizer, activations, other, total, allocated). Each pipeline
     stage is priced with its own blocks (`layout.pp_layers`; dense and MoE blocks each their own bytes) and its own
     micro-batches in flight: 1F1B min(pp - stage, m) (fleet's warm-up pp - stage - 1, plus one), interleaved
-    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks. Gradients
+    min(2 (pp - stage - 1) + (v - 1) pp + 1, m v) chunk-micro-batches of 1/v of the stage's blocks, DualPipeV
+    each of the stage's two chunks its own count, the peak read off fleet's schedule (`held_in_flight`,
+    llmtrain/plan/dualpipe_memory.py: stage s holds 2 pp - s micro-batches of its down chunk beside s + 1 of its up
+    chunk; the logits once, on stage 0). Gradients
     include the experts' that are held from the backward until reduced to their edp owners
     (`grad_transient_bytes`). `recompute`: a mode name, a bool or a `llmtrain.models.recompute.Recompute` (parts
     and blocks, priced by `llmtrain.plan.recompute`). `fp8` (`train.fp8` on): each block's FP8 weight copies, kept
@@ -209,22 +213,42 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
-    moe = moe_blocks(cfg)
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        full = [moe_layer if moe[i] else dense_layer for i in blocks]
-        flight = in_flight(p, v, m, st, dualpipev)
-        transient = max(full, default=0) if mode == "full" else 0  # one block's full set during its backward
+        count, total, most = _stage_sets(cfg, dense_layer, moe_layer, blocks if p > 1 else None)
+        transient = most if mode == "full" else 0  # one block's full set during its backward
         transient = _beyond_head(transient, logits if st == head else 0)
-        act = flight * len(full) * kept + transient if mode == "full" else flight * sum(full)
+        w8_flight = w8 is not None and not fp8_cached_copies and mode != "full"  # FP8 copies per micro-batch
+        if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
+            moe = moe_blocks(cfg)
+            per = [kept if mode == "full" else moe_layer if moe[i] else dense_layer for i in blocks]
+            per = [a + w8[i] for a, i in zip(per, blocks)] if w8_flight else per
+            act = held_in_flight(per, layout, st, dualpipev) + transient
+        else:
+            flight = in_flight(p, v, m, st, dualpipev)
+            act = flight * count * kept + transient if mode == "full" else flight * total
+            act += flight * sum(w8[i] for i in blocks) if w8_flight else 0
         if w8 is not None and fp8_cached_copies:  # every weight's cached copies, the whole step
             act += fp8_cached_copies * sum(w8[i] for i in blocks)
-        elif w8 is not None:  # the FP8 weight copies its linears keep for their backward
-            act += max((w8[i] for i in blocks), default=0) if mode == "full" else flight * sum(w8[i] for i in blocks)
+        elif w8 is not None and mode == "full":  # the FP8 weight copies of the one block re-running
+            act += max((w8[i] for i in blocks), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
 
+def _stage_sets(cfg, dense_layer: float, moe_layer: float, blocks) -> tuple:
+    """(blocks, the sum of their saved bytes, the largest) of a stage holding `blocks` (None: every block), each
+    dense block saving `dense_layer` and each MoE block `moe_layer` bytes; remembered per stage and sizes."""
+    key = (id(cfg), dense_layer, moe_layer, blocks)
+    hit = _SETS.get(key)
+    if hit is None or hit[0] is not cfg:
+        moe = moe_blocks(cfg)
+        full = [moe_layer if moe[i] else dense_layer for i in (range(cfg.num_layers) if blocks is None else blocks)]
+        hit = _SETS[key] = (cfg, (len(full), sum(full), max(full, default=0)))  # the model kept alive with its id
+    return hit[1]
+
+
+_SETS: dict = {}
 _FP8_W: dict = {}
 
 
@@ -258,11 +282,13 @@ def _beyond_head(transient: float, head: float) -> float:
 def _worse(worst: dict | None, r: dict, act: float, transient: float, other: float) -> dict:
     """The stage entry (params, grads, optimizer, activations, other, total) of holdings `r` if it holds more than
     `worst`, else `worst`."""
-    entry = {"params": r["param_bytes"], "grads": r["grad_bytes"] + r.get("grad_transient_bytes", 0),
-             "optimizer": r["optimizer_bytes"], "activations": int(act), "other": int(other)}
-    entry["total"] = sum(entry.values())
-    entry["recompute_transient"] = int(transient)  # in `activations`: one block during its backward, beyond the head
-    return entry if worst is None or entry["total"] > worst["total"] else worst
+    params, grads, opt = r["param_bytes"], r["grad_bytes"] + r.get("grad_transient_bytes", 0), r["optimizer_bytes"]
+    a, o = int(act), int(other)
+    total = params + grads + opt + a + o  # in the entry's order, as sum() adds them
+    if worst is not None and not total > worst["total"]:
+        return worst
+    return {"params": params, "grads": grads, "optimizer": opt, "activations": a, "other": o, "total": total,
+            "recompute_transient": int(transient)}  # in `activations`: one block during its backward, beyond the head
 
 
 def _finish(worst: dict, framework_bytes: float) -> dict:
@@ -290,6 +316,20 @@ def stage_blocks_of(pp_layers, pp: int, stage: int, v_shape: bool = False) -> tu
 @lru_cache(maxsize=65536)
 def _stage_blocks_of(pp_layers: tuple, pp: int, stage: int, v_shape: bool) -> tuple:
     return tuple(stage_blocks(pp_layers, pp, stage, v_shape))
+
+
+def held_in_flight(per_block: list, layout, stage: int, dualpipev: bool) -> float:
+    """Bytes stage `stage` keeps for backward at its peak: `in_flight` micro-batches of its blocks' `per_block`
+    bytes (in the order `stage_blocks_of` lists them), or under DualPipeV the peak of its down chunk's and up chunk's
+    micro-batches in flight read off fleet's schedule (`llmtrain.plan.dualpipe_memory`)."""
+    p = layout.pp
+    if dualpipev and p > 1 and layout.pp_layers:
+        from llmtrain.plan.dualpipe_memory import v_held
+
+        down = layout.pp_layers[stage]  # stage_blocks lists the down chunk's blocks first
+        return v_held(sum(per_block[:down]), sum(per_block[down:]), pp=p, micro_batches=layout.grad_accum,
+                      stage=stage)
+    return in_flight(p, layout.virtual_pp, layout.grad_accum, stage, dualpipev) * sum(per_block)
 
 
 def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> float:
@@ -353,19 +393,27 @@ def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, 
 
 
 _WORST: dict = {}
+_HELD: dict = {}
 
 
 def stage_worst(cfg, layout, amp: str, device: str) -> list[dict]:
     """Per pipeline stage, the holdings (`memory.predict_stage_ranks`) of its rank with the most bytes of parameters,
     gradients (transient expert ones included) and optimizer states; cached per (model, degrees, split)."""
+    mine = _WORST_OF.get((id(layout), id(cfg), amp, device))  # the same layout object again (another mode)
+    if mine is not None and mine[0] is layout and mine[1] is cfg:
+        return mine[2]
     key = (id(cfg), amp, device, *layout_key(layout))
     hit = _WORST.get(key)
     if hit is None or hit[0] is not cfg:
-        held = lambda r: r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]  # noqa: E731
         # the entries `predict_stage_ranks` lists for each stage, read in place (its first rank of the most bytes)
-        per = [max(stage_holdings(cfg, layout, st, amp, device), key=held) for st in range(layout.pp)]
+        per = stage_worst_holdings(cfg, layout, amp, device)
         hit = _WORST[key] = (cfg, per)  # the model kept alive with its id
+    if getattr(getattr(type(layout), "__dataclass_params__", None), "frozen", False):  # a Layout cannot change
+        _WORST_OF[(id(layout), id(cfg), amp, device)] = (layout, cfg, hit[1])  # both kept alive with their ids
     return hit[1]
+
+
+_WORST_OF: dict = {}
 
 
 def layout_key(layout) -> tuple:
@@ -395,14 +443,21 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
         return full - part_savings(cfg, parts, s=s, b=b, t=t, e=dtype_bytes, flash=flash, sp=sp, gpu=gpu,
                                    moe_plan=plan, moe_layer=moe), full
 
-    kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
-    held = []
-    for i, moe in enumerate(moe_blocks(cfg)):
-        key = (moe, frozenset(rc.at(i)))
-        if key not in kinds:
-            kinds[key] = block(moe, key[1])
-        held.append(kinds[key])
-    any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+    # per block (bytes kept, bytes without recompute), whether any block is wholly recomputed, and per stage's
+    # blocks (their kept bytes, one re-run block's full set): remembered per model, recompute and activation sizes
+    hkey = (id(cfg), rc, s, b, t, sp, device, flash, dtype_bytes, plan.ep, moe_imbalance)
+    hit = _HELD.get(hkey)
+    if hit is None or hit[0] is not cfg:
+        kinds: dict = {}  # (MoE block, its parts): a model has a few kinds of block
+        held = []
+        for i, moe in enumerate(moe_blocks(cfg)):
+            key = (moe, frozenset(rc.at(i)))
+            if key not in kinds:
+                kinds[key] = block(moe, key[1])
+            held.append(kinds[key])
+        any_block = any("block" in rc.at(i) for i in range(cfg.num_layers))
+        hit = _HELD[hkey] = (cfg, held, any_block, {})  # the model kept alive with its id
+    _, held, any_block, per_stage = hit
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
@@ -410,15 +465,25 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     worst = None
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
-        transient = max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0
-        transient = _beyond_head(transient, logits if st == head else 0)
-        act = in_flight(p, v, m, st, dualpipev) * sum(held[i][0] for i in blocks) + transient  # + one re-run block
+        sums = per_stage.get(blocks if p > 1 else None)
+        if sums is None:
+            sums = per_stage[blocks if p > 1 else None] = (
+                sum(held[i][0] for i in blocks),
+                max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0)
+        transient = _beyond_head(sums[1], logits if st == head else 0)
+        w8 = fp8_weight_bytes(cfg, layout) if fp8 and not fp8_cached_copies else None  # per micro-batch in flight,
+        # a wholly recomputed block's only while it re-runs
+        if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
+            per = [held[i][0] + (w8[i] if w8 is not None and "block" not in rc.at(i) else 0) for i in blocks]
+            act = held_in_flight(per, layout, st, dualpipev) + transient  # + one re-run block
+        else:
+            act = in_flight(p, v, m, st, dualpipev) * sums[0] + transient  # + one re-run block
+            if w8 is not None:
+                act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i))
         if fp8 and fp8_cached_copies:  # cached FP8 weight copies: every block's, the whole step
             act += fp8_cached_copies * sum(fp8_weight_bytes(cfg, layout)[i] for i in blocks)
-        elif fp8:  # FP8 weight copies: per micro-batch in flight, a wholly recomputed block's only while it re-runs
-            w8 = fp8_weight_bytes(cfg, layout)
-            act += in_flight(p, v, m, st, dualpipev) * sum(w8[i] for i in blocks if "block" not in rc.at(i)) + max(
-                (w8[i] for i in blocks if "block" in rc.at(i)), default=0)
+        elif w8 is not None:
+            act += max((w8[i] for i in blocks if "block" in rc.at(i)), default=0)
         worst = _worse(worst, ranks[st], act, transient, framework_bytes + (logits if st == head else 0))
     return _finish(worst, framework_bytes)
 
@@ -462,6 +527,24 @@ def loop_meetings_s(layout, dev, devices_per_node: int, stride: dict) -> float:
     return sum(2 * math.ceil(math.log2(n)) * _link(st * n, dev, devices_per_node, st)[1] for n, st in groups)
 
 
+def v2_experts(layout) -> bool:
+    """Stage-1 V2 under ep > 1: the routed experts in V2 buckets of their own over edp
+    (`llmtrain.parallel.expert_states.color_experts`): reduce-scattered in buckets of `parallel.sharding_comm_buffer_mb`
+    (from the backward with `parallel.sharding_comm_overlap`), all-gathered after the update."""
+    return (getattr(layout, "ep", 1) > 1 and layout.sharding > 1 and layout.sharding_stage == 1
+            and getattr(layout, "sharding_split_param", False))
+
+
+def _v2_gather(layout, nbytes: float, dev, devices_per_node: int) -> float:
+    """Seconds of the experts' parameter all-gather over edp after a V2 update (`v2_experts`; 0 when edp = 1)."""
+    edp = layout.data_parallel // layout.ep
+    if edp <= 1:
+        return 0.0
+    local, nodes = group_spread(layout, "edp", devices_per_node)
+    bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    return _ring(nbytes, edp, bw, alpha, factor=1.0)
+
+
 def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
     """Seconds a step spends synchronising this rank's routed experts (`nbytes` of them) over their expert-data-
     parallel group (llmtrain/parallel/expert_states.py), after the last backward and outside any overlap: with
@@ -473,6 +556,8 @@ def expert_sync_s(layout, nbytes: float, dev, devices_per_node: int) -> float:
         return 0.0
     local, nodes = group_spread(layout, "edp", devices_per_node)
     bw, alpha = (dev.nvlink_bw, dev.nvlink_alpha) if nodes == 1 else (min(dev.nvlink_bw, local * dev.net_bw), dev.net_alpha)
+    if v2_experts(layout):  # their own V2 buckets over edp: the gradients' reduce-scatter (the all-gather: `_v2_gather`)
+        return _ring(nbytes, edp, bw, alpha, factor=1.0)
     if layout.sharding > 1:
         return 2 * (nbytes / bw + (edp - 1) * alpha)
     return _ring(nbytes, edp, bw, alpha)
@@ -490,6 +575,29 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     hit = _TENSORS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
+    # the lists depend on the sequence of the stage's block kinds (equal shapes within a kind), the ends it holds
+    # and the degrees, not on which blocks they are: stages of other splits with the same kinds share them
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    moe = moe_blocks(cfg)
+    blocks = stage_blocks_of(layout.pp_layers, layout.pp, pp_rank, v_shape) if layout.pp > 1 else ()
+    kinds_key = (id(cfg), amp, tuple(moe[i] for i in blocks), pp_rank == 0,
+                 pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1, layout.tp, ep, layout.sharding,
+                 layout.sharding_stage, layout.dp * layout.sharding // ep if ep > 1 else 1)
+    hit = _TENSORS_BY_KINDS.get(kinds_key)
+    if hit is not None and hit[0] is cfg:
+        _TENSORS[key] = hit
+        return hit[1]
+    out = _rank_tensors(cfg, layout, amp, pp_rank)
+    _TENSORS[key] = _TENSORS_BY_KINDS[kinds_key] = (cfg, out)  # the model kept alive with its id
+    return out
+
+
+_TENSORS_BY_KINDS: dict = {}
+
+
+def _rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
+    """`rank_tensors`, computed."""
+    ep = getattr(layout, "ep", 1)
     specs = _stage_specs(cfg, layout, pp_rank)
     sized = _sized(cfg, layout.tp, ep, amp)
     grads = [sized.get(id(x)) or (int(prod_(local_shape(x, layout.tp, ep))), _param_bytes(x, amp)) for x in specs]
@@ -516,7 +624,6 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
         owners = greedy_partition([n for n, _ in d], sh, sort=layout.sharding_stage == 1)
         busiest = max(owners, key=lambda owned: sum(d[i][0] for i in owned))
         out = grads, [d[i] for i in sorted(busiest)] + experts_owned
-    _TENSORS[key] = (cfg, out)  # the model kept alive with its id
     return out
 
 
@@ -604,7 +711,7 @@ def group_spread(layout, kind: str, devices_per_node: int) -> tuple[int, int]:
     key = (kind, devices_per_node, *(repr(getattr(layout, k, None)) for k in ("dp", "tp", "pp", "sharding", "cp", "ep",
                                                                               "order")))
     if key not in _SPREAD:
-        ranks = layout.group_ranks(kind)[0]
+        ranks = first_group(layout, kind)  # group_ranks(kind)[0], the others not listed
         per: dict = {}
         for r in ranks:
             per[r // devices_per_node] = per.get(r // devices_per_node, 0) + 1
@@ -629,7 +736,8 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
                                len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
                                bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
-                               first_layer=blocks[0], cp=cp, moe=moe)
+                               first_layer=blocks[0], cp=cp, moe=moe,
+                               block_ids=tuple(blocks) if v_shape and p > 1 else None)  # the V: two chunks
         return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
 
     stages = sorted({0, p - 1})
@@ -855,7 +963,16 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
                             "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
                             "exposed_s": exposed(comm, backward, sync, nb)}
     exposed_s = sum(c["exposed_s"] for c in comm_syncs.values()) + params_after
-    if ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
+    if ep > 1 and v2_experts(layout):  # the experts' own V2 buckets over edp: reduce-scatter, overlapped as asked
+        sync = SyncPlan("reduce-scatter", dev.async_launch and layout.sharding_comm_overlap,
+                        getattr(layout, "sharding_comm_buffer_mb", 256) * MIB, "sharding_comm_overlap")
+        comm = expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node)
+        nb = buckets(expert_elems * g_e, sync)
+        comm_syncs["edp"] = {"kind": sync.kind, "comm_s": comm, "buckets": nb, "bucket_bytes": sync.bucket_bytes,
+                             "overlapped": sync.overlapped, "option": sync.option, "window_s": backward,
+                             "exposed_s": exposed(comm, backward, sync, nb)}
+        exposed_s += comm_syncs["edp"]["exposed_s"] + _v2_gather(layout, expert_elems * e, dev, devices_per_node)
+    elif ep > 1:  # the experts' gradients over their edp group, after the backward (`expert_sync_s`), exposed
         comm_syncs["edp"] = {"kind": "expert", "comm_s": expert_sync_s(layout, expert_elems * g_e, dev, devices_per_node),
                              "buckets": 1, "bucket_bytes": 0, "overlapped": False, "option": "", "window_s": 0.0}
         comm_syncs["edp"]["exposed_s"] = comm_syncs["edp"]["comm_s"]

@@ -226,20 +226,35 @@ class FP8Pricing:
             return "blockwise_1x128_1x128", "1x128T", "1x128T"
         return "blockwise_1x128_128x128", "1x128", "128x128T" if fwd else "128x128"
 
-    def gemm_seconds(self, bf16_seconds: float, op: str, m: int, n: int, k: int, batch: int = 1) -> float:
-        fp8, a_tile, b_tile = self._tiles(op)
-        ratio = self.model.gemm_ms(fp8, m, n, k) / self.model.gemm_ms("bf16", m, n, k)
-        cached = self.weight_cache and not op.endswith(".wgrad")  # b is the weight: made once per step
-        quant_ms = self.model.quant_ms(a_tile, m, k) + (0.0 if cached else self.model.quant_ms(b_tile, k, n))
-        return bf16_seconds * ratio + batch * quant_ms * 1e-3
+    def quantisations(self, op: str, m: int, n: int, k: int) -> tuple[list, list]:
+        """(activation, weight) quantisations of one FP8 GEMM `op` (m, n, k) (per expert of a batched one): lists
+        of (tile, rows, cols), the tensor [rows, cols] that llmtrain's GPU path hands `fp8_quant_blockwise`
+        (llmtrain/paddle_compat/fp8_kernels.py; a transposed variant reads [rows, cols] and writes its transpose,
+        the tokens padded with zero rows to a multiple of 128, `_pad_rows`). The weight's ([K, N]: Wᵀ for the
+        forward, W for the dgrad) is made once per step under `weight_cache` (`weight_quantisations`); a wgrad has
+        none. Checked against the calls of the GPU path rehearsed on CPU (tests/plan/test_op_sequence.py)."""
+        _, a_tile, b_tile = self._tiles(op)
+        if self.recipe == "tensorwise":  # one scale per tensor: a [m, k], b [k, n] (a wgrad's: x and dy)
+            return ([(a_tile, m, k), (b_tile, k, n)], []) if op.endswith(".wgrad") else ([(a_tile, m, k)], [(b_tile, k, n)])
+        pad = lambda t: -(-t // 128) * 128  # noqa: E731
+        if op.endswith(".wgrad"):  # dW [K, N] = xᵀ dy, (m, n, k) = (K, N, T): x [T', K] and dy [T', N]
+            return [(a_tile, pad(k), m), (b_tile, pad(k), n)], []
+        if op.endswith(".dgrad"):  # dx [T, K] = dy Wᵀ, (m, n, k) = (T, K, N): dy [T, N], W [K, N]
+            return [(a_tile, m, k)], [(b_tile, n, k)]
+        return [(a_tile, m, k)], [(b_tile, k, n)]  # y [T, N] = x W: x [T, K], W [K, N]
 
-    def weight_seconds(self, forward: list, backward: list) -> float:
-        """Seconds of one step's weight quantisations under `weight_cache` (0 without it): every FP8 forward GEMM
-        of a micro-batch's `forward` kernels makes its Wᵀ copy, every dgrad of its `backward` its W copy
-        (tensorwise: one copy, the forward's). Recompute's second forward reuses the copies."""
-        if not self.weight_cache:
-            return 0.0
-        total = 0.0
+    def gemm_seconds(self, bf16_seconds: float, op: str, m: int, n: int, k: int, batch: int = 1) -> float:
+        fp8 = self._tiles(op)[0]
+        ratio = self.model.gemm_ms(fp8, m, n, k) / self.model.gemm_ms("bf16", m, n, k)
+        acts, weights = self.quantisations(op, m, n, k)
+        quant = acts + ([] if self.weight_cache else weights)  # cached: the weight is made once per step
+        return bf16_seconds * ratio + batch * sum(self.model.quant_ms(*q) for q in quant) * 1e-3
+
+    def weight_quantisations(self, forward: list, backward: list) -> list:
+        """The weight quantisations [(tile, rows, cols)] of one micro-batch's FP8 GEMMs in `forward` and `backward`
+        (kernel lists), each expert's apart: under `weight_cache` one step's (tensorwise: the forward's only; the
+        GPU path reuses them for every micro-batch and recompute's second forward)."""
+        out = []
         for ks, want in ((forward, "fwd"), (backward, "dgrad")):
             for k in ks:
                 if k.kind != "gemm" or not is_fp8_gemm(k.op):
@@ -248,8 +263,16 @@ class FP8Pricing:
                 if kind != want or (self.recipe == "tensorwise" and kind == "dgrad"):
                     continue
                 m, n, kk, batch = k.shape
-                total += batch * self.model.quant_ms(self._tiles(k.op)[2], kk, n) * 1e-3
-        return total
+                out += self.quantisations(k.op, m, n, kk)[1] * batch
+        return out
+
+    def weight_seconds(self, forward: list, backward: list) -> float:
+        """Seconds of one step's weight quantisations under `weight_cache` (0 without it): every FP8 forward GEMM
+        of a micro-batch's `forward` kernels makes its Wᵀ copy, every dgrad of its `backward` its W copy
+        (tensorwise: one copy, the forward's). Recompute's second forward reuses the copies."""
+        if not self.weight_cache:
+            return 0.0
+        return sum(self.model.quant_ms(*q) for q in self.weight_quantisations(forward, backward)) * 1e-3
 
 
 def with_fp8(dev, fp8: str, measured_on: str = "h100", weight_cache: bool = True):

@@ -19,7 +19,8 @@ class Kernel:
     op: str
     """Op class of a memory-bound kernel (a class of the profile's memory_bound table) or a name."""
     shape: tuple = ()
-    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal, kv_heads); mem: () or (a second op
+    """gemm: (m, n, k, batch); attn: (batch·heads, seq, head_dim, causal, kv_heads[, query rows: a cp ring block's,
+    when they are not seq; priced at its key length seq]); mem: () or (a second op
     class, w): priced (1 - w) x its own class + w x the second (between two measured conditions)."""
     numel: float = 0.0
     """Memory-bound kernels: elements of one input, the table's index (fp32 statistics and the like are

@@ -64,7 +64,8 @@ def _rms_unfused(p: _Pass, T, h, e):
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n)])
     p.op([mem("reduce", n)], [mem("copy", n)])
-    p.op([mem("add", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")], [mem("mul", T), mem("mul", T)])
+    p.op([mem("add", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")],
+         [mem("mul", T), Kernel("mem", "mul", numel=float(T), of="rmsnorm")])
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
     p.op(cast, cast)
     p.op([mem("mul", n)], [mem("mul", n), mem("mul", n), mem("reduce", n)])
@@ -132,6 +133,26 @@ def _ring_math_core(p: _Pass, *, bh: int, s: int, d: int, dv: int, cp: int):
               gemm(keys, d, rows, bh, "ring.dk")])
 
 
+def _ring_flash_core(p: _Pass, *, b: int, nh: int, nkv: int, s: int, d: int, dv: int, cp: int, causal: bool = True):
+    """The context-parallel ring's attention core on a GPU (`context_exchange._Ring` through
+    `paddle_compat/flash_blocks.py`) on the first cp rank, s = its 2c positions: one `flash_attn` call per ring step
+    on the block `ring_block` chooses - step 0 its own keys, a square causal block 2c x 2c; each of the cp - 1 later
+    steps a later rank's keys, its late query chunk over both of their chunks, c x 2c unmasked (other ranks hold an
+    earlier rank's, 2c x c: the same work) - and, from step 1, the merge of the block's output into the running one
+    by their log-sum-exps (two products and their sum over the block's [b, rows, nh, dv]); the backward one
+    `flash_attn_grad` per step and the block's q, k, v gradients added into the fp32 accumulators. The attention
+    kernels' shape is (b·nh, keys, d, causal, nkv, query rows). Unmasked (`causal` off): every step 2c x 2c."""
+    c, bh = s // 2, b * nh
+    blocks = [(s, s, True)] + [(c, s, False)] * (cp - 1) if causal else [(s, s, False)] * cp
+    for step, (rows, keys, causal) in enumerate(blocks):
+        shape, fl = (bh, keys, d, causal, nkv, rows), 4.0 * bh * rows * keys * d * (0.5 if causal else 1.0)
+        n = bh * rows * dv
+        merge = [mem("mul", n), mem("mul", n), mem("add", n)] if step else []
+        grads = [mem("add", bh * rows * d), mem("add", b * nkv * keys * d), mem("add", b * nkv * keys * dv)]
+        p.op([Kernel("attn_fwd", "flash", shape, flops=fl)] + merge,
+             [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)] + grads)
+
+
 def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: bool = False, moe=None,
            cp: int = 1):
     """One block on one tp rank (`moe`: a callable adding the MoE feed-forward's kernels, moe.py); `sp` (sequence parallelism, tp > 1): the norms, residual adds and row linears'
@@ -151,7 +172,7 @@ def _block(p: _Pass, cfg, b, s, t, e, gpu, flash, sp: bool = False, math_core: b
         _norm(p, cfg, Ts, h, e, fused["fuse_rms_norm"])
     if moe is not None:  # the MoE feed-forward (llmtrain/plan/moe.py) in place of the dense one
         with p.part("moe"):
-            moe(p, T, fused)
+            moe(p, Ts, fused)  # routed over this rank's positions (sequence parallelism: its shard)
     else:
         with p.part("mlp"):
             _mlp(p, cfg, T, Ts, f, fused, sp, cfg.bias)
@@ -188,9 +209,11 @@ def _attention(p: _Pass, cfg, *, b, s, t, e, flash, sp: bool, math_core: bool, f
     if cfg.position == "rope" and not cfg.is_mla():
         _rope(p, T, (q, kv), fused["fuse_rope"])
     with p.part("core_attn"):  # layers.math_attention / flash: what `core_attn` re-runs
-        if flash:
+        if flash and cp > 1:  # the cp ring's flash calls (s = this rank's 2c positions)
+            _ring_flash_core(p, b=b, nh=nh, nkv=nkv, s=s, d=d, dv=o_in // nh, cp=cp, causal=causal)
+        elif flash:
             shape = (b * nh, s, d, causal, nkv)
-            fl = attention_flops(b * nh, s, d, causal) * cp  # cp: 1/cp of the whole sequence's causal work
+            fl = attention_flops(b * nh, s, d, causal)
             p.op([Kernel("attn_fwd", "flash", shape, flops=fl)], [Kernel("attn_bwd", "flash", shape, flops=2.5 * fl)])
         elif cp > 1:  # the cp ring's math blocks (parallel/context_exchange.py; s = this rank's 2c positions): not
             # layers.math_attention, so a profile's measured math core does not price them
@@ -359,9 +382,12 @@ class MicroBatchSpec:
     as the profile does)."""
     first_layer: int = 0
     """Index of this rank's first block (which blocks are MoE: `ModelConfig.is_moe_layer`)."""
+    block_ids: tuple | None = None
+    """This rank's blocks when they are not `layers` consecutive ones from `first_layer` (DualPipeV's V: a stage's
+    down and up chunks, e.g. stage 0 holds the first and the last blocks); None: consecutive."""
     cp: int = 1
     """Context-parallel degree: this rank's blocks see s / cp positions; its attention does 1/cp of the causal
-    work (balanced chunks) at the rate of a length-s/cp call (flash: one kernel of cp x that work; the math path:
+    work (balanced chunks) as the ring's cp blocks (flash: one call per block, `_ring_flash_core`; the math path:
     the ring's blocks, `_ring_math_core`, priced per GEMM even where the profile measured `layers.math_attention`)."""
     moe: object = None
     """llmtrain.plan.moe.MoEPlan (expert parallelism, dropless imbalance); None: its defaults."""
@@ -385,7 +411,7 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
 
         def build():
             p = _Pass()
-            hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e)) if moe else None
+            hook = (lambda q, T, fused: moe_ffn(q, cfg, T, fused, plan, e, t, spec.sp and t > 1)) if moe else None
             _block(p, cfg, b, s, t, e, gpu, spec.flash, spec.sp, spec.math_core, hook, spec.cp)
             return p, {}
 
@@ -395,7 +421,8 @@ def micro_batch_kernels(spec: MicroBatchSpec) -> MicroBatch:
         return lists[parts]
 
     counts = {}  # (MoE block, recomputed parts) -> blocks of that kind on this rank, dense ones first
-    for i in sorted(range(spec.first_layer, spec.first_layer + n), key=cfg.is_moe_layer):
+    ids = spec.block_ids if spec.block_ids is not None else range(spec.first_layer, spec.first_layer + n)
+    for i in sorted(ids, key=cfg.is_moe_layer):
         key = (cfg.is_moe_layer(i), rc.at(i))
         counts[key] = counts.get(key, 0) + 1
     kinds = [(blocks(moe, parts), k) for (moe, parts), k in counts.items()]

@@ -206,22 +206,32 @@ def _opt_elems(n: int, low_precision: bool, frozen: bool = False) -> int:
     return 0 if frozen else ADAM_SLOTS * n + ADAM_POWS + (n if low_precision else 0)
 
 
+def _stage_key(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec],
+               degrees: tuple | None = None) -> tuple:
+    """What a stage's holdings depend on: the sequence of its blocks' kinds, whether it holds the ends, the degrees
+    (`degrees`: `_degrees_key(layout)`, given when the caller asks for several stages of one layout)."""
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
+    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
+    # a stage's holdings depend on the sequence of its blocks' kinds (dense or MoE: equal parameter shapes within a
+    # kind), not on which blocks they are: splits that give stages the same kinds share one computation
+    kinds = tuple(cfg.is_moe_layer(i) for i in blocks)
+    return (id(specs), kinds, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device,
+            *(_degrees_key(layout) if degrees is None else degrees), layout.pp == 1)
+
+
+def _degrees_key(layout) -> tuple:
+    """The layout fields besides the pipeline's that a stage's holdings depend on, as text."""
+    return tuple(repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
+                                                                                   "pp_schedule"))
+
+
 def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
     """Predicted holdings of the ranks of pipeline stage `pp_rank`: one entry per sharding rank 0..sharding-1 (every
     dp/tp rank alike), or, when the routed experts' states are sharded over the expert-data-parallel group (ep > 1,
     sharding > 1, edp > 1: `Layout.state_sharding(expert=True)`), one per data index dp_rank x sharding +
     sharding_rank (the dp rank then decides which experts' states a rank keeps). Entry i of a list of n serves data
     index d when d % n == i."""
-    tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
-    ep = getattr(layout, "ep", 1)
-    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
-    blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
-    # a stage's holdings depend on the sequence of its blocks' kinds (dense or MoE: equal parameter shapes within a
-    # kind), not on which blocks they are: splits that give stages the same kinds share one computation
-    kinds = tuple(cfg.is_moe_layer(i) for i in blocks)
-    key = (id(specs), kinds, pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), amp, device, *(
-        repr(getattr(layout, k, None)) for k in _LAYOUT_KEYS if k not in ("pp", "pp_layers", "virtual_pp",
-                                                                           "pp_schedule")), layout.pp == 1)
+    key = _stage_key(cfg, layout, pp_rank, amp, device, specs)
     hit = _STAGES.get(key)
     if hit is None or hit[0] is not specs:  # else a stage of the same blocks and degrees in another split
         hit = _STAGES[key] = (specs, _stage_ranks_of(cfg, layout, pp_rank, amp, device, specs))  # the list kept alive
@@ -229,6 +239,54 @@ def _stage_ranks(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
 
 
 _STAGES: dict = {}
+
+
+def held_bytes(r: dict) -> int:
+    """Bytes of one holdings entry that stay on the device all step: parameters, gradients (transient expert ones
+    included) and optimizer states."""
+    return r["param_bytes"] + r["grad_bytes"] + r.get("grad_transient_bytes", 0) + r["optimizer_bytes"]
+
+
+def stage_worst_holdings(cfg, layout, amp: str = "none", device: str = "cpu") -> list[dict]:
+    """`stage_worst_holding` of every pipeline stage of `layout`."""
+    degrees = _degrees_key(layout)
+    return [stage_worst_holding(cfg, layout, st, amp, device, degrees) for st in range(layout.pp)]
+
+
+def stage_worst_holding(cfg, layout, pp_rank: int, amp: str = "none", device: str = "cpu",
+                        degrees: tuple | None = None) -> dict:
+    """`max(stage_holdings(...), key=held_bytes)`: the first entry of the most bytes, the cached entry itself (to be
+    read, not changed), remembered per stage kinds and degrees as `stage_holdings`; where the list would hold one
+    entry per data index (sharded expert states) the worst one is found without building the others."""
+    specs = _spec_list(cfg, None)
+    key = _stage_key(cfg, layout, pp_rank, amp, device, specs, degrees)
+    hit = _WORST_STAGE.get(key)
+    if hit is not None and hit[0] is specs:
+        return hit[1]
+    listed = _STAGES.get(key)
+    if listed is not None and listed[0] is specs:
+        worst = max(listed[1], key=held_bytes)
+    else:
+        parts, experts = _stage_parts(cfg, layout, pp_rank, amp, device, specs)
+        if experts is None:
+            worst = max(parts, key=held_bytes)
+        else:  # entry d: parts[d % len(parts)] plus the experts' share of edp index (d // ep) % len(sums)
+            e_numel, e_bytes, sums, n, ep, zero23, e_grad = experts
+            base = [r["param_bytes"] + r["grad_bytes"] + r["optimizer_bytes"] for r in parts]
+            # held_bytes(entry d) = base + e_bytes + the same gradient bytes for every d + 4 opt: integers,
+            # so the first d of the largest sum is max()'s choice
+            top, at = None, 0
+            for d in range(n):
+                h = base[d % len(parts)] + 4 * sums[(d // ep) % len(sums)][1]
+                if top is None or h > top:
+                    top, at = h, d
+            worst = _expert_entry(parts[at % len(parts)], e_numel, e_bytes, sums[(at // ep) % len(sums)], zero23,
+                                  e_grad)
+    _WORST_STAGE[key] = (specs, worst)  # the spec list kept alive with its id
+    return worst
+
+
+_WORST_STAGE: dict = {}
 
 
 def stage_holdings(cfg, layout, pp_rank: int, amp: str = "none", device: str = "cpu") -> list[dict]:
@@ -288,8 +346,10 @@ def _stage_indices(specs: list[ParamSpec], chunks: dict, layout, pp_rank: int, t
     return out
 
 
-def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
-    """`_stage_ranks`, computed."""
+def _stage_parts(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> tuple:
+    """(the dense holdings per sharding rank, None without routed experts here, else (their elements, their bytes,
+    [(bytes, optimizer elements) of the experts each edp index keeps states of], entries, ep, ZeRO-2/3)): what
+    `_stage_ranks_of` lists."""
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
     ep = getattr(layout, "ep", 1)
     data = getattr(layout, "dp", 1) * sh
@@ -310,9 +370,11 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
     parts = hit[1]
     edp = data // ep if ep > 1 else 1
     if not experts:
-        return parts
+        return parts, None
     e_numel = sum(n for _, n, _ in experts)
     e_bytes = sum(n * b for _, n, b in experts)
+    if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: the experts' own buckets
+        return parts, (e_numel, e_bytes, _v2_expert_sums(layout, experts, edp), data, ep, False, 4 * e_numel)
     if sh > 1 and edp > 1:  # each expert tensor's state (and, after the step, gradient) on one rank of its edp group
         owner = expert_state_owners([(s.name, n) for s, n, _ in experts], edp)
         per = [[] for _ in range(edp)]
@@ -322,16 +384,41 @@ def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: lis
         per = [experts]
     # per edp index: (bytes of the experts whose states it keeps, their optimizer elements)
     sums = [(sum(n * b for _, n, b in mine), sum(_opt_elems(n, b == 2) for _, n, b in mine)) for mine in per]
-    out = []
-    for d in range(data if len(per) > 1 else len(parts)):
-        base, (kept, opt) = parts[d % len(parts)], sums[(d // ep) % len(per)]
-        out.append({"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
-                    "optimizer_numel": base["optimizer_numel"] + opt,
-                    "optimizer_bytes": base["optimizer_bytes"] + 4 * opt,
-                    "grad_bytes": base["grad_bytes"] + (e_bytes if stage in (2, 3) and sh > 1 else kept),
-                    # the other experts' gradients, held from the backward until they are reduced to their owners
-                    "grad_transient_bytes": e_bytes - kept if not (stage in (2, 3) and sh > 1) else 0})
-    return out
+    return parts, (e_numel, e_bytes, sums, data if len(per) > 1 else len(parts), ep, stage in (2, 3) and sh > 1, None)
+
+
+def _expert_entry(base: dict, e_numel: int, e_bytes: int, mine: tuple, zero23: bool, e_grad=None) -> dict:
+    """A data index's holdings: the dense `base` plus the rank's routed experts (`e_numel` elements, `e_bytes`),
+    `mine` = (bytes, optimizer elements) of the experts whose states it keeps; `zero23`: ZeRO-2/3 over sharding;
+    `e_grad`: the experts' gradient bytes when every rank keeps them all (V2's fp32 main gradients), else None."""
+    kept, opt = mine
+    grad = e_grad if e_grad is not None else e_bytes if zero23 else kept
+    return {"param_numel": base["param_numel"] + e_numel, "param_bytes": base["param_bytes"] + e_bytes,
+            "optimizer_numel": base["optimizer_numel"] + opt,
+            "optimizer_bytes": base["optimizer_bytes"] + 4 * opt,
+            "grad_bytes": base["grad_bytes"] + grad,
+            # the other experts' gradients, held from the backward until they are reduced to their owners
+            "grad_transient_bytes": e_bytes - kept if not zero23 and e_grad is None else 0}
+
+
+def _stage_ranks_of(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[ParamSpec]) -> list[dict]:
+    """`_stage_ranks`, computed."""
+    parts, experts = _stage_parts(cfg, layout, pp_rank, amp, device, specs)
+    if experts is None:
+        return parts
+    e_numel, e_bytes, sums, n, ep, zero23, e_grad = experts
+    return [_expert_entry(parts[d % len(parts)], e_numel, e_bytes, sums[(d // ep) % len(sums)], zero23, e_grad)
+            for d in range(n)]
+
+
+def _v2_expert_sums(layout, experts: list, edp: int) -> list[tuple]:
+    """Stage-1 V2 under ep > 1: per edp index, (0, optimizer elements) of its slices of the routed experts, which V2
+    lays into buckets of their own over the edp group (`llmtrain.parallel.expert_states.color_experts`): edp index i
+    keeps the i-th 1/edp of each expert bucket's padded state; every rank holds its experts' values and fp32 main
+    gradients whole (`_expert_entry`'s `e_grad`)."""
+    bucket = getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20
+    lengths = v2_slice_lengths([(n, b) for _, n, b in experts], edp, bucket)
+    return [(0, sum(_opt_elems(k, experts[i][2] == 2) for i, k in enumerate(mine) if k > 0)) for mine in lengths]
 
 
 _DENSE: dict = {}
@@ -379,6 +466,7 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
     if needs_main_grad(layout):  # fp32 main gradients in place of the parameters' dtype (llmtrain/train/main_grad.py)
         g_bytes = sum(n * 4 for s, n, b in trained if sh > 1 or not s.frozen)
     if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: a slice of each
+        trained = [x for x in trained if not x[0].frozen]  # frozen ones (MoE expert bias) are kept out of V2's list
         lengths = v2_slice_lengths([(n, b) for _, n, b in trained], sh, getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20)
         g_main = sum(n * 4 for _, n, _ in trained)  # fp32 main gradients (main-gradient training)
         out = []

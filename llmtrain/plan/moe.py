@@ -30,7 +30,8 @@ The kernels follow the agreed formulation of llmtrain's `Experts.forward` op for
   transpose back (paddle/phi/kernels/gpu/cum_kernel.cu; `_scan`). On a GPU llmtrain's combine is Paddle's fused
   `moe_combine` when present; it is priced as the tensor ops it replaces (the CPU path and fallback, what the
   twin runs);
-- the shared expert(s): a dense FFN of `moe_num_shared_experts` x the expert width (kernel_ops._mlp) and the add;
+- the shared expert(s): a dense FFN of `moe_num_shared_experts` x the expert width (kernel_ops._mlp; split over tp
+  like the dense MLP) and the add;
 - the balancing terms (f = counts / T, P = the probabilities' mean, the z-loss's logsumexp [T, E]) and the
   statistics' adds, on the device; per micro-batch `balancing_loss_kernels` (aux, z and their coefficients).
 
@@ -158,8 +159,12 @@ def inverse_index_add(n_rows: int, kept: int, h: int) -> Kernel:
     return Kernel("mem", "moe_index_add_inv", ("moe_index_add_inv60", (empty - 0.2) / 0.4), numel=n_rows * h)
 
 
-def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
-    """Add the kernels of one MoE feed-forward over this rank's T tokens to the pass `p` (module docstring)."""
+def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int, t: int = 1, sp: bool = False) -> None:
+    """Add the kernels of one MoE feed-forward over this rank's T tokens to the pass `p` (module docstring); `t`:
+    the tensor-parallel degree (the shared experts are column and row linears split over it; the router and the
+    routed experts are replicated over the tp ranks, llmtrain/parallel/experts.py); `sp` (sequence parallelism,
+    t > 1): T is the rank's sequence shard, which it routes alone, while the shared experts' column linears work on
+    the gathered t·T positions (their transposes: `kernel_ops._seq_edge`)."""
     h, E, k, f = cfg.hidden_size, cfg.moe_num_experts, cfg.moe_top_k, cfg.expert_ffn_size()
     kT, TE, kTE = k * T, T * E, k * T * E
     C = capacity(cfg, T, plan)
@@ -238,7 +243,7 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int) -> None:
         p.op([mem("mul", T * h)], [mem("mul", T * h)])
     if cfg.moe_num_shared_experts > 0:
         with p.part("shared_experts"):
-            _mlp(p, cfg, T, T, cfg.moe_num_shared_experts * f, fused, False, cfg.bias)
+            _mlp(p, cfg, T * t if sp else T, T, cfg.moe_num_shared_experts * f // t, fused, sp, cfg.bias)
         p.op([mem("add", T * h)])
     # balancing terms (counts / T, the probabilities' mean, z = logsumexp^2 mean) and the statistics' adds
     p.op(_tiny(E) + [mem("add", TE), mem("moe_logsumexp", TE)] + _tiny(T) + _tiny(1),

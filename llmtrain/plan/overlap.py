@@ -16,7 +16,8 @@ nothing overlaps). What each layout does, read in Paddle 3.3.1:
   (`PipelineParallel.register_allreduce_overlap_hook`'s group size) are issued from the last backward.
 - sharding stage 1, V1: each gradient reduced to its owner after the backward (exposed); with `tensor_fusion` or
   `comm_overlap` one reduce per fused bucket of an owner's parameters (`comm_buffer_size_MB`), issued from the last
-  backward with `parallel.sharding_comm_overlap`; `split_param` (V2):
+  backward with `parallel.sharding_comm_overlap` (pp = 1; under pp tensor fusion's buckets are reduced after the
+  pipeline's backward); `split_param` (V2):
   one reduce-scatter per 256 MiB bucket (`sharding_configs.comm_buffer_size_MB`), after the backward unless
   `parallel.sharding_comm_overlap` (pp = 1) or `parallel.pp_sharding_comm_overlap` (pp > 1, 128 MiB buckets)
   issues them from the last backward. The updated parameters' broadcast (V1) / all-gather (V2) follows the update,
@@ -80,8 +81,10 @@ def gradient_syncs(layout, gpu: bool = True, e: float = 2.0) -> dict:
         if pp:
             on = layout.pp_sharding_comm_overlap
             kind = "reduce-scatter" if layout.sharding_split_param else "reduce"
+            fused = layout.sharding_split_param or layout.sharding_tensor_fusion  # V2's or V1's own buckets
             out["sharding"] = SyncPlan(kind, gpu and on, PIPELINE_BUCKET if on else
-                                       (SHARDING_BUCKET if layout.sharding_split_param else 0.0), "pp_sharding_comm_overlap")
+                                       (getattr(layout, "sharding_comm_buffer_mb", 256) * MIB if fused else 0.0),
+                                       "pp_sharding_comm_overlap")
         elif layout.sharding_split_param:
             out["sharding"] = SyncPlan("reduce-scatter", gpu and layout.sharding_comm_overlap,
                                        getattr(layout, "sharding_comm_buffer_mb", 256) * MIB,

@@ -37,17 +37,23 @@ def _presets() -> dict:
     return found
 
 
-def launch_overrides(row: dict, given_amp: str) -> list[str]:
-    """The overrides that run `row` (a `llmtrain.plan.search.evaluate` row) as planned."""
-    degrees = {k: row.get(k, DEGREES[k]) for k in DEGREES}
+@functools.lru_cache(maxsize=4096)
+def _layout_overrides(values: tuple) -> tuple:
+    """The overrides that select the layout of degrees `values` (DEGREES' order): a preset, or `+parallel=custom`
+    with every degree that is not 1 (none for one device); remembered (a ranking asks for every row)."""
+    degrees = dict(zip(DEGREES, values))
     key = tuple(sorted((degrees | {"name": None, "defaults": None}).items()))
     preset = _presets().get(key)
     if degrees == DEGREES:
-        out = []  # one device: no +parallel
-    elif preset:
-        out = [f"+parallel={preset}"]
-    else:
-        out = ["+parallel=custom"] + [f"parallel.{k}={v}" for k, v in degrees.items() if v != DEGREES[k]]
+        return ()  # one device: no +parallel
+    if preset:
+        return (f"+parallel={preset}",)
+    return ("+parallel=custom", *(f"parallel.{k}={v}" for k, v in degrees.items() if v != DEGREES[k]))
+
+
+def launch_overrides(row: dict, given_amp: str) -> list[str]:
+    """The overrides that run `row` (a `llmtrain.plan.search.evaluate` row) as planned."""
+    out = list(_layout_overrides(tuple(map(row.get, DEGREES, DEGREES.values()))))  # row.get(k, default) per k
     out += [f"parallel.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in row.get("knobs", {}).items()]
     out.append(f"train.micro_batch_size={row['micro_batch']}")
     if row["recompute"] not in (False, "none"):

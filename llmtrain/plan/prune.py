@@ -6,7 +6,9 @@ ranking prices the default (cost-balanced) split only for layouts that might fit
 
 `llmtrain.plan.estimate.memory_estimate` prices a pipeline stage s holding b_s blocks (its chunks' blocks) as its
 worst rank's parameters, gradients and optimizer states plus flight_s micro-batches of its blocks' activations
-(`estimate.in_flight`), the embedding's holdings on stage 0, the head's and the logits on the last, the
+(`estimate.in_flight`; under DualPipeV each block at least `dualpipe_memory.v_least_flight`, whichever of the stage's
+two chunks holds it), the embedding's holdings on stage 0, the head's and the logits on the last (DualPipeV: on
+stage 0), the
 framework margin on every one. Each block adds at least u_s = the least, over the model's blocks, of (its
 parameters + gradients + optimizer states / the ranks sharing them + flight_s x its saved bytes, or under full
 recompute flight_s x its kept input): the worst rank of a stage holds at least the average of its ranks, and
@@ -18,6 +20,7 @@ numbers summing to L): a layout whose bound exceeds the device's memory fits und
 """
 from __future__ import annotations
 
+from llmtrain.plan.dualpipe_memory import v_least_flight
 from llmtrain.plan.estimate import activation_parts, in_flight, moe_blocks
 from llmtrain.plan.memory import _local_entries, _opt_elems, _spec_list
 
@@ -33,19 +36,34 @@ def _held(cfg, layout, amp: str) -> tuple[list, float, float]:
     hit = _PARTS.get(key)
     if hit is not None and hit[0] is cfg:
         return hit[1]
-    blocks = [0.0] * cfg.num_layers
-    ends = {"first": 0.0, "last": 0.0}
-    for s, n, b in _local_entries(_spec_list(cfg, None), layout.tp, ep, amp)[0]:  # elements on a rank, bytes each
-        trained = s.trainable and not s.frozen
-        share = (edp if sh > 1 else 1) if (ep > 1 and s.expert) else sh
-        bytes_ = n * b + (n * b if trained else 0) + 4 * _opt_elems(n, b == 2, not trained) / share
-        if s.chunk in ends:
-            ends[s.chunk] += bytes_
-        else:
-            blocks[s.chunk] += bytes_
-    out = (blocks, ends["first"], ends["last"])
+    sums = _chunk_sums(cfg, layout.tp, ep, amp)
+    e_share = (edp if sh > 1 else 1) if ep > 1 else sh  # the experts' states: over edp (sharded) or whole
+    per = {c: fixed + 4 * dense_opt / sh + 4 * expert_opt / e_share for c, (fixed, dense_opt, expert_opt) in sums.items()}
+    out = ([per.get(i, 0.0) for i in range(cfg.num_layers)], per.get("first", 0.0), per.get("last", 0.0))
     _PARTS[key] = (cfg, out)
     return out
+
+
+_SUMS: dict = {}
+
+
+def _chunk_sums(cfg, tp: int, ep: int, amp: str) -> dict:
+    """{chunk: (bytes of its parameters and gradients on a rank, optimizer elements of its dense parameters, of its
+    routed experts' (ep > 1))}, exact integers, per model and (tp, ep, precision): `_held` divides the optimizer
+    elements by the ranks sharing them."""
+    key = (id(cfg), tp, ep, amp)
+    hit = _SUMS.get(key)
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
+    sums: dict = {}
+    for s, n, b in _local_entries(_spec_list(cfg, None), tp, ep, amp)[0]:  # elements on a rank, bytes each
+        trained = s.trainable and not s.frozen
+        fixed, dense_opt, expert_opt = sums.get(s.chunk, (0, 0, 0))
+        opt = _opt_elems(n, b == 2, not trained)
+        sums[s.chunk] = (fixed + n * b + (n * b if trained else 0), dense_opt + (0 if ep > 1 and s.expert else opt),
+                         expert_opt + (opt if ep > 1 and s.expert else 0))
+    _SUMS[key] = (cfg, sums)  # the model kept alive with its id
+    return sums
 
 
 def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: str, dev,
@@ -60,16 +78,31 @@ def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: 
     dense, moe_act, kept, logits = activation_parts(cfg, layout, seq_len, mode, dev.dtype_bytes, flash, device,
                                                     moe_imbalance)
     blocks, first, last = _held(cfg, layout, amp)
-    kinds = {(h, moe_act if is_moe else dense) for h, is_moe in zip(blocks, moe_blocks(cfg))}  # the distinct blocks
+    kinds = _kinds(cfg, blocks, dense, moe_act)
     least_act = min(a for _, a in kinds)
     fixed, per = [], []
+    dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    head = 0 if dualpipev else p - 1  # the stage of the head and logits (DualPipeV's V: stage 0)
     for st in range(p):
-        f = in_flight(p, v, m, st)
+        f = v_least_flight(p, st) if dualpipev else in_flight(p, v, m, st)
         per.append(min(h + f * (kept if mode == "full" else a) for h, a in kinds))
         block = least_act if mode == "full" and not parts else 0.0  # a re-running block's full set
-        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0)  # on the last stage: the larger of it and
-                     + (last + max(logits, block) if st == p - 1 else block))  # the head's peak (`_beyond_head`)
+        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0)  # on the head's stage: the larger of it and
+                     + (last + max(logits, block) if st == head else block))  # the head's peak (`_beyond_head`)
     return water_level(fixed, per, cfg.num_layers)
+
+
+def _kinds(cfg, blocks: list, dense: float, moe_act: float) -> tuple:
+    """The distinct (held bytes, saved bytes) of the model's blocks, remembered per holdings list and sizes."""
+    key = (id(blocks), dense, moe_act)
+    hit = _KINDS.get(key)
+    if hit is None or hit[0] is not blocks:
+        kinds = {(h, moe_act if is_moe else dense) for h, is_moe in zip(blocks, moe_blocks(cfg))}  # the distinct blocks
+        hit = _KINDS[key] = (blocks, tuple(kinds))  # the holdings list kept alive with its id
+    return hit[1]
+
+
+_KINDS: dict = {}
 
 
 def water_level(fixed: list, per: list, total: float) -> float:

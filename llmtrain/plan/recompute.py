@@ -172,6 +172,8 @@ def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, opti
             in_flight = cfg.num_layers
         elif v == 1:
             in_flight = min(p, m) * cfg.num_layers / p
+        elif getattr(layout, "pp_schedule", "1f1b") == "dualpipev":  # 2 pp + 1 chunk-micro-batches at its peak
+            in_flight = min(2 * p + 1, m * v) * cfg.num_layers / (p * v)  # (llmtrain/plan/dualpipe_memory.py)
         else:
             in_flight = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
         on_host = max(0.0, (in_flight - 2) * kept)  # all kept inputs but the re-running block's and the prefetched

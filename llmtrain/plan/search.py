@@ -29,12 +29,13 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layout_name(dp, tp, pp, sharding, stage, v, cp=1, cp_comm="ring", ep=1) -> str:
-    """`dp8tp2sharding4s1`, `pp4v2`, `dp2cp4ring`, `pp8sharding32s1ep32`, ...: the degrees above 1 (s = sharding
-    stage, v = virtual stages, cp with its exchange, ep the expert-parallel degree)."""
+def layout_name(dp, tp, pp, sharding, stage, v, cp=1, cp_comm="ring", ep=1, schedule="1f1b") -> str:
+    """`dp8tp2sharding4s1`, `pp4v2`, `pp8dpv`, `dp2cp4ring`, `pp8sharding32s1ep32`, ...: the degrees above 1 (s =
+    sharding stage, v = virtual stages, dpv the DualPipeV schedule, cp with its exchange, ep the expert-parallel
+    degree)."""
     name = "".join(f"{a}{d}" for a, d in (("dp", dp), ("tp", tp), ("pp", pp)) if d > 1)
     name += f"sharding{sharding}s{stage}" if sharding > 1 else ""
-    name += f"v{v}" if v > 1 else ""
+    name += "dpv" if schedule == "dualpipev" and pp > 1 else f"v{v}" if v > 1 else ""
     name += f"cp{cp}{cp_comm}" if cp > 1 else ""
     name += f"ep{ep}" if ep > 1 else ""
     return name or "single"
@@ -47,7 +48,8 @@ def expert_degrees(data: int, experts: int) -> list[int]:
 
 
 def candidates(n: int, context: bool = False, experts: int = 0):
-    """ParallelConfig for every (dp, tp, pp, sharding, stage, schedule, v, ep) with dp·tp·pp·sharding = n (ep: every
+    """ParallelConfig for every (dp, tp, pp, sharding, stage, schedule, v, ep) with dp·tp·pp·sharding = n (schedule:
+    1F1B, interleaved with v = 2 or 4 for pp > 2, DualPipeV for pp >= 2, where `layout_problems` admits it; ep: every
     degree `expert_degrees` allows for `experts` routed experts); with `context` (a parallel config that has cp),
     instead every layout with cp > 1 (dp·tp·pp·sharding·cp = n), each cp exchange (ring, allgather, a2a), ep 1
     (expert parallelism under cp is refused)."""
@@ -58,11 +60,13 @@ def candidates(n: int, context: bool = False, experts: int = 0):
                 for sh in _divisors(n // (cp * tp * pp)):
                     dp = n // (cp * tp * pp * sh)
                     for stage in ((1, 2, 3) if sh > 1 else (1,)):
-                        for sched, v in [("1f1b", 1)] + ([("interleaved", k) for k in (2, 4)] if pp > 2 else []):
+                        # DualPipeV not generated where `dualpipe_problems` refuses it (tp, cp)
+                        for sched, v in ([("1f1b", 1)] + ([("interleaved", k) for k in (2, 4)] if pp > 2 else [])
+                                         + ([("dualpipev", 1)] if pp > 1 and tp == 1 and cp == 1 else [])):
                             for comm in (("ring", "allgather", "a2a") if cp > 1 else ("ring",)):
                                 extra = {"cp": cp, "cp_comm": comm} if cp > 1 else {}
                                 for ep in (expert_degrees(dp * sh, experts) if cp == 1 else [1]):
-                                    yield ParallelConfig(name=layout_name(dp, tp, pp, sh, stage, v, cp, comm, ep),
+                                    yield ParallelConfig(name=layout_name(dp, tp, pp, sh, stage, v, cp, comm, ep, sched),
                                                          dp=dp, tp=tp, pp=pp, sharding=sh, sharding_stage=stage,
                                                          pp_schedule=sched, virtual_pp=v, ep=ep, **extra)
 
@@ -113,7 +117,7 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     cp, cp_comm = getattr(layout, "cp", 1), getattr(layout, "cp_comm", "ring")
     ep = getattr(layout, "ep", 1)
     name = layout_name(layout.dp, layout.tp, layout.pp, layout.sharding, layout.sharding_stage, layout.virtual_pp,
-                       cp, cp_comm, ep)
+                       cp, cp_comm, ep, layout.pp_schedule)
     row = {"name": name, "dp": layout.dp, "cp": cp, "cp_comm": cp_comm, "tp": layout.tp, "pp": layout.pp,
            "virtual_pp": layout.virtual_pp, "pp_layers": list(layout.pp_layers),
            "pp_schedule": layout.pp_schedule, "sharding": layout.sharding, "sharding_stage": layout.sharding_stage,
@@ -183,7 +187,7 @@ def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
                desc=f"ranking {model_cfg.name} on {cfg.plan.devices} x {cfg.plan.device}" + (" (cp)" if context else ""),
                unit=" parallel configs", disable=None if progress else True)  # None: off unless stderr is a terminal
     for pc in pcs:
-        key = (pc.tp, pc.pp, pc.virtual_pp, pc.ep, pc.dp * pc.sharding)  # all model_fit_problems reads
+        key = (pc.tp, pc.pp, pc.virtual_pp, pc.pp_schedule, pc.ep, pc.dp * pc.sharding)  # all model_fit_problems reads
         if key not in fit_memo:
             fit_memo[key] = bool(model_fit_problems(pc, model_cfg))
         if fit_memo[key]:

@@ -48,11 +48,16 @@ def layer_costs(model_cfg, dev: Profile, *, micro_batch: int, seq_len: int, tp: 
                           ce_core="vocab_parallel_ce" in dev.mem_curves, cp=cp, moe=moe)
 
     memo = dev.__dict__.setdefault("_kernel_memo", {})  # a kernel's device time, per profile (as timeline.Stream)
+    by_id = dev.__dict__.setdefault("_kernel_memo_ids", {})  # the same per kernel object: the lists are shared
 
     def priced(k) -> float:
+        hit = by_id.get(id(k))
+        if hit is not None and hit[0] is k:
+            return hit[1]
         d = memo.get(k)
         if d is None:
             d = memo[k] = kernel_seconds(dev, k)
+        by_id[id(k)] = (k, d)  # the kernel kept alive with its id
         return d
 
     def seconds(**piece) -> float:
@@ -94,4 +99,11 @@ def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recomp
         return layout
     costs = layer_costs(model_cfg, dev, micro_batch=layout.micro_batch, seq_len=seq_len, tp=layout.tp,
                         sequence_parallel=layout.sequence_parallel, cp=layout.cp, recompute=recompute, moe=moe)
-    return dataclasses.replace(layout, pp_layers=balanced_split(costs, layout.pp * layout.virtual_pp))
+    split = balanced_split(costs, layout.pp * layout.virtual_pp)
+    hit = _SPLIT_LAYOUTS.get((id(layout), split))  # the ranking asks again per recompute mode of one layout
+    if hit is None or hit[0] is not layout:
+        hit = _SPLIT_LAYOUTS[(id(layout), split)] = (layout, dataclasses.replace(layout, pp_layers=split))
+    return hit[1]
+
+
+_SPLIT_LAYOUTS: dict = {}

@@ -136,13 +136,20 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
         init_parameters(base, cfg.model, cfg.seed, slices)
     if lora:
         init_adapters(named, frozen, run, slices)
-    optimizer, scheduler = build_optimizer(named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
+    # stage-1 V2 lays every optimizer parameter into its buckets and asserts each is trainable: the frozen ones (the
+    # MoE router's expert_bias, moved by its own rule) stay out of its list; elsewhere they get no state either
+    opt_named = [(n, p) for n, p in named if not p.stop_gradient] if layout.sharding_split_param else named
+    optimizer, scheduler = build_optimizer(opt_named, cfg.optim, cfg.train.max_steps, multi_precision=amp.enabled)
     core, optimizer = amp.decorate(core, optimizer)
     if main_grad_on(cfg.train, layout):  # fp32 gradient buffers: what fleet's fused communication buffers need
         core, optimizer = attach_main_grad(core, optimizer, amp)
     local.core = core
     model, optimizer, scaler = parallelize(local, optimizer, amp.scaler(), layout, topo)  # + a wrapper's step hooks
     clip = install_recording_clip(optimizer)
+    if layout.sharding_tensor_fusion and layout.pp > 1:  # a tied table's later copy inside a fused parameter
+        from llmtrain.paddle_compat.sharding_fused import secondary_shared_spans
+
+        clip.shared_spans = secondary_shared_spans(optimizer, core.parameters())
     local.hooks.extend(timeline_hooks(model, optimizer, cfg.run.dir, topo.rank))  # fused buckets: overlap/rank_N.jsonl
     local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
     offload = None

@@ -192,3 +192,40 @@ def test_ring_through_flash_kernels_equals_one_device(cp, heads, widths, flash, 
         for call in blocks:  # flash aligns a causal mask bottom-right: the ring only ever hands it square ones
             assert not call["causal"] or call["q"].shape[1] == call["k"].shape[1], call["q"].shape
         assert sum(c["causal"] for c in flash["flash_attn"].calls) == cp  # one own-chunk block per rank
+
+
+def test_a_ring_ranks_flash_calls_are_the_planned_ones(flash, monkeypatch):
+    """The planner's kernel list for a cp2 rank on flash attention (`llmtrain.plan.kernels._ring_flash_core`) is what
+    the ring calls: per ring step one `flash_attn` and one `flash_attn_grad` on that step's block, as
+    (batch·heads, keys, head dim, causal, kv heads, query rows); rank 0 exactly as listed, rank 1 (which holds an
+    earlier rank's keys: 2c x c blocks where rank 0 has c x 2c) the same work per call."""
+    if not flash:
+        pytest.skip("on a GPU the kernels are not replaced: the calls are counted on CPU")
+    from llmtrain.models.config import ModelConfig
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+
+    cp, b = 2, 2
+    cfg = ModelConfig(name="ring", hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, ffn_hidden_size=128,
+                      vocab_size=64, max_position_embeddings=16, position="rope", norm="rmsnorm", activation="swiglu",
+                      bias=False, tie_embeddings=False)
+    nh, nkv, d = cfg.num_heads, cfg.kv_heads(), cfg.attn_head_dim()
+    group = ThreadGroup(cp)
+    group.install(monkeypatch)
+    seen = {"flash_attn": [], "flash_attn_grad": []}
+    for name, causal_at in (("flash_attn", 6), ("flash_attn_grad", 9)):  # (the flag's position in Paddle's call)
+        def tagged(*args, _inner=getattr(paddle._C_ops, name), _seen=seen[name], _at=causal_at):
+            q, k = args[0], args[1]
+            _seen.append((group.rank, (q.shape[0] * q.shape[2], k.shape[1], q.shape[3], bool(args[_at]), k.shape[2],
+                                       q.shape[1])))
+            return _inner(*args)
+
+        monkeypatch.setattr(paddle._C_ops, name, tagged)
+    tensors = random_tensors(np.random.default_rng(5), b=b, s=4 * cp, nh=nh, nkv=nkv, d=d, dv=d, dtype="float16")
+    run_exchange(group, "ring", tensors, dtype="float16")
+    planned = micro_batch_kernels(MicroBatchSpec(cfg, b, 4 * cp, t=1, e=2, gpu=True, flash=True, cp=cp, layers=1,
+                                                 first=False, last=False))
+    for name, kind in (("flash_attn", "attn_fwd"), ("flash_attn_grad", "attn_bwd")):
+        want = sorted(k.shape for k in planned.forward + planned.backward if k.kind == kind)
+        assert len(want) == cp and sorted(s for r, s in seen[name] if r == 0) == want, (name, seen[name], want)
+        work = lambda shapes: sorted((bh * keys * rows, causal) for bh, keys, _, causal, _, rows in shapes)  # noqa: E731
+        assert work(s for r, s in seen[name] if r == 1) == work(want), name

@@ -86,11 +86,13 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "dp2tp2": Degrees(dp=2, tp=2), "tp2pp2": Degrees(tp=2, pp=2), "dp2pp2": Degrees(dp=2, pp=2),
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2), "sharding2v2": Degrees(sharding=2, v2=True),
     "sharding2pp2": Degrees(sharding=2, pp=2, v2=True), "tp2sharding2v2": Degrees(tp=2, sharding=2, v2=True),
-    "tp2sharding2tf": Degrees(tp=2, sharding=2, fused=True),
+    "tp2sharding2tf": Degrees(tp=2, sharding=2, fused=True), "sharding2v2ep": Degrees(sharding=2, v2=True),
+    "sharding2pp2tf": Degrees(sharding=2, pp=2, fused=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
+    "dp2pp2dpv": Degrees(dp=2, pp=2, vpp=2, v=True), "sharding2pp2dpv": Degrees(sharding=2, pp=2, vpp=2, v=True),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
-    "sharding2cp2": Degrees(sharding=2, cp=2), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
+    "sharding2cp2": Degrees(sharding=2, cp=2), "sharding2v2cp2": Degrees(sharding=2, cp=2, v2=True), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
     "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
 }
 """Context parallelism (cp): every cp rank holds what its cp rank 0 holds (parameters, optimizer state, gradients
@@ -396,12 +398,13 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
     zero3 = d.sharding > 1 and d.stage == 3
     edp = d.dp * d.sharding // d.ep
     sharded_experts = d.sharding > 1 and edp > 1
-    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, 1, split)
+    blocks = stage_layers(got, len({_layer(n) for n in full} - {None}), d.pp, d.vpp, split, d.v)
+    head = 0 if d.v else d.pp - 1  # the stage of the final norm and head (DualPipeV's V: with the embedding)
     stages: dict = {}
     for e in ranks:  # pipeline stages: this stage's layers only, the same names on every rank of a stage
         s = e["pp_rank"]
         want = {n for n in full if (_layer(n) is not None and _layer(n) in blocks[s])
-                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == d.pp - 1))}
+                or (_layer(n) is None and (s == 0 if n.startswith("embed.") else s == head))}
         assert set(e["params"]) == want, (f"pp{d.pp}: rank {e['rank']} (stage {s}) holds "
                                           f"{sorted(set(e['params']) ^ want)[:4]} beyond (or short of) its stage's layers")
         stages.setdefault(s, set(e["params"]))
@@ -435,14 +438,17 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
             state = e["optimizer_params"].get(name)
             if FROZEN.fullmatch(name):
                 assert state is None, (e["rank"], name, state)
+            elif d.v2:
+                pass  # flat V2 slices, checked per group below
             elif (not sharded_experts) if expert else (d.sharding == 1 or zero3):
                 assert state == adam_state(p["numel"]), (e["rank"], name, state)
             else:
                 assert state in (None, adam_state(p["numel"])), (e["rank"], name, state)
         if d.sharding == 1 or d.stage == 1:
-            frozen = 0 if d.sharding > 1 else sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))
+            frozen = 0 if d.sharding > 1 and not d.v2 else \
+                sum(p["bytes"] for n, p in e["params"].items() if FROZEN.fullmatch(n))  # V2: not in its buckets
             freed = sum(p["bytes"] for n, p in e["params"].items() if EXPERTS.fullmatch(n) and sharded_experts
-                        and n not in e["optimizer_params"])
+                        and n not in e["optimizer_params"] and not d.v2)
             assert e["grad_bytes"] == e["param_bytes"] - frozen - freed, (e["rank"], e["grad_bytes"], e["param_bytes"])
         else:
             assert e["grad_bytes"] > 0, e["rank"]
@@ -453,6 +459,13 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
         for name in stages[members[0]["pp_rank"]]:
             if EXPERTS.fullmatch(name):
                 assert sum(m["params"][name]["numel"] for m in members) == prod(full[name]), name
+    if d.v2:  # stage-1 V2: dense states split by position over sharding, the experts' (own buckets) over edp
+        for members in edp_groups.values():
+            check_v2_split("edp", members, lambda n: EXPERTS.fullmatch(n) is not None, edp)
+        for members in sharding_groups.values():
+            check_v2_split("sharding", members, lambda n: not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n),
+                            d.sharding)
+        return
     if sharded_experts:  # each expert tensor's state on one rank of its edp group, balanced
         for members in edp_groups.values():
             _check_partition("edp", members, lambda n: EXPERTS.fullmatch(n) is not None, edp)
@@ -460,6 +473,30 @@ def check_expert_memory(got: dict, ref: dict, d: Degrees, segment_size: int = 2*
         for members in sharding_groups.values():
             _check_partition("sharding", members, lambda n: not EXPERTS.fullmatch(n) and not FROZEN.fullmatch(n),
                              d.sharding)
+
+
+def check_v2_split(kind: str, members: list, trained, degree: int, require_split: bool = True) -> None:
+    """Stage-1 V2 over a group of `degree` `members`: each `trained(name)` parameter's AdamW state (two moments of
+    its slice length L, two [1] beta powers) in slices whose lengths sum to the parameter padded to a multiple of
+    64 x degree elements, each member 1/degree of the padded total, some parameter held in parts by two members
+    when degree > 1 and `require_split` (the LoRA adapters, all multiples of 64 x degree, may meet the members'
+    boundary between two of them); the frozen expert bias has no state."""
+    assert len(members) == degree, (kind, [m["rank"] for m in members])
+    params = members[0]["params"]
+    names = {n for n in params if trained(n)}
+    unit = V2_ALIGN_ELEMENTS * degree
+    padded = {n: -(-params[n]["numel"] // unit) * unit for n in names}
+    lengths = [{n: (k - 2) // 2 for n, k in m["optimizer_params"].items() if n in names} for m in members]
+    for m, mine in zip(members, lengths):
+        assert all(m["optimizer_params"][n] == 2 * k + 2 for n, k in mine.items()), (kind, m["rank"])
+        assert not any(FROZEN.fullmatch(n) for n in m["optimizer_params"]), (kind, m["rank"])
+        assert sum(mine.values()) == sum(padded.values()) // degree, (
+            f"{kind}: rank {m['rank']} keeps {sum(mine.values())} state elements, 1/{degree} of the padded "
+            f"{sum(padded.values())} expected")
+    total = {n: sum(mine.get(n, 0) for mine in lengths) for n in names}
+    assert total == padded, f"{kind}: slices per parameter {_diff(total, padded)}"
+    assert degree == 1 or not require_split or any(sum(n in mine for mine in lengths) > 1 for n in names), \
+        f"{kind}: nothing split"
 
 
 def _check_partition(kind: str, members: list, trained, degree: int) -> None:

@@ -15,7 +15,8 @@ gradients alone through every exchange), a sliding-window Llama under a2a (the m
 sequence) and multi-head latent attention (values narrower than q/k) under the ring; its Llama ring run also
 evaluates held-out batches (loss and tokens equal to one process's) and writes step 2, from which a dp2 launch
 resumes and matches steps 3-4. The 4-process layouts: dp2cp2 (a2a), tp2cp2 with sequence parallelism (ring), pp2cp2
-(allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ZeRO-2 and ZeRO-3, ring).
+(allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ZeRO-3, and one of ZeRO-2 and
+stage-1 V2 with its comm overlap drawn, ring).
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ RUNS = {  # name: (model, extra overrides, one-process reference run)
     "mla": ("llama", MLA, "mla"),
     "llama_zero2": ("llama", ["parallel.sharding_stage=2"], "llama"),
     "llama_zero3": ("llama", ["parallel.sharding_stage=3", "parallel.zero3_segment_size=1024"], "llama"),
+    "llama_v2": ("llama", ["parallel.sharding_split_param=true", "parallel.sharding_comm_overlap=true"], "llama"),
     "llama_fp8": ("llama", ["train.fp8=blockwise"], "llama_fp8_cp2"),
     "llama_fp8tw": ("llama", ["train.fp8=tensorwise"], "llama_fp8tw_cp2"),
 }
@@ -70,8 +72,24 @@ LAUNCHES = {  # layout: (processes, runs)
     "dp2cp2": (4, ["llama_a2a"]),
     "tp2cp2": (4, ["llama"]),
     "pp2cp2": (4, ["llama_allgather", "gpt_allgather"]),
-    "sharding2cp2": (4, ["llama", "llama_zero2", "llama_zero3"]),
+    "sharding2cp2": (4, ["llama", "llama_zero3"]),
 }
+SHARDING_DRAWN = [("llama_zero2",), ("llama_v2",)]
+"""sharding2cp2's third run, one of them per suite run (`llmtest.draw`; LLMTRAIN_SAMPLE_SEED=all runs both): ZeRO-2,
+or stage-1 V2 with its comm overlap (fp32 main gradients in V2's buckets, reduce-scattered over sharding from the
+backward; fleet then sums the slices over dp x sep, from the first step: `llmtrain.paddle_compat.sharding_v2.
+slices_before_dp_sync`)."""
+
+
+def launch_runs(layout: str) -> list[str]:
+    """The runs of one layout's launch: `LAUNCHES`, the drawn FP8 runs under cp2, the drawn sharding run."""
+    names = list(LAUNCHES[layout][1])
+    if layout == "cp2":
+        names += fp8_runs()
+    if layout == "sharding2cp2":
+        chosen = draw(SHARDING_DRAWN)[1]
+        names[1:1] = [n for g in SHARDING_DRAWN for n in g if n in chosen]
+    return names
 
 
 FP8_TENSORWISE_LATER = 1e-3
@@ -118,8 +136,7 @@ def launched(tiny_corpus, tmp_path_factory):
 
     def launch(layout: str):
         if layout not in done:
-            nproc, names = LAUNCHES[layout]
-            names = names + (fp8_runs() if layout == "cp2" else [])
+            nproc, names = LAUNCHES[layout][0], launch_runs(layout)
             root = tmp_path_factory.mktemp(f"cp_{layout}")
             runs = [_overrides(tiny_corpus, root, n) + [f"+parallel={layout}"]
                     + (["checkpoint.interval=2", *EVAL] if (layout, n) == ("cp2", "llama") else []) for n in names]
@@ -173,14 +190,14 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
     root = launched(layout)
     d = DEGREES[layout]
     accum = 8 // (MICRO * d["dp"] * d.get("sharding", 1))
-    for name in LAUNCHES[layout][1] + (fp8_runs() if layout == "cp2" else []):
+    for name in launch_runs(layout):
         model, extra, ref_name = RUNS[name]
         ref, ref_memory = reference[ref_name]
         later = FP8_TENSORWISE_LATER if "train.fp8=tensorwise" in extra else None
         worst = check_steps(f"{layout} {name}", ref, metrics(root / name), list(range(1, STEPS + 1)), later)
         memory = json.loads((root / name / "memory.json").read_text())
         stage = next((o.split("=")[1] for o in extra if o.startswith("parallel.sharding_stage=")), None)
-        held_layout = f"zero{stage}cp2" if stage else layout
+        held_layout = f"zero{stage}cp2" if stage else "sharding2v2cp2" if name == "llama_v2" else layout
         check_memory(memory, ref_memory, held_layout, tied=model == "gpt", segment_size=1024 if stage == "3" else 2**20)
         check_groups(memory, d.get("sharding", 1), 1)
         check_predicted(memory, held_layout)

@@ -6,6 +6,8 @@ launches that train it against one process are in tests/parallel/test_parity.py:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import paddle
 import pytest
@@ -13,7 +15,8 @@ import pytest
 from llmtrain.models import model_stages
 from llmtrain.models.config import ModelConfig
 from llmtrain.parallel.config import ParallelConfig, layout_tag
-from llmtrain.parallel.dualpipe import SplitWeightGradRoles, dualpipe_model_problems
+from llmtrain.parallel.dualpipe import SplitWeightGradRoles
+from llmtrain.parallel.dualpipe_checks import dualpipe_model_problems
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.parallel.pipeline import CHUNK_END, stage_descs
 from llmtrain.parallel.pp_split import chunk_stage, describe_split, stage_blocks
@@ -41,14 +44,25 @@ def test_dualpipev_layout_holds_two_chunks_per_stage():
 @pytest.mark.parametrize("parallel,needle", [
     (dict(pp=1, pp_schedule="dualpipev"), "parallel.pp=1"),
     (dict(pp=2, pp_schedule="dualpipev", virtual_pp=3), "parallel.virtual_pp=3"),
-    (dict(pp=2, dp=2, pp_schedule="dualpipev"), "parallel.dp=2"),
     (dict(pp=2, tp=2, pp_schedule="dualpipev"), "parallel.tp=2"),
-    (dict(pp=2, sharding=2, pp_schedule="dualpipev"), "parallel.sharding=2"),
+    (dict(pp=2, cp=2, pp_schedule="dualpipev"), "parallel.cp=2"),
+    (dict(pp=2, dp=2, pp_schedule="dualpipev", dp_comm_overlap=True), "parallel.dp_comm_overlap=true"),
+    (dict(pp=2, sharding=2, pp_schedule="dualpipev", sharding_split_param=True), "parallel.sharding_split_param=true"),
     (dict(pp=2, pp_schedule="zb"), "parallel.pp_schedule='zb'"),
 ])
 def test_dualpipev_refusals_name_the_fields(parallel, needle):
     _, problems = _layout(**parallel)
     assert any(needle in p for p in problems), problems
+
+
+@pytest.mark.parametrize("parallel", [dict(dp=2), dict(sharding=2), dict(dp=2, ep=2), dict(sharding=2, ep=2)],
+                         ids=["dp2", "sharding2", "dp2ep2", "sharding2ep2"])
+def test_dualpipev_composes_with_data_sharding_and_expert_axes(parallel):
+    """dp, stage-1 sharding and ep beside the V (launched against one process: dp2pp2dpv, sharding2pp2dpv)."""
+    p = ParallelConfig(pp=2, pp_schedule="dualpipev", **parallel)
+    moe = dataclasses.replace(MODEL, moe_num_experts=4)
+    layout, problems = layout_problems(p, TrainConfig(global_batch_size=16, micro_batch_size=1), p.world())
+    assert problems == [] and layout.v_shape and model_fit_problems(p, moe) == [], problems
 
 
 def test_dualpipev_needs_twice_pp_micro_batches_and_blocks():
@@ -60,11 +74,10 @@ def test_dualpipev_needs_twice_pp_micro_batches_and_blocks():
     assert any("16 pipeline chunks" in x for x in model_fit_problems(p, MODEL))  # 8 blocks < 2 x 8 chunks
 
 
-def test_moe_and_document_masks_are_refused_under_dualpipev():
-    moe = ModelConfig(name="m", hidden_size=64, num_layers=8, num_heads=4, ffn_hidden_size=128, vocab_size=256,
-                      moe_num_experts=4)
+def test_document_masks_are_refused_under_dualpipev_and_moe_is_not():
+    moe = dataclasses.replace(MODEL, moe_num_experts=4)
     p = ParallelConfig(pp=2, pp_schedule="dualpipev")
-    assert any("moe_num_experts=4" in x for x in dualpipe_model_problems(p, moe, False))
+    assert dualpipe_model_problems(p, moe, False) == []
     assert any("document_mask" in x for x in dualpipe_model_problems(p, MODEL, True))
     assert dualpipe_model_problems(ParallelConfig(pp=2), moe, True) == []
 

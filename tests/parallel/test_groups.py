@@ -11,7 +11,7 @@ import random
 import pytest
 from paddle.distributed.fleet.base.topology import CommunicateTopology
 
-from llmtrain.parallel.groups import AXIS_KINDS, KINDS
+from llmtrain.parallel.groups import AXIS_KINDS, KINDS, first_group
 from llmtrain.parallel.layout import Layout
 from llmtrain.parallel.strategy import FLEET_AXIS, Topology, build_strategy
 
@@ -58,12 +58,14 @@ def test_cp_sits_just_outside_tp_unless_ordered():
 def test_expert_groups_tile_the_data_ranks(seed):
     """data = dp x sharding of one (pp, cp, tp) coordinate, data index = dp coordinate x sharding + sharding
     coordinate; ep = ep consecutive data indices; edp = the data indices equal mod ep. Each kind partitions the
-    world, and an ep group meets each edp group of its data group in exactly one rank."""
+    world, and an ep group meets each edp group of its data group in exactly one rank. `first_group` is the group
+    holding rank 0."""
     for layout in _layouts(seed, 50):
         fleet = fleet_topology(layout)
         for kind in KINDS:
             groups = layout.group_ranks(kind)
             assert sorted(r for g in groups for r in g) == list(range(layout.world)), kind
+            assert first_group(layout, kind) == groups[0], (kind, layout)  # the planner's shortcut
         size = {"data": layout.data_parallel, "ep": layout.ep, "edp": layout.edp}
         for kind, n in size.items():
             assert {len(g) for g in layout.group_ranks(kind)} == {n}, (kind, layout)

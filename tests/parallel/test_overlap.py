@@ -92,10 +92,18 @@ def test_every_knob_maps_to_a_fleet_field():
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_tensor_fusion=true"),
      ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
       "DygraphShardingOptimizerV2"]),
-    (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.pp=2"),
-     ["parallel.sharding_tensor_fusion=true with parallel.pp=2: not built"]),
-    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
-     ["parallel.sharding_split_param=true with parallel.ep=2: not built"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_tensor_fusion=true"),
+     ["parallel.sharding_tensor_fusion=true with parallel.ep=2: not built"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_comm_overlap=true"),
+     ["parallel.sharding_comm_overlap=true with parallel.ep=2: not built"]),  # V1's reduce buckets: no colour
+    (("+parallel=dp2pp2", "parallel.ep=2", "parallel.dp_comm_overlap=true"),
+     ["parallel.dp_comm_overlap=true with parallel.ep=2: not built"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
+     ["parallel.sharding_split_param=true with parallel.ep=2 and parallel.pp=2: not built"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.cp=2", "parallel.sharding_tensor_fusion=true"),
+     ["parallel.sharding_tensor_fusion=true with parallel.cp=2: not built"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.cp=2", "parallel.dp_comm_overlap=true"),
+     ["parallel.dp_comm_overlap=true with parallel.cp=2: not built"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
      ["parallel.sharding_comm_overlap=true with parallel.pp=2: fleet asserts 'You should not use pipeline parallel "
       "and comm_overlap at the same time'"]),
@@ -120,9 +128,17 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
     (("+parallel=tp2sharding2", "parallel.sharding_split_param=true", "parallel.sharding_comm_overlap=true",
       "parallel.sequence_parallel=true"), ["sharding_comm_overlap", "sharding_split_param"]),
     (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true"), ["sharding_tensor_fusion"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.sharding_tensor_fusion=true", "parallel.pp=2"),
+     ["sharding_tensor_fusion"]),
     (("+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap"]),
     (("+parallel=tp2sharding2", "parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"),
      ["sharding_tensor_fusion", "sharding_comm_overlap"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
+     ["sharding_split_param"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_split_param=true",
+      "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap", "sharding_split_param"]),
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.cp=2", "parallel.sharding_split_param=true",
+      "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap", "sharding_split_param"]),
 ])
 def test_fused_buffer_knobs_are_accepted_and_need_main_grad(overrides, knobs):
     layout, problems = _problems(*overrides)
@@ -145,14 +161,22 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert main_grad_problems(TrainConfig(), v2, lora=False) == []
     assert main_grad_problems(TrainConfig(main_grad=False), v2, lora=False)[0].startswith(
         "train.main_grad=false with parallel.sharding_split_param=true")
-    assert main_grad_problems(TrainConfig(), v2, lora=True)[0].startswith(
-        "train.main_grad (on for parallel.sharding_split_param) with finetune.lora.rank > 0: not built")
-    assert "parallel.sharding_stage=2" in main_grad_problems(
-        TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False)[0]
+    assert main_grad_problems(TrainConfig(), v2, lora=True) == []  # V2 buckets hold the adapters only
+    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, pp=2), lora=True)[0].startswith(
+        "train.main_grad (on) with finetune.lora.rank > 0: not built")
+    assert "parallel.sharding_stage=3" in main_grad_problems(
+        TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=3), lora=False)[0]
+    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
+    assert "parallel.dp=2 alone" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2), lora=False)[0]
+    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, sharding=2), lora=False) == []
     assert "train.batch_rampup" in main_grad_problems(TrainConfig(batch_rampup=[2, 2, 16]), v2, lora=False)[0]
     tp_v2_sp = ParallelConfig(tp=2, sharding=2, sharding_split_param=True, sequence_parallel=True)
     assert main_grad_problems(TrainConfig(), tp_v2_sp, lora=False) == []  # V2 slices of tp pieces; sp hooks on main_grad
     assert "parallel.ep=2" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, ep=2), lora=False)[0]
+    ep_v2 = ParallelConfig(sharding=2, ep=2, sharding_split_param=True)  # the experts in V2 buckets of their own
+    assert main_grad_problems(TrainConfig(), ep_v2, lora=False) == []
+    assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, cp=2, sharding_split_param=True), lora=False) == []
+    assert "parallel.cp=2" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, cp=2), lora=False)[0]
     assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
     pp_v2 = ParallelConfig(pp=2, sharding=2, sharding_split_param=True, pp_sharding_comm_overlap=True)
     assert main_grad_problems(TrainConfig(), pp_v2, lora=False, tied=False) == []

@@ -11,14 +11,19 @@ sharding2, zero2 and zero3, and pp3 and pp3v2, each group sharing one fleet topo
 (`+parallel=custom parallel.pp=2 parallel.pp_layers=[3,2]`), the GPT under pp3 (8 blocks: the cost-balanced default
 split), the Llama under pp3 x 2 virtual stages in chunks of 1, 2, 1, 2, 1, 1 blocks (the interleaved schedule;
 Paddle 3.3.1 refuses it under pp2: "virtual pipeline must run under pp degree > 2"), MoE under pp2 split 1 + 3 and
-under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, Llama, and
-the LoRA Llama with its held-out evaluation down and up the V; `pp4dpv`): stage s holds chunks s and 2 pp - 1 - s.
-pp4v2, the pp3 pair, sharding2pp2, pp4dpv and tp2sharding2v2 are drawn, one of them per suite run (`DRAWN`). Communication
+under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT with its tied table, the
+LoRA Llama with its held-out evaluation down and up the V, and MoE: the balancing losses of both arms of each
+stage's V, the loss on stage 0; `pp4dpv`: GPT and Llama; drawn, `dp2pp2dpv` and `sharding2pp2dpv`: MoE with ep2 inside
+each stage): stage s holds chunks s and 2 pp - 1 - s.
+pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2, sharding2v2ep, dp2pp2dpv and sharding2pp2dpv are drawn,
+one of them per suite run (`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
-(`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`) and the drawn tp2sharding2v2 (V2 under
-tp2 with sequence parallelism, resumed across V2 and V1 with tensor fusion, `V2_TP`).
+(`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`; V1 tensor fusion under pp2,
+`SHARDING_PP_TF`), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
+tensor fusion, `V2_TP`) and the drawn sharding2v2ep (MoE under sharding2 x ep2 on V2, resumed across V2 and V1;
+LoRA under V2; ZeRO-2 with main gradients: `V2_EP`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -32,7 +37,8 @@ Llama with the CPU-capable fused paths (fuse_qkv, fuse_ffn, fuse_swiglu) under t
 plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one-process reference; the tp2
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
 pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
-gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py), the zero2 launch the
+gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py) and each rank's
+executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
@@ -84,22 +90,32 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4), ("tp2sharding2v2", 4),
+    ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
-         "pp2dpv": ("llama_lora",)}
+         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",)}
-"""A layout's runs in place of MODELS (3-process launches on 2 cores: one model each)."""
-DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",)]
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",),
+        "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg"), "pp2dpv": ("gpt", "moe"),
+        "dp2pp2dpv": ("moe_mb1_ep2",), "sharding2pp2dpv": ("moe_mb1_ep2",)}
+"""A layout's runs in place of MODELS (3-process launches on 2 cores: one model each; pp2dpv: the MoE model, its
+first block a dense Llama block, in the Llama's place, which pp4dpv and pp2dpv's LoRA run train under DualPipeV)."""
+DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",),
+         ("dp2pp2dpv",), ("sharding2pp2dpv",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
 8 micro-batches) with uneven chunks, or DualPipeV at 4 stages (8 micro-batches of 1, one block per chunk); or stage-1
-V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch)."""
+V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch); or stage-1 V2 with ep2 (`V2_EP`, its runs added to
+sharding2's launch); or DualPipeV beside dp or stage-1 sharding with ep2 (`moe_mb1_ep2`: 4 micro-batches of 1 per
+data rank, DualPipeV's >= 2 x pp; its one-process reference `moe_mb1` runs only in a suite run that draws one of
+them, `DRAWN_REFERENCES`)."""
+DRAWN_REFERENCES = {"moe_mb1": ("dp2pp2dpv", "sharding2pp2dpv")}
+"""One-process runs needed only by drawn layouts: {reference: the layouts that compare with it}."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
           ("pp3v2", "llama"): (1, 2, 1, 2, 1, 1)}
 """Uneven pipeline splits given to a run (`parallel.pp_layers`; the others take the cost-balanced default, uneven for
@@ -112,9 +128,19 @@ SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "p
 backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
 the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
+SHARDING_PP_TF = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_tensor_fusion=true",
+                  "parallel.name=sharding2pp2tf"]
+"""`gpt_tf`, `llama_tf` (in sharding2pp2's launch): stage-1 V1 with tensor fusion under pp2. The GPT's table is tied
+across the stages and the last stage's copy lies inside a fused parameter, which cannot carry fleet's mark of a
+later copy: llmtrain's clip takes the copy's squares back out (`llmtrain.paddle_compat.sharding_fused.
+secondary_shared_spans`; without it grad_norm 1.628 for one process's 1.565)."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
+             ("sharding2pp2", "gpt_tf"): SHARDING_PP_TF, ("sharding2pp2", "llama_tf"): SHARDING_PP_TF,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
-             ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"]}
+             ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
+             ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"],
+             ("sharding2v2ep", "llama_lora"): ["+parallel=sharding2v2"],
+             ("sharding2v2ep", "llama_mg"): ["+parallel=zero2", "train.main_grad=true"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
@@ -127,7 +153,7 @@ OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"],
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
 fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows); `llama_v2sp`: see
 `V2_TP`."""
-SAME_AS = {"llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+SAME_AS = {"gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -144,6 +170,18 @@ the backward), run as `llama_v2sp`: with sequence parallelism and fused projecti
 hooks all-reduce over tp in the fp32 main gradients. It writes step 2, which V1 with tensor fusion and comm overlap
 (`TF`: optimizer state on fused parameters, not V2) continues (`llama_v2totf`, writing step 3), which V2 continues
 (`llama_tftov2`): {run: (layout, run resumed, its step, extra)}. Each resumed step equals one process's."""
+V2_EP = {"moe_v2tov1_ep2": (["+parallel=sharding2", "checkpoint.interval=3"], "moe_ep2", 2),
+         "moe_v1tov2_ep2": (["+parallel=sharding2v2"], "moe_v2tov1_ep2", 3)}
+"""`sharding2v2ep`: the MoE model under sharding2 x ep2 with stage-1 V2 and its comm overlap (the preset
+sharding2v2), the routed experts in V2 buckets of their own over the expert-data-parallel group
+(`llmtrain.parallel.expert_states.color_experts`; edp = 1 here, so a bucket summed over the sharding group would mix
+the two ranks' different experts and fail), run as `moe_ep2` writing step 2, which V1 continues (`moe_v2tov1_ep2`:
+experts kept out of the ZeRO-1 partition, writing step 3), which V2 continues (`moe_v1tov2_ep2`): {run: (layout,
+run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's. The same launch runs the
+LoRA Llama under V2 (`llama_lora`: the adapters alone in V2's buckets, fp32 main gradients) and the Llama under
+ZeRO-2 with main-gradient training (`llama_mg`: Paddle's GroupShardedStage2 reduces the fp32 main gradients)."""
+HELD = {"gpt_tf": "sharding2pp2tf", "llama_tf": "sharding2pp2tf", "llama_mg": "zero2"}
+"""The layout whose holdings a run is checked against, where it is not its launch's layout."""
 V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
 """`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
 parameters updated; its weight decay restored, `llmtrain.paddle_compat.sharding_fused.restore_v1_overlap_decay`)."""
@@ -154,13 +192,15 @@ SEGMENTS = {"llama_lora": 200}
 too) and the adapters' lora_A [64, 4] of down_proj, but leaves the other adapters whole (measured: 11 s for this
 run vs 14 s with 100, which slices most adapters, and 3 s with 1024, which slices none and not q/k/v/o)."""
 MOE = {"moe": ["model.moe_bias_update_rate=0.01"],
+       "moe_mb1": ["model.moe_bias_update_rate=0.01", "train.micro_batch_size=1"],
        "moe_cap": ["model.moe_capacity_factor=1.0", "model.moe_router=sigmoid", "model.moe_z_loss_coef=0.01"],
        "moe_mla": ["model.num_kv_heads=null", "model.mla_kv_lora_rank=16", "model.mla_q_lora_rank=12",
                    "model.mla_qk_nope_head_dim=8", "model.mla_qk_rope_head_dim=4", "model.mla_v_head_dim=6",
                    "model.moe_router=sigmoid", "model.moe_n_group=2", "model.moe_topk_group=1",
                    "model.moe_routed_scale=2.5", "model.moe_bias_update_rate=0.01"]}
 """Mixture-of-Experts runs (moe-tiny, 4 layers, the first dense): with the aux-loss-free bias, and with capacity
-drops and a sigmoid router; `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
+drops and a sigmoid router; `moe_mb1`: micro-batches of 1 (the balancing losses are per micro-batch, so
+the micro-batch size is part of the reference); `moe_mla`: DeepSeek-V3-shaped (multi-head latent attention, group-limited sigmoid
 routing with the moving bias), under tp2 the test of MLA's split heads, replicated down-projections and shared
 rotary key. `<run>_ep2` is the same run with parallel.ep=2 (experts shared out over 2 dp ranks);
 `moe_rc` is `moe` with train.recompute=true (the blocks, routers and dispatch re-run in the backward)."""
@@ -248,6 +288,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         return tiny_overrides(corpus, str(out / run), "llama", steps=INIT_STEPS) + [f"model.init_from={init_from}"]
     if run == "llama_sp":  # sequence parallelism with one all-gather per block (fused projections)
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + FUSED + SP
+    if run in ("gpt_tf", "llama_tf", "llama_mg"):
+        return tiny_overrides(corpus, str(out / run), run.split("_")[0], steps=STEPS) + LAYERS
     if run in OVERLAP_RUNS:
         return tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) + LAYERS + OVERLAP_RUNS[run]
     if run == "llama5":  # 5 blocks: an odd count, split unevenly under pp2 (SPLITS)
@@ -285,7 +327,8 @@ def reference(tiny_corpus, tmp_path_factory):
     """One process: gpt, llama (saving its last step), ernie, and llama_init from that checkpoint, in this order."""
     out = tmp_path_factory.mktemp("parity_ref")
     init_from = out / "llama" / "checkpoints" / f"step_{STEPS}"
-    names = [*MODELS, "ernie", "llama_init", *MOE, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8,
+    moe = [n for n in MOE if n not in DRAWN_REFERENCES or set(DRAWN_REFERENCES[n]) & draw(DRAWN)[1]]
+    names = [*MODELS, "ernie", "llama_init", *moe, "llama_lora", "qwen3", "llama5", *RECOMPUTE, *FP8,
              *(n for run in fp8_tp_runs() for n in FP8_TP[run][2:] if n not in FP8)]
     runs = [run_overrides(tiny_corpus, out, n, init_from) + (["checkpoint.save_final=true"] if n == "llama" else [])
             for n in names]
@@ -339,7 +382,7 @@ def check_timeline(run_dir, overlapped: bool) -> list:
     return read_timeline(str(run_dir), 0)
 
 
-SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"),
+SHARED_LAUNCHES = (("sharding2", "sharding2v2", "zero2", "zero3", "sharding2v2ep"), ("pp3", "pp3v2"), ("pp2", "pp2dpv"),
                    ("tp2sharding2", "tp2sharding2v2"))
 """Layouts of one fleet topology (sharding degree 2: the ZeRO stage is llmtrain's wrapper, not fleet's; pp3: the
 virtual stages are the PipelineLayer's, fleet's groups are the same; pp2dpv: DualPipeV is the PipelineLayer's V and
@@ -382,6 +425,8 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/sp_activations.py:measure", "args": [str(out / "sp_act")]})
         # every gradient of an MLA block (LoRA on replicated, column and row linears) against one device
         runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
+        # each rank's executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py)
+        runs.append({"call": "tests/plan/tp_ops.py:record", "args": [str(out / "tp_ops")]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
@@ -392,6 +437,10 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
                  + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
                  for n, (lay, src, step, extra) in V2_TP.items()]
         runs.append(tiny_overrides(tiny_corpus, str(out / "llama_v1ov"), "llama", steps=STEPS) + LAYERS + V1_OVERLAP + ADDED)
+    if layout == "sharding2v2ep":  # V2 with ep -> V1 with ep -> V2 again, each resumed from the run before
+        runs += [tiny_overrides(tiny_corpus, str(out / n), "moe", steps=STEPS) + MOE["moe"] + lay + ["parallel.ep=2"]
+                 + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
+                 for n, (lay, src, step) in V2_EP.items()]
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -422,6 +471,18 @@ def launched(reference, tiny_corpus, tmp_path_factory):
         return done[layout]
 
     return launch
+
+
+@pytest.mark.slow
+def test_a_tp_ranks_ops_are_the_planned_ones(reference, tiny_corpus, launched):
+    """tp2 (and sequence parallelism) on each rank: the GEMMs, backward GEMM count and memory-bound classes the rank
+    ran are the planner's per-rank list (tests/plan/tp_ops.py, recorded in the tp2 launch)."""
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan"))
+    from tp_ops import check
+
+    print(f"tp2 ops against the planner: {check(launched('tp2', 2) / 'tp_ops')}")
 
 
 @pytest.mark.slow
@@ -513,9 +574,10 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
             check_lora_memory(_memory(runs_dir / n), reference["llama_lora"]["memory"], layout, segment[n])
             check_predicted(_memory(runs_dir / n), layout)
             continue
-        check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], layout, tied=TIED[n.split("_")[0]],
+        held = HELD.get(n, layout)  # V1 tensor fusion in a V2 layout's launch, ZeRO-2 in the sharding2 one
+        check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], held, tied=TIED[n.split("_")[0]],
                      segment_size=segment[n], split=SPLITS.get((layout, n), ()))
-        check_predicted(_memory(runs_dir / n), layout)  # the planner, to the element and byte
+        check_predicted(_memory(runs_dir / n), held)  # the planner, to the element and byte
 
 
 @pytest.mark.slow
@@ -548,6 +610,32 @@ def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launch
     print(f"tp2sharding2 + sharding_comm_overlap llama_v1ov: max |loss or grad_norm - one process| = {worst:.2e}")
     check_memory(_memory(runs_dir / "llama_v1ov"), reference["llama"]["memory"], "tp2sharding2", tied=False)
     check_predicted(_memory(runs_dir / "llama_v1ov"), "tp2sharding2")
+
+
+@pytest.mark.slow
+def test_experts_under_v2_resume_across_v2_and_non_v2(reference, tiny_corpus, launched):
+    """sharding2 x ep2 with stage-1 V2 writes each rank's routed experts' optimizer state as flat V2 slices of its
+    block of experts (the metadata places the block); V1 continues its step 2 and V2 that run's step 3, each step
+    equal to one process's (`V2_EP`)."""
+    drawn_or_skip("sharding2v2ep", DRAWN)
+    runs_dir = launched("sharding2v2ep", 2)
+    blocks = set()
+    for rank in (0, 1):
+        with open(runs_dir / "moe_ep2" / "checkpoints" / "step_2" / f"rank_{rank:05d}.json") as f:
+            blocks |= {(k, m["flat"]["piece"]["offset"]) for k, m in json.load(f)["tensors"].items()
+                       if "experts.w_up" in k and k.startswith("optim/") and "piece" in m.get("flat", {})}
+    assert {o for _, o in blocks} == {0, 2}, blocks  # both ranks' blocks of the 4 experts, as flat V2 slices
+    ref = reference["moe"]["metrics"]
+    for n, (lay, src, step) in V2_EP.items():
+        got = [r for r in metrics(runs_dir / n) if "loss" in r]
+        assert [r["step"] for r in got] == list(range(step + 1, STEPS + 1)), (n, got)
+        for g in got:
+            r = ref[g["step"] - 1]
+            for key in ("loss", "grad_norm"):
+                assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
+            assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
+        worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
+        print(f"{src} step {step} -> {' '.join(lay)} ep2 {n}: max |loss or grad_norm - one process| = {worst:.2e}")
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:

@@ -18,13 +18,19 @@ the dygraph engine runs, C++-launched gradient nodes included) and checks, per f
   gathers and scatters, counted per class as the planner lists them (`CLASS_OF` maps the CPU's operator names,
   stand-ins for GPU kernels included, to the planner's classes; `NOT_COMPARED` lists every other operator with why;
   an operator in neither fails);
+- the backward's gradient nodes by class (a norm's, RoPE's, an activation's, softmax's, the embedding's, cross
+  entropy's, logsumexp's, a row gather's: `BWD_CLASS_OF`) against the planner's `*_bwd` kernels (`PLANNED_BWD_CLASS`);
+  every other node listed in `BWD_NOT_COMPARED` with why;
 - the optimizer step (global-norm clip, AdamW) by class, over the tensors the planner's `rank_tensors` lists;
-- context parallelism (ring, cp2): one rank's GEMMs, the ring's blocks included (a cp group of two threads).
+- context parallelism (ring, cp2): one rank's GEMMs, the ring's blocks included (a cp group of two threads; the ring
+  on flash attention: tests/gpu_paths/test_cp_ring_flash.py);
+- expert parallelism (ep2, all-gather dispatcher): one rank's GEMMs, its local experts' included, and its exchanges
+  (an ep group of two threads);
+- FP8 (blockwise, the GPU path rehearsed): every quantisation call against the planner's FP8 pricing list.
 
-What it does not hold: the backward's memory-bound kernels by class (the profiler shows Paddle's gradient nodes,
-one fused launch each on CPU, where the planner counts the GPU twin's kernels), elementwise ops by class (see
-`NOT_COMPARED`), tp/ep layouts (multi-process), flash attention's cp ring (GPU-only). Dropless MoE's expert GEMM rows depend on the routing, so its expert bmm are
-compared by count, batch and width, not rows (capacity MoE: rows too).
+Tensor parallelism (multi-process) is checked per rank in the tp2 parity launch (tests/plan/tp_ops.py). What it does
+not hold: elementwise ops by class (see `NOT_COMPARED`, `BWD_NOT_COMPARED`). Dropless MoE's expert GEMM rows depend
+on the routing, so its expert bmm are compared by count, batch and width, not rows (capacity MoE: rows too).
 """
 from __future__ import annotations
 
@@ -87,6 +93,7 @@ CLASS_OF = {
     "cross_entropy_with_softmax": "cross_entropy",
     "topk": "topk", "one_hot": "one_hot", "cumsum": "cumsum", "logsumexp": "logsumexp",
     "gather": "gather_rows", "scatter": "scatter", "index_add": "index_add",
+    "c_embedding": "embedding",  # the vocabulary-parallel embedding's lookup (tp)
 }
 PLANNED_CLASS = {"layernorm": "norm", "rmsnorm": "norm", "rope": "rope", "swiglu": "activation", "gelu": "activation",
                  "moe_swiglu_view": "activation", "softmax": "softmax", "moe_softmax": "softmax",
@@ -115,9 +122,47 @@ NOT_COMPARED = {
 }
 
 
-def _classes(ops) -> collections.Counter:
+BWD_CLASS_OF = {
+    "Global_RsqrtGradNode": "norm", "Global_RmsNormGradNode": "norm", "Global_LayerNormGradNode": "norm",
+    "Global_SplitWithNumGradNode": "rope", "Global_FusedRotaryPositionEmbeddingGradNode": "rope",
+    "Global_SiluGradNode": "activation", "Global_GeluGradNode": "activation", "Global_SwigluGradNode": "activation",
+    "Global_SoftmaxGradNode": "softmax", "Global_SigmoidGradNode": "softmax",
+    "Global_EmbeddingGradNode": "embedding", "Global_CrossEntropyWithSoftmaxGradNode": "cross_entropy",
+    "Global_LogsumexpGradNode": "logsumexp", "Global_GatherGradNode": "gather_rows",
+}
+"""The backward's gradient nodes (one per forward op that needs a gradient: the CPU runs each as one fused launch)
+by the class of the forward op they differentiate; the planner's backward kernels by `PLANNED_BWD_CLASS`."""
+PLANNED_BWD_CLASS = {"layernorm_bwd": "norm", "rmsnorm_bwd": "norm", "rmsnorm": "norm", "rope_bwd": "rope",
+                     "swiglu_bwd": "activation", "gelu_bwd": "activation", "moe_swiglu_view_bwd": "activation",
+                     "softmax_bwd": "softmax", "moe_softmax_bwd": "softmax", "embedding_bwd": "embedding",
+                     "cross_entropy_bwd": "cross_entropy", "moe_logsumexp_bwd": "logsumexp",
+                     "moe_index_add_inv": "gather_rows", "moe_index_add_rows": "gather_rows"}
+"""The planner's backward kernel classes (`Kernel.of` first: the unfused RMSNorm's rsqrt gradient) as the classes
+above (a row gather's gradient is its index_add into the source rows)."""
+BWD_NOT_COMPARED = {
+    **dict.fromkeys(["Global_AddGradNode", "Global_MultiplyGradNode", "Global_ScaleGradNode", "Global_DivScaleGradNode",
+                     "Global_DivideGradNode", "Global_PowGradNode", "Global_MeanGradNode", "Global_SumGradNode",
+                     "Global_CastGradNode", "Global_ClipGradNode", "Global_WhereGradNode", "Global_ConcatGradNode",
+                     "Global_StackGradNode", "Global_TransposeGradNode", "Global_RepeatInterleaveGradNode",
+                     "Global_TakeAlongAxisGradNode", "Global_TileGradNode", "Global_MaxGradNode",
+                     "Global_GradNodeAccumulation"],
+                    "elementwise ops', copies' and reductions' gradients and the parameters' gradient accumulation: "
+                    "the planner's add / mul / reduce / copy rows, counted as the GPU twin runs them (the CPU "
+                    "decomposes norms, RoPE and the masks into more ops, each with its node)"),
+    **dict.fromkeys(["Global_ReshapeGradNode", "Global_SqueezeGradNode", "Global_UnsqueezeGradNode",
+                     "Global_ExpandGradNode", "Global_SliceGradNode", "Global_SplitGradNode"],
+                    "views' gradients (shape bookkeeping, or a sum over an expanded axis: the planner's reduce rows)"),
+    **dict.fromkeys(["Global_MatmulGradNode", "Global_BmmGradNode", "Global_LinearGradNode"],
+                    "GEMMs' gradients (compared by count above)"),
+    "Global_GradNodePyLayer_*": "a PyLayer's own backward (the fused projections' ConcatLinear, FP8's _EmulatedGemm): "
+                                "its ops are traced as plain operators",
+}
+"""Every other gradient node, with why it is not compared by class (a node in neither table fails)."""
+
+
+def _classes(ops, not_compared=NOT_COMPARED) -> collections.Counter:
     """Traced operator names -> counts per compared class; an operator neither classed nor listed fails."""
-    unknown = sorted({n for n in ops if n not in CLASS_OF and n not in NOT_COMPARED})
+    unknown = sorted({n for n in ops if n not in CLASS_OF and n not in not_compared})
     assert not unknown, f"operators neither classed (CLASS_OF) nor listed as not compared (NOT_COMPARED): {unknown}"
     return collections.Counter(CLASS_OF[n] for n in ops if n in CLASS_OF)
 
@@ -133,6 +178,24 @@ def _planned_classes(kernels) -> collections.Counter:
         elif (k.of or k.op) in PLANNED_CLASS:
             out[PLANNED_CLASS[k.of or k.op]] += 1
     return out
+
+
+def _bwd_classes(ops) -> collections.Counter:
+    """The backward's gradient nodes -> counts per compared class (plain operators: the recomputed forwards'; an
+    engine's `full`); a node in neither table fails."""
+    nodes = [n for n in ops if "GradNode" in n]
+    unknown = sorted({n for n in nodes if n not in BWD_CLASS_OF and not _is_listed(n)})
+    assert not unknown, f"gradient nodes neither classed (BWD_CLASS_OF) nor listed (BWD_NOT_COMPARED): {unknown}"
+    return collections.Counter(BWD_CLASS_OF[n] for n in nodes if n in BWD_CLASS_OF)
+
+
+def _is_listed(node: str) -> bool:
+    return node in BWD_NOT_COMPARED or node.startswith("Global_GradNodePyLayer_")
+
+
+def _planned_bwd_classes(kernels) -> collections.Counter:
+    """The planner's backward kernels -> counts per compared class."""
+    return collections.Counter(PLANNED_BWD_CLASS[k.of or k.op] for k in kernels if (k.of or k.op) in PLANNED_BWD_CLASS)
 
 
 def _operators(fn):
@@ -159,7 +222,7 @@ def _operators(fn):
 @pytest.mark.parametrize("case", list(CASES))
 def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # the profiler writes its trace into the working directory
-    cfg = to_config(compose_config(["model.vocab_size=256", *CASES[case]]))
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", *CASES[case]]))
     record = _Record(monkeypatch)
     paddle.seed(0)
     from llmtrain.models.recompute import recompute_of
@@ -210,6 +273,9 @@ def test_planned_gemms_are_the_executed_gemms(case, monkeypatch, tmp_path):
     bops = collections.Counter(bwd_ops)
     executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
     assert executed_bwd == len(planned_bwd), (bops, len(planned_bwd))
+    gradients = [k for ks, n, *prefix in planned.backward_segments for _ in range(n)
+                 for k in ks[prefix[0] if prefix else 0:]]  # (a recomputed forward's kernels left out)
+    assert _bwd_classes(bwd_ops) == _planned_bwd_classes(gradients), (case, _bwd_classes(bwd_ops))
 
 
 def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
@@ -226,7 +292,7 @@ def test_a_cp_ranks_gemms_are_the_planned_ones(monkeypatch):
     from llmtrain.parallel.context_chunks import ChunkLayout
 
     cp, b, s = 2, 2, 16
-    cfg = to_config(compose_config(["model.vocab_size=256", "model=llama-tiny"]))
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=llama-tiny"]))
     group = ThreadGroup(cp)
     group.install(monkeypatch)
     record = _Record(monkeypatch, mine=lambda: group.rank == 0)
@@ -282,7 +348,7 @@ def test_the_optimizer_step_runs_the_planned_kernels(model, monkeypatch, tmp_pat
     from llmtrain.train.optim import build_optimizer
 
     monkeypatch.chdir(tmp_path)
-    c = to_config(compose_config(["model.vocab_size=256", f"model={model}"]))
+    c = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", f"model={model}"]))
     paddle.seed(0)
     net = build_model(c.model)
     init_parameters(canonical_parameters(net), c.model, 7)
@@ -301,3 +367,182 @@ def test_the_optimizer_step_runs_the_planned_kernels(model, monkeypatch, tmp_pat
     planned["add"] -= 1  # the planner's scalar add (sqrt and the scale's arithmetic), not compared
     planned["adamw"] = len(owned)
     assert traced == planned
+
+
+QUANT_TILE = {("1x128", False): "1x128", ("1x128", True): "1x128T", ("128x128", False): "128x128",
+              ("128x128", True): "128x128T"}
+"""`fp8_quant_blockwise`'s (quant_method, input_transpose) as the planner's tile variants (`llmtrain.plan.fp8`)."""
+
+
+def _tiled_fp8_quant_blockwise(x, quant_method, input_transpose, return_transpose_only, output_scale_transpose,
+                               using_pow2_scale, **_defaults):
+    """`fp8_quant_blockwise`'s contract (Paddle 3.3.1's docstring, as tests/gpu_paths/test_fp8_blockwise.py reads it)
+    with the tiles as array axes: e4m3 values of x (xᵀ when transposed) times a per-tile multiplier (448 / amax,
+    a power of two below it with `using_pow2_scale`), fp32 decode scales per tile (1x128: [R, C/128], transposed
+    [C/128, R]). That test's reference loops over tiles (minutes for a model's calls); this one does the same
+    arithmetic at once."""
+    import numpy as np
+
+    assert x.ndim == 2 and quant_method in ("1x128", "128x128") and (return_transpose_only or not input_transpose)
+    a = x.astype("float32").numpy()
+    if input_transpose:
+        assert quant_method == "128x128" or a.shape[0] % 128 == 0, f"a transposed 1x128 copy of {a.shape[0]} tokens"
+        a = a.T
+    rows, cols = a.shape
+    tr, tc = (1, 128) if quant_method == "1x128" else (128, 128)
+    tr, tc = min(tr, rows), min(tc, cols)
+    nr, nc = -(-rows // tr), -(-cols // tc)
+    padded = np.zeros([nr * tr, nc * tc], np.float32)
+    padded[:rows, :cols] = a
+    amax = np.abs(padded.reshape(nr, tr, nc, tc)).max(axis=(1, 3))  # [nr, nc]
+    m = np.where(amax > 0, np.float32(448.0) / np.where(amax > 0, amax, 1), 1).astype(np.float32)
+    if using_pow2_scale:
+        m = np.exp2(np.floor(np.log2(np.minimum(m, np.float32(2.0 ** 127))))).astype(np.float32)
+    scaled = (padded.reshape(nr, tr, nc, tc) * m[:, None, :, None]).reshape(nr * tr, nc * tc)[:rows, :cols]
+    decode = (np.float32(1.0) / m).astype(np.float32)
+    scale = decode.T if output_scale_transpose else decode
+    return paddle.to_tensor(scaled).astype("float8_e4m3fn"), paddle.to_tensor(np.ascontiguousarray(scale))
+
+
+def _tiled_fp8_gemm_blockwise(a, a_decode_scale, b, b_decode_scale, out_dtype, is_a_1d_scaled, is_b_1d_scaled,
+                              **_defaults):
+    """`fp8_gemm_blockwise`'s contract: a [M, K] @ b [N, K]ᵀ of the dequantised operands (a 1-D scaled, scales
+    [K/128, M]; b 1-D [K/128, N] or 2-D [N/128, K/128]), in fp32, returned in out_dtype."""
+    import numpy as np
+
+    assert a.dtype == b.dtype == paddle.float8_e4m3fn and is_a_1d_scaled and a.shape[1] == b.shape[1]
+
+    def dequantised(q, scale, one_d):
+        rows, k = q.shape
+        per = np.repeat(scale.numpy().T, 128, axis=1) if one_d else np.repeat(np.repeat(scale.numpy(), 128, 0), 128, 1)
+        return q.astype("float32").numpy() * per[:rows, :k]
+
+    out = dequantised(a, a_decode_scale, True) @ dequantised(b, b_decode_scale, is_b_1d_scaled).T
+    return paddle.to_tensor(out.astype(np.float32)).astype(out_dtype)
+
+
+def test_the_fp8_quantisations_are_the_planned_ones(monkeypatch, tmp_path):
+    """`train.fp8=blockwise` on the GPU path (llmtrain/paddle_compat/fp8_kernels.py, its two kernels replaced by
+    the rehearsal's checked stand-ins, tests/gpu_paths/test_fp8_blockwise.py): every `fp8_quant_blockwise` call of
+    a micro-batch's forward and backward, as (tile, rows, cols) of the tensor quantised, is the planner's FP8 pricing
+    list (`FP8Pricing.quantisations` of each FP8 GEMM it lists, the weights' `weight_quantisations`) with the
+    weight cache (the first micro-batch of a step: the activations and every weight copy). The MoE model holds every
+    kind of FP8 GEMM: attention projections, a dense block's MLP, the shared expert's, the routed experts' bmm (one
+    GEMM per expert). (The rest of the model runs its CPU path: only the FP8 GEMMs take the GPU branch.)"""
+    import paddle.incubate.nn.functional as IF
+
+    from gpu_rehearsal import checked
+    from test_fp8_blockwise import GEMM_ARGS, QUANT_ARGS
+
+    from llmtrain.fp8.apply import apply_fp8
+    from llmtrain.fp8.cache import WeightCache
+    from llmtrain.fp8.linear import FP8Gemm
+    from llmtrain.paddle_compat import kernels as compat_kernels
+    from llmtrain.plan.fp8 import FP8Pricing, is_fp8_gemm
+
+    monkeypatch.chdir(tmp_path)
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=moe-tiny", "model.moe_capacity_factor=1.25"]))
+    assert cfg.model.moe_first_dense_layers > 0 and cfg.model.moe_num_shared_experts > 0
+    quant = checked(IF.fp8_quant_blockwise, _tiled_fp8_quant_blockwise, QUANT_ARGS)
+    monkeypatch.setattr(IF, "fp8_quant_blockwise", quant)
+    monkeypatch.setattr(IF, "fp8_gemm_blockwise", checked(IF.fp8_gemm_blockwise, _tiled_fp8_gemm_blockwise, GEMM_ARGS))
+    gpu = [False]
+    monkeypatch.setattr(compat_kernels, "on_gpu", lambda: gpu[0])
+    cpu_gemm = FP8Gemm._gemm
+
+    def gpu_gemm(self, x, w):  # only the FP8 GEMM's branch sees a GPU (its backward is the PyLayer's own)
+        gpu[0] = True
+        try:
+            return cpu_gemm(self, x, w)
+        finally:
+            gpu[0] = False
+
+    monkeypatch.setattr(FP8Gemm, "_gemm", gpu_gemm)
+    paddle.seed(0)
+    model = build_model(cfg.model)
+    init_parameters(canonical_parameters(model), cfg.model, 7)
+    cache = WeightCache()
+    apply_fp8(model, "blockwise", cache=cache)
+    model.train()
+    b, s = 2, 16
+    ids = paddle.randint(0, cfg.model.vocab_size, [b, s])
+    mean_loss(model.loss_fn(model(ids), (ids, paddle.ones([b, s], "float32")))).backward()
+    traced = sorted((QUANT_TILE[c["quant_method"], bool(c["input_transpose"])], *c["x"].shape) for c in quant.calls)
+
+    pricing = FP8Pricing("blockwise", model=None, weight_cache=True)
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False))
+    fp8 = [k for k in planned.forward + planned.backward if k.kind == "gemm" and is_fp8_gemm(k.op)]
+    acts = [q for k in fp8 for q in pricing.quantisations(k.op, *k.shape[:3])[0] * k.shape[3]]
+    weights = pricing.weight_quantisations(planned.forward, planned.backward)
+    assert traced == sorted(acts + weights)
+
+
+@pytest.mark.parametrize("routing", ["capacity", "dropless"])
+def test_an_ep_ranks_gemms_and_exchanges_are_the_planned_ones(routing, monkeypatch):
+    """Expert parallelism (ep2, the all-gather dispatcher that CI's gloo runs) on one rank: the model's ep code path
+    (`ExpertParallelRoles`, `ExpertParallelDispatch`) run by an ep group of two threads (tests/gpu_paths/cp_threads.py:
+    `all_gather` through shared memory, and here `all_reduce`), the first rank's forward GEMMs recorded: its
+    attention, dense and shared-expert GEMMs on its own tokens and its E/ep local experts' bmm over the ep C rows
+    they receive ([E/ep, ep C, h]) are the planner's list for `MoEPlan(ep=2, dispatcher="allgather")`, and its
+    exchanges (forward and backward, to the experts and back) are the planner's `ep_allgather` kernels. Dropless
+    (capacity factor 0): C is the group's largest expert load (an all-reduce MAX, then the layer's one host read:
+    the planner's `sync` kernel); the experts' rows depend on the routing, so their bmm are compared without them."""
+    import types
+
+    import numpy as np
+    import paddle.distributed as dist
+    from cp_threads import ThreadGroup
+    from gpu_rehearsal import checked
+
+    from llmtrain.models.roles import Roles
+    from llmtrain.parallel.experts import ExpertParallelRoles
+    from llmtrain.plan.moe import MoEPlan
+
+    ep, b, s = 2, 2, 16
+    factor = 1.25 if routing == "capacity" else 0.0
+    cfg = to_config(compose_config(["model.vocab_size=256", "model.num_layers=2", "model=moe-tiny",
+                                    f"model.moe_capacity_factor={factor}"]))
+    group = members = ThreadGroup(ep)
+    gathers = group.install(monkeypatch)["all_gather"]
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, sync_op=True):  # MAX only: what agree_capacity asks
+        assert group is members and op == dist.ReduceOp.MAX, (group, op)
+        got = members._exchange(tensor.numpy())
+        tensor.copy_(paddle.to_tensor(np.max([got[r] for r in range(ep)], axis=0)), False)
+
+    reduces = checked(dist.all_reduce, all_reduce, ("tensor", "op", "group"))
+    monkeypatch.setattr(dist, "all_reduce", reduces)
+    record = _Record(monkeypatch, mine=lambda: group.rank == 0)
+    traced = {}
+
+    def rank(r):
+        paddle.seed(0)
+        roles = ExpertParallelRoles(Roles(), types.SimpleNamespace(ep_rank=r, ep_group=group), ep, "allgather")
+        model = build_model(cfg.model, roles=roles)
+        init_parameters(canonical_parameters(model), cfg.model, 7)
+        model.train()
+        paddle.seed(1 + r)  # each rank its own tokens
+        ids = paddle.randint(0, cfg.model.vocab_size, [b, s])
+        loss = mean_loss(model.loss_fn(model(ids), (ids, paddle.ones([b, s], "float32"))))
+        if r == 0:
+            traced["forward"] = list(record.shapes)
+        group.barrier.wait()
+        loss.backward()
+
+    record.on = True
+    group.run(rank)
+    record.on = False
+    planned = micro_batch_kernels(MicroBatchSpec(cfg.model, b, s, t=1, e=4, gpu=False, flash=False, math_core=False,
+                                                 ce_core=False, moe=MoEPlan(ep=ep, dispatcher="allgather",
+                                                                            link=(1e9, 0.0))))
+    want = [k.shape for k in planned.forward if k.kind == "gemm"]
+    strip = (lambda shapes: sorted((n, k, bt) if bt > 1 else (m, n, k, bt) for m, n, k, bt in shapes)) \
+        if routing == "dropless" else sorted  # noqa: E731
+    assert strip(traced["forward"]) == strip(want)
+    experts = [k.shape for k in planned.forward if k.op.startswith("expert.")]
+    assert experts and all(bt == cfg.model.moe_num_experts // ep for *_, bt in experts)  # the local experts only
+    exchanges = [k for k in planned.forward + planned.backward if k.op == "ep_allgather"]
+    assert exchanges and len(gathers.calls) == ep * len(exchanges)  # (every rank's calls)
+    host_reads = sum(k.kind == "sync" for k in planned.forward)
+    assert len(reduces.calls) == ep * host_reads and (host_reads > 0) == (routing == "dropless")

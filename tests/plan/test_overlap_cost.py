@@ -161,3 +161,70 @@ def test_data_parallel_overlaps_its_own_buckets_and_a_cpu_overlaps_nothing():
     _, (_, _, c0), (_, _, c1) = _flip(base, "dp_comm_overlap", 16, "dp", dev="cpu-here")
     assert not c0["overlapped"] and not c1["overlapped"]
     assert c0["exposed_s"] == c0["comm_s"] and c1["exposed_s"] == c1["comm_s"]
+
+
+def test_experts_under_v2_reduce_scatter_their_own_buckets_over_edp():
+    """Under ep > 1 the routed experts' sync is its own ("edp"): V1 reduces each expert tensor to its edp owner after
+    the backward (exposed); stage-1 V2 reduce-scatters their own fp32 buckets over edp (fewer bytes over each link,
+    not overlapped), and with sharding_comm_overlap issues them from the backward (less waited for). The figures are
+    read from the rows and the model's expert elements, nothing pinned."""
+    from llmtrain.plan.estimate import _ring, group_spread
+
+    cfg = SimpleNamespace(model=to_config(compose_config(["model=qwen3-30b-a3b", "data.seq_len=2048", "train.amp=bf16",
+                                                          "train.micro_batch_size=1"])).model)
+    prof = load_profile("h100")
+
+    def row(**knobs):
+        layout = resolve_layout(ParallelConfig(sharding=8, ep=2, **knobs),
+                                TrainConfig(global_batch_size=16, micro_batch_size=1), 8)
+        return layout, time_estimate(cfg.model, layout, 2048, False, prof, 8)
+
+    _, v1 = row()
+    lay2, v2 = row(sharding_split_param=True)
+    lay3, ov = row(sharding_split_param=True, sharding_comm_overlap=True)
+    e1, e2, e3 = (r["comm_syncs"]["edp"] for r in (v1, v2, ov))
+    assert e1["kind"] == "expert" and not e1["overlapped"] and e1["exposed_s"] == e1["comm_s"]
+    _, experts = synced_gradient_elements(cfg.model, lay2)
+    edp = lay2.data_parallel // lay2.ep
+    assert edp == 4 and experts > 0
+    local, nodes = group_spread(lay2, "edp", 8)
+    assert nodes == 1
+    # one ring reduce-scatter of the experts' fp32 gradients over edp, in buckets of sharding_comm_buffer_mb
+    assert e2["kind"] == "reduce-scatter" and not e2["overlapped"] and e2["option"] == "sharding_comm_overlap"
+    assert e2["comm_s"] == pytest.approx(_ring(experts * 4, edp, prof.nvlink_bw, prof.nvlink_alpha, factor=1.0))
+    assert e2["bucket_bytes"] == SHARDING_BUCKET and e2["buckets"] == math.ceil(experts * 4 / SHARDING_BUCKET) > 1
+    assert e2["exposed_s"] == e2["comm_s"]
+    assert e3["overlapped"] and e3["comm_s"] == pytest.approx(e2["comm_s"]) and e3["buckets"] == e2["buckets"]
+    assert e3["exposed_s"] == pytest.approx(_bucketed(e3["comm_s"], e3["window_s"], e3["buckets"]))
+    assert e3["exposed_s"] < e2["exposed_s"]
+    # the overlap knob moves the dense sync and the experts' by exactly what the model says, nothing else
+    d2, d3 = v2["comm_syncs"]["sharding"], ov["comm_syncs"]["sharding"]
+    assert ov["dp_sharding_comm_s"] - v2["dp_sharding_comm_s"] == pytest.approx(
+        (d3["exposed_s"] - d2["exposed_s"]) + (e3["exposed_s"] - e2["exposed_s"]), rel=1e-9)
+    _moves_only_by_the_sync(v2, ov)
+
+
+def test_v2_under_cp_overlaps_the_sharding_reduce_scatter_and_leaves_the_cp_sum_exposed():
+    """Under cp the gradients are also summed over dp x cp, by fleet's optimizer after the backward (never from the
+    backward): switching V2's overlap on hides the sharding reduce-scatter's buckets and leaves that sum exposed."""
+    base = ["+parallel=zero2", "parallel.sharding=4", "parallel.sharding_stage=1", "parallel.cp=2",
+            "parallel.sharding_split_param=true", "train.global_batch_size=16"]
+    cfg, (_, off, s0), (lay1, on, s1) = _flip(base, "sharding_comm_overlap", 8, "sharding")
+    assert not s0["overlapped"] and s1["overlapped"] and s1["buckets"] == s0["buckets"] > 1
+    assert s1["exposed_s"] == pytest.approx(_bucketed(s1["comm_s"], s1["window_s"], s1["buckets"]))
+    assert s1["exposed_s"] < s0["exposed_s"]
+    d0, d1 = off["comm_syncs"]["dp"], on["comm_syncs"]["dp"]  # the cp sum (dp = 1): fp32, exposed either way
+    assert not d0["overlapped"] and not d1["overlapped"] and d1 == d0 and d1["exposed_s"] == d1["comm_s"] > 0
+    _moves_only_by_the_sync(off, on)
+
+
+def test_tensor_fusion_under_pp_reduces_its_buckets_after_the_backward():
+    """V1 tensor fusion under pp: one reduce per fused bucket of parallel.sharding_comm_buffer_mb instead of one per
+    tensor, after the pipeline's backward (exposed)."""
+    base = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=8", "train.global_batch_size=64"]
+    cfg, (_, off, s0), (lay1, on, s1) = _flip(base, "sharding_tensor_fusion", 16, "sharding")
+    assert s0["bucket_bytes"] == 0 and s0["kind"] == s1["kind"] == "reduce"
+    assert not s1["overlapped"] and s1["exposed_s"] == s1["comm_s"] and s1["bucket_bytes"] == SHARDING_BUCKET
+    assert s1["buckets"] == math.ceil(_grad_bytes(cfg, lay1, 4) / SHARDING_BUCKET) < s0["buckets"]
+    _, _, small = _row(base + ["parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_buffer_mb=16"], 16)
+    assert small["comm_syncs"]["sharding"]["bucket_bytes"] == 16 * MIB

@@ -125,6 +125,25 @@ def test_auto_resolves_to_the_top_fitting_layout():
     assert choose_layout(to_config(compose(["+parallel=dp2"])), world_size=2).parallel.name == "dp2"  # untouched
 
 
+def test_auto_can_choose_dualpipev():
+    """16 blocks on 4 CPU devices (the packaged cpu-here profile), 16 micro-batches of 1: DualPipeV's smaller bubble
+    puts pp4 DualPipeV first (0.792 s predicted vs the interleaved pp4 x 2's 0.801 s and dp4's 0.833 s), and
+    +parallel=auto resolves to it: a layout the run accepts, the V with 2 x pp chunks and a split of them."""
+    from llmtrain.parallel.layout import layout_problems, model_fit_problems
+    from llmtrain.plan.auto import choose_layout
+
+    lines = []
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=2560", "model.num_layers=16", "plan.profile=null",
+                             "+parallel=auto", "train.global_batch_size=16"]))
+    chosen = choose_layout(cfg, world_size=4, log=lines.append)
+    p = chosen.parallel
+    assert (p.name, p.pp_schedule, p.pp, chosen.train.micro_batch_size) == ("pp4dpv", "dualpipev", 4, 1), lines
+    layout, problems = layout_problems(p, chosen.train, 4)
+    assert not problems and not model_fit_problems(p, chosen.model)
+    assert layout.v_shape and len(layout.pp_layers) == 8 and sum(layout.pp_layers) == 16 and layout.grad_accum == 16
+    assert "parallel.pp_schedule=dualpipev" in lines[-1], lines[-1]  # the overrides that pin the choice
+
+
 def test_recompute_modes_are_planned_between_none_and_full():
     from llmtrain.plan.devices import get_device
     from llmtrain.plan.search import evaluate, rank_layouts

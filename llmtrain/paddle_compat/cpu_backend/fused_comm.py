@@ -49,7 +49,12 @@ class _Finished:
 
 
 def reduce_scatter(tensor, tensor_list, op=dist.ReduceOp.SUM, group=None, sync_op=True):
-    """Paddle's `dist.reduce_scatter`; its tensor form (a flat [n·k] input, this rank's [k] output) over gloo."""
+    """Paddle's `dist.reduce_scatter`; its tensor form (a flat [n·k] input, this rank's [k] output) over gloo. As
+    Paddle's, nothing for a group this rank is not a member of: `new_group` gives a one-member group rank -1 and no
+    process group, and fleet's V2 bucket over one (the routed experts' under edp = 1) then keeps its gradient as it
+    is (its slice is the whole buffer, which the GPU path leaves alone the same way)."""
+    if group is not None and not group.is_member():
+        return None
     if isinstance(tensor_list, (list, tuple)):  # the list form: Paddle's (gloo has none either; unchanged)
         return original(dist, "reduce_scatter")(tensor, tensor_list, op=op, group=group, sync_op=sync_op)
     full = tensor_list.clone()  # [n·k]

@@ -1,0 +1,142 @@
+"""A tp2 rank's executed ops against the planner's per-rank kernel list: runs inside the tp2 launch of
+tests/parallel/test_parity.py (an in-process entry of tests/e2e/multirun_worker.py, after fleet is initialised for
+tp2); `check` is the assertion.
+
+    {"call": "tests/plan/tp_ops.py:record", "args": [out_dir]}      # in the launch, every rank
+    check(out_dir)                                                  # in the test process
+
+Each rank builds two tiny models (`DRAWN`) with the layout's roles (`TensorParallelRoles`, and
+`SequenceParallelRoles` under sequence parallelism: fleet's column and row linears, the vocabulary-parallel embedding and loss through
+llmtrain's CPU stand-ins), runs one micro-batch [2, 16] forward and backward with the GEMM recorder of
+tests/plan/gemm_record.py and Paddle's profiler on, and writes what it ran. `check` requires, per rank and case, what
+tests/plan/test_op_sequence.py requires of one device: the forward GEMMs' shapes (column linears out/tp wide, row
+linears in/tp deep, the vocabulary-parallel head V/tp, the attention core on nh/tp heads) are the planner's list for
+t=2 (`MicroBatchSpec(t=2, sp=...)`), the backward runs as many GEMMs as it lists, and the forward's memory-bound
+operators by class (`CLASS_OF`) are its classes.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parent)]  # test_op_sequence, gemm_record; llmtest
+
+B, S = 2, 16
+CASES = {
+    "llama": (["model=llama-tiny"], False),
+    "gpt-sp": (["model=gpt-tiny"], True),
+    "llama-sp": (["model=llama-tiny"], True),
+    "moe-capacity": (["model=moe-tiny", "model.moe_capacity_factor=1.25"], False),
+    "mla": (["model=deepseek-tiny", "model.moe_capacity_factor=1.25"], False),
+    "moe-sp": (["model=moe-tiny", "model.moe_capacity_factor=1.25"], True),
+    "qwen3-sp": (["model=llama-tiny", "model.qk_norm=true", "model.head_dim=48"], True),
+}
+"""case -> (overrides, sequence parallelism)."""
+DRAWN = [(case,) for case in CASES]
+"""The cases, of which each suite run records two (`llmtest.draw`, k=2; a case costs about 2 s per rank on a loaded
+2-core host): plain tp (Llama), sequence parallelism (GPT: LayerNorm, biases, the tied head; Llama: RMSNorm, RoPE;
+Qwen3's attention: QK-norm, head_dim != hidden / heads), MoE under tp (router and routed experts replicated, shared
+experts split) and under tp + sp (the rank routes its sequence shard alone), MLA under tp."""
+
+
+TP_NOT_COMPARED = {
+    **dict.fromkeys(["exp", "log", "subtract", "equal", "bitwise_or", "all", "assign"],
+                    "the CPU stand-ins of fleet's fused tp kernels (llmtrain/paddle_compat/cpu_backend/mp_ops.py): the "
+                    "vocabulary-parallel cross entropy op by op (`kernels._vocab_parallel_ce`'s rows; one fused "
+                    "c_softmax_with_cross_entropy on a GPU) and the embedding's out-of-range id mask"),
+    "empty": "the output buffers of sequence parallelism's all-gather and reduce-scatter stand-ins (communication)",
+}
+"""Operators a tp rank runs beyond one device's (test_op_sequence.NOT_COMPARED), with why they are not compared."""
+
+
+def _config(overrides):
+    from llmtrain.config import compose_config, to_config
+
+    return to_config(compose_config(["model.vocab_size=256", *overrides]))
+
+
+def record(out_dir: str) -> None:
+    """Every case on this tp rank: forward GEMM shapes, forward and backward operator names (module docstring)."""
+    import paddle
+    import paddle.distributed as dist
+    import pytest
+
+    from gemm_record import _Record
+    from llmtest import tp_topology
+    from test_op_sequence import _operators
+
+    from llmtrain.contracts.steps import mean_loss
+    from llmtrain.models import build_model
+    from llmtrain.models.init import init_parameters
+    from llmtrain.models.stages import canonical_parameters
+    from llmtrain.parallel.sequence import SequenceParallelRoles
+    from llmtrain.parallel.slicing import TensorSlices
+    from llmtrain.parallel.tensor import TensorParallelRoles
+
+    import time
+
+    start = time.perf_counter()
+    from llmtest import draw
+
+    topo = tp_topology()
+    slices = TensorSlices(topo.rank, topo.world)
+    seed, chosen = draw(DRAWN, k=2)
+    out = {"tp": topo.world, "cases": {}, "seed": seed}
+    for case, (overrides, sp) in CASES.items():
+        if case not in chosen:
+            continue
+        cfg = _config(overrides)
+        with pytest.MonkeyPatch.context() as mp:
+            rec = _Record(mp)
+            paddle.seed(0)
+            roles = (SequenceParallelRoles if sp else TensorParallelRoles)(topo)
+            model = build_model(cfg.model, roles)
+            init_parameters(canonical_parameters(model), cfg.model, 7, slices=slices)
+            model.train()
+            ids = paddle.randint(0, cfg.model.vocab_size, [B, S])  # the same on both ranks (one seed)
+            rec.on = True
+            loss, fwd_ops = _operators(lambda: mean_loss(model.loss_fn(model(ids), (ids, paddle.ones([B, S], "float32")))))
+            forward = list(rec.shapes)
+            _, bwd_ops = _operators(loss.backward)
+            rec.on = False
+        out["cases"][case] = {"forward": forward, "fwd_ops": fwd_ops, "bwd_ops": bwd_ops}
+    out["seconds"] = time.perf_counter() - start
+    path = Path(out_dir) / f"rank{dist.get_rank()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out))
+
+
+def check(out_dir) -> dict:
+    """Both tp ranks, every case: the planner's per-rank list (module docstring); returns the forward GEMMs compared
+    per case and the seconds `record` took on each rank."""
+    import collections
+
+    from test_op_sequence import FORWARD_GEMMS, GRAD_NODES, NOT_COMPARED, _classes, _planned_classes
+
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+
+    ranks = [json.loads(p.read_text()) for p in sorted(Path(out_dir).glob("rank*.json"))]
+    assert len(ranks) == 2 and all(r["tp"] == 2 for r in ranks), [r.get("tp") for r in ranks]
+    counts = {}
+    assert ranks[0]["cases"].keys() == ranks[1]["cases"].keys() and len(ranks[0]["cases"]) >= 2, ranks[0]["cases"].keys()
+    for case in ranks[0]["cases"]:
+        overrides, sp = CASES[case]
+        cfg = _config(overrides)
+        planned = micro_batch_kernels(MicroBatchSpec(cfg.model, B, S, t=2, e=4, gpu=False, flash=False,
+                                                     math_core=False, ce_core=False, sp=sp))
+        want = sorted(tuple(k.shape) for k in planned.forward if k.kind == "gemm")
+        for rank, got in enumerate(r["cases"][case] for r in ranks):
+            where = f"{case}, tp rank {rank}"
+            forward = sorted(tuple(s) for s in got["forward"])
+            ops = collections.Counter(got["fwd_ops"])
+            assert sum(ops[n] for n in FORWARD_GEMMS) == len(forward), (where, ops)  # none unrecorded
+            assert forward == want, (where, forward, want)
+            bops = collections.Counter(got["bwd_ops"])
+            executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
+            assert executed_bwd == sum(k.kind == "gemm" for k in planned.backward), (where, bops)
+            assert _classes(got["fwd_ops"], {**NOT_COMPARED, **TP_NOT_COMPARED}) == _planned_classes(planned.forward), where
+        counts[case] = len(want)
+    return {"forward GEMMs per case": counts, "seconds per rank": [round(r["seconds"], 1) for r in ranks],
+            "draw": f"seed {ranks[0]['seed']} (LLMTRAIN_SAMPLE_SEED=<seed> replays it, =all records every case)"}
