@@ -18,7 +18,7 @@ beside the new in the same call. Tables (one JSON file each in DIR, gpu_referenc
   forward and loss, before the backward, minus static: what the step keeps for its backward), `peak_gib` /
   `act_gib` (max allocated over the timed steps, and minus static), `fwd_peak_gib` / `bwd_peak_gib` (the peak
   above static during forward + loss, and during the backward, of the step that read `held_gib`). With
-  `--saved-variants` (the fourth call, benchmarks/data/h100/twin3): `saved` "llmtrain" (gpu_model.Decoder: Paddle's
+  `--saved-variants` (benchmarks/h100_recompute.sh, a fourth call not made yet: no machine came): `saved` "llmtrain" (gpu_model.Decoder: Paddle's
   saved tensors for split, RoPE and the loss; recomputed parts without their norm, as llmtrain/models/decoder.py)
   for rebuilt/unfused and rebuilt/saves_input at every shape, and "torch" (the twin2 rows' twin) at L4 mb1.
 - `saved`: the tensors the autograd graph of one forward keeps (llama-7b-twin L4 mb1, mode none), by the op that
@@ -370,7 +370,7 @@ def main(argv=None):
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. moe=60")
     ap.add_argument("--saved-variants", action="store_true",
-                    help="recompute: gpu_model.Decoder.saved 'llmtrain' rows (+ 'torch' at L4 mb1), the twin3 call")
+                    help="recompute: gpu_model.Decoder.saved 'llmtrain' rows (+ 'torch' at L4 mb1): benchmarks/h100_recompute.sh")
     args = ap.parse_args(argv)
     budgets = {k: float(v) for k, v in (kv.split("=") for kv in args.budget.split(",") if kv)}
     only = [t for t in args.only.split(",") if t]

@@ -16,7 +16,7 @@ defaults (`model.fuse_* = auto` -> on):
   weights saved); "kept" is autograd over torch.cat, which keeps the concatenated copy [h, 3h] and [h, 2f] per
   block until its backward (what every row before benchmarks/data/h100/twin2 ran: 0.26 GiB per llama-7b block);
   the product is split into q, k, v (gate, up) each its own tensor, as Paddle's `split` returns copies (`saved`
-  "llmtrain", the default since benchmarks/data/h100/twin3; "torch": views that pin the whole product, so flash
+  "llmtrain", the default after benchmarks/data/h100/twin2; "torch": views that pin the whole product, so flash
   attention's saved v kept all of qkv, 2 s·b·h more per block than llmtrain);
 - RMSNorm through `F.rms_norm` (Paddle: `fused_rms_norm`), LayerNorm through `F.layer_norm`;
 - RoPE rotate-half, unfused kernels (Paddle fuses q and k in one kernel; PyTorch has no such eager kernel: more
@@ -195,7 +195,7 @@ class Decoder(torch.nn.Module):
     """llmtrain's DecoderLM for one `Arch`, every parameter created in `dtype` on `device`. `fused_weights`:
     "rebuilt" (llmtrain's ConcatLinear) or "kept" (autograd over torch.cat, the rows before benchmarks/data/h100/twin2);
     `swiglu`: "unfused" (silu(g) * u) or "saves_input" (`SwiGLU`, Paddle's saved tensors); `saved`: "llmtrain" (the
-    default since benchmarks/data/h100/twin3: what Paddle's ops keep for the backward where autograd keeps other
+    default after benchmarks/data/h100/twin2: what Paddle's ops keep for the backward where autograd keeps other
     tensors: the fused projections' outputs split into their own tensors, RoPE as the fused kernel, the loss as
     Paddle's softmax cross entropy) or "torch" (PyTorch's own ops, the twin2 rows: a split piece is a view that
     pins the whole fused output, F.cross_entropy's three fp32 [N, V] buffers in the backward)."""

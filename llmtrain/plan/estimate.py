@@ -169,7 +169,7 @@ def head_bytes(cfg, s: int, b: int, t: int, e: int) -> float:
     the cast back: 4 + e bytes, below the forward's). Measured on CPU for bf16 logits (forward peak 10 bytes per
     logit, backward 6, 4 held: tests/plan/test_activations.py); PyTorch's F.cross_entropy holds 12 bytes in its
     backward (three fp32 buffers), which the H100 twin's rows showed until the twin took Paddle's loss
-    (benchmarks/data/h100/twin3). Not counted: what the final norm keeps and the LM head's input (about 2 s·b·h·e,
+    (benchmarks/data/h100/twin2; benchmarks/twin_memory.py). Not counted: what the final norm keeps and the LM head's input (about 2 s·b·h·e,
     1.7% of the twin's L4 peak)."""
     return s * b * cfg.vocab_size / t * (e + (4 if e != 4 else 0) + 4)
 
