@@ -158,7 +158,8 @@ def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, opti
     - activations (full recompute): the in-flight blocks' kept inputs leave the device; one block's is on its way
       back while another's block re-runs (two kept inputs on the device); each crosses the link twice per
       micro-batch, overlapped with the step's compute (exposed only beyond it); `kept`: the bytes a fully
-      recomputed block keeps (`estimate.recompute_kept_bytes`)."""
+      recomputed block keeps (`estimate.recompute_kept_bytes`). The bytes are taken off the stage `mem` reports
+      (the worst before offload); another stage that was lighter before offload is not re-read."""
 
     bw = getattr(dev, "host_bw", None)
     if not bw or not (optimizer or activations):
@@ -176,7 +177,11 @@ def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, opti
             in_flight = min(2 * p + 1, m * v) * cfg.num_layers / (p * v)  # (llmtrain/plan/dualpipe_memory.py)
         else:
             in_flight = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
-        on_host = max(0.0, (in_flight - 2) * kept)  # all kept inputs but the re-running block's and the prefetched
+        # all kept inputs but the re-running block's and the prefetched one, counted on stage 0 (the most in flight)
+        # and bounded by what the reported stage holds (`mem` is the worst stage's: the last one under 1F1B when
+        # the logits make it so, whose fewer micro-batches in flight keep fewer inputs)
+        held = mem["activations"] - mem.get("recompute_transient", 0)
+        on_host = max(0.0, min((in_flight - 2) * kept, held - 2 * kept))
         mem["activations"] -= int(on_host)
         link = 2 * m * cfg.num_layers / p * kept / bw
         extra += max(0.0, link - times["compute_s"])
