@@ -1,11 +1,12 @@
 """The price of each recompute mode and offload: bytes a block keeps, extra forward time, host-link time.
 
-    python -m pytest tests/plan/test_recompute_price.py -q -s     # predicted vs measured bytes per block, each mode
+    python benchmarks/recompute_modes.py --rounds 1 --seq 256      # planned vs held bytes and step time, each mode
     saved = part_savings(cfg, {"core_attn"}, s=2048, b=1, t=1, e=2, flash=True)   # bytes a block no longer keeps
 
 A recomputed part keeps its inputs and drops what its own operators saved for the backward; the part runs its
 forward a second time in the backward. Per part (written against `estimate.layer_activation_bytes`' terms,
-checked on CPU against the host allocator in tests/plan/test_recompute_price.py):
+checked on CPU against the host allocator by benchmarks/recompute_modes.py and, per rank, in the parity launches'
+memory.json, tests/parallel/test_parity.py):
 - `core_attn`: flash attention drops its fp32 log-sum-exp (q, k, v are its inputs, kept); math attention drops
   the transposed q and nh-wide k, v, the pre-repeat k, v (grouped heads) and the probabilities, and keeps q, k, v;
 - `attn` (`full_attn`, the attention layer as PaddleFormers' `full_attn` recomputes it; the norm before it is not
