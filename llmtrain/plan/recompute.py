@@ -1,16 +1,18 @@
 """The price of each recompute mode and offload: bytes a block keeps, extra forward time, host-link time.
 
-    python -m pytest tests/plan/test_recompute_price.py -q -s     # predicted vs measured bytes per block, each mode
+    python benchmarks/recompute_modes.py --rounds 1 --seq 256      # planned vs held bytes and step time, each mode
     saved = part_savings(cfg, {"core_attn"}, s=2048, b=1, t=1, e=2, flash=True)   # bytes a block no longer keeps
 
 A recomputed part keeps its inputs and drops what its own operators saved for the backward; the part runs its
 forward a second time in the backward. Per part (written against `estimate.layer_activation_bytes`' terms,
-checked on CPU against the host allocator in tests/plan/test_recompute_price.py):
-- `core_attn`: flash attention drops its fp32 log-sum-exp (q, k, v are its inputs either way); math attention drops
+checked on CPU against the host allocator by benchmarks/recompute_modes.py and, per rank, in the parity launches'
+memory.json, tests/parallel/test_parity.py):
+- `core_attn`: flash attention drops its fp32 log-sum-exp (q, k, v are its inputs, kept); math attention drops
   the transposed q and nh-wide k, v, the pre-repeat k, v (grouped heads) and the probabilities, and keeps q, k, v;
 - `attn` (`full_attn`, the attention layer as PaddleFormers' `full_attn` recomputes it; the norm before it is not
-  inside): the column-input copies under tp, QK-norm's, RoPE's, all of the core's and the o_proj input; keeps the
-  layer's input [s, b, h] (the norm output: the projections' input on one device);
+  inside): the column-input copies under tp, QK-norm's, RoPE's, all of the core's (flash attention: its q, k, v
+  too, which `core_attn` keeps; the H100 twin's rows showed the 3 s·b·h per block the planner kept before) and the
+  o_proj input; keeps the layer's input [s, b, h] (the norm output: the projections' input on one device);
 - `mlp`: the FFN's inner tensors and its column-input copies under tp; keeps its input (the norm output);
 - `norm`: each norm's own statistics and fp32 copies (its input is kept);
 - `moe`: the whole MoE feed-forward's saved tensors (router, dispatch, experts, shared expert); keeps the top-k
@@ -83,8 +85,9 @@ def part_savings(cfg, parts, *, s: int, b: int, t: int, e: int, flash: bool, sp:
     mlp_cols = 1 if one else (1 if on["fuse_ffn"] or cfg.activation != "swiglu" else 2)
     swiglu = cfg.activation == "swiglu"
     inner = ((3 if on["fuse_swiglu"] else 4) if swiglu else 2) * sb * f / t * e
-    if flash:
-        core = full_core = 4 * a * sb  # the log-sum-exp; q, k, v are its inputs, kept either way
+    if flash:  # the log-sum-exp; q, k, v are its inputs: kept by core_attn, dropped with the attention layer
+        core = 4 * a * sb
+        full_core = core + sb * (q + 2 * kv) * e
     else:  # transposed q and nh-wide k, v, pre-repeat k, v (grouped heads), probabilities (fp32 + compute dtype)
         full_core = (3 * sb * q + (2 * sb * kv if kv != q else 0)) * e + a * s * s * b * (4 + (e if e != 4 else 0))
         core = full_core - sb * (q + 2 * kv) * e  # core_attn keeps its inputs q, k, v
@@ -156,7 +159,8 @@ def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, opti
     - activations (full recompute): the in-flight blocks' kept inputs leave the device; one block's is on its way
       back while another's block re-runs (two kept inputs on the device); each crosses the link twice per
       micro-batch, overlapped with the step's compute (exposed only beyond it); `kept`: the bytes a fully
-      recomputed block keeps (`estimate.recompute_kept_bytes`)."""
+      recomputed block keeps (`estimate.recompute_kept_bytes`). The bytes are taken off the stage `mem` reports
+      (the worst before offload); another stage that was lighter before offload is not re-read."""
 
     bw = getattr(dev, "host_bw", None)
     if not bw or not (optimizer or activations):
@@ -174,7 +178,11 @@ def with_offload(cfg, layout, seq_len: int, dev, mem: dict, times: dict, *, opti
             in_flight = min(2 * p + 1, m * v) * cfg.num_layers / (p * v)  # (llmtrain/plan/dualpipe_memory.py)
         else:
             in_flight = min((p - 1) * 2 + (v - 1) * p + 1, m * v) * cfg.num_layers / (p * v)
-        on_host = max(0.0, (in_flight - 2) * kept)  # all kept inputs but the re-running block's and the prefetched
+        # all kept inputs but the re-running block's and the prefetched one, counted on stage 0 (the most in flight)
+        # and bounded by what the reported stage holds (`mem` is the worst stage's: the last one under 1F1B when
+        # the logits make it so, whose fewer micro-batches in flight keep fewer inputs)
+        held = mem["activations"] - mem.get("recompute_transient", 0)
+        on_host = max(0.0, min((in_flight - 2) * kept, held - 2 * kept))
         mem["activations"] -= int(on_host)
         link = 2 * m * cfg.num_layers / p * kept / bw
         extra += max(0.0, link - times["compute_s"])
