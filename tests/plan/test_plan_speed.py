@@ -20,8 +20,9 @@ REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "plan_
 train.global_batch_size=64 data.seq_len=2048 train.amp=bf16`, ranked at 825f9da (main before the speed-ups merged), gzipped;
 the DualPipeV rows (81 of 876, 91 more pruned) added when the search began to rank that schedule, every other row
 as it was; re-ranked at main ee9af3e, whose later pricing changes had moved the rows' times (same 876 rows, same
-pruned count; the speed-ups merged by then were each checked against a dump of their own base with
-benchmarks/plan_speed.py --compare)."""
+pruned count), and again at main 5155c15 (the recompute peak and activation offload rules: 876 rows, 1210 pruned);
+the speed-ups merged by then were each checked against a dump of their own base with benchmarks/plan_speed.py
+--compare."""
 OVERRIDES = ["model=qwen3-30b-a3b", "plan.devices=8", "plan.device=h800", "train.global_batch_size=64",
              "data.seq_len=2048", "train.amp=bf16"]
 
