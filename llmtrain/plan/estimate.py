@@ -25,7 +25,8 @@ figure to hold against Paddle's max_memory_allocated).
 Time: compute = the operator-level model (llmtrain/plan/kernels.py enumerates every kernel of a micro-batch's
 forward and backward, full recompute's second forward included, and of the optimizer step; timeline.py times
 them on the device profile's measured tables and overlaps host dispatch with device execution), for the
-worst pipeline stage (the first holds the embedding, the last the head and loss); selective recompute (a
+worst pipeline stage, every stage priced with its own blocks (the first holds the embedding, the last the head and
+loss; a cost-balanced split gives the middle stages more blocks, so one of them is often the slowest); selective recompute (a
 planner-only option) adds the attention core's forward FLOPs (4·L·h·s per token) at the profile's
 attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size.py) over the profile's peak; tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
 backward per column-parallel input (q, k, v, gate, up; 2 with fused projections, `column_inputs`), ring:
