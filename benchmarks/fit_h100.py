@@ -6,18 +6,20 @@
 DATA_DIR is benchmarks/data/h100 as the one device call of 2026-12-06 left it (its README.md): gemm.json,
 memory_bound.json, host.json, host_model.json, optimizer.json (benchmarks/gpu_reference.py), bmm.json,
 gemm_extra.json, moe_ops.json (benchmarks/gpu_tables.py) and attention_fa3.json (benchmarks/gpu_h100.py); its
-steps/ folder holds the held-out steps, never read here. The fitting is fit_h200.py's, with two differences:
+steps/ folder holds the held-out steps, never read here. The fitting is fit_h200.py's, with three differences:
 - attention: the cuDNN rows of attention_fa3.json (the FA3-class kernel, on the layout Paddle's flash_attention
   reads), since llmtrain runs FlashAttention-3 on Hopper where the installed Paddle has it
   (llmtrain/paddle_compat/flash_attn.py); rows up to 8k fill `attention`, the long configs' rows from 4k on
   fill `attention_long`. A run that falls back to FA2 is slower than this profile says (FA2's rows are in the
   same file, `impl` "flash2", 1.3-1.9x slower);
-- the constants that are not measured (peak, memory, links) are the H100 SXM datasheet's.
+- the constants that are not measured (peak, memory, links) are the H100 SXM datasheet's;
+- the optimizer: the planner's GPU stream fitted to optimizer.json by relative error (`optimizer_block`).
 """
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -25,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.fit_h200 import host_from_model, host_times, moe_tables, optimizer_rows
-from llmtrain.plan.fit import fit_attention, fit_profile, read_tables
+from llmtrain.plan.fit import fit_attention, fit_optimizer_stream, fit_profile, read_tables, stream_optimizer_seconds
 
 GB, GIB = 1e9, 2**30
 BASE = {
@@ -54,6 +56,58 @@ def fa3_rows(data: Path) -> tuple[list[dict], list[dict], dict]:
     long_ = [r for r in rows if r["batch"] == 1 and r["heads"] == 32 and r["seq"] >= LONG_FROM
              and (r["kv_heads"], r["head_dim"]) in ((4, 64), (32, 128))]
     return short, long_, d.get("provenance", {})
+
+
+def optimizer_block(rows: list[dict], summary: str) -> dict:
+    """The profile's `optimizer` block: the stream the planner runs AdamW in on a GPU (llmtrain/plan/fit.py
+    `fit_optimizer_stream`: per step, per tensor host and device, per element), fitted to optimizer.json's rows by
+    relative error, with each row's residual. (The plain least squares of seconds = a·tensors + b·elements gave
+    1.72e-11 s per element where the 1e9-element rows take 1.87-1.90e-11, and the stream it feeds priced those
+    rows 8-22% fast.)"""
+    o = fit_optimizer_stream(rows)
+    res = {f"{r['numel']}x{r['tensors']}": round(stream_optimizer_seconds(o, r["tensors"], r["numel"]) / r["seconds"] - 1, 4)
+           for r in rows}
+    return {**o, "includes_clip": True,
+            "source": f"fitted to measured AdamW steps {summary} (optimizer.json: clip, AdamW per chunk, zeroing) as "
+                      "the planner's stream prices them, squared relative errors (benchmarks/fit_h100.py optimizer_block)",
+            "residuals": {"relative_error_by_elements_x_tensors": res}}
+
+
+SINGLE_CALL = ("add_bf16", "mul_bf16", "cast_f32", "ge_kT", "clamp_kT", "index_select_rows", "gather_k", "mean0_f32",
+               "bmm")
+"""launches.json's generic rows that are one torch call each (the others are small compositions of calls)."""
+LISTED_ELSEWHERE = ("moe_swiglu_view", "moe_swiglu_view_bwd", "moe_t_copy_i64")
+"""Classes the planner lists with their other dispatches beside them (silu(g) * u: the mul as a view of its own;
+the transpose's view): their extra launches are already dispatches of the list."""
+
+
+def launch_block(path: Path) -> dict:
+    """{"launches", "extra_launch_s", "launch_fit"} for the profile's host block from launches.json
+    (benchmarks/gpu_moe_launches.py): per MoE op class the device launches of one call (kernels, memsets and
+    copies; the median over the sizes measured) and the host seconds of one more launch inside one call: the slope
+    of host seconds over launches, least squares over the one-call rows (each MoE class but those of
+    LISTED_ELSEWHERE, and SINGLE_CALL's generic ops) of the forward (a `_bwd` class runs through autograd.grad)."""
+    import numpy as np
+
+    d = json.loads(path.read_text())
+    rows = [r for r in d["rows"] if r.get("host_s") and "error" not in r and "kernels" in r]
+    n = lambda r: r["kernels"] + r["memsets"] + r["memcpys"]  # noqa: E731
+    by: dict = {}
+    for r in rows:
+        if r["kind"] in ("route", "rows") and r["op"] not in LISTED_ELSEWHERE:
+            by.setdefault(r["op"], []).append(n(r))
+    launches = {op: max(1, round(statistics.median(v))) for op, v in sorted(by.items())}
+    fit = [r for r in rows if not r["op"].endswith("_bwd") and (r["op"] in by or r["op"] in SINGLE_CALL)]
+    x, y = np.array([n(r) for r in fit], float), np.array([r["host_s"] for r in fit])
+    slope, icpt = (float(v) for v in np.polyfit(x, y, 1))
+    res = {f"{r['op']}@{r['n']}": [round(n(r), 2), round(r["host_s"] * 1e6, 2), round((icpt + slope * n(r)) * 1e6, 2)]
+           for r in fit}
+    prov = d.get("provenance", {})
+    return {"launches": launches, "extra_launch_s": max(slope, 0.0),
+            "launch_fit": {"intercept_s": icpt, "slope_s": slope, "rows": res,
+                           "note": "[launches per call, host us measured, host us fitted] per one-call row",
+                           "source": f"{path.name} ({prov.get('gpu', '?')}, {prov.get('date_utc', '?')}, torch "
+                                     f"{prov.get('torch', '?')}): benchmarks/fit_h100.py launch_block"}}
 
 
 def borrow_classes(prof: dict, base: str = "h200", ref: str = "mul") -> list[str]:
@@ -98,7 +152,7 @@ def main(argv: list[str]) -> None:
     prov["fitted_by"] = f"python benchmarks/fit_h100.py {data}"
     prof = fit_profile(raw, BASE, prov)
     prof["attention"]["source"] = f"fitted from cuDNN flash attention (FA3-class) {prov['summary']}"
-    prof["optimizer"]["includes_clip"] = True
+    prof["optimizer"] = optimizer_block(raw["optimizer"], prov["summary"])
     fitted = fit_attention(long_)
     prof["attention_long"] = {"source": "attention_fa3.json cuDNN rows of batch 1, 32 heads (GQA 32/4 d64, MHA d128), "
                                         f"{LONG_FROM} to 65536 tokens",
@@ -117,6 +171,9 @@ def main(argv: list[str]) -> None:
             "classes": borrowed, "source": "not measured on the H100 (moe_ops.json's time budget ended before these "
             "row classes): the h200 profile's curves x the measured H100/H200 time ratio of the `mul` class at the "
             "same size (interpolated in log size; 1.22-1.42 over the measured sizes)"}
+    launches = data / "launches" / "launches.json"
+    if launches.exists():  # MoE op classes that launch several device kernels per call (timeline._priced)
+        prof["host"].update(launch_block(launches))
     if prof["host"].get("micro_batch_s", 0) < 0:  # one sweep of host_model: an intercept below zero is noise
         prof["host"]["check"]["micro_batch_s_fitted"] = prof["host"]["micro_batch_s"]
         prof["host"]["micro_batch_s"] = 0.0

@@ -278,10 +278,17 @@ class RecomputeDecoder(Decoder):
         if self.mode in ("none", "full"):
             return super().block(blk, x)
         core = self.mode == "core_attn"
-        attn = lambda y: self.attention(blk, self.norm(y, blk.norm1_w))  # noqa: E731
-        mlp = lambda y: self.mlp(blk, self.norm(y, blk.norm2_w))  # noqa: E731
+        n1 = (blk.norm1_w, getattr(blk, "norm1_b", None))
+        n2 = (blk.norm2_w, getattr(blk, "norm2_b", None))
+        if self.saved == "llmtrain":  # llmtrain's parts leave the norm outside (its output is the kept input)
+            part = lambda fn, n: lambda y: checkpoint(fn, blk, self.norm(y, *n), use_reentrant=False)  # noqa: E731
+        else:  # the twin2 rows: the norm inside the recomputed part
+            part = lambda fn, n: lambda y: checkpoint(lambda z: fn(blk, self.norm(z, *n)), y,  # noqa: E731
+                                                      use_reentrant=False)
+        attn = lambda y: self.attention(blk, self.norm(y, *n1))  # noqa: E731
+        mlp = lambda y: self.mlp(blk, self.norm(y, *n2))  # noqa: E731
         if self.mode == "full_attn":
-            x = x + checkpoint(attn, x, use_reentrant=False)
+            x = x + part(self.attention, n1)(x)
         else:
             if core:
                 sdpa = F.scaled_dot_product_attention
@@ -293,7 +300,7 @@ class RecomputeDecoder(Decoder):
             else:
                 x = x + attn(x)
         if self.mode == "mlp":
-            return x + checkpoint(mlp, x, use_reentrant=False)
+            return x + part(self.mlp, n2)(x)
         return x + mlp(x)
 
 

@@ -16,7 +16,11 @@ beside the new in the same call. Tables (one JSON file each in DIR, gpu_referenc
   and "kept"/"unfused" at L4 mb1 (the first call's twin, same card). `step_ms` (median of 5 after 2 warm-up),
   `static_gib` (allocated before a step: weights, grads, optimizer state), `held_gib` (allocated after the
   forward and loss, before the backward, minus static: what the step keeps for its backward), `peak_gib` /
-  `act_gib` (max allocated over the timed steps, and minus static).
+  `act_gib` (max allocated over the timed steps, and minus static), `fwd_peak_gib` / `bwd_peak_gib` (the peak
+  above static during forward + loss, and during the backward, of the step that read `held_gib`). With
+  `--saved-variants` (benchmarks/h100_recompute.sh, a fourth call not made yet: no machine came): `saved` "llmtrain" (gpu_model.Decoder: Paddle's
+  saved tensors for split, RoPE and the loss; recomputed parts without their norm, as llmtrain/models/decoder.py)
+  for rebuilt/unfused and rebuilt/saves_input at every shape, and "torch" (the twin2 rows' twin) at L4 mb1.
 - `saved`: the tensors the autograd graph of one forward keeps (llama-7b-twin L4 mb1, mode none), by the op that
   saved them (grad_fn `_saved_*` fields and custom Functions' saved_tensors; each storage counted once, at the
   first op found holding it; parameters left out), per variant.
@@ -57,10 +61,19 @@ def _arch(b: Bench, layers: int, seq: int):
     return llama(layers, 64, 4, 4, 160, seq, vocab=256) if b.args.smoke else llama(layers, 4096, 32, 32, 11008, seq)
 
 
-def _model(b: Bench, a, mode: str, fused_weights: str, swiglu: str):
+def _model(b: Bench, a, mode: str, fused_weights: str, swiglu: str, saved: str = "llmtrain"):
     m = gpu_h100.RecomputeDecoder(a, b.dev, b.dtype, mode, generator=b.gen)
-    m.fused_weights, m.swiglu = fused_weights, swiglu  # read at every forward
+    m.fused_weights, m.swiglu, m.saved = fused_weights, swiglu, saved  # read at every forward
     return m
+
+
+def _peak() -> float:
+    return torch.cuda.max_memory_allocated() / GIB if torch.cuda.is_available() else 0.0
+
+
+def _reset():
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
 
 
 def _alloc() -> float:
@@ -69,15 +82,18 @@ def _alloc() -> float:
 
 def run_recompute(b: Bench, deadline: float):
     cases = [(2, 128, 1)] if b.args.smoke else [(4, 4096, 1), (4, 4096, 2), (8, 4096, 1)]
-    variants = [("rebuilt", "unfused"), ("rebuilt", "saves_input"), ("kept", "unfused")]
-    for fw, sw in variants:
+    variants = [("rebuilt", "unfused", "llmtrain"), ("rebuilt", "saves_input", "llmtrain"),
+                ("rebuilt", "unfused", "torch")] if b.args.saved_variants else [
+        ("rebuilt", "unfused", "torch"), ("rebuilt", "saves_input", "torch"), ("kept", "unfused", "torch")]
+    for fw, sw, sv in variants:
         for layers, seq, mb in cases:
-            if fw == "kept" and (layers, mb) != (cases[0][0], cases[0][2]):
-                continue  # the first call's twin at L4 mb1 only
+            if (fw == "kept" or (sv == "torch" and b.args.saved_variants)) and (layers, mb) != (cases[0][0],
+                                                                                                 cases[0][2]):
+                continue  # the earlier call's twin at L4 mb1 only
             a = _arch(b, layers, seq)
             for mode in MODES:
                 row = {"model": "llama-7b-twin", "layers": layers, "mode": mode, "seq": seq, "mb": mb,
-                       "fused_weights": fw, "swiglu": sw}
+                       "fused_weights": fw, "swiglu": sw, "saved": sv}
                 if time.time() > deadline:
                     row["error"] = "time budget spent before this row"
                     b.add("recompute_steps", row)
@@ -85,24 +101,29 @@ def run_recompute(b: Bench, deadline: float):
                 model = opt = None
                 try:
                     free(b)
-                    model = _model(b, a, mode, fw, sw)
+                    model = _model(b, a, mode, fw, sw, sv)
                     opt = MasterAdamW(model.parameters())
                     batch = make_batch(a, mb, b.dev, b.gen)
                     train_step(model, opt, batch)
                     train_step(model, opt, batch)
                     b.sync()
                     static = _alloc()
+                    _reset()
                     loss = model(*batch)  # one step with the bytes held between forward and backward read
                     b.sync()
-                    held = _alloc() - static
+                    held, fwd_peak = _alloc() - static, _peak() - static
+                    _reset()
                     loss.backward()
+                    b.sync()
+                    bwd_peak = _peak() - static  # forward + loss's peak vs the backward's: which phase makes it
                     opt.step()
                     del loss
                     b.sync()
                     if b.cuda:
                         torch.cuda.reset_peak_memory_stats()
                     times = timed(b, model, opt, batch, 0, 5 if not b.args.smoke else 2)
-                    row.update(step_ms=statistics.median(times) * 1e3, step_s=times, static_gib=static, held_gib=held)
+                    row.update(step_ms=statistics.median(times) * 1e3, step_s=times, static_gib=static, held_gib=held,
+                               fwd_peak_gib=fwd_peak, bwd_peak_gib=bwd_peak)
                     if b.cuda:
                         row["peak_gib"] = torch.cuda.max_memory_allocated() / GIB
                         row["act_gib"] = row["peak_gib"] - static
@@ -111,8 +132,9 @@ def run_recompute(b: Bench, deadline: float):
                 del model, opt
                 b.add("recompute_steps", row, {"notes": __doc__.split("- `recompute_steps`:")[1].split("- `saved`")[0]
                                                .strip(), "arch": a.as_dict()})
-                print(f"[recompute] {fw}/{sw} L{layers} mb{mb} {mode}: " + (row.get("error") or
-                      f"{row['step_ms']:.1f} ms held {row['held_gib']:.2f} act {row.get('act_gib', 0):.2f} GiB"),
+                print(f"[recompute] {fw}/{sw}/{sv} L{layers} mb{mb} {mode}: " + (row.get("error") or
+                      f"{row['step_ms']:.1f} ms held {row['held_gib']:.2f} act {row.get('act_gib', 0):.2f} GiB (fwd peak "
+                      f"{row['fwd_peak_gib']:.2f}, bwd {row['bwd_peak_gib']:.2f})"),
                       flush=True)
 
 
@@ -347,6 +369,8 @@ def main(argv=None):
     ap.add_argument("--steps-n", type=int, default=6)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. moe=60")
+    ap.add_argument("--saved-variants", action="store_true",
+                    help="recompute: gpu_model.Decoder.saved 'llmtrain' rows (+ 'torch' at L4 mb1): benchmarks/h100_recompute.sh")
     args = ap.parse_args(argv)
     budgets = {k: float(v) for k, v in (kv.split("=") for kv in args.budget.split(",") if kv)}
     only = [t for t in args.only.split(",") if t]

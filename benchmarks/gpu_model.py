@@ -15,14 +15,21 @@ defaults (`model.fuse_* = auto` -> on):
   (`ConcatLinear` below: the concatenation a transient of the forward, built again in the backward; x and the
   weights saved); "kept" is autograd over torch.cat, which keeps the concatenated copy [h, 3h] and [h, 2f] per
   block until its backward (what every row before benchmarks/data/h100/twin2 ran: 0.26 GiB per llama-7b block);
+  the product is split into q, k, v (gate, up) each its own tensor, as Paddle's `split` returns copies (`saved`
+  "llmtrain", the default after benchmarks/data/h100/twin2; "torch": views that pin the whole product, so flash
+  attention's saved v kept all of qkv, 2 s·b·h more per block than llmtrain);
 - RMSNorm through `F.rms_norm` (Paddle: `fused_rms_norm`), LayerNorm through `F.layer_norm`;
-- RoPE rotate-half, unfused (Paddle fuses q and k in one kernel; PyTorch has no such eager kernel: more kernels);
+- RoPE rotate-half, unfused kernels (Paddle fuses q and k in one kernel; PyTorch has no such eager kernel: more
+  kernels), saving only cos/sin as the fused kernel does (`RoPE`; Paddle's unfused ops would keep q, k and their
+  rotated halves);
 - SwiGLU as silu(gate) * up (Paddle: one `swiglu` kernel; here two; `Decoder.swiglu` "unfused", the default) or
   "saves_input": `SwiGLU` below, which saves what Paddle's fused kernel saves (swiglu_grad takes the input and
   out_grad: the [.., 2f] input only, not silu(gate)); its backward is eager PyTorch ops (a memory instrument, not
   Paddle's kernel time);
 - attention: flash attention through SDPA on [b, heads, s, d] views (GQA through `enable_gqa`, no repeat of k/v);
-- loss: logits cast to fp32, per-token cross entropy, times the loss mask, sum / max(sum(mask), 1);
+- loss: logits cast to fp32, per-token cross entropy, times the loss mask, sum / max(sum(mask), 1); the cross
+  entropy as Paddle's cross_entropy_with_softmax keeps it (`SoftmaxCrossEntropy`: the fp32 softmax saved, its
+  gradient made in that buffer; `saved` "torch": F.cross_entropy, three fp32 [N, V] buffers in its backward);
 - recompute: `torch.utils.checkpoint` per block, non-reentrant, without early stop (the whole block re-runs).
 
 AMP as Paddle's O2 with master weights holds it: every parameter bf16 (LayerNorm too: Paddle keeps norms fp32 only
@@ -92,24 +99,29 @@ def gpt(layers, hidden, heads, ffn, seq, vocab=50304) -> Arch:
 class ConcatLinear(torch.autograd.Function):
     """x [.., in] @ [W_1 .. W_n] ([in, out_i] each) -> [.., sum out_i], as llmtrain/models/fused_linear.py runs it:
     the concatenated weight is a transient of the forward and is built again in the backward; saved: x and the
-    weights themselves (no copy)."""
+    weights themselves (no copy). `widths` (None: one output): the output split into [.., out_i] pieces, each its
+    own tensor as Paddle's `split` returns them (copies: the [.., sum out_i] product is freed at once, and a piece
+    kept for a backward pins only its own bytes)."""
 
     @staticmethod
-    def forward(ctx, x, *weights):
+    def forward(ctx, widths, x, *weights):
         ctx.save_for_backward(x, *weights)
-        return x @ torch.cat(weights, dim=1)  # the [in, sum out_i] copy is freed after the GEMM
+        y = x @ torch.cat(weights, dim=1)  # the [in, sum out_i] copy is freed after the GEMM
+        if widths is None:
+            return y
+        return tuple(p.contiguous() for p in y.split(widths, dim=-1))  # [.., out_i] each, own storage
 
     @staticmethod
-    def backward(ctx, dy):  # dy [.., sum out_i]
+    def backward(ctx, *dys):  # dys: [.., sum out_i] or its pieces [.., out_i]
         x, *weights = ctx.saved_tensors
+        dy = dys[0] if len(dys) == 1 else torch.cat(dys, dim=-1)  # [.., sum out_i] (Paddle's backward concatenates)
         dx = dy @ torch.cat(weights, dim=1).t()  # [.., in]; the concatenation again, transient
         dw = x.reshape(-1, x.shape[-1]).t() @ dy.reshape(-1, dy.shape[-1])  # [in, sum out_i]
-        return (dx, *dw.split([w.shape[1] for w in weights], dim=1))
+        return (None, dx, *dw.split([w.shape[1] for w in weights], dim=1))
 
 
-class SwiGLU(torch.autograd.Function):
-    """silu(g) * u of gu = [g | u] [.., 2f] -> [.., f], saving only gu, as Paddle's fused `swiglu` (its backward
-    swiglu_grad takes the input and out_grad; PyTorch's silu(g) * u also keeps silu(g) [.., f])."""
+class SwiGLUInput(torch.autograd.Function):
+    """`SwiGLU` of gu = [g | u] [.., 2f] (views of one tensor, `Decoder.saved` "torch": the twin2 rows), saving gu."""
 
     @staticmethod
     def forward(ctx, gu):
@@ -125,18 +137,78 @@ class SwiGLU(torch.autograd.Function):
         return torch.cat([d * u * sg * (1 + g * (1 - sg)), d * g * sg], dim=-1).to(gu.dtype)
 
 
+class SwiGLU(torch.autograd.Function):
+    """silu(g) * u -> [.., f] of g, u [.., f], saving only g and u, as Paddle's fused `swiglu` (its backward
+    swiglu_grad takes the inputs and out_grad; PyTorch's silu(g) * u also keeps silu(g) [.., f])."""
+
+    @staticmethod
+    def forward(ctx, g, u):
+        ctx.save_for_backward(g, u)
+        return F.silu(g) * u
+
+    @staticmethod
+    def backward(ctx, dout):
+        g, u = (t.float() for t in ctx.saved_tensors)
+        sg, d = torch.sigmoid(g), dout.float()
+        return (d * u * sg * (1 + g * (1 - sg))).to(dout.dtype), (d * g * sg).to(dout.dtype)
+
+
+class RoPE(torch.autograd.Function):
+    """Rotate-half RoPE x [b, s, heads, d] -> x cos + rot(x) sin (rot(x) = [-x2, x1]) saving nothing but the
+    constant tables, as Paddle's fused_rotary_position_embedding (llmtrain's GPU default, `fuse_rope`): its
+    backward takes only cos/sin. Autograd over the same ops (`Decoder.saved` "torch") keeps nothing either
+    (PyTorch's mul saves only the factor that needs no grad), but Paddle's unfused ops keep x and rot(x)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin):
+        ctx.cos, ctx.sin = cos, sin  # module constants, no grad
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+    @staticmethod
+    def backward(ctx, dy):  # d/dx of rot(x) * sin: rot^T(dy sin) = [g2, -g1] of g = dy sin
+        g1, g2 = (dy * ctx.sin).chunk(2, dim=-1)
+        return dy * ctx.cos + torch.cat([g2, -g1], dim=-1), None, None
+
+
+class SoftmaxCrossEntropy(torch.autograd.Function):
+    """Per-token cross entropy of fp32 logits [N, V] and targets [N] -> [N], as Paddle's
+    cross_entropy_with_softmax (llmtrain's `roles.token_loss`): the forward saves the fp32 softmax [N, V] (not its
+    input), the backward turns that buffer into the logits' gradient in place (softmax - onehot, times the loss
+    gradient). PyTorch's F.cross_entropy (log_softmax + nll_loss; `Decoder.saved` "torch") holds three fp32 [N, V]
+    buffers in its backward (the saved log-probabilities, nll's gradient, log_softmax's gradient)."""
+
+    @staticmethod
+    def forward(ctx, logits, target):
+        prob = torch.softmax(logits, dim=-1)  # [N, V] fp32
+        ctx.save_for_backward(prob, target)
+        return -torch.log(prob.gather(1, target[:, None]).squeeze(1))  # [N]
+
+    @staticmethod
+    def backward(ctx, dloss):  # dloss [N]
+        prob, target = ctx.saved_tensors
+        prob[torch.arange(prob.shape[0], device=prob.device), target] -= 1  # in place: the saved buffer
+        return prob.mul_(dloss[:, None]), None
+
+
 class Decoder(torch.nn.Module):
     """llmtrain's DecoderLM for one `Arch`, every parameter created in `dtype` on `device`. `fused_weights`:
     "rebuilt" (llmtrain's ConcatLinear) or "kept" (autograd over torch.cat, the rows before benchmarks/data/h100/twin2);
-    `swiglu`: "unfused" (silu(g) * u) or "saves_input" (`SwiGLU`, Paddle's saved tensors)."""
+    `swiglu`: "unfused" (silu(g) * u) or "saves_input" (`SwiGLU`, Paddle's saved tensors); `saved`: "llmtrain" (the
+    default after benchmarks/data/h100/twin2: what Paddle's ops keep for the backward where autograd keeps other
+    tensors: the fused projections' outputs split into their own tensors, RoPE as the fused kernel, the loss as
+    Paddle's softmax cross entropy) or "torch" (PyTorch's own ops, the twin2 rows: a split piece is a view that
+    pins the whole fused output, F.cross_entropy's three fp32 [N, V] buffers in the backward)."""
 
     def __init__(self, a: Arch, device, dtype=torch.bfloat16, recompute: bool = False, generator=None,
-                 fused_weights: str = "rebuilt", swiglu: str = "unfused"):
+                 fused_weights: str = "rebuilt", swiglu: str = "unfused", saved: str = "llmtrain"):
         super().__init__()
         if fused_weights not in ("rebuilt", "kept") or swiglu not in ("unfused", "saves_input"):
             raise ValueError(f"fused_weights={fused_weights!r} (rebuilt|kept), swiglu={swiglu!r} (unfused|saves_input)")
+        if saved not in ("llmtrain", "torch"):
+            raise ValueError(f"saved={saved!r} (llmtrain|torch)")
         self.a, self.recompute = a, recompute
-        self.fused_weights, self.swiglu = fused_weights, swiglu
+        self.fused_weights, self.swiglu, self.saved = fused_weights, swiglu, saved
         kw = dict(device=device, dtype=dtype)
 
         def mat(i, o, std=0.02):  # [in, out], as Paddle's Linear weight
@@ -179,16 +251,15 @@ class Decoder(torch.nn.Module):
         return F.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
 
     def rope(self, x):  # x [b, s, heads, d], rotate-half
+        if self.saved == "llmtrain":
+            return RoPE.apply(x, self.cos, self.sin)
         x1, x2 = x.chunk(2, dim=-1)
         return x * self.cos + torch.cat([-x2, x1], dim=-1) * self.sin
 
     def attention(self, blk, x):  # x [b, s, h] -> [b, s, h]
         a = self.a
         d = a.head_dim
-        qkv = self.fused(x, [blk.wq, blk.wk, blk.wv])  # [b, s, (nh + 2 nkv) d]: fuse_qkv
-        if a.bias:
-            qkv = qkv + torch.cat([blk.bq, blk.bk, blk.bv])
-        q, k, v = qkv.split([a.heads * d, a.kv_heads * d, a.kv_heads * d], dim=-1)
+        q, k, v = self.fused(x, [blk.wq, blk.wk, blk.wv], [blk.bq, blk.bk, blk.bv] if a.bias else None)  # fuse_qkv
         q = q.view(*q.shape[:2], a.heads, d)  # [b, s, nh, d]
         k = k.view(*k.shape[:2], a.kv_heads, d)  # [b, s, nkv, d]
         v = v.view(*v.shape[:2], a.kv_heads, d)
@@ -203,20 +274,34 @@ class Decoder(torch.nn.Module):
     def mlp(self, blk, x):  # x [b, s, h] -> [b, s, h]
         a = self.a
         if a.activation == "swiglu":
-            gu = self.fused(x, [blk.wgate, blk.wup])  # fuse_ffn: [b, s, 2f]
-            if self.swiglu == "saves_input":
-                inner = SwiGLU.apply(gu)  # [b, s, f]
+            if self.saved == "torch":  # gu [b, s, 2f], gate and up its views (the twin2 rows)
+                gu = self.concat_gemm(x, [blk.wgate, blk.wup])
+                if self.swiglu == "saves_input":
+                    inner = SwiGLUInput.apply(gu)  # [b, s, f]
+                else:
+                    gate, up = gu.chunk(2, dim=-1)  # [b, s, f] each
+                    inner = F.silu(gate) * up
             else:
-                gate, up = gu.chunk(2, dim=-1)  # [b, s, f] each
-                inner = F.silu(gate) * up
+                gate, up = self.fused(x, [blk.wgate, blk.wup])  # fuse_ffn: [b, s, f] each, own tensors
+                inner = SwiGLU.apply(gate, up) if self.swiglu == "saves_input" else F.silu(gate) * up
         else:
             inner = F.gelu(x @ blk.wup + blk.bup, approximate="tanh")  # [b, s, f]
         y = inner @ blk.wdown
         return y + blk.bdown if a.bias else y
 
-    def fused(self, x, weights):  # x [b, s, in], weights [in, out_i] -> [b, s, sum out_i]
+    def fused(self, x, weights, biases=None):  # x [b, s, in], weights [in, out_i] -> [[b, s, out_i] ...]
+        widths = [w.shape[1] for w in weights]
+        if biases is None and self.fused_weights == "rebuilt" and self.saved == "llmtrain":
+            return list(ConcatLinear.apply(widths, x, *weights))  # each piece its own tensor, as Paddle's split
+        y = self.concat_gemm(x, weights)  # [b, s, sum out_i]
+        if biases is not None:
+            y = y + torch.cat(biases)
+        pieces = y.split(widths, dim=-1)  # views of y ("torch")
+        return [p.contiguous() for p in pieces] if self.saved == "llmtrain" else list(pieces)
+
+    def concat_gemm(self, x, weights):  # x [b, s, in], weights [in, out_i] -> [b, s, sum out_i]
         if self.fused_weights == "rebuilt":
-            return ConcatLinear.apply(x, *weights)
+            return ConcatLinear.apply(None, x, *weights)
         return x @ torch.cat(weights, dim=1)  # autograd keeps the concatenated copy until the backward
 
     def block(self, blk, x):
@@ -226,7 +311,10 @@ class Decoder(torch.nn.Module):
 
     def forward(self, ids, target, mask):  # ids, target [b, s] int64; mask [b, s] fp32 -> scalar fp32 loss
         logits = self.logits(ids)  # [b, s, V]
-        ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view_as(mask)
+        if self.saved == "llmtrain":  # Paddle's cross_entropy_with_softmax: the fp32 softmax kept, grad in place
+            ce = SoftmaxCrossEntropy.apply(logits.float().flatten(0, 1), target.flatten()).view_as(mask)
+        else:
+            ce = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none").view_as(mask)
         return (ce * mask).sum() / mask.sum().clamp(min=1.0)
 
     def logits(self, ids):  # ids [b, s] int64 -> [b, s, V]

@@ -25,6 +25,9 @@ from llmtrain.config import register_configs  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data" / "h100" / "steps"
 TWIN2 = DATA.parent / "twin2"
 """The third call's rows: the twin as llmtrain runs it (fused weights rebuilt in the backward, experts as two bmm)."""
+LAUNCHES = DATA.parent / "launches"
+"""The fourth call's rows (benchmarks/gpu_moe_launches.py): kernels per op class, tiny-shape host rows, dropless
+steps under the init and a balanced router."""
 HOST_BOUND = 0.85
 """A row whose profiled GPU busy time is below this share of its step is host-bound: its time is the VM host's
 Python (20-39% between processes on the H200's VM), which a ±10% check cannot hold."""
@@ -36,6 +39,10 @@ def _device(overrides: list[str], device: str) -> list[str]:
 
 def _read(name: str, data: Path) -> list[dict]:
     return [r for r in json.loads((data / name).read_text())["rows"] if r.get("step_s_median")]
+
+
+def _read_all(name: str, data: Path) -> list[dict]:
+    return [r for r in json.loads((data / name).read_text())["rows"] if "error" not in r]
 
 
 def dense_rows(data: Path = DATA, device: str = "h100", extra: list[str] | None = None) -> list[dict]:
@@ -75,6 +82,61 @@ def moe_rows(data: Path = DATA, device: str = "h100", routing: str = "measured",
         out.append({"name": r["name"], "dropless": dropless, "measured_s": r["step_s_median"],
                     "predicted_s": pred["step_time_s"], "error": pred["step_time_s"] / r["step_s_median"] - 1,
                     "measured_factor": imb if dropless else None})
+    return out
+
+
+def dropless_router_rows(data: Path = LAUNCHES, device: str = "h100") -> list[dict]:
+    """The dropless rows of the launches call (benchmarks/gpu_moe_launches.py `dropless_steps`) with the router the
+    twin has at initialisation (`router` "init") and with i.i.d. logits per token ("balanced"): priced with the
+    planner's own expected busiest expert (`expected_s`: no plan.moe_imbalance) and at the factor the row's
+    dispatcher read (`stated_s`)."""
+    from llmtrain.plan.moe import expected_imbalance
+
+    out = []
+    for r in _read("dropless_steps.json", data):
+        m, a = r["moe"], r["arch"]
+        ov = _device(h200_moe_overrides(a, m, r["micro_batch"], r["capacity_mean_factor"]), device)
+        stated = _row(ov)["step_time_s"]
+        expected = _row([o for o in ov if not o.startswith("plan.moe_imbalance=")])["step_time_s"]
+        T = r["micro_batch"] * a["seq"]
+        out.append({"name": r["name"], "router": r["router"], "measured_s": r["step_s_median"],
+                    "factor": r["capacity_mean_factor"], "expected_factor": expected_imbalance(m["experts"], m["top_k"], T),
+                    "shared_share": r.get("shared_share"), "expected_s": expected, "stated_s": stated,
+                    "error": expected / r["step_s_median"] - 1, "stated_error": stated / r["step_s_median"] - 1})
+    return out
+
+
+def tiny_host_rows(data: Path = LAUNCHES, device: str = "h100") -> list[dict]:
+    """The launches call's tiny-shape rows (`layers.json`: the twin at h 64, seq 16, where the wall time is the
+    host's), first sweep, against the planner's host seconds for the same model: the forward's and the backward's
+    dispatches (timeline.Stream over micro_batch_kernels; the host constants of `device`'s profile)."""
+    from benchmarks.planner import compose_config
+    from llmtrain.config import to_config
+    from llmtrain.plan.devices import get_device
+    from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
+    from llmtrain.plan.moe import MoEPlan
+    from llmtrain.plan.timeline import Stream
+
+    prof = get_device(device)
+    out = []
+    for r in _read_all("layers.json", data):
+        if r.get("sweep") != 1 or "fwd_s" not in r:
+            continue
+        a = r["arch"]
+        ov = h200_moe_overrides(a, r["moe"], 1, 1.0) if r["moe"] else h200_overrides(a, 1, False)
+        cfg = to_config(compose_config(_device(ov, device))).model
+        mb = micro_batch_kernels(MicroBatchSpec(cfg, 1, a["seq"], 1, 2, True, True, "none",
+                                                moe=MoEPlan() if r["moe"] else None))
+        st = Stream(prof, fast=False)
+        st.run(mb.forward, False)
+        fwd = st.host_total
+        st.run(mb.backward, True)
+        out.append({"name": r["name"], "fwd_s": r["fwd_s"], "bwd_s": r["fwd_bwd_s"] - r["fwd_s"],
+                    "fwd_kernels": r.get("fwd_kernels", 0) + r.get("fwd_memsets", 0) + r.get("fwd_memcpys", 0),
+                    "bwd_kernels": r.get("bwd_kernels", 0) + r.get("bwd_memsets", 0) + r.get("bwd_memcpys", 0),
+                    "plan_fwd_s": fwd, "plan_bwd_s": st.host_total - fwd,
+                    "listed_fwd": sum(k.kind != "view" for k in mb.forward),
+                    "listed_bwd": sum(k.kind != "view" for k in mb.backward)})
     return out
 
 
@@ -120,6 +182,22 @@ def main(argv: list[str]) -> None:
     _table("H100 long row", long_rows())
     _table("H100 MoE row, dropless at the measured C", moe_rows())
     _table("H100 MoE row, dropless at the expected busiest expert", moe_rows(routing="expected"))
+    if (LAUNCHES / "dropless_steps.json").exists():
+        print("\n| dropless row (fourth call) | router | busiest / mean: measured, expected | measured s | at the "
+              "expectation | at the measured factor |")
+        print("|---|---|---|---|---|---|")
+        for r in dropless_router_rows():
+            print(f"| {r['name']} | {r['router']} | {r['factor']:.2f}, {r['expected_factor']:.2f} | "
+                  f"{r['measured_s']:.4f} | {r['expected_s']:.4f} ({100 * r['error']:+.1f}%) | {r['stated_s']:.4f} "
+                  f"({100 * r['stated_error']:+.1f}%) |")
+    if (LAUNCHES / "layers.json").exists():
+        print("\n| tiny twin (fourth call) | fwd ms measured / planned host | bwd ms measured / planned host | "
+              "device launches fwd / bwd | listed kernels fwd / bwd |")
+        print("|---|---|---|---|---|")
+        for r in tiny_host_rows():
+            print(f"| {r['name']} | {r['fwd_s'] * 1e3:.2f} / {r['plan_fwd_s'] * 1e3:.2f} | {r['bwd_s'] * 1e3:.2f} / "
+                  f"{r['plan_bwd_s'] * 1e3:.2f} | {r['fwd_kernels']:.0f} / {r['bwd_kernels']:.0f} | "
+                  f"{r['listed_fwd']} / {r['listed_bwd']} |")
     if "--twin2" in argv:
         _table("third call: dense row", dense_rows(TWIN2))
         _table("third call: MoE row, dropless at the measured C", moe_rows(TWIN2))

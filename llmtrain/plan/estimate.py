@@ -11,16 +11,18 @@ blocks and the fused paths the run takes (`layer_activation_bytes`: the norms' o
 linears' inputs (one copy per projection under tp), q/k/v, the attention output, math attention's
 probabilities or flash attention's log-sum-exp, the MLP's inner tensors); no dropout. With full recompute
 a layer keeps only its input (s·b·h; with RoPE also the block's cached cos/sin tables, 2·s·d; both
-measured on CPU through the host allocator) plus one layer's full set during its backward. Selective recompute
+measured on CPU through the host allocator) plus one layer's full set during its backward (beyond the head's peak
+on the last stage: the two are alive at different times, `_beyond_head`). Selective recompute
 (Korthikanti et al. 2022, section 4.2: only the attention core, softmax(q·kᵀ)·v, is recomputed) drops the
 core's own saved tensors, the a·s²·b/t probabilities of math attention (Table 2's 5·a·s/h term; flash
 attention: its log-sum-exp) and keeps everything else; it is a planner option only (`recompute`
 "selective" rows are marked not runnable: llmtrain's Trainer recomputes whole blocks). In flight on the
 first pipeline stage: 1F1B holds min(pp, m) micro-batches of its L/pp layers; interleaved holds
-(pp - 1)·2 + (v - 1)·pp + 1 chunk-micro-batches of L/(pp·v) layers (fleet's warm-up count). other: logits
-and their fp32 loss copy and gradient on the last stage (b·s·V/t·(e + 8)) and the framework margin (CUDA
-context, NCCL buffers, fragmentation: outside the allocator's count, so `allocated` = total - margin is the
-figure to hold against Paddle's max_memory_allocated).
+(pp - 1)·2 + (v - 1)·pp + 1 chunk-micro-batches of L/(pp·v) layers (fleet's warm-up count). other: logits,
+their fp32 copy and the loss's softmax on the last stage (b·s·V/t·(e + 4 + 4), no copy in fp32: `head_bytes`)
+and the framework margin (CUDA context, NCCL buffers,
+fragmentation: outside the allocator's count, so `allocated` = total - margin is the figure to hold against
+Paddle's max_memory_allocated).
 
 Time: compute = the operator-level model (llmtrain/plan/kernels.py enumerates every kernel of a micro-batch's
 forward and backward, full recompute's second forward included, and of the optimizer step; timeline.py times
@@ -160,6 +162,19 @@ def layer_activation_bytes(cfg, s: int, b: int, t: int, e: int, flash: bool, sel
     return n * e + stats * 4 + probs
 
 
+def head_bytes(cfg, s: int, b: int, t: int, e: int) -> float:
+    """Bytes the last stage holds beyond its blocks' at its loss's forward, the head's peak, for one micro-batch
+    [b, s] on a tp rank: the logits [b, s, V/t] (compute dtype), their fp32 copy (none when the compute dtype is
+    fp32: the cast returns its input) and the fp32 softmax Paddle's cross_entropy_with_softmax makes and keeps,
+    all alive in its kernel; the loss's backward turns the softmax into the logits' gradient in place (then
+    the cast back: 4 + e bytes, below the forward's). Measured on CPU for bf16 logits (forward peak 10 bytes per
+    logit, backward 6, 4 held: tests/plan/test_activations.py); PyTorch's F.cross_entropy holds 12 bytes in its
+    backward (three fp32 buffers), which the H100 twin's rows showed until the twin took Paddle's loss
+    (benchmarks/data/h100/twin2; benchmarks/twin_memory.py). Not counted: what the final norm keeps and the LM head's input (about 2 s·b·h·e,
+    1.7% of the twin's L4 peak)."""
+    return s * b * cfg.vocab_size / t * (e + (4 if e != 4 else 0) + 4)
+
+
 def recompute_kept_bytes(cfg, s: int, b: int, e: int) -> float:
     """Bytes a fully recomputed block keeps between its forward and backward: its input [b, s, h] (whole on
     every tp rank without sequence parallelism) and, with RoPE, the block's cached cos/sin tables [s, d]
@@ -203,6 +218,7 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
         count, total, most = _stage_sets(cfg, dense_layer, moe_layer, blocks if p > 1 else None)
         transient = most if mode == "full" else 0  # one block's full set during its backward
+        transient = _beyond_head(transient, logits if st == head else 0)
         w8_flight = w8 is not None and not fp8_cached_copies and mode != "full"  # FP8 copies per micro-batch
         if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight
             moe = moe_blocks(cfg)
@@ -256,6 +272,14 @@ def fp8_weight_bytes(cfg, layout) -> list:
     return hit[1]
 
 
+def _beyond_head(transient: float, head: float) -> float:
+    """The part of a recomputed block's transient (its whole saved set while it re-runs in the backward) above the
+    head's peak (`head_bytes`, 0 off the last stage): the two are alive at different times (the loss's forward
+    and backward end before the last block re-runs, and free the logits' buffers), so the step's peak holds the
+    larger one. (The H100 twin: counting both priced full recompute 24% over its peak.)"""
+    return max(0.0, transient - head)
+
+
 def _worse(worst: dict | None, r: dict, act: float, transient: float, other: float) -> dict:
     """The stage entry (params, grads, optimizer, activations, other, total) of holdings `r` if it holds more than
     `worst`, else `worst`."""
@@ -265,7 +289,7 @@ def _worse(worst: dict | None, r: dict, act: float, transient: float, other: flo
     if worst is not None and not total > worst["total"]:
         return worst
     return {"params": params, "grads": grads, "optimizer": opt, "activations": a, "other": o, "total": total,
-            "recompute_transient": int(transient)}  # in `activations`: one block during its backward
+            "recompute_transient": int(transient)}  # in `activations`: one block during its backward, beyond the head
 
 
 def _finish(worst: dict, framework_bytes: float) -> dict:
@@ -325,8 +349,8 @@ def in_flight(p: int, v: int, m: int, stage: int, dualpipev: bool = False) -> fl
 def activation_parts(cfg, layout, seq_len: int, mode: str, dtype_bytes: int, flash: bool, device: str,
                      moe_imbalance: float | None = None) -> tuple[float, float, float, float]:
     """(bytes a dense block saves for backward, an MoE block's, a fully recomputed block's kept input, the last
-    stage's logits with their fp32 loss copy and gradient) for one micro-batch of `layout` on one rank (remembered
-    per model and the layout fields they read)."""
+    stage's head peak `head_bytes`) for one micro-batch of `layout` on one rank (remembered per model and the
+    layout fields they read)."""
     cp = getattr(layout, "cp", 1)
     s, b, t = seq_len // cp, layout.micro_batch, layout.tp
     sp = getattr(layout, "sequence_parallel", False)
@@ -365,9 +389,8 @@ def _activation_parts(cfg, layout, s: int, b: int, t: int, sp: bool, mode: str, 
         shared = shared_expert_cfg(cfg)
         plan = MoEPlan(ep=getattr(layout, "ep", 1), imbalance=moe_imbalance)
         moe_layer = layer_activation_bytes(shared, s, b, t, dtype_bytes, flash, selective=mode == "selective", sp=sp,
-                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s, dtype_bytes, plan)
-    return dense_layer, moe_layer, recompute_kept_bytes(cfg, s, b, dtype_bytes), b * s * cfg.vocab_size / t * (
-        dtype_bytes + 8)
+                                           gpu=device == "gpu") + moe_activation_bytes(cfg, b * s // t if sp else b * s, dtype_bytes, plan)  # sp: a rank routes its T/tp
+    return dense_layer, moe_layer, recompute_kept_bytes(cfg, s, b, dtype_bytes), head_bytes(cfg, s, b, t, dtype_bytes)
 
 
 _WORST: dict = {}
@@ -439,7 +462,7 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     ranks = stage_worst(cfg, layout, amp, device)
     dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
-    logits = b * s * cfg.vocab_size / t * (dtype_bytes + 8)
+    logits = head_bytes(cfg, s, b, t, dtype_bytes)
     worst = None
     for st in range(p):
         blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
@@ -448,7 +471,7 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
             sums = per_stage[blocks if p > 1 else None] = (
                 sum(held[i][0] for i in blocks),
                 max((held[i][1] for i in blocks if held[i][0] < held[i][1]), default=0) if any_block else 0)
-        transient = sums[1]
+        transient = _beyond_head(sums[1], logits if st == head else 0)
         w8 = fp8_weight_bytes(cfg, layout) if fp8 and not fp8_cached_copies else None  # per micro-batch in flight,
         # a wholly recomputed block's only while it re-runs
         if dualpipev and p > 1 and layout.pp_layers:  # the V: each of its two chunks its own micro-batches in flight

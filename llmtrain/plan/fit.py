@@ -15,7 +15,9 @@
 - host: the per-op times of eager execution (GPU: `fwd_op_s`, `bwd_op_s`, `view_op_s`; CPU: the autograd
   extras over a bare call, the bare call being inside the tables);
 - optimizer: least squares of seconds = per_tensor_s·tensors + per_elem_s·elements over the AdamW rows
-  (non-negative; a coefficient that comes out negative is dropped and the other refitted).
+  (non-negative; a coefficient that comes out negative is dropped and the other refitted); or (`fit_optimizer_stream`,
+  the h100 profile) the four constants of the stream the planner runs the update in on a GPU, fitted to every row's
+  relative error.
 """
 from __future__ import annotations
 
@@ -114,6 +116,46 @@ def fit_optimizer(rows: list[dict]) -> dict:
     if b < 0:
         a, b = say / saa, 0.0
     return {"per_tensor_s": a, "per_elem_s": b}
+
+
+def stream_optimizer_seconds(o: dict, tensors: int, numel: float) -> float:
+    """One AdamW step over `tensors` equal tensors of `numel` elements in all, from an idle stream, as
+    timeline.Stream.run_optimizer runs it on a GPU: `per_step_s` of host first, then per tensor `per_tensor_s` of
+    host dispatch and `per_tensor_device_s` + `per_elem_s`·elements of device; the device starts a tensor once it
+    is dispatched. Closed form: c + h + T·d when the device is the slower (d >= h), else c + T·h + d."""
+    h, c = o["per_tensor_s"], o.get("per_step_s", 0.0)
+    d = o.get("per_tensor_device_s", 0.0) + o["per_elem_s"] * numel / tensors
+    return c + (h + tensors * d if d >= h else tensors * h + d)
+
+
+def fit_optimizer_stream(rows: list[dict]) -> dict:
+    """{per_step_s, per_tensor_s, per_tensor_device_s, per_elem_s} of `stream_optimizer_seconds` minimising the
+    rows' squared relative errors: for each host cost h on a log grid, the other three by non-negative least
+    squares (each row's branch, device- or host-bound, settled by iterating), the best h kept. Relative errors
+    weigh the 1e9-element rows as much as the 256-tensor rows (plain least squares of seconds let the large rows
+    trade 8-10% away against the per-tensor time)."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    xs = [(float(r["tensors"]), float(r["numel"]), float(r["seconds"])) for r in rows]
+    best = None
+    for h in np.geomspace(1e-7, 1e-3, 241):
+        dev = [True] * len(xs)  # start: every row device-bound
+        for _ in range(8):
+            a = np.array([[1.0, T, N] if db else [1.0, 1.0, N / T] for (T, N, _), db in zip(xs, dev)])
+            y = np.array([s - (h if db else T * h) for (T, _, s), db in zip(xs, dev)])
+            w = np.array([1.0 / s for _, _, s in xs])
+            coef, _ = nnls(a * w[:, None], y * w)
+            c, d0, e = (float(v) for v in coef)
+            new = [d0 + e * N / T >= h for T, N, _ in xs]
+            if new == dev:
+                break
+            dev = new
+        o = {"per_step_s": c, "per_tensor_s": float(h), "per_tensor_device_s": d0, "per_elem_s": e}
+        err = sum((stream_optimizer_seconds(o, int(T), N) / s - 1) ** 2 for T, N, s in xs)
+        if best is None or err < best[0]:
+            best = (err, o)
+    return best[1]
 
 
 def fit_profile(raw: dict, base: dict, provenance: dict | None = None, split_layouts: bool = False) -> dict:

@@ -13,7 +13,8 @@ framework margin on every one. Each block adds at least u_s = the least, over th
 parameters + gradients + optimizer states / the ranks sharing them + flight_s x its saved bytes, or under full
 recompute flight_s x its kept input): the worst rank of a stage holds at least the average of its ranks, and
 sharded states average to 1/sharding (dense) and 1/edp (experts sharded over the expert-data-parallel group). With
-F_s the stage's fixed part (ends, margin, one block's full set under full recompute), every split has
+F_s the stage's fixed part (ends, margin, one block's full set under full recompute: on the last stage the larger
+of it and the logits', which are alive at other times), every split has
 max_s (F_s + u_s b_s) >= C, the least value with sum_s max(0, (C - F_s) / u_s) >= L (the blocks relaxed to real
 numbers summing to L): a layout whose bound exceeds the device's memory fits under no split and is not priced.
 """
@@ -85,8 +86,9 @@ def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: 
     for st in range(p):
         f = v_least_flight(p, st) if dualpipev else in_flight(p, v, m, st)
         per.append(min(h + f * (kept if mode == "full" else a) for h, a in kinds))
-        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0) + (last + logits if st == head else 0.0)
-                     + (least_act if mode == "full" and not parts else 0.0))
+        block = least_act if mode == "full" and not parts else 0.0  # a re-running block's full set
+        fixed.append(dev.framework_bytes + (first if st == 0 else 0.0)  # on the head's stage: the larger of it and
+                     + (last + max(logits, block) if st == head else block))  # the head's peak (`_beyond_head`)
     return water_level(fixed, per, cfg.num_layers)
 
 

@@ -6,11 +6,12 @@
 A recomputed part keeps its inputs and drops what its own operators saved for the backward; the part runs its
 forward a second time in the backward. Per part (written against `estimate.layer_activation_bytes`' terms,
 checked on CPU against the host allocator in tests/plan/test_recompute_price.py):
-- `core_attn`: flash attention drops its fp32 log-sum-exp (q, k, v are its inputs either way); math attention drops
+- `core_attn`: flash attention drops its fp32 log-sum-exp (q, k, v are its inputs, kept); math attention drops
   the transposed q and nh-wide k, v, the pre-repeat k, v (grouped heads) and the probabilities, and keeps q, k, v;
 - `attn` (`full_attn`, the attention layer as PaddleFormers' `full_attn` recomputes it; the norm before it is not
-  inside): the column-input copies under tp, QK-norm's, RoPE's, all of the core's and the o_proj input; keeps the
-  layer's input [s, b, h] (the norm output: the projections' input on one device);
+  inside): the column-input copies under tp, QK-norm's, RoPE's, all of the core's (flash attention: its q, k, v
+  too, which `core_attn` keeps; the H100 twin's rows showed the 3 s·b·h per block the planner kept before) and the
+  o_proj input; keeps the layer's input [s, b, h] (the norm output: the projections' input on one device);
 - `mlp`: the FFN's inner tensors and its column-input copies under tp; keeps its input (the norm output);
 - `norm`: each norm's own statistics and fp32 copies (its input is kept);
 - `moe`: the whole MoE feed-forward's saved tensors (router, dispatch, experts, shared expert); keeps the top-k
@@ -83,8 +84,9 @@ def part_savings(cfg, parts, *, s: int, b: int, t: int, e: int, flash: bool, sp:
     mlp_cols = 1 if one else (1 if on["fuse_ffn"] or cfg.activation != "swiglu" else 2)
     swiglu = cfg.activation == "swiglu"
     inner = ((3 if on["fuse_swiglu"] else 4) if swiglu else 2) * sb * f / t * e
-    if flash:
-        core = full_core = 4 * a * sb  # the log-sum-exp; q, k, v are its inputs, kept either way
+    if flash:  # the log-sum-exp; q, k, v are its inputs: kept by core_attn, dropped with the attention layer
+        core = 4 * a * sb
+        full_core = core + sb * (q + 2 * kv) * e
     else:  # transposed q and nh-wide k, v, pre-repeat k, v (grouped heads), probabilities (fp32 + compute dtype)
         full_core = (3 * sb * q + (2 * sb * kv if kv != q else 0)) * e + a * s * s * b * (4 + (e if e != 4 else 0))
         core = full_core - sb * (q + 2 * kv) * e  # core_attn keeps its inputs q, k, v

@@ -25,7 +25,9 @@ Host time and the overlap, modelled explicitly:
   launch queue full, "Command Buffer Full", while the host dispatches the backward and the optimizer). Repeated work (the blocks of a micro-batch, the micro-batches of a step) is simulated twice and each
   later repeat advances both clocks as the second did (the host-device lag has settled by then).
   A kernel the autograd engine launches without a node of its own (`Kernel.host == "launch"`: summing a
-  tensor's gradients, adding into a parameter's gradient buffer) costs the bare launch, `launch_op_s`.
+  tensor's gradients, adding into a parameter's gradient buffer) costs the bare launch, `launch_op_s`. An op
+  class that launches several device kernels per call (the profile's `host.launches`, measured per class:
+  PyTorch's top-k, one_hot, the logsumexp, ...) adds `host.extra_launch_s` per launch beyond the first.
 - On a CPU (`async_launch` false) every op runs in the thread that dispatches it: step = Σ (h_i + d_i). The
   CPU tables are timed per Paddle call, so they already hold one dispatch (`tables_include_host`): there h_i
   is only the autograd extra per op (`fwd_op_s`, `bwd_op_s` measured as the extra over a bare call).
@@ -42,9 +44,10 @@ the shared last-level cache alone but not beside another process slows most), at
 work (the GEMMs' median) and AdamW (the largest add's).
 
 The AdamW update is `optimizer.per_tensor_s`·tensors + `optimizer.per_elem_s`·elements (fitted to measured
-steps of the optimizer alone): on a GPU split into host and device parts in the stream (above), on a CPU run
-after the backward (`Stream.add_serial`); gradient accumulation and the clip are memory-bound kernels in the
-stream.
+steps of the optimizer alone): on a GPU split into host and device parts in the stream (above; a profile may add
+`per_tensor_device_s` of device per tensor and `per_step_s` of host per step, fitted as that stream:
+fit.fit_optimizer_stream), on a CPU run after the backward (`Stream.add_serial`); gradient accumulation and the
+clip are memory-bound kernels in the stream.
 """
 from __future__ import annotations
 
@@ -149,8 +152,11 @@ class Stream:
         p, host = self.prof, self.prof.host
         h_op = host["bwd_op_s"] if backward else host["fwd_op_s"]
         memo = self._memo
+        extra, launches = host.get("extra_launch_s", 0.0), host.get("launches", {})
         for i, k in enumerate(kernels):
             h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
+            if extra and k.kind == "mem" and k.op in launches:  # an op of several device launches (measured)
+                h += extra * (launches[k.op] - 1)
             if k.host == "launch":  # launched by the autograd engine itself (kernels.Kernel.host)
                 h = host.get("launch_op_s", h)
             if k.kind == "sync":
@@ -218,11 +224,15 @@ class Stream:
         (`optimizer.per_tensor_s`) and the device runs its share of the update (`per_elem_s`·elements); the
         device starts on a tensor once the host has dispatched it, while the queue still holds the backward."""
         o = self.prof.optimizer
-        h, e = o["per_tensor_s"], o["per_elem_s"]
+        h, e, d0, c = o["per_tensor_s"], o["per_elem_s"], o.get("per_tensor_device_s", 0.0), o.get("per_step_s", 0.0)
+        if c:  # the step's own dispatch before the first tensor (the clip's norm and scale launches)
+            self.host += c
+            self.host_total += c
+            self.device = max(self.device, self.host)
         for n, _ in owned:
             self.host += h
             self.host_total += h
-            d = e * n
+            d = d0 + e * n
             self.device = max(self.device, self.host) + d
             self.device_total += d
             self.by_kind["optimizer"] = self.by_kind.get("optimizer", 0.0) + d
@@ -365,9 +375,12 @@ def optimizer_summary(st: Stream, grads: list, owned: list, micro_batches: int, 
         hit = st._maps.get(adam_key)  # one map per owned list
         if hit is None:
             o = prof.optimizer
+            d0, c = o.get("per_tensor_device_s", 0.0), o.get("per_step_s", 0.0)
             adam = Summary()
+            if c:  # Stream.run_optimizer's per-step dispatch: host only
+                adam.kernel(c, 0.0, "optimizer", False, True)
             for n, _ in owned:
-                adam.kernel(o["per_tensor_s"], o["per_elem_s"] * n, "optimizer", False, True)
+                adam.kernel(o["per_tensor_s"], d0 + o["per_elem_s"] * n, "optimizer", False, True)
             hit = st._maps[adam_key] = (adam_key, adam)
         out = out.then(hit[1])
     st._maps[key] = (key, out)

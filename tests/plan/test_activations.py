@@ -80,3 +80,35 @@ def test_held_bytes_per_layer_under_recompute(case):
     assert abs(planned / kept - 1) < 0.01, (case, kept, planned)
     if case == "llama-wide":  # RoPE, GQA: the allocator's count equals the hooks' count without recompute
         assert held_bytes_per_layer(cfg, b, s, recompute=False) == saved_bytes_per_layer(cfg, b, s)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_loss_holds_the_head_bytes(dtype):
+    """llmtrain's token loss (`Roles.token_loss`: logits cast to fp32, Paddle's softmax cross entropy) on logits
+    [N, V] of the compute dtype: its forward's peak is `head_bytes` (the logits, their fp32 copy, the fp32
+    softmax: 10 bytes per logit in bf16, 8 in fp32 where the cast returns its input), it keeps the softmax (4)
+    until the backward, and the backward makes the gradient in that buffer (bf16: plus the cast back, 6 in all)."""
+    import paddle
+
+    from llmtrain.models.roles import Roles
+    from llmtrain.paddle_compat.host_memory import host_allocated_bytes, host_peak_bytes
+    from llmtrain.plan.estimate import head_bytes
+
+    n, v = 512, 4096
+    cfg = to_config(compose(["model=llama-tiny", f"model.vocab_size={v}"])).model
+    e = 2 if dtype == "bfloat16" else 4
+    paddle.seed(0)
+    labels = paddle.randint(0, v, [1, n])
+    base = host_allocated_bytes()
+    with host_peak_bytes() as fwd:
+        logits = paddle.randn([1, n, v]).astype(dtype)  # the head's output (compute dtype)
+        logits.stop_gradient = False
+        loss = Roles().token_loss(logits, labels).sum()
+    held = host_allocated_bytes() - base - n * v * e  # beyond the logits themselves
+    with host_peak_bytes() as bwd:
+        loss.backward()
+    print(f"{dtype}: forward peak {fwd.bytes / (n * v):.2f} B per logit, held {held / (n * v):.2f}, backward peak "
+          f"{(bwd.bytes + held) / (n * v):.2f}; head_bytes {head_bytes(cfg, n, 1, 1, e) / (n * v):.2f}")
+    assert fwd.bytes == pytest.approx(head_bytes(cfg, n, 1, 1, e), rel=0.01)
+    assert held == pytest.approx(4 * n * v, rel=0.01)
+    assert bwd.bytes + held <= fwd.bytes

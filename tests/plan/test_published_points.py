@@ -50,7 +50,7 @@ PUBLISHED = {
     "PaddleNLP Llama2-7B 8xA100-80G tp2 sd4 s2 mb2": (3374, 57269),
     "PaddleNLP Llama2-13B 8xA100-80G tp2 sd4 s2 mb1": (1836, 65027),
     "torchtitan Llama2-13B 64xA100-80G FSDP mb2 no AC": (2176, 57262),
-    "torchtitan Llama3-70B 64xA100-80G FSDP mb1 full AC": (306, 39571),
+    "torchtitan Llama3-70B 64xA100-80G FSDP mb1 full AC": (306, 37421),
 }
 MEGATRON = {"Megatron-LM GPT 7.1B 96xH100 TP2 PP1": 480.8, "Megatron-LM GPT 177B 2304xH100 TP8 PP6": 384.9}  # h100 fitted, overlap priced
 RATIOS = {"Korthikanti 530B 2240xA100 MFU: selective / full recompute": (48.2, 36.96),
