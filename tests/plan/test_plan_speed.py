@@ -20,7 +20,8 @@ REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "plan_
 train.global_batch_size=64 data.seq_len=2048 train.amp=bf16`, ranked at 825f9da (main before the speed-ups merged), gzipped;
 the DualPipeV rows (81 of 876, 91 more pruned) added when the search began to rank that schedule, every other row
 as it was; re-dumped when every pipeline stage was priced (`estimate.compute_estimate`, not only the two end stages):
-51 timed pipeline rows moved (step 0.9993-1.146x), no pp = 1 row, the same rows and pruned count."""
+against main 50abe28's rows 52 timed pipeline rows moved (step 0.9993-1.146x), no pp = 1 row, no memory figure,
+the same rows and pruned count (1210)."""
 OVERRIDES = ["model=qwen3-30b-a3b", "plan.devices=8", "plan.device=h800", "train.global_batch_size=64",
              "data.seq_len=2048", "train.amp=bf16"]
 
