@@ -27,7 +27,8 @@ Paddle's max_memory_allocated).
 Time: compute = the operator-level model (llmtrain/plan/kernels.py enumerates every kernel of a micro-batch's
 forward and backward, full recompute's second forward included, and of the optimizer step; timeline.py times
 them on the device profile's measured tables and overlaps host dispatch with device execution), for the
-worst pipeline stage (the first holds the embedding, the last the head and loss); selective recompute (a
+worst pipeline stage, every stage priced with its own blocks (the first holds the embedding, the last the head and
+loss; a cost-balanced split gives the middle stages more blocks, so one of them is often the slowest); selective recompute (a
 planner-only option) adds the attention core's forward FLOPs (4·L·h·s per token) at the profile's
 attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size.py) over the profile's peak; tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
 backward per column-parallel input (q, k, v, gate, up; 2 with fused projections, `column_inputs`), ring:
@@ -729,48 +730,74 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
     cp = getattr(layout, "cp", 1)
     v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"  # DualPipeV: the head on stage 0
 
-    def stage_compute(stage, ranks):
-        grads, owned = rank_tensors(cfg, layout, amp, stage)
+    moe_of = moe_blocks(cfg)
+    extra = _selective_extra(cfg, b, s, t, dev, flash) if mode == "selective" else 0.0
+
+    def stage_key(stage) -> tuple:
+        # what a stage's compute depends on: its blocks' kinds (dense or MoE, each V chunk apart), whether it holds
+        # the embedding and the head, and the tensors it updates (`rank_tensors`, shared by equal kinds)
         blocks = stage_blocks_of(layout.pp_layers, p, stage, v_shape) if p > 1 else tuple(range(cfg.num_layers))
+        down = layout.pp_layers[stage] if v_shape and p > 1 and layout.pp_layers else len(blocks)
+        grads, owned = rank_tensors(cfg, layout, amp, stage)
+        kinds = (sum(moe_of[i] for i in blocks[:down]), down, sum(moe_of[i] for i in blocks[down:]), len(blocks) - down)
+        return (kinds, stage == 0, stage == (0 if v_shape else p - 1), id(grads), id(owned)), blocks, grads, owned
+
+    def stage_compute(key, blocks, grads, owned, ranks):
+        # the kernels depend on the blocks' kinds, not on which blocks: a stage of the same kinds seen before (any
+        # split) stands for it, so the kernel lists and their maps are shared (`timeline.cached_micro_batch`)
+        rk = (id(cfg), v_shape and p > 1, key[0])
+        rep = _REP_BLOCKS.get(rk)
+        if rep is None or rep[0] is not cfg:
+            rep = _REP_BLOCKS[rk] = (cfg, blocks)  # the model kept alive with its id
+        blocks = rep[1]
         micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none",
-                               len(blocks), stage == 0, stage == (0 if v_shape else p - 1),
+                               len(blocks), key[1], key[2],
                                bool(getattr(layout, "sequence_parallel", False)),
                                math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
                                first_layer=blocks[0], cp=cp, moe=moe,
                                block_ids=tuple(blocks) if v_shape and p > 1 else None)  # the V: two chunks
-        return step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
+        out = step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
+        if extra:  # selective recompute: each block's attention core forward again, every micro-batch
+            out = dict(out, compute_s=out["compute_s"] + m * len(blocks) * extra)
+        return out
 
-    stages = sorted({0, p - 1})
-    ends = {st: stage_compute(st, local_ranks) for st in stages}
-    worst = max(ends.values(), key=lambda r: r["compute_s"])
-    # the pipeline's fill and drain run every other stage's share once: the other end stage and the middle ones
-    # (blocks only, taken as the lighter end stage), for the bubble
-    light = min(r["compute_s"] for r in ends.values())
-    fill = sum(r["compute_s"] for r in ends.values()) - worst["compute_s"] + max(0, p - len(stages)) * light
+    # every stage priced, each distinct one once: the bottleneck is the costliest, the pipeline's fill and drain
+    # run every other stage's share once (for the bubble)
+    seen: dict = {}  # stage key -> (blocks, grads, owned, its stages)
+    for st in range(max(1, p)):
+        key, blocks, grads, owned = stage_key(st)
+        seen.setdefault(key, [blocks, grads, owned, 0])[3] += 1
+    priced = {k: stage_compute(k, bl, g, o, local_ranks) for k, (bl, g, o, _) in seen.items()}
+    top = max(priced, key=lambda k: priced[k]["compute_s"])
+    worst = priced[top]
+    fill = sum(priced[k]["compute_s"] * n for k, (_, _, _, n) in seen.items()) - worst["compute_s"]
     if p > 1 and local_ranks > 1 and dev.shared_host_slowdown(local_ranks):
         # pipeline stages on one host compute at once only part of the time: the bottleneck stage shares the host
-        # with the others for their busy fraction (their compute over its own), so it sees that share of the
+        # with the others for their busy fraction (their mean compute over its own), so it sees that share of the
         # measured slowdown (`local_ranks` - 1 other processes, each busy that fraction)
-        alone = {st: stage_compute(st, 1) for st in stages}
-        top = max(stages, key=lambda st: alone[st]["compute_s"])
-        others = [alone[st]["compute_s"] for st in stages if st != top] or [alone[top]["compute_s"]]
-        mid = p - len(stages)  # middle stages (blocks only): taken as the lighter end stage
-        busy = min(1.0, (sum(others) + mid * min(others)) / (len(others) + mid) / alone[top]["compute_s"])
-        worst = stage_compute(top, 1 + busy * (local_ranks - 1))
-    if mode == "selective":
-        from llmtrain.plan.kernels import attention_flops
-
-        nh, d = cfg.num_heads // t, cfg.attn_head_dim()
-        fl = attention_flops(b * nh, s, d, cfg.family == "decoder")
-        if flash:
-            extra = dev.attention_seconds(b * nh, s, d, cfg.family == "decoder", fl, False)
-        elif dev.math_attn is not None:  # the measured math core (CPU profiles)
-            extra = dev.math_attention_seconds(b * nh, s, d, attention_flops(b * nh, s, d, False), False)
-        else:
-            extra = 2 * dev.gemm_seconds(s, s, d, b * nh)
-        worst = dict(worst, compute_s=worst["compute_s"] + m * cfg.num_layers / p * extra)
-        fill += (p - 1) * m * cfg.num_layers / p * extra
+        alone = {k: stage_compute(k, bl, g, o, 1)["compute_s"] for k, (bl, g, o, _) in seen.items()}
+        top = max(alone, key=alone.get)
+        others = sum(alone[k] * n for k, (_, _, _, n) in seen.items()) - alone[top]
+        busy = min(1.0, others / (p - 1) / alone[top])
+        bl, g, o, _ = seen[top]
+        worst = stage_compute(top, bl, g, o, 1 + busy * (local_ranks - 1))
     return dict(worst, other_stages_s=fill)
+
+
+_REP_BLOCKS: dict = {}
+
+
+def _selective_extra(cfg, b: int, s: int, t: int, dev, flash: bool) -> float:
+    """Seconds of one block's attention core forward for one micro-batch (what selective recompute runs again)."""
+    from llmtrain.plan.kernels import attention_flops
+
+    nh, d = cfg.num_heads // t, cfg.attn_head_dim()
+    fl = attention_flops(b * nh, s, d, cfg.family == "decoder")
+    if flash:
+        return dev.attention_seconds(b * nh, s, d, cfg.family == "decoder", fl, False)
+    if dev.math_attn is not None:  # the measured math core (CPU profiles)
+        return dev.math_attention_seconds(b * nh, s, d, attention_flops(b * nh, s, d, False), False)
+    return 2 * dev.gemm_seconds(s, s, d, b * nh)
 
 
 def _parts_compute(cfg, layout, seq_len: int, recompute, dev, flash: bool, amp: str, local_ranks, moe, comp) -> dict:

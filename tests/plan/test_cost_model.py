@@ -691,3 +691,35 @@ def test_pipeline_bubble_is_the_other_stages_share():
             assert est["bubble_s"] < 0.8 * textbook
         else:
             assert est["bubble_s"] == pytest.approx(textbook, rel=0.15)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "dualpipev"])
+def test_every_pipeline_stage_is_priced(schedule):
+    """A middle stage holding the most blocks is the bottleneck (not taken as the lighter end stage), and the
+    fill/bubble is every other stage's share: against each stage priced on its own (step_compute)."""
+    from llmtrain.parallel.layout import resolve_layout
+    from llmtrain.parallel.pp_split import stage_blocks
+    from llmtrain.plan.estimate import compute_estimate, rank_tensors
+    from llmtrain.plan.timeline import StepSpec, step_compute
+
+    dev = from_dict(_synthetic(host=0.0, rate=1e12))  # device-bound: the stages' kernels decide
+    dpv = schedule == "dualpipev"
+    split = "[1,1,1,1,1,5,1,1]" if dpv else "[1,9,1,1]"  # DualPipeV: stage 2 holds chunks 2 and 5
+    c = to_config(compose(["model=gpt-tiny", "model.num_layers=12", "model.vocab_size=256", "+parallel=custom",
+                           "parallel.pp=4", f"parallel.pp_layers={split}", "train.global_batch_size=8",
+                           "train.micro_batch_size=1"]
+                          + (["parallel.pp_schedule=dualpipev", "parallel.virtual_pp=2"] if dpv else [])))
+    lay = resolve_layout(c.parallel, c.train, 4)
+    got = compute_estimate(c.model, lay, 128, "none", dev, False, "none")
+    each = []
+    for st in range(4):  # the reference: every stage priced on its own, nothing shared
+        blocks = list(stage_blocks(lay.pp_layers, 4, st, dpv))
+        grads, owned = rank_tensors(c.model, lay, "none", st)
+        spec = MicroBatchSpec(c.model, 1, 128, 1, None, True, False, "none", len(blocks), st == 0,
+                              st == (0 if dpv else 3), first_layer=blocks[0],
+                              block_ids=tuple(blocks) if dpv else None)
+        each.append(step_compute(dev, StepSpec(spec, lay.grad_accum, grads, owned, 1))["compute_s"])
+    heavy = 2 if dpv else 1
+    assert max(each) == each[heavy] > 1.5 * max(each[0], each[3])  # the middle stage is the bottleneck
+    assert got["compute_s"] == pytest.approx(each[heavy], rel=1e-12)
+    assert got["other_stages_s"] == pytest.approx(sum(each) - each[heavy], rel=1e-12)

@@ -126,21 +126,24 @@ def test_auto_resolves_to_the_top_fitting_layout():
 
 
 def test_auto_can_choose_dualpipev():
-    """16 blocks on 4 CPU devices (the packaged cpu-here profile), 16 micro-batches of 1: DualPipeV's smaller bubble
-    puts pp4 DualPipeV first (0.792 s predicted vs the interleaved pp4 x 2's 0.801 s and dp4's 0.833 s), and
-    +parallel=auto resolves to it: a layout the run accepts, the V with 2 x pp chunks and a split of them."""
+    """12 blocks on 4 CPU devices (the packaged cpu-here profile, a small vocabulary), a global batch of 16: DualPipeV's
+    smaller bubble puts dp2 · pp2 DualPipeV first (0.606 s predicted vs dp4's 0.610 s; every pipeline stage priced,
+    llmtrain/plan/estimate.py `compute_estimate`), and +parallel=auto resolves to it: a layout the run accepts, the V
+    with 2 x pp chunks and a split of them. (Before the middle stages were priced, pp4 DualPipeV won with 16 blocks
+    and a vocabulary of 2560; its cost-balanced split puts 5 blocks on stage 1, which now costs it the lead.)"""
     from llmtrain.parallel.layout import layout_problems, model_fit_problems
     from llmtrain.plan.auto import choose_layout
 
     lines = []
-    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=2560", "model.num_layers=16", "plan.profile=null",
+    cfg = to_config(compose(["model=llama-tiny", "model.vocab_size=256", "model.num_layers=12", "plan.profile=null",
                              "+parallel=auto", "train.global_batch_size=16"]))
     chosen = choose_layout(cfg, world_size=4, log=lines.append)
     p = chosen.parallel
-    assert (p.name, p.pp_schedule, p.pp, chosen.train.micro_batch_size) == ("pp4dpv", "dualpipev", 4, 1), lines
+    assert (p.name, p.pp_schedule, p.dp, p.pp, chosen.train.micro_batch_size) == ("dp2pp2dpv", "dualpipev", 2, 2,
+                                                                                  1), lines
     layout, problems = layout_problems(p, chosen.train, 4)
     assert not problems and not model_fit_problems(p, chosen.model)
-    assert layout.v_shape and len(layout.pp_layers) == 8 and sum(layout.pp_layers) == 16 and layout.grad_accum == 16
+    assert layout.v_shape and len(layout.pp_layers) == 4 and sum(layout.pp_layers) == 12 and layout.grad_accum == 8
     assert "parallel.pp_schedule=dualpipev" in lines[-1], lines[-1]  # the overrides that pin the choice
 
 
