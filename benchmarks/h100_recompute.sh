@@ -1,5 +1,5 @@
 #!/bin/bash
-# A fourth H100 call (not made yet: no machine came on 2026-12-07 02:35-03:45 UTC): OUT=DIR bash benchmarks/h100_recompute.sh
+# The fourth H100 call (2026-12-07 03:55 UTC, benchmarks/data/h100/twin3): OUT=DIR bash benchmarks/h100_recompute.sh
 # Only the recompute rows of benchmarks/gpu_h100_twin.py with the twin that keeps Paddle's saved tensors
 # (`--saved-variants`): a tiny-shape smoke run first, then the rows under a hard timeout; JSON copied into $OUT.
 set -u
