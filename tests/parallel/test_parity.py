@@ -340,6 +340,21 @@ def reference(tiny_corpus, tmp_path_factory):
     return ref | {"init_from": init_from}
 
 
+def check_resumed(runs_dir, ref, runs: dict, label: str = "") -> None:
+    """Each resumed run of `runs` ({run: (layout, run resumed, its step, ...)}) equals the one-process records `ref`
+    from the step after the one it resumed (TOL), tokens and samples too."""
+    for n, (lay, src, step, *_) in runs.items():
+        got = [r for r in metrics(runs_dir / n) if "loss" in r]
+        assert [r["step"] for r in got] == list(range(step + 1, STEPS + 1)), (n, got)
+        for g in got:
+            r = ref[g["step"] - 1]
+            for key in ("loss", "grad_norm"):
+                assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
+            assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
+        worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
+        print(f"{src} step {step} -> {' '.join(lay)}{label} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+
+
 def check_parity(name, layout, ref, got, steps, later_tol=None) -> float:
     """Per-step equality with one process (TOL; after step 1 `later_tol` when given); returns the largest
     loss/grad-norm difference seen."""
@@ -593,16 +608,7 @@ def test_v2_under_tp_resumes_across_v2_and_non_v2(reference, tiny_corpus, launch
                   if "flat" in m and k.startswith("optim/") and "piece" in m["flat"]]
     assert pieces, "no V2 state slice of a tp piece in the V2 run's checkpoint"
     ref = reference["llama"]["metrics"]
-    for n, (lay, src, step, _) in V2_TP.items():
-        got = [r for r in metrics(runs_dir / n) if "loss" in r]
-        assert [r["step"] for r in got] == list(range(step + 1, STEPS + 1)), (n, got)
-        for g in got:
-            r = ref[g["step"] - 1]
-            for key in ("loss", "grad_norm"):
-                assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
-            assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
-        worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
-        print(f"{src} step {step} -> {' '.join(lay)} {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+    check_resumed(runs_dir, ref, V2_TP)
     check_memory(_memory(runs_dir / "llama_v2totf"), reference["llama"]["memory"], "tp2sharding2tf", tied=False)
     check_predicted(_memory(runs_dir / "llama_v2totf"), "tp2sharding2tf")  # the planner's fused padding, to the element
     worst = check_parity("llama_v1ov", "tp2sharding2", ref, [r for r in metrics(runs_dir / "llama_v1ov") if "loss" in r],
@@ -625,17 +631,7 @@ def test_experts_under_v2_resume_across_v2_and_non_v2(reference, tiny_corpus, la
             blocks |= {(k, m["flat"]["piece"]["offset"]) for k, m in json.load(f)["tensors"].items()
                        if "experts.w_up" in k and k.startswith("optim/") and "piece" in m.get("flat", {})}
     assert {o for _, o in blocks} == {0, 2}, blocks  # both ranks' blocks of the 4 experts, as flat V2 slices
-    ref = reference["moe"]["metrics"]
-    for n, (lay, src, step) in V2_EP.items():
-        got = [r for r in metrics(runs_dir / n) if "loss" in r]
-        assert [r["step"] for r in got] == list(range(step + 1, STEPS + 1)), (n, got)
-        for g in got:
-            r = ref[g["step"] - 1]
-            for key in ("loss", "grad_norm"):
-                assert abs(g[key] - r[key]) <= TOL, (n, g["step"], key, g[key], r[key])
-            assert (g["tokens_total"], g["consumed_samples"]) == (r["tokens_total"], r["consumed_samples"]), (n, g)
-        worst = max(abs(g[k] - ref[g["step"] - 1][k]) for g in got for k in ("loss", "grad_norm"))
-        print(f"{src} step {step} -> {' '.join(lay)} ep2 {n}: max |loss or grad_norm - one process| = {worst:.2e}")
+    check_resumed(runs_dir, reference["moe"]["metrics"], V2_EP, " ep2")
 
 
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:
