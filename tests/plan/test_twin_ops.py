@@ -12,14 +12,21 @@ SHA-256 of its sources. Per case this test
 - requires the twin's backward GEMMs to be the planner's backward list (checked against the model's in
   tests/plan/test_op_sequence.py) on the GPU path: the input and weight gradients of each, and under recompute the
   blocks' forward again.
+- requires the twin's memory-bound and host-side ops by class (`TWIN_CLASS_OF`: norms, activations, the router's
+  softmax or sigmoid, top-k, the MoE scans, scatters, row gathers, logsumexp, the dropless host read, the embedding,
+  the loss) to be the planner's classes on the GPU path, forward and (under recompute) the forward re-run in the
+  backward, and the gradient kernels by class (`TWIN_BWD_CLASS_OF`) to be the planner's `*_bwd` kernels.
+The DeepSeek cases run the twin's latent attention and sigmoid router with the group limit
+(benchmarks/gpu_deepseek.py) against `model=deepseek-tiny`, its first block dense.
 Dropless MoE's expert GEMM rows are the step's busiest expert's load (random routers differ): compared by count,
 batch and width. A weight gradient's output may be the transpose of Paddle's (PyTorch's tied head computes
 d(tableᵀ) = xᵀ·dY): GEMMs are compared with m and n as a pair in either order (the same work and operands).
-Not covered: MLA (the twin has none: its DeepSeek shape is multi-head attention of the same width), group-limited
-and sigmoid routers, FP8 and recompute of parts (the twin has whole-block recompute only).
+Not covered: FP8 and recompute of parts (the twin has whole-block recompute only); RoPE by class (the twin rotates q
+and k in separate unfused kernels where the planner prices Paddle's one fused kernel per layer).
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -39,6 +46,7 @@ from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, _HERE)
 from gemm_record import _Record  # noqa: E402
+from test_op_sequence import _planned_bwd_classes, _planned_classes  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(_HERE))
 TWIN_OPS = os.path.join(REPO, "benchmarks", "data", "twin_ops")
@@ -63,8 +71,50 @@ def _pairless(shapes, widths=None) -> list:
     return sorted(out, key=repr)
 
 
+TWIN_CLASS_OF = {
+    "rsqrt": "norm", "_fused_rms_norm": "norm", "native_layer_norm": "norm",  # F.rms_norm: one rsqrt per norm on CPU
+    "silu": "activation", "gelu": "activation",
+    "_softmax": "softmax", "sigmoid": "softmax",  # the router's scores (and the loss's softmax: `_twin_classes`)
+    "embedding": "embedding", "log": "cross_entropy",  # SoftmaxCrossEntropy: one log per loss
+    "topk": "topk", "cumsum": "cumsum", "logsumexp": "logsumexp", "index_select": "gather_rows",
+    "scatter_": "scatter",  # F.one_hot is a scatter_ into zeros in aten: one_hot and scatter are compared together
+    "max": "host_read",  # dropless C = int(counts.max()): the full reduction the host reads
+}
+"""The twin's aten ops (forward, and the forward re-run in the backward) as the planner's kernel classes."""
+TWIN_BWD_CLASS_OF = {"_softmax_backward_data": "softmax", "sigmoid_backward": "softmax", "silu_backward": "activation",
+                     "gelu_backward": "activation", "embedding_dense_backward": "embedding", "index_add": "gather_rows"}
+"""The twin's gradient kernels as the classes of the planner's `*_bwd` kernels (test_op_sequence.PLANNED_BWD_CLASS;
+a row gather's gradient is its index_add). Norm gradients are not compared: CPU PyTorch decomposes RMSNorm's."""
+
+
+def _twin_classes(ops: dict, a: dict) -> collections.Counter:
+    """The twin's aten op counts -> counts per class (`TWIN_CLASS_OF`), written as the planner counts them: the
+    loss's softmax is inside its cross entropy; GPT's learned positions are a slice of the table added (the planner
+    and Paddle: a second embedding lookup, counted here as one)."""
+    out = collections.Counter()
+    for name, n in ops.items():
+        if name in TWIN_CLASS_OF:
+            out[TWIN_CLASS_OF[name]] += n
+    out["softmax"] -= out["cross_entropy"]
+    if a["position"] == "learned" and out["embedding"]:
+        out["embedding"] += 1
+    return +out
+
+
+def _planner_classes(kernels) -> collections.Counter:
+    """The planner's kernels by the classes of `TWIN_CLASS_OF` (one_hot counted with scatter, `sync` kernels as the
+    host read; GEMMs, RoPE and index_add compared elsewhere or not)."""
+    out = _planned_classes(kernels)
+    out["scatter"] += out.pop("one_hot", 0)
+    out["host_read"] += sum(k.kind == "sync" for k in kernels)
+    for cls in ("gemm", "rope", "index_add"):
+        out.pop(cls, None)
+    return +out
+
+
 def test_the_twin_ops_cover_each_family():
-    assert {"llama", "gpt", "moe-capacity", "moe-dropless", "llama-full-recompute"} <= set(CASES), CASES
+    assert {"llama", "gpt", "moe-capacity", "moe-dropless", "llama-full-recompute", "deepseek-capacity",
+            "deepseek-dropless"} <= set(CASES), CASES
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -85,7 +135,18 @@ def test_the_twin_runs_the_models_gemms(case, monkeypatch):
     if moe:
         assert (moe["experts"], moe["top_k"], moe["ffn"], moe["capacity_factor"]) == (
             m.moe_num_experts, m.moe_top_k, m.expert_ffn_size(), max(0.0, m.moe_capacity_factor)), case
-        assert m.moe_first_dense_layers == 0 and m.moe_router == "softmax", "the twin's MoE is in every block, softmax"
+    router = doc.get("router")
+    if router is None:
+        assert m.moe_first_dense_layers == 0 and m.moe_router == "softmax" and not m.is_mla(), \
+            "the twin's MoE is in every block, softmax; its attention multi-head"
+    else:  # benchmarks/gpu_deepseek.py: latent attention, the sigmoid router, dense blocks first
+        mla = doc["mla"]
+        assert (mla["q_rank"], mla["kv_rank"], mla["nope"], mla["rope"], mla["v"]) == (
+            m.mla_q_lora_rank, m.mla_kv_lora_rank, m.mla_qk_nope_head_dim, m.mla_qk_rope_head_dim, m.mla_v_head_dim)
+        assert m.moe_router == "sigmoid" and (router["groups"], router["keep"], router["group_score"],
+                                              router["routed_scale"], router["first_dense"], router["dense_ffn"]) == (
+            m.moe_n_group, m.moe_topk_group, m.moe_group_score, m.moe_routed_scale, m.moe_first_dense_layers,
+            m.ffn_hidden_size), case
 
     record = _Record(monkeypatch)
     paddle.seed(0)
@@ -111,3 +172,18 @@ def test_the_twin_runs_the_models_gemms(case, monkeypatch):
     assert _pairless(doc["backward"], widths) == _pairless(planned_bwd, widths)
     # the twin's attention calls in the backward (its gradient, and the forward again under recompute): the planner's
     assert doc["attention"][1] == sum(k.kind in ("attn_fwd", "attn_bwd") for k in planned.backward), doc["attention"]
+    # memory-bound and host-side ops by class: the forward, the forward re-run in the backward, the gradients
+    fwd_ops, bwd_ops = doc["ops"]
+    assert _twin_classes(fwd_ops, a) == _planner_classes(planned.forward), case
+    replayed = {n: c for n, c in bwd_ops.items() if n in TWIN_CLASS_OF}
+    assert _twin_classes(replayed, a) == _planner_classes(planned.backward), case
+    twin_bwd = collections.Counter()
+    for name, n in bwd_ops.items():
+        if name in TWIN_BWD_CLASS_OF:
+            twin_bwd[TWIN_BWD_CLASS_OF[name]] += n
+    if a["position"] == "learned":
+        twin_bwd["embedding"] += 1  # (the positions' gradient: the table slice's, see `_twin_classes`)
+    planned_bwd_classes = _planned_bwd_classes(planned.backward)
+    for cls in ("norm", "cross_entropy", "logsumexp", "rope"):  # not compared (TWIN_BWD_CLASS_OF's docstring)
+        planned_bwd_classes.pop(cls, None)
+    assert twin_bwd == planned_bwd_classes, case
