@@ -30,12 +30,13 @@ them on the device profile's measured tables and overlaps host dispatch with dev
 worst pipeline stage, every stage priced with its own blocks (the first holds the embedding, the last the head and
 loss; a cost-balanced split gives the middle stages more blocks, so one of them is often the slowest); selective recompute (a
 planner-only option) adds the attention core's forward FLOPs (4·L·h·s per token) at the profile's
-attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size.py) over the profile's peak; tp: all-reduces of b·s·h per layer per micro-batch, 2 forward (o, down) and one
-backward per column-parallel input (q, k, v, gate, up; 2 with fused projections, `column_inputs`), ring:
-2·(t-1)/t·bytes/bw + 2·(t-1)·alpha, full recompute repeating the 2 forward ones, plus per micro-batch the
-embedding's and the head's [b, s, h] and the parallel cross entropy's three [b, s]; not overlapped; under
-sequence parallelism an all-gather + reduce-scatter pair per all-reduce (the same bytes), (cols + 2) halves forward
-(again under full recompute) and (cols + 2) backward;
+attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size.py) over the profile's peak; tp: the calls `llmtrain.plan.tp_comm` lists (checked against
+a tp2 rank's): per block an all-reduce of b·s·h forward per row-parallel output (o, down) and one backward per
+column-parallel input (q, k, v, gate, up; 2 with fused projections; MLA: q_b's, kv_b's and the rotary key's narrower
+inputs; an MoE block without shared experts none for its feed-forward), ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha,
+full recompute repeating the forward ones, plus per micro-batch the embedding's and the head's [b, s, h] and the
+parallel cross entropy's three [b, s]; not overlapped; under sequence parallelism an all-gather + reduce-scatter pair
+per all-reduce (the same bytes, each half the ring's time);
 pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
 profile's own send/recv alpha-beta), not overlapped; dp/sharding, once per step: the gradient all-reduce over dp (ZeRO-2/3: of the 1/sharding
 share; fp32 under main-gradient training) and, for sharding stage 1, a gradient reduce-scatter, overlapped with
@@ -69,6 +70,7 @@ from llmtrain.plan.kernels import MicroBatchSpec
 from llmtrain.plan.moe import MoEPlan
 from llmtrain.plan.overlap import MIB, SyncPlan, buckets, exposed, gradient_bytes_per_element, gradient_syncs
 from llmtrain.plan.timeline import StepSpec, step_compute
+from llmtrain.plan.tp_comm import tp_collectives
 
 RECOMPUTE = ("none", "full", "full_attn", "core_attn")
 """The recompute modes the planner ranks (`train.recompute`; `selective`, the older planner name, is core_attn)."""
@@ -907,23 +909,22 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     cp = getattr(layout, "cp", 1)  # context parallelism sits just outside tp (Megatron's tp-cp nesting)
     stride = {"tp": 1, "cp": t, "sharding": t * cp, "pp": t * cp * layout.sharding, "dp": t * cp * layout.sharding * p}
     bw_tp, a_tp = _link(t, dev, devices_per_node, 1)
-    # per block: 2 forward (o_proj, down_proj outputs; again under full recompute), one backward per column input.
-    # Sequence parallelism replaces each by an all-gather + reduce-scatter (the same bytes, counted as the
-    # all-reduce), but gathers before every column input forward (again under recompute) and its row outputs'
-    # gradients backward: (cols + 2) halves each way.
-    cols = column_inputs(cfg, dev.async_launch)
-    if getattr(layout, "sequence_parallel", False):
-        n_ar = (cols + 2) / 2 * (2 if mode == "full" else 1) + (cols + 2) / 2
-    else:
-        n_ar = 2 * (2 if mode == "full" else 1) + cols
-    # per micro-batch: the vocabulary-parallel embedding (forward) and head input (backward) [b, s, h], and the
-    # parallel cross entropy's max, sum and target logit [b, s] (fp32)
+    # the tp group's calls (`llmtrain.plan.tp_comm`, checked against a tp2 rank's): every block's (its forward ones
+    # again under full recompute), and per micro-batch the embedding's, the head's and the parallel cross entropy's
+    sp = getattr(layout, "sequence_parallel", False)
+    blocks = tp_collectives(cfg, b, s, t, e, sp=sp, gpu=dev.async_launch, replay=mode == "full", first=False,
+                            last=False)
+    ends = tp_collectives(cfg, b, s, t, e, sp=sp, gpu=dev.async_launch, layers=[])
     # a collective also waits for the slower rank, longer the more each computed since the last meeting (CPU
-    # profiles measure that wait against the gap: `alpha_by_gap`; others keep the link's alpha)
-    a_tp = dev.alpha_at(compute / max(1.0, m * ((cfg.num_layers / p) * n_ar + 5)), a_tp)
-    per_micro = 2 * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + 3 * _ring(b * s * 4, t, bw_tp, a_tp)
-    tp_comm = m * ((cfg.num_layers / p) * n_ar * _ring(b * s * cfg.hidden_size * e, t, bw_tp, a_tp) + per_micro) \
-        if t > 1 else 0.0
+    # profiles measure that wait against the gap: `alpha_by_gap`; others keep the link's alpha); an all-gather or a
+    # reduce-scatter counts as half an all-reduce
+    n_ar = sum(1.0 if c.name == "all_reduce" else 0.5 for c in blocks) / cfg.num_layers  # per block
+    a_tp = dev.alpha_at(compute / max(1.0, m * ((cfg.num_layers / p) * n_ar + len(ends))), a_tp)
+
+    def priced(calls):
+        return sum(_ring(c.nbytes, t, bw_tp, a_tp, 2.0 if c.name == "all_reduce" else 1.0) for c in calls)
+
+    tp_comm = m * (priced(blocks) / p + priced(ends)) if t > 1 else 0.0
     bw_pp, a_pp = _link(stride["pp"] * 2, dev, devices_per_node)
     bw_pp, a_pp = dev.p2p_bw or bw_pp, dev.p2p_alpha or a_pp  # measured send/recv figures when calibrated
     pp_comm = (m * v * 2 * (b * s * cfg.hidden_size / t * e / bw_pp + a_pp)) if p > 1 else 0.0

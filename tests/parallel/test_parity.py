@@ -38,7 +38,8 @@ plain GPT (biases, LayerNorm, tied head) under dp2tp2 + sp, each against its one
 launch also measures activation bytes and fused vs unfused tp blocks (tests/parallel/sp_activations.py), the
 pp2 launch the first stage's micro-batches in flight (tests/parallel/pp_activations.py), the tp2 launch also every
 gradient of a multi-head latent attention block against one device (tests/parallel/mla_grads.py) and each rank's
-executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py), the zero2 launch the
+executed ops and tp collectives against the planner's per-rank lists (tests/plan/tp_ops.py), the dp2tp2 launch the
+same for tp2 x ep2 (each rank's GEMMs, tp calls and ep exchanges: `tp_ops.record_tp_ep`), the zero2 launch the
 gradient bytes of every rank at its backward's peak against the plan (tests/parallel/zero2_peak.py, `ZERO2_WIDE`:
 storages small enough that the gradients shard). The dp2, pp2, sharding2,
 zero2 and zero3 launches also run a Llama with LoRA adapters (`finetune.lora.rank=4`, base frozen; under zero3 a
@@ -64,6 +65,7 @@ import dataclasses
 import itertools
 import json
 import os
+import sys
 
 import pytest
 
@@ -442,6 +444,9 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs.append({"call": "tests/parallel/mla_grads.py:measure", "args": [str(out / "mla_grads")]})
         # each rank's executed ops against the planner's per-rank kernel list (tests/plan/tp_ops.py)
         runs.append({"call": "tests/plan/tp_ops.py:record", "args": [str(out / "tp_ops")]})
+    if layout == "dp2tp2":  # tp2 x ep2: each rank's GEMMs and its tp and ep collectives against the planner
+        runs.append({"call": "tests/plan/tp_ops.py:record_tp_ep",
+                     "args": [str(out / "tp_ep_ops"), runs[names.index("moe_ep2")]]})
     if layout == "pp2":  # micro-batches in flight on the first stage under 1F1B, in the same processes
         runs.append({"call": "tests/parallel/pp_activations.py:measure", "args": [str(out / "pp_act")]})
     if layout == "sharding2v2":  # 2 buckets of 1 MiB: their collectives in the backward, or after it without the overlap
@@ -514,6 +519,11 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from mla_grads import check as check_mla
 
         print(f"tp2 MLA block: largest |gradient - one device| / its max = {check_mla(runs_dir / 'mla_grads'):.2e}")
+    if layout == "dp2tp2":
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "plan"))
+        from tp_ops import check_tp_ep
+
+        print(f"tp2 x ep2 ops and collectives against the planner: {check_tp_ep(runs_dir / 'tp_ep_ops')}")
     if layout == "zero2":
         from zero2_peak import check as check_zero2
 
