@@ -41,7 +41,28 @@ accumulation (measured on CPU: DygraphShardingOptimizerV2 without main_grad trai
 
 EP_FUSED = ("sharding_split_param", "sharding_comm_overlap")
 """The fused-buffer knobs served under ep > 1, with sharding_split_param on: stage-1 V2's per-parameter `color`
-gives the routed experts buckets reduced over the expert-data-parallel group (`llmtrain.parallel.expert_states`)."""
+gives the routed experts buckets reduced over the expert-data-parallel group (`llmtrain.parallel.expert_states`),
+with or without pp (sharding_comm_overlap itself needs pp = 1: fleet's assert)."""
+
+EP_UNSERVED = {
+    "sharding_tensor_fusion": "fleet 3.3.1's V1 fuses every parameter a sharding rank owns into fused parameters and "
+                              "reduce buckets over the sharding group, with no per-parameter group "
+                              "(meta_optimizers/dygraph_optimizer/dygraph_sharding_optimizer.py, "
+                              "DygraphShardingOptimizer._tensor_fusion, lines 238-262: fused_parameters(params, "
+                              "comm_group=the sharding group))",
+    "sharding_comm_overlap": "fleet 3.3.1's V1 comm overlap reduces through the buckets of its tensor fusion over the "
+                             "sharding group, every owned parameter in them (dygraph_sharding_optimizer.py, "
+                             "_tensor_fusion, lines 244-258; V2's per-parameter `color` is read by "
+                             "DygraphShardingOptimizerV2._build_comm_buffers only, lines 873-885)",
+    "dp_comm_overlap": "fleet 3.3.1's pipeline puts every trainable parameter of each chunk into FusedCommBuffers over "
+                       "the dp group (meta_parallel/pipeline_parallel.py, fused_gradient, lines 953-1010: "
+                       "`[p for p in model.parameters() if not p.stop_gradient]`, no colour or no_sync)",
+    "pp_sharding_comm_overlap": "fleet 3.3.1's pipeline puts every trainable parameter of each chunk into "
+                                "FusedCommBuffers over the sharding group (meta_parallel/pipeline_parallel.py, "
+                                "fused_gradient, lines 953-1010; V2's colour buckets are replaced by these)",
+}
+"""Why each fused-buffer knob other than V2's is refused under ep > 1, with the fleet 3.3.1 source it rests on: a
+bucket has one communication group for all its parameters."""
 
 NOT_APPLIED_ON_CPU = ("mp_async_allreduce", "pp_overlap_p2p_comm", "pp_enable_timer")
 """Knobs that act through CUDA-only kernels or around the CPU pipeline channels: logged, not applied on CPU. The
@@ -100,23 +121,22 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
     fused = [k for k in FUSED if k in on]
     off_v2 = [k for k in fused if k not in EP_FUSED or "sharding_split_param" not in on]
     if off_v2 and p.ep > 1:
-        problems.append(f"parallel.{off_v2[0]}=true with parallel.ep={p.ep}: not built: fleet's buckets for it "
-                        "(V1's fused parameters and reduce buckets, the pipeline's dp / sharding overlap buckets) "
-                        "have no per-parameter group, so the routed experts, whose gradients are summed over the "
-                        "expert-data-parallel group, would be summed over the data group; under ep use "
-                        "parallel.sharding_split_param=true (stage-1 V2: the experts get V2 buckets of their own "
-                        "over that group), with parallel.sharding_comm_overlap=true for the overlap (pp = 1)")
-    elif fused and p.ep > 1 and p.pp > 1:
-        problems.append(f"parallel.sharding_split_param=true with parallel.ep={p.ep} and parallel.pp={p.pp}: not "
-                        "built: the experts' V2 buckets are tested without pipeline parallelism only (sharding x ep)")
-    off_cp = [k for k in fused if k not in EP_FUSED or "sharding_split_param" not in on]
-    if off_cp and p.cp > 1:
-        problems.append(f"parallel.{off_cp[0]}=true with parallel.cp={p.cp}: not built: no parity run covers it (the "
-                        "cp sum runs in fleet's dp x sep all-reduce after the sharding reduction); under cp use "
-                        "parallel.sharding_split_param=true, with parallel.sharding_comm_overlap=true for the overlap")
-    elif fused and p.cp > 1 and p.pp > 1:
-        problems.append(f"parallel.sharding_split_param=true with parallel.cp={p.cp} and parallel.pp={p.pp}: not built: "
-                        "V2 under cp is tested without pipeline parallelism only (sharding x cp)")
+        problems.append(f"parallel.{off_v2[0]}=true with parallel.ep={p.ep}: {EP_UNSERVED[off_v2[0]]}, so the routed "
+                        "experts, whose gradients are summed over the expert-data-parallel group, would be summed over "
+                        "the data group with other ranks' experts; under ep use parallel.sharding_split_param=true "
+                        "(stage-1 V2: the experts get V2 buckets of their own over that group, pp > 1 included), with "
+                        "parallel.sharding_comm_overlap=true for the overlap (pp = 1)")
+    if "pp_sharding_comm_overlap" in on and p.cp > 1:
+        problems.append(f"parallel.pp_sharding_comm_overlap=true with parallel.cp={p.cp}: fleet 3.3.1 asserts 'sep "
+                        "parallel can not coexist with sharding_comm_overlap' (fleet/optimizer.py, "
+                        "_dygraph_distributed_optimizer, line 82); under cp and pp use parallel.sharding_split_param=true "
+                        "without it")
+    if "dp_comm_overlap" in on and p.cp > 1:
+        problems.append(f"parallel.dp_comm_overlap=true with parallel.cp={p.cp}: not built: fleet 3.3.1 fuses the "
+                        "dp x sep all-reduce into the pipeline's buckets (meta_parallel/pipeline_parallel.py lines "
+                        "642-643) and divides their sum by dp x cp, where llmtrain's cp gradients want 1/dp "
+                        "(llmtrain.parallel.context; measured: Llama under dp2 x pp2 x cp2, step-1 grad_norm 0.2715 for "
+                        "one process's 0.5431); leave it off under cp")
     return problems
 
 

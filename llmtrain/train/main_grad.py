@@ -19,6 +19,10 @@ sum with several. In fp32 (CPU, `train.amp=none`) the two paths give the same nu
 (tests/train/test_main_grad.py). Parameters stay in their dtype: MixPrecisionLayer's dtype argument is only
 checked, the hooks cast nothing.
 
+Under ep the routed experts' fp32 gradients are reduced over their expert-data-parallel group by
+`llmtrain.parallel.expert_states` (V2: their own buckets), and under cp fleet's dp x sep all-reduce sums them
+(tests/parallel/test_expert_parity.py and test_context_parity.py: `*_mg` runs).
+
 Under sequence parallelism fleet's hooks (`register_sequence_parallel_allreduce_hooks`, registered before these)
 all-reduce each norm weight's gradient over tp after the last micro-batch: they run after the gradient is
 accumulated and reduce `param.main_grad` when it exists, before V2's bucket hooks (registered later, by
@@ -29,8 +33,8 @@ the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer
 """
 from __future__ import annotations
 
-MAIN_GRAD_LAYOUTS = ("dp beside tp, pp or sharding (not alone), sharding stage 1 (V1 or V2), ZeRO-2 without dp, pp, "
-                     "tp and sequence parallelism, and ep, cp and LoRA under stage-1 V2 (no ZeRO-3)")
+MAIN_GRAD_LAYOUTS = ("dp beside tp, pp, cp or sharding (not alone), sharding stage 1 (V1 or V2) and ZeRO-2 (dp > 1 "
+                     "included), pp, tp and sequence parallelism, cp and ep, and LoRA under stage-1 V2 (no ZeRO-3)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -56,17 +60,14 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
     where = ["train.batch_rampup"] if train_cfg.batch_rampup is not None and fused else []  # buffers fix the count
     if parallel is not None:
         zero = parallel.sharding > 1 and parallel.sharding_stage > 1
-        # ZeRO-2: Paddle's GroupShardedStage2 reduces main_grad (run with dp = 1; its dp path is not covered)
-        where += [f"parallel.sharding_stage={parallel.sharding_stage}"] if zero and \
-            (parallel.sharding_stage > 2 or parallel.dp > 1) else []
+        # ZeRO-2: Paddle's GroupShardedStage2 reduces main_grad over sharding, fleet's dp all-reduce after it
+        # (tests/parallel/test_expert_parity.py: dp2 x sharding2, dense and experts); ZeRO-3: not built
+        where += [f"parallel.sharding_stage={parallel.sharding_stage}"] if zero and parallel.sharding_stage > 2 else []
         if parallel.dp > 1 and parallel.tp == parallel.pp == parallel.sharding == parallel.cp == 1:
             # fleet's pure data-parallel mode: paddle.DataParallel's reducer all-reduces `.grad`, which the main_grad
             # hooks empty, and fleet's optimizer leaves dp to it: the gradients are never summed (measured: Llama
             # under dp2, step 1 grad_norm 0.768 for one process's 0.543)
             where.append(f"parallel.dp={parallel.dp} alone (paddle.DataParallel)")
-        v2 = parallel.sharding > 1 and parallel.sharding_stage == 1 and parallel.sharding_split_param
-        where += [f"parallel.ep={parallel.ep}"] if parallel.ep > 1 and not v2 else []  # V2: the experts' own buckets
-        where += [f"parallel.cp={parallel.cp}"] if parallel.cp > 1 and not v2 else []  # V2: slices summed over sep
     v2_here = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1 and \
         parallel.sharding_split_param
     where += ["finetune.lora.rank > 0"] if lora and not v2_here else []  # V2: the adapters alone in its buckets

@@ -92,7 +92,10 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
     "dp2pp2dpv": Degrees(dp=2, pp=2, vpp=2, v=True), "sharding2pp2dpv": Degrees(sharding=2, pp=2, vpp=2, v=True),
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
-    "sharding2cp2": Degrees(sharding=2, cp=2), "sharding2v2cp2": Degrees(sharding=2, cp=2, v2=True), "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
+    "sharding2cp2": Degrees(sharding=2, cp=2), "sharding2v2cp2": Degrees(sharding=2, cp=2, v2=True),
+    "sharding2tfcp2": Degrees(sharding=2, cp=2, fused=True), "sharding2pp2cp2": Degrees(sharding=2, pp=2, cp=2, v2=True),
+    "sharding2pp2cp2v1": Degrees(sharding=2, pp=2, cp=2),
+    "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
     "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
 }
 """Context parallelism (cp): every cp rank holds what its cp rank 0 holds (parameters, optimizer state, gradients

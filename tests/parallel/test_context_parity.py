@@ -15,8 +15,9 @@ gradients alone through every exchange), a sliding-window Llama under a2a (the m
 sequence) and multi-head latent attention (values narrower than q/k) under the ring; its Llama ring run also
 evaluates held-out batches (loss and tokens equal to one process's) and writes step 2, from which a dp2 launch
 resumes and matches steps 3-4. The 4-process layouts: dp2cp2 (a2a), tp2cp2 with sequence parallelism (ring), pp2cp2
-(allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ZeRO-3, and one of ZeRO-2 and
-stage-1 V2 with its comm overlap drawn, ring).
+(allgather, and GPT: positions and tied table across stages) and sharding2cp2 (ZeRO-1, ZeRO-3, and one of ZeRO-2,
+stage-1 V2 with its comm overlap and V1 with tensor fusion and comm overlap drawn, ring); cp2 also trains with fp32
+main gradients. Stage-1 V2 under cp x pp (8 processes) is drawn in tests/parallel/test_parity.py (`sharding2pp2cp2`).
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ RUNS = {  # name: (model, extra overrides, one-process reference run)
     "llama_zero2": ("llama", ["parallel.sharding_stage=2"], "llama"),
     "llama_zero3": ("llama", ["parallel.sharding_stage=3", "parallel.zero3_segment_size=1024"], "llama"),
     "llama_v2": ("llama", ["parallel.sharding_split_param=true", "parallel.sharding_comm_overlap=true"], "llama"),
+    "llama_tf": ("llama", ["parallel.sharding_tensor_fusion=true", "parallel.sharding_comm_overlap=true"], "llama"),
+    "llama_mg": ("llama", ["train.main_grad=true"], "llama"),
     "llama_fp8": ("llama", ["train.fp8=blockwise"], "llama_fp8_cp2"),
     "llama_fp8tw": ("llama", ["train.fp8=tensorwise"], "llama_fp8tw_cp2"),
 }
@@ -68,17 +71,20 @@ larger decode scale (tests/fp8/test_emulate.py), so the plain run must stay with
 tensorwise's per-rank amax requantises every weight-gradient operand, and the plain run must differ by more than
 TOL. (With s / 2cp a multiple of 128, as in long-context runs, blockwise's token tiles are the same either way.)"""
 LAUNCHES = {  # layout: (processes, runs)
-    "cp2": (2, ["llama", "llama_allgather", "llama_a2a", "gpt", "gpt_docs", "llama_recompute", "window_a2a", "mla"]),
+    "cp2": (2, ["llama", "llama_allgather", "llama_a2a", "gpt", "gpt_docs", "llama_recompute", "window_a2a", "mla",
+                "llama_mg"]),
     "dp2cp2": (4, ["llama_a2a"]),
     "tp2cp2": (4, ["llama"]),
     "pp2cp2": (4, ["llama_allgather", "gpt_allgather"]),
     "sharding2cp2": (4, ["llama", "llama_zero3"]),
 }
-SHARDING_DRAWN = [("llama_zero2",), ("llama_v2",)]
-"""sharding2cp2's third run, one of them per suite run (`llmtest.draw`; LLMTRAIN_SAMPLE_SEED=all runs both): ZeRO-2,
+SHARDING_DRAWN = [("llama_zero2",), ("llama_v2",), ("llama_tf",)]
+"""sharding2cp2's third run, one of them per suite run (`llmtest.draw`; LLMTRAIN_SAMPLE_SEED=all runs all): ZeRO-2,
 or stage-1 V2 with its comm overlap (fp32 main gradients in V2's buckets, reduce-scattered over sharding from the
 backward; fleet then sums the slices over dp x sep, from the first step: `llmtrain.paddle_compat.sharding_v2.
-slices_before_dp_sync`)."""
+slices_before_dp_sync`), or stage-1 V1 with tensor fusion and its comm overlap (state on fused parameters, the fused
+reduce buckets issued from the backward, then fleet's dp x sep all-reduce). cp2's `llama_mg`: fp32 main gradients
+(`train.main_grad=true`) outside V2, summed over sep by fleet's all-reduce."""
 
 
 def launch_runs(layout: str) -> list[str]:
@@ -197,7 +203,8 @@ def test_context_parallel_layout_matches_one_process(layout, reference, launched
         worst = check_steps(f"{layout} {name}", ref, metrics(root / name), list(range(1, STEPS + 1)), later)
         memory = json.loads((root / name / "memory.json").read_text())
         stage = next((o.split("=")[1] for o in extra if o.startswith("parallel.sharding_stage=")), None)
-        held_layout = f"zero{stage}cp2" if stage else "sharding2v2cp2" if name == "llama_v2" else layout
+        held_layout = f"zero{stage}cp2" if stage else {"llama_v2": "sharding2v2cp2", "llama_tf": "sharding2tfcp2"}.get(
+            name, layout)
         check_memory(memory, ref_memory, held_layout, tied=model == "gpt", segment_size=1024 if stage == "3" else 2**20)
         check_groups(memory, d.get("sharding", 1), 1)
         check_predicted(memory, held_layout)

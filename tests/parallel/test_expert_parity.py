@@ -8,7 +8,8 @@ their optimizer states 1/edp over the expert-data-parallel group where sharded, 
     LLMTRAIN_EXPERT_SAMPLE=all python -m pytest tests/parallel/test_expert_parity.py -q  # sweep every composition
 
 All runs share one 4-process launch (one fleet topology, dp2 x sharding2; ep and the ZeRO stage are llmtrain's).
-`REQUIRED` compositions run from step 1 every time; two of the others are drawn with a seed printed in the test
+`REQUIRED` compositions run from step 1 every time, and ZeRO-1 and ZeRO-2 with ep2 and fp32 main gradients
+(`MAIN_GRAD`); two of the others are drawn with a seed printed in the test
 output (and in every assertion message) and resume from step 2 of another layout's checkpoint (`SOURCES`), so
 composition and checkpoint bugs are found over time without every run paying for all compositions.
 sharding2 x ep2 under ZeRO-3 on 2 processes rides the ZeRO launch of tests/parallel/test_parity.py.
@@ -34,6 +35,11 @@ COMPOSITIONS = [(ep, stage) for ep in (4, 2) for stage in (1, 2, 3)]
 over the dp pairs holding the same experts (edp = 2)."""
 REQUIRED = [(4, 1), (4, 2), (2, 2)]
 """Run from step 1 in every draw."""
+MAIN_GRAD = {"ep2_s1_mg": (2, 1), "ep2_s2_mg": (2, 2)}
+"""Runs with fp32 main gradients (`train.main_grad=true`, llmtrain.train.main_grad), from step 1 in every draw: ZeRO-1
+(V1; the experts reduced to their edp owner, the others' main gradients dropped) and ZeRO-2 at dp > 1 (Paddle's
+GroupShardedStage2 reduces the dense main gradients over sharding, fleet's dp all-reduce follows; the experts' step
+hook zeroes their main gradients after the update: without it step 2 was 2.4e-5 off in grad_norm)."""
 SAVED = 2
 SOURCES = ("ep2_s2", "single")
 """Runs saving step SAVED, from which the drawn compositions resume: expert states written by their edp owners
@@ -68,11 +74,12 @@ def runs(tiny_corpus, tmp_path_factory):
     save = [f"checkpoint.interval={SAVED}"]
     run_many([base("single") + save], nproc=0, workdir=out / "single_launch")
     layouts = [base(_name(*c)) + layout(*c) + (save if _name(*c) in SOURCES else []) for c in full]
+    layouts += [base(name) + layout(*c) + ["train.main_grad=true"] for name, c in MAIN_GRAD.items()]
     layouts += [base(name) + layout(*c) + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{SAVED}'}"]
                 for name, (c, src) in resumes.items()]
     run_many(layouts, nproc=4, workdir=out / "launch")
     read = lambda name: (metrics(out / name), json.loads((out / name / "memory.json").read_text()))  # noqa: E731
-    return {name: read(name) for name in ["single", *(_name(*c) for c in full), *resumes]}
+    return {name: read(name) for name in ["single", *(_name(*c) for c in full), *MAIN_GRAD, *resumes]}
 
 
 @pytest.mark.slow
@@ -84,7 +91,7 @@ def test_expert_layouts_match_one_process_and_hold_their_part(runs):
     print(f"expert compositions {full}, resumed {resumes} (LLMTRAIN_EXPERT_SEED={SEED}; "
           "LLMTRAIN_EXPERT_SAMPLE=all runs every composition from step 1)")
     ref, ref_memory = runs["single"]
-    for name, (ep, stage), first in [*((_name(*c), c, 1) for c in full),
+    for name, (ep, stage), first in [*((_name(*c), c, 1) for c in full), *((n, c, 1) for n, c in MAIN_GRAD.items()),
                                      *((n, c, SAVED + 1) for n, (c, _) in resumes.items())]:
         got, memory = runs[name]
         where = f"{name}: dp2 sharding2 ep{ep} ZeRO-{stage} (LLMTRAIN_EXPERT_SEED={SEED})"

@@ -22,12 +22,17 @@ PRESETS = {  # the degrees of conf/parallel/<name>.yaml (one file is composed th
 }
 
 
-def _problems(preset, *overrides, world=4):
-    """layout_problems for `+parallel=<preset> parallel.k=v ...` (global batch 8, micro-batch 1)."""
+def _problems(preset, *overrides, world=None):
+    """layout_problems for `+parallel=<preset> parallel.k=v ...` (global batch 8, micro-batch 1) on `world` processes
+    (default: the product of the degrees)."""
     fields = dict(PRESETS[preset.removeprefix("+parallel=")], name=preset)
     for o in overrides:
         key, value = o.removeprefix("parallel.").split("=")
         fields[key] = value == "true" if value in ("true", "false") else int(value)
+    if world is None:
+        world = 1
+        for k in ("dp", "tp", "pp", "sharding", "cp"):
+            world *= fields.get(k, 1)
     return layout_problems(ParallelConfig(**fields), TrainConfig(global_batch_size=8, micro_batch_size=1), world)
 
 
@@ -93,15 +98,17 @@ def test_every_knob_maps_to_a_fleet_field():
      ["parallel.sharding_split_param=true with parallel.sharding_tensor_fusion=true: split_param selects "
       "DygraphShardingOptimizerV2"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_tensor_fusion=true"),
-     ["parallel.sharding_tensor_fusion=true with parallel.ep=2: not built"]),
+     ["parallel.sharding_tensor_fusion=true with parallel.ep=2: fleet 3.3.1's V1 fuses every parameter"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_comm_overlap=true"),
-     ["parallel.sharding_comm_overlap=true with parallel.ep=2: not built"]),  # V1's reduce buckets: no colour
+     ["parallel.sharding_comm_overlap=true with parallel.ep=2: fleet 3.3.1's V1 comm overlap"]),  # no colour in V1
     (("+parallel=dp2pp2", "parallel.ep=2", "parallel.dp_comm_overlap=true"),
-     ["parallel.dp_comm_overlap=true with parallel.ep=2: not built"]),
-    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
-     ["parallel.sharding_split_param=true with parallel.ep=2 and parallel.pp=2: not built"]),
-    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.cp=2", "parallel.sharding_tensor_fusion=true"),
-     ["parallel.sharding_tensor_fusion=true with parallel.cp=2: not built"]),
+     ["parallel.dp_comm_overlap=true with parallel.ep=2: fleet 3.3.1's pipeline puts every trainable parameter"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.sharding_split_param=true",
+      "parallel.pp_sharding_comm_overlap=true"),
+     ["parallel.pp_sharding_comm_overlap=true with parallel.ep=2: fleet 3.3.1's pipeline"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.cp=2", "parallel.sharding_split_param=true",
+      "parallel.pp_sharding_comm_overlap=true"),
+     ["parallel.pp_sharding_comm_overlap=true with parallel.cp=2: fleet 3.3.1 asserts 'sep parallel can not coexist"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.cp=2", "parallel.dp_comm_overlap=true"),
      ["parallel.dp_comm_overlap=true with parallel.cp=2: not built"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
@@ -139,6 +146,12 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
       "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap", "sharding_split_param"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.cp=2", "parallel.sharding_split_param=true",
       "parallel.sharding_comm_overlap=true"), ["sharding_comm_overlap", "sharding_split_param"]),
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.sharding_split_param=true"),
+     ["sharding_split_param"]),  # the experts' V2 buckets under pp (tests/parallel/test_parity.py sharding2pp2)
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.cp=2", "parallel.sharding_split_param=true"),
+     ["sharding_split_param"]),  # V2 under cp x pp (8 processes)
+    (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.cp=2", "parallel.sharding_tensor_fusion=true",
+      "parallel.sharding_comm_overlap=true"), ["sharding_tensor_fusion", "sharding_comm_overlap"]),  # V1 under cp
 ])
 def test_fused_buffer_knobs_are_accepted_and_need_main_grad(overrides, knobs):
     layout, problems = _problems(*overrides)
@@ -169,14 +182,19 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
     assert "parallel.dp=2 alone" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2), lora=False)[0]
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, sharding=2), lora=False) == []
+    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, sharding=2, sharding_stage=2),
+                              lora=False) == []  # ZeRO-2 at dp > 1 (tests/parallel/test_expert_parity.py)
     assert "train.batch_rampup" in main_grad_problems(TrainConfig(batch_rampup=[2, 2, 16]), v2, lora=False)[0]
     tp_v2_sp = ParallelConfig(tp=2, sharding=2, sharding_split_param=True, sequence_parallel=True)
     assert main_grad_problems(TrainConfig(), tp_v2_sp, lora=False) == []  # V2 slices of tp pieces; sp hooks on main_grad
-    assert "parallel.ep=2" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, ep=2), lora=False)[0]
+    assert "parallel.dp=2 alone" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, ep=2),
+                                                       lora=False)[0]
+    for ep_or_cp in (dict(dp=2, sharding=2, ep=2), dict(dp=2, sharding=2, ep=2, sharding_stage=2), dict(cp=2),
+                     dict(dp=2, cp=2), dict(sharding=2, cp=2), dict(dp=2, pp=2, ep=2)):  # outside V2: the `_mg` runs
+        assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(**ep_or_cp), lora=False) == [], ep_or_cp
     ep_v2 = ParallelConfig(sharding=2, ep=2, sharding_split_param=True)  # the experts in V2 buckets of their own
     assert main_grad_problems(TrainConfig(), ep_v2, lora=False) == []
     assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, cp=2, sharding_split_param=True), lora=False) == []
-    assert "parallel.cp=2" in main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, cp=2), lora=False)[0]
     assert main_grad_problems(TrainConfig(), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []
     pp_v2 = ParallelConfig(pp=2, sharding=2, sharding_split_param=True, pp_sharding_comm_overlap=True)
     assert main_grad_problems(TrainConfig(), pp_v2, lora=False, tied=False) == []

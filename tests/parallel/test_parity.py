@@ -92,22 +92,22 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4), ("tp2sharding2v2", 4),
-    ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4),
+    ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4), ("sharding2pp2cp2", 8),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
-         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf")}
+         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",),
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2pp2cp2": ("llama",),
         "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg"), "pp2dpv": ("gpt", "moe"),
         "dp2pp2dpv": ("moe_mb1_ep2",), "sharding2pp2dpv": ("moe_mb1_ep2",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each; pp2dpv: the MoE model, its
 first block a dense Llama block, in the Llama's place, which pp4dpv and pp2dpv's LoRA run train under DualPipeV)."""
 DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",),
-         ("dp2pp2dpv",), ("sharding2pp2dpv",)]
+         ("dp2pp2dpv",), ("sharding2pp2dpv",), ("sharding2pp2cp2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
@@ -115,7 +115,7 @@ both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batc
 V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch); or stage-1 V2 with ep2 (`V2_EP`, its runs added to
 sharding2's launch); or DualPipeV beside dp or stage-1 sharding with ep2 (`moe_mb1_ep2`: 4 micro-batches of 1 per
 data rank, DualPipeV's >= 2 x pp; its one-process reference `moe_mb1` runs only in a suite run that draws one of
-them, `DRAWN_REFERENCES`)."""
+them, `DRAWN_REFERENCES`); or stage-1 V2 under sharding2 x pp2 x cp2 (8 processes, `V2_PP`)."""
 DRAWN_REFERENCES = {"moe_mb1": ("dp2pp2dpv", "sharding2pp2dpv")}
 """One-process runs needed only by drawn layouts: {reference: the layouts that compare with it}."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
@@ -130,6 +130,23 @@ SHARDING_PP_V2 = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "p
 backward (fp32 main gradients), for the Llama; the GPT (its table tied across the stages) runs V2 under pp2 without
 the overlap (the pair is refused for a tied model, `llmtrain.train.main_grad.main_grad_problems`): its V2 slices
 must carry fleet's mark of the table's second copy, or the clip counts it twice."""
+V2_NO_OVERLAP = [o for o in SHARDING_PP_V2 if "comm_overlap" not in o]
+"""Stage-1 V2 under pp2 without the pipeline's sharding overlap: what serves ep (fleet's pipeline buckets have no
+per-parameter group, `llmtrain.parallel.overlap.EP_UNSERVED`) and cp (fleet asserts the overlap off under sep)."""
+V1_PP = [o for o in V2_NO_OVERLAP if "split_param" not in o and "name=" not in o] + ["parallel.name=sharding2pp2v1"]
+"""Stage-1 V1 (no split parameters) on the same topology: the non-V2 side of `V2_PP`'s resumes."""
+CP2 = ["parallel.cp=2", "parallel.cp_comm=allgather"]
+V2_PP = {"sharding2pp2": {"moe_v2tov1pp_ep2": (V1_PP + ["checkpoint.interval=3"], "moe_ep2", 2),
+                          "moe_v1tov2pp_ep2": (V2_NO_OVERLAP, "moe_v2tov1pp_ep2", 3)},
+         "sharding2pp2cp2": {"llama_v2tov1": ([*V1_PP, *CP2, "parallel.name=sharding2pp2cp2v1", "checkpoint.interval=3"],
+                                              "llama", 2),
+                             "llama_v1tov2": ([*V2_NO_OVERLAP, *CP2, "parallel.name=sharding2pp2cp2"], "llama_v2tov1", 3)}}
+"""Stage-1 V2 under pp (`V2_NO_OVERLAP`) resumed across V2 and V1: {layout: {run: (layout, run resumed, its step)}}.
+sharding2pp2 (drawn): the MoE model with ep2 over the sharding ranks (`moe_ep2`: the routed experts in V2 buckets
+of their own over edp, `llmtrain.parallel.expert_states.color_experts`, on each stage) writes step 2, V1 with the
+experts kept out of the ZeRO-1 partition continues (writing step 3), V2 continues that; sharding2pp2cp2 (drawn, 8
+processes): the Llama under V2 with each sequence split over 2 cp ranks per stage (fleet sums the V2 slices over
+sep), resumed the same way. Each resumed step equals one process's."""
 SHARDING_PP_TF = ["+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_tensor_fusion=true",
                   "parallel.name=sharding2pp2tf"]
 """`gpt_tf`, `llama_tf` (in sharding2pp2's launch): stage-1 V1 with tensor fusion under pp2. The GPT's table is tied
@@ -137,6 +154,8 @@ across the stages and the last stage's copy lies inside a fused parameter, which
 later copy: llmtrain's clip takes the copy's squares back out (`llmtrain.paddle_compat.sharding_fused.
 secondary_shared_spans`; without it grad_norm 1.628 for one process's 1.565)."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
+             ("sharding2pp2", "moe_ep2"): V2_NO_OVERLAP + ["checkpoint.interval=2"],
+             ("sharding2pp2cp2", "llama"): [*V2_NO_OVERLAP, *CP2, "parallel.name=sharding2pp2cp2", "checkpoint.interval=2"],
              ("sharding2pp2", "gpt_tf"): SHARDING_PP_TF, ("sharding2pp2", "llama_tf"): SHARDING_PP_TF,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
              ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
@@ -461,6 +480,11 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
         runs += [tiny_overrides(tiny_corpus, str(out / n), "moe", steps=STEPS) + MOE["moe"] + lay + ["parallel.ep=2"]
                  + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED
                  for n, (lay, src, step) in V2_EP.items()]
+    for n, (lay, src, step) in V2_PP.get(layout, {}).items():  # V2 under pp -> V1 -> V2, each resumed from the last
+        model = ["moe"] if n.startswith("moe") else ["llama"]
+        extra = MOE["moe"] + ["parallel.ep=2"] if n.startswith("moe") else LAYERS
+        runs.append(tiny_overrides(tiny_corpus, str(out / n), model[0], steps=STEPS) + extra + lay
+                    + [f"checkpoint.resume={out / src / 'checkpoints' / f'step_{step}'}"] + ADDED)
     if layout == "dp2":  # the planner's collective measuring and alpha-beta fit over gloo, in the same processes
         runs.append({"call": "tests/plan/collectives_check.py:measure", "args": [str(out / "collectives")]})
     if layout in GUARD_LAYOUTS:  # divergence guard: a transient gradient fault and a loss spike (guard_checks.py)
@@ -644,6 +668,33 @@ def test_experts_under_v2_resume_across_v2_and_non_v2(reference, tiny_corpus, la
     check_resumed(runs_dir, reference["moe"]["metrics"], V2_EP, " ep2")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", list(V2_PP))
+def test_v2_under_pp_resumes_across_v2_and_non_v2(layout, reference, tiny_corpus, launched):
+    """Stage-1 V2 under pp2 with ep2 (sharding2pp2's `moe_ep2`) or cp2 (sharding2pp2cp2) writes every stage's
+    optimizer state as flat V2 slices (the routed experts' over edp, as their own buckets); V1 continues its step 2
+    and V2 that run's step 3, each step equal to one process's; V1's ranks hold V1's partition (`V2_PP`)."""
+    drawn_or_skip(layout, DRAWN)
+    runs_dir = launched(layout, DEGREES[layout].world)
+    (v1, (_, first, _)), _ = V2_PP[layout].items()
+    stages = {e["pp_rank"]: e["rank"] for e in _memory(runs_dir / first)["ranks"]  # a writing rank of each stage
+              if e.get("cp_rank", 0) == 0}  # (cp rank 0 writes for its cp group: llmtrain.checkpoint.shards)
+    assert sorted(stages) == list(range(DEGREES[layout].pp)), stages
+    for stage, rank in stages.items():  # every stage's state written as flat V2 slices
+        with open(runs_dir / first / "checkpoints" / "step_2" / f"rank_{rank:05d}.json") as f:
+            flat = [k for k, m in json.load(f)["tensors"].items() if k.startswith("optim/") and "flat" in m]
+        assert flat and (layout != "sharding2pp2" or stage == 0 or any("experts.w_" in k for k in flat)), \
+            (stage, flat[:4])
+    moe = first.startswith("moe")
+    check_resumed(runs_dir, reference["moe" if moe else "llama"]["metrics"], V2_PP[layout], " ep2" if moe else "")
+    memory, one = _memory(runs_dir / v1), reference["moe" if moe else "llama"]["memory"]
+    if moe:
+        check_expert_memory(memory, one, Degrees(sharding=2, pp=2, ep=2))
+    else:
+        check_memory(memory, one, "sharding2pp2cp2v1", tied=False)
+    check_predicted(memory, "sharding2pp2cp2v1" if not moe else layout)
+
+
 def check_recompute_drop(none: dict, recomputed: dict, bound: float = 0.10) -> list:
     """Every rank's measured drop of the bytes held for the backward (memory.json `activation_bytes`) from the run
     without recompute to the recomputed run is within `bound` of the planner's (`predicted_activation_bytes`);
@@ -728,13 +779,13 @@ def test_a_silently_replicated_layout_fails_the_memory_check(layout, reference):
     d = DEGREES[layout]
     for n in MODELS:
         one = reference[n]["memory"]
-        coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding))
+        coords = itertools.product(range(d.dp), range(d.tp), range(d.pp), range(d.sharding), range(d.cp))
         chunks = d.pp * d.vpp if d.pp > 1 else 0  # a valid split: the holdings, not the split, must fail
         fake = dict(one, layout={"dp": d.dp, "tp": d.tp, "pp": d.pp, "sharding": d.sharding,
                                  "sharding_stage": d.stage, "virtual_pp": d.vpp, "cp": d.cp, "ep": d.ep,
                                  "pp_layers": [8 // chunks + (i < 8 % chunks) for i in range(chunks)]},
-                    ranks=[dict(one["ranks"][0], rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2], sharding_rank=c[3])
-                           for r, c in enumerate(coords)])
+                    ranks=[dict(one["ranks"][0], rank=r, dp_rank=c[0], tp_rank=c[1], pp_rank=c[2], sharding_rank=c[3],
+                                cp_rank=c[4]) for r, c in enumerate(coords)])
         check = lambda: check_memory(fake, one, layout, tied=TIED[n], segment_size=1024 if layout == "zero3" else 2**20)
         if d.world == d.dp:
             check()
