@@ -15,13 +15,14 @@ under dp2pp2 with ep2 split 3 + 1. DualPipeV (`pp2dpv`, in the pp2 launch: GPT w
 LoRA Llama with its held-out evaluation down and up the V, and MoE: the balancing losses of both arms of each
 stage's V, the loss on stage 0; `pp4dpv`: GPT and Llama; drawn, `dp2pp2dpv` and `sharding2pp2dpv`: MoE with ep2 inside
 each stage): stage s holds chunks s and 2 pp - 1 - s.
-pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2, sharding2v2ep, dp2pp2dpv and sharding2pp2dpv are drawn,
-one of them per suite run (`DRAWN`). Communication
+pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2, sharding2v2ep, dp2pp2dpv, sharding2pp2dpv and
+sharding2pp2cp2 (8 processes) are drawn, one of them per suite run (`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
 (`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`; V1 tensor fusion under pp2,
-`SHARDING_PP_TF`), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
+`SHARDING_PP_TF`; MoE with ep2 under V2 and pp2, resumed across V2 and V1, `V2_PP`), the drawn sharding2pp2cp2 (V2
+under pp2 x cp2, resumed across V2 and V1, `V2_PP`), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
 tensor fusion, `V2_TP`) and the drawn sharding2v2ep (MoE under sharding2 x ep2 on V2, resumed across V2 and V1;
 LoRA under V2; ZeRO-2 with main gradients: `V2_EP`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
