@@ -113,6 +113,16 @@ def parallelize(built: BuiltModel, optimizer, scaler, layout: Layout, topo: Topo
         model = dualpipev_model(core)
     else:
         model = fleet.distributed_model(core)
+    if layout.dp_comm_overlap and layout.cp > 1:
+        # fleet fuses the dp x sep all-reduce into the pipeline's buckets (pipeline_parallel.py: dp_group becomes the
+        # dp x sep group) and divides by dp x cp; the cp ranks' gradients are parts of one sum (llmtrain.parallel.
+        # context): x cp gives 1/dp (measured without: dp2 x pp2 x cp2, step-1 grad_norm 0.2715 for one process's 0.5431)
+        from llmtrain.paddle_compat.sharding_v2 import pipeline_buffers, rescale_after_reduce
+
+        buffers = pipeline_buffers(model)
+        if not buffers:
+            raise RuntimeError("parallel.dp_comm_overlap under cp: fleet's pipeline built no dp buckets")
+        rescale_after_reduce(buffers, float(layout.cp))
     if layout.sharding_split_param and layout.ep > 1:  # stage-1 V2: the routed experts in buckets of their own
         from llmtrain.parallel.expert_states import color_experts
 

@@ -51,8 +51,9 @@ EP_UNSERVED = {
                               "DygraphShardingOptimizer._tensor_fusion, lines 238-262: fused_parameters(params, "
                               "comm_group=the sharding group))",
     "sharding_comm_overlap": "fleet 3.3.1's V1 comm overlap reduces through the buckets of its tensor fusion over the "
-                             "sharding group, every owned parameter in them (dygraph_sharding_optimizer.py, "
-                             "_tensor_fusion, lines 244-258; V2's per-parameter `color` is read by "
+                             "sharding group, every owned parameter in them (dygraph_sharding_optimizer.py: the "
+                             "constructor calls _tensor_fusion for comm_overlap alone too, lines 158-180; its buckets, "
+                             "lines 244-258; V2's per-parameter `color` is read by "
                              "DygraphShardingOptimizerV2._build_comm_buffers only, lines 873-885)",
     "dp_comm_overlap": "fleet 3.3.1's pipeline puts every trainable parameter of each chunk into FusedCommBuffers over "
                        "the dp group (meta_parallel/pipeline_parallel.py, fused_gradient, lines 953-1010: "
@@ -131,12 +132,6 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
                         "parallel can not coexist with sharding_comm_overlap' (fleet/optimizer.py, "
                         "_dygraph_distributed_optimizer, line 82); under cp and pp use parallel.sharding_split_param=true "
                         "without it")
-    if "dp_comm_overlap" in on and p.cp > 1:
-        problems.append(f"parallel.dp_comm_overlap=true with parallel.cp={p.cp}: not built: fleet 3.3.1 fuses the "
-                        "dp x sep all-reduce into the pipeline's buckets (meta_parallel/pipeline_parallel.py lines "
-                        "642-643) and divides their sum by dp x cp, where llmtrain's cp gradients want 1/dp "
-                        "(llmtrain.parallel.context; measured: Llama under dp2 x pp2 x cp2, step-1 grad_norm 0.2715 for "
-                        "one process's 0.5431); leave it off under cp")
     return problems
 
 

@@ -94,7 +94,7 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "cp2": Degrees(cp=2), "dp2cp2": Degrees(dp=2, cp=2), "tp2cp2": Degrees(tp=2, cp=2), "pp2cp2": Degrees(pp=2, cp=2),
     "sharding2cp2": Degrees(sharding=2, cp=2), "sharding2v2cp2": Degrees(sharding=2, cp=2, v2=True),
     "sharding2tfcp2": Degrees(sharding=2, cp=2, fused=True), "sharding2pp2cp2": Degrees(sharding=2, pp=2, cp=2, v2=True),
-    "sharding2pp2cp2v1": Degrees(sharding=2, pp=2, cp=2),
+    "sharding2pp2cp2v1": Degrees(sharding=2, pp=2, cp=2), "dp2pp2cp2": Degrees(dp=2, pp=2, cp=2),
     "zero2cp2": Degrees(sharding=2, stage=2, cp=2),
     "zero3cp2": Degrees(sharding=2, stage=3, cp=2),
 }

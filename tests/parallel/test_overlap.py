@@ -109,8 +109,6 @@ def test_every_knob_maps_to_a_fleet_field():
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.cp=2", "parallel.sharding_split_param=true",
       "parallel.pp_sharding_comm_overlap=true"),
      ["parallel.pp_sharding_comm_overlap=true with parallel.cp=2: fleet 3.3.1 asserts 'sep parallel can not coexist"]),
-    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.cp=2", "parallel.dp_comm_overlap=true"),
-     ["parallel.dp_comm_overlap=true with parallel.cp=2: not built"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.sharding_comm_overlap=true"),
      ["parallel.sharding_comm_overlap=true with parallel.pp=2: fleet asserts 'You should not use pipeline parallel "
       "and comm_overlap at the same time'"]),
@@ -152,6 +150,7 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
      ["sharding_split_param"]),  # V2 under cp x pp (8 processes)
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.cp=2", "parallel.sharding_tensor_fusion=true",
       "parallel.sharding_comm_overlap=true"), ["sharding_tensor_fusion", "sharding_comm_overlap"]),  # V1 under cp
+    (("+parallel=dp2pp2", "parallel.cp=2", "parallel.dp_comm_overlap=true"), ["dp_comm_overlap"]),  # x cp after fleet
 ])
 def test_fused_buffer_knobs_are_accepted_and_need_main_grad(overrides, knobs):
     layout, problems = _problems(*overrides)

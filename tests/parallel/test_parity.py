@@ -16,13 +16,13 @@ LoRA Llama with its held-out evaluation down and up the V, and MoE: the balancin
 stage's V, the loss on stage 0; `pp4dpv`: GPT and Llama; drawn, `dp2pp2dpv` and `sharding2pp2dpv`: MoE with ep2 inside
 each stage): stage s holds chunks s and 2 pp - 1 - s.
 pp4v2, the pp3 pair, sharding2pp2, pp4dpv, tp2sharding2v2, sharding2v2ep, dp2pp2dpv, sharding2pp2dpv and
-sharding2pp2cp2 (8 processes) are drawn, one of them per suite run (`DRAWN`). Communication
+sharding2pp2cp2 and dp2pp2cp2 (8 processes each) are drawn, one of them per suite run (`DRAWN`). Communication
 overlap: sharding2v2 (fleet's stage-1 V2, split parameters, each bucket's reduce-scatter
 issued from the backward; per-rank holdings show the split state, `check_v2_optimizer`; the run's overlap timeline
 shows the buckets issued before the update, and after it without the knob), dp2pp2's `llama_dpov`
 (`dp_comm_overlap`), sharding2pp2 (V2 under pp2 with `pp_sharding_comm_overlap`; V1 tensor fusion under pp2,
 `SHARDING_PP_TF`; MoE with ep2 under V2 and pp2, resumed across V2 and V1, `V2_PP`), the drawn sharding2pp2cp2 (V2
-under pp2 x cp2, resumed across V2 and V1, `V2_PP`), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
+under pp2 x cp2, resumed across V2 and V1, `V2_PP`), the drawn dp2pp2cp2 (`dp_comm_overlap` under cp), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
 tensor fusion, `V2_TP`) and the drawn sharding2v2ep (MoE under sharding2 x ep2 on V2, resumed across V2 and V1;
 LoRA under V2; ZeRO-2 with main gradients: `V2_EP`).
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
@@ -93,7 +93,7 @@ LAYOUTS = [
     ("dp2", 2), ("tp2", 2), ("pp2", 2), ("sharding2", 2), ("sharding2v2", 2), ("zero2", 2), ("zero3", 2),
     ("dp4", 4), ("dp2tp2", 4), ("tp2pp2", 4), ("dp2pp2", 4), ("tp2sharding2", 4), ("pp4v2", 4),
     ("pp3", 3), ("pp3v2", 3), ("sharding2pp2", 4), ("pp2dpv", 2), ("pp4dpv", 4), ("tp2sharding2v2", 4),
-    ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4), ("sharding2pp2cp2", 8),
+    ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4), ("sharding2pp2cp2", 8), ("dp2pp2cp2", 8),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
@@ -102,13 +102,13 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
-RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2pp2cp2": ("llama",),
+RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2pp2cp2": ("llama",), "dp2pp2cp2": ("llama",),
         "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg"), "pp2dpv": ("gpt", "moe"),
         "dp2pp2dpv": ("moe_mb1_ep2",), "sharding2pp2dpv": ("moe_mb1_ep2",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each; pp2dpv: the MoE model, its
 first block a dense Llama block, in the Llama's place, which pp4dpv and pp2dpv's LoRA run train under DualPipeV)."""
 DRAWN = [("pp4v2",), ("pp3", "pp3v2"), ("sharding2pp2",), ("pp4dpv",), ("tp2sharding2v2",), ("sharding2v2ep",),
-         ("dp2pp2dpv",), ("sharding2pp2dpv",), ("sharding2pp2cp2",)]
+         ("dp2pp2dpv",), ("sharding2pp2dpv",), ("sharding2pp2cp2",), ("dp2pp2cp2",)]
 """Pipeline launches of 3 and 4 processes (about 25 s each on 2 cores) of which each suite run draws one group
 (`llmtest.draw`: the seed is printed; LLMTRAIN_SAMPLE_SEED=<seed> replays a draw, LLMTRAIN_SAMPLE_SEED=all runs
 both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batches) or at 3 (interleaved 1F1B,
@@ -116,7 +116,8 @@ both): the interleaved schedule at 4 stages (forward-then-backward, 4 micro-batc
 V2 under tp2 (`V2_TP`, its runs added to tp2sharding2's launch); or stage-1 V2 with ep2 (`V2_EP`, its runs added to
 sharding2's launch); or DualPipeV beside dp or stage-1 sharding with ep2 (`moe_mb1_ep2`: 4 micro-batches of 1 per
 data rank, DualPipeV's >= 2 x pp; its one-process reference `moe_mb1` runs only in a suite run that draws one of
-them, `DRAWN_REFERENCES`); or stage-1 V2 under sharding2 x pp2 x cp2 (8 processes, `V2_PP`)."""
+them, `DRAWN_REFERENCES`); or stage-1 V2 under sharding2 x pp2 x cp2 (8 processes, `V2_PP`); or `dp_comm_overlap`
+under dp2 x pp2 x cp2 (8 processes: fleet's dp x sep buckets, rescaled by cp after fleet's 1/(dp x cp))."""
 DRAWN_REFERENCES = {"moe_mb1": ("dp2pp2dpv", "sharding2pp2dpv")}
 """One-process runs needed only by drawn layouts: {reference: the layouts that compare with it}."""
 SPLITS = {("pp2", "llama5"): (3, 2), ("pp2", "moe"): (1, 3), ("dp2pp2", "moe_ep2"): (3, 1),
@@ -156,6 +157,8 @@ later copy: llmtrain's clip takes the copy's squares back out (`llmtrain.paddle_
 secondary_shared_spans`; without it grad_norm 1.628 for one process's 1.565)."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
              ("sharding2pp2", "moe_ep2"): V2_NO_OVERLAP + ["checkpoint.interval=2"],
+             ("dp2pp2cp2", "llama"): ["+parallel=dp2pp2", *CP2, "parallel.dp_comm_overlap=true",
+                                      "parallel.name=dp2pp2cp2"],
              ("sharding2pp2cp2", "llama"): [*V2_NO_OVERLAP, *CP2, "parallel.name=sharding2pp2cp2", "checkpoint.interval=2"],
              ("sharding2pp2", "gpt_tf"): SHARDING_PP_TF, ("sharding2pp2", "llama_tf"): SHARDING_PP_TF,
              ("sharding2pp2", "gpt"): [o for o in SHARDING_PP_V2 if "comm_overlap" not in o],
@@ -559,14 +562,15 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
         from pp_activations import check as check_pp
 
         print(f"pp2 first-stage activations, one more micro-batch in flight: {check_pp(runs_dir / 'pp_act')}")
-    if layout == "dp2pp2":  # dp_comm_overlap: every stage's dp bucket issued from the pipeline's last backward
+    if layout in ("dp2pp2", "dp2pp2cp2"):  # dp_comm_overlap: every stage's dp bucket issued from the last backward
         from llmtrain.parallel.overlap_timeline import read_timeline
 
-        for rank in range(4):
-            recs = read_timeline(str(runs_dir / "llama_dpov"), rank)
+        for rank in range(DEGREES[layout].world):
+            recs = read_timeline(str(runs_dir / ("llama_dpov" if layout == "dp2pp2" else "llama")), rank)
             assert [r["step"] for r in recs] == list(range(1, STEPS + 1)), (rank, recs)
             assert all(r["buckets"] and all(b["before_update"] for b in r["buckets"]) for r in recs), (rank, recs)
-        assert not (runs_dir / "llama" / "overlap").exists()  # no fused buckets without the knob: nothing recorded
+        if layout == "dp2pp2":
+            assert not (runs_dir / "llama" / "overlap").exists()  # no fused buckets without the knob: nothing recorded
     if layout == "sharding2v2":  # the overlap seen: buckets issued inside the backward with the knob, after without
         for k, overlapped in (("overlap", True), ("after", False)):
             recs = check_timeline(runs_dir / f"wide_{k}", overlapped)
