@@ -168,13 +168,11 @@ def base_state(manifest: Manifest) -> dict[str, np.ndarray]:
     base, cfg = manifest.lora_base, manifest.model
     src = base.get("init_from")
     if src is None:
-        import paddle
-
-        from llmtrain.models import build_model
+        from llmtrain.models import build_model, shape_only
         from llmtrain.models.init import initial_value
         from llmtrain.models.stages import canonical_parameters
 
-        with paddle.LazyGuard():
+        with shape_only():
             model = build_model(cfg)
         return {n: initial_value(n, p, cfg, int(base["seed"])) for n, p in canonical_parameters(model)}
     if not os.path.exists(src):

@@ -165,12 +165,10 @@ def check_canonical(state: dict, shapes: dict[str, list[int]], source: str) -> N
 
 def model_shapes(cfg) -> dict[str, list[int]]:
     """Canonical name -> full shape of every parameter of the model `cfg` builds (no memory allocated)."""
-    import paddle
-
-    from llmtrain.models import build_model
+    from llmtrain.models import build_model, shape_only
     from llmtrain.models.stages import canonical_parameters
 
-    with paddle.LazyGuard():
+    with shape_only():
         model = build_model(cfg)
     return {name: [int(s) for s in p.shape] for name, p in canonical_parameters(model)}
 

@@ -127,9 +127,9 @@ def load_full_state(
 
 def expected_names(cfg: ModelConfig) -> list[str]:
     """Canonical parameter names of the whole model (every stage), in model order."""
-    from llmtrain.models import build_model
+    from llmtrain.models import build_model, shape_only
 
-    with paddle.LazyGuard():
+    with shape_only():
         model = build_model(cfg)
     from llmtrain.models.stages import canonical_parameters
 

@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import re
 
-import paddle
-
 from llmtrain.contracts import tags
 from llmtrain.models.lora import LoraConfig, linear_modules, matching
 
 
 def lora_targets(model_cfg, cfg: LoraConfig) -> tuple[dict, list[str]]:
     """({adapted module name: (in, out) full sizes}, all linear names) of the whole model, without allocating it."""
-    from llmtrain.models import build_model
+    from llmtrain.models import build_model, shape_only
 
-    with paddle.LazyGuard():
+    with shape_only():
         model = build_model(model_cfg)
     sizes = {n: tuple(tags.linear_of(layer)[1:]) for n, layer in linear_modules(model)}
     return {n: sizes[n] for n in matching(list(sizes), list(cfg.target_modules))}, list(sizes)

@@ -3,10 +3,10 @@
     python -m pytest tests/plan/test_plan.py -q -k parameter
     specs = model_param_specs(model_cfg, lora=None)     # [ParamSpec] in canonical_parameters order
 
-`paddle.LazyGuard` builds the single-device model of `model.family` (`llmtrain.models.build_model`, plain
-`Roles`), LoRA adapters attached as the trainer attaches them; every parameter's canonical name and shape come
-from it, and where a tensor-parallel plan would split it from the tags the model's layers carry (read in one
-place, `split_axis_of`):
+`llmtrain.models.shape_only` (a LazyGuard that leaves Paddle's naming counters alone) builds the single-device
+model of `model.family` (`llmtrain.models.build_model`, plain `Roles`), LoRA adapters attached as the trainer
+attaches them; every parameter's canonical name and shape come from it, and where a tensor-parallel plan would
+split it from the tags the model's layers carry (read in one place, `split_axis_of`):
 - a column linear (`linear` tag kind "column", `llmtrain.contracts.tags`): weight [in, out] on axis 1, bias on 0; a row linear: weight on
   axis 0, bias whole (fleet's Megatron layout: `ColumnParallelLinear` / `RowParallelLinear`); a replicated linear
   ("replicated", MLA's down-projections): whole;
@@ -92,14 +92,13 @@ _CACHE: dict = {}
 
 
 def _specs(cfg, lora) -> tuple:
-    import paddle
     import paddle.nn as nn
 
-    from llmtrain.models import build_model
+    from llmtrain.models import build_model, shape_only
     from llmtrain.models.stages import canonical_parameters
     from llmtrain.models.roles import Roles
 
-    with paddle.LazyGuard():
+    with shape_only():
         model = build_model(cfg)
         if lora is not None:
             from llmtrain.models.lora import attach_lora
