@@ -37,6 +37,9 @@ AUDIT = (
     ("group_sharded_utils.GroupShardedClipGrad", "paddle_compat/optim.py", "record the ZeRO-3 clip norm"),
     ("GroupShardedStage3._param2buffer/_param2buffer_size/_rank, param.fw_storage",
      "paddle_compat/zero.py, checkpoint/", "save and load each rank's ZeRO-3 flat slice"),
+    ("GroupShardedStage3._grad_storages, GradStorage._params/_param_ids/_param2align/_array_grads/buffer",
+     "paddle_compat/zero.py", "lay ZeRO-3's all-reduced storage of unsliced gradients out by structured name (Paddle "
+     "orders it by unique names, which can differ between ranks) and check each gradient is still its view"),
     ("fleet.layers.mpu.mp_ops._c_identity", "paddle_compat/fleet.py", "tied LM head under tp: identity forward, "
      "all-reduce of the input gradient backward"),
     ("PipelineLayer.shared_comm, param.is_firstly_shared", "paddle_compat/fleet.py",

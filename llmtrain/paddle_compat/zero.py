@@ -3,13 +3,18 @@ and repairs (frozen parameters cut back to their slices after the backward, `sta
 
     slices = stage3_slices(model)    # {param name: (start, end, padded size)}; {} for any other model
     stage3_reslice(model, frozen)    # gathered frozen parameters back to this rank's slices
+    layout = stage3_lay_out_unsliced(model, key)   # unsliced gradients laid out in `key` order (rank-independent)
+    problems = stage3_unsliced_grad_problems(model)   # each unsliced .grad still a view at its storage offset
     model, optimizer, scaler = built_without(build, optimizer, experts, stage)   # ZeRO-2/3 never seeing `experts`
 
 Stage 3 flattens each sliced parameter, pads it to a multiple of the sharding degree
 and keeps rank r's part in `param.fw_storage`; the bounds live in the wrapper's
 private `_param2buffer` / `_param2buffer_size` / `_rank`; a layer's sliced parameters are listed in
 `_trainable_params[id(layer)]` (frozen ones too), gathered ones in `_task_flow.full_param` with
-`status` "all" / "part" and `use_count`. Read in Paddle 3.3.1.
+`status` "all" / "part" and `use_count`. Parameters left whole (`_unslice_params`: smaller than the segment, or in an
+excluded layer such as a tied word table) get their `.grad` as a view into one flat `GradStorage` per dtype
+(`_grad_storages`), which the optimizer step scales by 1/sharding and all-reduces as one tensor; Paddle lays the views
+out in the order of the parameters' unique names (`p.name`, e.g. "layer_norm_51.w_0"). Read in Paddle 3.3.1.
 """
 from __future__ import annotations
 
@@ -74,6 +79,56 @@ def stage3_reslice(model, params) -> int:
         p.status, p.use_count = "part", 0
         cut += 1
     return cut
+
+
+def _unsliced_views(model) -> list:
+    """[(GradStorage, [(param, offset, numel)])] of a ZeRO-3 model: where each unsliced parameter's gradient view sits
+    in its storage's flat buffer (`GradStorage._add_grad_as_view`: numel, then `_param2align[name]` padding)."""
+    out = []
+    for storage in model._grad_storages.values():
+        views, offset = [], 0
+        for p in storage._params:
+            views.append((p, offset, p._numel()))
+            offset += p._numel() + storage._param2align[p.name]
+        out.append((storage, views))
+    return out
+
+
+def stage3_lay_out_unsliced(model, key) -> list:
+    """Lay every unsliced parameter's gradient view out in its flat storage in the order of `key(param)` (a string
+    every rank computes alike, e.g. the parameter's structured name) instead of Paddle's order of unique names;
+    returns [(key, dtype, offset, numel)] of the new layout. Call before the first backward (the buffers are zeroed).
+
+    Why: the storage is all-reduced as one flat tensor, so element i must be the same parameter's gradient on every
+    rank. Paddle sorts the views by `p.name`, which comes from a per-process counter: a rank that built one more layer
+    earlier in the process (a second model, a rank-0-only helper) names its parameters differently, and once the
+    numbers cross a power of ten ("layer_norm_99" vs "layer_norm_100") the string order differs between ranks and the
+    all-reduce silently sums different parameters' gradients (measured: grad norm off from the second step, loss of
+    the first step and every rank's holdings unchanged)."""
+    require_tested_paddle()
+    for storage in model._grad_storages.values():
+        storage._params.sort(key=key)
+        storage._param_ids = [id(p) for p in storage._params]
+        storage.buffer.zero_()
+        storage._array_grads()  # views re-made from offset 0 in `_params` order
+    return [(key(p), str(p.dtype), offset, numel) for _, views in _unsliced_views(model) for p, offset, numel in views]
+
+
+def stage3_unsliced_grad_problems(model) -> list:
+    """Unsliced parameters of a ZeRO-3 model whose gradient is no longer the view at its offset of the storage the
+    optimizer step all-reduces (re-allocated or cleared by something outside Paddle's stage 3): that gradient would
+    be this rank's own, never summed over the sharding group. [] when every view is in place."""
+    require_tested_paddle()
+    problems = []
+    for storage, views in _unsliced_views(model):
+        base, size = storage.buffer.data_ptr(), storage.buffer.element_size()
+        for p, offset, numel in views:
+            g = p.main_grad if getattr(p, "main_grad", None) is not None else p.grad
+            if g is None or g.data_ptr() != base + offset * size or g._numel() != numel:
+                where = "none" if g is None else f"at {g.data_ptr()}, {g._numel()} elements"
+                problems.append(f"{p.name} {list(p.shape)}: gradient {where}, expected the storage view at "
+                                f"{base + offset * size} ({numel} elements)")
+    return problems
 
 
 def zero_held_gradients(model) -> list:

@@ -24,12 +24,25 @@ the unsliced parameters' storage under stage 3) over the cp group before the opt
 and its dp reduction see the sum over the whole sequence. Traffic: one all-reduce over cp of 1/sharding of the
 gradients (stage 2/3) per step, on top of the sharding group's reduction.
 
+Unsliced parameters under stage 3 (the tied word table, parameters of at most `parallel.zero3_segment_size` elements):
+their gradients are views into one flat storage per dtype that the optimizer step all-reduces as one tensor over the
+sharding group. Paddle orders the views by the parameters' unique names, which differ between ranks that built a
+different number of layers before (a power of ten crossed at different places: "layer_norm_99" sorts after
+"layer_norm_100") and then the all-reduce silently adds up different parameters' gradients. `wrap_zero` lays them out
+by structured name instead (`stage3_lay_out_unsliced`), checks that every rank of the sharding and dp groups holds the
+same layout (`_check_same_layout`: a 56-bit digest all-gathered once), and `UnslicedGradCheck` checks before every
+update that each unsliced gradient is still the view the all-reduce reaches (a re-allocated one would be this rank's
+alone): either failure raises instead of training on a wrong gradient.
+
 Frozen parameters (the base under LoRA): stage 3 slices them like any parameter but, in
 Paddle 3.3.1, never cuts them back to their slice once its backward pass has gathered them
 (that happens in a trainable parameter's gradient hook). `_reslice_frozen` does it: each
 layer's as soon as the gradient of its input is complete, the rest at the end of each step.
 """
 from __future__ import annotations
+
+import hashlib
+import json
 
 import paddle
 import paddle.distributed as dist
@@ -43,7 +56,14 @@ from llmtrain.paddle_compat.optim import (
     set_grad_clip,
     squared_l2_norm,
 )
-from llmtrain.paddle_compat.zero import built_without, stage3_frozen_by_layer, stage3_reslice, zero_held_gradients
+from llmtrain.paddle_compat.zero import (
+    built_without,
+    stage3_frozen_by_layer,
+    stage3_lay_out_unsliced,
+    stage3_reslice,
+    stage3_unsliced_grad_problems,
+    zero_held_gradients,
+)
 
 LEVELS = {2: "os_g", 3: "p_g_os"}
 
@@ -127,10 +147,57 @@ def wrap_zero(core, optimizer, scaler, layout, topo):
     hooks = []
     if layout.sharding_stage == 3:
         tags.set_recording_clip(optimizer, _install_recorder(optimizer, group))
-        hooks = _reslice_frozen(core, model)
+        _check_same_layout(_lay_out_by_structure(core, model), [group, dp_group])
+        hooks = [UnslicedGradCheck(model)] + _reslice_frozen(core, model)
     if layout.cp > 1:
         hooks.append(SumOverContext(model, topo.cp_group))
     return model, optimizer, scaler, hooks
+
+
+def _lay_out_by_structure(core, model) -> list:
+    """Stage 3's unsliced gradient views laid out by structured parameter name ("embed.word.weight"), the same on
+    every rank; returns the layout [(name, dtype, offset, numel)]."""
+    names = {id(p): n for n, p in core.named_parameters()}
+
+    def key(p):
+        if id(p) not in names:
+            raise RuntimeError(f"ZeRO-3 holds an unsliced gradient for {p.name} {list(p.shape)}, which is not a "
+                               "parameter of the model it wraps: its place in the all-reduced storage is unknown")
+        return names[id(p)]
+
+    return stage3_lay_out_unsliced(model, key)
+
+
+def _check_same_layout(layout: list, groups) -> None:
+    """Raise on every rank unless each rank of each group (None or one-rank groups skipped) holds `layout`."""
+    digest = int.from_bytes(hashlib.sha256(json.dumps(layout).encode()).digest()[:7], "big")  # < 2^56: fits int64
+    mine = paddle.to_tensor([digest], dtype="int64")
+    for group in groups:
+        if group is None or group.nranks < 2:
+            continue
+        got = []
+        dist.all_gather(got, mine, group=group)
+        digests = [int(t.numpy()[0]) for t in got]
+        if len(set(digests)) > 1:
+            raise RuntimeError(
+                f"ZeRO-3: the ranks {group.ranks} lay out their unsliced gradients differently ({len(layout)} views, "
+                f"digests {digests}); the storage all-reduce would add up different parameters' gradients. Every rank "
+                "must build the same model (same parameters, shapes and dtypes, in the same structure)")
+
+
+class UnslicedGradCheck(StepHook):
+    """ZeRO-3's check before every update: each unsliced parameter's gradient is still the view into the storage the
+    optimizer step all-reduces (`stage3_unsliced_grad_problems`); else raise, naming the parameters."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def before_update(self, check) -> None:
+        problems = stage3_unsliced_grad_problems(self.model)
+        if problems:
+            raise RuntimeError(f"ZeRO-3: {len(problems)} unsliced gradient(s) left the storage the sharding group "
+                               "all-reduces; the update would use this rank's gradient alone: "
+                               + "; ".join(problems[:5]))
 
 
 class SumOverContext(StepHook):

@@ -49,7 +49,10 @@ and fused q/k/v (`llama_lora_fsp`), each against the unfused one-process LoRA ru
 `lora_checks`. Mixture-of-Experts (`MOE`): dp2, dp4, dp2tp2 with ep2, pp2 (balancing losses attached on both
 stages), dp2pp2 with ep2 (also with recompute) and sharding2 with ep2 (experts kept out of the ZeRO-1 partition),
 and zero3 with ep2 (experts kept out of Paddle's
-group-sharded wrappers), each checked per rank by `check_expert_memory`. Qwen3's attention (`QWEN3`: head_dim != hidden / heads, QK-norm,
+group-sharded wrappers), each checked per rank by `check_expert_memory`. The zero3 GPT runs with Paddle's parameter
+names different on its two ranks (`zero3_checks.py`: a name-ordered layout of the gradients ZeRO-3 all-reduces whole
+would add up different parameters; measured without llmtrain's layout: grad norm 1.400 for 1.565 at step 1), and
+llmtrain's ZeRO-3 guards are seen refusing a layout differing between ranks and a re-allocated unsliced gradient. Qwen3's attention (`QWEN3`: head_dim != hidden / heads, QK-norm,
 YaRN, sliding windows) under tp2, tp2 + sp and pp2 (a QK-norm gradient left unsummed over the tp heads fails it:
 measured, grad_norm 1.4e-5 off at step 4).
 FP8 (`FP8`, emulated blockwise): the Llama and the MoE model with ep2 under dp2, and the Llama under one drawn
@@ -455,6 +458,10 @@ def layout_runs(layout: str, out, reference, tiny_corpus) -> tuple[list[str], di
     runs = [run_overrides(tiny_corpus, out, n, reference["init_from"]) + LAYOUT_OF.get((layout, n), [f"+parallel={layout}"])
             + split[n] + LAYOUT_ARGS.get(layout, [])
             + ([f"parallel.zero3_segment_size={segment[n]}"] if layout == "zero3" else []) for n in names]
+    if layout == "zero3":  # the GPT with Paddle's parameter names different on the two ranks; the guards refusing
+        i, checks = names.index("gpt"), "tests/parallel/zero3_checks.py"
+        runs[i:i + 1] = [{"call": f"{checks}:skew"}, runs[i], {"call": f"{checks}:even"},
+                         {"call": f"{checks}:check_refusals"}]
     if layout == "zero2":  # gradient bytes at each run's backward peak; ZERO2_WIDE: storages small enough to shard
         runs = [r for n, run in zip(names, runs)
                 for r in ({"call": "tests/parallel/zero2_peak.py:record_into", "args": [str(out / n)]}, run)]
