@@ -34,7 +34,8 @@ attention rate. MFU keeps the model FLOPs 6N + 12·L·h·s (llmtrain/models/size
 a tp2 rank's): per block an all-reduce of b·s·h forward per row-parallel output (o, down) and one backward per
 column-parallel input (q, k, v, gate, up; 2 with fused projections; MLA: q_b's, kv_b's and the rotary key's narrower
 inputs; an MoE block without shared experts none for its feed-forward), ring: 2·(t-1)/t·bytes/bw + 2·(t-1)·alpha,
-full recompute repeating the forward ones, plus per micro-batch the embedding's and the head's [b, s, h] and the
+a recomputed piece repeating its forward ones (full: every block's; full_attn: the attention layer's; the
+MLP, the shared experts), plus per micro-batch the embedding's and the head's [b, s, h] and the
 parallel cross entropy's three [b, s]; not overlapped; under sequence parallelism an all-gather + reduce-scatter pair
 per all-reduce (the same bytes, each half the ring's time);
 pp: 2 sends of b·s·h per micro-batch per stage boundary (forward activation, backward grad; a calibrated
@@ -909,10 +910,10 @@ def time_estimate(cfg, layout, seq_len: int, recompute, dev, devices_per_node: i
     cp = getattr(layout, "cp", 1)  # context parallelism sits just outside tp (Megatron's tp-cp nesting)
     stride = {"tp": 1, "cp": t, "sharding": t * cp, "pp": t * cp * layout.sharding, "dp": t * cp * layout.sharding * p}
     bw_tp, a_tp = _link(t, dev, devices_per_node, 1)
-    # the tp group's calls (`llmtrain.plan.tp_comm`, checked against a tp2 rank's): every block's (its forward ones
-    # again under full recompute), and per micro-batch the embedding's, the head's and the parallel cross entropy's
+    # the tp group's calls (`llmtrain.plan.tp_comm`, checked against a tp2 rank's): every block's (a recomputed
+    # piece's forward ones again), and per micro-batch the embedding's, the head's and the parallel cross entropy's
     sp = getattr(layout, "sequence_parallel", False)
-    blocks = tp_collectives(cfg, b, s, t, e, sp=sp, gpu=dev.async_launch, replay=mode == "full", first=False,
+    blocks = tp_collectives(cfg, b, s, t, e, sp=sp, gpu=dev.async_launch, replay=recompute, first=False,
                             last=False)
     ends = tp_collectives(cfg, b, s, t, e, sp=sp, gpu=dev.async_launch, layers=[])
     # a collective also waits for the slower rank, longer the more each computed since the last meeting (CPU

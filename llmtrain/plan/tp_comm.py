@@ -1,7 +1,7 @@
 """The tensor-parallel collectives one tp rank issues per micro-batch, as llmtrain's tp roles issue them.
 
     python -m pytest tests/parallel/test_parity.py -k tp_ranks_ops     # a tp2 rank's recorded calls against this list
-    calls = tp_collectives(cfg, b=1, s=4096, t=8, e=2, sp=False, gpu=True, replay=False)
+    calls = tp_collectives(cfg, b=1, s=4096, t=8, e=2, sp=False, gpu=True, replay="full_attn")
 
 One entry per call, `Collective(name, phase, nbytes)`, bytes as nccl-tests counts them (all-reduce: the tensor;
 all-gather: the gathered output; reduce-scatter: the input before scattering), for T = b·s tokens:
@@ -21,7 +21,8 @@ all-gather: the gathered output; reduce-scatter: the input before scattering), f
   sequence parallelism its input all-gathered first, `GatherOp`) and the parallel cross entropy's max, target logit
   and sum of exponentials [T] fp32, three all-reduces.
 
-`replay`: whole-block recompute re-runs each block's forward in the backward, its forward collectives included.
+`replay` (a `Recompute`): a recomputed piece re-runs its forward in the backward, its forward collectives included
+(whole blocks, the attention layer, the MLP, the MoE feed-forward's shared experts; `PART_OF`).
 Checked against each tp2 rank's calls (tests/plan/tp_ops.py, inside the tp2 parity launch).
 """
 from __future__ import annotations
@@ -55,32 +56,49 @@ def _row(width: float, sp: bool) -> list:
     return [("all_reduce", width)], []
 
 
-def block_collectives(cfg, layer: int, T: int, e: int, *, sp: bool, gpu: bool) -> tuple[list, list]:
-    """(forward, backward) collectives of block `layer` for T tokens: [(name, bytes)] each (module docstring)."""
+PART_OF = {"attn": ("block", "attn"), "mlp": ("block", "mlp"), "shared_experts": ("block", "moe", "shared_experts")}
+"""The recompute parts (`llmtrain.models.recompute.Recompute.parts`) that re-run a block piece's collectives: the
+attention layer's under `block` (full) and `attn` (full_attn), the dense MLP's under `mlp`, the shared experts'
+under `moe` and `shared_experts` (the core, the norms and the experts' activation issue none)."""
+
+
+def block_collectives(cfg, layer: int, T: int, e: int, *, sp: bool, gpu: bool) -> list:
+    """[(piece, forward, backward)] of block `layer` for T tokens, piece one of `PART_OF`, forward and backward
+    [(name, bytes)] each (module docstring)."""
     fuse_qkv, fuse_ffn = cfg.fused("fuse_qkv", gpu), cfg.fused("fuse_ffn", gpu)
     h = cfg.hidden_size
-    parts = []
+    attn = []
     if cfg.is_mla():
         q_in = cfg.mla_q_lora_rank or h
-        parts += [_column(T * q_in * e, sp), _column(T * cfg.mla_kv_lora_rank * e, sp),
-                  ([], [("all_reduce", T * cfg.mla_qk_rope_head_dim * e)])]  # the shared rotary key's gradient
+        attn += [_column(T * q_in * e, sp), _column(T * cfg.mla_kv_lora_rank * e, sp),
+                 ([], [("all_reduce", T * cfg.mla_qk_rope_head_dim * e)])]  # the shared rotary key's gradient
     else:
-        parts += [_column(T * h * e, sp)] * (1 if fuse_qkv else 3)
+        attn += [_column(T * h * e, sp)] * (1 if fuse_qkv else 3)
         if cfg.qk_norm:  # the q and k norms' weights [d], their gradients summed over the heads' ranks
-            parts += [([], [("all_reduce", cfg.attn_head_dim() * e)])] * 2
-    parts.append(_row(T * h * e, sp))
-    if not cfg.is_moe_layer(layer) or cfg.moe_num_shared_experts > 0:  # the dense MLP or the shared experts
-        parts += [_column(T * h * e, sp)] * (1 if fuse_ffn or cfg.activation != "swiglu" else 2)
-        parts.append(_row(T * h * e, sp))
-    return [c for f, _ in parts for c in f], [c for _, b in parts for c in b]
+            attn += [([], [("all_reduce", cfg.attn_head_dim() * e)])] * 2
+    attn.append(_row(T * h * e, sp))
+    out = [("attn", *_joined(attn))]
+    moe = cfg.is_moe_layer(layer)
+    if not moe or cfg.moe_num_shared_experts > 0:  # the dense MLP or the shared experts
+        ffn = [_column(T * h * e, sp)] * (1 if fuse_ffn or cfg.activation != "swiglu" else 2) + [_row(T * h * e, sp)]
+        out.append(("shared_experts" if moe else "mlp", *_joined(ffn)))
+    return out
 
 
-def tp_collectives(cfg, b: int, s: int, t: int, e: int, *, sp: bool, gpu: bool, replay: bool = False,
+def _joined(pieces) -> tuple[list, list]:
+    return [c for f, _ in pieces for c in f], [c for _, b in pieces for c in b]
+
+
+def tp_collectives(cfg, b: int, s: int, t: int, e: int, *, sp: bool, gpu: bool, replay=None,
                    layers=None, first: bool = True, last: bool = True) -> list[Collective]:
     """Every tp collective of one micro-batch [b, s] on one rank of a tp group of t (none when t = 1), over the
-    blocks `layers` (default: all) and the embedding (`first`) and head (`last`) ends."""
+    blocks `layers` (default: all) and the embedding (`first`) and head (`last`) ends; `replay`: the run's
+    `Recompute` (or a mode name), whose recomputed pieces issue their forward collectives again in the backward."""
+    from llmtrain.plan.recompute import plan_recompute
+
     if t <= 1:
         return []
+    rc = plan_recompute(replay if replay is not None else "none")
     T, h = b * s, cfg.hidden_size
     sp = sp and t > 1
     fwd, bwd = [], []
@@ -89,9 +107,10 @@ def tp_collectives(cfg, b: int, s: int, t: int, e: int, *, sp: bool, gpu: bool, 
         if sp:
             bwd.append(("all_gather", T * h * e))
     for i in range(cfg.num_layers) if layers is None else layers:
-        f, bk = block_collectives(cfg, i, T, e, sp=sp, gpu=gpu)
-        fwd += f
-        bwd += (f if replay else []) + bk
+        again = rc.at(i)
+        for piece, f, bk in block_collectives(cfg, i, T, e, sp=sp, gpu=gpu):
+            fwd += f
+            bwd += (f if again & set(PART_OF[piece]) else []) + bk
     if last:
         if sp:
             fwd.append(("all_gather", T * h * e))

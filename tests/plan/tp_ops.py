@@ -35,13 +35,18 @@ CASES = {
     "mla": (["model=deepseek-tiny", "model.moe_capacity_factor=1.25"], False),
     "moe-sp": (["model=moe-tiny", "model.moe_capacity_factor=1.25"], True),
     "qwen3-sp": (["model=llama-tiny", "model.qk_norm=true", "model.head_dim=48"], True),
+    "llama-sp-full-attn": (["model=llama-tiny", "train.recompute=full_attn"], True),
+    "moe-mlp-moe-first2": (["model=moe-tiny", "model.moe_capacity_factor=1.25", "train.recompute=selective",
+                            "train.recompute_modules=[mlp,moe]", "train.recompute_layers=first:2"], False),
 }
 """case -> (overrides, sequence parallelism)."""
 DRAWN = [(case,) for case in CASES]
 """The cases, of which each suite run records two (`llmtest.draw`, k=2; a case costs about 2 s per rank on a loaded
 2-core host): plain tp (Llama), sequence parallelism (GPT: LayerNorm, biases, the tied head; Llama: RMSNorm, RoPE;
 Qwen3's attention: QK-norm, head_dim != hidden / heads), MoE under tp (router and routed experts replicated, shared
-experts split) and under tp + sp (the rank routes its sequence shard alone), MLA under tp."""
+experts split) and under tp + sp (the rank routes its sequence shard alone), MLA under tp; recompute of the attention
+layer under tp + sp, of the MLP and the MoE feed-forward in the first two blocks under tp (their forward collectives
+again in the backward)."""
 
 
 TP_NOT_COMPARED = {
@@ -126,6 +131,7 @@ def record(out_dir: str) -> None:
     from llmtrain.contracts.steps import mean_loss
     from llmtrain.models import build_model
     from llmtrain.models.init import init_parameters
+    from llmtrain.models.recompute import recompute_of
     from llmtrain.models.stages import canonical_parameters
     from llmtrain.parallel.sequence import SequenceParallelRoles
     from llmtrain.parallel.slicing import TensorSlices
@@ -149,7 +155,7 @@ def record(out_dir: str) -> None:
             comm = _Collectives(mp)
             paddle.seed(0)
             roles = (SequenceParallelRoles if sp else TensorParallelRoles)(topo)
-            model = build_model(cfg.model, roles)
+            model = build_model(cfg.model, roles, recompute_of(cfg.train, cfg.model.num_layers, []))
             init_parameters(canonical_parameters(model), cfg.model, 7, slices=slices)
             model.train()
             ids = paddle.randint(0, cfg.model.vocab_size, [B, S])  # the same on both ranks (one seed)
@@ -175,6 +181,7 @@ def check(out_dir) -> dict:
 
     from test_op_sequence import FORWARD_GEMMS, GRAD_NODES, NOT_COMPARED, _classes, _planned_classes
 
+    from llmtrain.models.recompute import recompute_of
     from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
     from llmtrain.plan.tp_comm import tp_collectives
 
@@ -185,8 +192,9 @@ def check(out_dir) -> dict:
     for case in ranks[0]["cases"]:
         overrides, sp = CASES[case]
         cfg = _config(overrides)
+        rc = recompute_of(cfg.train, cfg.model.num_layers, [])
         planned = micro_batch_kernels(MicroBatchSpec(cfg.model, B, S, t=2, e=4, gpu=False, flash=False,
-                                                     math_core=False, ce_core=False, sp=sp))
+                                                     math_core=False, ce_core=False, sp=sp, recompute=rc))
         want = sorted(tuple(k.shape) for k in planned.forward if k.kind == "gemm")
         for rank, got in enumerate(r["cases"][case] for r in ranks):
             where = f"{case}, tp rank {rank}"
@@ -198,7 +206,8 @@ def check(out_dir) -> dict:
             executed_bwd = 2 * sum(bops[n] for n in GRAD_NODES) + sum(bops[n] for n in FORWARD_GEMMS)
             assert executed_bwd == sum(k.kind == "gemm" for k in planned.backward), (where, bops)
             assert _classes(got["fwd_ops"], {**NOT_COMPARED, **TP_NOT_COMPARED}) == _planned_classes(planned.forward), where
-            calls = sorted((c.phase, c.name, c.nbytes) for c in tp_collectives(cfg.model, B, S, 2, 4, sp=sp, gpu=False))
+            calls = sorted((c.phase, c.name, c.nbytes)
+                           for c in tp_collectives(cfg.model, B, S, 2, 4, sp=sp, gpu=False, replay=rc))
             assert sorted(tuple(c) for c in got["collectives"]) == calls, (where, got["collectives"], calls)
         counts[case] = len(want)
     return {"forward GEMMs per case": counts, "seconds per rank": [round(r["seconds"], 1) for r in ranks],
