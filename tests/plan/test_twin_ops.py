@@ -21,7 +21,10 @@ The DeepSeek cases run the twin's latent attention and sigmoid router with the g
 Dropless MoE's expert GEMM rows are the step's busiest expert's load (random routers differ): compared by count,
 batch and width. A weight gradient's output may be the transpose of Paddle's (PyTorch's tied head computes
 d(tableᵀ) = xᵀ·dY): GEMMs are compared with m and n as a pair in either order (the same work and operands).
-Not covered: FP8 and recompute of parts (the twin has whole-block recompute only); RoPE by class (the twin rotates q
+The dense cases' forward elementwise ops too: adds, products and reductions as the planner's add / mul / reduce rows,
+the pieces of what Paddle fuses (RMSNorm, RoPE, SwiGLU) taken out (`FUSED_PIECES`); copies are not compared (the twin
+makes each piece of a fused projection its own tensor, the planner prices Paddle's split as views).
+Not covered: MoE's elementwise index arithmetic (the planner prices it as generic adds), FP8 and recompute of parts (the twin has whole-block recompute only); RoPE by class (the twin rotates q
 and k in separate unfused kernels where the planner prices Paddle's one fused kernel per layer).
 """
 from __future__ import annotations
@@ -112,6 +115,34 @@ def _planner_classes(kernels) -> collections.Counter:
     return +out
 
 
+ELEMENTWISE_CLASS = {"add": "add", "add_": "add", "clamp": "add", "mul": "mul", "div": "mul", "sum": "reduce",
+                     "mean": "reduce"}
+"""The twin's elementwise aten ops and reductions as the planner's `add`, `mul` and `reduce` rows (the loss's
+max(count, 1) is an add-class kernel, its division a mul)."""
+FUSED_PIECES = {"rms_norm": {"pow": 1, "mean": 1, "add_": 1, "mul": 2}, "rope": {"mul": 2, "add": 1},
+                "swiglu": {"mul": 1}}
+"""Elementwise ops the twin runs inside what the planner prices as one fused kernel, per use: CPU PyTorch's
+F.rms_norm decomposed (one per rsqrt: x², its mean, + eps, x·rsqrt, ·w), the twin's unfused rotate-half RoPE per
+rotated tensor (x·cos, rot(x)·sin, their sum; the planner: Paddle's fused kernel), SwiGLU's silu(g)·u (per silu)."""
+
+
+def _twin_elementwise(ops: dict, a: dict) -> collections.Counter:
+    """A dense twin's forward elementwise ops as the planner's rows (`ELEMENTWISE_CLASS`), the pieces of the kernels
+    Paddle fuses (`FUSED_PIECES`) taken out: RMSNorm per rsqrt, RoPE per rotated q and k, SwiGLU per silu."""
+    ops = collections.Counter(ops)
+    uses = {"rms_norm": ops["rsqrt"], "rope": 2 * a["layers"] if a["position"] == "rope" else 0,
+            "swiglu": ops["silu"] if a["activation"] == "swiglu" else 0}
+    for fused, n in uses.items():
+        for name, per in FUSED_PIECES[fused].items():
+            ops[name] -= per * n
+    assert all(v >= 0 for v in ops.values()), ops
+    out = collections.Counter()
+    for name, n in ops.items():
+        if name in ELEMENTWISE_CLASS:
+            out[ELEMENTWISE_CLASS[name]] += n
+    return +out
+
+
 def test_the_twin_ops_cover_each_family():
     assert {"llama", "gpt", "moe-capacity", "moe-dropless", "llama-full-recompute", "deepseek-capacity",
             "deepseek-dropless"} <= set(CASES), CASES
@@ -187,3 +218,7 @@ def test_the_twin_runs_the_models_gemms(case, monkeypatch):
     for cls in ("norm", "cross_entropy", "logsumexp", "rope"):  # not compared (TWIN_BWD_CLASS_OF's docstring)
         planned_bwd_classes.pop(cls, None)
     assert twin_bwd == planned_bwd_classes, case
+    if not moe:  # the forward's elementwise rows (MoE: the planner's index arithmetic is priced as generic adds)
+        planned_rows = collections.Counter(k.op for k in planned.forward if k.kind == "mem" and not k.of
+                                           and k.op in ("add", "mul", "reduce"))
+        assert _twin_elementwise(fwd_ops, a) == planned_rows, case
