@@ -26,12 +26,16 @@ GROUPS = [("dense",), ("long",), ("moe",)]
 CAPACITY_MISS = {"qwen-moe-4L-mb1-slots-cap1.25"}
 """Capacity rows outside ±10%, pinned so that a fix shows: qwen-moe-4L mb1 at -10.6% (with the optimizer fitted as
 the planner's stream prices it; before, the three micro-batch-1 rows missed at -11 to -14%). Where the rest of its
-time goes (benchmarks/data/h100/twin2, benchmarks/README.md): its forward+backward is host-bound at mb1."""
+time goes (benchmarks/data/h100/twin2, benchmarks/README.md "Where the two misses come from"): its forward+backward
+is host-bound at mb1 and its MoE dispatch launches several device kernels per listed op, priced once each."""
 DENSE_MISS = {"llama-1b-mb1"}
 """Dense rows outside ±10%: llama-1b mb1 at +13.7% since the optimizer is priced as optimizer.json measured it (its
 step rises 66.1 -> 69.5 ms: the old fit priced optimizer.json's own rows 8-22% fast). The third call's twin (fused
 weights rebuilt in the backward: more dispatches) measured the row at 67.5 ms (+3.0%): not a clean repeat, but
-the row is near host-bound, where the two calls' host-bound rows moved 21-36%."""
+the row is near host-bound, where the two calls' host-bound rows moved 21-36%. The cause
+(`python benchmarks/h100_miss_causes.py`): the planner prices the row host-bound (44.2 ms to dispatch forward and
+backward, 14.2 ms of it the llama list's 729 host-only entries at the fitted `view_op_s` 19.5 us, above a bare eager
+dispatch's 10-12 us), not the optimizer (its price matches the held-out 7B step's optimizer phase within 1.5%)."""
 
 
 def test_dense_rows_within_ten_percent():
