@@ -55,7 +55,8 @@ def compose(overrides=()):
 
 
 def tiny_overrides(corpus: dict, run_dir: str, model: str = "gpt", steps: int = 8) -> list[str]:
-    """Hydra overrides for a seconds-long run of a tiny GPT, Llama, ERNIE or MoE (4 experts, top-2) on `corpus`."""
+    """Hydra overrides for a seconds-long run of a tiny GPT, Llama, ERNIE or MoE (4 experts, top-2) on `corpus`;
+    no loss_curve.png (a plot costs more than a tiny run's steps: tests/e2e/test_pretrain.py turns it back on)."""
     arch = {
         "gpt": ["model=gpt-tiny", "model.max_position_embeddings=64"],
         "llama": ["model=llama-tiny", "model.num_kv_heads=2"],
@@ -66,8 +67,8 @@ def tiny_overrides(corpus: dict, run_dir: str, model: str = "gpt", steps: int = 
         "model.hidden_size=32", "model.num_layers=4", "model.num_heads=4", "model.ffn_hidden_size=64",
         f"data.prefixes=[{corpus['prefix']}]", f"data.tokenizer={corpus['tokenizer']}", "data.seq_len=32",
         "data.num_workers=0", f"train.max_steps={steps}", "train.global_batch_size=8", "train.micro_batch_size=2",
-        "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none",
-        "optim.lr=1e-3", "optim.warmup_steps=2", f"run.dir={run_dir}",
+        "train.progress_bar=false", "train.visualdl=false", "train.loss_curve=false", "checkpoint.save_final=false",
+        "checkpoint.resume=none", "optim.lr=1e-3", "optim.warmup_steps=2", f"run.dir={run_dir}",
     ]
 
 

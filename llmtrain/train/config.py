@@ -110,6 +110,10 @@ class TrainConfig:
     visualdl: bool = True
     """Log metrics to VisualDL under <run.dir>/visualdl on rank 0."""
 
+    loss_curve: bool = True
+    """At the end of the run, draw metrics.jsonl as <run.dir>/loss_curve.png on rank 0 (matplotlib: about a second
+    of CPU per plot, plus its import; `python -m llmtrain.train.plot <run.dir>/metrics.jsonl` draws it later)."""
+
     metrics_port: Optional[int] = None
     """Serve Prometheus metrics at http://<node>:<metrics_port + local rank>/metrics from every rank; None: off."""
 

@@ -94,7 +94,7 @@ RULES: list[tuple[str, str, str]] = [
            "warn", "optimizer hyperparameters change the update from this step on"),
     *_each("""train.log_interval train.eval_interval train.eval_batches train.recompute train.recompute_modules
         train.recompute_layers train.offload_activations train.offload_optimizer train.peak_tflops
-        train.hang_timeout_s train.peer_timeout_s train.progress_bar train.visualdl train.metrics_port train.metrics_job
+        train.hang_timeout_s train.peer_timeout_s train.progress_bar train.visualdl train.loss_curve train.metrics_port train.metrics_job
         train.metrics_linger_s""", "honoured", "logging, evaluation and memory settings do not change the numbers"),
     *_each("""checkpoint.interval checkpoint.keep_last checkpoint.resume checkpoint.save_final checkpoint.async_save
         checkpoint.timeout_minutes""", "honoured", "saving settings"),

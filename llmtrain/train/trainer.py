@@ -286,8 +286,8 @@ class Trainer:
             ckpt.close()  # async_save: the last background write is complete (or its failure raises here)
         meter.close()
         if topo.rank == 0 and os.path.exists(meter.path):
-            png = plot_metrics(meter.path)
-            log0(f"run directory {cfg.run.dir}: metrics.jsonl, {os.path.basename(png)}, checkpoints/")
+            png = plot_metrics(meter.path) if cfg.train.loss_curve else None
+            log0(f"run directory {cfg.run.dir}: metrics.jsonl, {os.path.basename(png) + ', ' if png else ''}checkpoints/")
         if exporter is not None:
             exporter.close(cfg.train.metrics_linger_s)
         return meter.last

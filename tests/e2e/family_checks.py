@@ -96,7 +96,7 @@ def source(family: Family, root, tiny_corpus):
 def _common(run_dir, layout):
     return [f"train.max_steps={STEPS}", f"train.global_batch_size={GLOBAL_BATCH[layout]}", "train.micro_batch_size=2",
             "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.warmup_steps=1", "train.progress_bar=false",
-            "train.visualdl=false", "train.eval_interval=0", "checkpoint.save_final=true", "checkpoint.resume=none",
+            "train.visualdl=false", "train.loss_curve=false", "train.eval_interval=0", "checkpoint.save_final=true", "checkpoint.resume=none",
             f"run.dir={run_dir}"]
 
 

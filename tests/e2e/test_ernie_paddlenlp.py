@@ -74,7 +74,7 @@ def run_overrides(model_dir, prefix, run_dir) -> list[str]:
     return ["model=ernie-tiny", f"model.init_from={model_dir}", f"data.tokenizer={model_dir}",
             f"data.prefixes=[{prefix}]", "data.seq_len=32", "data.num_workers=0", f"train.max_steps={STEPS}",
             "train.global_batch_size=8", "train.micro_batch_size=2", "train.progress_bar=false",
-            "train.visualdl=false", "checkpoint.save_final=false", "checkpoint.resume=none", "optim.lr=5e-3",
+            "train.visualdl=false", "train.loss_curve=false", "checkpoint.save_final=false", "checkpoint.resume=none", "optim.lr=5e-3",
             "optim.warmup_steps=1", f"run.dir={run_dir}"]
 
 

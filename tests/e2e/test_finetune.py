@@ -70,8 +70,8 @@ def _overrides(tiny_corpus, root, run_dir, steps):
         f"model.init_from={root / 'pnlp'}", f"data.files=[{root / 'sft.jsonl'}]", f"data.tokenizer={tiny_corpus['tokenizer']}",
         "data.seq_len=48", f"train.max_steps={steps}", f"train.global_batch_size={GLOBAL_BATCH}", "train.micro_batch_size=2",
         "optim.lr=3e-3", "optim.min_lr=3e-4", "optim.warmup_steps=2", "train.eval_interval=5", "train.eval_batches=4",
-        "train.progress_bar=false", "train.visualdl=false", "checkpoint.save_final=true", "checkpoint.resume=none",
-        f"run.dir={run_dir}",
+        "train.progress_bar=false", "train.visualdl=false", "train.loss_curve=false", "checkpoint.save_final=true",
+        "checkpoint.resume=none", f"run.dir={run_dir}",
     ]
 
 

@@ -26,10 +26,10 @@ STEPS = 16
 
 def build(out, tiny_corpus):
     """(run_many entries, (run directory, overrides, the launch's log directory)): the dp2 pretraining run, with
-    the progress bar on (the default) under the launcher."""
+    the progress bar and the loss curve on (the defaults) under the launcher."""
     overrides = tiny_overrides(tiny_corpus, str(out / "run"), "gpt", steps=STEPS) + [
         "+parallel=dp2", "optim.lr=3e-3", "data.eod_mask_loss=true", "train.eval_interval=8", "train.eval_batches=2",
-        "checkpoint.save_final=true", "train.visualdl=true", "train.progress_bar=true",
+        "checkpoint.save_final=true", "train.visualdl=true", "train.progress_bar=true", "train.loss_curve=true",
     ]
     return [{"overrides": overrides, "entry": "pretrain"}], (out / "run", overrides, out.parent / "log")
 

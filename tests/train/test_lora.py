@@ -29,7 +29,8 @@ def _common(tiny_corpus, root, run_dir, steps, lr=3e-3):
     return [f"model.init_from={root / 'base'}", f"data.files=[{root / 'sft.jsonl'}]",
             f"data.tokenizer={tiny_corpus['tokenizer']}", "data.seq_len=48", f"train.max_steps={steps}",
             "train.global_batch_size=4", "train.micro_batch_size=2", f"optim.lr={lr}", f"optim.min_lr={lr / 10}",
-            "optim.warmup_steps=2", "train.progress_bar=false", "train.visualdl=false", "checkpoint.resume=none",
+            "optim.warmup_steps=2", "train.progress_bar=false", "train.visualdl=false", "train.loss_curve=false",
+            "checkpoint.resume=none",
             f"run.dir={run_dir}"]
 
 
