@@ -101,7 +101,7 @@ LAYOUTS = [
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2")}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
@@ -179,9 +179,10 @@ OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"],
                 "llama_v2sp": ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true",
                                "parallel.sequence_parallel=true"]}
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
-fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows); `llama_v2sp`: see
+fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows; `moe_dpov_ep2`: the
+MoE model with ep2, its routed experts kept out of those buckets and reduced over their edp group); `llama_v2sp`: see
 `V2_TP`."""
-SAME_AS = {"gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+SAME_AS = {"moe_dpov": "moe", "gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -330,7 +331,8 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         extra = RECOMPUTE if name in RECOMPUTE else FP8
         rc = extra[name][1] if name in extra else ["train.recompute=true"] if name == "moe_rc" else []
         base = extra[name][0] if name in extra else reference_name(run)
-        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[base] + ep + rc
+        overlap = OVERLAP_RUNS["llama_dpov"] if name == "moe_dpov" else []
+        return tiny_overrides(corpus, str(out / run), "moe", steps=STEPS) + MOE[base] + ep + rc + overlap
     if run in RECOMPUTE or run in FP8 or run in FP8_EMULATED or run in FP8_TP:
         base, extra = {**RECOMPUTE, **FP8, **FP8_EMULATED, **{r: v[:2] for r, v in FP8_TP.items()}}[run]
         return tiny_overrides(corpus, str(out / run), base, steps=STEPS) + LAYERS + extra
