@@ -27,7 +27,6 @@ Tables (one JSON file each in DIR, with gpu_reference's `provenance`; rewritten 
 """
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
@@ -42,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_model  # noqa: E402
 from gpu_model import Decoder, MasterAdamW, llama, make_batch, train_step  # noqa: E402
 from gpu_reference import STEP_ROWS, Bench, randn  # noqa: E402
-from gpu_tables import _free as free, _timed_steps as timed  # noqa: E402
+from gpu_tables import _free as free, _timed_steps as timed, run_tables  # noqa: E402
 
 TABLES = ("attention_fa3", "fp8_gemm", "fp8_quant", "recompute_steps", "steps_dense", "steps_long", "steps_moe")
 GIB = 2 ** 30
@@ -461,35 +460,17 @@ RUNNERS = {"attention_fa3": run_attention_fa3, "fp8_gemm": run_fp8_gemm, "fp8_qu
            "steps_moe": run_steps_moe}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default=",".join(TABLES), help=f"comma list of {TABLES}")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--cpu", action="store_true")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps-n", type=int, default=8)
-    ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--budget", default="", help="seconds per table, e.g. steps_moe=60")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.reps = min(args.reps, 3)
-    budgets = {k: float(v) for k, v in (kv.split("=") for kv in args.budget.split(",") if kv)}
-    only = [t for t in args.only.split(",") if t]
-    bad = [t for t in only if t not in TABLES]
-    if bad:
-        raise SystemExit(f"--only: unknown tables {bad}; known: {TABLES}")
-    b = Bench(args)
-    if any(t.startswith("steps") or t == "recompute_steps" for t in only):
+def pin_for_steps(b: Bench, only: list[str], always: bool = False) -> None:
+    """Probe cuDNN SDPA on the twin's layout and pin the attention backend (`pin_attention`), when a step table is
+    in `only` (or `always`)."""
+    if always or any(t.startswith("steps") or t == "recompute_steps" for t in only):
         ok = probe_cudnn(b)
         print(f"[probe] cudnn SDPA on the twin's layout (gqa, head_dim) -> runs: {ok}", flush=True)
         pin_attention(b, ok)
-    print(f"device {b.dev}; torch {torch.__version__}; tables {only}", flush=True)
-    for table in only:
-        t0 = time.time()
-        RUNNERS[table](b, t0 + budgets.get(table, 1e9))
-        print(f"[{table}] {time.time() - t0:.1f} s", flush=True)
+
+
+def main(argv=None):
+    run_tables(__doc__, TABLES, RUNNERS, argv, warmup=2, steps_n=8, setup=pin_for_steps)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ beside the new in the same call. Tables (one JSON file each in DIR, gpu_referenc
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import statistics
@@ -50,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h100  # noqa: E402
 from gpu_model import MasterAdamW, llama, make_batch, train_step  # noqa: E402
 from gpu_reference import Bench, profile_step_detail  # noqa: E402
-from gpu_tables import _free as free, _timed_steps as timed  # noqa: E402
+from gpu_tables import _free as free, _timed_steps as timed, run_tables  # noqa: E402
 
 TABLES = ("recompute", "saved", "moe", "moe_concat", "dense", "dispatch")
 GIB = 2 ** 30
@@ -358,46 +357,17 @@ def run_dispatch(b: Bench, deadline: float):
               flush=True)
 
 
+RUNNERS = {"recompute": run_recompute, "saved": run_saved,
+           "moe": lambda b, end: run_moe(b, end, "moe_steps", "two_bmm", False, not b.args.no_profile),
+           "moe_concat": lambda b, end: run_moe(b, end, "moe_concat_steps", "concat", True, False),
+           "dense": gpu_h100.run_steps_dense, "dispatch": run_dispatch}
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default=",".join(TABLES), help=f"comma list of {TABLES}")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--cpu", action="store_true")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps-n", type=int, default=6)
-    ap.add_argument("--no-profile", action="store_true")
-    ap.add_argument("--budget", default="", help="seconds per table, e.g. moe=60")
-    ap.add_argument("--saved-variants", action="store_true",
-                    help="recompute: gpu_model.Decoder.saved 'llmtrain' rows (+ 'torch' at L4 mb1): benchmarks/h100_recompute.sh")
-    args = ap.parse_args(argv)
-    budgets = {k: float(v) for k, v in (kv.split("=") for kv in args.budget.split(",") if kv)}
-    only = [t for t in args.only.split(",") if t]
-    bad = [t for t in only if t not in TABLES]
-    if bad:
-        raise SystemExit(f"--only: unknown tables {bad}; known: {TABLES}")
-    b = Bench(args)
-    ok = gpu_h100.probe_cudnn(b)
-    print(f"[probe] cudnn SDPA on the twin's layout (gqa, head_dim) -> runs: {ok}", flush=True)
-    gpu_h100.pin_attention(b, ok)
-    print(f"device {b.dev}; torch {torch.__version__}; tables {only}", flush=True)
-    for t in only:
-        t0 = time.time()
-        end = t0 + budgets.get(t, 1e9)
-        if t == "recompute":
-            run_recompute(b, end)
-        elif t == "saved":
-            run_saved(b, end)
-        elif t == "moe":
-            run_moe(b, end, "moe_steps", "two_bmm", False, not args.no_profile)
-        elif t == "moe_concat":
-            run_moe(b, end, "moe_concat_steps", "concat", True, False)
-        elif t == "dense":
-            gpu_h100.run_steps_dense(b, end)
-        elif t == "dispatch":
-            run_dispatch(b, end)
-        print(f"[{t}] {time.time() - t0:.1f} s", flush=True)
+    run_tables(__doc__, TABLES, RUNNERS, argv, warmup=2, steps_n=6,
+               setup=lambda b, only: gpu_h100.pin_for_steps(b, only, always=True), options=(
+                   (("--saved-variants",), {"action": "store_true", "help": "recompute: gpu_model.Decoder.saved "
+                                            "'llmtrain' rows (+ 'torch' at L4 mb1): benchmarks/h100_recompute.sh"}),))
 
 
 if __name__ == "__main__":

@@ -466,34 +466,48 @@ RUNNERS = {"moe_steps": run_moe_steps, "bmm": run_bmm, "gemm_extra": run_gemm_ex
            "attention_long": run_attention_long, "long_steps": run_long_steps}
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_tables(doc: str, tables: tuple, runners: dict, argv=None, *, warmup: int = 3, steps_n: int = 10,
+               options: tuple = (), setup=None) -> None:
+    """The command line of every GPU table script (this one, gpu_h100.py, gpu_h100_twin.py, gpu_moe_launches.py):
+    --out, --only (a comma list of `tables`), --smoke (tiny shapes, at most 3 repetitions), --cpu, --reps,
+    --warmup, --steps-n, --no-profile, --budget (seconds per table) and the script's own `options` [(flags,
+    argparse keywords)]; then `setup(bench, only)` (e.g. the attention pin of the step tables) and every table of
+    --only in turn, `runners[table](bench, deadline)`."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default=",".join(TABLES), help=f"comma list of {TABLES}")
+    ap.add_argument("--only", default=",".join(tables), help=f"comma list of {tables}")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--cpu", action="store_true")
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps-n", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    ap.add_argument("--steps-n", type=int, default=steps_n)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--budget", default="", help="seconds per table, e.g. moe_steps=200,bmm=60")
-    ap.add_argument("--moe-set", default="all", choices=("all", "final"), help="moe_steps rows (moe_rows)")
-    ap.add_argument("--ops", default="", help="moe_ops: only these op classes (comma list)")
-    ap.add_argument("--bmm-c", default="", help="bmm: dropless C factors of T k / E (default DROPLESS_C)")
+    for flags, kw in options:
+        ap.add_argument(*flags, **kw)
     args = ap.parse_args(argv)
     if args.smoke:
         args.reps = min(args.reps, 3)
     budgets = {k: float(v) for k, v in (kv.split("=") for kv in args.budget.split(",") if kv)}
     only = [t for t in args.only.split(",") if t]
-    bad = [t for t in only if t not in TABLES]
+    bad = [t for t in only if t not in tables]
     if bad:
-        raise SystemExit(f"--only: unknown tables {bad}; known: {TABLES}")
+        raise SystemExit(f"--only: unknown tables {bad}; known: {tables}")
     b = Bench(args)
+    if setup is not None:
+        setup(b, only)
     print(f"device {b.dev}; torch {torch.__version__}; tables {only}", flush=True)
     for table in only:
         t0 = time.time()
-        RUNNERS[table](b, t0 + budgets.get(table, 1e9))
+        runners[table](b, t0 + budgets.get(table, 1e9))
         print(f"[{table}] {time.time() - t0:.1f} s", flush=True)
+
+
+def main(argv=None):
+    run_tables(__doc__, TABLES, RUNNERS, argv, options=(
+        (("--moe-set",), {"default": "all", "choices": ("all", "final"), "help": "moe_steps rows (moe_rows)"}),
+        (("--ops",), {"default": "", "help": "moe_ops: only these op classes (comma list)"}),
+        (("--bmm-c",), {"default": "", "help": "bmm: dropless C factors of T k / E (default DROPLESS_C)"})))
 
 
 if __name__ == "__main__":
