@@ -166,14 +166,20 @@ def moe_split_rows(data: Path = TWIN2, device: str = "h100") -> list[dict]:
 
 
 def _table(title: str, rows: list[dict]) -> None:
-    print(f"\n| {title} | measured s | predicted s | error |")
-    print("|---|---|---|---|")
-    for r in rows:
-        tag = " (host-bound)" if r.get("host_bound") else ""
-        print(f"| {r['name']}{tag} | {r['measured_s']:.4f} | {r['predicted_s']:.4f} | {100 * r['error']:+.1f}% |")
+    _rows_table([title, "measured s", "predicted s", "error"], rows, lambda r: [
+        r["name"] + (" (host-bound)" if r.get("host_bound") else ""), f"{r['measured_s']:.4f}",
+        f"{r['predicted_s']:.4f}", f"{100 * r['error']:+.1f}%"])
     errs = [abs(r["error"]) for r in rows]
     print(f"mean |error| {100 * sum(errs) / len(errs):.1f}%, worst {100 * max(errs):.1f}%, "
           f"{sum(e <= 0.10 for e in errs)} of {len(rows)} within 10%")
+
+
+def _rows_table(header: list[str], rows: list[dict], cells) -> None:
+    """A markdown table: `header`, then `cells(row)` of every row."""
+    print("\n| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(cells(r)) + " |")
 
 
 def main(argv: list[str]) -> None:
@@ -183,29 +189,23 @@ def main(argv: list[str]) -> None:
     _table("H100 MoE row, dropless at the measured C", moe_rows())
     _table("H100 MoE row, dropless at the expected busiest expert", moe_rows(routing="expected"))
     if (LAUNCHES / "dropless_steps.json").exists():
-        print("\n| dropless row (fourth call) | router | busiest / mean: measured, expected | measured s | at the "
-              "expectation | at the measured factor |")
-        print("|---|---|---|---|---|---|")
-        for r in dropless_router_rows():
-            print(f"| {r['name']} | {r['router']} | {r['factor']:.2f}, {r['expected_factor']:.2f} | "
-                  f"{r['measured_s']:.4f} | {r['expected_s']:.4f} ({100 * r['error']:+.1f}%) | {r['stated_s']:.4f} "
-                  f"({100 * r['stated_error']:+.1f}%) |")
+        _rows_table(["dropless row (fifth call)", "router", "busiest / mean: measured, expected", "measured s",
+                     "at the expectation", "at the measured factor"], dropless_router_rows(), lambda r: [
+            r["name"], r["router"], f"{r['factor']:.2f}, {r['expected_factor']:.2f}", f"{r['measured_s']:.4f}",
+            f"{r['expected_s']:.4f} ({100 * r['error']:+.1f}%)", f"{r['stated_s']:.4f} ({100 * r['stated_error']:+.1f}%)"])
     if (LAUNCHES / "layers.json").exists():
-        print("\n| tiny twin (fourth call) | fwd ms measured / planned host | bwd ms measured / planned host | "
-              "device launches fwd / bwd | listed kernels fwd / bwd |")
-        print("|---|---|---|---|---|")
-        for r in tiny_host_rows():
-            print(f"| {r['name']} | {r['fwd_s'] * 1e3:.2f} / {r['plan_fwd_s'] * 1e3:.2f} | {r['bwd_s'] * 1e3:.2f} / "
-                  f"{r['plan_bwd_s'] * 1e3:.2f} | {r['fwd_kernels']:.0f} / {r['bwd_kernels']:.0f} | "
-                  f"{r['listed_fwd']} / {r['listed_bwd']} |")
+        _rows_table(["tiny twin (fifth call)", "fwd ms measured / planned host", "bwd ms measured / planned host",
+                     "device launches fwd / bwd", "listed kernels fwd / bwd"], tiny_host_rows(), lambda r: [
+            r["name"], f"{r['fwd_s'] * 1e3:.2f} / {r['plan_fwd_s'] * 1e3:.2f}",
+            f"{r['bwd_s'] * 1e3:.2f} / {r['plan_bwd_s'] * 1e3:.2f}", f"{r['fwd_kernels']:.0f} / {r['bwd_kernels']:.0f}",
+            f"{r['listed_fwd']} / {r['listed_bwd']}"])
     if "--twin2" in argv:
         _table("third call: dense row", dense_rows(TWIN2))
         _table("third call: MoE row, dropless at the measured C", moe_rows(TWIN2))
-        print("\n| third call: capacity row | fwd+bwd ms measured / planned | optimizer ms measured / planned (after the micro-batch) |")
-        print("|---|---|---|")
-        for r in moe_split_rows():
-            print(f"| {r['name']} | {r['fwd_bwd_s'] * 1e3:.1f} / {r['micro_s'] * 1e3:.1f} | "
-                  f"{r['opt_s'] * 1e3:.1f} / {r['after_s'] * 1e3:.1f} |")
+        _rows_table(["third call: capacity row", "fwd+bwd ms measured / planned",
+                     "optimizer ms measured / planned (after the micro-batch)"], moe_split_rows(), lambda r: [
+            r["name"], f"{r['fwd_bwd_s'] * 1e3:.1f} / {r['micro_s'] * 1e3:.1f}",
+            f"{r['opt_s'] * 1e3:.1f} / {r['after_s'] * 1e3:.1f}"])
 
 
 if __name__ == "__main__":
