@@ -23,7 +23,9 @@ all-gather: the gathered output; reduce-scatter: the input before scattering), f
 
 `replay` (a `Recompute`): a recomputed piece re-runs its forward in the backward, its forward collectives included
 (whole blocks, the attention layer, the MLP, the MoE feed-forward's shared experts; `PART_OF`).
-Checked against each tp2 rank's calls (tests/plan/tp_ops.py, inside the tp2 parity launch).
+Checked against each tp2 rank's calls (tests/plan/tp_ops.py, inside the tp2 parity launch) and each tp2 x ep2
+rank's (the dp2tp2 launch). MLA under sequence parallelism is refused (`field_checks.mla_problems`): its rows here
+follow the column/row rule unchecked.
 """
 from __future__ import annotations
 
