@@ -10,13 +10,15 @@ planner's kernel inventory (`llmtrain.plan.kernels.micro_batch_kernels`) lists t
 and MoE blocks, the embedding's gather and scatter, and the LM head's GEMM with its cross entropy (and an MoE
 model's balancing losses) are weighed as the step runs them. Under full recompute a block's forward counts twice.
 `with_pipeline_split` fills `Layout.pp_layers` with `llmtrain.parallel.pp_split.balanced_split` of these costs
-when `parallel.pp_layers` is not given.
+(under DualPipeV `llmtrain.parallel.v_split.v_balanced_split`: each stage's pair of chunks) when `parallel.pp_layers`
+is not given.
 """
 from __future__ import annotations
 
 import dataclasses
 
 from llmtrain.parallel.pp_split import balanced_split
+from llmtrain.parallel.v_split import v_balanced_split
 from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
 from llmtrain.plan.profile import Profile, load_profile
 from llmtrain.plan.timeline import kernel_seconds
@@ -94,12 +96,17 @@ def with_pipeline_split(layout, model_cfg, dev: Profile, *, seq_len: int, recomp
     """`layout` with `pp_layers` filled: unchanged when pp == 1 or the split was given (`parallel.pp_layers`),
     otherwise balanced by `layer_costs` on `dev` (`moe`: the layout's `llmtrain.plan.estimate.moe_plan`; each chunk
     at least one block; the caller has checked `model.num_layers` >= pp x virtual_pp,
-    `llmtrain.parallel.layout.model_fit_problems`)."""
+    `llmtrain.parallel.layout.model_fit_problems`): chunk by chunk along the chain (`balanced_split`), or under
+    DualPipeV each stage's pair of chunks (`llmtrain.parallel.v_split.v_balanced_split`). The run
+    (`llmtrain.resolve`) and the planner, which prices every distinct stage, take their split from here."""
     if layout.pp <= 1 or layout.pp_layers:
         return layout
     costs = layer_costs(model_cfg, dev, micro_batch=layout.micro_batch, seq_len=seq_len, tp=layout.tp,
                         sequence_parallel=layout.sequence_parallel, cp=layout.cp, recompute=recompute, moe=moe)
-    split = balanced_split(costs, layout.pp * layout.virtual_pp)
+    if getattr(layout, "v_shape", False):  # DualPipeV: each stage's pair of chunks balanced (its V)
+        split = v_balanced_split(costs, layout.pp)
+    else:
+        split = balanced_split(costs, layout.pp * layout.virtual_pp)
     hit = _SPLIT_LAYOUTS.get((id(layout), split))  # the ranking asks again per recompute mode of one layout
     if hit is None or hit[0] is not layout:
         hit = _SPLIT_LAYOUTS[(id(layout), split)] = (layout, dataclasses.replace(layout, pp_layers=split))

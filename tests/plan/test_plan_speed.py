@@ -22,7 +22,10 @@ the DualPipeV rows (81 of 876, 91 more pruned) added when the search began to ra
 as it was; re-ranked at main ee9af3e, whose later pricing changes had moved the rows' times (same 876 rows, same
 pruned count), and again at main 5155c15 (the recompute peak and activation offload rules: 876 rows, 1210 pruned);
 re-dumped when every pipeline stage was priced (`estimate.compute_estimate`, not only the two end stages): 52 timed
-pipeline rows moved (step 0.9993-1.146x), no pp = 1 row, no memory figure, the same rows and pruned count (1210).
+pipeline rows moved (step 0.9993-1.146x), no pp = 1 row, no memory figure, the same rows and pruned count (1210);
+re-dumped when DualPipeV's default split began to balance each stage's pair of chunks (`llmtrain.parallel.v_split`):
+18 of the 81 DualPipeV rows moved (pp2 split [12, 13, 13, 10] -> [12, 12, 13, 11] or [13, 12, 13, 10], memory
+figures only: none of them fits, so no timed row moved), no other row, the same rows and pruned count.
 The speed-ups merged by then were each checked against a dump of their own base with benchmarks/plan_speed.py
 --compare."""
 OVERRIDES = ["model=qwen3-30b-a3b", "plan.devices=8", "plan.device=h800", "train.global_batch_size=64",
