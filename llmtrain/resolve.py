@@ -130,9 +130,6 @@ def resolve(cfg: Config, world_size: Optional[int] = None, *, model_named: Optio
 
     problems += context_problems(cfg.parallel, model, cfg.data.seq_len, bool(getattr(cfg.data, "document_mask", False)),
                                  on_gpu())
-    from llmtrain.parallel.dualpipe_checks import dualpipe_model_problems
-
-    problems += dualpipe_model_problems(cfg.parallel, model, bool(getattr(cfg.data, "document_mask", False)))
     from llmtrain.data.rampup import rampup_config_problems
     from llmtrain.data.sft import packing_problems
     from llmtrain.parallel.moe_pipeline import pipeline_moe_problems

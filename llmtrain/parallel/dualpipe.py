@@ -16,9 +16,9 @@ order).
 What this module decides (the schedule itself is fleet's, run on CPU through
 `llmtrain.paddle_compat.cpu_backend.dualpipe_p2p`; the wrapper that records the step loss and evaluates is
 `llmtrain.paddle_compat.dualpipe.DualPipeV`):
-  * `dualpipe_problems`, `dualpipe_model_problems` (llmtrain/parallel/dualpipe_checks.py, without paddle, so that
-    the planner's ranking never imports it): the layouts, models and data it is built for, the others refused
-    with the reason;
+  * `dualpipe_problems` (llmtrain/parallel/dualpipe_checks.py, without paddle, so that the planner's ranking never
+    imports it): the layouts it is built for, the others refused with the reason (models and data: any; packed
+    documents' position and document ids travel with the hidden states, `paddle_compat.dualpipe.CarriedCommHelper`);
   * `SplitWeightGradRoles`: the layer factory whose plain linears split their weight gradient;
   * `LocalTiedHead`: the output projection of a tied word table. Both ends of the V sit on stage 0, so the head
     uses the embedding's own table through fleet's `LocalSharedLayerDesc` (one tensor, no copy to keep in step;

@@ -1,7 +1,11 @@
-"""What DualPipeV (`parallel.pp_schedule=dualpipev`) needs of the layout, the model and the data, checked without paddle.
+"""What DualPipeV (`parallel.pp_schedule=dualpipev`) needs of the layout, checked without paddle.
 
     python -m pytest tests/parallel/test_dualpipe.py -q
-    problems = dualpipe_problems(cfg.parallel) + dualpipe_model_problems(cfg.parallel, cfg.model, document_mask)
+    problems = dualpipe_problems(cfg.parallel)
+
+Models and data are not restricted: Mixture-of-Experts runs (llmtrain/parallel/moe_pipeline.py), and so do packed
+documents (`data.document_mask`, `data.reset_position_ids`: the stages carry position and document ids beside the
+hidden states, llmtrain/paddle_compat/dualpipe.py `CarriedCommHelper`).
 
 The schedule and its layers are in llmtrain/parallel/dualpipe.py; the planner reads these rules from here (through
 `llmtrain.parallel.layout.layout_problems`) so that a ranking never imports paddle.
@@ -20,8 +24,7 @@ def dualpipe_problems(p) -> list[str]:
     """Problems of `parallel.pp_schedule=dualpipev` with the degrees of `p` (a ParallelConfig): pp >= 2, no extra
     virtual stages, and the axes it has been tested with: pp with dp, stage-1 sharding and ep (each against one
     process: tests/parallel/test_parity.py pp2dpv, pp4dpv, dp2pp2dpv, sharding2pp2dpv); tp and cp refused. The
-    micro-batch count (>= 2 x pp) is checked with the batch (`llmtrain.parallel.layout`), packed documents with the
-    model and data (`dualpipe_model_problems`)."""
+    micro-batch count (>= 2 x pp) is checked with the batch (`llmtrain.parallel.layout`)."""
     problems = []
     if p.pp < 2:
         problems.append(f"parallel.pp_schedule=dualpipev with parallel.pp={p.pp}: DualPipeV is a pipeline schedule; "
@@ -44,19 +47,4 @@ def dualpipe_problems(p) -> list[str]:
                         "pp_overlap_p2p_comm, dp_comm_overlap and pp_sharding_comm_overlap are hooks of fleet's 1F1B "
                         "schedule that DualPipeV does not run, and stage-1 V2 is not tested with it; switch them off "
                         "or use pp_schedule=1f1b")
-    return problems
-
-
-def dualpipe_model_problems(parallel, model, document_mask: bool) -> list[str]:
-    """Model and data refused under DualPipeV: packed-document masks (the stages would pass position and document
-    ids, which fleet's DualPipeV gives a gradient slot at the V's turn). Mixture-of-Experts runs
-    (llmtrain/parallel/moe_pipeline.py: each stage's MoE layers, on both arms of the V, feed their balancing losses
-    to the backward; the loss is on stage 0)."""
-    if parallel is None or parallel.pp_schedule != "dualpipev":
-        return []
-    problems = []
-    if document_mask:
-        problems.append("parallel.pp_schedule=dualpipev with data.document_mask=true: the stages would carry position "
-                        "and document ids, which fleet's DualPipeV treats as activations needing a gradient at the "
-                        "V's turn; not built. Use pp_schedule=1f1b with document masks")
     return problems

@@ -210,9 +210,6 @@ def build_pipeline(model_cfg, layout: Layout, roles, topo, recompute=False, wrap
                          f"{layout.virtual_pp} chunks (resolve the layout with llmtrain.resolve)")
     schedule = getattr(layout, "pp_schedule", "1f1b")
     v_shape = schedule == "dualpipev"  # DualPipeV's V (llmtrain/parallel/dualpipe.py)
-    if v_shape and carry:
-        raise ValueError("parallel.pp_schedule=dualpipev: stages carrying position/document ids are not built "
-                         "(llmtrain.parallel.dualpipe_checks.dualpipe_model_problems)")
     descs = stage_descs(model_stages(model_cfg, roles, recompute), roles, carry, layout.pp_layers,
                         local_shared=v_shape)
     extra = {}

@@ -12,11 +12,12 @@ import numpy as np
 import paddle
 import pytest
 
+from llmtest import compose
+from llmtrain.config import to_config
 from llmtrain.models import model_stages
 from llmtrain.models.config import ModelConfig
 from llmtrain.parallel.config import ParallelConfig, layout_tag
 from llmtrain.parallel.dualpipe import SplitWeightGradRoles
-from llmtrain.parallel.dualpipe_checks import dualpipe_model_problems
 from llmtrain.parallel.layout import layout_problems, model_fit_problems
 from llmtrain.parallel.pipeline import CHUNK_END, stage_descs
 from llmtrain.parallel.pp_split import chunk_stage, describe_split, stage_blocks
@@ -74,12 +75,48 @@ def test_dualpipev_needs_twice_pp_micro_batches_and_blocks():
     assert any("16 pipeline chunks" in x for x in model_fit_problems(p, MODEL))  # 8 blocks < 2 x 8 chunks
 
 
-def test_document_masks_are_refused_under_dualpipev_and_moe_is_not():
-    moe = dataclasses.replace(MODEL, moe_num_experts=4)
-    p = ParallelConfig(pp=2, pp_schedule="dualpipev")
-    assert dualpipe_model_problems(p, moe, False) == []
-    assert any("document_mask" in x for x in dualpipe_model_problems(p, MODEL, True))
-    assert dualpipe_model_problems(ParallelConfig(pp=2), moe, True) == []
+def test_packed_documents_and_moe_are_accepted_under_dualpipev():
+    """Models and data are not restricted under DualPipeV: MoE and packed documents (position and document ids carried
+    beside the hidden states: trained against one process in tests/parallel/test_parity.py, pp4dpv's `llama_docs`)."""
+    cfg = to_config(compose(["model=llama-tiny", "+parallel=pp2dpv", "data.document_mask=true",
+                             "data.reset_position_ids=true", "train.global_batch_size=8", "train.micro_batch_size=1"]))
+    layout, problems = layout_problems(cfg.parallel, cfg.train, 2)
+    from llmtrain.data.loader import document_problems
+
+    assert problems + document_problems(cfg.data, cfg.model) + model_fit_problems(cfg.parallel, cfg.model) == []
+    assert layout.v_shape
+
+
+def test_carried_ids_travel_whole_and_only_the_hidden_states_get_a_gradient():
+    """`CarriedCommHelper` (llmtrain/paddle_compat/dualpipe.py) from a stage message of (hidden [2, 8, 16] fp32 needing
+    a gradient, position ids [2, 8] int64, document ids [2, 8] int64): activations are received as three buffers with
+    the ids' stop_gradient kept, gradients as the hidden states' one buffer, and a gradient send of anything else is
+    refused. fleet's own helper posts three gradient buffers for the one gradient a stage sends (the hang it fixes)."""
+    from paddle.distributed.fleet.meta_parallel.pp_utils.batch_comm_helper import BatchCommHelper
+    from paddle.distributed.fleet.meta_parallel.pp_utils.utils import paddle_2_number
+
+    from llmtrain.paddle_compat.dualpipe import _carried_comm_helper_class
+
+    def with_message(helper):
+        meta = helper._send_recv_meta  # as SendRecvMeta.recv_meta leaves it on a receiving stage
+        meta.recv_shape_message = ([2, 8, 16], [2, 8], [2, 8])
+        meta.recv_dtype_message = tuple(paddle_2_number(d) for d in (paddle.float32, paddle.int64, paddle.int64))
+        meta.recv_stop_gradient = (False, True, True)
+        return helper
+
+    helper = with_message(_carried_comm_helper_class()())
+    acts = helper._build_from_meta()
+    assert [(t.shape, t.dtype, t.stop_gradient) for t in acts] == [
+        ([2, 8, 16], paddle.float32, False), ([2, 8], paddle.int64, True), ([2, 8], paddle.int64, True)]
+    helper._check_valid(acts)
+    with helper.gradients():
+        grads = helper._build_from_meta()
+        assert [(t.shape, t.dtype) for t in grads] == [([2, 8, 16], paddle.float32)]
+        helper._check_valid(grads)
+        with pytest.raises(ValueError, match="gradient send"):
+            helper._check_valid(acts)
+    assert not helper.grads and len(helper._build_from_meta()) == 3
+    assert len(with_message(BatchCommHelper())._build_from_meta()) == 3  # fleet's: gradients sized as activations
 
 
 def test_the_v_places_chunk_i_and_its_mirror_on_one_stage():
