@@ -72,7 +72,7 @@ def candidates(n: int, context: bool = False, experts: int = 0):
 
 
 def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
-             offload: tuple = (False, False)) -> dict:
+             offload: tuple = (False, False), mem: dict | None = None) -> dict:
     """One row: the layout's fields (names as conf/parallel), fits, memory_bytes, time split, tokens/s, mfu.
 
     `recompute`: `train.recompute` (bool or mode name: none, full, full_attn, core_attn; `selective` = core_attn) or
@@ -84,16 +84,20 @@ def evaluate(cfg, model_cfg, layout, recompute, dev, timed: bool = True,
     `timed` False: memory only when the row does not fit (the ranking's memory-first pruning): its time fields
     (`TIME_FIELDS`) are None. `offload`: (optimizer state, activations) offloaded to the host
     (`train.offload_optimizer`, `train.offload_activations`, priced by `llmtrain.plan.recompute.with_offload`;
-    timed only when it fits with what it moves off the device)."""
+    timed only when it fits with what it moves off the device). `mem`: the layout's `memory_estimate` under this
+    recompute when the caller has it already (the ranking's offloaded row after its plain row), not recomputed."""
     gpu = dev.async_launch  # a GPU profile (a CPU's ops run where they are dispatched)
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
     amp = "none" if not gpu else (cfg.train.amp if cfg.train.amp != "none" else "bf16")
     device = "gpu" if gpu else "cpu"
     label = mode_name(plan_recompute(recompute))
     imbalance = getattr(cfg.plan, "moe_imbalance", None)
-    mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
-                          dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None,
-                          fp8_cached_copies=dev.fp8.cached_copies if getattr(dev, "fp8", None) is not None else 0)
+    if mem is not None:
+        mem = dict(mem)  # a copy: the rows do not share their memory dicts
+    else:
+        mem = memory_estimate(model_cfg, layout, cfg.data.seq_len, recompute, amp, device, dev.dtype_bytes, flash,
+                              dev.framework_bytes, moe_imbalance=imbalance, fp8=getattr(dev, "fp8", None) is not None,
+                              fp8_cached_copies=dev.fp8.cached_copies if getattr(dev, "fp8", None) is not None else 0)
     if any(offload) and not timed:  # its memory first (what offload saves in bytes does not depend on times)
         unit = dict.fromkeys(("compute_s", "step_time_s", "tokens_per_sec_per_device", "mfu"), 1.0)
         offloaded, _ = with_offload(model_cfg, layout, cfg.data.seq_len, dev, mem, unit, optimizer=offload[0],
@@ -227,7 +231,7 @@ def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
                 # layout without offload is as small a step or smaller: the offloaded row would only be slower)
                 if recompute == "full" and getattr(dev, "host_bw", None) and not plain["fits"]:
                     rows.append(evaluate(cfg, model_cfg, split, recompute, dev, timed=False,
-                                         offload=(True, model_cfg.moe_num_experts == 0)))
+                                         offload=(True, model_cfg.moe_num_experts == 0), mem=plain["memory_bytes"]))
                 if recompute == "full" and layout.pp == 1:  # one stage: the same blocks under every mode
                     held = plain["memory_bytes"]
                     floor_fits = held["total"] - held.get("recompute_transient", 0) <= dev.memory_bytes

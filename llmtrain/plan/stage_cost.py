@@ -38,14 +38,14 @@ def layer_costs(model_cfg, dev: Profile, *, micro_batch: int, seq_len: int, tp: 
     [micro_batch, seq_len] on one rank of tensor-parallel degree `tp` (`recompute`: none | full | selective, full
     runs each block's forward again; `moe`: a `llmtrain.plan.moe.MoEPlan`, how MoE blocks dispatch)."""
     gpu = dev.async_launch
+    recompute = "full" if recompute == "full" else "none"  # the kernel model's classes: selective prices as none
     moe_key = None if moe is None else (moe.ep, moe.dispatcher, moe.imbalance, moe.link, moe.local, moe.nvlink, moe.net)
     key = (id(model_cfg), id(dev), micro_batch, seq_len, tp, sequence_parallel, cp, recompute, moe_key)
     hit = _COSTS.get(key)
     if hit is not None and hit[0] is dev and hit[1] is model_cfg:
         return list(hit[2])
     flash = model_cfg.attention == "flash" or (model_cfg.attention == "auto" and gpu)
-    base = MicroBatchSpec(model_cfg, micro_batch, seq_len, tp, dev.dtype_bytes, gpu, flash,
-                          "full" if recompute == "full" else "none", layers=0, first=False, last=False,
+    base = MicroBatchSpec(model_cfg, micro_batch, seq_len, tp, dev.dtype_bytes, gpu, flash, recompute, layers=0, first=False, last=False,
                           sp=sequence_parallel and tp > 1, math_core=dev.math_attn is not None,
                           ce_core="vocab_parallel_ce" in dev.mem_curves, cp=cp, moe=moe)
 
