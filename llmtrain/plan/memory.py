@@ -353,29 +353,62 @@ def _stage_parts(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     tp, sh, stage = layout.tp, layout.sharding, layout.sharding_stage if layout.sharding > 1 else 1
     ep = getattr(layout, "ep", 1)
     data = getattr(layout, "dp", 1) * sh
-    entries, chunks = _local_entries(specs, tp, ep, amp)
-    local = [entries[i] for i in _stage_indices(specs, chunks, layout, pp_rank, cfg.tie_embeddings)]
-    # under ep > 1 the routed experts stay out of the dense ZeRO machinery (llmtrain/parallel/expert_states.py)
-    experts = [x for x in local if x[0].expert] if ep > 1 else []
+    local = None
+
+    def stage_local() -> list:  # [(spec, elements on a rank, bytes per element)] of the stage's parameters
+        entries, chunks = _local_entries(specs, tp, ep, amp)
+        return [entries[i] for i in _stage_indices(specs, chunks, layout, pp_rank, cfg.tie_embeddings)]
+
     # the dense holdings depend on the stage's block kinds and the ZeRO settings, not on dp, ep (> 1) or the split
     v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
     blocks = tuple(stage_blocks(layout.pp_layers, layout.pp, pp_rank, v_shape)) if layout.pp > 1 else ()
-    key = (id(specs), tuple(cfg.is_moe_layer(i) for i in blocks), pp_rank == 0,
-           pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1, tp, ep > 1, amp, sh, stage, device,
+    ends = (pp_rank == 0, pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1)
+    key = (id(specs), tuple(cfg.is_moe_layer(i) for i in blocks), *ends, tp, ep > 1, amp, sh, stage, device,
            cfg.tie_embeddings, *(repr(getattr(layout, k, None)) for k in _DENSE_KEYS))
     hit = _DENSE.get(key)
     if hit is None or hit[0] is not specs:
+        local = stage_local()
+        # under ep > 1 the routed experts stay out of the dense ZeRO machinery (llmtrain/parallel/expert_states.py)
         dense = [x for x in local if not x[0].expert] if ep > 1 else local
         hit = _DENSE[key] = (specs, _dense_ranks(cfg, layout, dense, stage, device))
     parts = hit[1]
-    edp = data // ep if ep > 1 else 1
-    if not experts:
+    if ep == 1:
         return parts, None
+    edp = data // ep
+    v2 = stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False)
+    owners = sh > 1 and edp > 1  # each expert tensor's state on one rank of its edp group
+    # the routed experts' part depends on the stage's blocks (their names order the owners' ties), tp, ep, the
+    # precision and how their states are split (edp, V2's buckets), not on how dp x sharding makes edp
+    ekey = (id(specs), blocks, *ends, tp, ep, amp, cfg.tie_embeddings, edp if v2 or owners else 1, v2,
+            getattr(layout, "sharding_comm_buffer_mb", 256) if v2 else None)
+    ehit = _EXPERTS.get(ekey)
+    if ehit is None or ehit[0] is not specs:
+        experts = [x for x in (local if local is not None else stage_local()) if x[0].expert]
+        ehit = _EXPERTS[ekey] = (specs, _expert_sums(layout, experts, edp, v2, owners))  # the list kept alive
+    if ehit[1] is None:
+        return parts, None
+    e_numel, e_bytes, sums = ehit[1]
+    if v2:  # V2: the experts' own buckets
+        return parts, (e_numel, e_bytes, sums, data, ep, False, 4 * e_numel)
+    return parts, (e_numel, e_bytes, sums, data if len(sums) > 1 else len(parts), ep, stage in (2, 3) and sh > 1,
+                   None)
+
+
+_EXPERTS: dict = {}
+
+
+def _expert_sums(layout, experts: list, edp: int, v2: bool, owners: bool) -> tuple | None:
+    """(elements, bytes, [(bytes, optimizer elements) of the experts each edp index keeps states of]) of a stage's
+    routed experts [(spec, elements on a rank, bytes per element)] (None: none here); `v2`: stage-1 V2's slices
+    (`_v2_expert_sums`); `owners`: each tensor's state on one rank of its edp group (`expert_state_owners`), else
+    every rank keeps its experts' states."""
+    if not experts:
+        return None
     e_numel = sum(n for _, n, _ in experts)
     e_bytes = sum(n * b for _, n, b in experts)
-    if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: the experts' own buckets
-        return parts, (e_numel, e_bytes, _v2_expert_sums(layout, experts, edp), data, ep, False, 4 * e_numel)
-    if sh > 1 and edp > 1:  # each expert tensor's state (and, after the step, gradient) on one rank of its edp group
+    if v2:
+        return e_numel, e_bytes, _v2_expert_sums(layout, experts, edp)
+    if owners:
         owner = expert_state_owners([(s.name, n) for s, n, _ in experts], edp)
         per = [[] for _ in range(edp)]
         for x in experts:
@@ -383,8 +416,8 @@ def _stage_parts(cfg, layout, pp_rank: int, amp: str, device: str, specs: list[P
     else:
         per = [experts]
     # per edp index: (bytes of the experts whose states it keeps, their optimizer elements)
-    sums = [(sum(n * b for _, n, b in mine), sum(_opt_elems(n, b == 2) for _, n, b in mine)) for mine in per]
-    return parts, (e_numel, e_bytes, sums, data if len(per) > 1 else len(parts), ep, stage in (2, 3) and sh > 1, None)
+    return e_numel, e_bytes, [(sum(n * b for _, n, b in mine), sum(_opt_elems(n, b == 2) for _, n, b in mine))
+                              for mine in per]
 
 
 def _expert_entry(base: dict, e_numel: int, e_bytes: int, mine: tuple, zero23: bool, e_grad=None) -> dict:
