@@ -745,6 +745,9 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
         kinds = (sum(moe_of[i] for i in blocks[:down]), down, sum(moe_of[i] for i in blocks[down:]), len(blocks) - down)
         return (kinds, stage == 0, stage == (0 if v_shape else p - 1), id(grads), id(owned)), blocks, grads, owned
 
+    sp = bool(getattr(layout, "sequence_parallel", False))
+    moe_key = None if moe is None else (moe.ep, moe.dispatcher, moe.imbalance, moe.link, moe.local, moe.nvlink, moe.net)
+
     def stage_compute(key, blocks, grads, owned, ranks):
         # the kernels depend on the blocks' kinds, not on which blocks: a stage of the same kinds seen before (any
         # split) stands for it, so the kernel lists and their maps are shared (`timeline.cached_micro_batch`)
@@ -753,13 +756,20 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
         if rep is None or rep[0] is not cfg:
             rep = _REP_BLOCKS[rk] = (cfg, blocks)  # the model kept alive with its id
         blocks = rep[1]
-        micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, "full" if mode == "full" else "none",
-                               len(blocks), key[1], key[2],
-                               bool(getattr(layout, "sequence_parallel", False)),
-                               math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
-                               first_layer=blocks[0], cp=cp, moe=moe,
-                               block_ids=tuple(blocks) if v_shape and p > 1 else None)  # the V: two chunks
-        out = step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
+        recompute = "full" if mode == "full" else "none"
+        # the step's compute is remembered per everything its StepSpec reads (other rows of the same stage: the
+        # recompute modes priced alike, layouts of the same tensors); kept alive: the profile, model and lists
+        sk = (id(dev), *rk, recompute, b, s, t, flash, key[1], key[2], sp, cp, moe_key, m, id(grads), id(owned), ranks)
+        hit = _STEP.get(sk)
+        if hit is not None and hit[0] is dev and hit[1] is cfg and hit[2] is grads and hit[3] is owned:
+            out = hit[4]
+        else:
+            micro = MicroBatchSpec(cfg, b, s, t, dev.dtype_bytes, gpu, flash, recompute, len(blocks), key[1], key[2],
+                                   sp, math_core=dev.math_attn is not None, ce_core="vocab_parallel_ce" in dev.mem_curves,
+                                   first_layer=blocks[0], cp=cp, moe=moe,
+                                   block_ids=tuple(blocks) if v_shape and p > 1 else None)  # the V: two chunks
+            out = step_compute(dev, StepSpec(micro, m, grads, owned, ranks))
+            _STEP[sk] = (dev, cfg, grads, owned, out)  # read, never changed (the rows copy what they keep)
         if extra:  # selective recompute: each block's attention core forward again, every micro-batch
             out = dict(out, compute_s=out["compute_s"] + m * len(blocks) * extra)
         return out
@@ -788,6 +798,7 @@ def compute_estimate(cfg, layout, seq_len: int, mode: str, dev, flash: bool, amp
 
 
 _REP_BLOCKS: dict = {}
+_STEP: dict = {}
 
 
 def _selective_extra(cfg, b: int, s: int, t: int, dev, flash: bool) -> float:
