@@ -21,12 +21,21 @@ from __future__ import annotations
 
 
 def weight_grad_share(cfg, seq_len: int) -> float:
-    """W / (F + B): the share of a micro-batch's compute that is the linears' weight gradients, by FLOPs."""
+    """W / (F + B): the share of a micro-batch's compute that is the linears' weight gradients, by FLOPs
+    (remembered per model and sequence length: a ranking asks for every DualPipeV row)."""
+    hit = _SHARE.get((id(cfg), seq_len))
+    if hit is not None and hit[0] is cfg:
+        return hit[1]
     from llmtrain.models.size import flops_parameters
 
     n = flops_parameters(cfg)
     per_token = 6 * n + 12 * cfg.num_layers * cfg.hidden_size * seq_len
-    return 2 * n / per_token if per_token else 0.0
+    share = 2 * n / per_token if per_token else 0.0
+    _SHARE[(id(cfg), seq_len)] = (cfg, share)  # the model kept alive with its id
+    return share
+
+
+_SHARE: dict = {}
 
 
 def dualpipe_bubble_factor(cfg, seq_len: int) -> float:

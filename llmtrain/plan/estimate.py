@@ -574,11 +574,24 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
     ZeRO-3 each tensor's 1/sharding slice. Under ep > 1 the rank's E/ep experts stay out of that partition: with
     sharding and edp > 1 it updates the expert tensors it owns in its edp group (`memory.expert_state_owners`, the
     busiest owner), otherwise all of them. Cached per (model, degrees, split, stage)."""
+    mine = _TENSORS_OF.get((id(layout), id(cfg), amp, pp_rank))  # the same layout object again (another row)
+    if mine is not None and mine[0] is layout and mine[1] is cfg:
+        return mine[2]
     ep = getattr(layout, "ep", 1)
     key = (id(cfg), amp, pp_rank, *layout_key(layout))
     hit = _TENSORS.get(key)
-    if hit is not None and hit[0] is cfg:
-        return hit[1]
+    if hit is None or hit[0] is not cfg:
+        hit = _TENSORS[key] = _rank_tensors_by_kinds(cfg, layout, amp, pp_rank, ep)
+    if getattr(getattr(type(layout), "__dataclass_params__", None), "frozen", False):  # a Layout cannot change
+        _TENSORS_OF[(id(layout), id(cfg), amp, pp_rank)] = (layout, cfg, hit[1])  # both kept alive with their ids
+    return hit[1]
+
+
+_TENSORS_OF: dict = {}
+
+
+def _rank_tensors_by_kinds(cfg, layout, amp: str, pp_rank: int, ep: int) -> tuple:
+    """(the model, `rank_tensors`' lists) shared by the stages of equal block kinds, ends and degrees."""
     # the lists depend on the sequence of the stage's block kinds (equal shapes within a kind), the ends it holds
     # and the degrees, not on which blocks they are: stages of other splits with the same kinds share them
     v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
@@ -588,12 +601,9 @@ def rank_tensors(cfg, layout, amp: str, pp_rank: int) -> tuple[list, list]:
                  pp_rank == (0 if v_shape else layout.pp - 1), layout.pp == 1, layout.tp, ep, layout.sharding,
                  layout.sharding_stage, layout.dp * layout.sharding // ep if ep > 1 else 1)
     hit = _TENSORS_BY_KINDS.get(kinds_key)
-    if hit is not None and hit[0] is cfg:
-        _TENSORS[key] = hit
-        return hit[1]
-    out = _rank_tensors(cfg, layout, amp, pp_rank)
-    _TENSORS[key] = _TENSORS_BY_KINDS[kinds_key] = (cfg, out)  # the model kept alive with its id
-    return out
+    if hit is None or hit[0] is not cfg:
+        hit = _TENSORS_BY_KINDS[kinds_key] = (cfg, _rank_tensors(cfg, layout, amp, pp_rank))  # the model kept alive
+    return hit
 
 
 _TENSORS_BY_KINDS: dict = {}
