@@ -71,6 +71,25 @@ def split_free_bound(cfg, layout, *, seq_len: int, mode: str, amp: str, device: 
     """Bytes the worst rank of `layout` (pp > 1) holds at least, whatever its split (module docstring). `mode`:
     none, full, or `parts` (any recompute of parts of blocks: each block keeps at least its input, as under full,
     and no block's full set is counted)."""
+    ep = getattr(layout, "ep", 1)
+    dualpipev = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    # what the bound reads: the degrees and sizes `_held` and `activation_parts` key on, the pipeline's shape (ZeRO
+    # stages 1-3 of one sharding degree share it)
+    key = (id(cfg), id(dev), seq_len, mode, amp, device, moe_imbalance, layout.pp, layout.virtual_pp,
+           layout.grad_accum, dualpipev, layout.tp, ep, layout.sharding, layout.dp * layout.sharding // ep,
+           layout.micro_batch, getattr(layout, "sequence_parallel", False), getattr(layout, "cp", 1))
+    hit = _BOUNDS.get(key)
+    if hit is None or hit[0] is not cfg or hit[1] is not dev:
+        hit = _BOUNDS[key] = (cfg, dev, _split_free_bound(cfg, layout, seq_len, mode, amp, device, dev, moe_imbalance))
+    return hit[2]
+
+
+_BOUNDS: dict = {}
+
+
+def _split_free_bound(cfg, layout, seq_len: int, mode: str, amp: str, device: str, dev,
+                      moe_imbalance: float | None) -> float:
+    """`split_free_bound`, computed."""
     parts = mode == "parts"
     mode = "full" if parts else mode
     p, v, m = layout.pp, layout.virtual_pp, layout.grad_accum
