@@ -185,11 +185,12 @@ def _rank(cfg, model_cfg, context: bool, progress: bool = False) -> list[dict]:
     trains = {mb: dataclasses.replace(cfg.train, micro_batch_size=mb, grad_accum=None) for mb in MICRO_BATCHES}
     import sys
 
-    from tqdm import tqdm
+    pcs = list(candidates(cfg.plan.devices, context, model_cfg.moe_num_experts))
+    if progress and sys.stderr.isatty():  # a progress bar on a terminal only (tqdm not even imported otherwise)
+        from tqdm import tqdm
 
-    pcs = tqdm(list(candidates(cfg.plan.devices, context, model_cfg.moe_num_experts)), file=sys.stderr, leave=False,
-               desc=f"ranking {model_cfg.name} on {cfg.plan.devices} x {cfg.plan.device}" + (" (cp)" if context else ""),
-               unit=" parallel configs", disable=None if progress else True)  # None: off unless stderr is a terminal
+        pcs = tqdm(pcs, file=sys.stderr, leave=False, unit=" parallel configs",
+                   desc=f"ranking {model_cfg.name} on {cfg.plan.devices} x {cfg.plan.device}" + (" (cp)" if context else ""))
     for pc in pcs:
         key = (pc.tp, pc.pp, pc.virtual_pp, pc.pp_schedule, pc.ep, pc.dp * pc.sharding)  # all model_fit_problems reads
         if key not in fit_memo:
