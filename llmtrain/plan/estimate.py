@@ -217,8 +217,9 @@ def memory_estimate(cfg, layout, seq_len: int, recompute, amp: str, device: str,
     dense_layer, moe_layer, kept, logits = activation_parts(cfg, layout, seq_len, mode, dtype_bytes, flash, device,
                                                             moe_imbalance)
     worst = None
+    stages = layout_stages(layout) if p > 1 else None
     for st in range(p):
-        blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
+        blocks = stages[st] if p > 1 else range(cfg.num_layers)
         count, total, most = _stage_sets(cfg, dense_layer, moe_layer, blocks if p > 1 else None)
         transient = most if mode == "full" else 0  # one block's full set during its backward
         transient = _beyond_head(transient, logits if st == head else 0)
@@ -315,6 +316,22 @@ def stage_blocks_of(pp_layers, pp: int, stage: int, v_shape: bool = False) -> tu
     """`llmtrain.parallel.pp_split.stage_blocks` as a tuple, remembered per (split, pp, stage, V shape): a ranking
     asks for the same stages of the same splits many times."""
     return _stage_blocks_of(tuple(pp_layers), pp, stage, v_shape)
+
+
+def layout_stages(layout) -> tuple:
+    """`stage_blocks_of` of every pipeline stage of `layout` (pp > 1, its split filled), remembered per Layout object
+    (frozen: every row of one split layout reads the same tuples)."""
+    hit = _STAGES_OF.get(id(layout))
+    if hit is not None and hit[0] is layout:
+        return hit[1]
+    v_shape = getattr(layout, "pp_schedule", "1f1b") == "dualpipev"
+    out = tuple(stage_blocks_of(layout.pp_layers, layout.pp, st, v_shape) for st in range(layout.pp))
+    if getattr(getattr(type(layout), "__dataclass_params__", None), "frozen", False):
+        _STAGES_OF[id(layout)] = (layout, out)  # the layout kept alive with its id
+    return out
+
+
+_STAGES_OF: dict = {}
 
 
 @lru_cache(maxsize=65536)
@@ -467,8 +484,9 @@ def _parts_memory_estimate(cfg, layout, seq_len: int, rc, amp: str, device: str,
     head = 0 if dualpipev else layout.pp - 1  # the stage holding the logits (DualPipeV's V: stage 0)
     logits = head_bytes(cfg, s, b, t, dtype_bytes)
     worst = None
+    stages = layout_stages(layout) if p > 1 else None
     for st in range(p):
-        blocks = stage_blocks_of(layout.pp_layers, p, st, dualpipev) if p > 1 else range(cfg.num_layers)
+        blocks = stages[st] if p > 1 else range(cfg.num_layers)
         sums = per_stage.get(blocks if p > 1 else None)
         if sums is None:
             sums = per_stage[blocks if p > 1 else None] = (
