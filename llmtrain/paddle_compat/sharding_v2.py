@@ -72,6 +72,30 @@ def pipeline_buffers(model) -> list:
     return [buf for bufs in chunks.values() for buf in bufs]
 
 
+def pipeline_buckets_without(model, optimizer, params) -> list:
+    """Have fleet's PipelineParallel `model` build its sharding-overlap buckets now (`register_sharding_comm_overlap_
+    hook`, which its first `train_batch` calls otherwise; it builds them once) with `params` left out of them: flagged
+    stop_gradient meanwhile, as fleet's `fused_gradient` takes the trainable parameters only (pipeline_parallel.py,
+    lines 971-973). Returns the buckets."""
+    from paddle.distributed.fleet.meta_optimizers.dygraph_optimizer.hybrid_parallel_optimizer import (
+        HybridParallelOptimizer,
+    )
+
+    require_tested_paddle()
+    hybrid = next((o for o in optimizer_chain(optimizer) if isinstance(o, HybridParallelOptimizer)), None)
+    if hybrid is None or not hasattr(model, "register_sharding_comm_overlap_hook"):
+        raise RuntimeError("expected fleet's PipelineParallel and HybridParallelOptimizer (pp_sharding_comm_overlap)")
+    out = [p for p in params if not p.stop_gradient]
+    for p in out:
+        p.stop_gradient = True
+    try:
+        model.register_sharding_comm_overlap_hook(hybrid)
+    finally:
+        for p in out:
+            p.stop_gradient = False
+    return pipeline_buffers(model)
+
+
 def buffer_numel(buf) -> int:
     """Elements in a FusedCommBuffer's flat gradient buffer (padding included): the bytes each collective moves
     are this times the gradient's element size (fp32 under main-gradient training)."""

@@ -26,6 +26,8 @@ the dp and sharding groups; the experts are kept out of it and handled here, ove
   optimizer state split by position over edp like a dense parameter's over sharding, and its values all-gathered
   over edp after the update; the buckets' reduced gradients are divided by ep besides fleet's 1/edp (one
   process's gradient is the edp sum / dp x sharding) and fleet's dp all-reduce skips the experts;
+- fleet's pipeline buckets (`dp_comm_overlap`, V1's `pp_sharding_comm_overlap`) are built without the experts
+  (`llmtrain.parallel.build`, `pipeline_buckets_without`): they would reduce them over the dp or sharding group;
 - the clip counts every expert once (`configure_clip`): each expert tensor's squared gradient norm lives on one
   rank of the data group (its owner; without sharded states the ep group's ranks each hold their own), so the
   squares are summed over that group and handed to the clip's own sums in place of the local ones.
@@ -168,9 +170,11 @@ def color_experts(core, topo) -> None:
     color_params([p for p in core.parameters() if tags.is_expert(p)], EXPERT_COLOR, group)
 
 
-def attach_expert_parallel(core, optimizer, clip, layout, topo) -> list:
+def attach_expert_parallel(core, optimizer, clip, layout, topo, model=None) -> list:
     """Under ep > 1, after the layout's wrappers: the expert gradient reduction and update over edp wired into the
-    optimizer (fleet) or returned as step hooks (ZeRO-2/3), and the clip made to count each expert once."""
+    optimizer (fleet) or returned as step hooks (ZeRO-2/3), and the clip made to count each expert once. `model`:
+    fleet's wrapper of `core` (its pipeline builds the buckets of pp_sharding_comm_overlap here, without the
+    experts)."""
     if layout.ep <= 1:
         return []
     from llmtrain.models.stages import canonical_parameters
@@ -193,4 +197,11 @@ def attach_expert_parallel(core, optimizer, clip, layout, topo) -> list:
     skip_in_dp_grad_sync(optimizer, tags.is_expert, after=states.reduce)
     if layout.sharding > 1:
         keep_local_in_zero1(optimizer, tags.is_expert, keep=states.keeps_state, after_sync=states.broadcast)
+    if layout.pp_sharding_comm_overlap:  # V1's owners are now the dense partition's: the pipeline's buckets from them,
+        # the experts left out (fleet would put them in its sharding reduce buckets at the first step, each rank's
+        # experts to another owner: measured, MoE under sharding2 x pp2 x ep2 stalls and gloo times out)
+        from llmtrain.paddle_compat.sharding_v2 import pipeline_buckets_without
+
+        if not pipeline_buckets_without(model, optimizer, states.params):
+            raise RuntimeError("parallel.pp_sharding_comm_overlap under ep: fleet's pipeline built no buckets")
     return []

@@ -55,15 +55,17 @@ EP_UNSERVED = {
                              "constructor calls _tensor_fusion for comm_overlap alone too, lines 158-180; its buckets, "
                              "lines 244-258; V2's per-parameter `color` is read by "
                              "DygraphShardingOptimizerV2._build_comm_buffers only, lines 873-885)",
-    "pp_sharding_comm_overlap": "fleet 3.3.1's pipeline puts every trainable parameter of each chunk into "
-                                "FusedCommBuffers over the sharding group (meta_parallel/pipeline_parallel.py, "
-                                "fused_gradient, lines 953-1010; V2's colour buckets are replaced by these)",
+    "pp_sharding_comm_overlap": "with sharding_split_param, fleet 3.3.1's V2 takes its buckets from the pipeline's, "
+                                "which hold every trainable parameter of each chunk over the sharding group "
+                                "(meta_parallel/pipeline_parallel.py, fused_gradient, lines 953-1010; "
+                                "DygraphShardingOptimizerV2._collect_comm_buffers, lines 1203-1222: no colour)",
 }
-"""Why each fused-buffer knob other than V2's and dp_comm_overlap is refused under ep > 1, with the fleet 3.3.1 source
-it rests on: a bucket has one communication group for all its parameters. dp_comm_overlap's buckets are built while
-fleet wraps the model, from the parameters that are not stop_gradient (pipeline_parallel.py, fused_gradient, lines
-971-973), so llmtrain keeps the experts out of them (`llmtrain.parallel.build`); the sharding overlap's are built at
-the first step and V2 then collects its state from them, so that cannot be done there."""
+"""Why a fused-buffer knob is refused under ep > 1, with the fleet 3.3.1 source it rests on: a bucket has one
+communication group for all its parameters. The pipeline's buckets (dp_comm_overlap, V1's pp_sharding_comm_overlap)
+take the parameters that are not stop_gradient (pipeline_parallel.py, fused_gradient, lines 971-973), so llmtrain
+builds them with the experts flagged so (`llmtrain.parallel.build`, `llmtrain.parallel.expert_states`) and reduces
+the experts over their own group; V2 under pp_sharding_comm_overlap keeps its state in those buckets, which then
+cannot hold the experts."""
 
 NOT_APPLIED_ON_CPU = ("mp_async_allreduce", "pp_overlap_p2p_comm", "pp_enable_timer")
 """Knobs that act through CUDA-only kernels or around the CPU pipeline channels: logged, not applied on CPU. The
@@ -120,14 +122,15 @@ def overlap_problems(p, grad_accum: int | None = None) -> list[str]:
                         "selects DygraphShardingOptimizerV2, which asserts tensor_fusion off ('not supported yet'); "
                         "V2 fuses its gradients and parameters into buckets without it")
     fused = [k for k in FUSED if k in on]
-    off_v2 = [k for k in fused if k != "dp_comm_overlap" and (k not in EP_FUSED or "sharding_split_param" not in on)]
+    served = {"dp_comm_overlap"} | (set(EP_FUSED) if "sharding_split_param" in on else {"pp_sharding_comm_overlap"})
+    off_v2 = [k for k in fused if k not in served]  # under ep: fleet's buckets that can leave the experts out
     if off_v2 and p.ep > 1:
         problems.append(f"parallel.{off_v2[0]}=true with parallel.ep={p.ep}: {EP_UNSERVED[off_v2[0]]}, so the routed "
                         "experts, whose gradients are summed over the expert-data-parallel group, would be summed over "
                         "the data group with other ranks' experts; under ep use parallel.sharding_split_param=true "
                         "(stage-1 V2: the experts get V2 buckets of their own over that group, pp > 1 included), with "
-                        "parallel.sharding_comm_overlap=true for the overlap (pp = 1), or dp with "
-                        "parallel.dp_comm_overlap=true (pp > 1)")
+                        "parallel.sharding_comm_overlap=true for the overlap (pp = 1); under pp "
+                        "parallel.dp_comm_overlap and V1's parallel.pp_sharding_comm_overlap are served")
     if "pp_sharding_comm_overlap" in on and p.cp > 1:
         problems.append(f"parallel.pp_sharding_comm_overlap=true with parallel.cp={p.cp}: fleet 3.3.1 asserts 'sep "
                         "parallel can not coexist with sharding_comm_overlap' (fleet/optimizer.py, "

@@ -492,12 +492,14 @@ def _dense_ranks(cfg, layout, local: list, stage: int, device: str) -> list[dict
     p_bytes = sum(n * b for _, n, b in local)
     trained = [x for x in local if x[0].trainable]  # what the optimizer holds (LoRA: the adapters only)
     # a frozen parameter (the MoE expert bias) has no gradient, except under fleet's sharding optimizer, whose
-    # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2)
-    g_bytes = sum(n * b for s, n, b in trained if sh > 1 or not s.frozen)
+    # fused gradient buffers cover every parameter of its list (measured: moe-tiny sharding2); not when the
+    # pipeline's sharding overlap reduces in its own buckets instead, which take trainable parameters only
+    zeros = sh > 1 and not getattr(layout, "pp_sharding_comm_overlap", False)
+    g_bytes = sum(n * b for s, n, b in trained if zeros or not s.frozen)
     from llmtrain.parallel.overlap import needs_main_grad
 
     if needs_main_grad(layout):  # fp32 main gradients in place of the parameters' dtype (llmtrain/train/main_grad.py)
-        g_bytes = sum(n * 4 for s, n, b in trained if sh > 1 or not s.frozen)
+        g_bytes = sum(n * 4 for s, n, b in trained if zeros or not s.frozen)
     if stage == 1 and sh > 1 and getattr(layout, "sharding_split_param", False):  # V2: a slice of each
         trained = [x for x in trained if not x[0].frozen]  # frozen ones (MoE expert bias) are kept out of V2's list
         lengths = v2_slice_lengths([(n, b) for _, n, b in trained], sh, getattr(layout, "sharding_comm_buffer_mb", 256) * 2**20)

@@ -151,7 +151,7 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
 
         clip.shared_spans = secondary_shared_spans(optimizer, core.parameters())
     local.hooks.extend(timeline_hooks(model, optimizer, cfg.run.dir, topo.rank))  # fused buckets: overlap/rank_N.jsonl
-    local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo))  # ep > 1: experts over edp
+    local.hooks.extend(attach_expert_parallel(core, optimizer, clip, layout, topo, model))  # ep > 1: experts over edp
     offload = None
     if cfg.train.offload_optimizer:  # the state on the host between steps (paddle_compat/offload.py)
         from llmtrain.paddle_compat.offload import OptimizerOffload

@@ -101,11 +101,9 @@ def test_every_knob_maps_to_a_fleet_field():
      ["parallel.sharding_tensor_fusion=true with parallel.ep=2: fleet 3.3.1's V1 fuses every parameter"]),
     (("+parallel=tp2sharding2", "parallel.tp=1", "parallel.dp=2", "parallel.ep=2", "parallel.sharding_comm_overlap=true"),
      ["parallel.sharding_comm_overlap=true with parallel.ep=2: fleet 3.3.1's V1 comm overlap"]),  # no colour in V1
-    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.pp_sharding_comm_overlap=true"),
-     ["parallel.pp_sharding_comm_overlap=true with parallel.ep=2: fleet 3.3.1's pipeline puts every trainable"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.sharding_split_param=true",
       "parallel.pp_sharding_comm_overlap=true"),
-     ["parallel.pp_sharding_comm_overlap=true with parallel.ep=2: fleet 3.3.1's pipeline"]),
+     ["parallel.pp_sharding_comm_overlap=true with parallel.ep=2: with sharding_split_param, fleet 3.3.1's V2 takes"]),
     (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.cp=2", "parallel.sharding_split_param=true",
       "parallel.pp_sharding_comm_overlap=true"),
      ["parallel.pp_sharding_comm_overlap=true with parallel.cp=2: fleet 3.3.1 asserts 'sep parallel can not coexist"]),
@@ -152,6 +150,8 @@ def test_refused_combinations_name_fields_and_numbers(overrides, expected):
       "parallel.sharding_comm_overlap=true"), ["sharding_tensor_fusion", "sharding_comm_overlap"]),  # V1 under cp
     (("+parallel=dp2pp2", "parallel.cp=2", "parallel.dp_comm_overlap=true"), ["dp_comm_overlap"]),  # x cp after fleet
     (("+parallel=dp2pp2", "parallel.ep=2", "parallel.dp_comm_overlap=true"), ["dp_comm_overlap"]),  # experts kept out
+    (("+parallel=dp2pp2", "parallel.dp=1", "parallel.sharding=2", "parallel.ep=2", "parallel.pp_sharding_comm_overlap=true"),
+     ["pp_sharding_comm_overlap"]),  # V1: the experts kept out of the pipeline's sharding buckets
 ])
 def test_fused_buffer_knobs_are_accepted_and_need_main_grad(overrides, knobs):
     layout, problems = _problems(*overrides)

@@ -105,7 +105,8 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
-         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2"), "pp4dpv": ("llama_docs",)}
+         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2", "moe_ppov_ep2"),
+         "pp4dpv": ("llama_docs",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2pp2cp2": ("llama",), "dp2pp2cp2": ("llama",),
         "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg"), "pp2dpv": ("gpt", "moe"),
@@ -163,6 +164,7 @@ later copy: llmtrain's clip takes the copy's squares back out (`llmtrain.paddle_
 secondary_shared_spans`; without it grad_norm 1.628 for one process's 1.565)."""
 LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("sharding2pp2", "llama"): SHARDING_PP_V2,
              ("sharding2pp2", "moe_ep2"): V2_NO_OVERLAP + ["checkpoint.interval=2"],
+             ("sharding2pp2", "moe_ppov_ep2"): V1_PP + ["parallel.pp_sharding_comm_overlap=true"],
              ("dp2pp2cp2", "llama"): ["+parallel=dp2pp2", *CP2, "parallel.dp_comm_overlap=true",
                                       "parallel.name=dp2pp2cp2"],
              ("sharding2pp2cp2", "llama"): [*V2_NO_OVERLAP, *CP2, "parallel.name=sharding2pp2cp2", "checkpoint.interval=2"],
@@ -183,12 +185,13 @@ OVERLAP_RUNS = {"llama_dpov": ["parallel.dp_comm_overlap=true"],
                                "parallel.sequence_parallel=true"]}
 """Runs with a communication-overlap knob on their launch's layout: dp2pp2 with the data-parallel gradients in
 fleet's fused buckets issued from the pipeline's last backward (main-gradient training follows; `moe_dpov_ep2`: the
-MoE model with ep2, its routed experts kept out of those buckets and reduced over their edp group); `llama_v2sp`: see
+MoE model with ep2, its routed experts kept out of those buckets and reduced over their edp group; sharding2pp2's
+`moe_ppov_ep2`: the same for V1's `pp_sharding_comm_overlap`); `llama_v2sp`: see
 `V2_TP`."""
 DOCS = ["data.document_mask=true", "data.reset_position_ids=true"]
 """`llama_docs`: packed documents, attention kept inside each document and positions restarting per document (the
 batches carry position and document ids, which pipeline stages pass along)."""
-SAME_AS = {"moe_dpov": "moe", "gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+SAME_AS = {"moe_dpov": "moe", "moe_ppov": "moe", "gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -215,7 +218,7 @@ experts kept out of the ZeRO-1 partition, writing step 3), which V2 continues (`
 run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's. The same launch runs the
 LoRA Llama under V2 (`llama_lora`: the adapters alone in V2's buckets, fp32 main gradients) and the Llama under
 ZeRO-2 with main-gradient training (`llama_mg`: Paddle's GroupShardedStage2 reduces the fp32 main gradients)."""
-HELD = {"gpt_tf": "sharding2pp2tf", "llama_tf": "sharding2pp2tf", "llama_mg": "zero2"}
+HELD = {"gpt_tf": "sharding2pp2tf", "llama_tf": "sharding2pp2tf", "llama_mg": "zero2", "moe_ppov_ep2": "sharding2pp2v1ov"}
 """The layout whose holdings a run is checked against, where it is not its launch's layout."""
 V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
 """`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
@@ -653,7 +656,7 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
                 assert g["moe_load_max_mean"] == r["moe_load_max_mean"] and g["moe_dropped_frac"] == r["moe_dropped_frac"]
                 assert abs(g["moe_aux_loss"] - r["moe_aux_loss"]) <= TOL and abs(g["moe_z_loss"] - r["moe_z_loss"]) <= TOL
             assert (got[0]["moe_dropped_frac"] > 0) == n.startswith("moe_cap")
-            d = dataclasses.replace(DEGREES[layout], ep=2 if n.endswith("_ep2") else 1)
+            d = dataclasses.replace(DEGREES[HELD.get(n, layout)], ep=2 if n.endswith("_ep2") else 1)
             check_expert_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], d, segment[n],
                                 SPLITS.get((layout, n), ()))
             if d.stage == 1 or d.sharding == 1:  # the planner models experts too (not yet outside Paddle's ZeRO-2/3)
