@@ -19,6 +19,8 @@ HEAVY = [
     "tests/checkpoint/test_resume.py",        # ~280 s
     "tests/parallel/test_context_parity.py",  # ~170 s
     "tests/test_docs.py",                     # ~80 s of static checks + one drawn docs block run for real (20-120 s)
+    "tests/train/test_anomaly.py",            # ~90 s (2026-12-07, --durations, load ~9): three one-process runs
+    "tests/train/test_lora.py",               # ~75 s (the same run; test_rampup 61 s, test_changing_runs 58 s)
     "tests/train/test_rampup.py",
     "tests/train/test_watchdog.py",
     "tests/paddle_compat/test_cpu_pp.py",
@@ -26,7 +28,6 @@ HEAVY = [
     "tests/deploy/test_prometheus_server.py",
     "tests/paddle_compat/test_cpu_tp.py",
     "tests/paddle_compat/test_cpu_multinode.py",
-    "tests/train/test_lora.py",
     "tests/deploy/test_k8s_manifests.py",
     "tests/plan/test_calibrate.py",
     "tests/parallel/test_expert_parity.py",   # ~35 s: one 4-process launch (2026-12-06, load ~3)
