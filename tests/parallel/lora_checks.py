@@ -12,7 +12,8 @@ Written from the definitions, not read from the product (`ref` is the one-proces
 - pp: the adapters of a layer sit on the stage holding the layer: stages disjoint, union = all adapters;
 - dp: every rank holds every adapter whole;
 - ZeRO-1/2 (sharding2, zero2): the sharding ranks keep the adapters' optimizer state in disjoint shares covering
-  all adapters (`memory_checks.check_sharded_optimizer`), none for the base;
+  all adapters (`memory_checks.check_sharded_optimizer`), none for the base; V1 tensor fusion (sharding2tf): on
+  fused parameters of each rank's own adapters, disjoint and covering them (`memory_checks.check_fused_optimizer`);
 - ZeRO-3 (zero3): every parameter above `segment_size` elements, frozen base and adapters alike, is held as its
   flat slice and not whole (`memory_checks.check_zero3_slice`: the frozen base is cut back after the backward,
   which Paddle 3.3.1 does not do for frozen parameters), the others whole; optimizer state for this rank's
@@ -26,7 +27,7 @@ import itertools
 import re
 from math import prod
 
-from memory_checks import CPU_ALIGN_ELEMENTS, DEGREES, check_v2_split, check_sharded_optimizer, check_zero3_slice, split_axis
+from memory_checks import CPU_ALIGN_ELEMENTS, DEGREES, check_fused_optimizer, check_sharded_optimizer, check_v2_split, check_zero3_slice, split_axis
 
 COLUMN = re.compile(r".*\.(q|k|v|gate|up)_proj\.lora_[AB]")
 ALIGN_BYTES = 4 * CPU_ALIGN_ELEMENTS
@@ -70,7 +71,7 @@ def check_lora_memory(got: dict, ref: dict, layout: str, segment_size: int = 2**
                     f"{want} (full {full[name]}, split axis {axis}, tp={d.tp})")
             if name in adapters:
                 trained += p["numel"]
-        state = set(e["optimizer_params"])
+        state = set(e["optimizer_params"]) if not d.fused else set()  # V1 tensor fusion: fused names, checked below
         assert (state <= mine) if sharded else (state == mine), (layout, e["rank"], sorted(state ^ mine)[:4])
         for name in state if not d.v2 else ():  # V2: flat slices, checked per sharding group below
             assert e["optimizer_params"][name] == 2 * e["params"][name]["numel"] + 2, (layout, name)
@@ -90,6 +91,8 @@ def check_lora_memory(got: dict, ref: dict, layout: str, segment_size: int = 2**
             groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"]), []).append(e)
         for members in groups.values():
             check_v2_split("sharding", members, is_adapter, d.sharding, require_split=False)
+    elif sharded and d.fused:  # V1 tensor fusion: each rank's state on fused parameters of its own adapters
+        check_fused_optimizer(layout, got["ranks"], is_adapter)
     elif sharded:
         check_sharded_optimizer(layout, got["ranks"], is_adapter)
     if zero3:  # the segment slices some adapters and leaves others whole, and slices the base: every path runs

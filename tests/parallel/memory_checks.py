@@ -90,7 +90,7 @@ DEGREES = {  # the layouts of conf/parallel/, written out here so a wrong config
     "tp2sharding2": Degrees(tp=2, sharding=2), "pp4v2": Degrees(pp=4, vpp=2), "sharding2v2": Degrees(sharding=2, v2=True),
     "sharding2pp2": Degrees(sharding=2, pp=2, v2=True), "tp2sharding2v2": Degrees(tp=2, sharding=2, v2=True),
     "tp2sharding2tf": Degrees(tp=2, sharding=2, fused=True), "sharding2v2ep": Degrees(sharding=2, v2=True),
-    "sharding2pp2tf": Degrees(sharding=2, pp=2, fused=True),
+    "sharding2pp2tf": Degrees(sharding=2, pp=2, fused=True), "sharding2tf": Degrees(sharding=2, fused=True),
     "sharding2pp2v1": Degrees(sharding=2, pp=2), "sharding2pp2v1ov": Degrees(sharding=2, pp=2, pp_overlap=True),
     "pp3": Degrees(pp=3), "pp3v2": Degrees(pp=3, vpp=2),
     "pp2dpv": Degrees(pp=2, vpp=2, v=True), "pp4dpv": Degrees(pp=4, vpp=2, v=True),
@@ -323,17 +323,18 @@ def check_v2_optimizer(layout: str, ranks: list) -> None:
         assert split, f"{layout}: {key} no parameter is split between sharding ranks"
 
 
-def check_fused_optimizer(layout: str, ranks: list) -> None:
+def check_fused_optimizer(layout: str, ranks: list, trained=lambda name: True) -> None:
     """Stage-1 V1 with tensor fusion: each rank's AdamW state is on its fused parameters only (memory.json
     "fused_state": two moments of the fused length, two [1] beta powers each); the parameters laid in them are
     disjoint over the sharding ranks of a group and cover its parameters; a fused parameter is its parameters
     end to end, each padded to the 256-byte alignment (< 64 fp32 elements); every rank keeps some and less than
-    all. A replicated or unfused state fails."""
+    all. A replicated or unfused state fails. `trained(name)`: the parameters the optimizer holds (LoRA: the
+    adapters; the frozen base is in no fused parameter)."""
     groups = {}
     for e in ranks:
         groups.setdefault((e["dp_rank"], e["tp_rank"], e["pp_rank"], e.get("cp_rank", 0)), []).append(e)
     for key, members in groups.items():
-        params = members[0]["params"]
+        params = {n: p for n, p in members[0]["params"].items() if trained(n)}
         owned = []
         for m in members:
             fused = m.get("fused_state")

@@ -176,7 +176,12 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
         "train.main_grad=false with parallel.sharding_split_param=true")
     assert main_grad_problems(TrainConfig(), v2, lora=True) == []  # V2 buckets hold the adapters only
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, pp=2), lora=True)[0].startswith(
-        "train.main_grad (on) with finetune.lora.rank > 0: not built")
+        "train.main_grad (on) with finetune.lora.rank > 0: not built")  # no fused knob: not built
+    for knob in (dict(sharding=2, sharding_tensor_fusion=True), dict(sharding=2, sharding_comm_overlap=True),
+                 dict(dp=2, pp=2, dp_comm_overlap=True), dict(sharding=2, pp=2, pp_sharding_comm_overlap=True)):
+        # fleet's V1 fused parameters and buckets and the pipeline's buckets hold the adapters alone (test_parity.py:
+        # llama_lora_tf, llama_lora_dpov, llama_lora_ppov)
+        assert main_grad_problems(TrainConfig(), ParallelConfig(**knob), lora=True) == [], knob
     assert "parallel.sharding_stage=3" in main_grad_problems(
         TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=3), lora=False)[0]
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(sharding=2, sharding_stage=2), lora=False) == []

@@ -26,7 +26,9 @@ shows the buckets issued before the update, and after it without the knob), dp2p
 `SHARDING_PP_TF`; MoE with ep2 under V2 and pp2, resumed across V2 and V1, `V2_PP`), the drawn sharding2pp2cp2 (V2
 under pp2 x cp2, resumed across V2 and V1, `V2_PP`), the drawn dp2pp2cp2 (`dp_comm_overlap` under cp), the drawn tp2sharding2v2 (V2 under tp2 with sequence parallelism, resumed across V2 and V1 with
 tensor fusion, `V2_TP`) and the drawn sharding2v2ep (MoE under sharding2 x ep2 on V2, resumed across V2 and V1;
-LoRA under V2; ZeRO-2 with main gradients: `V2_EP`).
+LoRA under V2 and under V1 with tensor fusion and comm overlap, `llama_lora_tf`; ZeRO-2 with main gradients: `V2_EP`);
+LoRA under dp2pp2's `dp_comm_overlap` (`llama_lora_dpov`) and the drawn sharding2pp2's V1 `pp_sharding_comm_overlap`
+(`llama_lora_ppov`): the fused buckets hold the adapters alone.
 Loss and grad_norm are read from each run's metrics.jsonl (measured agreement:
 about 1e-6); tokens must never be multiplied by tp or pp. Each run's
 memory.json (what every rank holds after step 1) is checked against the layout
@@ -103,13 +105,13 @@ LAYOUTS = [
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2", "llama_lora_dpov"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
-         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2", "moe_ppov_ep2"),
+         "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2", "moe_ppov_ep2", "llama_lora_ppov"),
          "pp4dpv": ("llama_docs",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
 RUNS = {"pp3": ("gpt",), "pp3v2": ("llama",), "tp2sharding2v2": ("llama_v2sp",), "sharding2pp2cp2": ("llama",), "dp2pp2cp2": ("llama",),
-        "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg"), "pp2dpv": ("gpt", "moe"),
+        "sharding2v2ep": ("moe_ep2", "llama_lora", "llama_mg", "llama_lora_tf"), "pp2dpv": ("gpt", "moe"),
         "dp2pp2dpv": ("moe_mb1_ep2",), "sharding2pp2dpv": ("moe_mb1_ep2",)}
 """A layout's runs in place of MODELS (3-process launches on 2 cores: one model each; pp2dpv: the MoE model, its
 first block a dense Llama block, in the Llama's place, which pp4dpv and pp2dpv's LoRA run train under DualPipeV)."""
@@ -173,7 +175,11 @@ LAYOUT_OF = {("pp2", "llama5"): ["+parallel=custom", "parallel.pp=2"], ("shardin
              ("tp2sharding2v2", "llama_v2sp"): ["+parallel=tp2sharding2v2", "checkpoint.interval=2"],
              ("sharding2v2ep", "moe_ep2"): ["+parallel=sharding2v2", "checkpoint.interval=2"],
              ("sharding2v2ep", "llama_lora"): ["+parallel=sharding2v2"],
-             ("sharding2v2ep", "llama_mg"): ["+parallel=zero2", "train.main_grad=true"]}
+             ("sharding2v2ep", "llama_mg"): ["+parallel=zero2", "train.main_grad=true"],
+             ("sharding2v2ep", "llama_lora_tf"): ["+parallel=sharding2", "parallel.sharding_tensor_fusion=true",
+                                                  "parallel.sharding_comm_overlap=true", "parallel.name=sharding2tf"],
+             ("sharding2pp2", "llama_lora_ppov"): V1_PP + ["parallel.pp_sharding_comm_overlap=true"],
+             ("dp2pp2", "llama_lora_dpov"): ["+parallel=dp2pp2", "parallel.dp_comm_overlap=true"]}
 """A run's layout given as a user would, in place of `+parallel=<its layout>` (same fleet topology, so same launch)."""
 LAYOUT_ARGS = {"pp3": ["train.micro_batch_size=1"], "pp3v2": ["train.micro_batch_size=1"],
                "pp4dpv": ["train.micro_batch_size=1"]}
@@ -191,7 +197,8 @@ MoE model with ep2, its routed experts kept out of those buckets and reduced ove
 DOCS = ["data.document_mask=true", "data.reset_position_ids=true"]
 """`llama_docs`: packed documents, attention kept inside each document and positions restarting per document (the
 batches carry position and document ids, which pipeline stages pass along)."""
-SAME_AS = {"moe_dpov": "moe", "moe_ppov": "moe", "gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3"}
+SAME_AS = {"moe_dpov": "moe", "moe_ppov": "moe", "gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3",
+           "llama_lora_tf": "llama_lora", "llama_lora_ppov": "llama_lora", "llama_lora_dpov": "llama_lora"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -218,7 +225,8 @@ experts kept out of the ZeRO-1 partition, writing step 3), which V2 continues (`
 run resumed, its step)}, each with parallel.ep=2. Each resumed step equals one process's. The same launch runs the
 LoRA Llama under V2 (`llama_lora`: the adapters alone in V2's buckets, fp32 main gradients) and the Llama under
 ZeRO-2 with main-gradient training (`llama_mg`: Paddle's GroupShardedStage2 reduces the fp32 main gradients)."""
-HELD = {"gpt_tf": "sharding2pp2tf", "llama_tf": "sharding2pp2tf", "llama_mg": "zero2", "moe_ppov_ep2": "sharding2pp2v1ov"}
+HELD = {"gpt_tf": "sharding2pp2tf", "llama_tf": "sharding2pp2tf", "llama_mg": "zero2", "moe_ppov_ep2": "sharding2pp2v1ov",
+        "llama_lora_tf": "sharding2tf", "llama_lora_ppov": "sharding2pp2v1ov"}
 """The layout whose holdings a run is checked against, where it is not its launch's layout."""
 V1_OVERLAP = ["+parallel=tp2sharding2", "parallel.sharding_comm_overlap=true"]
 """`llama_v1ov` (in the same launch): V1's comm overlap without fused parameters (fused reduce buckets, the unfused
@@ -663,8 +671,8 @@ def test_layout_matches_single_process(layout, nproc, reference, tiny_corpus, la
                 check_predicted(_memory(runs_dir / n), layout)
             continue
         if lora:  # adapters split with their base, optimizer state for adapters only (sharded under ZeRO); the planner
-            check_lora_memory(_memory(runs_dir / n), reference["llama_lora"]["memory"], layout, segment[n])
-            check_predicted(_memory(runs_dir / n), layout)
+            check_lora_memory(_memory(runs_dir / n), reference["llama_lora"]["memory"], HELD.get(n, layout), segment[n])
+            check_predicted(_memory(runs_dir / n), HELD.get(n, layout))
             continue
         held = HELD.get(n, layout)  # V1 tensor fusion in a V2 layout's launch, ZeRO-2 in the sharding2 one
         check_memory(_memory(runs_dir / n), reference[reference_name(n)]["memory"], held, tied=TIED[n.split("_")[0]],
