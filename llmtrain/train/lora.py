@@ -27,6 +27,20 @@ def split_adapters(named: list) -> tuple[list, list]:
     return adapters, base
 
 
+def no_adapter_problem(adapters: list, pp_rank: int, pp: int, targets) -> str | None:
+    """The refusal of a rank whose pipeline stage holds no adapter (None: it holds some). Paddle 3.3.1's optimizers
+    index their parameter list's first entry (optimizer/adamw.py, AdamW.step, line 662: IndexError on an empty list)
+    and fleet's pipeline buckets (parallel.dp_comm_overlap, pp_sharding_comm_overlap) stop at a chunk with no
+    trainable parameter (meta_parallel/pipeline_parallel.py, lines 974-977), then assert 'comm buffers should be
+    created' (line 1265); measured on CPU: a Llama of 8 blocks under pp2 with adapters on blocks 0-3 only."""
+    if adapters:
+        return None
+    return (f"finetune.lora.target_modules={list(targets)} adapt no linear on pipeline stage {pp_rank} of "
+            f"parallel.pp={pp}: a stage without a trainable parameter is not served by Paddle 3.3.1's optimizer "
+            "(AdamW.step reads its first parameter) nor by fleet's pipeline buckets; adapt a linear in every stage's "
+            "blocks, or move the split (parallel.pp_layers)")
+
+
 def init_adapters(adapters: list, base: list, run, slices) -> None:
     """Adapters from `run.initial_adapters` (a PaddleNLP adapter directory) or from (seed, canonical name)."""
     cfg = run.cfg

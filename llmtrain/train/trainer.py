@@ -48,7 +48,7 @@ from llmtrain.train.anomaly_rewind import SkipWindows
 from llmtrain.train.clip import install_recording_clip
 from llmtrain.plan.memory import predicted_report
 from llmtrain.train.contract import apply_resume_contract
-from llmtrain.train.lora import init_adapters, split_adapters
+from llmtrain.train.lora import init_adapters, no_adapter_problem, split_adapters
 from llmtrain.models.recompute import recompute_of
 from llmtrain.train.main_grad import attach_main_grad, main_grad_on
 from llmtrain.train.memory import predicted_activation_bytes, write_memory_report
@@ -129,6 +129,9 @@ def build_model_and_optimizer(run, topo, amp: AmpPlan) -> Built:
         raise RuntimeError(f"{len(core.parameters()) - len(named)} parameters have no canonical name")
     slices = TensorSlices(topo.tp_rank, layout.tp, topo.ep_rank, layout.ep)  # this rank's part of each full tensor
     named, frozen = split_adapters(named) if lora else (named, [])  # LoRA: train the adapters, freeze the base
+    problem = no_adapter_problem(named, topo.pp_rank, layout.pp, lora.target_modules) if lora else None
+    if problem is not None:  # this rank's stage alone: a RuntimeError, whose traceback every rank prints (a
+        raise RuntimeError(problem)  # ConfigError is printed by rank 0 only)
     base = frozen if lora else named
     if run.initial_state is not None:
         load_full_state(base, run.initial_state, slices, source=cfg.model.init_from)

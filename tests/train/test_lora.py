@@ -200,6 +200,19 @@ def test_paddlenlp_adapters_continue_in_our_finetuning(lora_runs, tiny_corpus):
     assert len(mem["optimizer_params"]) == 2 * 3 * 2  # q, v, up of 2 layers, as PaddleNLP's targets said
 
 
+def test_a_pipeline_stage_without_adapters_is_refused_by_name():
+    """A stage whose blocks no target matches has no trainable parameter: refused with the targets and the stage
+    (measured under pp2 with adapters on blocks 0-3 of 8: the rank raises this instead of AdamW's IndexError)."""
+    import paddle
+
+    from llmtrain.train.lora import no_adapter_problem
+
+    msg = no_adapter_problem([], 1, 2, [r"layers\.[0-3]\..*_proj"])
+    assert msg.startswith("finetune.lora.target_modules=") and "pipeline stage 1 of parallel.pp=2" in msg, msg
+    assert "parallel.pp_layers" in msg and "AdamW.step" in msg, msg
+    assert no_adapter_problem([("layers.4.mlp.up_proj.lora_A", paddle.zeros([2, 2]))], 1, 2, ["x"]) is None
+
+
 def test_resume_contract_refuses_another_base_for_a_lora_checkpoint():
     from llmtrain.train.contract import review_resume
 
