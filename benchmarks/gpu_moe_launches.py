@@ -24,7 +24,6 @@ Tables (one JSON file each in DIR, gpu_reference's `provenance`):
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import statistics
@@ -40,7 +39,7 @@ import gpu_moe  # noqa: E402
 from gpu_model import Decoder, MasterAdamW, llama, make_batch, train_step  # noqa: E402
 from gpu_moe import MoE, MoEDecoder  # noqa: E402
 from gpu_reference import Bench, _wall  # noqa: E402
-from gpu_tables import _free as free, _timed_steps as timed, moe_op_makers  # noqa: E402
+from gpu_tables import _free as free, _timed_steps as timed, moe_op_makers, run_tables  # noqa: E402
 
 TABLES = ("ops", "layers", "dropless")
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaMemsetAsync",
@@ -125,6 +124,17 @@ def generic_ops(b: Bench, T: int, h: int, E: int, k: int) -> dict:
     }
 
 
+def launch_row(b: Bench, row: dict, make, reps: int) -> dict:
+    """`row` with one call's host seconds and device events (three operand sets from `make`), or the error."""
+    try:
+        fns = [make() for _ in range(3)]
+        row["host_s"] = host_per_call(b, fns, reps)
+        row.update(count_device(b, fns[0], reps))
+    except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+        row["error"] = f"{type(e).__name__}: {e}"[:300]
+    return row
+
+
 def run_ops(b: Bench, deadline: float):
     """`launches` (module docstring) at the qwen-moe-4L micro-batch-1 sizes: T = 4096, E = 60, k = 4, h = 2048."""
     T, E, k, h = (64, 12, 4, 64) if b.args.smoke else (4096, 60, 4, 2048)
@@ -138,26 +148,13 @@ def run_ops(b: Bench, deadline: float):
             if time.time() > deadline:
                 b.add("launches", {"note": "time budget spent"})
                 return
-            row = {"op": op, "n": n, "width": width, "k": k, "kind": kind}
-            try:
-                fns = [make() for _ in range(3)]
-                row["host_s"] = host_per_call(b, fns, reps)
-                row.update(count_device(b, fns[0], reps))
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {e}"[:300]
-            b.add("launches", row)
+            b.add("launches", launch_row(b, {"op": op, "n": n, "width": width, "k": k, "kind": kind}, make, reps))
             seen.add(op)
         free(b)
     for op, make in generic_ops(b, T, h, E, k).items():
         if time.time() > deadline:
             return
-        row = {"op": op, "n": T, "width": h, "E": E, "k": k, "kind": "generic"}
-        try:
-            fns = [make() for _ in range(3)]
-            row["host_s"] = host_per_call(b, fns, reps)
-            row.update(count_device(b, fns[0], reps))
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        row = launch_row(b, {"op": op, "n": T, "width": h, "E": E, "k": k, "kind": "generic"}, make, reps)
         b.add("launches", row, {"notes": run_ops.__doc__ + " " + (__doc__ or "").split("- `launches`:")[1].split("- `layers`")[0]})
     print(f"[ops] {len(b.rows('launches'))} rows", flush=True)
 
@@ -271,32 +268,8 @@ def run_dropless(b: Bench, deadline: float):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default=",".join(TABLES), help=f"comma list of {TABLES}")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--cpu", action="store_true")
-    ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--steps-n", type=int, default=8)
-    ap.add_argument("--budget", default="", help="seconds per table, e.g. ops=60")
-    args = ap.parse_args(argv)
-    budgets = {k: float(v) for k, v in (kv.split("=") for kv in args.budget.split(",") if kv)}
-    only = [t for t in args.only.split(",") if t]
-    bad = [t for t in only if t not in TABLES]
-    if bad:
-        raise SystemExit(f"--only: unknown tables {bad}; known: {TABLES}")
-    b = Bench(args)
-    if b.cuda:
-        ok = gpu_h100.probe_cudnn(b)
-        gpu_h100.pin_attention(b, ok)
-        print(f"[probe] cudnn SDPA -> {ok}", flush=True)
-    print(f"device {b.dev}; torch {torch.__version__}; tables {only}", flush=True)
-    for t in only:
-        t0 = time.time()
-        end = t0 + budgets.get(t, 1e9)
-        {"ops": run_ops, "layers": run_layers, "dropless": run_dropless}[t](b, end)
-        print(f"[{t}] {time.time() - t0:.1f} s", flush=True)
+    run_tables(__doc__, TABLES, {"ops": run_ops, "layers": run_layers, "dropless": run_dropless}, argv, warmup=2,
+               steps_n=8, setup=lambda b, only: gpu_h100.pin_for_steps(b, only, always=True))
 
 
 if __name__ == "__main__":
