@@ -55,7 +55,7 @@ def held_bytes_per_layer(model_cfg, batch: int, seq: int, recompute: bool, seed:
     import paddle
 
     from llmtrain.models import build_model
-    from llmtrain.paddle_compat.host_memory import host_allocated_bytes
+    from llmtrain.paddle_compat.host_memory import host_allocated_bytes, no_collection
 
     paddle.seed(seed)
     ids = paddle.randint(0, model_cfg.vocab_size, [batch, seq])
@@ -63,8 +63,9 @@ def held_bytes_per_layer(model_cfg, batch: int, seq: int, recompute: bool, seed:
     for n in (1, 2):
         model = build_model(dataclasses.replace(model_cfg, num_layers=n), recompute=recompute)
         model.train()
-        before = host_allocated_bytes()
-        out = model(ids)  # the graph keeps what backward needs; nothing else of the forward survives
-        got.append(host_allocated_bytes() - before)
+        with no_collection():
+            before = host_allocated_bytes()
+            out = model(ids)  # the graph keeps what backward needs; nothing else of the forward survives
+            got.append(host_allocated_bytes() - before)
         del out
     return got[1] - got[0]

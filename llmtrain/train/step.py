@@ -33,6 +33,7 @@ import paddle
 
 from llmtrain.contracts.steps import StepRecord, UpdateCheck, evaluating, mean_loss
 from llmtrain.paddle_compat.fleet import set_pipeline_micro_batches
+from llmtrain.paddle_compat.host_memory import no_collection
 from llmtrain.train.amp import AmpPlan
 
 
@@ -152,12 +153,14 @@ class StepRunner:
             ids, labels = to_tensors(mb)
             skip_sync = self.can_skip_sync and i < n - 1
             with self.model.no_sync() if skip_sync else contextlib.nullcontext():
-                before = allocated_bytes() if self.activation_bytes is None and i == n - 1 else None
-                with self.amp.autocast():
-                    logits = self.model(ids, **packing_inputs(mb))  # [m, s, V/tp]
-                    loss = mean_loss(self.loss_fn(logits, labels))  # fp32 scalar
-                if before is not None:
-                    self.activation_bytes = allocated_bytes() - before
+                measure = self.activation_bytes is None and i == n - 1
+                with no_collection() if measure else contextlib.nullcontext():  # no earlier garbage freed inside
+                    before = allocated_bytes() if measure else None
+                    with self.amp.autocast():
+                        logits = self.model(ids, **packing_inputs(mb))  # [m, s, V/tp]
+                        loss = mean_loss(self.loss_fn(logits, labels))  # fp32 scalar
+                    if measure:
+                        self.activation_bytes = allocated_bytes() - before
                 scaled = loss / n
                 if self.scaler is not None:
                     scaled = self.scaler.scale(scaled)
