@@ -121,6 +121,12 @@ def generic_ops(b: Bench, T: int, h: int, E: int, k: int) -> dict:
         "cumsum0_paddle": lambda: (lambda o=torch.nn.functional.one_hot(idx(), E): gpu_moe.cumsum0(o, MoE(E, k, 1))),
         "bmm": lambda: (lambda x=r(E, 8, h), w=r(E, h, 64): torch.bmm(x, w)),
         "silu_mul": lambda: (lambda g=r(T, h), u=r(T, h): torch.nn.functional.silu(g) * u),
+        # host-only entries of the dense list (views: no device kernel), to price `view_op_s` apart from launches
+        "view_reshape": lambda: (lambda x=r(T, h): x.reshape(T, h // 64, 64)),
+        "view_transpose": lambda: (lambda x=r(T, h): x.transpose(0, 1)),
+        "view_split3": lambda: (lambda x=r(T, h): x.split([h // 2, h // 4, h // 4], dim=-1)),
+        "view_chunk2": lambda: (lambda x=r(T, h): x.chunk(2, dim=-1)),
+        "view_unsqueeze": lambda: (lambda x=r(T, h): x.unsqueeze(0)),
     }
 
 
