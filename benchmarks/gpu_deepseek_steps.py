@@ -11,7 +11,7 @@ vocabulary 102400, seq 4096, micro-batch 1; capacity 1.25 and dropless. Each row
 Written as DIR/deepseek_steps.json (gpu_reference's provenance). The planner's prediction for the same rows
 (llmtrain's config: `PLANNER_OVERRIDES`, `plan.device=h100`) is printed by
 
-    python benchmarks/gpu_deepseek_steps.py --predict [--device h100]
+    python benchmarks/gpu_deepseek_steps.py --predict [--device h100] [--measured benchmarks/data/h100/launches/deepseek_steps.json]
 
 so a measured file can be set beside it (benchmarks/README.md, "One op sequence").
 """
@@ -92,20 +92,34 @@ def measure(args) -> None:
         print(f"[deepseek_steps] {name}: " + (row.get("error") or f"{row['step_s_median'] * 1e3:.1f} ms"), flush=True)
 
 
-def predict(device: str) -> None:
-    """The planner's step time for each row on `device` (one GPU, no parallelism)."""
+def predict(device: str, measured_file: str | None = None) -> None:
+    """The planner's step time for each row on `device` (one GPU, no parallelism), beside a measured
+    deepseek_steps.json when given (dropless also priced at that row's measured busiest/mean load)."""
     sys.path.insert(0, os.path.dirname(HERE))
     from llmtrain.config import compose_config, to_config
     from llmtrain.parallel.layout import resolve_layout
     from llmtrain.plan.estimate import time_estimate
     from llmtrain.plan.profile import load_profile
 
+    import json
+
     dev = load_profile(device)
+    measured = {r["name"]: r for r in json.load(open(measured_file))["rows"]} if measured_file else {}
     for kind, extra in (("cap1.25", ["model.moe_capacity_factor=1.25"]), ("dropless", [])):
+        name = f"v2lite-mla-v3router-4L-mb1-{kind}"
         c = to_config(compose_config([*PLANNER_OVERRIDES, *extra]))
-        r = time_estimate(c.model, resolve_layout(c.parallel, c.train, 1), 4096, "none", dev, 8)
-        print(f"v2lite-mla-v3router-4L-mb1-{kind} on {device}: step {r['step_time_s'] * 1e3:.1f} ms predicted "
-              f"(compute {r['compute_s'] * 1e3:.1f} ms)")
+        layout = resolve_layout(c.parallel, c.train, 1)
+        r = time_estimate(c.model, layout, 4096, "none", dev, 8)
+        line = f"{name} on {device}: step {r['step_time_s'] * 1e3:.1f} ms predicted (compute {r['compute_s'] * 1e3:.1f} ms)"
+        m = measured.get(name)
+        if m:
+            err = r["step_time_s"] / m["step_s_median"] - 1
+            line += f"; measured {m['step_s_median'] * 1e3:.1f} ms ({100 * err:+.1f}%)"
+            if "capacity_mean_factor" in m:  # dropless: also at the busiest/mean load the measured routing had
+                f = m["capacity_mean_factor"]
+                at = time_estimate(c.model, layout, 4096, "none", dev, 8, moe_imbalance=f)["step_time_s"]
+                line += f"; at the measured factor {f:.2f}: {at * 1e3:.1f} ms ({100 * (at / m['step_s_median'] - 1):+.1f}%)"
+        print(line)
 
 
 def main(argv=None) -> None:
@@ -116,10 +130,11 @@ def main(argv=None) -> None:
     ap.add_argument("--budget-s", type=float, default=480.0, help="stop starting rows after this many seconds")
     ap.add_argument("--predict", action="store_true", help="print the planner's prediction instead of measuring")
     ap.add_argument("--device", default="h100", help="the planner's profile for --predict")
+    ap.add_argument("--measured", help="--predict: a deepseek_steps.json to set beside the prediction")
     args = ap.parse_args(argv)
     args.warmup, args.steps_n, args.reps = 2, (2 if args.smoke else 8), 0  # what gpu_reference's provenance records
     if args.predict:
-        predict(args.device)
+        predict(args.device, args.measured)
         return
     if not args.out:
         ap.error("--out is required to measure")
