@@ -4,6 +4,8 @@
     python benchmarks/fit_h200.py DATA_DIR --out /tmp/h200.json
     python benchmarks/fit_h200.py DATA_DIR --moe-data benchmarks/data/h200_moe,benchmarks/data/h200_moe/final
                                                                     # the default further directories
+    python benchmarks/fit_h200.py benchmarks/data/h200 --moe-data ... --views-from benchmarks/data/h100/launches/launches.json
+                                                                    # view_op_s from another call's bare views
 
 DATA_DIR holds gemm.json, attention.json, memory_bound.json, host.json, host_model.json and optimizer.json as
 benchmarks/gpu_reference.py writes them (their README.md describes each); steps*.json, if there, are not read.
@@ -65,10 +67,11 @@ def host_times(host: dict) -> dict:
             "ops": {r["op"]: [r["fwd_s_per_op"], r["fwd_bwd_s_per_op"]] for r in ops}}
 
 
-def _op_counts(row: dict) -> tuple[int, int, int, int, int]:
-    """(forward ops, forward views, backward ops, backward views, backward launches) the planner enumerates
-    (kernels.py) for one host_model.json row, the model configured as benchmarks/planner.py configures the H200
-    rows."""
+def _op_counts(row: dict) -> tuple[int, int, int, int, int, int, int]:
+    """(forward ops, forward views, backward ops, backward views, backward launches, forward parts, backward parts)
+    the planner enumerates (kernels.py) for one host_model.json row, the model configured as benchmarks/planner.py
+    configures the H200 rows; parts (`kernel_ops.part`: dispatched ops whose device time is in a composite row) are
+    not among the ops."""
     from llmtrain.config import compose_config, register_configs, to_config
     from llmtrain.plan.kernels import MicroBatchSpec, micro_batch_kernels
     from benchmarks.planner import h200_overrides
@@ -79,15 +82,34 @@ def _op_counts(row: dict) -> tuple[int, int, int, int, int]:
     mb = micro_batch_kernels(MicroBatchSpec(cfg, row["micro_batch"], a["seq"], 1, 2, True, True,
                                             "full" if row["recompute"] else "none"))
     f, b = mb.forward, mb.backward
-    nf = sum(k.kind != "view" for k in f)
-    nb = sum(k.kind != "view" and k.host != "launch" for k in b)
+    nf = sum(k.kind not in ("view", "part") for k in f)
+    nb = sum(k.kind not in ("view", "part") and k.host != "launch" for k in b)
     # launched by the autograd engine at the bare launch cost (kernels.Kernel.host): gradient sums inside the
     # backward and the add of each parameter's gradient into its zeroed buffer (one per parameter tensor)
     launches = sum(k.host == "launch" for k in b) + row["tensors"]
-    return nf, len(f) - nf, nb, len(b) - nb - (sum(k.host == "launch" for k in b)), launches
+    vf, vb = sum(k.kind == "view" for k in f), sum(k.kind == "view" for k in b)
+    return nf, vf, nb, vb, launches, sum(k.kind == "part" for k in f), sum(k.kind == "part" for k in b)
 
 
-def host_from_model(host_model: dict, host: dict) -> dict:
+def bare_view_s(launches: dict) -> float:
+    """The median host seconds of one bare view (reshape, transpose, split, chunk, unsqueeze: no device kernel)
+    from launches.json's generic rows (benchmarks/gpu_moe_launches.py)."""
+    got = [r["host_s"] for r in launches["rows"] if str(r.get("op", "")).startswith("view_") and "host_s" in r]
+    if not got:
+        raise ValueError("launches.json has no bare view rows (view_*): measured before they were added")
+    return statistics.median(got)
+
+
+def bare_part_s(host: dict) -> tuple[float, float]:
+    """(forward, backward) host seconds of one bare eager op with autograd, host.json's `mul` row (fwd_s_per_op,
+    fwd_bwd_s_per_op - fwd_s_per_op): what a `part` (an op inside a composite row: RoPE's neg/cat/mul/add, the
+    unfused SwiGLU's product, the loss's cast) costs, called from inside one function, no module around it."""
+    mul = next(r for r in host["rows"] if r.get("kind") == "eager_op" and r.get("op") == "mul")
+    return mul["fwd_s_per_op"], mul["fwd_bwd_s_per_op"] - mul["fwd_s_per_op"]
+
+
+def host_from_model(host_model: dict, host: dict, view_s: float | None = None,
+                    part_s: tuple[float, float] | None = None) -> dict:
     """The profile's host block from host_model.json: the twin's forward (with the loss) and backward at tiny
     shapes, whose wall time is the host's, against the dispatches the planner counts for the same model
     (`_op_counts`). Least squares over the rows without recompute (both sweeps' medians averaged per row):
@@ -96,6 +118,10 @@ def host_from_model(host_model: dict, host: dict) -> dict:
     where `launch_op_s` is host.json's eager launch floor (a tiny in-place add dispatched from Python; the
     autograd engine's own launches, gradient sums and the adds into the zeroed gradient buffers, cost no more);
     `micro_batch_s` = c_fwd + c_bwd (the forward call, the loss and the autograd engine's start, per micro-batch);
+    with `view_s` (a bare view's host seconds measured alone: `bare_view_s`) `view_op_s` is that measurement and
+    the other four are fitted around it (the rows alone cannot tell views from ops: both grow with the layers);
+    with `part_s` (forward, backward seconds of a bare eager op: `bare_part_s`) the parts are priced at it
+    (`part_fwd_s`, `part_bwd_s`), without it they count as ops;
     `step_s` = the median of step_s - fwd_bwd_s - opt_s (train_step's own Python; the optimizer's time is
     optimizer.json's). Recompute rows are not fitted: their residual is reported (`check`)."""
     import numpy as np
@@ -110,31 +136,44 @@ def host_from_model(host_model: dict, host: dict) -> dict:
         counts[name] = _op_counts(rs[0])
         if rs[0]["recompute"]:
             continue
-        nf, vf, nb, vb, nl = counts[name]
+        nf, vf, nb, vb, nl, pf, pb = counts[name]
+        if part_s is None:
+            nf, nb, pf, pb = nf + pf, nb + pb, 0, 0
         eqs += [[nf, 0, vf, 1, 0], [0, nb, vb, 0, 1]]
-        ys += [mean(rs, "fwd_s"), mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s") - launch * nl]
+        ys += [mean(rs, "fwd_s") - (pf * part_s[0] if pf else 0.0),
+               mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s") - launch * nl - (pb * part_s[1] if pb else 0.0)]
     a, y = np.array(eqs, float), np.array(ys)
-    fwd, bwd, view, c_f, c_b = (float(v) for v in np.linalg.lstsq(a, y, rcond=None)[0])
+    if view_s is None:
+        fwd, bwd, view, c_f, c_b = (float(v) for v in np.linalg.lstsq(a, y, rcond=None)[0])
+    else:
+        view = float(view_s)
+        fwd, bwd, c_f, c_b = (float(v) for v in np.linalg.lstsq(a[:, [0, 1, 3, 4]], y - view * a[:, 2], rcond=None)[0])
     step = statistics.median(r["step_s"] - r["fwd_bwd_s"] - r["opt_s"] for r in host_model["rows"])
     check = {}
+    pfs, pbs = part_s if part_s is not None else (fwd, bwd)
     for name, rs in by.items():
-        nf, vf, nb, vb, nl = counts[name]
-        pred_f = fwd * nf + view * vf + c_f
-        pred_b = (bwd * nb + view * vb + c_b + launch * nl) if not rs[0]["recompute"] else None
+        nf, vf, nb, vb, nl, pf, pb = counts[name]
+        pred_f = fwd * nf + view * vf + pfs * pf + c_f
+        pred_b = (bwd * nb + view * vb + pbs * pb + c_b + launch * nl) if not rs[0]["recompute"] else None
         if rs[0]["recompute"]:  # the recomputed forward at the forward's cost (timeline.Stream.run)
             cfg_ops = counts[name.replace("-recompute", "")] if name.replace("-recompute", "") in counts else None
             if cfg_ops:
-                pred_b = bwd * cfg_ops[2] + view * cfg_ops[3] + c_b + launch * cfg_ops[4] + (pred_f - c_f)
+                pred_b = (bwd * cfg_ops[2] + view * cfg_ops[3] + pbs * cfg_ops[6] + c_b + launch * cfg_ops[4] +
+                          (pred_f - c_f))
         meas_b = mean(rs, "fwd_bwd_s") - mean(rs, "fwd_s")
         check[name] = {"fwd_s": [round(mean(rs, "fwd_s"), 6), round(pred_f, 6)],
                        "bwd_s": [round(meas_b, 6), round(pred_b, 6) if pred_b is not None else None]}
     prov = host_model.get("provenance", {})
-    return {"fwd_op_s": fwd, "bwd_op_s": bwd, "view_op_s": view, "launch_op_s": launch, "micro_batch_s": c_f + c_b,
-            "step_s": max(step, 0.0),
+    parts = {"part_fwd_s": part_s[0], "part_bwd_s": part_s[1]} if part_s is not None else {}
+    return {"fwd_op_s": fwd, "bwd_op_s": bwd, "view_op_s": view, **parts, "launch_op_s": launch,
+            "micro_batch_s": c_f + c_b, "step_s": max(step, 0.0),
             "source": f"host_model.json ({prov.get('date_utc', '?')}, {prov.get('command', '?')}): the model twin "
                       "(benchmarks/gpu_model.py) at tiny shapes (h 64, seq 16, 1-16 layers, llama and gpt), host "
                       "clock after a synchronize; least squares of its forward and backward seconds over the "
-                      "dispatches kernels.py counts (benchmarks/fit_h200.py host_from_model)",
+                      "dispatches kernels.py counts (benchmarks/fit_h200.py host_from_model)" +
+                      (f"; view_op_s measured alone ({view_s * 1e6:.2f} us: bare views' host seconds, launches.json), "
+                       "the rest fitted around it" if view_s is not None else "") +
+                      ("; parts at a bare eager op with autograd (host.json `mul`)" if part_s is not None else ""),
             "check": {"measured_vs_fitted": check, "note": "[measured, fitted] seconds per row; recompute rows "
                       "not fitted"},
             "tiny_op_loop": {k: v for k, v in host_times(host).items() if k != "ops"}}
@@ -201,12 +240,18 @@ def main(argv: list[str]) -> None:
         Path(__file__).resolve().parent.parent / "llmtrain/plan/profiles/h200.json"
     raw, prov = read_tables(data)
     hm = data / "host_model.json"
-    raw["host"] = host_from_model(json.loads(hm.read_text()), raw["host"]) if hm.exists() else host_times(raw["host"])
+    views = Path(argv[argv.index("--views-from") + 1]) if "--views-from" in argv else None
+    view_s = bare_view_s(json.loads(views.read_text())) if views else None
+    raw["host"] = host_from_model(json.loads(hm.read_text()), raw["host"], view_s,
+                                  bare_part_s(raw["host"]) if view_s is not None else None) \
+        if hm.exists() else host_times(raw["host"])
+    if views:  # the H200 calls measured no bare view: PyTorch's view dispatch on another call's host, named
+        raw["host"]["source"] += f" (view_op_s from {views}: not measured on the H200's host)"
     raw["optimizer"] = optimizer_rows(raw["optimizer"])
     g = prov.get("gemm", {})
     prov["summary"] = (f"({g.get('gpu', 'H200')}, driver {g.get('driver', '?')}, CUDA {g.get('cuda', '?')}, torch "
                        f"{g.get('torch', '?')}, {g.get('date_utc', '?')}; CUDA events, medians)")
-    prov["fitted_by"] = f"python benchmarks/fit_h200.py {data}"
+    prov["fitted_by"] = f"python benchmarks/fit_h200.py {data}" + (f" --views-from {views}" if views else "")
     prof = fit_profile(raw, BASE, prov)
     prof["optimizer"]["includes_clip"] = True  # step_s holds the clip (and zeroing the grads)
     moe_arg = argv[argv.index("--moe-data") + 1] if "--moe-data" in argv else \

@@ -6,10 +6,10 @@ Nothing here is fitted or fed back into the profile: it prints (1) the planner's
 (host and device clocks of `timeline.Stream`, kernel by kernel) beside the measured step and GPU busy time;
 (2) the profile's optimizer price against the optimizer phase of the held-out dense llama-7b-8L mb1 step profiled
 in the third call (benchmarks/data/h100/twin2/moe_profile.json: a check of the refit, read here only);
-(3) gemm.json's sections against the same `gemm_row` re-timed minutes later (gemm_extra.json); (4) what the dense
-rows would read if the host fit could not price a list entry that launches no kernel of its own ("view", and the
-rope's parts) above a bare eager dispatch measured in host.json (8-14 us): the host constants refitted to
-host_model.json with `view_op_s` fixed there (a sensitivity, not applied).
+(3) gemm.json's sections against the same `gemm_row` re-timed minutes later (gemm_extra.json). Its fourth table
+(the dense rows with `view_op_s` capped at a bare dispatch, a sensitivity) was retired when the fifth call measured
+bare views (1.4 us) and the list told views from the ops inside composite rows (`kernel_ops.part`): the profile now
+prices both as measured (benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import dataclasses
 import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 if __package__ in (None, ""):
@@ -115,48 +114,11 @@ def gemm_retiming() -> None:
         print(f"| {src} | {len(v)} | {statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f}) |")
 
 
-def view_cap_table() -> None:
-    import numpy as np
-
-    from benchmarks.fit_h200 import _op_counts
-
-    hm = json.loads((DATA / "host_model.json").read_text())
-    host = json.loads((DATA / "host.json").read_text())["rows"]
-    launch = next(r["seconds_per_op"] for r in host if r.get("kind") == "eager_launch_floor")
-    eager = {r["op"]: r["fwd_s_per_op"] for r in host if r.get("kind") == "eager_op"}
-    eqs, ys = [], []
-    for r in hm["rows"]:
-        if r["recompute"]:
-            continue
-        nf, vf, nb, vb, nl = _op_counts(r)
-        eqs += [[nf, 0, 1, 0, vf], [0, nb, 0, 1, vb]]
-        ys += [r["fwd_s"], r["fwd_bwd_s"] - r["fwd_s"] - launch * nl]
-    a, y = np.array(eqs, float), np.array(ys)
-    prof = json.loads((Path(bench.__file__).resolve().parent.parent / "llmtrain/plan/profiles/h100.json").read_text())
-    print(f"\n| view_op_s fixed at | refitted fwd_op_s / bwd_op_s us | llama-1b-mb1 | gpt-1024-mb2 | gpt-2048-mb1 |")
-    print("|---|---|---|---|---|")
-    caps = [("8 us", 8e-6), ("launch floor", launch), ("eager mul", eager["mul"]), ("eager add", eager["add"]),
-            ("14 us", 14e-6), ("fitted (packaged)", prof["host"]["view_op_s"])]
-    with tempfile.TemporaryDirectory() as tmp:
-        for label, cap in caps:
-            coef = np.linalg.lstsq(a[:, :4], y - cap * a[:, 4], rcond=None)[0]
-            host = dict(prof["host"], fwd_op_s=float(coef[0]), bwd_op_s=float(coef[1]), view_op_s=cap)
-            if label.startswith("fitted"):
-                host = prof["host"]
-            path = Path(tmp) / f"h100_{len(label)}_{cap:.3e}.json"
-            path.write_text(json.dumps(dict(prof, host=host)))
-            err = {r["name"]: r["error"] for r in bench.dense_rows(extra=[f"plan.profile={path}"])}
-            print(f"| {label} ({cap * 1e6:.1f} us) | {host['fwd_op_s'] * 1e6:.1f} / {host['bwd_op_s'] * 1e6:.1f} | "
-                  f"{100 * err['llama-1b-mb1']:+.1f}% | {100 * err['gpt-1024-mb2']:+.1f}% | "
-                  f"{100 * err['gpt-2048-mb1']:+.1f}% |")
-
-
 def main() -> None:
     register_configs()
     phase_table()
     optimizer_check()
     gemm_retiming()
-    view_cap_table()
 
 
 if __name__ == "__main__":

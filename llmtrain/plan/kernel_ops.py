@@ -14,8 +14,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Kernel:
     kind: str
-    """gemm | attn_fwd | attn_bwd | mem | view (a host-only dispatch: a view, or an op whose device time is
-    inside a composite memory-bound row of the profile)"""
+    """gemm | attn_fwd | attn_bwd | mem | view (a view: host only, no device kernel; the profile's
+    `host.view_op_s`) | part (a dispatched op whose device time is inside the composite memory-bound row listed
+    before it: the pass's per-op host time, no device time of its own)"""
     op: str
     """Op class of a memory-bound kernel (a class of the profile's memory_bound table) or a name."""
     shape: tuple = ()
@@ -49,6 +50,10 @@ def mem(op: str, numel: float, host: str = "") -> Kernel:
 
 def view(op: str = "view") -> Kernel:
     return Kernel("view", op)
+
+
+def part(op: str) -> Kernel:
+    return Kernel("part", op)
 
 
 def attention_flops(bh: int, s: int, d: int, causal: bool) -> float:
@@ -134,7 +139,7 @@ def _mlp(p: _Pass, cfg, T, Ts, f, fused: dict, sp: bool, bias: bool):
                 _seq_edge(p, T, f, sp)
             p.op([], [mem("add", Ts * h)])
         # silu(gate) * up: one kernel fused (`fuse_swiglu`), two unfused (the profile's row is the pair)
-        host = [] if fused["fuse_swiglu"] else [view("mul")]
+        host = [] if fused["fuse_swiglu"] else [part("mul")]
         p.op([mem("swiglu", T * f)] + host, [mem("swiglu_bwd", T * f)] + host + host)
     else:
         _linear(p, T, h, f, bias, "up")

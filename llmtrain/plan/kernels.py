@@ -44,7 +44,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from llmtrain.models.recompute import Recompute, as_recompute
-from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, _Pass, _seq_edge, attention_flops, gemm, mem, view  # noqa: F401 (re-exported)
+from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, _Pass, _seq_edge, attention_flops, gemm, mem, part, view  # noqa: F401 (re-exported)
 from llmtrain.plan.moe import MoEPlan, moe_ffn
 
 
@@ -85,7 +85,7 @@ def _rope(p: _Pass, T, width, fused: bool):
         p.op([mem("rope", T * (q + kv))], [mem("rope_bwd", T * (q + kv))])
         return
     for w in (q, kv):  # layers.Rotary.apply: chunk, -x2, concat, x*cos, rotated*sin, add: one composite row
-        host = [view("chunk")] + [view("rope-part")] * 4
+        host = [view("chunk")] + [part("rope-part")] * 4
         p.op([mem("rope", T * w)] + host, [mem("rope_bwd", T * w)] + host)
 
 
@@ -299,7 +299,7 @@ def head_kernels(cfg, b, s, t, e, gpu, sp: bool = False, ce_core: bool = False) 
     _linear(p, T, h, V, False, "lm_head", tied=cfg.tie_embeddings)
     if cfg.family == "encoder":  # encoder.MLMBias: [T, V/tp] + [V/tp]
         p.op([mem("add", T * V)], [mem("reduce", T * V)])
-    cast = [view("cast")] if e != 4 else []
+    cast = [part("cast")] if e != 4 else []
     if t > 1 and not gpu:  # llmtrain's CPU stand-in for fleet's fused c_softmax_with_cross_entropy
         _vocab_parallel_ce(p, T, V, ce_core)
     else:

@@ -52,7 +52,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, gemm, mem, view
+from llmtrain.plan.kernel_ops import Kernel, _linear, _mlp, gemm, mem, part, view
 
 
 @dataclass
@@ -224,8 +224,8 @@ def moe_ffn(p, cfg, T: int, fused: dict, plan: MoEPlan, e: int, t: int = 1, sp: 
         p.op([], [mem("add", El * rows * h)])  # the buffer's two gradients summed
     with p.part("moe_act"):  # silu(g) * u, or gelu(u) (`train.recompute_modules=[moe_act]` re-runs it)
         if swiglu:
-            p.op([mem("moe_swiglu_view", El * rows * f), view("mul")],
-                 [mem("moe_swiglu_view_bwd", El * rows * f)] + [view("mul")] * 2)
+            p.op([mem("moe_swiglu_view", El * rows * f), part("mul")],
+                 [mem("moe_swiglu_view_bwd", El * rows * f)] + [part("mul")] * 2)
         else:
             p.op([mem("gelu", El * rows * f)], [mem("gelu_bwd", El * rows * f)])
     p.op([gemm(rows, h, f, El, "expert.down")],

@@ -155,6 +155,8 @@ class Stream:
         extra, launches = host.get("extra_launch_s", 0.0), host.get("launches", {})
         for i, k in enumerate(kernels):
             h = host["view_op_s"] if k.kind == "view" else host["fwd_op_s"] if i < forward_prefix else h_op
+            if k.kind == "part":  # a bare op inside a composite row, where the profile measured one
+                h = host.get("part_fwd_s" if i < forward_prefix or not backward else "part_bwd_s", h)
             if extra and k.kind == "mem" and k.op in launches:  # an op of several device launches (measured)
                 h += extra * (launches[k.op] - 1)
             if k.host == "launch":  # launched by the autograd engine itself (kernels.Kernel.host)
@@ -164,7 +166,7 @@ class Stream:
                 continue
             d = memo.get(k)
             if d is None:
-                d = memo[k] = kernel_seconds(p, k) if k.kind != "view" else 0.0
+                d = memo[k] = kernel_seconds(p, k) if k.kind not in ("view", "part") else 0.0
             key = "gemm" if k.kind == "gemm" else "attention" if k.kind.startswith("attn") else k.kind
             if self.slowdown and key in self.slowdown:
                 if k.kind == "gemm":  # by the elements of its operands and result

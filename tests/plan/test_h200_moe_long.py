@@ -23,12 +23,12 @@ bench = planner_benchmark()
 register_configs()
 DATA = ROOT / "benchmarks" / "data" / "h200_moe"
 
-MOE_PREDICTED = {"qwen-moe-4L-mb1-slots-cap1.25": 0.0743, "qwen-moe-4L-mb1-slots-dropless": 0.0865,
-                 "qwen-moe-4L-mb2-slots-cap1.25": 0.1020, "qwen-moe-4L-mb2-slots-dropless": 0.1151,
-                 "mixtral-2L-mb1-slots-cap1.25": 0.1014, "mixtral-2L-mb1-slots-dropless": 0.1468,
-                 "mixtral-2L-mb2-slots-cap1.25": 0.1523, "mixtral-2L-mb2-slots-dropless": 0.2069,
-                 "deepseek-v2-lite-4L-mb1-slots-cap1.25": 0.0775, "deepseek-v2-lite-4L-mb1-slots-dropless": 0.1101,
-                 "deepseek-v2-lite-4L-mb2-slots-cap1.25": 0.1093, "deepseek-v2-lite-4L-mb2-slots-dropless": 0.1425}
+MOE_PREDICTED = {"qwen-moe-4L-mb1-slots-cap1.25": 0.0773, "qwen-moe-4L-mb1-slots-dropless": 0.0873,
+                 "qwen-moe-4L-mb2-slots-cap1.25": 0.1024, "qwen-moe-4L-mb2-slots-dropless": 0.1157,
+                 "mixtral-2L-mb1-slots-cap1.25": 0.1017, "mixtral-2L-mb1-slots-dropless": 0.147,
+                 "mixtral-2L-mb2-slots-cap1.25": 0.1522, "mixtral-2L-mb2-slots-dropless": 0.2071,
+                 "deepseek-v2-lite-4L-mb1-slots-cap1.25": 0.0803, "deepseek-v2-lite-4L-mb1-slots-dropless": 0.1108,
+                 "deepseek-v2-lite-4L-mb2-slots-cap1.25": 0.1096, "deepseek-v2-lite-4L-mb2-slots-dropless": 0.1432}
 """Since the experts' two bmm (no [E, h, 2f] weight copy: 2-5% less than the pins before) and the fp32 router GEMM;
 the twin's rows were measured with the concatenated copy and a bf16 router (re-measure: benchmarks/README.md)."""
 LONG_PREDICTED = {"llama-1b-s16k": 0.5372, "llama-1b-s32k": 1.5850, "llama-1b-8L-s64k": 2.0137,

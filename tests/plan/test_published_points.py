@@ -106,10 +106,10 @@ def test_ratio(label):
 
 # H200 validation rows (issue 22; benchmarks/data/h200): predicted step seconds as printed by
 # `python benchmarks/planner.py --h200-only`
-H200_PREDICTED = {"llama-1b-mb1": 0.06447, "llama-1b-mb2": 0.08697, "llama-1b-mb4": 0.14881, "llama-1b-mb8": 0.27897,
-                  "gpt-1024-mb8": 0.05943, "gpt-1024-mb2": 0.04769, "gpt-2048-mb4": 0.16675, "gpt-2048-mb1": 0.06239,
-                  "llama-7b-8L-mb1": 0.12481, "llama-7b-8L-mb2": 0.21343, "llama-7b-8L-mb4": 0.3897,
-                  "llama-7b-8L-mb4-recompute": 0.49901, "llama-7b-mb1": 0.46418}
+H200_PREDICTED = {"llama-1b-mb1": 0.05948, "llama-1b-mb2": 0.08662, "llama-1b-mb4": 0.14862, "llama-1b-mb8": 0.27888,
+                  "gpt-1024-mb8": 0.06057, "gpt-1024-mb2": 0.05262, "gpt-2048-mb4": 0.16671, "gpt-2048-mb1": 0.06529,
+                  "llama-7b-8L-mb1": 0.12472, "llama-7b-8L-mb2": 0.21331, "llama-7b-8L-mb4": 0.38957,
+                  "llama-7b-8L-mb4-recompute": 0.49888, "llama-7b-mb1": 0.46409}
 
 
 def test_h200_rows_hold_the_goal():
