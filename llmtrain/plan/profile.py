@@ -452,9 +452,9 @@ SCALING_ERROR = ("scaling the H200's tables by datasheet ratios gave an H100 pro
                  "profile: {measured} (benchmarks/README.md, \"H100\")")
 """The measured error of datasheet scaling, printed beside every profile that is scaled rather than measured."""
 SCALING_FIGURES = {"scaled": "10.8% off on average and up to +29% on measured H100 steps",
-                   "measured": "dense 11/12 within 10% (mean 4.3%, worst +13.7%), 16k-64k 5/5 (mean 1.6%), MoE "
-                               "capacity 4/5 within 10% (worst -10.6%), dropless at the measured busiest expert 5/5 "
-                               "within 15%"}
+                   "measured": "dense 11/12 within 10% (mean 3.9%, worst +10.9%), 16k-64k 5/5 (mean 1.6%), MoE "
+                               "capacity 5/5 within 10% (worst -8.9%), dropless 5/5 within 15% at a balanced router's "
+                               "expected busiest expert (worst -7.4%)"}
 
 
 def measured_note(name: str) -> str:

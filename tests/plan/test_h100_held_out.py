@@ -122,3 +122,23 @@ def test_optimizer_prices_the_measured_adamw_steps():
            for r in rows}
     assert all(abs(e) <= 0.05 for (n, _), e in err.items() if n >= 10**8), err
     assert all(abs(e) <= 0.20 for e in err.values()), err
+
+
+def test_the_unmeasured_profiles_quote_these_figures():
+    """The line printed beside every scaled (unmeasured) profile quotes the measured h100 figures as these rows give
+    them today (`profile.SCALING_FIGURES`): a refit that moves them must move the line."""
+    import statistics
+
+    from llmtrain.plan.profile import SCALING_FIGURES
+
+    drawn_or_skip("dense", GROUPS)
+    dense, cap = bench.dense_rows(), [r for r in bench.moe_rows() if not r["dropless"]]
+    balanced = [r for r in bench.dropless_router_rows() if r["router"] == "balanced"]
+    worst = lambda rows: 100 * max((r["error"] for r in rows), key=abs)  # noqa: E731
+    within = lambda rows, b: sum(abs(r["error"]) <= b for r in rows)  # noqa: E731
+    line = SCALING_FIGURES["measured"]
+    assert f"dense {within(dense, 0.10)}/{len(dense)} within 10% (mean " \
+           f"{100 * statistics.mean(abs(r['error']) for r in dense):.1f}%, worst {worst(dense):+.1f}%)" in line, line
+    assert f"capacity {within(cap, 0.10)}/{len(cap)} within 10% (worst {worst(cap):+.1f}%)" in line, line
+    assert f"dropless {within(balanced, 0.15)}/{len(balanced)} within 15%" in line and \
+           f"(worst {worst(balanced):+.1f}%)" in line, line
