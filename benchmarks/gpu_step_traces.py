@@ -1,6 +1,6 @@
 """One profiled training step of chosen held-out twin rows, kept whole as a gzipped Chrome trace, to find where the
-GPU sits idle in a step the planner under- or over-prices (the traces open in Perfetto or chrome://tracing on any
-machine; kernel and runtime events carry the correlation ids that tie each kernel to the host op that launched it).
+GPU sits idle in a step the planner under- or over-prices (`python benchmarks/step_gaps.py TRACE` sums the idle
+gaps by the host op that launched the kernel after each; the traces also open in Perfetto or chrome://tracing).
 
     python benchmarks/gpu_step_traces.py --out DIR                         # CUDA GPU (an H100: about a minute)
     python benchmarks/gpu_step_traces.py --out /tmp/smoke --smoke --cpu    # tiny shapes, logic only
