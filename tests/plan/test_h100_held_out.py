@@ -29,7 +29,10 @@ fifth call measured them (1.4 us) and the ops inside composite rows (`kernel_ops
 other host constants refitted around them (qwen-moe-4L mb1 -10.6% -> -8.9%; before the optimizer refit the three
 micro-batch-1 rows missed at -11 to -14%)."""
 DENSE_MISS = {"llama-1b-mb1"}
-"""Dense rows outside ±10%: llama-1b mb1 at +10.9% (+13.7% before bare views and parts were priced apart: 729
+"""Dense rows outside ±10%: llama-1b mb1 at +10.9% against the first call's twin (61.1 ms; it kept its fused weights
+for the backward, fewer dispatches than llmtrain's ConcatLinear); the twin as llmtrain runs it measured 67.5 ms
+(third call) and 68.5 ms (sixth call, benchmarks/data/h100/traces) against the planner's 67.8 ms. (+13.7% before
+bare views and parts were priced apart: 729
 host-only entries per micro-batch had cost the fitted `view_op_s` 19.5 us each) since the optimizer is priced as
 optimizer.json measured it (its step rose 66.1 -> 69.5 ms: the old fit priced optimizer.json's own rows 8-22% fast). The third call's twin (fused
 weights rebuilt in the backward: more dispatches) measured the row at 67.5 ms (+3.0%): not a clean repeat, but
