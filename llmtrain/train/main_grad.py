@@ -33,7 +33,8 @@ fused-buffer knob buckets the adapters alone: V2 and V1 (`_tensor_fusion`) lay o
 tensor_fusion_helper.py asserts each parameter trainable, lines 146 and 390), the pipeline's buckets take the
 parameters that are not stop_gradient (pipeline_parallel.py, fused_gradient, line 974), and the hooks of a frozen
 parameter never fire (tests/parallel/test_parity.py: `llama_lora_tf`, `llama_lora_dpov`, `llama_lora_ppov`). LoRA
-with `train.main_grad=true` and no fused-buffer knob is not built.
+with `train.main_grad=true` and no fused-buffer knob runs under sharding stage 1 (V1 reduces the adapters' main
+gradients: `llama_lora_mg`), and is not built elsewhere.
 
 The layer wrapper itself is not kept (PaddleNLP's pipeline recipe does the same): its constructor's hooks are
 the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer for fleet).
@@ -41,7 +42,8 @@ the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer
 from __future__ import annotations
 
 MAIN_GRAD_LAYOUTS = ("dp beside tp, pp, cp or sharding (not alone), sharding stage 1 (V1 or V2) and ZeRO-2 (dp > 1 "
-                     "included), pp, tp and sequence parallelism, cp and ep, and LoRA under a fused-buffer knob (no ZeRO-3)")
+                     "included), pp, tp and sequence parallelism, cp and ep, and LoRA under a fused-buffer knob or "
+                     "sharding stage 1 (no ZeRO-3)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -75,11 +77,12 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
             # hooks empty, and fleet's optimizer leaves dp to it: the gradients are never summed (measured: Llama
             # under dp2, step 1 grad_norm 0.768 for one process's 0.543)
             where.append(f"parallel.dp={parallel.dp} alone (paddle.DataParallel)")
-    v2_here = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1 and \
-        parallel.sharding_split_param
+    stage1 = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1
     # LoRA: only the adapters train (the base is stop_gradient and outside the optimizer); V2's buckets, V1's fused
-    # parameters and buckets and the pipeline's buckets hold the adapters alone; without a fused knob: not built
-    where += ["finetune.lora.rank > 0"] if lora and not (v2_here or fused) else []
+    # parameters and buckets and the pipeline's buckets hold the adapters alone, and V1 without a fused knob reduces
+    # the adapters' main gradients over sharding (tests/parallel/test_parity.py: sharding2's llama_lora_mg); elsewhere
+    # without a fused knob: not built
+    where += ["finetune.lora.rank > 0"] if lora and not (stage1 or fused) else []
     if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
             parallel.pp_sharding_comm_overlap:
         # fleet 3.3.1 reduce-scatters the pipeline's buckets (scale_grads) before it sums the tied table's gradient

@@ -106,7 +106,7 @@ EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
          "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
          "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2", "llama_lora_dpov"),
-         "sharding2": ("moe_ep2", "llama_lora", "llama_off"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
+         "sharding2": ("moe_ep2", "llama_lora", "llama_off", "llama_lora_mg"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2", "moe_ppov_ep2", "llama_lora_ppov"),
          "pp4dpv": ("llama_docs",)}
 """Runs added to one layout's launch (same `run_many` call, so no extra process start)."""
@@ -198,7 +198,8 @@ DOCS = ["data.document_mask=true", "data.reset_position_ids=true"]
 """`llama_docs`: packed documents, attention kept inside each document and positions restarting per document (the
 batches carry position and document ids, which pipeline stages pass along)."""
 SAME_AS = {"moe_dpov": "moe", "moe_ppov": "moe", "gpt_tf": "gpt", "llama_tf": "llama", "llama_mg": "llama", "llama_dpov": "llama", "llama_v2sp": "llama", "llama_sp": "llama", "gpt_sp": "gpt", "moe_rc": "moe", "llama_lora_fsp": "llama_lora", "qwen3_sp": "qwen3",
-           "llama_lora_tf": "llama_lora", "llama_lora_ppov": "llama_lora", "llama_lora_dpov": "llama_lora"}
+           "llama_lora_tf": "llama_lora", "llama_lora_ppov": "llama_lora", "llama_lora_dpov": "llama_lora",
+           "llama_lora_mg": "llama_lora"}
 """Extra runs compared with another run of the one-process reference (the unfused Llama; MoE without recompute;
 the unfused LoRA run)."""
 FUSED = ["model.fuse_qkv=true", "model.fuse_ffn=true", "model.fuse_swiglu=true"]
@@ -362,7 +363,7 @@ def _run_overrides(corpus, out, run: str, init_from=None) -> list[str]:
         # falls); held-out evaluation at steps STEPS/2 and STEPS (4 micro-batches split over the data ranks, token-weighted)
         return [o for o in tiny_overrides(corpus, str(out / run), "llama", steps=STEPS) if not o.startswith("optim.lr=")] \
             + LAYERS + ["finetune.lora.rank=4", "optim.lr=1e-2", f"train.eval_interval={STEPS // 2}", "train.eval_batches=4"] \
-            + (LORA_FSP if run == "llama_lora_fsp" else [])
+            + (LORA_FSP if run == "llama_lora_fsp" else []) + (["train.main_grad=true"] if run == "llama_lora_mg" else [])
     return tiny_overrides(corpus, str(out / run), run, steps=STEPS) + LAYERS
 
 
