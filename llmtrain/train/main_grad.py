@@ -34,7 +34,7 @@ tensor_fusion_helper.py asserts each parameter trainable, lines 146 and 390), th
 parameters that are not stop_gradient (pipeline_parallel.py, fused_gradient, line 974), and the hooks of a frozen
 parameter never fire (tests/parallel/test_parity.py: `llama_lora_tf`, `llama_lora_dpov`, `llama_lora_ppov`). LoRA
 with `train.main_grad=true` and no fused-buffer knob runs under sharding stage 1 (V1 reduces the adapters' main
-gradients: `llama_lora_mg`), and is not built elsewhere.
+gradients: `llama_lora_mg`, sharding alone, the layout tested), and is not built elsewhere.
 
 The layer wrapper itself is not kept (PaddleNLP's pipeline recipe does the same): its constructor's hooks are
 the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer for fleet).
@@ -43,7 +43,7 @@ from __future__ import annotations
 
 MAIN_GRAD_LAYOUTS = ("dp beside tp, pp, cp or sharding (not alone), sharding stage 1 (V1 or V2) and ZeRO-2 (dp > 1 "
                      "included), pp, tp and sequence parallelism, cp and ep, and LoRA under a fused-buffer knob or "
-                     "sharding stage 1 (no ZeRO-3)")
+                     "sharding stage 1 alone (no ZeRO-3)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -77,7 +77,8 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
             # hooks empty, and fleet's optimizer leaves dp to it: the gradients are never summed (measured: Llama
             # under dp2, step 1 grad_norm 0.768 for one process's 0.543)
             where.append(f"parallel.dp={parallel.dp} alone (paddle.DataParallel)")
-    stage1 = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1
+    stage1 = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1 and \
+        parallel.dp == parallel.tp == parallel.pp == parallel.cp == 1  # the layout tested with LoRA (sharding2)
     # LoRA: only the adapters train (the base is stop_gradient and outside the optimizer); V2's buckets, V1's fused
     # parameters and buckets and the pipeline's buckets hold the adapters alone, and V1 without a fused knob reduces
     # the adapters' main gradients over sharding (tests/parallel/test_parity.py: sharding2's llama_lora_mg); elsewhere
