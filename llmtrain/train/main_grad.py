@@ -34,7 +34,8 @@ tensor_fusion_helper.py asserts each parameter trainable, lines 146 and 390), th
 parameters that are not stop_gradient (pipeline_parallel.py, fused_gradient, line 974), and the hooks of a frozen
 parameter never fire (tests/parallel/test_parity.py: `llama_lora_tf`, `llama_lora_dpov`, `llama_lora_ppov`). LoRA
 with `train.main_grad=true` and no fused-buffer knob runs under sharding stage 1 (V1 reduces the adapters' main
-gradients: `llama_lora_mg`, sharding alone, the layout tested), and is not built elsewhere.
+gradients), under tp and under pp, each alone (fleet's hybrid optimizer steps the adapters' main gradients): the
+layouts tested (`llama_lora_mg` in sharding2, tp2 and pp2); beside dp, cp, ep or another degree it is not built.
 
 The layer wrapper itself is not kept (PaddleNLP's pipeline recipe does the same): its constructor's hooks are
 the whole effect, so the model keeps its class (a pipeline stays a PipelineLayer for fleet).
@@ -43,7 +44,7 @@ from __future__ import annotations
 
 MAIN_GRAD_LAYOUTS = ("dp beside tp, pp, cp or sharding (not alone), sharding stage 1 (V1 or V2) and ZeRO-2 (dp > 1 "
                      "included), pp, tp and sequence parallelism, cp and ep, and LoRA under a fused-buffer knob or "
-                     "sharding stage 1 alone (no ZeRO-3)")
+                     "sharding stage 1, tp or pp alone (no ZeRO-3)")
 
 
 def main_grad_on(train_cfg, layout) -> bool:
@@ -77,12 +78,13 @@ def main_grad_problems(train_cfg, parallel, lora: bool, tied: bool = False) -> l
             # hooks empty, and fleet's optimizer leaves dp to it: the gradients are never summed (measured: Llama
             # under dp2, step 1 grad_norm 0.768 for one process's 0.543)
             where.append(f"parallel.dp={parallel.dp} alone (paddle.DataParallel)")
-    stage1 = parallel is not None and parallel.sharding > 1 and parallel.sharding_stage == 1 and \
-        parallel.dp == parallel.tp == parallel.pp == parallel.cp == 1  # the layout tested with LoRA (sharding2)
+    one = parallel is not None and parallel.dp == parallel.cp == 1 and parallel.ep == 1 and \
+        (parallel.sharding == 1 or parallel.sharding_stage == 1)
+    # the layouts tested with LoRA and no fused knob: sharding stage 1, tp or pp, each alone (sharding2, tp2, pp2)
+    stage1 = one and sum(d > 1 for d in (parallel.sharding, parallel.tp, parallel.pp)) == 1
     # LoRA: only the adapters train (the base is stop_gradient and outside the optimizer); V2's buckets, V1's fused
-    # parameters and buckets and the pipeline's buckets hold the adapters alone, and V1 without a fused knob reduces
-    # the adapters' main gradients over sharding (tests/parallel/test_parity.py: sharding2's llama_lora_mg); elsewhere
-    # without a fused knob: not built
+    # parameters and buckets and the pipeline's buckets hold the adapters alone; without a fused knob, tested under
+    # sharding stage 1, tp and pp alone (tests/parallel/test_parity.py: llama_lora_mg); elsewhere: not built
     where += ["finetune.lora.rank > 0"] if lora and not (stage1 or fused) else []
     if parallel is not None and tied and parallel.pp > 1 and parallel.sharding_split_param and \
             parallel.pp_sharding_comm_overlap:

@@ -178,7 +178,8 @@ def test_main_grad_follows_the_knobs_and_refuses_what_is_not_built():
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(dp=2, pp=2), lora=True)[0].startswith(
         "train.main_grad (on) with finetune.lora.rank > 0: not built")  # no fused knob: not built
     # V1 without a fused knob reduces the adapters' main gradients over sharding (test_parity.py: llama_lora_mg)
-    assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(sharding=2), lora=True) == []
+    for one in (dict(sharding=2), dict(tp=2), dict(pp=2)):  # tested alone (test_parity.py: llama_lora_mg)
+        assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(**one), lora=True) == [], one
     assert main_grad_problems(TrainConfig(main_grad=True), ParallelConfig(sharding=2, pp=2), lora=True)  # untested
     for knob in (dict(sharding=2, sharding_tensor_fusion=True), dict(sharding=2, sharding_comm_overlap=True),
                  dict(dp=2, pp=2, dp_comm_overlap=True), dict(sharding=2, pp=2, pp_sharding_comm_overlap=True)):

@@ -103,9 +103,9 @@ LAYOUTS = [
     ("sharding2v2ep", 2), ("dp2pp2dpv", 4), ("sharding2pp2dpv", 4), ("sharding2pp2cp2", 8), ("dp2pp2cp2", 8),
 ]
 EXTRA = {"tp2pp2": ("ernie", "llama_init", "llama_sp"),
-         "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm"),
+         "tp2": ("ernie", "llama_sp", "llama_lora_fsp", "qwen3", "qwen3_sp", "moe_mla", "llama_rcm", "llama_lora_mg"),
          "dp2tp2": ("gpt_sp", "moe_ep2", "moe_rcs_ep2"), "dp2": ("ernie", "moe", "moe_ep2", "moe_cap_ep2", "llama_lora", "llama_rfa"),
-         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2", "llama_lora_dpov"),
+         "dp4": ("moe_ep2",), "pp2": ("ernie", "llama_lora", "moe", "qwen3", "llama5", "llama_rcm", "llama_lora_mg"), "dp2pp2": ("moe_ep2", "moe_rc_ep2", "llama_dpov", "moe_dpov_ep2", "llama_lora_dpov"),
          "sharding2": ("moe_ep2", "llama_lora", "llama_off", "llama_lora_mg"), "zero2": ("llama_lora",), "zero3": ("llama_lora", "moe_ep2"),
          "pp2dpv": ("llama_lora",), "sharding2pp2": ("gpt_tf", "llama_tf", "moe_ep2", "moe_ppov_ep2", "llama_lora_ppov"),
          "pp4dpv": ("llama_docs",)}
