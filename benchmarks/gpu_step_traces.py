@@ -3,6 +3,7 @@ GPU sits idle in a step the planner under- or over-prices (`python benchmarks/st
 gaps by the host op that launched the kernel after each; the traces also open in Perfetto or chrome://tracing).
 
     python benchmarks/gpu_step_traces.py --out DIR                         # CUDA GPU (an H100: about a minute)
+    python benchmarks/gpu_step_traces.py --out DIR --rows gpt-2048-mb1,gpt-1024-mb2    # other held-out rows
     python benchmarks/gpu_step_traces.py --out /tmp/smoke --smoke --cpu    # tiny shapes, logic only
 
 Rows (`ROWS`): the MoE capacity-1.25 rows qwen-moe-4L mb1 / mb2 and deepseek-v2-lite-4L mb1 (gpu_h100.moe_rows,
@@ -34,16 +35,17 @@ ROWS = ("qwen-moe-4L-mb1-slots-cap1.25", "qwen-moe-4L-mb2-slots-cap1.25", "deeps
         "llama-1b-mb1", "llama-1b-mb2")
 
 
-def _rows(smoke: bool) -> dict:
-    """name -> () -> (model, batch): the held-out rows of ROWS (smoke: the first MoE and dense smoke rows)."""
+def _rows(smoke: bool, names=ROWS) -> dict:
+    """name -> (arch, MoE or None, micro-batch): the held-out rows `names` (smoke: the first MoE and dense smoke
+    rows)."""
     moe = gpu_h100.moe_rows(smoke)
-    dense = gpu_h100.dense_rows(smoke) if smoke else {k: v for k, v in STEP_ROWS.items() if k in ROWS}
+    dense = gpu_h100.dense_rows(smoke) if smoke else {k: v for k, v in STEP_ROWS.items() if k in names}
     if smoke:
         moe = dict(list((k, v) for k, v in moe.items() if "cap" in k)[:1])
         dense = dict(list(dense.items())[:1])
     out = {}
     for name, (a, m, mb, _n) in moe.items():
-        if smoke or name in ROWS:
+        if smoke or name in names:
             out[name] = (a, m, mb)
     for name, (a, mb, *_rest) in dense.items():
         out[name] = (a, None, mb)
@@ -55,7 +57,8 @@ def run_traces(b: Bench, deadline: float):
 
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    for name, (a, m, mb) in _rows(b.args.smoke).items():
+    names = tuple(b.args.rows.split(",")) if b.args.rows else ROWS
+    for name, (a, m, mb) in _rows(b.args.smoke, names).items():
         row = {"name": name, "arch": a.as_dict(), "moe": m.as_dict() if m else None, "micro_batch": mb}
         if time.time() > deadline:
             b.add("steps", dict(row, error="time budget spent before this row"))
@@ -99,6 +102,7 @@ def run_traces(b: Bench, deadline: float):
 
 def main(argv=None):
     run_tables(__doc__, ("steps",), {"steps": run_traces}, argv, warmup=2, steps_n=5,
+               options=((("--rows",), {"default": "", "help": f"comma list of held-out rows (default {','.join(ROWS)})"}),),
                setup=lambda b, only: gpu_h100.pin_for_steps(b, only, always=True))
 
 
