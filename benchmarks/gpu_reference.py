@@ -669,9 +669,9 @@ def classify_kernel(name: str) -> str:
     return "other"
 
 
-def profile_step_detail(b: Bench, model, opt, batch) -> dict:
-    """One step under torch.profiler (CPU and CUDA): kernels grouped by name (count, device seconds, median
-    seconds, category), by category, and by (aten op, input shapes) with the kernels each launches."""
+def profiled_step(b: Bench, model, opt, batch):
+    """One training step under torch.profiler (CPU and CUDA activities, input shapes), its forward, backward and
+    optimizer inside `phase_forward` / `phase_backward` / `phase_optimizer` ranges; returns the profiler."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.cuda else [])
@@ -683,6 +683,13 @@ def profile_step_detail(b: Bench, model, opt, batch) -> dict:
         with record_function("phase_optimizer"):
             opt.step()
         b.sync()
+    return prof
+
+
+def profile_step_detail(b: Bench, model, opt, batch) -> dict:
+    """One step under torch.profiler (CPU and CUDA): kernels grouped by name (count, device seconds, median
+    seconds, category), by category, and by (aten op, input shapes) with the kernels each launches."""
+    prof = profiled_step(b, model, opt, batch)
     events = prof.events()
     dev = torch.autograd.DeviceType.CUDA
     # device-side events that are not kernels: the record_function ranges above and the optimizer's own

@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h100  # noqa: E402
 from gpu_model import Decoder, MasterAdamW, make_batch  # noqa: E402
 from gpu_moe import MoEDecoder  # noqa: E402
-from gpu_reference import STEP_ROWS, Bench  # noqa: E402
+from gpu_reference import STEP_ROWS, Bench, profiled_step  # noqa: E402
 from gpu_tables import _free as free, _timed_steps as timed, run_tables  # noqa: E402
 
 ROWS = ("qwen-moe-4L-mb1-slots-cap1.25", "qwen-moe-4L-mb2-slots-cap1.25", "deepseek-v2-lite-4L-mb1-slots-cap1.25",
@@ -55,8 +55,6 @@ def _rows(smoke: bool, names=ROWS) -> dict:
 def run_traces(b: Bench, deadline: float):
     import time
 
-    from torch.profiler import ProfilerActivity, profile, record_function
-
     names = tuple(b.args.rows.split(",")) if b.args.rows else ROWS
     for name, (a, m, mb) in _rows(b.args.smoke, names).items():
         row = {"name": name, "arch": a.as_dict(), "moe": m.as_dict() if m else None, "micro_batch": mb}
@@ -75,23 +73,14 @@ def run_traces(b: Bench, deadline: float):
             batch = make_batch(a, mb, b.dev, b.gen)
             times = timed(b, model, opt, batch, 2, 2 if b.args.smoke else 5)
             row.update(step_s=times, step_s_median=statistics.median(times))
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if b.cuda else [])
             b.sync()
-            with profile(activities=acts, record_shapes=True) as prof:
-                with record_function("phase_forward"):
-                    loss = model(*batch)
-                with record_function("phase_backward"):
-                    loss.backward()
-                with record_function("phase_optimizer"):
-                    opt.step()
-                b.sync()
+            prof = profiled_step(b, model, opt, batch)
             raw = os.path.join(b.args.out, f"trace_{name}.json")
             prof.export_chrome_trace(raw)
             with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb", compresslevel=6) as g:
                 shutil.copyfileobj(f, g)
             os.remove(raw)
             row["trace"] = os.path.basename(raw) + ".gz"
-            del loss
         except Exception as e:  # noqa: BLE001 - recorded, the other rows still run
             row["error"] = f"{type(e).__name__}: {e}"[:400]
         del model, opt
