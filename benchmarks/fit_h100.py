@@ -26,7 +26,7 @@ from pathlib import Path
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.fit_h200 import bare_part_s, bare_view_s, host_from_model, host_times, moe_tables, optimizer_rows
+from benchmarks.fit_h200 import host_block, moe_tables, optimizer_rows
 from llmtrain.plan.fit import fit_attention, fit_optimizer_stream, fit_profile, read_tables, stream_optimizer_seconds
 
 GB, GIB = 1e9, 2**30
@@ -143,12 +143,8 @@ def main(argv: list[str]) -> None:
     short, long_, aprov = fa3_rows(data)
     raw["attention"] = short
     prov["attention"] = aprov
-    hm = data / "host_model.json"
     launches = data / "launches" / "launches.json"
-    view_s = bare_view_s(json.loads(launches.read_text())) if launches.exists() else None
-    raw["host"] = host_from_model(json.loads(hm.read_text()), raw["host"], view_s,
-                                  bare_part_s(raw["host"]) if view_s is not None else None) \
-        if hm.exists() else host_times(raw["host"])
+    raw["host"] = host_block(data, raw["host"], launches if launches.exists() else None)
     raw["optimizer"] = optimizer_rows(raw["optimizer"])
     g = prov.get("gemm", {})
     prov["summary"] = (f"({g.get('gpu', 'H100')}, driver {g.get('driver', '?')}, CUDA {g.get('cuda', '?')}, torch "

@@ -108,6 +108,17 @@ def bare_part_s(host: dict) -> tuple[float, float]:
     return mul["fwd_s_per_op"], mul["fwd_bwd_s_per_op"] - mul["fwd_s_per_op"]
 
 
+def host_block(data: Path, host: dict, views: Path | None) -> dict:
+    """The host block from `data`'s host_model.json (`host_from_model`; without it host.json's loops, `host_times`),
+    with `view_op_s` from the bare views of `views` (a launches.json) and the parts at host.json's eager `mul` when
+    given."""
+    hm = data / "host_model.json"
+    if not hm.exists():
+        return host_times(host)
+    view_s = bare_view_s(json.loads(views.read_text())) if views is not None else None
+    return host_from_model(json.loads(hm.read_text()), host, view_s, bare_part_s(host) if view_s is not None else None)
+
+
 def host_from_model(host_model: dict, host: dict, view_s: float | None = None,
                     part_s: tuple[float, float] | None = None) -> dict:
     """The profile's host block from host_model.json: the twin's forward (with the loss) and backward at tiny
@@ -239,12 +250,8 @@ def main(argv: list[str]) -> None:
     out = Path(argv[argv.index("--out") + 1]) if "--out" in argv else \
         Path(__file__).resolve().parent.parent / "llmtrain/plan/profiles/h200.json"
     raw, prov = read_tables(data)
-    hm = data / "host_model.json"
     views = Path(argv[argv.index("--views-from") + 1]) if "--views-from" in argv else None
-    view_s = bare_view_s(json.loads(views.read_text())) if views else None
-    raw["host"] = host_from_model(json.loads(hm.read_text()), raw["host"], view_s,
-                                  bare_part_s(raw["host"]) if view_s is not None else None) \
-        if hm.exists() else host_times(raw["host"])
+    raw["host"] = host_block(data, raw["host"], views)
     if views:  # the H200 calls measured no bare view: PyTorch's view dispatch on another call's host, named
         raw["host"]["source"] += f" (view_op_s from {views}: not measured on the H200's host)"
     raw["optimizer"] = optimizer_rows(raw["optimizer"])
