@@ -25,6 +25,9 @@ from llmtrain.config import register_configs  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data" / "h100" / "steps"
 TWIN2 = DATA.parent / "twin2"
 """The third call's rows: the twin as llmtrain runs it (fused weights rebuilt in the backward, experts as two bmm)."""
+ROUNDS = DATA.parent / "rounds"
+"""The seventh call's rows (benchmarks/gpu_dense_rounds.py): every dense row under the three twin variants on one
+model, interleaved rounds, beside the host's eager-op table before and after."""
 LAUNCHES = DATA.parent / "launches"
 """The fourth call's rows (benchmarks/gpu_moe_launches.py): kernels per op class, tiny-shape host rows, dropless
 steps under the init and a balanced router."""
@@ -165,6 +168,30 @@ def moe_split_rows(data: Path = TWIN2, device: str = "h100") -> list[dict]:
     return out
 
 
+def rounds_rows(data: Path = ROUNDS, device: str = "h100") -> list[dict]:
+    """The seventh call's dense rows (`rounds.json`), one entry per row and twin variant ("call1": the first call's
+    twin, "twin2": the third call's, "llmtrain": the twin as llmtrain runs it): the median over rounds of each
+    round's median step (`measured_s`), the rounds' spread (max / min - 1), and the planner's error."""
+    out = []
+    for r in _read_all("rounds.json", data):
+        pred = _row(_device(h200_overrides(r["arch"], r["micro_batch"], r["recompute"]), device))["step_time_s"]
+        for variant, med in r["step_s_median"].items():
+            rounds = r["step_s"][variant]
+            out.append({"name": r["name"], "variant": variant, "measured_s": med, "predicted_s": pred,
+                        "error": pred / med - 1, "spread": max(rounds) / min(rounds) - 1, "rounds_s": rounds})
+    return out
+
+
+def host_table(data: Path) -> dict:
+    """`host.json`'s eager-op seconds of one call: (op, "fwd" | "fwd_bwd", when) -> seconds per op."""
+    out = {}
+    for r in json.loads((data / "host.json").read_text())["rows"]:
+        if r.get("kind") == "eager_op":
+            out[(r["op"], "fwd", r.get("when", ""))] = r["fwd_s_per_op"]
+            out[(r["op"], "fwd_bwd", r.get("when", ""))] = r["fwd_bwd_s_per_op"]
+    return out
+
+
 def _table(title: str, rows: list[dict]) -> None:
     _rows_table([title, "measured s", "predicted s", "error"], rows, lambda r: [
         r["name"] + (" (host-bound)" if r.get("host_bound") else ""), f"{r['measured_s']:.4f}",
@@ -199,6 +226,15 @@ def main(argv: list[str]) -> None:
             r["name"], f"{r['fwd_s'] * 1e3:.2f} / {r['plan_fwd_s'] * 1e3:.2f}",
             f"{r['bwd_s'] * 1e3:.2f} / {r['plan_bwd_s'] * 1e3:.2f}", f"{r['fwd_kernels']:.0f} / {r['bwd_kernels']:.0f}",
             f"{r['listed_fwd']} / {r['listed_bwd']}"])
+    if (ROUNDS / "rounds.json").exists():
+        rows = rounds_rows()
+        for variant in ("llmtrain", "twin2", "call1"):
+            _table(f"seventh call: dense row, twin variant {variant}", [r for r in rows if r["variant"] == variant])
+        first, now = host_table(DATA.parent), host_table(ROUNDS)
+        _rows_table(["eager op [8, 64] (host)", "first call us fwd / fwd+bwd", "seventh call before", "after"],
+                    sorted({k[0] for k in first}), lambda op: [op] + [
+            f"{t[(op, 'fwd', w)] * 1e6:.1f} / {t[(op, 'fwd_bwd', w)] * 1e6:.1f}"
+            for t, w in ((first, ""), (now, "before"), (now, "after"))])
     if "--twin2" in argv:
         _table("third call: dense row", dense_rows(TWIN2))
         _table("third call: MoE row, dropless at the measured C", moe_rows(TWIN2))
