@@ -2,6 +2,7 @@
 
     python benchmarks/fit_h100.py benchmarks/data/h100              # -> llmtrain/plan/profiles/h100.json
     python benchmarks/fit_h100.py DATA_DIR --out /tmp/h100.json
+    python benchmarks/fit_h100.py benchmarks/data/h100 --host benchmarks/data/h100/rounds   # host block of another call
 
 DATA_DIR is benchmarks/data/h100 as the one device call of 2026-12-06 left it (its README.md): gemm.json,
 memory_bound.json, host.json, host_model.json, optimizer.json (benchmarks/gpu_reference.py), bmm.json,
@@ -144,7 +145,12 @@ def main(argv: list[str]) -> None:
     raw["attention"] = short
     prov["attention"] = aprov
     launches = data / "launches" / "launches.json"
-    raw["host"] = host_block(data, raw["host"], launches if launches.exists() else None)
+    hdir = Path(argv[argv.index("--host") + 1]) if "--host" in argv else None
+    if hdir is not None:  # the host block of another call: its host.json, host_model.json and launches.json
+        rows = [r for r in json.loads((hdir / "host.json").read_text())["rows"] if r.get("when", "before") == "before"]
+        raw["host"] = host_block(hdir, {"rows": rows}, hdir / "launches.json")
+    else:
+        raw["host"] = host_block(data, raw["host"], launches if launches.exists() else None)
     raw["optimizer"] = optimizer_rows(raw["optimizer"])
     g = prov.get("gemm", {})
     prov["summary"] = (f"({g.get('gpu', 'H100')}, driver {g.get('driver', '?')}, CUDA {g.get('cuda', '?')}, torch "
@@ -171,7 +177,7 @@ def main(argv: list[str]) -> None:
             "classes": borrowed, "source": "not measured on the H100 (moe_ops.json's time budget ended before these "
             "row classes): the h200 profile's curves x the measured H100/H200 time ratio of the `mul` class at the "
             "same size (interpolated in log size; 1.22-1.42 over the measured sizes)"}
-    launches = data / "launches" / "launches.json"
+    launches = hdir / "launches.json" if hdir is not None else data / "launches" / "launches.json"
     if launches.exists():  # MoE op classes that launch several device kernels per call (timeline._priced)
         prof["host"].update(launch_block(launches))
     if prof["host"].get("micro_batch_s", 0) < 0:  # one sweep of host_model: an intercept below zero is noise

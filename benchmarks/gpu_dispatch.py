@@ -1,0 +1,104 @@
+"""The host's dispatch time of a training step's forward and backward at real shapes, read without a synchronise:
+the Python call returns once every kernel is queued, so its wall time is the host's while the device is the slower
+side (the queue never fills), beside the same twin at the tiny shapes the planner's host block is fitted on.
+
+    python benchmarks/gpu_dispatch.py --out DIR                 # CUDA GPU (an H100: about two minutes)
+    python benchmarks/gpu_dispatch.py --out /tmp/smoke --smoke --cpu    # tiny shapes, logic only
+
+Table `dispatch` (DIR/dispatch.json, gpu_reference's `provenance`), one row per shape and twin variant
+(gpu_dense_rounds.VARIANTS: "llmtrain" the twin as llmtrain runs it, "call1" the first H100 call's): after 3
+warm-up steps, `--steps-n` repetitions of: synchronise; forward with the loss (`fwd_host_s`: until the call
+returns); backward (`bwd_host_s`: until `backward()` returns); synchronise (`fwd_bwd_s`: the wall time of both);
+the optimizer step, synchronised. Medians. `queue_bound` marks a row whose dispatch reached its wall time (the
+launch queue filled or the row is host-bound: its host figure is then an upper bound of the device's, not the
+host's). Shapes: the tiny rows of gpu_reference.host_model_rows (h 64, seq 16: the host block's fitting rows),
+real shapes that are not held-out rows (llama-1b at seq 1024 and at 11 layers, gpt-1024 at seq 512, gpt-2048 at
+12 layers), and three held-out rows for reference (read, never fitted on).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpu_h100  # noqa: E402
+from gpu_dense_rounds import VARIANTS  # noqa: E402
+from gpu_model import Decoder, MasterAdamW, gpt, llama, make_batch, train_step  # noqa: E402
+from gpu_reference import STEP_ROWS  # noqa: E402
+from gpu_tables import _free as free, run_tables  # noqa: E402
+
+
+def rows(smoke: bool) -> dict:
+    """name -> (arch, micro_batch, kind): kind "tiny" | "real" | "held_out"."""
+    if smoke:
+        return {"llama-L2": (llama(2, 64, 4, 2, 160, 16, vocab=256), 1, "tiny"),
+                "llama-smoke-s64": (llama(2, 64, 4, 2, 160, 64, vocab=256), 2, "real")}
+    out = {}
+    for n in (4, 16):
+        out[f"llama-L{n}"] = (llama(n, 64, 4, 2, 160, 16, vocab=256), 1, "tiny")
+        out[f"gpt-L{n}"] = (gpt(n, 64, 4, 256, 16, vocab=256), 1, "tiny")
+    out["llama-1b-s1024-mb1"] = (llama(22, 2048, 32, 4, 5632, 1024), 1, "real")
+    out["llama-1b-11L-mb1"] = (llama(11, 2048, 32, 4, 5632, 2048), 1, "real")
+    out["gpt-1024-s512-mb2"] = (gpt(24, 1024, 16, 4096, 512), 2, "real")
+    out["gpt-2048-12L-mb1"] = (gpt(12, 2048, 16, 8192, 2048), 1, "real")
+    for name in ("llama-1b-mb1", "gpt-1024-mb2", "gpt-2048-mb1"):
+        a, mb, _rc = STEP_ROWS[name]
+        out[name] = (a, mb, "held_out")
+    return out
+
+
+def run_dispatch(b, deadline: float):
+    for name, (a, mb, kind) in rows(b.args.smoke).items():
+        for variant, (fw, saved) in VARIANTS.items():
+            if variant == "twin2":
+                continue
+            row = {"name": name, "kind": kind, "variant": variant, "arch": a.as_dict(), "micro_batch": mb}
+            if time.time() > deadline:
+                b.add("dispatch", dict(row, error="time budget spent before this row"))
+                continue
+            model = opt = None
+            try:
+                free(b)
+                model = Decoder(a, b.dev, b.dtype, False, generator=b.gen, fused_weights=fw, saved=saved)
+                opt = MasterAdamW(model.parameters())
+                batch = make_batch(a, mb, b.dev, b.gen)
+                for _ in range(3):
+                    train_step(model, opt, batch)
+                fh, bh, wall = [], [], []
+                for _ in range(b.args.steps_n):
+                    b.sync()
+                    t0 = time.perf_counter()
+                    loss = model(*batch)
+                    t1 = time.perf_counter()
+                    loss.backward()
+                    t2 = time.perf_counter()
+                    b.sync()
+                    t3 = time.perf_counter()
+                    opt.step()
+                    b.sync()
+                    fh.append(t1 - t0)
+                    bh.append(t2 - t1)
+                    wall.append(t3 - t0)
+                row.update(fwd_host_s=statistics.median(fh), bwd_host_s=statistics.median(bh),
+                           fwd_bwd_s=statistics.median(wall), fwd_host_all=fh, bwd_host_all=bh, fwd_bwd_all=wall)
+                row["queue_bound"] = row["fwd_host_s"] + row["bwd_host_s"] > 0.9 * row["fwd_bwd_s"]
+            except Exception as e:  # noqa: BLE001 - recorded, the other rows still run
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
+            del model, opt
+            b.add("dispatch", row, {"notes": __doc__.split("\n\n")[2]})
+            print(f"[dispatch] {name} {variant}: " + (row.get("error") or (
+                f"host fwd {row['fwd_host_s'] * 1e3:.2f} ms, bwd {row['bwd_host_s'] * 1e3:.2f} ms, wall "
+                f"{row['fwd_bwd_s'] * 1e3:.2f} ms" + (" (queue-bound)" if row["queue_bound"] else ""))), flush=True)
+
+
+def main(argv=None):
+    run_tables(__doc__, ("dispatch",), {"dispatch": run_dispatch}, argv, warmup=3, steps_n=7,
+               setup=lambda b, only: gpu_h100.pin_for_steps(b, only, always=True))
+
+
+if __name__ == "__main__":
+    main()
