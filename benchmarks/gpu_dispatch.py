@@ -9,7 +9,8 @@ Table `dispatch` (DIR/dispatch.json, gpu_reference's `provenance`), one row per 
 (gpu_dense_rounds.VARIANTS: "llmtrain" the twin as llmtrain runs it, "call1" the first H100 call's): after 3
 warm-up steps, `--steps-n` repetitions of: synchronise; forward with the loss (`fwd_host_s`: until the call
 returns); backward (`bwd_host_s`: until `backward()` returns); synchronise (`fwd_bwd_s`: the wall time of both);
-the optimizer step, synchronised. Medians. `queue_bound` marks a row whose dispatch reached its wall time (the
+the optimizer step, synchronised. Medians. Then 1 + `--steps-n` whole training steps timed as the held-out rows
+time them (`step_s`, `step_s_median`). `queue_bound` marks a row whose dispatch reached its wall time (the
 launch queue filled or the row is host-bound: its host figure is then an upper bound of the device's, not the
 host's). Shapes: the tiny rows of gpu_reference.host_model_rows (h 64, seq 16: the host block's fitting rows),
 real shapes that are not held-out rows (llama-1b at seq 1024 and at 11 layers, gpt-1024 at seq 512, gpt-2048 at
@@ -29,7 +30,7 @@ import gpu_h100  # noqa: E402
 from gpu_dense_rounds import VARIANTS  # noqa: E402
 from gpu_model import Decoder, MasterAdamW, gpt, llama, make_batch, train_step  # noqa: E402
 from gpu_reference import STEP_ROWS  # noqa: E402
-from gpu_tables import _free as free, run_tables  # noqa: E402
+from gpu_tables import _free as free, _timed_steps as timed, run_tables  # noqa: E402
 
 
 def rows(smoke: bool) -> dict:
@@ -85,6 +86,8 @@ def run_dispatch(b, deadline: float):
                     wall.append(t3 - t0)
                 row.update(fwd_host_s=statistics.median(fh), bwd_host_s=statistics.median(bh),
                            fwd_bwd_s=statistics.median(wall), fwd_host_all=fh, bwd_host_all=bh, fwd_bwd_all=wall)
+                steps = timed(b, model, opt, batch, 1, b.args.steps_n)  # whole steps, as the held-out rows time them
+                row.update(step_s=steps, step_s_median=statistics.median(steps))
                 row["queue_bound"] = row["fwd_host_s"] + row["bwd_host_s"] > 0.9 * row["fwd_bwd_s"]
             except Exception as e:  # noqa: BLE001 - recorded, the other rows still run
                 row["error"] = f"{type(e).__name__}: {e}"[:400]
