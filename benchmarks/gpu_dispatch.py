@@ -57,7 +57,8 @@ def run_dispatch(b, deadline: float):
         for variant, (fw, saved) in VARIANTS.items():
             if variant == "twin2":
                 continue
-            row = {"name": name, "kind": kind, "variant": variant, "arch": a.as_dict(), "micro_batch": mb}
+            row = {"name": name, "kind": kind, "variant": variant, "arch": a.as_dict(), "micro_batch": mb,
+                   "recompute": False}
             if time.time() > deadline:
                 b.add("dispatch", dict(row, error="time budget spent before this row"))
                 continue
@@ -66,6 +67,7 @@ def run_dispatch(b, deadline: float):
                 free(b)
                 model = Decoder(a, b.dev, b.dtype, False, generator=b.gen, fused_weights=fw, saved=saved)
                 opt = MasterAdamW(model.parameters())
+                row["tensors"] = len(opt.params)
                 batch = make_batch(a, mb, b.dev, b.gen)
                 for _ in range(3):
                     train_step(model, opt, batch)
