@@ -3,6 +3,7 @@
     python benchmarks/fit_h100.py benchmarks/data/h100              # -> llmtrain/plan/profiles/h100.json
     python benchmarks/fit_h100.py DATA_DIR --out /tmp/h100.json
     python benchmarks/fit_h100.py benchmarks/data/h100 --host benchmarks/data/h100/rounds   # host block of another call
+    python benchmarks/fit_h100.py benchmarks/data/h100 --dispatch DIR/dispatch.json   # per-op host at real shapes
 
 DATA_DIR is benchmarks/data/h100 as the one device call of 2026-12-06 left it (its README.md): gemm.json,
 memory_bound.json, host.json, host_model.json, optimizer.json (benchmarks/gpu_reference.py), bmm.json,
@@ -151,6 +152,11 @@ def main(argv: list[str]) -> None:
         raw["host"] = host_block(hdir, {"rows": rows}, hdir / "launches.json")
     else:
         raw["host"] = host_block(data, raw["host"], launches if launches.exists() else None)
+    if "--dispatch" in argv:  # the per-op host seconds from unsynchronised dispatch at real shapes
+        from benchmarks.fit_h200 import host_from_dispatch
+
+        rows = json.loads(Path(argv[argv.index("--dispatch") + 1]).read_text())["rows"]
+        raw["host"] = host_from_dispatch([r for r in rows if r.get("variant") == "llmtrain"], raw["host"])
     raw["optimizer"] = optimizer_rows(raw["optimizer"])
     g = prov.get("gemm", {})
     prov["summary"] = (f"({g.get('gpu', 'H100')}, driver {g.get('driver', '?')}, CUDA {g.get('cuda', '?')}, torch "

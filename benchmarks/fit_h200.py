@@ -119,6 +119,41 @@ def host_block(data: Path, host: dict, views: Path | None) -> dict:
     return host_from_model(json.loads(hm.read_text()), host, view_s, bare_part_s(host) if view_s is not None else None)
 
 
+def host_from_dispatch(rows: list[dict], base: dict, kinds=("real",)) -> dict:
+    """`base` (a host block) with the forward's and backward's per-op host seconds and the per-micro-batch constant
+    refitted to dispatch.json's rows of `kinds` (benchmarks/gpu_dispatch.py: the host seconds until the forward's and
+    the backward's call return, unsynchronised, at real shapes where the device is the slower side): least squares
+        fwd_host_s = fwd_op_s·ops + view_op_s·views + part_fwd_s·parts + c_fwd
+        bwd_host_s = bwd_op_s·ops + view_op_s·views + part_bwd_s·parts + launch_op_s·launches + c_bwd
+    over the dispatches kernels.py counts (`_op_counts`), the view, part and launch seconds kept from `base`. Rows
+    whose dispatch reached their wall time (`queue_bound`) are left out: their host figure is not the host's."""
+    import numpy as np
+
+    use = [r for r in rows if r.get("kind") in kinds and "fwd_host_s" in r and not r.get("queue_bound")]
+    if len(use) < 2:
+        raise ValueError(f"dispatch rows of kinds {kinds}: {len(use)} usable (need 2)")
+    view, launch = base["view_op_s"], base["launch_op_s"]
+    pf_s, pb_s = base.get("part_fwd_s", 0.0), base.get("part_bwd_s", 0.0)
+    ef, yf, eb, yb, check = [], [], [], [], {}
+    for r in use:
+        nf, vf, nb, vb, nl, pf, pb = _op_counts(r)
+        ef.append([nf, 1.0])
+        yf.append(r["fwd_host_s"] - view * vf - pf_s * pf)
+        eb.append([nb, 1.0])
+        yb.append(r["bwd_host_s"] - view * vb - pb_s * pb - launch * nl)
+    (fwd, c_f), (bwd, c_b) = (np.linalg.lstsq(np.array(e, float), np.array(y), rcond=None)[0] for e, y in
+                              ((ef, yf), (eb, yb)))
+    for r, e_f, y_f, e_b, y_b in zip(use, ef, yf, eb, yb):
+        check[f"{r['name']}:{r.get('variant', '')}"] = {
+            "fwd_s": [round(r["fwd_host_s"], 6), round(r["fwd_host_s"] - y_f + fwd * e_f[0] + c_f, 6)],
+            "bwd_s": [round(r["bwd_host_s"], 6), round(r["bwd_host_s"] - y_b + bwd * e_b[0] + c_b, 6)]}
+    return {**base, "fwd_op_s": float(fwd), "bwd_op_s": float(bwd), "micro_batch_s": max(float(c_f + c_b), 0.0),
+            "source": base.get("source", "") + f"; fwd_op_s, bwd_op_s and micro_batch_s refitted to {len(use)} "
+                      f"dispatch rows ({', '.join(kinds)} shapes: unsynchronised host seconds, "
+                      "benchmarks/fit_h200.py host_from_dispatch)",
+            "dispatch_check": {"measured_vs_fitted": check, "note": "[measured, fitted] host seconds per row"}}
+
+
 def host_from_model(host_model: dict, host: dict, view_s: float | None = None,
                     part_s: tuple[float, float] | None = None) -> dict:
     """The profile's host block from host_model.json: the twin's forward (with the loss) and backward at tiny

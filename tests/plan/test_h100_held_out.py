@@ -51,6 +51,28 @@ def test_dense_rows_within_ten_percent():
     assert {r["name"] for r in rows if abs(r["error"]) > 0.10} == DENSE_MISS
 
 
+SEVENTH_MISS = {"gpt-1024-mb8", "gpt-1024-mb2"}
+"""The seventh call's rows (the twin as llmtrain runs it) outside ±10%: both host-bound GPT rows whose own three
+rounds, minutes apart in one process, spread 22% (71.7-87.5 ms) and 43% (65.3-93.5 ms); on that host an eager op's
+forward and backward took 7-50% longer than on the first call's, which the host block was fitted on."""
+
+
+def test_rows_as_llmtrain_runs_them_within_ten_percent_where_they_repeat():
+    """The seventh call's dense rows (benchmarks/data/h100/rounds/rounds.json): every held-out row under the twin as
+    llmtrain runs it (fused weights rebuilt in the backward, Paddle's saved tensors), three rounds interleaved with
+    the other twin variants on one model and host. Every row whose rounds repeat within 10% (max / min) is within
+    10% of the planner; the rows it misses are the ones whose own measurement does not repeat within 10%."""
+    drawn_or_skip("dense", GROUPS)
+    rows = [r for r in bench.rounds_rows() if r["variant"] == "llmtrain"]
+    assert len(rows) == 12
+    steady = [r for r in rows if r["spread"] <= 0.10]
+    assert len(steady) == 10, [(r["name"], round(r["spread"], 3)) for r in rows]
+    assert all(abs(r["error"]) <= 0.10 for r in steady), [(r["name"], round(r["error"], 3)) for r in steady]
+    missed = {r["name"] for r in rows if abs(r["error"]) > 0.10}
+    assert missed == SEVENTH_MISS, missed
+    assert all(r["spread"] > 0.10 for r in rows if r["name"] in missed)
+
+
 def test_long_rows_within_ten_percent():
     drawn_or_skip("long", GROUPS)
     rows = bench.long_rows()
