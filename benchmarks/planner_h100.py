@@ -4,6 +4,9 @@
     python benchmarks/planner_h100.py --scaled /tmp/h100_scaled.json   # also a scaled profile's error (same rows)
     python benchmarks/planner_h100.py --twin2         # also the third call's rows (data/h100/twin2) and the MoE split
 
+The seventh call's tables (data/h100/rounds: the dense rows under three twin variants on one host, its eager-op
+table beside the first call's, its MoE rows) print whenever that folder is present.
+
 Rows: dense <= 8k (steps.json), 16k-64k (long_steps.json), MoE capacity 1.25 and dropless (moe_steps.json), all
 with cuDNN attention (the FA3-class kernel the h100 profile prices). The overrides are benchmarks/planner.py's
 for the H200 rows with `plan.device=h100`; dropless rows are priced twice: with the routing's measured C (the
@@ -235,6 +238,8 @@ def main(argv: list[str]) -> None:
                     sorted({k[0] for k in first}), lambda op: [op] + [
             f"{t[(op, 'fwd', w)] * 1e6:.1f} / {t[(op, 'fwd_bwd', w)] * 1e6:.1f}"
             for t, w in ((first, ""), (now, "before"), (now, "after"))])
+        if (ROUNDS / "moe_steps.json").exists():
+            _table("seventh call: MoE row, dropless at the measured C", moe_rows(ROUNDS))
     if "--twin2" in argv:
         _table("third call: dense row", dense_rows(TWIN2))
         _table("third call: MoE row, dropless at the measured C", moe_rows(TWIN2))
