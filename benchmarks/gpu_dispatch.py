@@ -7,12 +7,11 @@ side (the queue never fills), beside the same twin at the tiny shapes the planne
 
 Table `dispatch` (DIR/dispatch.json, gpu_reference's `provenance`), one row per shape and twin variant
 (gpu_dense_rounds.VARIANTS: "llmtrain" the twin as llmtrain runs it, "call1" the first H100 call's): after 3
-warm-up steps, `--steps-n` repetitions of: synchronise; forward with the loss (`fwd_host_s`: until the call
-returns); backward (`bwd_host_s`: until `backward()` returns); synchronise (`fwd_bwd_s`: the wall time of both);
-the optimizer step, synchronised. Medians. Then 1 + `--steps-n` whole training steps timed as the held-out rows
-time them (`step_s`, `step_s_median`). `queue_bound` marks a row whose dispatch reached its wall time (the
-launch queue filled or the row is host-bound: its host figure is then an upper bound of the device's, not the
-host's). Shapes: the tiny rows of gpu_reference.host_model_rows (h 64, seq 16: the host block's fitting rows),
+warm-up steps, `--steps-n` whole training steps through gpu_reference.step_phases (no synchronise inside a step:
+`fwd_host_s`, `bwd_host_s`, `opt_host_s` the host's dispatch time of each phase, `step_s` the wall time to the
+end of the device work; medians, and every step in `step_s`, `fwd_host_all`, `bwd_host_all`). `queue_bound`
+marks a row whose dispatch reached 90% of its step (the launch queue filled or the row is host-bound: its
+host figure is then an upper bound of the device's, not the host's). Shapes: the tiny rows of gpu_reference.host_model_rows (h 64, seq 16: the host block's fitting rows),
 real shapes that are not held-out rows (llama-1b at seq 1024 and at 11 layers, gpt-1024 at seq 512, gpt-2048 at
 12 layers), and three held-out rows for reference (read, never fitted on).
 """
@@ -23,14 +22,13 @@ import statistics
 import sys
 import time
 
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gpu_h100  # noqa: E402
 from gpu_dense_rounds import VARIANTS  # noqa: E402
 from gpu_model import Decoder, MasterAdamW, gpt, llama, make_batch, train_step  # noqa: E402
-from gpu_reference import STEP_ROWS  # noqa: E402
-from gpu_tables import _free as free, _timed_steps as timed, run_tables  # noqa: E402
+from gpu_reference import STEP_ROWS, step_phases  # noqa: E402
+from gpu_tables import _free as free, run_tables  # noqa: E402
 
 
 def rows(smoke: bool) -> dict:
@@ -71,33 +69,19 @@ def run_dispatch(b, deadline: float):
                 batch = make_batch(a, mb, b.dev, b.gen)
                 for _ in range(3):
                     train_step(model, opt, batch)
-                fh, bh, wall = [], [], []
-                for _ in range(b.args.steps_n):
-                    b.sync()
-                    t0 = time.perf_counter()
-                    loss = model(*batch)
-                    t1 = time.perf_counter()
-                    loss.backward()
-                    t2 = time.perf_counter()
-                    b.sync()
-                    t3 = time.perf_counter()
-                    opt.step()
-                    b.sync()
-                    fh.append(t1 - t0)
-                    bh.append(t2 - t1)
-                    wall.append(t3 - t0)
-                row.update(fwd_host_s=statistics.median(fh), bwd_host_s=statistics.median(bh),
-                           fwd_bwd_s=statistics.median(wall), fwd_host_all=fh, bwd_host_all=bh, fwd_bwd_all=wall)
-                steps = timed(b, model, opt, batch, 1, b.args.steps_n)  # whole steps, as the held-out rows time them
-                row.update(step_s=steps, step_s_median=statistics.median(steps))
-                row["queue_bound"] = row["fwd_host_s"] + row["bwd_host_s"] > 0.9 * row["fwd_bwd_s"]
+                ph = [step_phases(model, opt, batch, b.sync) for _ in range(b.args.steps_n)]
+                row.update({k: statistics.median(p[k] for p in ph) for k in ph[0]})
+                row.update(step_s=[p["step_s"] for p in ph], step_s_median=row.pop("step_s"),
+                           fwd_host_all=[p["fwd_host_s"] for p in ph], bwd_host_all=[p["bwd_host_s"] for p in ph])
+                dispatch = row["fwd_host_s"] + row["bwd_host_s"] + row["opt_host_s"]
+                row["queue_bound"] = dispatch > 0.9 * row["step_s_median"]
             except Exception as e:  # noqa: BLE001 - recorded, the other rows still run
                 row["error"] = f"{type(e).__name__}: {e}"[:400]
             del model, opt
             b.add("dispatch", row, {"notes": __doc__.split("\n\n")[2]})
             print(f"[dispatch] {name} {variant}: " + (row.get("error") or (
-                f"host fwd {row['fwd_host_s'] * 1e3:.2f} ms, bwd {row['bwd_host_s'] * 1e3:.2f} ms, wall "
-                f"{row['fwd_bwd_s'] * 1e3:.2f} ms" + (" (queue-bound)" if row["queue_bound"] else ""))), flush=True)
+                f"host fwd {row['fwd_host_s'] * 1e3:.2f} ms, bwd {row['bwd_host_s'] * 1e3:.2f} ms, step "
+                f"{row['step_s_median'] * 1e3:.2f} ms" + (" (queue-bound)" if row["queue_bound"] else ""))), flush=True)
 
 
 def main(argv=None):
