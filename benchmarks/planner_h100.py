@@ -16,6 +16,8 @@ expert from E, k and tokens (`plan.moe_imbalance` unset: llmtrain/plan/moe.py `e
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +33,12 @@ TWIN2 = DATA.parent / "twin2"
 ROUNDS = DATA.parent / "rounds"
 """The seventh call's rows (benchmarks/gpu_dense_rounds.py): every dense row under the three twin variants on one
 model, interleaved rounds, beside the host's eager-op table before and after."""
+EIGHTH = DATA.parent / "dispatch"
+"""The eighth call's rows (benchmarks/gpu_dispatch.py three times, pass1-3/dispatch.json: the host's unsynchronised
+dispatch at real shapes; then benchmarks/gpu_dense_rounds.py, rounds/: the dense rows again, two rounds)."""
+NINTH = DATA.parent / "repeat"
+"""The ninth call's rows: the first call's own step harness (`gpu_h100.py --only steps_dense --steps-n 6`) three
+times on one fresh host (pass1-3/steps.json), then its MoE rows once (moe/log.txt: the JSON did not come back)."""
 LAUNCHES = DATA.parent / "launches"
 """The fourth call's rows (benchmarks/gpu_moe_launches.py): kernels per op class, tiny-shape host rows, dropless
 steps under the init and a balanced router."""
@@ -89,6 +97,30 @@ def moe_rows(data: Path = DATA, device: str = "h100", routing: str = "measured",
                     "predicted_s": pred["step_time_s"], "error": pred["step_time_s"] / r["step_s_median"] - 1,
                     "measured_factor": imb if dropless else None})
     return out
+
+
+def median_rows(device: str = "h100") -> list[dict]:
+    """Each held-out dense row's median over every run of the first call's harness: the first call's steps.json
+    and the ninth call's three passes (pass*/steps.json), four runs on two hosts; `runs_s` lists them, `spread` is
+    max / min - 1."""
+    runs = [{r["name"]: r for r in dense_rows(d, device)} for d in [DATA, *sorted(NINTH.glob("pass*"))]]
+    out = []
+    for name, r in runs[0].items():
+        ms = [run[name]["measured_s"] for run in runs]
+        med = statistics.median(ms)
+        out.append({"name": name, "measured_s": med, "predicted_s": r["predicted_s"],
+                    "error": r["predicted_s"] / med - 1, "runs_s": ms, "spread": max(ms) / min(ms) - 1})
+    return out
+
+
+def moe_log_rows(log: Path = NINTH / "moe" / "log.txt", device: str = "h100") -> list[dict]:
+    """MoE rows read from a call's log (`[moe_steps] NAME: X ms`, where the JSON did not come back), priced as
+    moe_rows prices the first call's rows of the same name: the same arch, and dropless at the first call's
+    measured C (the twin's routers are seeded: the seventh call read the same C within 0.2% for 9 of 10 rows)."""
+    measured = {m.group(1): float(m.group(2)) / 1e3
+                for m in re.finditer(r"^\[moe_steps\] (\S+): ([0-9.]+) ms", log.read_text(), re.M)}
+    return [{**r, "measured_s": measured[r["name"]], "error": r["predicted_s"] / measured[r["name"]] - 1}
+            for r in moe_rows(device=device) if r["name"] in measured]
 
 
 def dropless_router_rows(data: Path = LAUNCHES, device: str = "h100") -> list[dict]:
@@ -185,6 +217,35 @@ def rounds_rows(data: Path = ROUNDS, device: str = "h100") -> list[dict]:
     return out
 
 
+def dispatch_rows(data: Path = EIGHTH, device: str = "h100") -> list[dict]:
+    """The eighth call's dispatch rows (pass*/dispatch.json), one entry per shape and twin variant: the host's
+    forward and backward dispatch seconds of each pass (medians of the pass's steps) beside the planner's host
+    seconds for the same model (the dispatches kernels.py lists, priced by `device`'s host block), and each
+    pass's step."""
+    from benchmarks.fit_h200 import _op_counts
+    from llmtrain.plan.profile import load_profile
+
+    h = {k: v for k, v in load_profile(device).host.items() if k.endswith("_s")}
+    g = lambda k: float(h.get(k, 0.0))  # noqa: E731
+    by: dict = {}
+    for f in sorted(data.glob("pass*/dispatch.json")):
+        for r in json.loads(f.read_text())["rows"]:
+            by.setdefault((r["name"], r["variant"]), []).append(r)
+    counts, out = {}, []
+    for (name, variant), rs in by.items():
+        if name not in counts:
+            counts[name] = _op_counts(rs[0])
+        nf, vf, nb, vb, nl, pf, pb = counts[name]
+        out.append({"name": name, "variant": variant, "kind": rs[0]["kind"],
+                    "queue_bound": any(r["queue_bound"] for r in rs),
+                    "fwd_s": [r["fwd_host_s"] for r in rs], "bwd_s": [r["bwd_host_s"] for r in rs],
+                    "step_s": [r["step_s_median"] for r in rs],
+                    "plan_fwd_s": g("fwd_op_s") * nf + g("view_op_s") * vf + g("part_fwd_s") * pf,
+                    "plan_bwd_s": g("bwd_op_s") * nb + g("view_op_s") * vb + g("part_bwd_s") * pb
+                    + g("launch_op_s") * nl})
+    return out
+
+
 def host_table(data: Path) -> dict:
     """`host.json`'s eager-op seconds of one call: (op, "fwd" | "fwd_bwd", when) -> seconds per op."""
     out = {}
@@ -229,17 +290,36 @@ def main(argv: list[str]) -> None:
             r["name"], f"{r['fwd_s'] * 1e3:.2f} / {r['plan_fwd_s'] * 1e3:.2f}",
             f"{r['bwd_s'] * 1e3:.2f} / {r['plan_bwd_s'] * 1e3:.2f}", f"{r['fwd_kernels']:.0f} / {r['bwd_kernels']:.0f}",
             f"{r['listed_fwd']} / {r['listed_bwd']}"])
-    if (ROUNDS / "rounds.json").exists():
-        rows = rounds_rows()
+    first = host_table(DATA.parent)
+    for call, folder in (("seventh", ROUNDS), ("eighth", EIGHTH / "rounds")):
+        if not (folder / "rounds.json").exists():
+            continue
+        rows = rounds_rows(folder)
         for variant in ("llmtrain", "twin2", "call1"):
-            _table(f"seventh call: dense row, twin variant {variant}", [r for r in rows if r["variant"] == variant])
-        first, now = host_table(DATA.parent), host_table(ROUNDS)
-        _rows_table(["eager op [8, 64] (host)", "first call us fwd / fwd+bwd", "seventh call before", "after"],
+            _table(f"{call} call: dense row, twin variant {variant}", [r for r in rows if r["variant"] == variant])
+        now = host_table(folder)
+        _rows_table(["eager op [8, 64] (host)", "first call us fwd / fwd+bwd", f"{call} call before", "after"],
                     sorted({k[0] for k in first}), lambda op: [op] + [
             f"{t[(op, 'fwd', w)] * 1e6:.1f} / {t[(op, 'fwd_bwd', w)] * 1e6:.1f}"
             for t, w in ((first, ""), (now, "before"), (now, "after"))])
-        if (ROUNDS / "moe_steps.json").exists():
-            _table("seventh call: MoE row, dropless at the measured C", moe_rows(ROUNDS))
+        if (folder / "moe_steps.json").exists():
+            _table(f"{call} call: MoE row, dropless at the measured C", moe_rows(folder))
+    if list(NINTH.glob("pass*/steps.json")):
+        for i, d in enumerate(sorted(NINTH.glob("pass*")), 1):
+            _table(f"ninth call, pass {i}: dense row, the first call's harness", dense_rows(d))
+        _rows_table(["dense row: median of four runs of the first call's harness", "runs ms (first call, ninth x3)",
+                     "spread", "median s", "predicted s", "error"], median_rows(), lambda r: [
+            r["name"], " ".join(f"{x * 1e3:.1f}" for x in r["runs_s"]), f"{100 * r['spread']:.1f}%",
+            f"{r['measured_s']:.4f}", f"{r['predicted_s']:.4f}", f"{100 * r['error']:+.1f}%"])
+        if (NINTH / "moe" / "log.txt").exists():
+            _table("ninth call: MoE row (log), dropless at the first call's C", moe_log_rows())
+    if list(EIGHTH.glob("pass*/dispatch.json")):
+        ms = lambda xs: " ".join(f"{x * 1e3:.1f}" for x in xs)  # noqa: E731
+        _rows_table(["eighth call: dispatch row", "variant", "fwd host ms, passes 1-3 / planned",
+                     "bwd host ms, passes 1-3 / planned", "step ms, passes 1-3"], dispatch_rows(), lambda r: [
+            r["name"] + (" (queue-bound)" if r["queue_bound"] else ""), r["variant"],
+            f"{ms(r['fwd_s'])} / {r['plan_fwd_s'] * 1e3:.1f}", f"{ms(r['bwd_s'])} / {r['plan_bwd_s'] * 1e3:.1f}",
+            ms(r["step_s"])])
     if "--twin2" in argv:
         _table("third call: dense row", dense_rows(TWIN2))
         _table("third call: MoE row, dropless at the measured C", moe_rows(TWIN2))

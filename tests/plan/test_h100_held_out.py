@@ -5,7 +5,8 @@ was never fitted to; benchmarks/fit_h100.py reads only the kernel tables beside 
     LLMTRAIN_SAMPLE_SEED=all python -m pytest tests/plan/test_h100_held_out.py -q     # every group, not a draw
 
 Every row was measured with cuDNN attention (the FA3-class kernel the profile prices). The bounds are the issue's:
-dense <= 8k, 16k-64k and MoE capacity rows within 10% (one dense row misses: pinned below), dropless rows within
+dense <= 8k, 16k-64k and MoE capacity rows within 10% (dense: each row's median over four runs of the first
+call's harness on two hosts; one row misses the first call's single run: pinned below), dropless rows within
 15% when the routing's busiest-expert load is stated (`plan.moe_imbalance` = the factor the twin's dispatcher read).
 The planner's own expectation from E, k and tokens is a balanced router's: the twin's random-initialised routers
 load their busiest expert 2.6-5.2x the mean, so those rows are checked to be under-priced, not within a bound, and
@@ -29,7 +30,9 @@ fifth call measured them (1.4 us) and the ops inside composite rows (`kernel_ops
 other host constants refitted around them (qwen-moe-4L mb1 -10.6% -> -8.9%; before the optimizer refit the three
 micro-batch-1 rows missed at -11 to -14%)."""
 DENSE_MISS = {"llama-1b-mb1"}
-"""Dense rows outside ±10%: llama-1b mb1 at +10.9% against the first call's twin (61.1 ms; it kept its fused weights
+"""Dense rows outside ±10% of the first call's single run: llama-1b mb1 at +10.9% against 61.1 ms; the same harness
+on the ninth call's host read 73.8 / 67.3 / 66.6 ms (the median of the four runs is within 1.3%: the test below).
+Against the first call's twin (61.1 ms; it kept its fused weights
 for the backward, fewer dispatches than llmtrain's ConcatLinear); the twin as llmtrain runs it measured 67.5 ms
 (third call) and 68.5 ms (sixth call, benchmarks/data/h100/traces) against the planner's 67.8 ms. (+13.7% before
 bare views and parts were priced apart: 729
@@ -51,25 +54,55 @@ def test_dense_rows_within_ten_percent():
     assert {r["name"] for r in rows if abs(r["error"]) > 0.10} == DENSE_MISS
 
 
+def test_dense_rows_within_ten_percent_of_their_median_over_four_runs():
+    """The first call's step harness run again three times on another fresh H100 (the ninth call,
+    benchmarks/data/h100/repeat/pass1-3): each held-out dense row's median over the four runs (two hosts) is within
+    10% of the planner, llama-1b mb1 too (61.1 ms on the first call, 73.8 / 67.3 / 66.6 ms on the ninth: the first
+    call's figure was the fast end of that row's spread, not its typical value). The rows that move more than 10%
+    between runs are the ones where the host's Python is the step's longer side."""
+    drawn_or_skip("dense", GROUPS)
+    rows = bench.median_rows()
+    assert len(rows) == 12 and all(len(r["runs_s"]) == 4 for r in rows)
+    assert all(abs(r["error"]) <= 0.10 for r in rows), [(r["name"], round(r["error"], 3)) for r in rows]
+    moving = {r["name"] for r in rows if r["spread"] > 0.10}
+    assert moving == {"llama-1b-mb1", "gpt-1024-mb8", "gpt-1024-mb2"}, moving
+
+
+def test_ninth_call_moe_rows():
+    """The ninth call's MoE rows (its log: the JSON did not come back), priced as the first call's rows of the same
+    name: capacity rows within 10%, dropless within 15% at the first call's measured C."""
+    drawn_or_skip("moe", GROUPS)
+    rows = bench.moe_log_rows()
+    assert len(rows) == 10
+    assert all(abs(r["error"]) <= (0.15 if r["dropless"] else 0.10) for r in rows), \
+        [(r["name"], round(r["error"], 3)) for r in rows]
+
+
 SEVENTH_MISS = {"gpt-1024-mb8", "gpt-1024-mb2"}
 """The seventh call's rows (the twin as llmtrain runs it) outside ±10%: both host-bound GPT rows whose own three
 rounds, minutes apart in one process, spread 22% (71.7-87.5 ms) and 43% (65.3-93.5 ms); on that host an eager op's
 forward and backward took 7-50% longer than on the first call's, which the host block was fitted on."""
+EIGHTH_MISS = {"gpt-1024-mb2"}
+"""The eighth call's rows outside ±10%: the host-bound gpt-1024 mb2 (-15.6%), whose two rounds spread 17%; on that
+host the eager-op table itself moved 30-40% between the start and the end of the call."""
 
 
-def test_rows_as_llmtrain_runs_them_within_ten_percent_where_they_repeat():
-    """The seventh call's dense rows (benchmarks/data/h100/rounds/rounds.json): every held-out row under the twin as
-    llmtrain runs it (fused weights rebuilt in the backward, Paddle's saved tensors), three rounds interleaved with
-    the other twin variants on one model and host. Every row whose rounds repeat within 10% (max / min) is within
-    10% of the planner; the rows it misses are the ones whose own measurement does not repeat within 10%."""
+@pytest.mark.parametrize("call, folder, steady_n, misses", [
+    ("seventh", bench.ROUNDS, 10, SEVENTH_MISS), ("eighth", bench.EIGHTH / "rounds", 11, EIGHTH_MISS)])
+def test_rows_as_llmtrain_runs_them_within_ten_percent_where_they_repeat(call, folder, steady_n, misses):
+    """The seventh and eighth calls' dense rows (benchmarks/data/h100/rounds/rounds.json, .../dispatch/rounds/):
+    every held-out row under the twin as llmtrain runs it (fused weights rebuilt in the backward, Paddle's saved
+    tensors), in rounds interleaved with the other twin variants on one model and host. Every row whose rounds
+    repeat within 10% (max / min) is within 10% of the planner; the rows it misses are the ones whose own
+    measurement does not repeat within 10%."""
     drawn_or_skip("dense", GROUPS)
-    rows = [r for r in bench.rounds_rows() if r["variant"] == "llmtrain"]
+    rows = [r for r in bench.rounds_rows(folder) if r["variant"] == "llmtrain"]
     assert len(rows) == 12
     steady = [r for r in rows if r["spread"] <= 0.10]
-    assert len(steady) == 10, [(r["name"], round(r["spread"], 3)) for r in rows]
+    assert len(steady) == steady_n, (call, [(r["name"], round(r["spread"], 3)) for r in rows])
     assert all(abs(r["error"]) <= 0.10 for r in steady), [(r["name"], round(r["error"], 3)) for r in steady]
     missed = {r["name"] for r in rows if abs(r["error"]) > 0.10}
-    assert missed == SEVENTH_MISS, missed
+    assert missed == misses, (call, missed)
     assert all(r["spread"] > 0.10 for r in rows if r["name"] in missed)
 
 
