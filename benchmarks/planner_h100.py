@@ -103,10 +103,11 @@ def median_rows(device: str = "h100") -> list[dict]:
     """Each held-out dense row's median over every run of the first call's harness: the first call's steps.json
     and the ninth call's three passes (pass*/steps.json), four runs on two hosts; `runs_s` lists them, `spread` is
     max / min - 1."""
-    runs = [{r["name"]: r for r in dense_rows(d, device)} for d in [DATA, *sorted(NINTH.glob("pass*"))]]
+    runs = [{r["name"]: r["step_s_median"] for r in _read("steps.json", d)} for d in sorted(NINTH.glob("pass*"))]
     out = []
-    for name, r in runs[0].items():
-        ms = [run[name]["measured_s"] for run in runs]
+    for r in dense_rows(DATA, device):  # priced once: the ninth call ran the same rows
+        name = r["name"]
+        ms = [r["measured_s"]] + [run[name] for run in runs]
         med = statistics.median(ms)
         out.append({"name": name, "measured_s": med, "predicted_s": r["predicted_s"],
                     "error": r["predicted_s"] / med - 1, "runs_s": ms, "spread": max(ms) / min(ms) - 1})
@@ -144,10 +145,10 @@ def dropless_router_rows(data: Path = LAUNCHES, device: str = "h100") -> list[di
     return out
 
 
-def tiny_host_rows(data: Path = LAUNCHES, device: str = "h100") -> list[dict]:
-    """The launches call's tiny-shape rows (`layers.json`: the twin at h 64, seq 16, where the wall time is the
-    host's), first sweep, against the planner's host seconds for the same model: the forward's and the backward's
-    dispatches (timeline.Stream over micro_batch_kernels; the host constants of `device`'s profile)."""
+def _planned_host(a: dict, moe: dict | None, micro_batch: int, recompute: bool, device: str) -> tuple:
+    """The planner's host seconds for one micro-batch's forward and backward dispatches of the model `a` (and
+    `moe`) as benchmarks/planner.py configures the H200 rows (timeline.Stream over micro_batch_kernels; the host
+    constants of `device`'s profile), and the micro-batch's kernel list."""
     from benchmarks.planner import compose_config
     from llmtrain.config import to_config
     from llmtrain.plan.devices import get_device
@@ -155,24 +156,29 @@ def tiny_host_rows(data: Path = LAUNCHES, device: str = "h100") -> list[dict]:
     from llmtrain.plan.moe import MoEPlan
     from llmtrain.plan.timeline import Stream
 
-    prof = get_device(device)
+    ov = h200_moe_overrides(a, moe, micro_batch, 1.0) if moe else h200_overrides(a, micro_batch, recompute)
+    cfg = to_config(compose_config(_device(ov, device))).model
+    mb = micro_batch_kernels(MicroBatchSpec(cfg, micro_batch, a["seq"], 1, 2, True, True,
+                                            "full" if recompute else "none", moe=MoEPlan() if moe else None))
+    st = Stream(get_device(device), fast=False)
+    st.run(mb.forward, False)
+    fwd = st.host_total
+    st.run(mb.backward, True)
+    return fwd, st.host_total - fwd, mb
+
+
+def tiny_host_rows(data: Path = LAUNCHES, device: str = "h100") -> list[dict]:
+    """The launches call's tiny-shape rows (`layers.json`: the twin at h 64, seq 16, where the wall time is the
+    host's), first sweep, against the planner's host seconds for the same model (`_planned_host`)."""
     out = []
     for r in _read_all("layers.json", data):
         if r.get("sweep") != 1 or "fwd_s" not in r:
             continue
-        a = r["arch"]
-        ov = h200_moe_overrides(a, r["moe"], 1, 1.0) if r["moe"] else h200_overrides(a, 1, False)
-        cfg = to_config(compose_config(_device(ov, device))).model
-        mb = micro_batch_kernels(MicroBatchSpec(cfg, 1, a["seq"], 1, 2, True, True, "none",
-                                                moe=MoEPlan() if r["moe"] else None))
-        st = Stream(prof, fast=False)
-        st.run(mb.forward, False)
-        fwd = st.host_total
-        st.run(mb.backward, True)
+        fwd, bwd, mb = _planned_host(r["arch"], r["moe"], 1, False, device)
         out.append({"name": r["name"], "fwd_s": r["fwd_s"], "bwd_s": r["fwd_bwd_s"] - r["fwd_s"],
                     "fwd_kernels": r.get("fwd_kernels", 0) + r.get("fwd_memsets", 0) + r.get("fwd_memcpys", 0),
                     "bwd_kernels": r.get("bwd_kernels", 0) + r.get("bwd_memsets", 0) + r.get("bwd_memcpys", 0),
-                    "plan_fwd_s": fwd, "plan_bwd_s": st.host_total - fwd,
+                    "plan_fwd_s": fwd, "plan_bwd_s": bwd,
                     "listed_fwd": sum(k.kind != "view" for k in mb.forward),
                     "listed_bwd": sum(k.kind != "view" for k in mb.backward)})
     return out
@@ -220,29 +226,21 @@ def rounds_rows(data: Path = ROUNDS, device: str = "h100") -> list[dict]:
 def dispatch_rows(data: Path = EIGHTH, device: str = "h100") -> list[dict]:
     """The eighth call's dispatch rows (pass*/dispatch.json), one entry per shape and twin variant: the host's
     forward and backward dispatch seconds of each pass (medians of the pass's steps) beside the planner's host
-    seconds for the same model (the dispatches kernels.py lists, priced by `device`'s host block), and each
-    pass's step."""
-    from benchmarks.fit_h200 import _op_counts
-    from llmtrain.plan.profile import load_profile
-
-    h = {k: v for k, v in load_profile(device).host.items() if k.endswith("_s")}
-    g = lambda k: float(h.get(k, 0.0))  # noqa: E731
+    seconds for the same model (`_planned_host`), and each pass's step."""
     by: dict = {}
     for f in sorted(data.glob("pass*/dispatch.json")):
         for r in json.loads(f.read_text())["rows"]:
             by.setdefault((r["name"], r["variant"]), []).append(r)
-    counts, out = {}, []
+    planned, out = {}, []
     for (name, variant), rs in by.items():
-        if name not in counts:
-            counts[name] = _op_counts(rs[0])
-        nf, vf, nb, vb, nl, pf, pb = counts[name]
-        out.append({"name": name, "variant": variant, "kind": rs[0]["kind"],
-                    "queue_bound": any(r["queue_bound"] for r in rs),
-                    "fwd_s": [r["fwd_host_s"] for r in rs], "bwd_s": [r["bwd_host_s"] for r in rs],
-                    "step_s": [r["step_s_median"] for r in rs],
-                    "plan_fwd_s": g("fwd_op_s") * nf + g("view_op_s") * vf + g("part_fwd_s") * pf,
-                    "plan_bwd_s": g("bwd_op_s") * nb + g("view_op_s") * vb + g("part_bwd_s") * pb
-                    + g("launch_op_s") * nl})
+        r = rs[0]
+        if name not in planned:
+            planned[name] = _planned_host(r["arch"], None, r["micro_batch"], r["recompute"], device)[:2]
+        out.append({"name": name, "variant": variant, "kind": r["kind"],
+                    "queue_bound": any(x["queue_bound"] for x in rs),
+                    "fwd_s": [x["fwd_host_s"] for x in rs], "bwd_s": [x["bwd_host_s"] for x in rs],
+                    "step_s": [x["step_s_median"] for x in rs],
+                    "plan_fwd_s": planned[name][0], "plan_bwd_s": planned[name][1]})
     return out
 
 
