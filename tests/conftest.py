@@ -14,6 +14,11 @@ for _p in (os.path.dirname(_TESTS), _TESTS):
 os.environ.setdefault("FLAGS_cudnn_deterministic", "1")
 
 from llmtest import REPO, compose, tiny_overrides  # noqa: E402,F401
+from ports import worker_port_range  # noqa: E402
+
+# A launch that does not go through tests/launch.py's env() (documented commands run as written) still draws its
+# workers' ports from this xdist worker's own slice, above the kernel's ephemeral range (tests/ports.py).
+os.environ.setdefault("PORT_RANGE", worker_port_range())
 
 
 @pytest.fixture(scope="session")

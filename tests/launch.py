@@ -14,21 +14,16 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from ports import free_port, launcher_port_range  # noqa: F401  (free_port is re-exported to the tests)
+
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 400
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env() -> dict:
@@ -37,6 +32,7 @@ def env() -> dict:
     e.setdefault("OMP_NUM_THREADS", "1")
     e.setdefault("MKL_NUM_THREADS", "1")
     e.pop("PADDLE_TRAINERS_NUM", None)
+    e["PORT_RANGE"] = launcher_port_range()  # this launch's workers bind ports no other job draws (tests/ports.py)
     return e
 
 

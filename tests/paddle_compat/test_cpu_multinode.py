@@ -28,7 +28,6 @@ ATOL = 1e-5
 def run_two_nodes(workdir: Path) -> dict[int, dict[str, np.ndarray]]:
     out_dir = workdir / "out"
     out_dir.mkdir(parents=True)
-    env = {**worker_env(), "PYTHON": sys.executable}
     master = f"127.0.0.1:{free_port()}"
     procs = []
     for node in (0, 1):
@@ -38,6 +37,7 @@ def run_two_nodes(workdir: Path) -> dict[int, dict[str, np.ndarray]]:
             "--master", master, "--nnodes", "2", "--rank", str(node), "--nproc-per-node", "1",
             "--log-dir", str(log_dir), str(SCRIPTS_DIR / "hybrid_worker.py"), "dp2", str(out_dir),
         ]
+        env = {**worker_env(), "PYTHON": sys.executable}  # each node's launcher its own worker ports
         procs.append((subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), log_dir))
     check_finished(procs, "two-node dp2")
     return load_results(out_dir)

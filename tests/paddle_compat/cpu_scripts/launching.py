@@ -15,12 +15,12 @@ timeout the AssertionError carries the tail of every worker's log.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+from ports import free_port, launcher_port_range  # noqa: F401  (tests/ is on sys.path: tests/conftest.py)
 
 SCRIPTS_DIR = Path(__file__).resolve().parent
 REPO_ROOT = SCRIPTS_DIR.parents[2]
@@ -28,18 +28,12 @@ LAUNCH_TIMEOUT_S = 240
 LOG_TAIL_LINES = 60
 
 
-def free_port() -> int:
-    """A TCP port the OS reports free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("MKL_NUM_THREADS", "1")
+    env["PORT_RANGE"] = launcher_port_range()  # this launch's workers bind ports no other job draws (tests/ports.py)
     return env
 
 
