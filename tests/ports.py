@@ -32,9 +32,8 @@ def _ephemeral_high() -> int:
 def _slice() -> tuple[int, int]:
     """[lo, hi) of this xdist worker's ports ("gw3" of 4 workers gets the fourth quarter)."""
     low = max(_LOW, _ephemeral_high() + 1)
-    if low + 64 > _HIGH:
-        raise RuntimeError(f"the ephemeral port range reaches {low - 1}: no room above it for test ports "
-                           f"(need {low}-{_HIGH}; lower net.ipv4.ip_local_port_range's upper bound)")
+    if low + 1024 > _HIGH:  # a host whose ephemeral range reaches the top: share it, the bind checks still hold
+        low = _LOW
     name, count = os.environ.get("PYTEST_XDIST_WORKER", "gw0"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
     size = (_HIGH - low) // max(count, 1)
